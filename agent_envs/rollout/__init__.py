@@ -1,0 +1,12 @@
+"""Rollouts: run episodes (lockstep or async), write records, compute metrics, write trace logs."""
+from .metrics import diagnostics, es_summary, group_metrics, max_at_k, paired_bootstrap, pass_at_k, summarize
+from .records import EpisodeRecord, JsonlWriter, load_records
+from .resume import prepare_resume
+from .runner import make_jobs, run_episodes, strip_timings
+from .tracelog import trace_filename, training_prefix, write_trace_log, write_trace_logs
+
+__all__ = [
+    "EpisodeRecord", "JsonlWriter", "load_records", "prepare_resume", "make_jobs", "run_episodes",
+    "strip_timings", "summarize", "es_summary", "pass_at_k", "max_at_k", "group_metrics", "diagnostics",
+    "paired_bootstrap", "trace_filename", "training_prefix", "write_trace_log", "write_trace_logs",
+]

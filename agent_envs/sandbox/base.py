@@ -1,0 +1,106 @@
+"""The one small interface every tool sandbox implements.
+
+A sandbox runs model-written shell commands for one episode.  It returns raw bytes and an exit
+status; turning them into the protocol's observation text is a pure function
+(:mod:`agent_envs.sandbox.output`) so that every backend frames output identically.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+@dataclass
+class ExecResult:
+    """What one command did.  ``stdout``/``stderr`` may be head+tail windows of a huge stream.
+
+    When ``stdout_dropped`` (``stderr_dropped``) is > 0 the stream holds two windows of equal
+    length, head then tail, and the dropped bytes sat exactly at ``len(stdout) // 2``.
+    """
+
+    returncode: int
+    stdout: bytes = b""
+    stderr: bytes = b""
+    timed_out: bool = False
+    #: set when the command could not be launched at all (text after "Failed to execute command: ")
+    launch_error: str | None = None
+    #: bytes that were dropped from the middle of each stream (0 when captured whole)
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+    duration_s: float = 0.0
+    #: the limit that was applied (the timeout text quotes it)
+    timeout_s: float | None = None
+    meta: dict = field(default_factory=dict)
+
+
+class SandboxLimits(BaseModel):
+    """Resource limits applied to every command (all backends)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_s: float = 20.0
+    memory_gib: float | None = 8.0  # address space (ulimit -v); None disables
+    max_processes: int = 256
+    max_file_size_mib: int = 512
+    max_open_files: int = 1024
+    cpu_seconds: int = 120
+    workspace_mib: int = 1024  # size of the writable /workspace (and /tmp) tmpfs
+    max_output_chars: int = 6000
+    #: bytes kept from each end of a stream; must exceed 4x max_output_chars for exact framing
+    capture_window_bytes: int = Field(default=65536, ge=4096)
+
+
+class SandboxConfig(BaseModel):
+    """How to build an episode's sandbox.  Passed through ``gym.make(..., sandbox=...)``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: str = "bwrap"  # "bwrap" | "docker" | "none"
+    mode: str = "persistent"  # "persistent" (one shell per episode) | "fresh" (one sandbox per command)
+    limits: SandboxLimits = Field(default_factory=SandboxLimits)
+    #: host file bound read-only at /workspace/document.png (DocVQA)
+    image_path: str | None = None
+    #: extra environment variables inside the sandbox
+    env: dict[str, str] = Field(default_factory=dict)
+    #: Docker image for the docker backend
+    docker_image: str = "agent-envs-sandbox:latest"
+    #: extra runtime prefixes bound read-only (bwrap), before the running Python's own prefixes
+    runtime_prefixes: list[str] = Field(default_factory=list)
+    #: dangerous-command blocklist of the reference math runner (see protocol.blocklist)
+    blocklist: bool = False
+
+
+class Sandbox(abc.ABC):
+    """One episode's sandbox.  ``run`` never raises for anything a command does."""
+
+    config: SandboxConfig
+
+    @abc.abstractmethod
+    def run(self, command: str, timeout: float | None = None) -> ExecResult:
+        """Run ``command`` with bash; ``timeout`` overrides ``config.limits.timeout_s``."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Kill everything the episode started and remove every trace.  Idempotent."""
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class SandboxUnavailable(RuntimeError):
+    """The requested backend cannot run on this machine (message says what to install)."""
+
+
+def image_must_exist(path: str | None) -> Path | None:
+    if path is None:
+        return None
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"document image not found: {p}")
+    return p

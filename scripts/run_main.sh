@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The main job: installs what it needs, then evaluates the embedded small CPU model on built-in data.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+exec agent-envs eval "$@"
