@@ -1,0 +1,247 @@
+"""Think stripping, final-answer grammar and action parsers (reference-protocol.md §1.1, §1.4, §1.7,
+§3.3, §5.1, §5.3, §5.14)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent_envs.protocol.parsing import (
+    PARSER_VARIANTS,
+    answer_status,
+    final_answer_line,
+    is_single_bash_action,
+    last_boxed,
+    parse_action,
+    parse_relaxed_bash,
+    strip_think,
+)
+
+BASH = {"name": "bash", "arguments": {"command": "tesseract document.png stdout"}}
+BASH_JSON = json.dumps(BASH)
+BS = "\x08"  # "\b" typed in a non-raw string turns "\boxed" into BS + "oxed"
+
+
+# --- §1.1 think stripping -------------------------------------------------------------------
+
+def test_strip_think_removes_every_span_any_case_across_lines():
+    text = "  <think>a\nb</think>x<THINK>c</Think> y  "
+    assert strip_think(text) == "x y"
+
+
+def test_strip_think_is_non_greedy_and_leaves_unclosed_blocks():
+    assert strip_think("<think>1</think>keep<think>2</think>") == "keep"
+    assert strip_think("<think>never closed") == "<think>never closed"
+
+
+# --- §1.4 final-answer grammar ---------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("final answer：  7 ", "7"),                          # §5.14 full-width colon
+        ("Final answer:\n\\boxed{5}", "5"),                  # §5.14 value on the next line
+        ("ANSWER:x\nFinal Answer: y", "y"),                  # §5.14 last line wins
+        ("Final answer:", None),                             # §5.14 nothing after the colon
+        ("Final answer:   \n", ""),  # upstream quirk: whitespace is "at least one character"
+        ("**Final answer:** 5", None),                       # markdown does not start with the keyword
+        ("The answer: 3", None),
+        ("   answer : 12", "12"),                            # leading and pre-colon whitespace
+        ("Final answer: \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),  # nested braces
+        (f"Final answer: {BS}oxed{{9}}", "9"),                 # backspace spelling
+        ("Final answer: \\boxed{1} or \\boxed{2}", "2"),       # last boxed in the value
+        ("Final answer: \\boxed{unclosed", "\\boxed{unclosed"),  # unbalanced: the raw value
+        ("Final answer: invoice 123", "invoice 123"),
+        ("Answer: a\nsome text\nanswer: b\nmore", "b"),
+    ],
+)
+def test_final_answer_line(text, expected):
+    assert final_answer_line(text) == expected
+
+
+def test_think_block_is_removed_before_the_final_answer_is_read():
+    # §5.14: "<think>Final answer: 1</think>Final answer: 2" -> 2
+    assert final_answer_line(strip_think("<think>Final answer: 1</think>Final answer: 2")) == "2"
+    assert answer_status("<think>Final answer: 1</think>no answer here") == "missing_final_answer"
+    assert answer_status("<think>x</think>\nFinal answer: 4") == "answered"
+
+
+def test_last_boxed_balances_braces_and_prefers_the_real_spelling():
+    assert last_boxed("\\boxed{a} then \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
+    assert last_boxed("\\boxed{a} \\boxed{b") is None        # the last one is unbalanced
+    assert last_boxed(f"{BS}oxed{{x}}") == "x"
+    assert last_boxed(f"{BS}oxed{{x}} \\boxed{{y}}") == "y"
+    assert last_boxed("\\boxed{ 5 }") == "5"
+    assert last_boxed("no box") is None
+
+
+# --- §1.7 action parsers ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", PARSER_VARIANTS)
+def test_inline_action_parses_in_every_variant(variant):
+    # §5.1(2)
+    assert parse_action(f"Action: {BASH_JSON}", variant) == BASH
+    assert parse_action(f"Let me look.\nACTION:\n{BASH_JSON}\n", variant) == BASH  # prose, case
+
+
+@pytest.mark.parametrize("variant", PARSER_VARIANTS)
+def test_native_tool_call_xml_and_fenced_json_do_not_parse(variant):
+    xml = "<tool_call><function=bash><parameter=command>ls</parameter></function></tool_call>"
+    assert parse_action(xml, variant) is None
+    fenced = f"Action:\n```json\n{BASH_JSON}\n```"
+    assert parse_action(fenced, variant) is None
+
+
+@pytest.mark.parametrize("variant", PARSER_VARIANTS)
+def test_first_of_two_actions_wins_and_trailing_text_is_ignored(variant):
+    second = json.dumps({"name": "bash", "arguments": {"command": "echo second"}})
+    assert parse_action(f"Action: {BASH_JSON}\nAction: {second}", variant) == BASH
+    assert parse_action(f"Action: {BASH_JSON} and then I wait", variant) == BASH
+    assert parse_action(f"Action: {BASH_JSON}\nObservation from bash:\n{{fake}}", variant) == BASH
+
+
+def test_multiline_json_parses():
+    text = 'Action:\n{\n  "name": "bash",\n  "arguments": {"command": "ls -la"}\n}'
+    assert parse_action(text, "docvqa_http") == {"name": "bash", "arguments": {"command": "ls -la"}}
+
+
+@pytest.mark.parametrize(
+    ("variant", "expected"),
+    [
+        ("math_es", {"name": "bash", "arguments": {}}),   # §5.14: then "No shell command..."
+        ("docvqa_es", {"name": "bash", "arguments": {}}),
+        ("docvqa_http", None),                            # arguments key required
+        ("math_http", None),                              # command required
+    ],
+)
+def test_missing_arguments_per_variant(variant, expected):
+    assert parse_action('Action: {"name":"bash"}', variant) == expected
+
+
+@pytest.mark.parametrize("variant", PARSER_VARIANTS)
+def test_non_object_or_ill_typed_actions_are_rejected(variant):
+    assert parse_action('Action: ["bash"]', variant) is None            # §5.14
+    assert parse_action('Action: {"name": 5, "arguments": {}}', variant) is None
+    assert parse_action('Action: {"name": "bash", "arguments": "ls"}', variant) is None
+    assert parse_action('Action: {"name": "bash", "arguments": null}', variant) is None
+    assert parse_action("no action at all", variant) is None
+
+
+def test_non_bash_names_are_accepted_except_by_the_math_http_parser():
+    text = 'Action: {"name": "python", "arguments": {"command": "print(1)"}}'
+    for variant in ("math_es", "docvqa_es", "docvqa_http"):
+        assert parse_action(text, variant) == {"name": "python", "arguments": {"command": "print(1)"}}
+    assert parse_action(text, "math_http") is None
+
+
+def test_math_http_parser_requires_a_non_blank_string_command():
+    # §5.3(3): `code` instead of `command` is rejected
+    assert parse_action('Action: {"name": "bash", "arguments": {"code": "ls"}}', "math_http") is None
+    assert parse_action('Action: {"name": "bash", "arguments": {"command": "  "}}', "math_http") is None
+    assert parse_action('Action: {"name": "bash", "arguments": {"command": 5}}', "math_http") is None
+    ok = {"name": "bash", "arguments": {"command": "python -c 'print(1)'", "extra": 1}}
+    assert parse_action(f"Action: {json.dumps(ok)}", "math_http") == ok
+
+
+def test_relaxed_parser_only_in_math_es():
+    single = "Action: {'name': 'bash', 'arguments': {'command': 'echo hi'}}"    # §5.14
+    unterminated = 'Action: {"name": "bash", "arguments": {"command": "python -c \\"print(2)'
+    unescaped = 'Action: {"name":"bash","arguments":{"command":"python -c "print(1)""}}'
+    assert parse_action(single, "math_es") == {"name": "bash", "arguments": {"command": "echo hi"}}
+    assert parse_action(unterminated, "math_es") == {
+        "name": "bash", "arguments": {"command": 'python -c "print(2)'}}
+    assert parse_action(unescaped, "math_es") == {"name": "bash", "arguments": {"command": "python -c"}}
+    for variant in ("docvqa_es", "docvqa_http", "math_http"):
+        assert parse_action(single, variant) is None
+        assert parse_action(unterminated, variant) is None
+        assert parse_action(unescaped, variant) is None
+
+
+def test_relaxed_parser_details():
+    assert parse_relaxed_bash("{'name': 'python', 'arguments': {'command': 'x'}}") is None
+    assert parse_relaxed_bash("{'NAME': 'Bash', 'arguments': {'Command': 'ls'}}") == {
+        "name": "bash", "arguments": {"command": "ls"}}
+    assert parse_relaxed_bash("{'name': 'bash', 'arguments': {'command': '   '}}") is None
+    assert parse_relaxed_bash("{'name': 'bash', 'arguments': {}}") is None
+    # escaped quote of the same kind does not end the string; manual unescaping applies
+    got = parse_relaxed_bash(r"{'name': 'bash', 'arguments': {'command': 'echo \'a\'\tb'}}")
+    assert got == {"name": "bash", "arguments": {"command": "echo 'a'\tb"}}
+    # bare double quotes inside a single-quoted command survive
+    got = parse_relaxed_bash("""{'name': 'bash', 'arguments': {'command': 'python -c "print(1)"'}}""")
+    assert got == {"name": "bash", "arguments": {"command": 'python -c "print(1)"'}}
+
+
+def test_truncated_json_without_a_closing_brace_is_a_math_es_only_pass():
+    text = 'Action: {"name": "bash", "arguments": {"command": "ls /tmp'
+    assert parse_action(text, "math_es") == {"name": "bash", "arguments": {"command": "ls /tmp"}}
+    assert parse_action(text, "docvqa_es") is None
+
+
+def test_unknown_variant_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown parser variant"):
+        parse_action("Action: {}", "math")  # type: ignore[arg-type]
+
+
+# --- §3.3 first-turn rule predicate ----------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        (f"Action: {BASH_JSON}", True),
+        (f"<think>\n\n</think>\nAction: {BASH_JSON}", True),
+        (f"Let me reason first.\nAction: {BASH_JSON}", False),
+        ('Action: {"name": "python", "arguments": {"command": "print(1)"}}', False),
+        (f"Action: {BASH_JSON}\nthen more", False),                      # must fully parse
+        ('Action: {"name": "bash", "arguments": {"command": " "}}', False),
+        (f"  action:\n{BASH_JSON}\n\n", True),
+    ],
+)
+def test_single_bash_action(text, ok):
+    assert is_single_bash_action(text) is ok
+
+
+# --- properties: nothing raises, results are well-formed --------------------------------------
+
+_pieces = st.sampled_from(
+    ["Action:", "action: ", "{", "}", '"name"', "'name'", ":", '"bash"', "'bash'", '"command"',
+     "'command'", '"', "'", "\\", "\\boxed{", BS + "oxed{", "Final answer:", "Answer：", "\n",
+     "<think>", "</think>", "[", "]", ",", "1e999", "9" * 5000, "{" * 3000, " "]
+)
+_texty = st.one_of(st.text(), st.lists(st.one_of(_pieces, st.text(max_size=5)), max_size=40).map("".join))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_texty)
+def test_no_parser_raises_and_results_are_well_formed(text):
+    assert isinstance(strip_think(text), str)
+    for value in (final_answer_line(text), last_boxed(text)):
+        assert value is None or isinstance(value, str)
+    assert isinstance(is_single_bash_action(text), bool)
+    assert answer_status(text) in ("answered", "missing_final_answer")
+    for variant in PARSER_VARIANTS:
+        action = parse_action(text, variant)
+        if action is None:
+            continue
+        assert set(action) == {"name", "arguments"}
+        assert isinstance(action["name"], str) and isinstance(action["arguments"], dict)
+        if variant == "math_http":
+            assert action["name"] == "bash" and action["arguments"]["command"].strip()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1).filter(lambda c: c.strip()), st.text(alphabet=st.characters(blacklist_characters="\n{}")))
+def test_well_formed_actions_round_trip_through_every_variant(command, prose):
+    action = {"name": "bash", "arguments": {"command": command}}
+    text = f"{prose}\nAction:\n{json.dumps(action)}"
+    for variant in PARSER_VARIANTS:
+        assert parse_action(text, variant) == action
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_characters="\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029\x08\\")))
+def test_single_final_answer_line_returns_its_stripped_value(value):
+    # the space after the colon already satisfies "at least one character", so even an empty
+    # value yields "" (not None), as upstream does
+    assert final_answer_line(f"Final answer: {value}") == value.strip()
