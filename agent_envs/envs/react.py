@@ -1,0 +1,424 @@
+"""The episode loop shared by both environments (protocol §1, §2.4, §3.5; ES-runner semantics).
+
+One environment instance is one trajectory at a time.  Subclasses supply only what differs between
+the tasks: how tasks load, the prompts, the observation framing, and the scorer.  Everything a model
+writes is handled here without raising: malformed completions become warnings, failed generations
+end the episode with a termination reason.
+"""
+from __future__ import annotations
+
+import abc
+import copy
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import gymnasium as gym
+
+from agent_envs.envs.spaces import CompletionText, Conversation
+from agent_envs.policy.base import Completion, GenerationRequest
+from agent_envs.protocol import messages as msgs
+from agent_envs.protocol.decision import Flavour, decide
+from agent_envs.prompts import fill, load_prompt, sha256
+from agent_envs.sandbox.base import Sandbox, SandboxConfig
+from agent_envs.sandbox.factory import make_sandbox, resolve_config
+from agent_envs.sandbox.output import format_observation
+from agent_envs.tokens import TokenCounter
+
+DEFAULT_BASE_SEED = 20260627
+SAMPLE_STRIDE = 1_000_003
+TURN_STRIDE = 97
+STOP = ("Observation:",)
+#: score fields copied from the final record to the top level of the last ``info``
+_SUMMARY_FIELDS = ("score", "score_method", "score_status", "answer_status", "prediction", "anls", "acc")
+TERMINAL_REASONS = (
+    "final_answer",
+    "max_turns",
+    "max_response_tokens_exceeded",
+    "context_length_exceeded",
+    "request_error",
+)
+
+
+def trajectory_seed(base_seed: int, row_index: int, sample_index: int) -> int:
+    """Protocol §1.6: ``base_seed + sample_index * 1_000_003 + row_index``."""
+    return base_seed + sample_index * SAMPLE_STRIDE + row_index
+
+
+@dataclass
+class _Episode:
+    """Mutable state of the running trajectory (reset on every ``reset``)."""
+
+    task: Any
+    row_index: int
+    sample_index: int
+    base_seed: int
+    seed_base: int
+    messages: list[dict[str, str]]
+    turn: int = 0
+    used_bash: bool = False
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    generated_tokens: int = 0
+    trajectory_tokens: int = 0
+    attempted_trajectory_tokens: int | None = None
+    max_context_tokens: int = 0
+    last_completion: str = ""
+    termination_reason: str | None = None
+    react_error: str | None = None
+    tool_calls: int = 0
+
+
+class ReActEnv(gym.Env[list, str], abc.ABC):
+    """Text-in, text-out ReAct environment: observations are the chat, actions are completions."""
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+
+    #: subclass constants
+    env_id: str = ""
+    default_max_tokens_per_turn: int = 4096
+    default_max_trajectory_tokens: int | None = None
+    observation_style: str = "math"
+    system_prompt_name: str = ""
+    user_prompt_name: str = ""
+    skill_separator: str = ""
+
+    def __init__(
+        self,
+        *,
+        dataset: Any = "builtin",
+        tasks: Sequence[Any] | None = None,
+        max_turns: int = 50,
+        max_tokens_per_turn: int | None = None,
+        max_trajectory_tokens: int | None | str = "default",
+        max_model_len: int | None = None,
+        tokenizer: Any = None,
+        enable_thinking: bool = False,
+        sandbox: Any = "bwrap",
+        system_prompt: str | None = None,
+        prompt_file: str | None = None,
+        skill: str | None = None,
+        compat: str = "es",
+        render_mode: str | None = None,
+        dataset_kwargs: dict[str, Any] | None = None,
+    ):
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if compat not in ("es", "http_eval"):
+            raise ValueError(f"compat must be 'es' or 'http_eval', got {compat!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}")
+        self.render_mode = render_mode
+        self.max_turns = max_turns
+        self.max_tokens_per_turn = (
+            self.default_max_tokens_per_turn if max_tokens_per_turn is None else max_tokens_per_turn
+        )
+        self.max_trajectory_tokens = (
+            self.default_max_trajectory_tokens if max_trajectory_tokens == "default" else max_trajectory_tokens
+        ) or None
+        self.max_model_len = max_model_len
+        self.counter = TokenCounter(tokenizer, enable_thinking=enable_thinking)
+        self.compat = compat
+        self.sandbox_config: SandboxConfig = resolve_config(sandbox)
+        self.flavour: Flavour = self._flavour()
+        self.system_prompt = self._system_prompt(system_prompt, prompt_file, skill)
+        self.user_template = load_prompt(self.user_prompt_name)
+        self._dataset_spec = dataset if tasks is None else list(tasks)
+        self._dataset_kwargs = dict(dataset_kwargs or {})
+        self._tasks: list[Any] | None = None
+        self._sandbox: Sandbox | None = None
+        self._ep: _Episode | None = None
+        self.observation_space = Conversation(max_messages=2 + 2 * max_turns)
+        self.action_space = CompletionText()
+
+    # ----- subclass hooks -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _flavour(self) -> Flavour:
+        """Parser variant and warning texts of this task (protocol §1.5, §1.7)."""
+
+    @abc.abstractmethod
+    def _load_tasks(self, spec: Any, **kwargs: Any) -> list[Any]:
+        """Load the configured dataset (called lazily, once)."""
+
+    @abc.abstractmethod
+    def _coerce_task(self, payload: Any) -> Any:
+        """Validate a task payload given through ``reset(options={"task": ...})``."""
+
+    @abc.abstractmethod
+    def _score(self, ep: _Episode) -> dict[str, Any]:
+        """Score fields of the final record (score, score_method, score_status, prediction, ...)."""
+
+    def _sandbox_config_for(self, task: Any) -> SandboxConfig:
+        return self.sandbox_config
+
+    # ----- Gymnasium API --------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self._close_sandbox()
+        options = dict(options or {})
+        unknown = set(options) - {"task", "row_index", "sample_index", "base_seed"}
+        if unknown:
+            raise ValueError(f"unknown reset options: {sorted(unknown)}")
+        if "task" in options:
+            task = self._coerce_task(options["task"])
+            row_index = int(options.get("row_index", 0))
+        else:
+            tasks = self.tasks
+            if "row_index" in options:
+                row_index = int(options["row_index"])
+                if not 0 <= row_index < len(tasks):
+                    raise IndexError(f"row_index {row_index} out of range for {len(tasks)} tasks")
+            else:
+                row_index = int(self.np_random.integers(len(tasks)))
+            task = tasks[row_index]
+        sample_index = int(options.get("sample_index", 0))
+        base_seed = int(options.get("base_seed", seed if seed is not None else DEFAULT_BASE_SEED))
+        self._check_task(task)
+        messages = [
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": fill(self.user_template, task.question)},
+        ]
+        self._ep = _Episode(
+            task=task,
+            row_index=row_index,
+            sample_index=sample_index,
+            base_seed=base_seed,
+            seed_base=trajectory_seed(base_seed, row_index, sample_index),
+            messages=messages,
+        )
+        return copy.deepcopy(messages), self._info()
+
+    def step(self, action: str | Completion | dict):
+        ep = self._require_running()
+        completion = _as_completion(action)
+        if completion.error is not None:
+            reason = (
+                "context_length_exceeded" if completion.error == "context_length_exceeded" else "request_error"
+            )
+            return self._finish(reason, completion.error_message or completion.error)
+        text = completion.text
+        ep.turn += 1
+        n = len(completion.token_ids) if completion.token_ids is not None else self.counter.text_tokens(text)
+        prompt_tokens = completion.prompt_tokens
+        if prompt_tokens is None:
+            prompt_tokens = self.counter.prompt_tokens(ep.messages)
+        ep.max_context_tokens = max(ep.max_context_tokens, prompt_tokens + n)
+        ep.generated_tokens += n
+        ep.trajectory_tokens += n
+        ep.last_completion = text
+        ep.messages.append({"role": "assistant", "content": text})
+        cap = self.max_trajectory_tokens
+        if cap is not None and ep.trajectory_tokens >= cap:
+            return self._finish("max_response_tokens_exceeded", "max_response_tokens_exceeded")
+
+        decision = decide(text, used_bash=ep.used_bash, flavour=self.flavour)
+        if decision.kind == "final":
+            return self._finish("final_answer", None)
+        step: dict[str, Any] = {"turn": ep.turn, "assistant": text}
+        if decision.kind == "act":
+            step["action"] = decision.action
+            if decision.command is not None:
+                body = self._run_command(decision.command)
+                ep.used_bash = True
+                ep.tool_calls += 1
+            else:
+                body = decision.observation
+            name = decision.observation_name
+        else:
+            body, name = decision.observation, decision.observation_name
+        step["observation"] = body
+        ep.steps.append(step)
+        obs_message = msgs.observation_message(name, body)
+        ep.messages.append(obs_message)
+        if cap is not None:
+            attempted = ep.trajectory_tokens + self.counter.message_tokens(obs_message)
+            if attempted >= cap:
+                ep.attempted_trajectory_tokens = attempted
+                return self._finish("max_response_tokens_exceeded", "max_response_tokens_exceeded")
+            ep.trajectory_tokens = attempted
+        if ep.turn >= self.max_turns:
+            return self._finish("max_turns", "max_react_turns_exceeded")
+        if not self._next_prompt_fits():
+            return self._finish("context_length_exceeded", "context_length_exceeded")
+        return copy.deepcopy(ep.messages), 0.0, False, False, self._info()
+
+    def generation_request(self) -> GenerationRequest:
+        """What to generate next: the chat, the turn's seed, the token budget and the stop string."""
+        ep = self._require_running()
+        return GenerationRequest(
+            messages=copy.deepcopy(ep.messages),
+            seed=ep.seed_base + TURN_STRIDE * ep.turn,
+            max_tokens=self.max_tokens_per_turn if self.max_tokens_per_turn > 0 else None,
+            stop=list(STOP),
+            key=self._key(ep),
+        )
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi" or self._ep is None:
+            return None
+        return "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in self._ep.messages)
+
+    def close(self) -> None:
+        self._close_sandbox()
+        super().close()
+
+    # ----- properties -----------------------------------------------------------------------------
+    @property
+    def tasks(self) -> list[Any]:
+        if self._tasks is None:
+            spec = self._dataset_spec
+            if isinstance(spec, list):
+                self._tasks = [self._coerce_task(t) for t in spec]
+            else:
+                self._tasks = list(self._load_tasks(spec, **self._dataset_kwargs))
+            if not self._tasks:
+                raise ValueError(f"dataset {spec!r} has no tasks")
+        return self._tasks
+
+    @property
+    def config_hash(self) -> str:
+        """Stable hash of everything that changes the protocol outcome (not the dataset)."""
+        cfg = {
+            "env_id": self.env_id,
+            "max_turns": self.max_turns,
+            "max_tokens_per_turn": self.max_tokens_per_turn,
+            "max_trajectory_tokens": self.max_trajectory_tokens,
+            "max_model_len": self.max_model_len,
+            "sandbox": self.sandbox_config.model_dump(mode="json", exclude={"image_path"}),
+            "system_prompt_sha256": sha256(self.system_prompt),
+            "user_template_sha256": sha256(self.user_template),
+            "compat": self.compat,
+            **self._extra_config(),
+        }
+        return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+
+    def _extra_config(self) -> dict[str, Any]:
+        return {}
+
+    # ----- internals ------------------------------------------------------------------------------
+    def _system_prompt(self, text: str | None, prompt_file: str | None, skill: str | None) -> str:
+        if text is not None and prompt_file is not None:
+            raise ValueError("give system_prompt or prompt_file, not both")
+        base = text if text is not None else load_prompt(prompt_file or self.system_prompt_name)
+        return msgs.with_skill(base, skill or "", self.skill_separator)
+
+    def _check_task(self, task: Any) -> None:
+        """Hook for per-task validation before the episode starts (e.g. the image exists)."""
+
+    def _require_running(self) -> _Episode:
+        if self._ep is None:
+            raise RuntimeError("call reset() before step()")
+        if self._ep.termination_reason is not None:
+            raise RuntimeError(
+                f"episode already ended ({self._ep.termination_reason}); call reset() to start a new one"
+            )
+        return self._ep
+
+    def _run_command(self, command: str) -> str:
+        ep = self._ep
+        assert ep is not None
+        if self.sandbox_config.blocklist:
+            from agent_envs.protocol.blocklist import is_blocked
+
+            if is_blocked(command):
+                return msgs.MATH_BLOCKED
+        if self._sandbox is None:
+            self._sandbox = make_sandbox(self._sandbox_config_for(ep.task))
+        try:
+            result = self._sandbox.run(command)
+        except Exception as exc:  # a dead sandbox must not end a user's training loop
+            self._close_sandbox()
+            return f"[ERROR] Failed to execute command: {type(exc).__name__}: {exc}"
+        return format_observation(result, self.observation_style, self.sandbox_config.limits.max_output_chars)
+
+    def _next_prompt_fits(self) -> bool:
+        if self.max_model_len is None or not self.counter.exact:
+            return True
+        ep = self._ep
+        assert ep is not None
+        reserve = self.max_tokens_per_turn if self.max_tokens_per_turn > 0 else 1
+        return self.counter.prompt_tokens(ep.messages) + reserve <= self.max_model_len
+
+    def _finish(self, reason: str, react_error: str | None):
+        ep = self._ep
+        assert ep is not None
+        ep.termination_reason = reason
+        ep.react_error = react_error
+        self._close_sandbox()
+        record = self._record(ep)
+        info = self._info()
+        info.update({k: record[k] for k in _SUMMARY_FIELDS if k in record})
+        info["episode"] = record
+        reward = float(record["score"])
+        terminated = reason == "final_answer"
+        return copy.deepcopy(ep.messages), reward, terminated, not terminated, info
+
+    def _record(self, ep: _Episode) -> dict[str, Any]:
+        task = ep.task
+        record: dict[str, Any] = {
+            "key": self._key(ep),
+            "task_id": task.id,
+            "row_index": ep.row_index,
+            "sample_index": ep.sample_index,
+            "seed": ep.seed_base,
+            "base_seed": ep.base_seed,
+            "task": task.model_dump(mode="json"),
+            "response": ep.last_completion,
+            "completion": ep.last_completion,
+            "mode": "paper_react_cli",
+            "used_bash": ep.used_bash,
+            "termination_reason": ep.termination_reason,
+            "react_error": ep.react_error,
+            "context_trims": 0,
+            "max_context_tokens": ep.max_context_tokens,
+            "generated_tokens": ep.generated_tokens,
+            "trajectory_tokens": ep.trajectory_tokens,
+            "attempted_trajectory_tokens": ep.attempted_trajectory_tokens,
+            "react_steps": copy.deepcopy(ep.steps),
+            "trace_rounds": len(ep.steps),
+            "turns": ep.turn,
+            "tool_calls": ep.tool_calls,
+            "token_counts_exact": self.counter.exact,
+            "env_id": self.env_id,
+            "env_config_hash": self.config_hash,
+        }
+        record.update(self._score(ep))
+        return record
+
+    def _info(self) -> dict[str, Any]:
+        ep = self._ep
+        assert ep is not None
+        return {
+            "task_id": ep.task.id,
+            "row_index": ep.row_index,
+            "sample_index": ep.sample_index,
+            "turn": ep.turn,
+            "seed": ep.seed_base + TURN_STRIDE * ep.turn,
+            "seed_base": ep.seed_base,
+            "used_bash": ep.used_bash,
+            "react_steps": len(ep.steps),
+            "generated_tokens": ep.generated_tokens,
+            "trajectory_tokens": ep.trajectory_tokens,
+            "termination_reason": ep.termination_reason,
+            "max_tokens": self.max_tokens_per_turn,
+            "stop": list(STOP),
+        }
+
+    @staticmethod
+    def _key(ep: _Episode) -> str:
+        return f"{ep.task.id}:sample{ep.sample_index:02d}"
+
+    def _close_sandbox(self) -> None:
+        if self._sandbox is not None:
+            sandbox, self._sandbox = self._sandbox, None
+            sandbox.close()
+
+
+def _as_completion(action: Any) -> Completion:
+    if isinstance(action, Completion):
+        return action
+    if isinstance(action, str):
+        return Completion(text=action)
+    if isinstance(action, dict):
+        return Completion(**action)
+    raise TypeError(f"step() takes the completion text (str) or a Completion, got {type(action).__name__}")

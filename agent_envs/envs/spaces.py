@@ -1,0 +1,77 @@
+"""Gymnasium spaces for chat conversations (observations) and completion text (actions)."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+from gymnasium.spaces import Space
+
+from agent_envs.policy.base import Completion
+
+ROLES = ("system", "user", "assistant")
+_WORDS = ("Action:", "Final answer:", "ls", "echo", "python3", "{", "}", '"bash"', "\\boxed{1}", "hi", "\n")
+
+
+class Conversation(Space[list]):
+    """A list of ``{"role", "content"}`` messages; roles from :data:`ROLES`, content a string."""
+
+    def __init__(self, max_messages: int = 256, seed: int | np.random.Generator | None = None):
+        self.max_messages = max_messages
+        super().__init__(shape=None, dtype=None, seed=seed)
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def contains(self, x: Any) -> bool:
+        return (
+            isinstance(x, list)
+            and 0 < len(x) <= self.max_messages
+            and all(
+                isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) for m in x
+            )
+        )
+
+    def sample(self, mask: Any = None, probability: Any = None) -> list:
+        n = int(self.np_random.integers(2, 5))
+        msgs = [{"role": "system", "content": _text(self.np_random)}]
+        for i in range(1, n):
+            msgs.append({"role": "user" if i % 2 else "assistant", "content": _text(self.np_random)})
+        return msgs
+
+    def __repr__(self) -> str:
+        return f"Conversation(max_messages={self.max_messages})"
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Conversation) and other.max_messages == self.max_messages
+
+
+class CompletionText(Space[str]):
+    """One assistant completion: a string, or a :class:`Completion` carrying token ids or an error."""
+
+    def __init__(self, max_length: int = 1_000_000, seed: int | np.random.Generator | None = None):
+        self.max_length = max_length
+        super().__init__(shape=None, dtype=None, seed=seed)
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def contains(self, x: Any) -> bool:
+        if isinstance(x, Completion):
+            x = x.text
+        return isinstance(x, str) and len(x) <= self.max_length
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        return _text(self.np_random)
+
+    def __repr__(self) -> str:
+        return f"CompletionText(max_length={self.max_length})"
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, CompletionText) and other.max_length == self.max_length
+
+
+def _text(rng: np.random.Generator, words: Sequence[str] = _WORDS) -> str:
+    n = int(rng.integers(1, 12))
+    return " ".join(words[int(i)] for i in rng.integers(0, len(words), size=n))

@@ -1,0 +1,26 @@
+"""Shared test fixtures: paths to the real data in ../shared (never copied into the repository)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("AGENT_ENVS_SHARED", REPO.parent / "shared"))
+MATH_DIR = SHARED / "data" / "math"
+DOCVQA_DIR = SHARED / "data" / "docvqa_sample"
+
+
+@pytest.fixture(scope="session")
+def math_dir() -> Path:
+    if not (MATH_DIR / "SHA256SUMS").is_file():
+        pytest.skip(f"real math data not found at {MATH_DIR} (set AGENT_ENVS_SHARED)")
+    return MATH_DIR
+
+
+@pytest.fixture(scope="session")
+def docvqa_dir() -> Path:
+    if not (DOCVQA_DIR / "val_v1.0.json").is_file():
+        pytest.skip(f"real DocVQA sample not found at {DOCVQA_DIR} (set AGENT_ENVS_SHARED)")
+    return DOCVQA_DIR

@@ -1,0 +1,131 @@
+"""DocVQA-CLI-v0 on the real DocVQA sample pages with real bubblewrap and tesseract (issue 3)."""
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import agent_envs  # noqa: F401
+from agent_envs.data.docvqa import load_docvqa_tasks
+from agent_envs.protocol import messages as msgs
+
+OCR = 'Action: {"name": "bash", "arguments": {"command": "tesseract /workspace/document.png stdout"}}'
+
+
+def bash(cmd: str) -> str:
+    return "Action: " + json.dumps({"name": "bash", "arguments": {"command": cmd}})
+
+
+@pytest.fixture(scope="module")
+def real_tasks(docvqa_dir):
+    return load_docvqa_tasks(str(docvqa_dir / "val_v1.0.json"))
+
+
+def one_per_page(tasks):
+    seen, out = set(), []
+    for t in tasks:
+        if t.image not in seen:
+            seen.add(t.image)
+            out.append(t)
+    return out
+
+
+def test_real_pages_ocr_then_gold_scores_one(real_tasks):
+    pages = one_per_page(real_tasks)
+    assert len(pages) == 3
+    env = gym.make("DocVQA-CLI-v0", dataset=real_tasks)
+    try:
+        for task in pages:
+            env.reset(options={"task": task.model_dump()})
+            messages, reward, terminated, truncated, info = env.step(OCR)
+            assert not terminated and "[exit_code] 0" in messages[-1]["content"]
+            assert len(messages[-1]["content"]) > 200  # real OCR text came back
+            _, reward, terminated, truncated, info = env.step(f"Final answer: {task.answers[0]}")
+            assert terminated and reward == 1.0, info
+            ep = info["episode"]
+            assert ep["anls"] == 1.0 and ep["acc"] == 1.0
+            assert ep["score_method"] == "docvqa_paper_react_cli_anls"
+            assert ep["tool_image"] == "/workspace/document.png"
+    finally:
+        env.close()
+
+
+def test_answer_before_tool_use_is_warned(real_tasks):
+    env = gym.make("DocVQA-CLI-v0", dataset=real_tasks)
+    try:
+        for task in one_per_page(real_tasks):
+            env.reset(options={"task": task.model_dump()})
+            messages, reward, terminated, truncated, _ = env.step(f"Final answer: {task.answers[0]}")
+            assert (reward, terminated, truncated) == (0.0, False, False)
+            assert messages[-1]["content"] == "Observation from format_check:\n" + msgs.DOCVQA_TOOL_REQUIRED
+    finally:
+        env.close()
+
+
+def test_user_message_never_shows_host_path(real_tasks):
+    env = gym.make("DocVQA-CLI-v0", dataset=real_tasks)
+    try:
+        messages, _ = env.reset(options={"row_index": 0})
+        user = messages[1]["content"]
+        assert user.splitlines()[1] == "Image path: /workspace/document.png"
+        assert real_tasks[0].image not in user and "documents/" not in user
+    finally:
+        env.close()
+
+
+def test_sandbox_hides_dataset_home_and_network(real_tasks, docvqa_dir):
+    env = gym.make("DocVQA-CLI-v0", dataset=real_tasks)
+    try:
+        env.reset(options={"row_index": 0})
+        checks = [
+            (f"cat {docvqa_dir / 'val_v1.0.json'} && echo READ-OK", "READ-OK"),
+            (f"ls {docvqa_dir.parent} && echo READ-OK", "READ-OK"),
+            ("cat /root/.bashrc && echo READ-OK", "READ-OK"),
+            ("ls -A /root | grep -v '^.pyenv$' | grep . && echo LISTED", "LISTED"),
+            ("python3 -c \"import socket; socket.create_connection(('127.0.0.1', 22), timeout=2); print('UP')\"", "UP"),
+            ("touch /usr/x /etc/x /x && echo WROTE", "WROTE"),
+        ]
+        for cmd, leaked in checks:
+            messages, *_ = env.step(bash(cmd))
+            assert leaked not in messages[-1]["content"], cmd
+        messages, *_ = env.step(bash("echo ok > /workspace/a && echo ok > /tmp/b && cat /workspace/a /tmp/b"))
+        assert messages[-1]["content"] == "Observation from bash:\nok\nok\n[exit_code] 0"
+    finally:
+        env.close()
+
+
+def test_fresh_mode_keeps_nothing_between_commands(real_tasks):
+    env = gym.make("DocVQA-CLI-v0", dataset=real_tasks, sandbox={"backend": "bwrap", "mode": "fresh"})
+    try:
+        env.reset(options={"row_index": 0})
+        env.step(bash("echo hi > /workspace/note"))
+        messages, *_ = env.step(bash("cat /workspace/note"))
+        assert "No such file" in messages[-1]["content"]
+    finally:
+        env.close()
+
+
+def test_trajectory_cap_counts_observations():
+    """A tiny cap is hit by the observation message, which is kept but not added to the count."""
+    env = gym.make("DocVQA-CLI-v0", max_trajectory_tokens=60)
+    try:
+        env.reset(seed=0)
+        messages, reward, terminated, truncated, info = env.step(bash("python3 -c 'print(400 * chr(120))'"))
+        assert truncated and info["termination_reason"] == "max_response_tokens_exceeded"
+        ep = info["episode"]
+        assert ep["attempted_trajectory_tokens"] >= 60 > ep["trajectory_tokens"] == ep["generated_tokens"]
+        assert messages[-1]["content"].startswith("Observation from bash:")
+    finally:
+        env.close()
+
+
+def test_default_make_works_offline_and_passes_check_env():
+    env = gym.make("DocVQA-CLI-v0")
+    try:
+        messages, info = env.reset(seed=3)
+        assert "Question:" in messages[1]["content"]
+        check_env(env.unwrapped)
+    finally:
+        env.close()
