@@ -1,0 +1,197 @@
+"""``history.json``: the ES run's durable record, its replay and its resume (§4.8).
+
+The history is a JSON list of records, rewritten atomically after every generation.  Replay never
+trusts stored weights: it regenerates the seed stream, recomputes each update's weights from the
+stored rewards with that record's normalisation settings, and re-applies the updates in order.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .normalize import normalize_method, normalize_rewards
+from .schedule import normalize_schedule
+from .seeds import check_run_shape, check_seed_sequence
+
+Record = dict[str, Any]
+
+
+class ESConfig(BaseModel):
+    """The run's settings, stored as the history's first record ``{"config": {...}}``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    env_id: str = "MATH-ReAct-v0"
+    model: str = ""
+    generations: int = 25
+    population: int = 16
+    case_batch_size: int = 16
+    train_samples: int = 1
+    sigma_start: float = 1e-3
+    sigma_end: float = 5e-4
+    sigma_schedule: str = "cosine"
+    sigma_warmup_steps: int = 0
+    sigma_total_steps: int | None = None  # None: the number of generations
+    alpha: float = 5e-4
+    reward_normalization: str = "zscore"
+    reward_normalization_ddof: int = 0
+    reward_normalization_eps: float = 1e-8
+    parameter_scope: str = "full"
+    seed: int = 20260627
+    eval_seed: int = 20260627
+    eval_interval: int = 10
+    tp_size: int = 1
+    history_file: str = ""
+    backend: str = "vllm"
+
+    @field_validator("sigma_schedule")
+    @classmethod
+    def _schedule(cls, v: str) -> str:
+        return normalize_schedule(v)
+
+    @field_validator("reward_normalization")
+    @classmethod
+    def _normalization(cls, v: str) -> str:
+        return normalize_method(v)
+
+    def model_post_init(self, __context: Any) -> None:
+        check_run_shape(self.generations, self.population, self.case_batch_size, eval_only=True)
+        if self.tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
+
+
+class GenerationRecord(BaseModel):
+    """One generation: its seeds, raw rewards, the weights used, and compact rollout summaries."""
+
+    model_config = ConfigDict(extra="allow")
+
+    generation: int
+    case_batch: list[str]
+    sigma: float
+    sigma_start: float
+    sigma_end: float
+    sigma_schedule: str
+    sigma_warmup_steps: int
+    seeds: list[int]
+    rewards: list[float]
+    weights: list[float]
+    alpha: float
+    reward_normalization: str
+    reward_normalization_ddof: int
+    reward_normalization_eps: float
+    reward_mean: float
+    reward_std: float
+    tp_size: int = 1
+    samples: list[dict[str, Any]] = Field(default_factory=list)
+    updates: list[Any] = Field(default_factory=list)
+    update_applied: bool = True
+
+
+class UpdateBackend(Protocol):
+    def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> Any: ...
+
+
+def write_history(path: str | os.PathLike[str], records: Sequence[Record]) -> None:
+    """Write the whole list to a temporary file beside ``path``, then rename it over ``path``."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(list(records), handle, ensure_ascii=False)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_history(path: str | os.PathLike[str]) -> list[Record]:
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise ValueError(f"{path}: a history must be a JSON list of objects")
+    return data
+
+
+def history_config(history: Sequence[Record]) -> Record:
+    """The first ``config`` record's settings ({} when the history has none)."""
+    return next((r["config"] for r in history if isinstance(r.get("config"), dict)), {})
+
+
+def is_update_record(record: Record) -> bool:
+    seeds, rewards = record.get("seeds"), record.get("rewards")
+    return (isinstance(seeds, list) and isinstance(rewards, list) and len(seeds) == len(rewards) > 0
+            and record.get("update_applied") is not False)
+
+
+def update_records(history: Sequence[Record], limit: int | None = None) -> list[Record]:
+    """The applied updates (optionally the first ``limit``), required contiguous from generation 0."""
+    records = [r for r in history if is_update_record(r)]
+    if limit is not None:
+        if limit < 0 or limit > len(records):
+            raise ValueError(f"cannot keep {limit} updates: the history has {len(records)}")
+        records = records[:limit]
+    generations = [r.get("generation") for r in records]
+    if generations != list(range(len(records))):
+        raise ValueError(f"update generations must be contiguous from 0, got {generations}")
+    return records
+
+
+def history_prefix(history: Sequence[Record], updates: int) -> list[Record]:
+    """The records before the ``updates + 1``-th applied update: what a resume keeps."""
+    ends = [i for i, r in enumerate(history) if is_update_record(r)]
+    if not 0 <= updates <= len(ends):
+        raise ValueError(f"the history has {len(ends)} applied updates, not {updates}")
+    stop = ends[updates - 1] + 1 if updates else (ends[0] if ends else len(history))
+    return list(history[:stop])
+
+
+def check_tp_size(history: Sequence[Record], tp_size: int) -> None:
+    """Rank-salted noise depends on the TP size, so a history only replays on the same one."""
+    stored = int(history_config(history).get("tp_size", 1))
+    if stored != int(tp_size):
+        raise ValueError(f"history was trained with tp_size={stored}; refusing to replay on tp_size={tp_size}")
+
+
+def replay(
+    history: Sequence[Record],
+    backend: UpdateBackend,
+    seed: int,
+    population: int,
+    generations: int | None = None,
+    tp_size: int = 1,
+) -> int:
+    """Re-apply the first ``generations`` updates onto ``backend``; return how many were applied."""
+    check_tp_size(history, tp_size)
+    records = update_records(history, generations)
+    check_seed_sequence([r["seeds"] for r in records], seed, population)
+    for record in records:
+        weights = normalize_rewards(
+            record["rewards"],
+            record.get("reward_normalization", "zscore"),
+            int(record.get("reward_normalization_ddof", 0)),
+            float(record.get("reward_normalization_eps", 1e-8)),
+        )
+        backend.update(record["seeds"], weights, float(record["alpha"]))
+    return len(records)
+
+
+def resume(
+    source: str | os.PathLike[str],
+    config: ESConfig,
+    backend: UpdateBackend,
+    generations: int | None = None,
+) -> tuple[list[Record], int]:
+    """Replay ``source`` onto ``backend``; return the new history's head and the next generation."""
+    history = load_history(source)
+    done = replay(history, backend, config.seed, config.population, generations, config.tp_size)
+    kept = [r for r in history_prefix(history, done) if "config" not in r]
+    head = [{"config": config.model_dump()}, *kept,
+            {"resume": {"source": str(source), "replayed_generations": done}}]
+    return head, done

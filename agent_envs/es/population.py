@@ -1,0 +1,194 @@
+"""One ES generation end to end: evaluate each member on the case batch, normalise, update, record.
+
+A member is evaluated on the positive perturbation only (no antithetic pairs); its rollouts use
+the member seed as base seed, so every trajectory seed follows from the history.  The weights are
+always restored in a ``finally`` block, whatever the rollout does.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Protocol, Sequence, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from .history import ESConfig, GenerationRecord, Record, write_history
+from .normalize import normalize_rewards, population_std
+from .schedule import sigma_at_step
+from .seeds import SeedStream, case_batch
+
+T = TypeVar("T")
+R = TypeVar("R")
+Rollout = Callable[..., Sequence[Any]]
+COMPACT_KEYS = (
+    "key", "task_id", "row_index", "sample_index", "score", "prediction", "latency_s", "used_bash",
+    "termination_reason", "answer_status", "context_trims", "max_context_tokens", "generated_tokens",
+    "seed", "engine_index", "trajectory_tokens", "trace_rounds", "score_method",
+)
+
+
+class Backend(Protocol):
+    """What the trainer needs from a perturbation backend (SeededPerturber, VLLMPerturbation)."""
+
+    tp_size: int
+
+    def apply(self, seed: int, sigma: float) -> Any: ...
+    def revert(self, seed: int, sigma: float) -> Any: ...
+    def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> Any: ...
+
+
+class MemberResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    generation: int
+    member: int
+    seed: int
+    reward: float
+    rows: list[dict[str, Any]]
+    engine_index: int = 0
+
+
+def task_id(task: Any) -> str:
+    return str(task["id"] if isinstance(task, dict) else getattr(task, "id"))
+
+
+def compact_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The history's per-row summary: scores and accounting, no transcripts."""
+    return {k: row.get(k) for k in COMPACT_KEYS}
+
+
+def evaluate_member(
+    policy: Any,
+    env_id: str,
+    tasks: Sequence[Any],
+    member_seed: int,
+    *,
+    generation: int,
+    member: int,
+    samples: int = 1,
+    rollout: Rollout | None = None,
+    engine_index: int = 0,
+    **rollout_kwargs: Any,
+) -> MemberResult:
+    """Run the case batch with base seed = member seed; reward = mean of max(0, score).
+
+    ``rollout`` defaults to :func:`agent_envs.rollout.run_episodes` in lockstep mode (one policy
+    call per turn, as the reference trainer).  A job the runner returned no row for counts as a 0
+    in the denominator, like a failed rollout.
+    """
+    from agent_envs.rollout.metrics import clamped_score
+    from agent_envs.rollout.records import as_row
+
+    tags = {"generation": generation, "member": member, "member_seed": member_seed, "engine_index": engine_index}
+    if rollout is None:
+        from agent_envs.rollout import run_episodes
+
+        rollout = run_episodes
+        rollout_kwargs = {"mode": "lockstep", "progress": False, "tags": tags, **rollout_kwargs}
+    rows = rollout(env_id, list(tasks), policy, samples=samples, base_seed=member_seed, **rollout_kwargs)
+    tagged = [{**as_row(row), **tags} for row in rows]
+    expected = max(len(tasks) * samples, len(tagged))
+    reward = sum(clamped_score(r) for r in tagged) / expected if expected else 0.0
+    return MemberResult(generation=generation, member=member, seed=member_seed, reward=reward,
+                        rows=tagged, engine_index=engine_index)
+
+
+def map_endpoint_serial(items: Sequence[T], endpoints: Sequence[Any], fn: Callable[[Any, T], R]) -> list[R]:
+    """Item i runs on endpoint i mod E; each endpoint runs its items one after another, the
+    endpoints in parallel.  Results come back in item order; the first error is re-raised."""
+    if not endpoints:
+        raise ValueError("map_endpoint_serial needs at least one endpoint")
+    results: list[Any] = [None] * len(items)
+    errors: list[BaseException] = []
+
+    def drain(e: int) -> None:
+        for i in range(e, len(items), len(endpoints)):
+            if errors:
+                return
+            try:
+                results[i] = fn(endpoints[e], items[i])
+            except BaseException as exc:  # surfaced to the caller below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=drain, args=(e,)) for e in range(len(endpoints))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+class ESTrainer:
+    """Generation loop on one perturbation backend (one engine); the history is rewritten after
+    every generation so an interrupted run can be resumed from it."""
+
+    def __init__(
+        self,
+        config: ESConfig,
+        backend: Backend,
+        tasks: Sequence[Any],
+        evaluate: Callable[[Sequence[Any], int, int, int], MemberResult],
+        history_path: str,
+        history: list[Record] | None = None,
+        start_generation: int = 0,
+        eval_hook: Callable[[int], dict[str, Any] | None] | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        if not tasks:
+            raise ValueError("the training task list is empty")
+        self.config, self.backend, self.tasks = config, backend, list(tasks)
+        self.evaluate, self.history_path, self.eval_hook, self.log = evaluate, history_path, eval_hook, log
+        self.history = history if history is not None else [{"config": config.model_dump()}]
+        self.start_generation = start_generation
+        self.seeds = SeedStream(config.seed, config.population, start_generation)
+
+    def sigma(self, generation: int) -> float:
+        c = self.config
+        return sigma_at_step(c.sigma_start, c.sigma_end, generation, c.sigma_total_steps or c.generations,
+                             c.sigma_schedule, c.sigma_warmup_steps)
+
+    def run_member(self, tasks: Sequence[Any], seed: int, sigma: float, generation: int, member: int) -> MemberResult:
+        self.backend.apply(seed, sigma)
+        try:
+            return self.evaluate(tasks, seed, generation, member)
+        finally:
+            self.backend.revert(seed, sigma)
+
+    def step(self, generation: int) -> Record:
+        c = self.config
+        seeds = self.seeds.next_generation()
+        sigma = self.sigma(generation)
+        batch = case_batch(self.tasks, generation, c.case_batch_size)
+        members = [self.run_member(batch, s, sigma, generation, i) for i, s in enumerate(seeds)]
+        rewards = [m.reward for m in members]
+        weights = normalize_rewards(rewards, c.reward_normalization, c.reward_normalization_ddof,
+                                    c.reward_normalization_eps)
+        update = self.backend.update(seeds, weights, c.alpha)
+        record = GenerationRecord(
+            generation=generation, case_batch=[task_id(t) for t in batch], sigma=sigma,
+            sigma_start=c.sigma_start, sigma_end=c.sigma_end, sigma_schedule=c.sigma_schedule,
+            sigma_warmup_steps=c.sigma_warmup_steps, seeds=seeds, rewards=rewards, weights=weights,
+            alpha=c.alpha, reward_normalization=c.reward_normalization,
+            reward_normalization_ddof=c.reward_normalization_ddof,
+            reward_normalization_eps=c.reward_normalization_eps,
+            reward_mean=sum(rewards) / len(rewards), reward_std=population_std(rewards),
+            tp_size=self.backend.tp_size,
+            samples=[{"engine_index": m.engine_index, "seed": m.seed, "reward": m.reward,
+                      "result": [compact_row(r) for r in m.rows]} for m in members],
+            updates=[update],
+        ).model_dump()
+        self.log(f"[es] generation={generation} sigma={sigma:.6g} reward_mean={record['reward_mean']:.4f} "
+                 f"reward_std={record['reward_std']:.4f}")
+        return record
+
+    def run(self) -> list[Record]:
+        last = self.config.generations - 1
+        for generation in range(self.start_generation, self.config.generations):
+            record = self.step(generation)
+            interval = self.config.eval_interval
+            if self.eval_hook and ((interval > 0 and (generation + 1) % interval == 0) or generation == last):
+                record["eval"] = self.eval_hook(generation)
+            self.history.append(record)
+            write_history(self.history_path, self.history)
+        return self.history

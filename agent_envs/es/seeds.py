@@ -1,0 +1,80 @@
+"""Seed streams and case batches of the ES trainer (§4.3, §4.6, §1.6).
+
+Every seed a generation uses is a pure function of ``(seed, population, generation)``, so a
+resumed or replayed run can regenerate and check them instead of trusting stored values.
+"""
+from __future__ import annotations
+
+import random
+from typing import Sequence, TypeVar
+
+T = TypeVar("T")
+SEED_HIGH = 2**31 - 1
+SAMPLE_STRIDE = 1_000_003
+TURN_STRIDE = 97
+
+
+class SeedStream:
+    """Population seeds: one ``random.Random(seed)`` stream, ``population`` draws per generation."""
+
+    def __init__(self, seed: int, population: int, start_generation: int = 0) -> None:
+        if int(population) < 1:
+            raise ValueError(f"population must be >= 1, got {population!r}")
+        self.population = int(population)
+        self._rng = random.Random(int(seed))
+        self.generation = 0
+        self.fast_forward(start_generation)
+
+    def fast_forward(self, generations: int) -> None:
+        """Skip ``generations`` whole generations (resume: start_generation x population draws)."""
+        for _ in range(int(generations)):
+            self.next_generation()
+
+    def next_generation(self) -> list[int]:
+        seeds = [self._rng.randrange(1, SEED_HIGH) for _ in range(self.population)]
+        self.generation += 1
+        return seeds
+
+
+def population_seeds(seed: int, population: int, generations: int) -> list[list[int]]:
+    """The seeds of generations ``0 .. generations-1``."""
+    stream = SeedStream(seed, population)
+    return [stream.next_generation() for _ in range(int(generations))]
+
+
+def check_seed_sequence(stored: Sequence[Sequence[int]], seed: int, population: int) -> int:
+    """Require stored per-generation seeds to equal the regenerated stream; return how many."""
+    stream = SeedStream(seed, population)
+    for generation, seeds in enumerate(stored):
+        expected = stream.next_generation()
+        if [int(s) for s in seeds] != expected:
+            raise ValueError(
+                f"generation {generation}: stored seeds do not match the seed stream of seed={seed}, "
+                f"population={population}; use the original --seed and --population"
+            )
+    return len(stored)
+
+
+def trajectory_seed(base_seed: int, row_index: int, sample_index: int) -> int:
+    """Per-trajectory seed base: ``base + sample * 1_000_003 + row``; turn t adds ``97 * t``."""
+    return int(base_seed) + int(sample_index) * SAMPLE_STRIDE + int(row_index)
+
+
+def case_batch(tasks: Sequence[T], generation: int, batch_size: int) -> list[T]:
+    """Generation ``g``'s tasks: ``batch_size`` of them, cyclically from ``(g * B) mod |tasks|``."""
+    if not tasks:
+        raise ValueError("the training task list is empty")
+    if int(batch_size) < 1:
+        raise ValueError(f"case_batch_size must be >= 1, got {batch_size!r}")
+    start = (int(generation) * int(batch_size)) % len(tasks)
+    return [tasks[(start + i) % len(tasks)] for i in range(int(batch_size))]
+
+
+def check_run_shape(generations: int, population: int, case_batch_size: int, eval_only: bool = False) -> None:
+    """Generations, population and case batch must be >= 1 (generations may be 0 when eval-only)."""
+    if int(generations) < (0 if eval_only else 1):
+        raise ValueError(f"generations must be >= {0 if eval_only else 1}, got {generations!r}")
+    if int(population) < 1:
+        raise ValueError(f"population must be >= 1, got {population!r}")
+    if int(case_batch_size) < 1:
+        raise ValueError(f"case_batch_size must be >= 1, got {case_batch_size!r}")

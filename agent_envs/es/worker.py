@@ -1,0 +1,153 @@
+"""ES weight operations inside vLLM workers, and the driver-side handle that calls them.
+
+``ESWorkerExtension`` is passed to ``LLM(worker_extension_cls="agent_envs.es.worker.ESWorkerExtension")``;
+vLLM mixes it into every worker so ``llm.collective_rpc("es_apply", args=(seed, sigma))`` runs the
+seeded perturbation on each worker's weights (one shard per tensor-parallel rank).
+``VLLMPerturbation`` wraps those calls and resets the prefix cache after every weight change,
+because cached KV blocks computed under other weights must never be reused.
+
+vLLM on CPU repacks linear weights into GEMM kernels at load time and leaves empty tensors in
+``named_parameters()``, so perturbing them would silently change nothing.  Setting
+``AGENT_ENVS_ES_CPU_PLAIN_LINEAR=1`` in the environment before the engine is built makes this module
+(imported by the worker before the model loads) keep plain weights and a plain ``F.linear``;
+without it ``es_coverage`` refuses.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import torch
+
+from .perturb import CHUNK, SeededPerturber
+
+PLAIN_LINEAR_ENV = "AGENT_ENVS_ES_CPU_PLAIN_LINEAR"
+EXTENSION = "agent_envs.es.worker.ESWorkerExtension"
+
+
+def _keep_plain_cpu_linear() -> bool:
+    """Replace vLLM-CPU's load-time weight packing by a plain linear over the live weight."""
+    try:
+        from vllm.model_executor.layers import utils as layer_utils
+    except ImportError:
+        return False
+
+    def plain_linear(layer: torch.nn.Module, remove_weight: bool) -> None:
+        layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
+
+    layer_utils.dispatch_cpu_unquantized_gemm = plain_linear
+    return True
+
+
+CPU_PLAIN_LINEAR = os.environ.get(PLAIN_LINEAR_ENV) == "1" and _keep_plain_cpu_linear()
+
+
+def _tp_rank_and_size() -> tuple[int, int]:
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+        return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+    except (ImportError, AssertionError, RuntimeError):
+        return 0, 1
+
+
+class ESWorkerExtension:
+    """Methods vLLM adds to each worker; every one returns a plain, picklable dict."""
+
+    def _es_state(self) -> SeededPerturber:
+        state = getattr(self, "_es_perturber", None)
+        if state is None:
+            raise RuntimeError("ES is not initialised on this worker; call es_init first")
+        return state
+
+    def es_init(self, scope: str = "full", target_modules: Sequence[str] | None = None,
+                chunk: int = CHUNK, exact_revert: bool = False) -> dict[str, Any]:
+        """Select parameters; an earlier initialisation's updates are undone first."""
+        old = getattr(self, "_es_perturber", None)
+        reverted = old.init(old.scope, old.target_modules)["reverted_updates"] if old else 0
+        rank, size = _tp_rank_and_size()
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        self._es_perturber = SeededPerturber(model, scope, target_modules, chunk, rank, size, exact_revert)
+        return {**self._es_perturber.status(), "reverted_updates": reverted,
+                "cpu_plain_linear": CPU_PLAIN_LINEAR}
+
+    def es_apply(self, seed: int, sigma: float) -> dict[str, Any]:
+        return self._es_state().apply(seed, sigma)
+
+    def es_revert(self, seed: int, sigma: float) -> dict[str, Any]:
+        return self._es_state().revert(seed, sigma)
+
+    def es_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> dict[str, Any]:
+        return self._es_state().update(seeds, weights, alpha)
+
+    def es_reset(self) -> dict[str, Any]:
+        return self._es_state().reset()
+
+    def es_status(self) -> dict[str, Any]:
+        state = getattr(self, "_es_perturber", None)
+        return state.status() if state else {"ok": True, "initialized": False}
+
+    def es_coverage(self) -> dict[str, Any]:
+        return {**self._es_state().coverage(), "cpu_plain_linear": CPU_PLAIN_LINEAR}
+
+    def es_checksum(self) -> str:
+        return self._es_state().checksum()
+
+
+class VLLMPerturbation:
+    """Driver-side ES backend over an ``LLM`` built with :data:`EXTENSION`.
+
+    Results are lists with one entry per worker.  Construction initialises every worker and checks
+    that no selected tensor is empty (the vLLM-CPU packing trap) unless ``allow_empty`` is set.
+    """
+
+    def __init__(self, llm: Any, scope: str = "full", target_modules: Sequence[str] | None = None,
+                 chunk: int = CHUNK, exact_revert: bool = False, allow_empty: bool = False) -> None:
+        self.llm = llm
+        self.init_result = self._call("es_init", scope, list(target_modules or []), chunk, exact_revert)
+        self.tp_size = int(self.init_result[0]["tp_size"])
+        if not allow_empty:
+            self.check_coverage()
+
+    def _call(self, method: str, *args: Any) -> list[Any]:
+        return list(self.llm.collective_rpc(method, args=args))
+
+    def _changed(self, method: str, *args: Any) -> list[Any]:
+        try:
+            return self._call(method, *args)
+        finally:  # even a failed call may have touched weights
+            if self.llm.reset_prefix_cache() is False:
+                raise RuntimeError(f"prefix cache reset after {method} failed; cached KV may be stale")
+
+    def check_coverage(self) -> list[dict[str, Any]]:
+        reports = self._call("es_coverage")
+        for rank, report in enumerate(reports):
+            if report["empty_tensors"]:
+                raise RuntimeError(
+                    f"worker {rank}: {len(report['empty_tensors'])} selected tensors are empty "
+                    f"(e.g. {report['empty_tensors'][:3]}); vLLM moved their weights into packed kernels, "
+                    f"so perturbing them would change nothing. On CPU set {PLAIN_LINEAR_ENV}=1 before "
+                    "building the LLM."
+                )
+        return reports
+
+    def apply(self, seed: int, sigma: float) -> list[Any]:
+        return self._changed("es_apply", seed, sigma)
+
+    def revert(self, seed: int, sigma: float) -> list[Any]:
+        return self._changed("es_revert", seed, sigma)
+
+    def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> list[Any]:
+        return self._changed("es_update", [int(s) for s in seeds], [float(w) for w in weights], float(alpha))
+
+    def reset(self) -> list[Any]:
+        return self._changed("es_reset")
+
+    def status(self) -> list[Any]:
+        return self._call("es_status")
+
+    def coverage(self) -> list[Any]:
+        return self._call("es_coverage")
+
+    def checksum(self) -> list[str]:
+        return self._call("es_checksum")

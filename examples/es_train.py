@@ -1,0 +1,172 @@
+"""Seeded evolution strategies on a vLLM model for MATH-ReAct or DocVQA-CLI (protocol §4).
+
+Each generation draws ``--population`` member seeds, perturbs the weights in place inside the vLLM
+worker (theta + sigma * eps(seed)), runs the generation's case batch with base seed = member seed,
+reverts, normalises the member rewards and applies theta += alpha/N * sum w_i eps_i.  The history
+(seeds + raw rewards) is rewritten atomically after every generation; ``--resume`` replays one.
+
+Examples::
+
+    # two quick generations on one GPU with random weights (no checkpoint needed)
+    python examples/es_train.py --model Qwen/Qwen3-0.6B --load-format dummy \
+        --env MATH-ReAct-v0 --train /data/math/dapo_evolve.jsonl --eval /data/math/dapo_test.jsonl \
+        --generations 2 --population 4 --case-batch 4 --max-turns 3 --history runs/es/history.json
+    # the published setting (25 x 16 x 16, cosine 1e-3 -> 5e-4, alpha 5e-4, z-score)
+    python examples/es_train.py --model /ckpt/Qwen3.5-4B --train dapo_evolve.jsonl --eval dapo_test.jsonl
+    # vLLM on CPU: weights must stay unpacked so they can be perturbed
+    AGENT_ENVS_ES_CPU_PLAIN_LINEAR=1 python examples/es_train.py --model ~/.cache/agent-envs/smollm2-hf ...
+
+Options (see ``--help``): --env, --model, --train, --eval, --eval-limit, --generations,
+--population, --case-batch, --sigma-start/--sigma-end/--sigma-schedule/--sigma-warmup/
+--sigma-total-steps, --alpha, --normalization/--ddof/--eps, --scope, --seed, --eval-interval,
+--history, --resume (+ --resume-generations), --exact-revert, --max-turns, --max-tokens,
+--sandbox, engine settings (--dtype, --max-model-len, --gpu-memory-utilization, --load-format).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from typing import Any, Sequence
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights live in this process's worker
+
+from agent_envs.data.docvqa import load_docvqa_tasks
+from agent_envs.data.math import load_math_tasks
+from agent_envs.es.history import ESConfig, resume
+from agent_envs.es.population import ESTrainer, evaluate_member
+from agent_envs.es.worker import EXTENSION, VLLMPerturbation
+from agent_envs.policy.base import Completion
+from agent_envs.policy.batching import BatchedEnginePolicy, Prepared
+from agent_envs.policy.sampling import SamplingConfig
+from agent_envs.rollout import es_summary, run_episodes
+
+
+class LLMPolicy(BatchedEnginePolicy):
+    """The protocol's lockstep adapter over an in-process ``vllm.LLM`` (per-request seeds)."""
+
+    name = "vllm"
+
+    def __init__(self, llm: Any, sampling: SamplingConfig, max_model_len: int, budget: int) -> None:
+        super().__init__(llm.get_tokenizer(), sampling, max_model_len, budget)
+        self.llm = llm
+
+    def _generate_group(self, group: list[Prepared]) -> list[Completion]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        s = self.sampling
+        params = [SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
+                                 presence_penalty=s.presence_penalty, repetition_penalty=s.repetition_penalty,
+                                 seed=p.request.seed, max_tokens=p.request.max_tokens, stop=p.stop)
+                  for p in group]
+        prompts = [TokensPrompt(prompt_token_ids=p.prompt_ids) for p in group]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [Completion(text=o.outputs[0].text, token_ids=list(o.outputs[0].token_ids),
+                           finish_reason=o.outputs[0].finish_reason, prompt_tokens=len(p.prompt_ids),
+                           engine=self.name) for o, p in zip(outputs, group)]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--env", default="MATH-ReAct-v0", choices=["MATH-ReAct-v0", "DocVQA-CLI-v0"])
+    p.add_argument("--model", required=True, help="any vLLM model path or name")
+    p.add_argument("--train", required=True, help="training tasks (JSONL / official DocVQA JSON)")
+    p.add_argument("--eval", default=None, help="held-out tasks for interval evaluation")
+    p.add_argument("--eval-limit", type=int, default=None, help="evaluate only the first N held-out tasks")
+    p.add_argument("--generations", type=int, default=25)
+    p.add_argument("--population", type=int, default=16)
+    p.add_argument("--case-batch", type=int, default=16)
+    p.add_argument("--sigma-start", type=float, default=1e-3)
+    p.add_argument("--sigma-end", type=float, default=5e-4)
+    p.add_argument("--sigma-schedule", default="cosine", choices=["constant", "linear", "cosine"])
+    p.add_argument("--sigma-warmup", type=int, default=0)
+    p.add_argument("--sigma-total-steps", type=int, default=None, help="schedule length (default: generations)")
+    p.add_argument("--alpha", type=float, default=5e-4)
+    p.add_argument("--normalization", default="zscore", choices=["zscore", "centered_rank", "none"])
+    p.add_argument("--ddof", type=int, default=0)
+    p.add_argument("--eps", type=float, default=1e-8)
+    p.add_argument("--scope", default="full", choices=["full", "all_linear"])
+    p.add_argument("--seed", type=int, default=20260627)
+    p.add_argument("--eval-interval", type=int, default=10, help="0: only after the last generation")
+    p.add_argument("--history", required=True, help="history.json path (rewritten every generation)")
+    p.add_argument("--resume", default=None, help="history to replay before training")
+    p.add_argument("--resume-generations", type=int, default=None, help="replay only the first K updates")
+    p.add_argument("--exact-revert", action="store_true", help="restore weights bit-exactly after each member")
+    p.add_argument("--max-turns", type=int, default=50)
+    p.add_argument("--max-tokens", type=int, default=None, help="per-turn tokens (env default: 4096 / 512)")
+    p.add_argument("--sandbox", default="bwrap", choices=["bwrap", "none", "docker"])
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--max-model-len", type=int, default=32768)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    p.add_argument("--load-format", default="auto", help='"dummy" gives random weights (smoke runs)')
+    p.add_argument("--rollout-token-budget", type=int, default=131072)
+    return p.parse_args(argv)
+
+
+def load_tasks(env_id: str, path: str, limit: int | None = None) -> list[Any]:
+    if env_id == "MATH-ReAct-v0":
+        return load_math_tasks(path, limit=limit)
+    return load_docvqa_tasks(path, limit=limit)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    from vllm import LLM
+
+    train = load_tasks(args.env, args.train)
+    held_out = load_tasks(args.env, args.eval, args.eval_limit) if args.eval else []
+    config = ESConfig(
+        env_id=args.env, model=args.model, generations=args.generations, population=args.population,
+        case_batch_size=args.case_batch, sigma_start=args.sigma_start, sigma_end=args.sigma_end,
+        sigma_schedule=args.sigma_schedule, sigma_warmup_steps=args.sigma_warmup,
+        sigma_total_steps=args.sigma_total_steps, alpha=args.alpha, reward_normalization=args.normalization,
+        reward_normalization_ddof=args.ddof, reward_normalization_eps=args.eps, parameter_scope=args.scope,
+        seed=args.seed, eval_seed=args.seed, eval_interval=args.eval_interval, history_file=args.history,
+        max_turns=args.max_turns, max_tokens=args.max_tokens, max_model_len=args.max_model_len,
+        dtype=args.dtype, load_format=args.load_format, exact_revert=args.exact_revert,
+    )
+    # enable_prefix_caching stays on: the backend resets the prefix cache after every weight change.
+    llm = LLM(model=args.model, worker_extension_cls=EXTENSION, dtype=args.dtype, max_model_len=args.max_model_len,
+              gpu_memory_utilization=args.gpu_memory_utilization, load_format=args.load_format,
+              enforce_eager=True, seed=args.seed, trust_remote_code=True)
+    backend = VLLMPerturbation(llm, scope=args.scope, exact_revert=args.exact_revert)
+    config.tp_size = backend.tp_size
+    policy = LLMPolicy(llm, SamplingConfig(), args.max_model_len, args.rollout_token_budget)
+    env_kwargs: dict[str, Any] = {"max_turns": args.max_turns, "sandbox": args.sandbox}
+    if args.max_tokens is not None:
+        env_kwargs["max_tokens_per_turn"] = args.max_tokens
+
+    head, start = None, 0
+    if args.resume:
+        head, start = resume(args.resume, config, backend, args.resume_generations)
+        print(f"[es] replayed {start} generations from {args.resume}; checksum {backend.checksum()[0][:16]}")
+
+    def evaluate(batch: Sequence[Any], seed: int, generation: int, member: int):
+        result = evaluate_member(policy, args.env, batch, seed, generation=generation, member=member,
+                                 env_kwargs=env_kwargs, concurrency=16)
+        print(f"[es]   generation={generation} member={member} seed={seed} reward={result.reward:.4f}")
+        return result
+
+    def interval_eval(generation: int) -> dict[str, Any] | None:
+        if not held_out:
+            return None
+        rows = run_episodes(args.env, held_out, policy, samples=1, mode="lockstep", base_seed=args.seed + generation + 1,
+                            env_kwargs=env_kwargs, concurrency=16, progress=False)
+        summary = es_summary(rows, samples=1)
+        print(f"[es] eval after generation {generation}: mean_score={summary['mean_score']:.4f} "
+              f"({summary['count']} rows, errors {summary['error_count']})")
+        return summary
+
+    trainer = ESTrainer(config, backend, train, evaluate, args.history, history=head, start_generation=start,
+                        eval_hook=interval_eval)
+    history = trainer.run()
+    rewards = [r["reward_mean"] for r in history if "reward_mean" in r]
+    if rewards:
+        print(f"[es] done: {len(rewards)} generations, reward_mean first {rewards[0]:.4f} last {rewards[-1]:.4f} "
+              f"(stdev over generations {statistics.pstdev(rewards):.4f}); history {args.history}")
+    print(f"[es] final weights checksum {backend.checksum()[0]}")
+
+
+if __name__ == "__main__":
+    main()

