@@ -3,6 +3,7 @@
 Both models allow extra fields so that provenance (``split_source``, ``doc_id``, the synthetic
 set's OCR difficulty, ...) travels with the task into episode records untouched.
 """
+
 from __future__ import annotations
 
 from typing import Any

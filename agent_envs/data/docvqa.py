@@ -1,0 +1,274 @@
+"""DocVQA task loading: built-in synthetic pages, the HF validation split, official JSON, JSONL.
+
+Normalisation follows protocol §2.1 so task ids and answers match the reference harness:
+question/answers/id are read from their alternative field names, ids become
+``docvqa_<questionId>``, and every task ends up with a host path to an existing page image.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, UnidentifiedImageError
+from pydantic import ValidationError
+
+from agent_envs.data.tasks import DocTask
+
+HF_REPO = "lmms-lab/DocVQA"
+HF_CONFIG = "DocVQA"
+HF_SPLIT = "validation"
+HF_REVISION = "539088ef8a8ada01ac8e2e6d4e372586748a265e"
+BUILTIN_SIZE = 200
+BUILTIN_SEED = 0
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+QUESTION_KEYS = ("question", "query", "prompt")
+ANSWER_KEYS = ("answers", "answer", "ground_truth")
+ID_KEYS = ("questionId", "question_id", "id", "task_id")
+
+
+class DocDataError(ValueError):
+    """A DocVQA data spec or row could not be turned into a task."""
+
+
+DocSpec = str | Path | Iterable[Mapping[str, Any] | DocTask]
+
+
+def default_cache_dir() -> Path:
+    return Path(
+        os.environ.get("AGENT_ENVS_CACHE", Path.home() / ".cache" / "agent-envs")
+    )
+
+
+def load_docvqa_tasks(
+    spec: DocSpec, *, limit: int | None = None, cache_dir: str | Path | None = None
+) -> list[DocTask]:
+    """Load DocVQA tasks from ``"builtin"``, ``"hf"``/``"lmms-lab/DocVQA"``, a file, or rows.
+
+    ``cache_dir`` holds generated synthetic pages and images extracted from hub rows
+    (default ``$AGENT_ENVS_CACHE`` or ``~/.cache/agent-envs``).
+    """
+    if limit is not None and limit < 0:
+        raise DocDataError(f"limit must be >= 0, got {limit}")
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if isinstance(spec, str) and spec == "builtin":
+        from agent_envs.data.synth_docs import builtin_tasks_file
+
+        size = max(BUILTIN_SIZE, limit or 0)
+        tasks = _load_jsonl(builtin_tasks_file(size, BUILTIN_SEED, cache), cache)
+    elif isinstance(spec, str) and spec in ("hf", HF_REPO):
+        tasks = _load_hf(cache, limit)
+    elif isinstance(spec, (str, Path)):
+        path = Path(spec)
+        if not path.is_file():
+            raise DocDataError(f'DocVQA data file not found: {path} (or use "builtin")')
+        tasks = (
+            _load_official_json(path, cache)
+            if path.suffix == ".json"
+            else _load_jsonl(path, cache)
+        )
+    else:
+        tasks = [
+            row
+            if isinstance(row, DocTask)
+            else _require(normalize_row(row, None, cache, f"row {i}"), f"row {i}")
+            for i, row in enumerate(spec)
+        ]
+    return tasks if limit is None else tasks[:limit]
+
+
+def _require(task: DocTask | None, where: str) -> DocTask:
+    if task is None:
+        raise DocDataError(f"{where}: needs a question, non-empty answers and an image")
+    return task
+
+
+def _first(row: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
+    return next((row[k] for k in keys if row.get(k) not in (None, "", [])), None)
+
+
+def task_id(raw_id: Any) -> str:
+    """``docvqa_<questionId>`` unless the id already carries the prefix."""
+    text = str(raw_id)
+    return text if text.startswith("docvqa_") else f"docvqa_{text}"
+
+
+def normalize_row(
+    row: Mapping[str, Any], data_file: Path | None, cache: Path, where: str = "row"
+) -> DocTask | None:
+    """One raw row -> task; None when it lacks a question, answers or an image (dropped)."""
+    if not isinstance(row, Mapping):
+        raise DocDataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    question, raw_answers = _first(row, QUESTION_KEYS), _first(row, ANSWER_KEYS)
+    raw_id, image = _first(row, ID_KEYS), row.get("image")
+    answers = [raw_answers] if isinstance(raw_answers, str) else list(raw_answers or [])
+    answers = [str(a).strip() for a in answers if a is not None and str(a).strip()]
+    if not question or not answers or image in (None, ""):
+        return None
+    if raw_id is None:
+        raise DocDataError(f"{where}: no id field (one of {', '.join(ID_KEYS)})")
+    known = set(QUESTION_KEYS + ANSWER_KEYS + ID_KEYS) | {
+        "image",
+        "docId",
+        "question_types",
+    }
+    extra = {
+        k: v for k, v in row.items() if k not in known and _is_json_scalar_or_list(v)
+    }
+    if "docId" in row:
+        extra["doc_id"] = row["docId"]
+    if "question_types" in row:
+        extra["question_types"] = row["question_types"]
+    path = _image_path(
+        image, str(raw_id).removeprefix("docvqa_"), data_file, cache, where
+    )
+    try:
+        return DocTask(
+            **{
+                **extra,
+                "id": task_id(raw_id),
+                "question": str(question),
+                "answers": answers,
+                "image": str(path),
+            }
+        )
+    except ValidationError as exc:
+        raise DocDataError(f"{where}: invalid task: {exc.errors()[0]['msg']}") from exc
+
+
+def _is_json_scalar_or_list(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool, list, dict)) or value is None
+
+
+def _image_path(
+    image: Any, stem: str, data_file: Path | None, cache: Path, where: str
+) -> Path:
+    """A host path for the row's image: resolve a path, or write raw bytes / PIL images as PNG."""
+    if isinstance(
+        image, Mapping
+    ):  # HF Image feature with decoding off: {"bytes", "path"}
+        image = image.get("bytes") or image.get("path")
+    if isinstance(image, (str, Path)):
+        return resolve_image_path(str(image), data_file, where)
+    return write_png(image, cache / "docvqa_images" / f"{stem}.png", where)
+
+
+def resolve_image_path(raw: str, data_file: Path | None, where: str = "row") -> Path:
+    """Resolve an image path (Windows or POSIX style) like the reference loader.
+
+    Relative paths are tried against the data file's directory, the working directory and
+    then each ancestor of the data file, in that order.
+    """
+    rel = Path(raw.replace("\\", "/"))
+    if rel.is_absolute():
+        candidates = [rel]
+    else:
+        bases = [data_file.parent] if data_file else []
+        bases.append(Path.cwd())
+        if data_file:
+            bases.extend(data_file.resolve().parent.parents)
+        candidates = [base / rel for base in bases]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate.resolve()
+    source = f" in {data_file}" if data_file else ""
+    raise DocDataError(
+        f"{where}{source}: image file not found: {raw!r} (tried "
+        f"{', '.join(str(c) for c in candidates[:3])}{', ...' if len(candidates) > 3 else ''})"
+    )
+
+
+def write_png(image: Any, target: Path, where: str = "row") -> Path:
+    """Write page bytes or a PIL image to ``target`` once; non-PNG bytes are re-encoded."""
+    if target.is_file() and target.stat().st_size > 0:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    if isinstance(image, (bytes, bytearray)) and bytes(image[:8]) == PNG_MAGIC:
+        staging.write_bytes(bytes(image))
+    else:
+        try:
+            pil = (
+                image
+                if isinstance(image, Image.Image)
+                else Image.open(io.BytesIO(bytes(image)))
+            )
+            pil.save(staging, format="PNG")
+        except (TypeError, OSError, UnidentifiedImageError) as exc:
+            raise DocDataError(
+                f"{where}: image is neither a path nor decodable image data"
+            ) from exc
+    staging.replace(target)
+    return target
+
+
+def _load_jsonl(path: Path, cache: Path) -> list[DocTask]:
+    tasks = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DocDataError(f"{where}: corrupt JSON line ({exc.msg})") from exc
+            tasks.append(_require(normalize_row(row, path, cache, where), where))
+    return tasks
+
+
+def _load_official_json(path: Path, cache: Path) -> list[DocTask]:
+    """``val_v1.0.json`` layout: ``{"data": [...]}`` or a bare list; images relative to it."""
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DocDataError(
+            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})"
+        ) from exc
+    rows = payload.get("data") if isinstance(payload, dict) else payload
+    if not isinstance(rows, list):
+        raise DocDataError(
+            f"{path}: expected a list of rows or an object with a 'data' list"
+        )
+    tasks = (
+        normalize_row(
+            {"source": "DocVQA", **row} if isinstance(row, Mapping) else row,
+            path,
+            cache,
+            f"{path} data[{i}]",
+        )
+        for i, row in enumerate(rows)
+    )
+    return [t for t in tasks if t is not None]
+
+
+def _load_hf(cache: Path, limit: int | None) -> list[DocTask]:
+    try:
+        import datasets
+
+        rows = datasets.load_dataset(
+            HF_REPO, HF_CONFIG, split=HF_SPLIT, revision=HF_REVISION
+        )
+        rows = rows.cast_column("image", datasets.Image(decode=False))
+    except (
+        Exception
+    ) as exc:  # any hub/network/cache failure means the same thing to the user
+        raise DocDataError(
+            f"could not load {HF_REPO!r} ({HF_CONFIG}/{HF_SPLIT}) from the Hugging Face hub "
+            f'({type(exc).__name__}: {exc}); offline, use "builtin", an official val_v1.0.json '
+            "or a JSONL of {id, question, answers, image} rows"
+        ) from exc
+    tasks = []
+    for i, row in enumerate(rows):
+        if limit is not None and len(tasks) >= limit:
+            break
+        raw = {**row, "source": HF_REPO, "config": HF_CONFIG, "split_source": HF_SPLIT}
+        task = normalize_row(raw, None, cache, f"{HF_REPO} row {i}")
+        if task is not None:
+            tasks.append(task)
+    return tasks
