@@ -1,0 +1,108 @@
+"""Host-side process bookkeeping for sandboxes: user namespaces, descendants, teardown."""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+from pathlib import Path
+
+from agent_envs.sandbox._bwrap_layout import HOST_UID_WHEN_ROOT, SANDBOX_UID
+
+
+class UserNamespace:
+    """A user namespace mapping sandbox uid 1000 to an unprivileged host uid (host root only).
+
+    bwrap joins it with ``--userns``.  Host uid 0 stays mapped to 0 so that bwrap can still
+    reach the bind sources (e.g. a Python under /root) while setting up; the command itself then
+    drops to uid 1000 with ``setpriv`` and, being host uid 65534, is subject to RLIMIT_NPROC.
+    """
+
+    def __init__(self) -> None:
+        helper = subprocess.Popen(["unshare", "--user", "--", "/bin/sh", "-c", "echo; exec cat"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            assert helper.stdout is not None and helper.stdin is not None
+            if helper.stdout.readline() != b"\n":
+                raise RuntimeError("could not create a user namespace (unshare --user failed)")
+            mapping = f"0 0 1\n{SANDBOX_UID} {HOST_UID_WHEN_ROOT} 1\n"
+            for name in ("uid_map", "gid_map"):
+                Path(f"/proc/{helper.pid}/{name}").write_text(mapping)
+            self.fd = os.open(f"/proc/{helper.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+        finally:
+            if helper.stdin is not None:
+                helper.stdin.close()
+            if helper.stdout is not None:
+                helper.stdout.close()
+            helper.wait()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            out += [int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    todo = children(pid)
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children(p)
+    return out
+
+
+def kill_all(pids: list[int], sig: int = signal.SIGKILL) -> None:
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
+
+
+def sandbox_init(monitor_pid: int) -> int | None:
+    """Host pid of the sandbox's pid-namespace init (the monitor's only child)."""
+    kids = children(monitor_pid)
+    return kids[0] if kids else None
+
+
+def wait_exit(pid: int, timeout: float) -> bool:
+    """Wait (without reaping) until ``pid`` has exited; False on timeout."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(timeout * 1000))
+    finally:
+        os.close(fd)
+
+
+def teardown(monitor_pid: int, grace: float = 5.0) -> None:
+    """Kill the sandbox's init; the kernel then kills its whole pid namespace.
+
+    bwrap's monitor reaps init, and init's exit waits until every process of the namespace is
+    gone, so once the monitor has exited nothing of the sandbox is left.  The caller reaps the
+    monitor afterwards.
+    """
+    init = sandbox_init(monitor_pid)
+    kill_all([init if init is not None else monitor_pid])
+    if not wait_exit(monitor_pid, grace):
+        kill_all([monitor_pid])
+        wait_exit(monitor_pid, grace)

@@ -1,0 +1,82 @@
+"""The ``"none"`` backend: commands run unsandboxed on the host (the reference math runner, §3.4).
+
+Per episode there is one temporary working directory that persists across turns and is removed
+on close.  Each command is ``/bin/bash -c "ulimit -v KiB; <command>"`` in a new session; its whole
+process group is killed when it times out and when it finishes (so plain background jobs do not
+outlive it; a process that calls setsid itself can, which is why this backend is not a sandbox).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+from agent_envs.sandbox._bwrap_layout import memory_kib
+from agent_envs.sandbox._capture import StreamReader, pump
+from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig
+
+_DROPPED_ENV = ("DISPLAY", "WAYLAND_DISPLAY", "DBUS_SESSION_BUS_ADDRESS")
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+class LocalSandbox(Sandbox):
+    def __init__(self, config: SandboxConfig) -> None:
+        self.config = config
+        self.workdir: str | None = tempfile.mkdtemp(prefix="ae-local-")
+        env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
+        env["BROWSER"] = "/bin/false"
+        env.update(config.env)
+        self.env = env
+
+    def run(self, command: str, timeout: float | None = None) -> ExecResult:
+        limit = self.config.limits.timeout_s if timeout is None else timeout
+        started = time.monotonic()
+        if self.workdir is None:
+            return ExecResult(returncode=126, launch_error="sandbox is closed")
+        lim = self.config.limits
+        script = f"ulimit -v {memory_kib(lim)}; {command}" if lim.memory_gib is not None else command
+        try:
+            proc = subprocess.Popen(["/bin/bash", "-c", script], cwd=self.workdir, env=self.env,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True)
+        except (OSError, ValueError) as exc:
+            return ExecResult(returncode=126, launch_error=str(exc),
+                              duration_s=time.monotonic() - started)
+        assert proc.stdout is not None and proc.stderr is not None
+        keep = max(lim.capture_window_bytes, 4 * lim.max_output_chars + 64)
+        out, err = StreamReader(proc.stdout.fileno(), keep), StreamReader(proc.stderr.fileno(), keep)
+        finished = pump([out, err], lambda: out.done and err.done, started + limit)
+        if finished:
+            finished = _wait(proc, started + limit)
+        _killpg(proc.pid)
+        rc = proc.wait()
+        if not (out.done and err.done):  # only after a timeout: grandchildren may hold the pipes
+            pump([out, err], lambda: out.done and err.done, time.monotonic() + 1.0)
+        proc.stdout.close()
+        proc.stderr.close()
+        return ExecResult(returncode=rc if finished else 124, timed_out=not finished,
+                          stdout=out.window.data(), stderr=err.window.data(),
+                          stdout_dropped=out.window.dropped, stderr_dropped=err.window.dropped,
+                          duration_s=time.monotonic() - started, timeout_s=limit)
+
+    def close(self) -> None:
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+
+def _wait(proc: subprocess.Popen, deadline: float) -> bool:
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        return True
+    except subprocess.TimeoutExpired:
+        return False

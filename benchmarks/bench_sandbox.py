@@ -1,0 +1,140 @@
+"""Sandbox latency/throughput benchmark; prints a markdown table.
+
+Measures, for persistent bwrap, fresh bwrap (and docker exec when DOCKER_HOST reaches a daemon
+with the configured image): ``echo hi`` and 1 MB-output latency (median, p99), sessions/s
+(spawn + first command + close), RSS per idle session, 64 concurrent episodes x 20
+``python3 -c`` steps (steps/s), and tesseract seconds per page with OMP_THREAD_LIMIT=1 vs unset.
+
+    python benchmarks/bench_sandbox.py [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from agent_envs.sandbox.base import SandboxConfig
+from agent_envs.sandbox.factory import make_sandbox
+
+DOCS = Path(__file__).resolve().parents[2] / "shared" / "data" / "docvqa_sample" / "documents"
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def latency(cfg: SandboxConfig, cmd: str, n: int) -> tuple[float, float]:
+    sb = make_sandbox(cfg)
+    try:
+        sb.run("true")
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            res = sb.run(cmd)
+            times.append(time.perf_counter() - t)
+            assert res.returncode == 0, res
+        return statistics.median(times) * 1e3, pct(times, 0.99) * 1e3
+    finally:
+        sb.close()
+
+
+def sessions_per_s(cfg: SandboxConfig, n: int) -> float:
+    t = time.perf_counter()
+    for _ in range(n):
+        sb = make_sandbox(cfg)
+        sb.run("true")
+        sb.close()
+    return n / (time.perf_counter() - t)
+
+
+def idle_rss_mib(cfg: SandboxConfig) -> float:
+    sb = make_sandbox(cfg)
+    try:
+        sb.run("true")
+        total = 0
+        for pid in sb.processes():  # type: ignore[attr-defined]
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        return total / 1024
+    finally:
+        sb.close()
+
+
+def concurrent_steps(cfg: SandboxConfig, episodes: int, steps: int) -> float:
+    def episode(i: int) -> None:
+        sb = make_sandbox(cfg)
+        try:
+            for s in range(steps):
+                res = sb.run(f"python3 -c 'print({i}*{s})'")
+                assert res.stdout == f"{i * s}\n".encode(), res
+        finally:
+            sb.close()
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(episodes) as pool:
+        list(pool.map(episode, range(episodes)))
+    return episodes * steps / (time.perf_counter() - t)
+
+
+def tesseract_s(page: Path, limit_threads: bool) -> float:
+    env = {} if limit_threads else {"OMP_THREAD_LIMIT": "64"}
+    cfg = SandboxConfig(image_path=str(page), env=env)
+    sb = make_sandbox(cfg)
+    try:
+        cmd = "tesseract /workspace/document.png stdout >/dev/null 2>&1" if limit_threads else \
+              "unset OMP_THREAD_LIMIT; tesseract /workspace/document.png stdout >/dev/null 2>&1"
+        t = time.perf_counter()
+        res = sb.run(cmd, timeout=300)
+        assert res.returncode == 0, res
+        return time.perf_counter() - t
+    finally:
+        sb.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions")
+    ap.add_argument("--docker", action="store_true", help="also measure the docker backend")
+    args = ap.parse_args()
+    n = 50 if args.quick else 300
+    configs = {"bwrap persistent": SandboxConfig(mode="persistent"),
+               "bwrap fresh": SandboxConfig(mode="fresh")}
+    if args.docker:
+        configs["docker exec"] = SandboxConfig(backend="docker")
+    rows: dict[str, dict[str, str]] = {}
+    raw: dict[str, dict[str, float]] = {}
+    for name, cfg in configs.items():
+        e_med, e_p99 = latency(cfg, "echo hi", n)
+        m_med, m_p99 = latency(cfg, "head -c 1000000 /dev/zero | tr '\\0' x", max(10, n // 10))
+        sps = sessions_per_s(cfg, 10 if args.quick else 40)
+        rss = idle_rss_mib(cfg) if name.startswith("bwrap") else float("nan")
+        steps = concurrent_steps(cfg, 64, 20 if not args.quick else 5)
+        raw[name] = {"echo": e_med, "steps": steps}
+        rows[name] = {"echo hi median / p99 (ms)": f"{e_med:.2f} / {e_p99:.2f}",
+                      "1 MB output median / p99 (ms)": f"{m_med:.1f} / {m_p99:.1f}",
+                      "sessions/s": f"{sps:.1f}", "idle RSS (MiB)": f"{rss:.1f}",
+                      "64x20 python3 steps/s": f"{steps:.1f}"}
+    cols = list(next(iter(rows.values())))
+    print("| backend | " + " | ".join(cols) + " |")
+    print("|---|" + "---|" * len(cols))
+    for name, row in rows.items():
+        print(f"| {name} | " + " | ".join(row[c] for c in cols) + " |")
+    p, f = raw["bwrap persistent"], raw["bwrap fresh"]
+    print(f"\npersistent vs fresh: echo hi {f['echo'] / p['echo']:.1f}x faster, "
+          f"64-concurrent steps/s {p['steps'] / f['steps']:.2f}x")
+    pages = sorted(DOCS.glob("*.png"))
+    if pages:
+        one, unset = tesseract_s(pages[0], True), tesseract_s(pages[0], False)
+        print(f"\ntesseract on {pages[0].name}: {one:.2f} s/page with OMP_THREAD_LIMIT=1, "
+              f"{unset:.2f} s/page unset ({unset / one:.2f}x)")
+    else:
+        print(f"\n(no DocVQA pages under {DOCS}; tesseract skipped)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
