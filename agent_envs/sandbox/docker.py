@@ -1,0 +1,249 @@
+"""Docker tool sandbox: one locked-down container per episode, one ``docker exec`` per command.
+
+Why a container: it offers the bwrap sandbox's contract (protocol §2.3: no network, read-only
+system, writable ephemeral /workspace and /tmp, the document bound read-only, single-threaded
+numeric libraries, no pip) on hosts where unprivileged user namespaces are unavailable, and
+adds cgroup memory/pids limits.  The ``docker`` CLI is driven through subprocess (it honours
+``DOCKER_HOST``), so no client library is needed.
+
+Isolation between commands: every command runs under a per-sandbox uid distinct from the
+container's keep-alive process, so ``kill -9 -1`` at the end of a command reaps every stray
+background process without stopping the container, and ``RLIMIT_NPROC`` is not shared with
+other episodes.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from agent_envs.sandbox._capture import StreamReader, pump
+from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig, SandboxUnavailable, image_must_exist
+
+LABEL = "agent-envs.sandbox"
+WORKSPACE = "/workspace"
+DOCUMENT = "/workspace/document.png"
+#: where the wrapper remembers the shell's working directory between commands
+CWD_FILE = "/tmp/.agent_envs_cwd"
+KEEPALIVE_UID = 65534
+#: commands run as BASE + random, so RLIMIT_NPROC is per episode and kill -1 spares PID 1
+COMMAND_UID_BASE = 200_000
+THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+               "OMP_THREAD_LIMIT")
+#: extra host seconds granted to the docker CLI beyond the in-container timeout
+HOST_GRACE_S = 15.0
+
+# $1 = timeout seconds, $2 = the bash program (ulimit + cwd trap + the model's command).
+# The outer shell restores the cwd, runs the program under `timeout -s KILL` (which kills its
+# whole process group), then kills every remaining process of this uid.  Its own stderr goes
+# to /dev/null so that bash's "Killed" job report never reaches the model.
+_WRAPPER = (
+    f'cwd="$(cat {CWD_FILE} 2>/dev/null)"\ncd -- "${{cwd:-{WORKSPACE}}}" 2>/dev/null || cd {WORKSPACE}\n'
+    "exec 3>&2 2>/dev/null\n"
+    'timeout -s KILL "$1" /bin/bash --noprofile --norc -c "$2" 2>&3 3>&-\n'
+    "rc=$?\nkill -9 -1\nexit $rc\n"
+)
+
+_LIVE: set[str] = set()
+
+
+def _remove_containers(names: list[str]) -> None:
+    if names and shutil.which("docker"):
+        subprocess.run(["docker", "rm", "-f", *names], capture_output=True, timeout=60, check=False)
+
+
+@atexit.register
+def _remove_leftovers() -> None:
+    """Remove containers of sandboxes that were never closed (crash, missing env.close())."""
+    _remove_containers(sorted(_LIVE))
+    _LIVE.clear()
+
+
+def _docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+class DockerSandbox(Sandbox):
+    """One container per episode (``mode="persistent"``) or per command (``mode="fresh"``)."""
+
+    def __init__(self, config: SandboxConfig) -> None:
+        self.config = config
+        self._document = image_must_exist(config.image_path)
+        if shutil.which("docker") is None:
+            raise SandboxUnavailable("docker backend: the `docker` CLI is not on PATH (install docker.io)")
+        self.sandbox_id = secrets.token_hex(6)
+        self.uid = COMMAND_UID_BASE + secrets.randbelow(1 << 16)
+        self._container: str | None = None
+        self._staged: tempfile.TemporaryDirectory | None = None
+        self._closed = False
+
+    # -- container lifecycle -------------------------------------------------------------
+    def _document_mount(self) -> list[str]:
+        """Bind the document read-only; a copy is staged when the command uid could not read it."""
+        if self._document is None:
+            return []
+        # the command uid is neither the file's owner nor in its group
+        source = self._document.resolve()
+        if not source.stat().st_mode & 0o004:
+            self._staged = self._staged or tempfile.TemporaryDirectory(prefix="agent-envs-doc-")
+            staged = Path(self._staged.name, "document.png")
+            shutil.copyfile(source, staged)
+            staged.chmod(0o444)
+            Path(self._staged.name).chmod(0o755)
+            source = staged
+        return ["--mount", f"type=bind,source={source},target={DOCUMENT},readonly"]
+
+    def _run_args(self, name: str) -> list[str]:
+        lim = self.config.limits
+        args = ["run", "-d", "--pull", "never", "--name", name, "--label", f"{LABEL}={self.sandbox_id}",
+                "--label", f"agent-envs.pid={os.getpid()}", "--init", "--network", "none",
+                "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+                # workdir "/": docker would create /workspace with mode 755 under the tmpfs
+                "--user", f"{KEEPALIVE_UID}:{KEEPALIVE_UID}", "--workdir", "/",
+                "--pids-limit", str(lim.max_processes),
+                "--tmpfs", f"{WORKSPACE}:rw,exec,size={lim.workspace_mib}m,mode=1777",
+                "--tmpfs", f"/tmp:rw,exec,size={lim.workspace_mib}m,mode=1777",
+                "--ulimit", f"nofile={lim.max_open_files}:{lim.max_open_files}",
+                "--ulimit", f"fsize={lim.max_file_size_mib * 1024 * 1024}:{lim.max_file_size_mib * 1024 * 1024}",
+                "--ulimit", f"cpu={lim.cpu_seconds}:{lim.cpu_seconds}",
+                "--ulimit", f"nproc={lim.max_processes}:{lim.max_processes}"]
+        if lim.memory_gib is not None:
+            mem = f"{max(64, int(lim.memory_gib * 1024))}m"
+            args += ["--memory", mem, "--memory-swap", mem]
+        env = {"HOME": "/tmp", "TMPDIR": "/tmp", "PIP_NO_INDEX": "1", **{v: "1" for v in THREAD_VARS},
+               **self.config.env}
+        for key, value in env.items():
+            args += ["--env", f"{key}={value}"]
+        return args + self._document_mount() + ["--entrypoint", "sleep", self.config.docker_image, "infinity"]
+
+    def _ensure_container(self) -> str:
+        if self._closed:
+            raise RuntimeError("DockerSandbox.run after close()")
+        if self._container is None:
+            name = f"agent-envs-{self.sandbox_id}-{secrets.token_hex(3)}"
+            _LIVE.add(name)
+            res = _docker(*self._run_args(name))
+            if res.returncode != 0:
+                _LIVE.discard(name)
+                _remove_containers([name])
+                raise SandboxUnavailable(self._explain(res.stderr))
+            self._container = name
+        return self._container
+
+    def _explain(self, stderr: str) -> str:
+        host = os.environ.get("DOCKER_HOST", "the default socket")
+        if "Cannot connect" in stderr or "connect: " in stderr:
+            return f"docker backend: no Docker daemon reachable at {host}: {stderr.strip()}"
+        if "No such image" in stderr or "not found" in stderr:
+            return (f"docker backend: image {self.config.docker_image!r} is missing on {host}; build it "
+                    f"(docker build -t {self.config.docker_image} . or docker/build_local_image.sh "
+                    f"{self.config.docker_image}): {stderr.strip()}")
+        return f"docker backend: cannot start a container: {stderr.strip()}"
+
+    def _drop_container(self) -> None:
+        if self._container is not None:
+            _remove_containers([self._container])
+            _LIVE.discard(self._container)
+            self._container = None
+
+    def _kill_strays(self) -> None:
+        """Host-side fallback when the in-container cleanup did not finish in time."""
+        if self._container is not None:
+            res = _docker("exec", "--user", f"{self.uid}:{self.uid}", self._container,
+                          "/bin/bash", "-c", "kill -9 -1", timeout=30)
+            if res.returncode not in (0, 1):
+                self._drop_container()
+
+    # -- Sandbox API ---------------------------------------------------------------------
+    def run(self, command: str, timeout: float | None = None) -> ExecResult:
+        limit = self.config.limits.timeout_s if timeout is None else timeout
+        container = self._ensure_container()
+        try:
+            return self._exec(container, command, limit)
+        finally:
+            if self.config.mode == "fresh":
+                self._drop_container()
+
+    def _program(self, command: str) -> str:
+        mem = self.config.limits.memory_gib
+        ulimit = "" if mem is None else f"ulimit -v {max(1024, int(mem * 1024 * 1024))}; "
+        return f"{ulimit}trap 'pwd >| {CWD_FILE} 2>/dev/null' EXIT; {command}"
+
+    def _exec(self, container: str, command: str, limit: float) -> ExecResult:
+        argv = ["docker", "exec", "--user", f"{self.uid}:{self.uid}", container,
+                "/bin/bash", "--noprofile", "--norc", "-c", _WRAPPER, "agent-envs", f"{limit:g}",
+                self._program(command)]
+        keep = self.config.limits.capture_window_bytes
+        start = time.monotonic()
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE)
+        except (OSError, ValueError) as exc:
+            return ExecResult(returncode=126, launch_error=str(exc), timeout_s=limit)
+        with proc:
+            out = StreamReader(proc.stdout.fileno(), keep)
+            err = StreamReader(proc.stderr.fileno(), keep)
+            expired = not pump([out, err], lambda: out.done and err.done, start + limit + HOST_GRACE_S)
+            if expired:
+                proc.kill()
+            rc = proc.wait()
+        elapsed = time.monotonic() - start
+        if expired:
+            self._kill_strays()
+        # `timeout -s KILL` takes itself down with its process group, so a timeout reads as 137
+        timed_out = expired or (rc == 137 and elapsed >= limit)
+        stderr = err.window.data()
+        if not timed_out and self._container_gone(rc, stderr):
+            return ExecResult(returncode=126, launch_error=stderr.decode(errors="replace").strip(),
+                              duration_s=elapsed, timeout_s=limit)
+        return ExecResult(returncode=124 if timed_out else rc, stdout=out.window.data(), stderr=stderr,
+                          timed_out=timed_out, stdout_dropped=out.window.dropped,
+                          stderr_dropped=err.window.dropped, duration_s=elapsed, timeout_s=limit,
+                          meta={"container": container})
+
+    def _container_gone(self, rc: int, stderr: bytes) -> bool:
+        """A docker-level failure (container died) rather than the command's own exit status."""
+        if rc not in (1, 125, 126) or not stderr.startswith(b"Error response from daemon"):
+            return False
+        state = _docker("inspect", "-f", "{{.State.Running}}", self._container or "")
+        if state.stdout.strip() == "true":
+            return False
+        self._drop_container()
+        return True
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._drop_container()
+        if self._staged is not None:
+            self._staged.cleanup()
+            self._staged = None
+
+
+@functools.lru_cache(maxsize=1)
+def bwrap_usable() -> tuple[bool, str]:
+    """Whether bubblewrap can build a sandbox here, by actually starting one.
+
+    Inside a container started with Docker's default seccomp/AppArmor profile and masked
+    /proc paths, bwrap cannot create user namespaces or mount /proc; the caller then falls
+    back to the container-as-boundary mode (see docs/docker.md).
+    """
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return False, "bwrap is not installed"
+    probe = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc",
+             "--dev", "/dev", "--tmpfs", "/tmp", "true"]
+    try:
+        res = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"bwrap probe failed: {exc}"
+    if res.returncode != 0:
+        return False, f"bwrap probe exited {res.returncode}: {res.stderr.strip() or 'no message'}"
+    return True, "bwrap works"
