@@ -1,0 +1,118 @@
+"""Lockstep batching shared by the in-process engines (reference protocol 4.7, 2.4 step 1).
+
+Every request is rendered once to token ids, checked against the context window *before* the engine
+sees it, grouped by ``rollout_token_budget``, and generated group by group.  A group that raises is
+retried one request at a time so one bad prompt cannot fail its neighbours.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..tokens import TokenCounter
+from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy
+from .sampling import SamplingConfig, generation_reserve
+
+
+def microbatch(sizes: Sequence[int], budget: int) -> list[list[int]]:
+    """Group request indices in order.  A group closes once it reaches ``budget``; a request that
+    would push it past the budget starts the next group; an oversized request stands alone;
+    ``budget <= 0`` means a single group."""
+    if not sizes:
+        return []
+    if budget <= 0:
+        return [list(range(len(sizes)))]
+    groups: list[list[int]] = []
+    current: list[int] = []
+    used = 0
+    for index, size in enumerate(sizes):
+        if current and used + size > budget:
+            groups.append(current)
+            current, used = [], 0
+        current.append(index)
+        used += size
+        if used >= budget:
+            groups.append(current)
+            current, used = [], 0
+    if current:
+        groups.append(current)
+    return groups
+
+
+@dataclass
+class Prepared:
+    """A request rendered for an engine."""
+
+    request: GenerationRequest
+    prompt_ids: list[int]
+    stop: list[str]
+
+    @property
+    def size(self) -> int:
+        return len(self.prompt_ids) + generation_reserve(self.request.max_tokens)
+
+
+class EnginePolicy(Policy):
+    """Base for engines that take token ids: renders prompts and checks the context window."""
+
+    def __init__(self, tokenizer, sampling: SamplingConfig | None, max_model_len: int | None):
+        self.tokenizer = tokenizer
+        self.sampling = sampling or SamplingConfig()
+        self.counter = TokenCounter(tokenizer, enable_thinking=self.sampling.enable_thinking)
+        self.max_model_len = max_model_len
+
+    def prepare(self, request: GenerationRequest) -> Prepared | Completion:
+        """Render the prompt; a prompt that cannot fit becomes a ``context_length_exceeded`` record."""
+        ids = self.counter.prompt_ids(request.messages)
+        prepared = Prepared(request, ids, self.sampling.stop_for(request))
+        if self.max_model_len is not None and prepared.size > self.max_model_len:
+            return Completion(
+                error=CONTEXT_LENGTH_EXCEEDED,
+                error_message=(f"prompt_tokens {len(ids)} + max_tokens {request.max_tokens} "
+                               f"> max_model_len {self.max_model_len}"),
+                prompt_tokens=len(ids), engine=self.name)
+        return prepared
+
+
+class BatchedEnginePolicy(EnginePolicy):
+    """A lockstep engine: subclasses implement :meth:`_generate_group` (one engine call)."""
+
+    def __init__(self, tokenizer, sampling: SamplingConfig | None, max_model_len: int | None,
+                 rollout_token_budget: int):
+        super().__init__(tokenizer, sampling, max_model_len)
+        self.rollout_token_budget = rollout_token_budget
+
+    @abc.abstractmethod
+    def _generate_group(self, group: list[Prepared]) -> list[Completion]:
+        """One engine call for the whole group; may raise."""
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        results: list[Completion | None] = [None] * len(requests)
+        pending: list[tuple[int, Prepared]] = []
+        for index, request in enumerate(requests):
+            item = self.prepare(request)
+            if isinstance(item, Completion):
+                results[index] = item
+            else:
+                pending.append((index, item))
+        for group in microbatch([p.size for _, p in pending], self.rollout_token_budget):
+            members = [pending[i] for i in group]
+            for (index, _), completion in zip(members, self._run_group([p for _, p in members])):
+                results[index] = completion
+        return [r for r in results if r is not None]
+
+    def _run_group(self, group: list[Prepared]) -> list[Completion]:
+        try:
+            out = self._generate_group(group)
+            if len(out) != len(group):
+                raise RuntimeError(f"engine returned {len(out)} outputs for {len(group)} prompts")
+            return out
+        except Exception:
+            return [self._run_single(p) for p in group]
+
+    def _run_single(self, prepared: Prepared) -> Completion:
+        try:
+            return self._generate_group([prepared])[0]
+        except Exception as exc:  # the protocol records the failure instead of raising
+            return Completion.failed(exc, prompt_tokens=len(prepared.prompt_ids), engine=self.name)

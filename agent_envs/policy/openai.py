@@ -1,0 +1,184 @@
+"""A policy over any OpenAI-compatible chat-completions server (vLLM, SGLang, ``agent-envs serve``).
+
+Failure handling follows the protocol's HTTP evaluator (2.4): up to ``max_retries`` extra attempts on
+5xx and transport errors with backoff ``min(backoff_base * (attempt + 1), backoff_cap)`` seconds,
+other 4xx at once, and a context-length 400 becomes ``context_length_exceeded`` instead of an error.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+import httpx
+
+from ..tokens import TokenCounter
+from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy
+from .sampling import SamplingConfig, generation_reserve
+
+
+class ContextLengthError(Exception):
+    pass
+
+
+def is_context_length_error(status: int, body: str) -> bool:
+    """vLLM-style 400: ``error.param == "input_tokens"`` with a context-length message, or a body
+    naming both the context length and the maximum input length."""
+    if status != 400:
+        return False
+    lowered = body.lower()
+    if "context length" in lowered and "maximum input length" in lowered:
+        return True
+    try:
+        error = json.loads(body).get("error") or {}
+    except (ValueError, AttributeError):
+        return False
+    return (isinstance(error, dict) and error.get("param") == "input_tokens"
+            and "context length" in str(error.get("message", "")).lower())
+
+
+class OpenAIPolicy(Policy):
+    """``base_urls`` are API roots such as ``http://127.0.0.1:8000/v1``."""
+
+    name = "openai"
+
+    def __init__(self, base_urls: list[str] | str, model: str, *, api_key: str | None = None,
+                 timeout_s: float = 600.0, max_retries: int = 3, backoff_base_s: float = 2.0,
+                 backoff_cap_s: float = 10.0, tokenizer: Any = None, sampling: SamplingConfig | None = None,
+                 max_model_len: int | None = None, samples_per_row: int = 1, max_concurrency: int = 64,
+                 request_token_ids: bool = True):
+        urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+        if not urls:
+            raise ValueError("OpenAIPolicy needs at least one base URL")
+        self.endpoints = [u.rstrip("/") for u in urls]
+        self.model = model
+        self.tokenizer = tokenizer
+        self.sampling = sampling or SamplingConfig()
+        self.counter = TokenCounter(tokenizer, enable_thinking=self.sampling.enable_thinking)
+        self.max_model_len = max_model_len
+        self.max_retries, self.backoff_base_s, self.backoff_cap_s = max_retries, backoff_base_s, backoff_cap_s
+        self.samples_per_row = samples_per_row
+        self.request_token_ids = request_token_ids
+        self._timeout = httpx.Timeout(timeout_s)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(timeout=self._timeout, headers=self._headers)
+        self._aclients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+        self._pool = ThreadPoolExecutor(max_workers=max_concurrency)
+        self._round_robin = itertools.count()
+        self._rr_lock = threading.Lock()
+
+    def describe(self) -> dict[str, Any]:
+        return {"policy": self.name, "model": self.model, "base_urls": self.endpoints,
+                "sampling": self.sampling.model_dump()}
+
+    # ------------------------------------------------------------------ request building
+    def endpoint_for(self, request: GenerationRequest) -> str:
+        """Job ``row * samples + sample`` goes to endpoint ``job mod n`` (protocol 4.7); requests without
+        a position take the next endpoint in turn."""
+        if request.row_index is not None and request.sample_index is not None:
+            job = request.row_index * self.samples_per_row + request.sample_index
+        else:
+            with self._rr_lock:
+                job = next(self._round_robin)
+        return self.endpoints[job % len(self.endpoints)]
+
+    def body(self, request: GenerationRequest) -> dict[str, Any]:
+        s = self.sampling
+        body: dict[str, Any] = {
+            "model": self.model, "messages": request.messages, "temperature": s.temperature, "top_p": s.top_p,
+            "top_k": s.top_k, "min_p": s.min_p, "presence_penalty": s.presence_penalty,
+            "repetition_penalty": s.repetition_penalty, "stop": s.stop_for(request),
+            "chat_template_kwargs": {"enable_thinking": s.enable_thinking},
+        }
+        if request.seed is not None:
+            body["seed"] = request.seed
+        if request.max_tokens is not None and request.max_tokens > 0:
+            body["max_tokens"] = request.max_tokens
+        if self.request_token_ids:
+            body["return_token_ids"] = True
+        return body
+
+    def _too_long(self, request: GenerationRequest) -> Completion | None:
+        """Check locally when both a tokenizer and the window are known (saves a round trip)."""
+        if self.tokenizer is None or self.max_model_len is None:
+            return None
+        prompt = self.counter.prompt_tokens(request.messages)
+        if prompt + generation_reserve(request.max_tokens) <= self.max_model_len:
+            return None
+        return Completion(error=CONTEXT_LENGTH_EXCEEDED, prompt_tokens=prompt, engine=self.name,
+                          error_message=f"prompt_tokens {prompt} + max_tokens {request.max_tokens} "
+                                        f"> max_model_len {self.max_model_len}")
+
+    # ------------------------------------------------------------------ responses
+    def _parse(self, response: httpx.Response, endpoint: str) -> Completion:
+        if is_context_length_error(response.status_code, response.text):
+            raise ContextLengthError(response.text[:500])
+        response.raise_for_status()
+        data = response.json()
+        choice = data["choices"][0]
+        usage = data.get("usage") or {}
+        ids = choice.get("token_ids")
+        return Completion(text=choice["message"].get("content") or "", token_ids=ids,
+                          completion_tokens=usage.get("completion_tokens"), finish_reason=choice.get("finish_reason"),
+                          prompt_tokens=usage.get("prompt_tokens"), engine=endpoint)
+
+    def _retryable(self, exc: Exception) -> bool:
+        if isinstance(exc, httpx.HTTPStatusError):
+            return exc.response.status_code >= 500
+        return isinstance(exc, httpx.TransportError)
+
+    def _backoff(self, attempt: int) -> float:
+        return min(self.backoff_base_s * (attempt + 1), self.backoff_cap_s)
+
+    def _outcome(self, exc: Exception, endpoint: str) -> Completion:
+        if isinstance(exc, ContextLengthError):
+            return Completion(error=CONTEXT_LENGTH_EXCEEDED, error_message=str(exc), engine=endpoint)
+        return Completion.failed(exc, engine=endpoint)
+
+    # ------------------------------------------------------------------ sync and async paths
+    def complete(self, request: GenerationRequest) -> Completion:
+        early = self._too_long(request)
+        if early is not None:
+            return early
+        endpoint, body = self.endpoint_for(request), self.body(request)
+        for attempt in itertools.count():
+            try:
+                return self._parse(self._client.post(f"{endpoint}/chat/completions", json=body), endpoint)
+            except Exception as exc:  # every failure becomes a record, never an exception
+                if not self._retryable(exc) or attempt >= self.max_retries:
+                    return self._outcome(exc, endpoint)
+                time.sleep(self._backoff(attempt))  # the protocol's retry backoff
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        return list(self._pool.map(self.complete, requests))
+
+    def _aclient(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if loop not in self._aclients:  # an AsyncClient's connections belong to one event loop
+            self._aclients[loop] = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
+        return self._aclients[loop]
+
+    async def agenerate(self, request: GenerationRequest) -> Completion:
+        early = self._too_long(request)
+        if early is not None:
+            return early
+        endpoint, body, client = self.endpoint_for(request), self.body(request), self._aclient()
+        for attempt in itertools.count():
+            try:
+                return self._parse(await client.post(f"{endpoint}/chat/completions", json=body), endpoint)
+            except Exception as exc:
+                if not self._retryable(exc) or attempt >= self.max_retries:
+                    return self._outcome(exc, endpoint)
+                await asyncio.sleep(self._backoff(attempt))
+
+    def close(self) -> None:
+        self._client.close()
+        self._pool.shutdown(wait=False)
+        for loop, client in list(self._aclients.items()):
+            if not loop.is_closed() and not loop.is_running():
+                loop.run_until_complete(client.aclose())
+        self._aclients.clear()

@@ -1,0 +1,44 @@
+"""Protocol sampling settings (reference protocol 1.6).
+
+One config per policy; the per-request parts (seed, ``max_tokens``, stop strings) come from each
+:class:`~agent_envs.policy.base.GenerationRequest`, because the environment derives the seed from the
+episode and turn.
+"""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .base import GenerationRequest
+
+PROTOCOL_STOP = ["Observation:"]
+
+
+class SamplingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    #: 0 or -1 disables top-k
+    top_k: int = Field(40, ge=-1)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    presence_penalty: float = 2.0
+    repetition_penalty: float = Field(1.0, gt=0.0)
+    #: used when a request carries no stop strings of its own
+    stop: list[str] = Field(default_factory=lambda: list(PROTOCOL_STOP))
+    enable_thinking: bool = False
+
+    def stop_for(self, request: GenerationRequest) -> list[str]:
+        return list(request.stop) if request.stop else list(self.stop)
+
+
+def generation_reserve(max_tokens: int | None) -> int:
+    """Tokens the context must leave free: ``max_tokens``, or 1 when uncapped (protocol 2.4 step 1)."""
+    return max_tokens if max_tokens is not None and max_tokens > 0 else 1
+
+
+def cut_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:
+    """Drop the earliest stop string and everything after it (the engines exclude it from output)."""
+    hits = [i for i in (text.find(s) for s in stop if s) if i >= 0]
+    if not hits:
+        return text, False
+    return text[: min(hits)], True

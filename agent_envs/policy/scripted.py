@@ -1,0 +1,112 @@
+"""Deterministic policies: scripted replies for tests and baselines, and a simulated engine whose
+only job is to take realistic time, for scheduling benchmarks."""
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import threading
+import time
+from collections import defaultdict
+from typing import Callable, Mapping, Sequence
+
+from .base import Completion, GenerationRequest, Policy
+from .sampling import cut_at_stop
+
+Reply = str | Completion
+Script = Sequence[str] | Mapping[str, Sequence[str]] | Callable[[GenerationRequest], Reply]
+
+
+class ScriptExhausted(RuntimeError):
+    pass
+
+
+class ScriptedPolicy(Policy):
+    """Replies from a script, applying stop strings as an engine would.
+
+    ``script`` is a list of replies played in turn order for every episode (one cursor per
+    ``request.key``), a mapping from episode key to such a list, or ``fn(request) -> str | Completion``.
+    Running out of script yields a ``request_error`` completion rather than an exception.
+    """
+
+    name = "scripted"
+
+    def __init__(self, script: Script, *, tokenizer=None):
+        self.script = script
+        self.tokenizer = tokenizer
+        self._cursor: dict[str, int] = defaultdict(int)
+        self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        with self._lock:
+            self._cursor.clear()
+
+    def _reply(self, request: GenerationRequest) -> Reply:
+        if callable(self.script):
+            return self.script(request)
+        replies = self.script[request.key] if isinstance(self.script, Mapping) else self.script
+        with self._lock:
+            turn = self._cursor[request.key]
+            self._cursor[request.key] = turn + 1
+        if turn >= len(replies):
+            raise ScriptExhausted(f"no scripted reply {turn} for episode {request.key!r} ({len(replies)} scripted)")
+        return replies[turn]
+
+    def complete(self, request: GenerationRequest) -> Completion:
+        try:
+            reply = self._reply(request)
+        except (ScriptExhausted, KeyError) as exc:
+            return Completion.failed(exc, engine=self.name)
+        if isinstance(reply, Completion):
+            return reply
+        text, _ = cut_at_stop(reply, request.stop)
+        ids = self.tokenizer.encode(text, add_special_tokens=False) if self.tokenizer is not None else None
+        return Completion(text=text, token_ids=ids, finish_reason="stop", engine=self.name)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        return [self.complete(r) for r in requests]
+
+    async def agenerate(self, request: GenerationRequest) -> Completion:
+        return self.complete(request)
+
+
+class SimulatedPolicy(Policy):
+    """A stand-in engine that costs realistic time.
+
+    Each request's output length is drawn from a log-normal (long tail) seeded by the request seed and
+    capped by ``max_tokens``; generating it "takes" ``length * per_token_s``.  ``generate`` models a
+    lockstep batch, whose every request waits for the longest one; ``agenerate`` models continuous
+    batching, where each request pays only for its own length.  The text comes from a
+    :class:`ScriptedPolicy`.  Sleeping *is* the workload here.
+    """
+
+    name = "simulated"
+
+    def __init__(self, script: Script, *, per_token_s: float = 1e-4, median_tokens: int = 200,
+                 sigma: float = 1.0, call_overhead_s: float = 0.0):
+        self.scripted = ScriptedPolicy(script)
+        self.per_token_s = per_token_s
+        self.median_tokens = median_tokens
+        self.sigma = sigma
+        self.call_overhead_s = call_overhead_s
+
+    def length(self, request: GenerationRequest) -> int:
+        rng = random.Random(request.seed)
+        tokens = max(1, round(self.median_tokens * math.exp(self.sigma * rng.gauss(0.0, 1.0))))
+        return min(tokens, request.max_tokens) if request.max_tokens and request.max_tokens > 0 else tokens
+
+    def _complete(self, request: GenerationRequest, length: int) -> Completion:
+        completion = self.scripted.complete(request)
+        if completion.ok:
+            completion = completion.model_copy(update={"completion_tokens": length, "engine": self.name})
+        return completion
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        lengths = [self.length(r) for r in requests]
+        time.sleep(self.call_overhead_s + max(lengths, default=0) * self.per_token_s)
+        return [self._complete(r, n) for r, n in zip(requests, lengths)]
+
+    async def agenerate(self, request: GenerationRequest) -> Completion:
+        length = self.length(request)
+        await asyncio.sleep(self.call_overhead_s + length * self.per_token_s)
+        return self._complete(request, length)

@@ -1,0 +1,209 @@
+"""A small but real OpenAI-compatible HTTP server around any :class:`Policy`.
+
+``POST /v1/chat/completions`` and ``GET /v1/models`` on 127.0.0.1, answering like vLLM does (token
+ids on request, context-length 400s with ``param="input_tokens"``).  Tests use its failure injection
+(``fail_next``, ``delay_next``) to exercise client retries against real sockets.
+
+    python -m agent_envs.policy.server --policy cpu --port 8000      # or: agent-envs serve ...
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+import uuid
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Sequence
+
+from ..tokens import TokenCounter
+from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy
+from .sampling import generation_reserve
+
+
+def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
+    kind = "BadRequestError" if status < 500 else "InternalServerError"
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+class PolicyServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, policy: Policy, *, model: str = "agent-envs", host: str = "127.0.0.1", port: int = 0,
+                 max_model_len: int | None = None):
+        super().__init__((host, port), _Handler)
+        self.policy = policy
+        self.model = model
+        self.max_model_len = max_model_len or policy.max_model_len
+        self.counter = TokenCounter(policy.tokenizer)
+        #: every chat request body received, in arrival order (tests check what clients sent)
+        self.received: list[dict[str, Any]] = []
+        self._faults: deque[tuple[int | None, float]] = deque()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def fail_next(self, status: int, times: int = 1) -> None:
+        """Answer the next ``times`` chat requests with HTTP ``status``."""
+        with self._lock:
+            self._faults.extend([(status, 0.0)] * times)
+
+    def delay_next(self, seconds: float, times: int = 1) -> None:
+        """Hold the next ``times`` chat requests for ``seconds`` before answering (client timeouts)."""
+        with self._lock:
+            self._faults.extend([(None, seconds)] * times)
+
+    def _take_fault(self) -> tuple[int | None, float]:
+        with self._lock:
+            return self._faults.popleft() if self._faults else (None, 0.0)
+
+    def start(self) -> "PolicyServer":
+        self._thread = threading.Thread(target=self.serve_forever, name="policy-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+        if self._thread is not None:
+            self._thread.join()
+
+    def __enter__(self) -> "PolicyServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ request handling
+    def chat(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        with self._lock:
+            self.received.append(body)
+        status, delay = self._take_fault()
+        if delay:
+            time.sleep(delay)  # injected slowness: the client under test must time out
+        if status is not None:
+            return status, error_body(f"injected failure {status}", status)
+        if body.get("stream"):
+            return 400, error_body("streaming is not supported by this server", 400, "stream")
+        try:
+            request = to_request(body)
+        except (KeyError, TypeError, ValueError) as exc:
+            return 400, error_body(f"invalid request: {exc}", 400)
+        prompt_tokens = self.counter.prompt_tokens(request.messages)
+        if self.max_model_len is not None and prompt_tokens + generation_reserve(request.max_tokens) > self.max_model_len:
+            return 400, context_error(self.max_model_len, prompt_tokens)
+        completion = self.policy.generate([request])[0]
+        if completion.error == CONTEXT_LENGTH_EXCEEDED:
+            return 400, context_error(self.max_model_len or 0, completion.prompt_tokens or prompt_tokens)
+        if not completion.ok:
+            return 500, error_body(completion.error_message or str(completion.error), 500)
+        return 200, self.response(body, completion, prompt_tokens)
+
+    def response(self, body: dict[str, Any], completion: Completion, prompt_tokens: int) -> dict[str, Any]:
+        generated = completion.num_tokens
+        if generated is None:
+            generated = self.counter.text_tokens(completion.text)
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": completion.text},
+                                  "finish_reason": completion.finish_reason or "stop"}
+        if body.get("return_token_ids") and completion.token_ids is not None:
+            choice["token_ids"] = completion.token_ids
+        prompt = completion.prompt_tokens or prompt_tokens
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": self.model, "choices": [choice],
+                "usage": {"prompt_tokens": prompt, "completion_tokens": generated,
+                          "total_tokens": prompt + generated}}
+
+    def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "agent-envs",
+                                            "max_model_len": self.max_model_len}]}
+
+
+def context_error(max_model_len: int, prompt_tokens: int) -> dict[str, Any]:
+    return error_body(f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+                      f"{prompt_tokens} input tokens. Please reduce the length of the input messages. "
+                      f"(parameter=input_tokens, value={prompt_tokens})", 400, "input_tokens")
+
+
+def to_request(body: dict[str, Any]) -> GenerationRequest:
+    stop = body.get("stop") or []
+    return GenerationRequest(
+        messages=[{"role": m["role"], "content": m["content"]} for m in body["messages"]],
+        seed=body.get("seed"), max_tokens=body.get("max_completion_tokens") or body.get("max_tokens"),
+        stop=[stop] if isinstance(stop, str) else list(stop))
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: PolicyServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet: tests and evals own stdout
+        pass
+
+    def _send(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/") == "/v1/models":
+            self._send(200, self.server.models())
+        else:
+            self._send(404, error_body(f"no route {self.path}", 404))
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        if self.path.rstrip("/") != "/v1/chat/completions":
+            self._send(404, error_body(f"no route {self.path}", 404))
+            return
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            self._send(400, error_body(f"body is not JSON: {exc}", 400))
+            return
+        try:
+            status, payload = self.server.chat(body)
+        except Exception as exc:  # the server reports, it does not die
+            status, payload = 500, error_body(f"{type(exc).__name__}: {exc}", 500)
+        self._send(status, payload)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="agent-envs serve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policy", choices=["cpu", "transformers"], default="cpu",
+                        help="cpu: the embedded SmolLM2-135M; transformers: --model path")
+    parser.add_argument("--model", help="model folder for --policy transformers")
+    parser.add_argument("--served-model-name", default="agent-envs")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--max-model-len", type=int)
+    args = parser.parse_args(argv)
+    from .hf import TransformersPolicy, default_cpu_policy
+
+    if args.policy == "transformers":
+        if not args.model:
+            parser.error("--policy transformers needs --model")
+        policy: Policy = TransformersPolicy(args.model)
+    else:
+        policy = default_cpu_policy()
+    server = PolicyServer(policy, model=args.served_model_name, port=args.port, max_model_len=args.max_model_len)
+    print(f"serving {args.served_model_name} at {server.url}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        policy.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

