@@ -1,0 +1,339 @@
+"""``agent-envs``: evaluate a policy on an environment, summarise runs, compare two runs.
+
+``agent-envs eval`` with no model runs the embedded default: the environment's built-in offline
+tasks and the small CPU chat model, with reduced budgets so it finishes in minutes on a laptop.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from agent_envs.rollout.metrics import group_metrics, paired_bootstrap, summarize
+from agent_envs.rollout.records import load_records
+from agent_envs.rollout.runner import DEFAULT_BASE_SEED, MODES, run_episodes
+from agent_envs.rollout.tracelog import write_trace_logs
+
+ENV_IDS = ("MATH-ReAct-v0", "DocVQA-CLI-v0")
+POLICIES = ("cpu", "transformers", "vllm", "openai", "scripted")
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "repetition_penalty")
+#: the embedded CPU default: a few tasks, short turns (a 135M model rarely finishes on its own)
+CPU_DEFAULTS = {"limit": 3, "max_turns": 3, "max_tokens_per_turn": 192}
+#: config fields that must not change when a run is resumed (records would mix two setups)
+RESUME_IDENTITY = ("env", "data", "seed", "policy", "model", "base_urls", "engine_args", "sampling",
+                   "max_turns", "max_tokens_per_turn", "env_args", "sandbox")
+
+
+class UsageError(Exception):
+    """Bad command-line input; printed without a traceback."""
+
+
+def _key_value(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with VALUE parsed as JSON when it is JSON (else kept as a string)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(raw)
+    except json.JSONDecodeError:
+        return key, raw
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agent-envs", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ev = sub.add_parser("eval", help="run episodes and write records, summary and trace logs")
+    ev.add_argument("--env", choices=ENV_IDS, default="MATH-ReAct-v0")
+    ev.add_argument("--data", default="builtin",
+                    help="dataset spec for the env's loader (builtin, a JSONL path, dapo, aime, ...)")
+    ev.add_argument("--policy", choices=POLICIES,
+                    help="default: openai with --base-url, transformers with --model, else cpu")
+    ev.add_argument("--model", help="model path or id (transformers, vllm, openai)")
+    ev.add_argument("--base-url", action="append", default=[], dest="base_urls",
+                    help="OpenAI-compatible endpoint (repeatable)")
+    ev.add_argument("--engine-arg", action="append", default=[], type=_key_value, metavar="KEY=VALUE",
+                    help="passed to vllm.LLM (value parsed as JSON), e.g. tensor_parallel_size=2")
+    ev.add_argument("--env-arg", action="append", default=[], type=_key_value, metavar="KEY=VALUE",
+                    help="extra environment keyword (value parsed as JSON), e.g. scorer=\"exact\"")
+    ev.add_argument("--samples", type=int, default=1)
+    for flag in SAMPLING_FLAGS:
+        ev.add_argument("--" + flag.replace("_", "-"), type=int if flag == "top_k" else float, default=None)
+    ev.add_argument("--seed", type=int, default=DEFAULT_BASE_SEED, help="base seed of the trajectory seeds")
+    ev.add_argument("--mode", choices=MODES, default="async")
+    ev.add_argument("--concurrency", type=int, default=None, help="episodes in flight (async) or batch size (lockstep)")
+    ev.add_argument("--tool-workers", type=int, default=None)
+    ev.add_argument("--sandbox", choices=("bwrap", "none", "docker"), default="bwrap")
+    ev.add_argument("--max-turns", type=int, default=None)
+    ev.add_argument("--max-tokens-per-turn", type=int, default=None)
+    ev.add_argument("--out", type=Path, default=None, help="run directory (default runs/<env>-<time>)")
+    ev.add_argument("--resume", action="store_true",
+                    help="keep finished records in --out, re-run missing or failed ones")
+    ev.add_argument("--limit", type=int, default=None, help="first N tasks only")
+    ev.add_argument("--trace-logs", action=argparse.BooleanOptionalAction, default=True)
+    ev.add_argument("--no-progress", action="store_true")
+
+    sm = sub.add_parser("summarize", help="print the metrics of one or more run directories")
+    sm.add_argument("runs", nargs="+", type=Path)
+    sm.add_argument("--group", type=int, default=None, metavar="K", help="also metrics per group of K samples")
+    sm.add_argument("--json", action="store_true")
+
+    cp = sub.add_parser("compare", help="paired bootstrap of two runs on the same tasks (B vs A)")
+    cp.add_argument("run_a", type=Path)
+    cp.add_argument("run_b", type=Path)
+    cp.add_argument("--bootstrap-samples", type=int, default=10_000)
+
+    # listed for --help only: main() hands everything after "serve" to the server's own parser
+    sub.add_parser("serve", help="serve a policy over HTTP (agent-envs serve --help)")
+    return parser
+
+
+# --------------------------------------------------------------------------- eval
+def _policy_kind(args: argparse.Namespace) -> str:
+    if args.policy:
+        return args.policy
+    if args.base_urls:
+        return "openai"
+    return "transformers" if args.model else "cpu"
+
+
+def _policy_attr(name: str) -> Any:
+    try:
+        return getattr(importlib.import_module("agent_envs.policy"), name)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"this installation cannot provide agent_envs.policy.{name} ({exc})") from exc
+
+
+def _bash_action(command: str) -> str:
+    return "Action:\n" + json.dumps({"name": "bash", "arguments": {"command": command}})
+
+
+def _observation_body(messages: Sequence[dict[str, str]]) -> str:
+    content = messages[-1]["content"]
+    return content.split("\n", 1)[1] if "\n" in content else ""
+
+
+def baseline_script(env_id: str) -> Callable[[Any], str]:
+    """The ``scripted`` policy: one real tool call, then an answer read off its output.  A floor
+    baseline and a model-free smoke test of the whole pipeline (sandbox, scoring, records)."""
+    def math(request: Any) -> str:
+        if not any(m["role"] == "assistant" for m in request.messages):
+            numbers = re.findall(r"\d+", request.messages[1]["content"]) or ["0"]
+            return _bash_action(f"python3 -c 'print({numbers[-1]})'")
+        found = re.findall(r"-?\d+", _observation_body(request.messages)) or ["0"]
+        return f"Final answer: \\boxed{{{found[0]}}}"
+
+    def docvqa(request: Any) -> str:
+        if not any(m["role"] == "assistant" for m in request.messages):
+            return _bash_action("tesseract /workspace/document.png stdout 2>/dev/null | grep -m1 '[[:alnum:]]'")
+        first = _observation_body(request.messages).strip().splitlines() or ["unknown"]
+        return f"Final answer: {first[0]}"
+
+    return docvqa if env_id.startswith("DocVQA") else math
+
+
+def _sampling(args: argparse.Namespace) -> Any:
+    overrides = {f: getattr(args, f) for f in SAMPLING_FLAGS if getattr(args, f) is not None}
+    return _policy_attr("SamplingConfig")(**overrides)
+
+
+def make_policy(kind: str, args: argparse.Namespace, env_id: str) -> Any:
+    """Build the policy; vLLM gets its async engine in async mode (continuous batching)."""
+    if kind == "scripted":
+        return _policy_attr("ScriptedPolicy")(baseline_script(env_id))
+    sampling = _sampling(args)
+    if kind in ("transformers", "vllm", "openai") and not args.model:
+        raise UsageError(f"--policy {kind} needs --model")
+    if kind == "cpu":
+        return _policy_attr("default_cpu_policy")(sampling=sampling)
+    if kind == "transformers":
+        return _policy_attr("TransformersPolicy")(args.model, sampling=sampling)
+    if kind == "vllm":
+        cls = _policy_attr("AsyncVLLMPolicy" if args.mode == "async" else "VLLMPolicy")
+        return cls(args.model, sampling=sampling, **dict(args.engine_arg))
+    if not args.base_urls:
+        raise UsageError("--policy openai needs at least one --base-url")
+    return _policy_attr("OpenAIPolicy")(args.base_urls, args.model, sampling=sampling, samples_per_row=args.samples)
+
+
+def _load_tasks(env_id: str, data: str, env_args: dict[str, Any], limit: int | None) -> list[Any]:
+    import gymnasium as gym
+
+    import agent_envs  # noqa: F401  (registers the ids)
+
+    env = gym.make(env_id, dataset=data, sandbox="none", **env_args)
+    try:
+        tasks = list(env.unwrapped.tasks)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot load --data {data!r} for {env_id}: {exc}") from exc
+    finally:
+        env.close()
+    return tasks if limit is None else tasks[:limit]
+
+
+def _check_resume(path: Path, config: dict[str, Any]) -> None:
+    if not path.exists():
+        return
+    before = json.loads(path.read_text())
+    changed = [k for k in RESUME_IDENTITY if before.get(k) != config.get(k)]
+    if changed:
+        detail = "; ".join(f"{k}: {before.get(k)!r} -> {config.get(k)!r}" for k in changed)
+        raise UsageError(f"cannot resume {path.parent}: the configuration changed ({detail})")
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    kind = _policy_kind(args)
+    defaults = CPU_DEFAULTS if kind == "cpu" else {}
+    def pick(name: str) -> Any:
+        value = getattr(args, name)
+        return value if value is not None else defaults.get(name)
+
+    limit, max_turns, max_tokens = pick("limit"), pick("max_turns"), pick("max_tokens_per_turn")
+    if args.samples < 1 or (limit is not None and limit < 1):
+        raise UsageError("--samples and --limit must be >= 1")
+    out: Path = args.out or Path("runs") / f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}"
+    records_path = out / "records.jsonl"
+    if records_path.exists() and records_path.stat().st_size and not args.resume:
+        raise UsageError(f"{records_path} already has records: pass --resume to continue, or choose another --out")
+    env_args = dict(args.env_arg)
+    env_kwargs = {"sandbox": args.sandbox, **env_args}
+    if max_turns is not None:
+        env_kwargs["max_turns"] = max_turns
+    if max_tokens is not None:
+        env_kwargs["max_tokens_per_turn"] = max_tokens
+    config = {
+        "env": args.env, "data": args.data, "policy": kind, "model": args.model, "base_urls": args.base_urls,
+        "engine_args": dict(args.engine_arg), "sampling": _sampling(args).model_dump(), "samples": args.samples,
+        "seed": args.seed, "mode": args.mode, "sandbox": args.sandbox, "max_turns": max_turns,
+        "max_tokens_per_turn": max_tokens, "limit": limit, "env_args": env_args, "argv": sys.argv[1:],
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    if args.resume:
+        _check_resume(out / "config.json", config)
+    tasks = _load_tasks(args.env, args.data, env_args, limit)
+    if kind == "cpu":
+        print(f"[agent-envs] embedded default: {len(tasks)} task(s) of {args.data!r} with the small CPU model, "
+              f"max_turns={max_turns}, max_tokens_per_turn={max_tokens}", file=sys.stderr)
+    policy = make_policy(kind, args, args.env)
+    config["policy_info"] = policy.describe()
+    (out / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+    concurrency = args.concurrency or (16 if args.mode == "lockstep" else 64)
+    started = time.perf_counter()
+    try:
+        records = run_episodes(
+            args.env, tasks, policy, samples=args.samples, mode=args.mode, base_seed=args.seed,
+            env_kwargs=env_kwargs, concurrency=concurrency, tool_workers=args.tool_workers, out_path=records_path,
+            resume=args.resume, progress=not args.no_progress, tags={"run": out.name},
+        )
+    except KeyboardInterrupt:
+        done = len(load_records(records_path)) if records_path.exists() else 0
+        print(f"\n[agent-envs] interrupted: {done} record(s) saved in {records_path}; "
+              f"rerun with --resume to finish", file=sys.stderr)
+        return 130
+    finally:
+        policy.close()
+    wall = time.perf_counter() - started
+    summary = summarize(records, args.samples, items=len(tasks))
+    summary["run"] = {"dir": str(out), "wall_s": wall, "episodes": len(records),
+                      "episodes_per_s": len(records) / wall if wall > 0 else None}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if args.trace_logs:
+        write_trace_logs(records, out / "trace_logs")
+    print(format_table([(str(out), summary)], args.samples))
+    return 0
+
+
+# --------------------------------------------------------------------------- summarize / compare
+def _run_records(run: Path) -> tuple[list[Any], int]:
+    path = run / "records.jsonl" if run.is_dir() else run
+    if not path.exists():
+        raise UsageError(f"no records at {path}")
+    records = load_records(path)
+    config_path = path.parent / "config.json"
+    samples = json.loads(config_path.read_text()).get("samples") if config_path.exists() else None
+    return records, int(samples or 1 + max((r.sample_index for r in records), default=0))
+
+
+def format_table(rows: Sequence[tuple[str, dict[str, Any]]], samples: int) -> str:
+    """A plain-text table, one line per run."""
+    def num(v: Any, fmt: str = "{:.4f}") -> str:
+        return "-" if v is None else fmt.format(v)
+
+    header = ["run", "records", "errors", "mean", f"max@{samples}", f"pass@{samples}", "anls_mean", "acc_mean",
+              "acc_pass", "tool_call", "turns", "latency_s"]
+    lines = [header]
+    for name, s in rows:
+        es, doc = s["es"], s.get("docvqa") or {}
+        n = es["samples"]
+        lines.append([
+            name, str(es["count"]), str(es["error_count"]), num(es["mean_score"]), num(es.get(f"max@{n}")),
+            num(es.get(f"pass@{n}")), num(doc.get(f"anls_mean{n}")), num(doc.get(f"acc_mean{n}")),
+            num(doc.get(f"acc_pass{n}")), num(s.get("tool_call_rate"), "{:.2f}"),
+            num((s.get("turns") or {}).get("mean"), "{:.2f}"), num((s.get("latency_s") or {}).get("mean"), "{:.2f}"),
+        ])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+
+
+def cmd_summarize(args: argparse.Namespace) -> int:
+    results = []
+    for run in args.runs:
+        records, samples = _run_records(run)
+        summary = summarize(records, samples)
+        if args.group:
+            summary["groups"] = group_metrics(records, args.group)
+        results.append((str(run), summary, samples))
+    if args.json:
+        print(json.dumps({name: s for name, s, _ in results}, indent=2))
+    else:
+        for name, s, samples in results:
+            print(format_table([(name, s)], samples))
+            if "groups" in s:
+                for g in s["groups"]["groups"]:
+                    print(f"  group {g['group']} samples {g['sample_indices']}: mean={g['mean_score']:.4f}")
+                print(f"  best group: {s['groups']['best_group']}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    before, _ = _run_records(args.run_a)
+    after, _ = _run_records(args.run_b)
+    try:
+        result = paired_bootstrap(before, after, samples=args.bootstrap_samples)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    print(json.dumps(result, indent=2))
+    lo, hi = result["bootstrap_95_ci"]
+    print(f"delta {result['mean_anls_delta']:+.4f} over {result['paired_tasks']} tasks, 95% CI [{lo:+.4f}, {hi:+.4f}]")
+    return 0
+
+
+def cmd_serve(argv: Sequence[str]) -> int:
+    try:
+        server = importlib.import_module("agent_envs.policy.server")
+    except ModuleNotFoundError:
+        print("agent-envs serve: error: this installation has no agent_envs.policy.server", file=sys.stderr)
+        return 2
+    return int(server.main(list(argv)) or 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        return cmd_serve(argv[1:])
+    args = build_parser().parse_args(argv)
+    handler = {"eval": cmd_eval, "summarize": cmd_summarize, "compare": cmd_compare}[args.command]
+    try:
+        return handler(args)
+    except UsageError as exc:
+        print(f"agent-envs {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Episode records and the crash-safe JSONL writer.
+
+One record per finished episode.  It is the environment's ``info["episode"]`` row (protocol
+§2.6/§3.8) plus what only the runner knows: true per-episode wall time, the number of policy
+calls, summed usage and which engine answered.  Each line is flushed and fsynced as soon as its
+episode ends, so a killed run loses at most the line being written (see :mod:`.resume`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any, Iterable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: termination reasons that make a row an error row (ES ``error_count``; re-run on resume when
+#: the row also carries ``error``)
+ERROR_TERMINATIONS = frozenset({"request_error", "context_length_exceeded", "env_error"})
+
+
+def episode_key(task_id: str, sample_index: int) -> str:
+    """``<task_id>:sampleNN`` (protocol §2.6: no dataset prefix)."""
+    return f"{task_id}:sample{sample_index:02d}"
+
+
+class EpisodeRecord(BaseModel):
+    """One finished episode.  ``extra="allow"`` keeps every field the environment reports."""
+
+    model_config = ConfigDict(extra="allow")
+
+    key: str
+    task_id: str
+    row_index: int
+    sample_index: int
+    #: trajectory seed base (``base_seed + sample*1_000_003 + row``) and the run's base seed
+    seed: int | None = None
+    base_seed: int | None = None
+    score: float = 0.0
+    score_method: str | None = None
+    score_status: str | None = None
+    prediction: str = ""
+    answer_status: str | None = None
+    termination_reason: str | None = None
+    react_error: str | None = None
+    used_bash: bool = False
+    #: policy calls this episode consumed
+    turns: int = 0
+    generated_tokens: int = 0
+    trajectory_tokens: int = 0
+    token_counts_exact: bool | None = None
+    #: summed per-request usage: prompt_tokens, completion_tokens, total_tokens,
+    #: accumulated_response_tokens
+    usage: dict[str, int] | None = None
+    react_steps: list[dict[str, Any]] = Field(default_factory=list)
+    #: true wall time of this episode (reset to last step), not the batch's
+    latency_s: float = 0.0
+    tool_seconds: float | None = None
+    engine: str | None = None
+    endpoint: str | None = None
+    model: str | None = None
+    policy: str | None = None
+    env_id: str | None = None
+    env_config_hash: str | None = None
+    #: ``"<ExcType>: <message>"`` when the episode failed for a reason outside the protocol
+    #: (policy request or environment failure); such rows are re-run by ``--resume``
+    error: str | None = None
+    tags: dict[str, Any] = Field(default_factory=dict)
+    trace_log: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.error)
+
+    def row(self) -> dict[str, Any]:
+        """Plain dict including extra fields (what metrics and trace logs read)."""
+        return self.model_dump(mode="json")
+
+
+def as_row(record: EpisodeRecord | dict[str, Any]) -> dict[str, Any]:
+    return record.row() if isinstance(record, EpisodeRecord) else record
+
+
+def dumps_line(row: dict[str, Any]) -> bytes:
+    """One JSONL line.  Unpaired surrogates become JSON ``\\udXXX`` escapes instead of raising."""
+    text = json.dumps(row, ensure_ascii=False, allow_nan=False, default=str)
+    return (text + "\n").encode("utf-8", "backslashreplace")
+
+
+class JsonlWriter:
+    """Append-only JSONL file; every line is durable before ``write`` returns.  Thread-safe."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "ab")
+        self._lock = threading.Lock()
+
+    def write(self, record: EpisodeRecord | dict[str, Any]) -> None:
+        line = dumps_line(as_row(record))
+        with self._lock:
+            self._fh.write(line)
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._fh.closed:
+                self._fh.close()
+
+    def __enter__(self) -> "JsonlWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_jsonl(path: str | os.PathLike[str], rows: Iterable[EpisodeRecord | dict[str, Any]]) -> None:
+    """Atomically replace ``path`` with ``rows`` (temp file + rename)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        for row in rows:
+            fh.write(dumps_line(as_row(row)))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], int]:
+    """Rows of a JSONL file and the number of unreadable lines skipped.
+
+    A truncated last line (a run killed mid-write) is the expected unreadable line."""
+    rows: list[dict[str, Any]] = []
+    bad = 0
+    with open(path, "rb") as fh:
+        for raw in fh:
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw.decode("utf-8", "replace"))
+            except json.JSONDecodeError:
+                bad += 1
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+            else:
+                bad += 1
+    return rows, bad
+
+
+def load_records(path: str | os.PathLike[str]) -> list[EpisodeRecord]:
+    rows, _ = read_jsonl(path)
+    return [EpisodeRecord.model_validate(r) for r in rows]

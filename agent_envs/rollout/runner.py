@@ -1,0 +1,425 @@
+"""Run many episodes of an environment with a policy: lockstep (reference) or async (fast).
+
+* ``mode="lockstep"`` reproduces the reference ES runner (protocol §4.7): episodes advance turn by
+  turn in batches of ``concurrency``; each turn is one batched ``policy.generate`` over every live
+  episode, then every episode's tool step.  Tool steps run in a thread pool; episodes are
+  independent, so the result equals the sequential reference.
+* ``mode="async"`` lets every episode advance on its own: a request goes to ``policy.agenerate``
+  as soon as its episode is ready and tool steps run in worker threads, overlapping generation.
+  A slow episode never holds up the others.
+
+Both modes use the same per-request seeds (``seed_base + 97*turn``), so a deterministic seeded
+policy gives identical records either way.  Each record is on disk (fsynced) as soon as its
+episode ends.  Nothing a policy or an environment does aborts the run: failures become records
+with an ``error`` (re-run by ``resume=True``).
+"""
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import gymnasium as gym
+
+from agent_envs.policy.base import Completion, GenerationRequest, Policy
+
+from .records import EpisodeRecord, JsonlWriter, episode_key
+from .resume import prepare_resume
+
+DEFAULT_BASE_SEED = 20260627
+MODES = ("async", "lockstep")
+EnvSource = str | Callable[..., gym.Env]
+#: wall-clock fields: excluded when comparing runs for determinism
+TIMING_FIELDS = frozenset({"latency_s", "tool_seconds", "env_seconds"})
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+@dataclass(frozen=True)
+class Job:
+    row_index: int
+    sample_index: int
+    task: Any
+
+    @property
+    def task_id(self) -> str:
+        return str(self.task["id"] if isinstance(self.task, dict) else self.task.id)
+
+    @property
+    def key(self) -> str:
+        return episode_key(self.task_id, self.sample_index)
+
+
+@dataclass
+class _Episode:
+    """Runner-side state of one episode; its env methods run in worker threads."""
+
+    job: Job
+    env: gym.Env | None
+    base_seed: int
+    started: float = field(default_factory=time.perf_counter)
+    request: GenerationRequest | None = None
+    episode: dict[str, Any] | None = None
+    error: str | None = None
+    policy_calls: int = 0
+    prompt_tokens: int | None = 0
+    engine: str | None = None
+    env_seconds: float = 0.0
+    finished: float = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.episode is not None or self.error is not None
+
+    def start(self) -> None:
+        """Reset the env for this job and fetch the first request (worker thread)."""
+        t = time.perf_counter()
+        try:
+            self.env.reset(options={
+                "task": self.job.task,
+                "row_index": self.job.row_index,
+                "sample_index": self.job.sample_index,
+                "base_seed": self.base_seed,
+            })
+            self.request = self.env.unwrapped.generation_request()
+        except Exception as exc:
+            self._fail(exc)
+        self.env_seconds += time.perf_counter() - t
+
+    def advance(self, completion: Completion) -> None:
+        """Feed one completion; then either the episode is over or ``request`` is the next one."""
+        t = time.perf_counter()
+        self.policy_calls += 1
+        self.engine = completion.engine or self.engine
+        if self.prompt_tokens is not None:  # summed only while every completion reports it
+            reported = completion.prompt_tokens
+            self.prompt_tokens = None if reported is None else self.prompt_tokens + reported
+        try:
+            _, _, terminated, truncated, info = self.env.step(completion)
+            if terminated or truncated:
+                self.episode = dict(info["episode"])
+                self.finished = time.perf_counter()
+            else:
+                self.request = self.env.unwrapped.generation_request()
+        except Exception as exc:
+            self._fail(exc)
+        self.env_seconds += time.perf_counter() - t
+
+    def _fail(self, exc: Exception) -> None:
+        self.error = _error_text(exc)
+        self.finished = time.perf_counter()
+
+
+class _Context:
+    """Everything shared by the episodes of one run: env factory, policy identity, output."""
+
+    def __init__(self, make_env: Callable[[], gym.Env], policy: Policy, base_seed: int,
+                 tags: dict[str, Any], writer: JsonlWriter | None, progress: "_Progress"):
+        self.make_env = make_env
+        self.policy = policy
+        self.base_seed = base_seed
+        self.tags = tags
+        self.writer = writer
+        self.progress = progress
+        self.meta = dict(policy.describe())
+        self.records: dict[str, EpisodeRecord] = {}
+        self.envs: list[gym.Env] = []  # every env created, for closing
+        self.spare: list[gym.Env] = []
+        self.env_seconds = 0.0
+
+    def new_env(self) -> gym.Env:
+        if self.spare:
+            return self.spare.pop()
+        env = self.make_env()
+        self.envs.append(env)
+        return env
+
+    def prepare(self) -> None:
+        """Build the first env in the caller's thread so a bad configuration raises at once."""
+        self.spare.append(self.new_env())
+
+    def finish(self, ep: _Episode) -> EpisodeRecord:
+        record = self._record(ep)
+        self.env_seconds += ep.env_seconds
+        if self.writer is not None:
+            self.writer.write(record)
+        self.records[record.key] = record
+        self.progress.update(record)
+        return record
+
+    def _record(self, ep: _Episode) -> EpisodeRecord:
+        job = ep.job
+        row: dict[str, Any] = dict(ep.episode or {})
+        if ep.episode is None:  # the environment itself failed
+            row.update({
+                "key": job.key, "task_id": job.task_id, "row_index": job.row_index,
+                "sample_index": job.sample_index, "base_seed": self.base_seed, "score": 0.0,
+                "termination_reason": "env_error", "react_error": ep.error,
+                "score_method": "env_error",
+            })
+        error = ep.error
+        if row.get("termination_reason") == "request_error":
+            error = error or f"request_error: {row.get('react_error') or 'policy request failed'}"
+        generated = int(row.get("generated_tokens") or 0)
+        usage = {"completion_tokens": generated, "accumulated_response_tokens": int(row.get("trajectory_tokens") or 0)}
+        if ep.prompt_tokens is not None and ep.policy_calls:
+            usage.update(prompt_tokens=ep.prompt_tokens, total_tokens=ep.prompt_tokens + generated)
+        row.update({
+            "latency_s": max(0.0, ep.finished - ep.started),
+            "env_seconds": ep.env_seconds,
+            "policy_calls": ep.policy_calls,
+            "usage": usage,
+            "engine": ep.engine or self.meta.get("engine"),
+            "endpoint": self.meta.get("endpoint"),
+            "model": self.meta.get("model"),
+            "policy": self.meta.get("policy", self.policy.name),
+            "error": error,
+            "tags": dict(self.tags),
+        })
+        return EpisodeRecord.model_validate(row)
+
+
+class _Progress:
+    """tqdm on stderr: episodes done, mean reward so far, generated tokens per second."""
+
+    def __init__(self, total: int, enabled: bool, desc: str):
+        self.started = time.perf_counter()
+        self.count = 0
+        self.reward = 0.0
+        self.tokens = 0
+        self.bar = None
+        if enabled and total:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, file=sys.stderr, desc=desc, unit="ep", dynamic_ncols=True)
+
+    def update(self, record: EpisodeRecord) -> None:
+        self.count += 1
+        self.reward += max(0.0, record.score)
+        self.tokens += record.generated_tokens
+        if self.bar is not None:
+            elapsed = max(time.perf_counter() - self.started, 1e-9)
+            self.bar.set_postfix(mean_reward=f"{self.reward / self.count:.3f}", tok_s=f"{self.tokens / elapsed:.0f}",
+                                 refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# --------------------------------------------------------------------------- lockstep
+def _generate_batch(policy: Policy, requests: Sequence[GenerationRequest]) -> list[Completion]:
+    """One batched call.  If it raises, every request is retried on its own (as the reference
+    runner does), so one bad request fails only its own episode."""
+    def call(batch: Sequence[GenerationRequest]) -> list[Completion]:
+        out = policy.generate(list(batch))
+        if len(out) != len(batch) or not all(isinstance(c, Completion) for c in out):
+            raise RuntimeError(f"policy returned {len(out)} items for {len(batch)} requests, not Completions")
+        return out
+
+    try:
+        return call(requests)
+    except Exception:
+        return [_single(call, r) for r in requests]
+
+
+def _single(call: Callable[[Sequence[GenerationRequest]], list[Completion]], request: GenerationRequest) -> Completion:
+    try:
+        return call([request])[0]
+    except Exception as exc:
+        return Completion.failed(exc)
+
+
+def _run_lockstep(ctx: _Context, jobs: Sequence[Job], batch_size: int, pool: ThreadPoolExecutor) -> None:
+    envs: list[gym.Env | None] = []
+    for start in range(0, len(jobs), batch_size):
+        chunk = jobs[start:start + batch_size]
+        while len(envs) < len(chunk):
+            envs.append(None)
+        for i in range(len(chunk)):
+            if envs[i] is None:
+                envs[i] = ctx.new_env()
+        episodes = [_Episode(job, env, ctx.base_seed) for job, env in zip(chunk, envs)]
+        list(pool.map(_Episode.start, episodes))
+        live = []
+        for i, ep in enumerate(episodes):
+            if ep.done:
+                envs[i] = _retire(ep, envs[i])
+                ctx.finish(ep)
+            else:
+                live.append((i, ep))
+        while live:
+            completions = _generate_batch(ctx.policy, [ep.request for _, ep in live])
+            list(pool.map(_Episode.advance, [ep for _, ep in live], completions))
+            still = []
+            for i, ep in live:
+                if ep.done:
+                    envs[i] = _retire(ep, envs[i])
+                    ctx.finish(ep)
+                else:
+                    still.append((i, ep))
+            live = still
+
+
+def _retire(ep: _Episode, env: gym.Env | None) -> gym.Env | None:
+    """Keep the env for the next job unless it failed (then close it and build a fresh one)."""
+    if ep.error is not None and env is not None:
+        _close_quietly(env)
+        return None
+    return env
+
+
+# --------------------------------------------------------------------------- async
+async def _run_async(ctx: _Context, jobs: Sequence[Job], concurrency: int, pool: ThreadPoolExecutor) -> None:
+    loop = asyncio.get_running_loop()
+    gate = asyncio.Semaphore(concurrency)
+    idle: list[gym.Env] = []
+
+    async def agenerate(request: GenerationRequest) -> Completion:
+        try:
+            out = await ctx.policy.agenerate(request)
+            return out if isinstance(out, Completion) else Completion.failed(TypeError(f"not a Completion: {out!r}"))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return Completion.failed(exc)
+
+    async def one(job: Job) -> None:
+        async with gate:
+            env = idle.pop() if idle else None
+            if env is None:
+                try:
+                    env = await loop.run_in_executor(pool, ctx.new_env)
+                except Exception as exc:
+                    ep = _Episode(job, None, ctx.base_seed)
+                    ep._fail(exc)
+                    ctx.finish(ep)
+                    return
+            ep = _Episode(job, env, ctx.base_seed)
+            await loop.run_in_executor(pool, ep.start)
+            while not ep.done:
+                assert ep.request is not None
+                completion = await agenerate(ep.request)
+                await loop.run_in_executor(pool, ep.advance, completion)
+            retired = _retire(ep, env)
+            if retired is not None:
+                idle.append(retired)
+            ctx.finish(ep)
+
+    tasks = [asyncio.ensure_future(one(job)) for job in jobs]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# --------------------------------------------------------------------------- entry point
+def _env_factory(source: EnvSource, policy: Policy, env_kwargs: dict[str, Any] | None) -> Callable[[], gym.Env]:
+    kwargs = dict(env_kwargs or {})
+    kwargs.setdefault("tokenizer", policy.tokenizer)
+    if policy.max_model_len is not None:
+        kwargs.setdefault("max_model_len", policy.max_model_len)
+    if isinstance(source, str):
+        import agent_envs  # noqa: F401  (registers the environment ids)
+
+        return lambda: gym.make(source, **kwargs)
+    return lambda: source(**kwargs)
+
+
+def _close_quietly(env: gym.Env) -> None:
+    try:
+        env.close()
+    except Exception as exc:  # closing must not hide the run's own outcome
+        print(f"[agent-envs] warning: closing an environment failed: {_error_text(exc)}", file=sys.stderr)
+
+
+def make_jobs(tasks: Sequence[Any], samples: int) -> list[Job]:
+    """Row-major (row, sample) enumeration, as the reference evaluator."""
+    return [Job(row, sample, task) for row, task in enumerate(tasks) for sample in range(samples)]
+
+
+def run_episodes(
+    env_id_or_factory: EnvSource,
+    tasks: Sequence[Any],
+    policy: Policy,
+    *,
+    samples: int = 1,
+    mode: str = "async",
+    base_seed: int = DEFAULT_BASE_SEED,
+    env_kwargs: dict[str, Any] | None = None,
+    concurrency: int = 64,
+    tool_workers: int | None = None,
+    out_path: str | Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    tags: dict[str, Any] | None = None,
+) -> list[EpisodeRecord]:
+    """Run ``samples`` episodes of every task and return their records in (row, sample) order.
+
+    ``concurrency`` is the lockstep batch size, or the number of episodes in flight in async mode;
+    ``tool_workers`` sizes the thread pool for env steps (default: ``concurrency``).  With
+    ``out_path`` every record is appended (fsynced) as it finishes; ``resume=True`` first keeps
+    the finished records there and re-runs only missing or failed ones.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if samples < 1 or concurrency < 1:
+        raise ValueError(f"samples and concurrency must be >= 1 (got {samples}, {concurrency})")
+    jobs = make_jobs(tasks, samples)
+    done: dict[str, EpisodeRecord] = {}
+    if out_path is not None:
+        out_path = Path(out_path)
+        if resume:
+            done = prepare_resume(out_path).finished
+        elif out_path.exists() and out_path.stat().st_size > 0:
+            raise FileExistsError(f"{out_path} already has records: resume, or choose another output path")
+    todo = [j for j in jobs if j.key not in done]
+    keys = [j.key for j in jobs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("task ids are not unique: records are keyed by '<task_id>:sampleNN'")
+
+    make_env = _env_factory(env_id_or_factory, policy, env_kwargs)
+    bar = _Progress(len(todo), progress, desc=f"{mode}")
+    writer = JsonlWriter(out_path) if out_path is not None else None
+    ctx = _Context(make_env, policy, base_seed, dict(tags or {}), writer, bar)
+    pool = ThreadPoolExecutor(max_workers=tool_workers or concurrency, thread_name_prefix="agent-envs-env")
+    try:
+        if todo:
+            ctx.prepare()
+        if mode == "lockstep":
+            _run_lockstep(ctx, todo, concurrency, pool)
+        else:
+            asyncio.run(_run_async(ctx, todo, concurrency, pool))
+    finally:
+        _shutdown(ctx, pool)
+        bar.close()
+        if writer is not None:
+            writer.close()
+    merged = {**done, **ctx.records}
+    return [merged[k] for k in keys if k in merged]
+
+
+def _shutdown(ctx: _Context, pool: ThreadPoolExecutor) -> None:
+    """Close every env even when interrupted: closing kills running tool commands, so worker
+    threads return quickly; a second pass catches a sandbox a thread opened meanwhile."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    for env in list(ctx.envs):
+        _close_quietly(env)
+    pool.shutdown(wait=True)
+    for env in list(ctx.envs):
+        _close_quietly(env)
+
+
+def strip_timings(record: EpisodeRecord | dict[str, Any]) -> dict[str, Any]:
+    """A record without wall-clock fields (for determinism comparisons)."""
+    row = record.row() if isinstance(record, EpisodeRecord) else dict(record)
+    return {k: v for k, v in row.items() if k not in TIMING_FIELDS}

@@ -1,0 +1,203 @@
+"""Metrics: the ES summary, unbiased @k, README DocVQA numbers, diagnostics, paired bootstrap
+(protocol §2.7, §5.6, §5.10)."""
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from agent_envs.rollout.metrics import (
+    diagnostics,
+    es_summary,
+    group_metrics,
+    max_at_k,
+    mean_valid,
+    paired_bootstrap,
+    pass_at_k,
+    summarize,
+)
+
+
+def _row(task: str, sample: int, score: float, **extra) -> dict:
+    return {"task_id": task, "sample_index": sample, "key": f"{task}:sample{sample:02d}", "score": score, **extra}
+
+
+def _bash(obs: str) -> dict:
+    return {"turn": 1, "assistant": "a", "action": {"name": "bash", "arguments": {"command": "ls"}}, "observation": obs}
+
+
+# ----------------------------------------------------------------------------- §5.10
+def test_mean_valid_counts_negative_as_zero_in_denominator():
+    assert mean_valid([1.0, 0.0, -1.0]) == pytest.approx(1 / 3)
+
+
+def test_es_summary_accounting_5_10_2():
+    rows = [
+        _row("a", 0, 1.0, termination_reason="final_answer"),
+        _row("a", 1, -1.0, termination_reason="request_error"),
+        _row("b", 0, 0.0, termination_reason="max_turns"),
+        _row("b", 1, 0.0, termination_reason="final_answer"),
+    ]
+    s = es_summary(rows, samples=2)
+    assert s["valid_count"] == 4
+    assert s["count"] == 4
+    assert s["error_count"] == 1
+    assert s["mean_score"] == pytest.approx(0.25)
+    assert s["average"] == pytest.approx(0.25)
+    assert s["max@2"] == pytest.approx(0.5)
+    assert s["pass@2"] == pytest.approx(0.5) and s["pass@2_count"] == 1
+    assert s["items"] == 2 and s["expected_count"] == 4
+    assert s["by_sample"] == {"0": {"count": 2, "mean_score": 0.5}, "1": {"count": 2, "mean_score": 0.0}}
+    assert s["termination_reasons"] == {"final_answer": 2, "request_error": 1, "max_turns": 1}
+
+
+def test_es_pass_needs_a_perfect_score_and_empty_sample_is_minus_one():
+    rows = [_row("a", 0, 0.99), _row("b", 0, 1.0)]
+    s = es_summary(rows, samples=2)
+    assert s["pass@2_count"] == 1  # 0.99 is not a pass, even for DocVQA ANLS
+    assert s["by_sample"]["1"] == {"count": 0, "mean_score": -1.0}
+
+
+# ----------------------------------------------------------------------------- unbiased @k
+def _brute_pass(outcomes: list[bool], k: int) -> float:
+    subsets = list(itertools.combinations(outcomes, k))
+    return sum(any(s) for s in subsets) / len(subsets)
+
+
+def _brute_max(scores: list[float], k: int) -> float:
+    subsets = list(itertools.combinations(scores, k))
+    return sum(max(s) for s in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 7, 10])
+def test_pass_at_k_and_max_at_k_match_brute_force(n):
+    rng = random.Random(n)
+    for _ in range(20):
+        scores = [rng.choice([0.0, 0.25, 0.5, 1.0]) for _ in range(n)]
+        outcomes = [s >= 1.0 for s in scores]
+        for k in range(1, n + 1):
+            assert pass_at_k(n, sum(outcomes), k) == pytest.approx(_brute_pass(outcomes, k), abs=1e-12)
+            assert max_at_k(scores, k) == pytest.approx(_brute_max(scores, k), abs=1e-12)
+
+
+def test_pass_at_k_rejects_impossible_arguments():
+    with pytest.raises(ValueError, match="pass@k"):
+        pass_at_k(4, 1, 5)
+    with pytest.raises(ValueError, match="pass@k"):
+        pass_at_k(4, 5, 1)
+
+
+def test_summarize_at_k_uses_unbiased_estimator():
+    rows = [_row("a", i, s) for i, s in enumerate([1.0, 0.0, 0.0, 0.0])] + [_row("b", i, 0.0) for i in range(4)]
+    out = summarize(rows, samples=4)
+    assert out["at_k"]["pass@1"] == pytest.approx((0.25 + 0) / 2)
+    assert out["at_k"]["pass@2"] == pytest.approx((1 - math.comb(3, 2) / math.comb(4, 2)) / 2)
+    assert out["at_k"]["pass@4"] == pytest.approx(0.5)
+    assert out["at_k"]["mean@4"] == pytest.approx(1 / 8)
+    assert out["es"]["pass@4"] == pytest.approx(0.5)
+
+
+# ----------------------------------------------------------------------------- DocVQA README
+def test_docvqa_readme_metrics_distinguish_acc_and_exact_pass():
+    rows = [
+        _row("q1", 0, 0.75, anls=0.75, acc=1.0), _row("q1", 1, 0.25, anls=0.25, acc=0.0),
+        _row("q2", 0, 1.0, anls=1.0, acc=1.0), _row("q2", 1, 0.5, anls=0.5, acc=0.0),
+        _row("q3", 0, 0.0, anls=0.0, acc=0.0), _row("q3", 1, 0.5, anls=0.5, acc=0.0),
+    ]
+    d = summarize(rows, samples=2)["docvqa"]
+    assert d["anls_mean2"] == pytest.approx(3.0 / 6)
+    assert d["anls_pass2"] == pytest.approx((0.75 + 1.0 + 0.5) / 3)
+    assert d["acc_mean2"] == pytest.approx(2 / 6)  # 0.5 is not > 0.5
+    assert d["acc_pass2"] == pytest.approx(2 / 3)
+    assert d["exact_pass@2"] == pytest.approx(1 / 3)
+
+
+def test_group_metrics_split_a_16_sample_run_into_four_groups():
+    rows = [_row("a", i, 1.0 if i in (5, 6) else 0.0) for i in range(16)]
+    rows += [_row("b", i, 1.0 if i == 6 else 0.0) for i in range(16)]
+    g = group_metrics(rows, 4)
+    assert [e["sample_indices"] for e in g["groups"]] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert [e["mean_score"] for e in g["groups"]] == [0.0, 3 / 8, 0.0, 0.0]
+    assert g["groups"][1]["pass@4"] == 1.0
+    assert g["best_group"] == 1
+    with pytest.raises(ValueError, match="does not divide"):
+        group_metrics(rows, 5)
+
+
+# ----------------------------------------------------------------------------- §5.6
+def test_diagnostics_5_6_1():
+    rows = [
+        _row("a", 0, 0.75, anls=0.75, acc=1.0, error=None, react_steps=[_bash("text")], latency_s=1.0),
+        _row("b", 0, 0.25, anls=0.25, acc=0.0, error=None, react_steps=[_bash("more")], latency_s=3.0),
+    ]
+    d = diagnostics(rows)
+    assert (d["records"], d["valid_records"], d["request_errors"]) == (2, 2, 0)
+    assert d["mean_anls"] == pytest.approx(0.5)
+    assert d["mean_accuracy"] == pytest.approx(0.5)
+    assert d["tool_call_rate"] == 1.0 and d["tool_success_rate"] == 1.0
+    assert d["mean_turns"] == 2.0
+    assert d["mean_latency_s"] == 2.0
+
+
+def test_diagnostics_5_6_2_format_retry_and_timeout():
+    steps = [
+        {"turn": 1, "assistant": "no action", "observation": "Format error"},
+        _bash("Bash timed out after 20.0s."),
+    ]
+    rows = [_row("a", 0, 0.0, anls=0.0, acc=0.0, error=None, react_steps=steps, react_error="max_react_turns_exceeded")]
+    d = diagnostics(rows)
+    assert d["tool_call_rate"] == 1.0
+    assert d["tool_success_rate"] == 0.0
+    assert d["format_retries"] == 1 and d["format_retry_rows"] == 1
+    assert d["bash_timeouts"] == 1 and d["bash_timeout_rows"] == 1
+    assert d["mean_turns"] == 2.0
+    assert d["react_errors"] == {"max_react_turns_exceeded": 1}
+
+
+def test_diagnostics_invalid_rows_are_request_errors():
+    rows = [_row("a", 0, 0.0, anls=0.0, error="RuntimeError: boom"), _row("b", 0, 1.0, anls=True)]
+    d = diagnostics(rows)
+    assert d["valid_records"] == 0 and d["request_errors"] == 2
+    assert d["mean_anls"] is None
+
+
+def _anls_rows(values: dict[str, tuple[float, ...]]) -> list[dict]:
+    return [_row(t, i, v, anls=v, error=None) for t, vs in values.items() for i, v in enumerate(vs)]
+
+
+@pytest.mark.parametrize("samples", [200, 10_000])
+def test_paired_bootstrap_5_6_3(samples):
+    before = _anls_rows({"a": (0.25, 0.75), "b": (0.0, 0.0)})
+    after = _anls_rows({"a": (0.75, 0.75), "b": (0.5, 0.5)})
+    out = paired_bootstrap(before, after, samples=samples)
+    assert out["paired_tasks"] == 2
+    assert out["mean_anls_before"] == pytest.approx(0.25)
+    assert out["mean_anls_after"] == pytest.approx(0.625)
+    assert out["mean_anls_delta"] == pytest.approx(0.375)
+    assert out["bootstrap_95_ci"] == [0.25, 0.5]
+    assert out["bootstrap_samples"] == samples and out["bootstrap_seed"] == 42
+
+
+def test_paired_bootstrap_follows_random_42_draw_order():
+    before = _anls_rows({f"t{i}": (0.0,) for i in range(5)})
+    after = _anls_rows({f"t{i}": (i / 4,) for i in range(5)})
+    diffs = [i / 4 for i in range(5)]
+    rng = random.Random(42)
+    est = sorted(sum(diffs[rng.randrange(5)] for _ in range(5)) / 5 for _ in range(10_000))
+    assert paired_bootstrap(before, after)["bootstrap_95_ci"] == [est[249], est[9749]]
+
+
+def test_paired_bootstrap_5_6_4_task_sets_differ():
+    before = _anls_rows({"a": (0.5,), "b": (0.5,)})
+    after = _anls_rows({"a": (0.5,), "c": (0.5,)})
+    with pytest.raises(ValueError, match="task sets differ"):
+        paired_bootstrap(before, after)
+
+
+def test_paired_bootstrap_sample_sets_must_match():
+    before = _anls_rows({"a": (0.5, 0.5)})
+    after = _anls_rows({"a": (0.5,)})
+    with pytest.raises(ValueError, match="sample sets differ"):
+        paired_bootstrap(before, after)

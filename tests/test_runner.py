@@ -1,0 +1,239 @@
+"""The rollout runner with real environments and real sandboxes: determinism in both modes,
+lockstep == async, failures become records, resume, and Ctrl-C leaves nothing behind."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+
+from agent_envs.policy.base import Completion, GenerationRequest, Policy
+from agent_envs.rollout.records import EpisodeRecord, read_jsonl
+from agent_envs.rollout.runner import run_episodes, strip_timings
+
+REPO = Path(__file__).resolve().parent.parent
+TASKS = [{"id": f"mul-{a}x{b}", "question": f"What is {a}*{b}?", "answer": str(a * b)} for a, b in
+         [(6, 7), (12, 13), (3, 99), (21, 4), (5, 5)]]
+
+
+def _bash(cmd: str) -> str:
+    return "I will compute it.\nAction: " + json.dumps({"name": "bash", "arguments": {"command": cmd}})
+
+
+class SeededMathPolicy(Policy):
+    """Deterministic in (messages, seed): multiplies with python3 in the sandbox, sometimes takes a
+    detour (a format slip or an extra command), sometimes answers off by one."""
+
+    name = "seeded-math"
+
+    def __init__(self, fail_keys: Sequence[str] = ()):
+        self.fail_keys = set(fail_keys)
+        self.calls = 0
+
+    def complete(self, request: GenerationRequest) -> Completion:
+        self.calls += 1
+        if request.key in self.fail_keys:
+            raise RuntimeError(f"backend refused {request.key}")
+        rng = random.Random(request.seed)
+        turn = sum(1 for m in request.messages if m["role"] == "assistant")
+        a, b = map(int, re.search(r"What is (\d+)\*(\d+)\?", request.messages[1]["content"]).groups())
+        last = request.messages[-1]["content"]
+        if turn == 0:
+            text = "hmm" if rng.random() < 0.3 else _bash(f"python3 -c 'print({a}*{b})'")
+        elif "[exit_code]" not in last:
+            text = _bash(f"python3 -c 'print({a}*{b})'") if rng.random() < 0.8 else _bash("echo checking")
+        else:
+            value = int(re.findall(r"-?\d+", last.split("\n", 1)[1])[0])
+            text = f"Final answer: \\boxed{{{value + (1 if rng.random() < 0.25 else 0)}}}"
+        return Completion(text=text, engine="seeded")
+
+    def generate(self, requests):
+        return [self.complete(r) for r in requests]
+
+
+def _run(mode: str, policy: Policy | None = None, **kw) -> list[EpisodeRecord]:
+    kw.setdefault("env_kwargs", {"sandbox": "bwrap", "max_turns": 6})
+    return run_episodes("MATH-ReAct-v0", TASKS, policy or SeededMathPolicy(), samples=3, mode=mode,
+                        concurrency=4, progress=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def lockstep_records() -> list[EpisodeRecord]:
+    return _run("lockstep")
+
+
+def test_lockstep_runs_real_episodes_in_row_major_order(lockstep_records):
+    recs = lockstep_records
+    assert [r.key for r in recs] == [f"{t['id']}:sample{s:02d}" for t in TASKS for s in range(3)]
+    assert [(r.row_index, r.sample_index) for r in recs] == [(i, s) for i in range(5) for s in range(3)]
+    assert all(r.seed == 20260627 + r.sample_index * 1_000_003 + r.row_index for r in recs)
+    assert all(r.used_bash and r.termination_reason == "final_answer" for r in recs)
+    assert all("[exit_code] 0" in r.react_steps[-1]["observation"] for r in recs)
+    # the seeded policy answers off by one sometimes: both outcomes occur, each scored by the env
+    assert {r.score for r in recs} == {0.0, 1.0}
+    assert all((r.score == 1.0) == (r.prediction == t["answer"]) for r, t in
+               zip(recs, [t for t in TASKS for _ in range(3)]))
+    assert all(r.latency_s > 0 and r.env_id == "MATH-ReAct-v0" and r.policy == "seeded-math" for r in recs)
+    assert all(r.usage["completion_tokens"] == r.generated_tokens > 0 for r in recs)
+
+
+def test_same_seeds_same_records_in_both_modes_and_across_modes(lockstep_records):
+    again = _run("lockstep")
+    first_async = _run("async")
+    second_async = _run("async")
+    expected = [strip_timings(r) for r in lockstep_records]
+    assert [strip_timings(r) for r in again] == expected
+    assert [strip_timings(r) for r in first_async] == expected
+    assert [strip_timings(r) for r in second_async] == expected
+
+
+def test_other_base_seed_changes_trajectories(lockstep_records):
+    other = _run("async", base_seed=7)
+    assert [r.seed for r in other] != [r.seed for r in lockstep_records]
+    assert [r.react_steps for r in other] != [r.react_steps for r in lockstep_records]
+
+
+@pytest.mark.parametrize("mode", ["lockstep", "async"])
+def test_policy_failure_becomes_request_error_record(mode, tmp_path):
+    bad = f"{TASKS[1]['id']}:sample01"
+    out = tmp_path / "records.jsonl"
+    recs = _run(mode, SeededMathPolicy(fail_keys=[bad]), out_path=out)
+    assert len(recs) == 15
+    failed = [r for r in recs if r.termination_reason == "request_error"]
+    assert [r.key for r in failed] == [bad]
+    assert failed[0].score == 0.0 and "backend refused" in failed[0].error
+    assert all(r.termination_reason == "final_answer" for r in recs if r.key != bad)
+    rows, bad_lines = read_jsonl(out)
+    assert bad_lines == 0 and sorted(r["key"] for r in rows) == sorted(r.key for r in recs)
+
+
+class BrokenEnvFactory:
+    """A real env whose step raises for one task: the runner must turn that into a record."""
+
+    def __init__(self, bad_id: str):
+        self.bad_id = bad_id
+
+    def __call__(self, **kwargs):
+        import gymnasium as gym
+
+        import agent_envs  # noqa: F401
+
+        env = gym.make("MATH-ReAct-v0", **kwargs)
+        bad_id, inner = self.bad_id, env.unwrapped
+        original = inner.step
+
+        def step(action):
+            if inner._ep.task.id == bad_id:
+                raise OSError("disk on fire")
+            return original(action)
+
+        inner.step = step
+        env.step = step
+        return env
+
+
+@pytest.mark.parametrize("mode", ["lockstep", "async"])
+def test_env_exception_becomes_env_error_record(mode):
+    recs = run_episodes(BrokenEnvFactory(TASKS[2]["id"]), TASKS, SeededMathPolicy(), samples=2, mode=mode,
+                        env_kwargs={"sandbox": "none", "max_turns": 6}, concurrency=3, progress=False)
+    bad = [r for r in recs if r.task_id == TASKS[2]["id"]]
+    assert len(recs) == 10 and len(bad) == 2
+    assert all(r.termination_reason == "env_error" and r.error == "OSError: disk on fire" for r in bad)
+    assert all(r.termination_reason == "final_answer" for r in recs if r.task_id != TASKS[2]["id"])
+
+
+def test_resume_skips_finished_reruns_failed_and_tolerates_torn_line(tmp_path, lockstep_records):
+    out = tmp_path / "records.jsonl"
+    bad = f"{TASKS[0]['id']}:sample02"
+    first = _run("async", SeededMathPolicy(fail_keys=[bad]), out_path=out)
+    assert sum(r.failed for r in first) == 1
+    with open(out, "ab") as fh:  # a run SIGKILLed mid-write leaves a torn line
+        fh.write(b'{"key": "mul-6x7:sample00", "task_id": "mul-6x')
+    with pytest.raises(FileExistsError, match="resume"):
+        _run("async", out_path=out)
+    policy = SeededMathPolicy()
+    second = _run("async", policy, out_path=out, resume=True)
+    assert policy.calls == 2  # only the failed episode ran again (bash turn + final answer)
+    assert [strip_timings(r) for r in second] == [strip_timings(r) for r in lockstep_records]
+    rows, torn = read_jsonl(out)
+    assert torn == 0 and len(rows) == 15 and len({r["key"] for r in rows}) == 15
+    archived, _ = read_jsonl(tmp_path / "records.request_errors.jsonl")
+    assert [r["key"] for r in archived] == [bad]
+
+
+def test_resume_last_successful_duplicate_wins(tmp_path):
+    out = tmp_path / "records.jsonl"
+    base = {"task_id": "mul-6x7", "row_index": 0, "sample_index": 0, "key": "mul-6x7:sample00"}
+    lines = [dict(base, score=0.0, prediction="41"), dict(base, score=1.0, prediction="42"),
+             dict(base, score=0.0, prediction="x", error="RuntimeError: late failure")]
+    out.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    policy = SeededMathPolicy()
+    recs = run_episodes("MATH-ReAct-v0", TASKS[:1], policy, samples=1, out_path=out, resume=True, progress=False,
+                        env_kwargs={"sandbox": "none"})
+    assert policy.calls == 0
+    assert [r.prediction for r in recs] == ["42"]
+
+
+SLOW_SCRIPT = """
+import sys, json
+sys.path.insert(0, {repo!r})
+from agent_envs.policy.base import Completion, Policy
+from agent_envs.rollout.runner import run_episodes
+from agent_envs.sandbox.base import SandboxConfig, SandboxLimits
+
+class Slow(Policy):
+    name = "slow"
+    def generate(self, requests):
+        cmd = "bash -c 'sleep 600; :' {marker}"
+        return [Completion(text="Action: " + json.dumps({{"name": "bash", "arguments": {{"command": cmd}}}}))
+                for r in requests]
+
+tasks = [{{"id": f"t{{i}}", "question": "q", "answer": "1"}} for i in range(4)]
+print("starting", flush=True)
+run_episodes("MATH-ReAct-v0", tasks, Slow(), samples=1, mode={mode!r}, concurrency=4, progress=False,
+             out_path={out!r}, env_kwargs={{"max_turns": 3,
+             "sandbox": SandboxConfig(backend="bwrap", limits=SandboxLimits(timeout_s=300))}})
+"""
+
+
+def _marked_processes(marker: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("mode", ["async", "lockstep"])
+def test_ctrl_c_closes_every_sandbox(tmp_path, mode):
+    marker = f"agent-envs-test-marker-{os.getpid()}-{mode}"
+    script = tmp_path / "slow.py"
+    script.write_text(textwrap.dedent(SLOW_SCRIPT.format(repo=str(REPO), marker=marker, mode=mode,
+                                                         out=str(tmp_path / "r.jsonl"))))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == b"starting"
+        deadline = time.monotonic() + 60
+        while len(_marked_processes(marker)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling for the sandboxes to appear, not synchronising on time
+        assert len(_marked_processes(marker)) >= 4, "the four sleeping tool commands never started"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)  # the tool commands would run for 300 s unless the runner kills them
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0 and b"KeyboardInterrupt" in proc.stderr.read()
+    assert _marked_processes(marker) == [], "a sandboxed command outlived the interrupted run"
