@@ -36,35 +36,9 @@ from agent_envs.data.math import load_math_tasks
 from agent_envs.es.history import ESConfig, resume
 from agent_envs.es.population import ESTrainer, evaluate_member
 from agent_envs.es.worker import EXTENSION, VLLMPerturbation
-from agent_envs.policy.base import Completion
-from agent_envs.policy.batching import BatchedEnginePolicy, Prepared
 from agent_envs.policy.sampling import SamplingConfig
+from agent_envs.policy.vllm import VLLMPolicy
 from agent_envs.rollout import es_summary, run_episodes
-
-
-class LLMPolicy(BatchedEnginePolicy):
-    """The protocol's lockstep adapter over an in-process ``vllm.LLM`` (per-request seeds)."""
-
-    name = "vllm"
-
-    def __init__(self, llm: Any, sampling: SamplingConfig, max_model_len: int, budget: int) -> None:
-        super().__init__(llm.get_tokenizer(), sampling, max_model_len, budget)
-        self.llm = llm
-
-    def _generate_group(self, group: list[Prepared]) -> list[Completion]:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        s = self.sampling
-        params = [SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
-                                 presence_penalty=s.presence_penalty, repetition_penalty=s.repetition_penalty,
-                                 seed=p.request.seed, max_tokens=p.request.max_tokens, stop=p.stop)
-                  for p in group]
-        prompts = [TokensPrompt(prompt_token_ids=p.prompt_ids) for p in group]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [Completion(text=o.outputs[0].text, token_ids=list(o.outputs[0].token_ids),
-                           finish_reason=o.outputs[0].finish_reason, prompt_tokens=len(p.prompt_ids),
-                           engine=self.name) for o, p in zip(outputs, group)]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -132,7 +106,8 @@ def main(argv: Sequence[str] | None = None) -> None:
               enforce_eager=True, seed=args.seed, trust_remote_code=True)
     backend = VLLMPerturbation(llm, scope=args.scope, exact_revert=args.exact_revert)
     config.tp_size = backend.tp_size
-    policy = LLMPolicy(llm, SamplingConfig(), args.max_model_len, args.rollout_token_budget)
+    policy = VLLMPolicy(llm=llm, sampling=SamplingConfig(), max_model_len=args.max_model_len,
+                        rollout_token_budget=args.rollout_token_budget)
     env_kwargs: dict[str, Any] = {"max_turns": args.max_turns, "sandbox": args.sandbox}
     if args.max_tokens is not None:
         env_kwargs["max_tokens_per_turn"] = args.max_tokens
