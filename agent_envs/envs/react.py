@@ -198,7 +198,9 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             return self._finish(reason, completion.error_message or completion.error)
         text = completion.text
         ep.turn += 1
-        n = len(completion.token_ids) if completion.token_ids is not None else self.counter.text_tokens(text)
+        n = completion.num_tokens
+        if n is None:
+            n = self.counter.text_tokens(text)
         prompt_tokens = completion.prompt_tokens
         if prompt_tokens is None:
             prompt_tokens = self.counter.prompt_tokens(ep.messages)
@@ -251,6 +253,8 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             max_tokens=self.max_tokens_per_turn if self.max_tokens_per_turn > 0 else None,
             stop=list(STOP),
             key=self._key(ep),
+            row_index=ep.row_index,
+            sample_index=ep.sample_index,
         )
 
     def render(self) -> str | None:

@@ -1,11 +1,15 @@
 """Build a sandbox from whatever ``gym.make(..., sandbox=...)`` received."""
 from __future__ import annotations
 
+import functools
+import logging
+from pathlib import Path
 from typing import Any
 
 from agent_envs.sandbox.base import Sandbox, SandboxConfig
 
 BACKENDS = ("bwrap", "none", "docker")
+log = logging.getLogger("agent_envs.sandbox")
 
 
 def resolve_config(spec: SandboxConfig | str | dict[str, Any] | None) -> SandboxConfig:
@@ -26,8 +30,37 @@ def resolve_config(spec: SandboxConfig | str | dict[str, Any] | None) -> Sandbox
     return config
 
 
+def in_container() -> bool:
+    """True inside a Docker (or similar OCI) container."""
+    if Path("/.dockerenv").exists() or Path("/run/.containerenv").exists():
+        return True
+    try:
+        return any(k in Path("/proc/1/cgroup").read_text() for k in ("docker", "containerd", "kubepods"))
+    except OSError:
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def _container_is_boundary() -> bool:
+    """Inside a container where bwrap cannot build namespaces, the container is the sandbox.
+
+    Logged once; outside a container an unusable bwrap stays an error (BwrapSandbox says why).
+    """
+    if not in_container():
+        return False
+    from agent_envs.sandbox.docker import bwrap_usable
+
+    usable, reason = bwrap_usable()
+    if not usable:
+        log.warning("bubblewrap cannot run in this container (%s): running tools unsandboxed inside the "
+                    "container, which is then the only boundary (see docs/docker.md)", reason)
+    return not usable
+
+
 def make_sandbox(spec: SandboxConfig | str | dict[str, Any] | None) -> Sandbox:
     config = resolve_config(spec)
+    if config.backend == "bwrap" and _container_is_boundary():
+        config = config.model_copy(update={"backend": "none"})
     if config.backend == "bwrap":
         from agent_envs.sandbox.bwrap import BwrapSandbox
 

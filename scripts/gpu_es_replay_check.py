@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""ES on a real vLLM engine with a toy objective, then replay of its history on a fresh engine.
+
+The objective is computed from what the perturbed engine generates (share of even token ids in a
+greedy continuation), so member rewards differ and every generation really moves the weights.
+``train`` writes the history and prints the trained weights' checksum; ``replay`` (run in a new
+process, i.e. a fresh engine) rebuilds the weights from the history and prints its checksum.
+
+    python scripts/gpu_es_replay_check.py train  --model M --load-format dummy --history h.json
+    python scripts/gpu_es_replay_check.py replay --model M --load-format dummy --history h.json
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agent_envs.es.history import ESConfig, resume  # noqa: E402
+from agent_envs.es.population import ESTrainer, MemberResult  # noqa: E402
+from agent_envs.es.worker import EXTENSION, VLLMPerturbation  # noqa: E402
+
+PROMPTS = [{"id": f"p{i}", "prompt": p} for i, p in enumerate(
+    ["Once upon a time", "The answer is", "def main():", "In 1987 the company"])]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("action", choices=["train", "replay"])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--load-format", default="auto")
+    ap.add_argument("--history", required=True)
+    ap.add_argument("--generations", type=int, default=3)
+    ap.add_argument("--population", type=int, default=8)
+    args = ap.parse_args()
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=args.model, load_format=args.load_format, dtype="bfloat16", enforce_eager=True,
+              worker_extension_cls=EXTENSION, max_model_len=1024, gpu_memory_utilization=0.3, seed=0)
+    backend = VLLMPerturbation(llm, scope="full", exact_revert=True)
+    config = ESConfig(env_id="toy", model=args.model, generations=args.generations, population=args.population,
+                      case_batch_size=len(PROMPTS), sigma_start=1e-2, sigma_end=5e-3, alpha=5e-3,
+                      tp_size=backend.tp_size, history_file=args.history)
+    print(f"[check] start checksum {backend.checksum()[0]}")
+    if args.action == "replay":
+        _, done = resume(args.history, config, backend)
+        print(f"[check] replayed {done} generations; checksum {backend.checksum()[0]}")
+        return
+    greedy = SamplingParams(temperature=0.0, max_tokens=32)
+
+    def evaluate(batch, seed: int, generation: int, member: int) -> MemberResult:
+        outs = llm.generate([t["prompt"] for t in batch], greedy, use_tqdm=False)
+        ids = [t for o in outs for t in o.outputs[0].token_ids]
+        reward = sum(1 for t in ids if t % 2 == 0) / max(1, len(ids))
+        return MemberResult(generation=generation, member=member, seed=seed, reward=reward, rows=[])
+
+    history = ESTrainer(config, backend, PROMPTS, evaluate, args.history).run()
+    for rec in history:
+        if "rewards" in rec:
+            norm = sum(w * w for w in rec["weights"]) ** 0.5
+            print(f"[check] generation {rec['generation']} rewards {[round(r, 3) for r in rec['rewards']]} "
+                  f"weight_norm {norm:.4f}")
+    print(f"[check] trained checksum {backend.checksum()[0]}")
+
+
+if __name__ == "__main__":
+    main()
