@@ -129,3 +129,50 @@ def test_default_make_works_offline_and_passes_check_env():
         check_env(env.unwrapped)
     finally:
         env.close()
+
+
+def test_skill_is_appended_after_the_protocol(real_tasks):
+    env = gym.make("DocVQA-CLI-v0", dataset=real_tasks, skill="  Run tesseract first.  ")
+    try:
+        messages, _ = env.reset(options={"row_index": 0})
+        system = messages[0]["content"]
+        assert system.endswith(msgs.DOCVQA_SKILL_SUFFIX + "Run tesseract first.")
+        assert "bash/OCR" in system and "<tool_call>" not in system
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("generated, cut_before_parsing", [(32767, False), (32768, True)])
+def test_trajectory_cap_boundary(real_tasks, generated, cut_before_parsing):
+    """§5.1.9: 32,767 generated tokens do not exceed the 32,768 cap; 32,768 do (checked before parsing)."""
+    from agent_envs.policy.base import Completion
+
+    env = gym.make("DocVQA-CLI-v0", dataset=real_tasks)
+    try:
+        env.reset(options={"row_index": 0})
+        messages, _, _, truncated, info = env.step(Completion(text="thinking", token_ids=[0] * generated))
+        assert truncated and info["termination_reason"] == "max_response_tokens_exceeded"
+        ep = info["episode"]
+        assert ep["generated_tokens"] == ep["trajectory_tokens"] == generated
+        if cut_before_parsing:
+            assert messages[-1]["role"] == "assistant" and ep["attempted_trajectory_tokens"] is None
+        else:  # parsed, warned, and the warning's cost crossed the cap: kept but not counted
+            assert messages[-1]["content"].startswith("Observation from format_check:")
+            assert ep["attempted_trajectory_tokens"] > 32768 - 1
+    finally:
+        env.close()
+
+
+def test_smoke_one_ocr_turn_then_answer(real_tasks):
+    """§5.13 stage-1 smoke: one bash tesseract turn, then `Final answer: smoke`."""
+    task = {**real_tasks[0].model_dump(), "answers": ["smoke"]}
+    env = gym.make("DocVQA-CLI-v0", dataset=real_tasks)
+    try:
+        env.reset(options={"task": task})
+        messages, *_ = env.step(OCR)
+        assert "[exit_code] 0" in messages[-1]["content"]
+        _, reward, terminated, _, info = env.step("Final answer: smoke")
+        ep = info["episode"]
+        assert terminated and ep["used_bash"] and ep["prediction"] == "smoke" and ep["anls"] == 1.0 == reward
+    finally:
+        env.close()

@@ -173,3 +173,31 @@ def test_workspace_persists_across_turns(env):
     assert messages[-1]["content"].startswith("Observation from bash:\n123\n/tmp\nv=5")
     messages, *_ = env.step(bash("python3 -c 'import sympy, numpy; print(sympy.factorint(360))'"))
     assert "{2: 3, 3: 2, 5: 1}" in messages[-1]["content"]
+
+
+# --- reference-protocol.md §5.4 (math bash tool), adapted to the sandboxed tool -------------------
+def test_python_arithmetic_observation(env):
+    env.reset(options={"task": TASK})
+    messages, *_ = env.step(bash("python3 -c 'print(20 + 22)'"))
+    assert messages[-1]["content"] == "Observation from bash:\n42\n\n[exit_code] 0"  # math framing: no rstrip
+
+
+def test_commands_run_in_the_episode_workspace(env):
+    env.reset(options={"task": TASK})
+    messages, *_ = env.step(bash("pwd"))
+    assert messages[-1]["content"].startswith("Observation from bash:\n/workspace\n")
+
+
+def test_short_timeout_kills_the_nested_process_group():
+    e = gym.make("MATH-ReAct-v0", dataset=[TASK], sandbox={"backend": "bwrap", "limits": {"timeout_s": 0.1}})
+    try:
+        e.reset(options={"task": TASK})
+        t0 = time.monotonic()
+        cmd = "python3 -c \"import subprocess; subprocess.run(['sleep', '2.3457'])\""
+        messages, *_ = e.step(bash(cmd))
+        assert time.monotonic() - t0 < 1.0
+        assert messages[-1]["content"] == "Observation from bash:\nBash timed out after 0.1s."
+        leftover = subprocess.run(["pgrep", "-f", "sleep 2.3457"], capture_output=True, text=True).stdout
+        assert leftover == ""
+    finally:
+        e.close()

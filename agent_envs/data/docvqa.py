@@ -17,6 +17,7 @@ from typing import Any
 from PIL import Image, UnidentifiedImageError
 from pydantic import ValidationError
 
+from agent_envs.data.jsonl import read_jsonl
 from agent_envs.data.tasks import DocTask
 
 HF_REPO = "lmms-lab/DocVQA"
@@ -208,18 +209,7 @@ def write_png(image: Any, target: Path, where: str = "row") -> Path:
 
 
 def _load_jsonl(path: Path, cache: Path) -> list[DocTask]:
-    tasks = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DocDataError(f"{where}: corrupt JSON line ({exc.msg})") from exc
-            tasks.append(_require(normalize_row(row, path, cache, where), where))
-    return tasks
+    return [_require(normalize_row(row, path, cache, where), where) for where, row in read_jsonl(path, DocDataError)]
 
 
 def _load_official_json(path: Path, cache: Path) -> list[DocTask]:

@@ -7,13 +7,13 @@ helpers; a corrupt row is reported with its file and line so a bad download is e
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from agent_envs.data.jsonl import read_jsonl
 from agent_envs.data.tasks import MathTask
 
 BUILTIN_SIZE = 200
@@ -71,18 +71,7 @@ def _to_task(row: Mapping[str, Any] | MathTask, where: str) -> MathTask:
 def _load_jsonl(path: Path) -> list[MathTask]:
     if not path.is_file():
         raise MathDataError(f'math data file not found: {path} (or use "builtin")')
-    tasks: list[MathTask] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise MathDataError(f"{where}: corrupt JSON line ({exc.msg})") from exc
-            tasks.append(_to_task(row, where))
-    return tasks
+    return [_to_task(row, where) for where, row in read_jsonl(path, MathDataError)]
 
 
 def _load_hf(name: str) -> list[MathTask]:
