@@ -17,7 +17,7 @@ from agent_envs.data.synth_docs import ocr_text
 from agent_envs.data.tasks import DocTask
 from agent_envs.scoring.anls import anls, anls_accuracy, normalize
 
-SAMPLE = Path("/work/shared/data/docvqa_sample/val_v1.0.json")
+SAMPLE = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "docvqa_sample" / "val_v1.0.json"
 STOPWORDS = {
     "what",
     "is",

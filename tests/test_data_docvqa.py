@@ -15,7 +15,7 @@ from PIL import Image
 from agent_envs.data.docvqa import DocDataError, load_docvqa_tasks, normalize_row
 from agent_envs.data.tasks import DocTask
 
-SAMPLE = Path("/work/shared/data/docvqa_sample")
+from conftest import DOCVQA_DIR as SAMPLE  # noqa: E402
 
 
 def _need_sample() -> Path:

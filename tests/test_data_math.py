@@ -20,7 +20,7 @@ from agent_envs.data.math import (
 from agent_envs.data.synth_math import FAMILIES, generate_math_tasks
 from agent_envs.data.tasks import MathTask
 
-MATH_DIR = Path("/work/shared/data/math")
+from conftest import MATH_DIR  # noqa: E402
 EXPECTED_ROWS = {
     "dapo_test.jsonl": 100,
     "aime_2026.jsonl": 30,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -19,7 +18,7 @@ from agent_envs.scoring.math import (
     math_verify_match,
 )
 
-DATA = Path("/work/shared/data/math")
+from conftest import MATH_DIR as DATA  # noqa: E402
 TRANSCRIPT = (
     'Action:\n{"name": "bash", "arguments": {"command": "python -c \'print(6*7)\'"}}\n'
     "Observation from bash:\n42\n\nFinal answer: \\boxed{42}"
