@@ -101,19 +101,46 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     ap.add_argument("--docker", action="store_true", help="also measure the docker backend")
     args = ap.parse_args()
-    n = 50 if args.quick else 300
     configs = {"bwrap persistent": SandboxConfig(mode="persistent"),
                "bwrap fresh": SandboxConfig(mode="fresh")}
+    daemon = None
     if args.docker:
-        configs["docker exec"] = SandboxConfig(backend="docker")
+        daemon, image = private_docker()
+        configs["docker exec"] = SandboxConfig(backend="docker", docker_image=image)
+    try:
+        run_all(configs, args.quick)
+    finally:
+        if daemon is not None:
+            from docker_daemon import _stop
+
+            _stop(daemon)
+
+
+def private_docker():
+    """A private dockerd and the locally imported image, as the tests build them (nothing pulled)."""
+    import os
+    import subprocess
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from docker_daemon import REPO, TEST_IMAGE, _start
+
+    daemon = _start()
+    os.environ["DOCKER_HOST"] = daemon.host
+    subprocess.run([str(REPO / "docker" / "build_local_image.sh"), TEST_IMAGE], env=daemon.env(), check=True,
+                   capture_output=True, timeout=600)
+    return daemon, TEST_IMAGE
+
+
+def run_all(configs: dict[str, SandboxConfig], quick: bool) -> None:
+    n = 50 if quick else 300
     rows: dict[str, dict[str, str]] = {}
     raw: dict[str, dict[str, float]] = {}
     for name, cfg in configs.items():
         e_med, e_p99 = latency(cfg, "echo hi", n)
         m_med, m_p99 = latency(cfg, "head -c 1000000 /dev/zero | tr '\\0' x", max(10, n // 10))
-        sps = sessions_per_s(cfg, 10 if args.quick else 40)
+        sps = sessions_per_s(cfg, 10 if quick else 40)
         rss = idle_rss_mib(cfg) if name.startswith("bwrap") else float("nan")
-        steps = concurrent_steps(cfg, 64, 20 if not args.quick else 5)
+        steps = concurrent_steps(cfg, 64, 20 if not quick else 5)
         raw[name] = {"echo": e_med, "steps": steps}
         rows[name] = {"echo hi median / p99 (ms)": f"{e_med:.2f} / {e_p99:.2f}",
                       "1 MB output median / p99 (ms)": f"{m_med:.1f} / {m_p99:.1f}",
