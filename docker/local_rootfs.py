@@ -172,15 +172,17 @@ class RootfsWriter:
 
 
 def _install_package(repo: Path, staging: Path) -> None:
-    """``pip install .`` (no dependencies, offline) into a staging root.
+    """``pip install .`` (no dependencies, offline) into a staging folder.
 
     The build runs on a copy so that no ``build/`` or ``*.egg-info`` lands in the working tree.
+    ``--target`` (not ``--root``): with ``--root`` pip also uninstalls the package from the
+    running environment, which removed a developer's editable install.
     """
     src = staging / "src"
     shutil.copytree(repo, src, ignore=shutil.ignore_patterns(*BUILD_IGNORE))
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
            "--no-build-isolation", "--no-compile", "--no-warn-script-location", "--root-user-action=ignore",
-           "--root", str(staging / "root"), str(src)]
+           "--target", str(staging / "site"), str(src)]
     subprocess.run(cmd, check=True, stdout=sys.stderr)
 
 
@@ -231,10 +233,12 @@ def write_rootfs(out, repo: Path | None) -> None:
     if repo is not None:
         with tempfile.TemporaryDirectory() as staging:
             _install_package(repo, Path(staging))
-            root = Path(staging, "root")
-            for host in sorted(root.rglob("*")):
+            target = Path(staging, "site")
+            for host in sorted(target.rglob("*")):
                 if host.is_file() or host.is_symlink():
-                    w.path(host, "/" + str(host.relative_to(root)))
+                    rel = host.relative_to(target)
+                    dest = base / rel if rel.parts[0] == "bin" else site / rel
+                    w.path(host, str(dest))
     w.tar.close()
 
 

@@ -235,3 +235,10 @@ def test_bwrap_works_in_a_container_with_unconfined_profiles(docker_daemon: Dock
         pytest.skip(f"bwrap is not usable on this host either ({why}), so a container cannot use it")
     options = [f"--security-opt={o}" for o in ("seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined")]
     assert _bwrap_in_container(docker_daemon, docker_image, *options).startswith("True")
+
+
+def test_image_build_leaves_the_host_install_alone(docker_image: str) -> None:
+    """Building the image installs the package into a staging folder, never over the host's copy."""
+    import importlib.metadata
+
+    assert importlib.metadata.version("agent-envs")  # raises PackageNotFoundError if pip removed it
