@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from agent_envs import ENV_IDS
 from agent_envs.rollout.metrics import group_metrics, paired_bootstrap, summarize
 from agent_envs.rollout.records import load_records
 from agent_envs.rollout.runner import DEFAULT_BASE_SEED, MODES, run_episodes
 from agent_envs.rollout.tracelog import write_trace_logs
 
-ENV_IDS = ("MATH-ReAct-v0", "DocVQA-CLI-v0")
 POLICIES = ("cpu", "transformers", "vllm", "openai", "scripted")
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "repetition_penalty")
 #: the embedded CPU default: a few tasks, short turns (a 135M model rarely finishes on its own)
@@ -163,8 +163,6 @@ def make_policy(kind: str, args: argparse.Namespace, env_id: str) -> Any:
 
 def _load_tasks(env_id: str, data: str, env_args: dict[str, Any], limit: int | None) -> list[Any]:
     import gymnasium as gym
-
-    import agent_envs  # noqa: F401  (registers the ids)
 
     env = gym.make(env_id, dataset=data, sandbox="none", **env_args)
     try:

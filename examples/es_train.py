@@ -31,10 +31,14 @@ from typing import Any, Sequence
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights live in this process's worker
 
+from agent_envs import ENV_IDS
 from agent_envs.data.docvqa import load_docvqa_tasks
 from agent_envs.data.math import load_math_tasks
+from agent_envs.envs.react import DEFAULT_BASE_SEED
 from agent_envs.es.history import ESConfig, resume
+from agent_envs.es.normalize import NORMALIZATIONS
 from agent_envs.es.population import ESTrainer, evaluate_member
+from agent_envs.es.schedule import SCHEDULES
 from agent_envs.es.worker import EXTENSION, VLLMPerturbation
 from agent_envs.policy.sampling import SamplingConfig
 from agent_envs.policy.vllm import VLLMPolicy
@@ -43,7 +47,7 @@ from agent_envs.rollout import es_summary, run_episodes
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--env", default="MATH-ReAct-v0", choices=["MATH-ReAct-v0", "DocVQA-CLI-v0"])
+    p.add_argument("--env", default="MATH-ReAct-v0", choices=ENV_IDS)
     p.add_argument("--model", required=True, help="any vLLM model path or name")
     p.add_argument("--train", required=True, help="training tasks (JSONL / official DocVQA JSON)")
     p.add_argument("--eval", default=None, help="held-out tasks for interval evaluation")
@@ -53,15 +57,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--case-batch", type=int, default=16)
     p.add_argument("--sigma-start", type=float, default=1e-3)
     p.add_argument("--sigma-end", type=float, default=5e-4)
-    p.add_argument("--sigma-schedule", default="cosine", choices=["constant", "linear", "cosine"])
+    p.add_argument("--sigma-schedule", default="cosine", choices=SCHEDULES)
     p.add_argument("--sigma-warmup", type=int, default=0)
     p.add_argument("--sigma-total-steps", type=int, default=None, help="schedule length (default: generations)")
     p.add_argument("--alpha", type=float, default=5e-4)
-    p.add_argument("--normalization", default="zscore", choices=["zscore", "centered_rank", "none"])
+    p.add_argument("--normalization", default="zscore", choices=NORMALIZATIONS)
     p.add_argument("--ddof", type=int, default=0)
     p.add_argument("--eps", type=float, default=1e-8)
     p.add_argument("--scope", default="full", choices=["full", "all_linear"])
-    p.add_argument("--seed", type=int, default=20260627)
+    p.add_argument("--seed", type=int, default=DEFAULT_BASE_SEED)
     p.add_argument("--eval-interval", type=int, default=10, help="0: only after the last generation")
     p.add_argument("--history", required=True, help="history.json path (rewritten every generation)")
     p.add_argument("--resume", default=None, help="history to replay before training")

@@ -48,3 +48,8 @@ class DocTask(BaseModel):
         if isinstance(v, (list, tuple)):
             return [str(a) for a in v if a is not None and str(a).strip()]
         return v
+
+
+def task_id(task: Any) -> str:
+    """The id of a task model or a plain ``{"id": ...}`` row (runners and the ES trainer take both)."""
+    return str(task["id"] if isinstance(task, dict) else task.id)

@@ -11,10 +11,8 @@ from agent_envs.data.tasks import DocTask
 from agent_envs.envs.react import ReActEnv, _Episode
 from agent_envs.protocol import messages as msgs
 from agent_envs.protocol.decision import DOCVQA_ES, DOCVQA_HTTP, Flavour
-from agent_envs.sandbox.base import SandboxConfig
-from agent_envs.scoring.anls import docvqa_score
-
-TOOL_IMAGE = "/workspace/document.png"
+from agent_envs.sandbox.base import DOCUMENT_PATH, SandboxConfig
+from agent_envs.scoring.anls import ANLS_VARIANTS, docvqa_score
 
 
 class DocVQACLIEnv(ReActEnv):
@@ -29,7 +27,7 @@ class DocVQACLIEnv(ReActEnv):
     skill_separator = msgs.DOCVQA_SKILL_SUFFIX
 
     def __init__(self, *, anls_variant: str = "protocol", **kwargs: Any):
-        if anls_variant not in ("protocol", "official"):
+        if anls_variant not in ANLS_VARIANTS:
             raise ValueError(f"anls_variant must be 'protocol' or 'official', got {anls_variant!r}")
         self.anls_variant = anls_variant
         super().__init__(**kwargs)
@@ -64,7 +62,7 @@ class DocVQACLIEnv(ReActEnv):
         return {
             "answers": list(ep.task.answers),
             "image": ep.task.image,
-            "tool_image": TOOL_IMAGE,
+            "tool_image": DOCUMENT_PATH,
             "score": fields.score,
             "score_method": fields.label,
             "score_status": fields.status,

@@ -8,9 +8,7 @@ from agent_envs.data.tasks import MathTask
 from agent_envs.envs.react import ReActEnv, _Episode
 from agent_envs.protocol import messages as msgs
 from agent_envs.protocol.decision import MATH_ES, MATH_HTTP, Flavour
-from agent_envs.scoring.math import math_score
-
-SCORERS = ("auto", "exact", "math_verify")
+from agent_envs.scoring.math import SCORERS, math_score
 
 
 class MathReActEnv(ReActEnv):

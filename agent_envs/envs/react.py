@@ -19,6 +19,7 @@ import gymnasium as gym
 from agent_envs.envs.spaces import CompletionText, Conversation
 from agent_envs.policy.base import Completion, GenerationRequest
 from agent_envs.protocol import messages as msgs
+from agent_envs.protocol.blocklist import is_blocked
 from agent_envs.protocol.decision import Flavour, decide
 from agent_envs.prompts import fill, load_prompt, sha256
 from agent_envs.sandbox.base import Sandbox, SandboxConfig
@@ -32,13 +33,6 @@ TURN_STRIDE = 97
 STOP = ("Observation:",)
 #: score fields copied from the final record to the top level of the last ``info``
 _SUMMARY_FIELDS = ("score", "score_method", "score_status", "answer_status", "prediction", "anls", "acc")
-TERMINAL_REASONS = (
-    "final_answer",
-    "max_turns",
-    "max_response_tokens_exceeded",
-    "context_length_exceeded",
-    "request_error",
-)
 
 
 def trajectory_seed(base_seed: int, row_index: int, sample_index: int) -> int:
@@ -57,7 +51,6 @@ class _Episode:
     seed_base: int
     messages: list[dict[str, str]]
     turn: int = 0
-    used_bash: bool = False
     steps: list[dict[str, Any]] = field(default_factory=list)
     generated_tokens: int = 0
     trajectory_tokens: int = 0
@@ -67,6 +60,16 @@ class _Episode:
     termination_reason: str | None = None
     react_error: str | None = None
     tool_calls: int = 0
+
+    @property
+    def used_bash(self) -> bool:
+        """Whether a bash command has run this episode (gates the final answer and the score)."""
+        return self.tool_calls > 0
+
+    @property
+    def turn_seed(self) -> int:
+        """Sampling seed of the next generation (protocol §1.6)."""
+        return self.seed_base + TURN_STRIDE * self.turn
 
 
 class ReActEnv(gym.Env[list, str], abc.ABC):
@@ -217,17 +220,12 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         if decision.kind == "final":
             return self._finish("final_answer", None)
         step: dict[str, Any] = {"turn": ep.turn, "assistant": text}
+        body, name = decision.observation, decision.observation_name
         if decision.kind == "act":
             step["action"] = decision.action
             if decision.command is not None:
                 body = self._run_command(decision.command)
-                ep.used_bash = True
                 ep.tool_calls += 1
-            else:
-                body = decision.observation
-            name = decision.observation_name
-        else:
-            body, name = decision.observation, decision.observation_name
         step["observation"] = body
         ep.steps.append(step)
         obs_message = msgs.observation_message(name, body)
@@ -249,7 +247,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         ep = self._require_running()
         return GenerationRequest(
             messages=copy.deepcopy(ep.messages),
-            seed=ep.seed_base + TURN_STRIDE * ep.turn,
+            seed=ep.turn_seed,
             max_tokens=self.max_tokens_per_turn if self.max_tokens_per_turn > 0 else None,
             stop=list(STOP),
             key=self._key(ep),
@@ -321,11 +319,8 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
     def _run_command(self, command: str) -> str:
         ep = self._ep
         assert ep is not None
-        if self.sandbox_config.blocklist:
-            from agent_envs.protocol.blocklist import is_blocked
-
-            if is_blocked(command):
-                return msgs.MATH_BLOCKED
+        if self.sandbox_config.blocklist and is_blocked(command):
+            return msgs.MATH_BLOCKED
         if self._sandbox is None:
             self._sandbox = make_sandbox(self._sandbox_config_for(ep.task))
         try:
@@ -397,7 +392,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             "row_index": ep.row_index,
             "sample_index": ep.sample_index,
             "turn": ep.turn,
-            "seed": ep.seed_base + TURN_STRIDE * ep.turn,
+            "seed": ep.turn_seed,
             "seed_base": ep.seed_base,
             "used_bash": ep.used_bash,
             "react_steps": len(ep.steps),

@@ -1,7 +1,7 @@
 """Gymnasium spaces for chat conversations (observations) and completion text (actions)."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from gymnasium.spaces import Space
@@ -72,6 +72,6 @@ class CompletionText(Space[str]):
         return isinstance(other, CompletionText) and other.max_length == self.max_length
 
 
-def _text(rng: np.random.Generator, words: Sequence[str] = _WORDS) -> str:
+def _text(rng: np.random.Generator) -> str:
     n = int(rng.integers(1, 12))
-    return " ".join(words[int(i)] for i in rng.integers(0, len(words), size=n))
+    return " ".join(_WORDS[int(i)] for i in rng.integers(0, len(_WORDS), size=n))

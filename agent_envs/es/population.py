@@ -11,6 +11,8 @@ from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from agent_envs.data.tasks import task_id
+
 from .history import ESConfig, GenerationRecord, Record, write_history
 from .normalize import normalize_rewards, population_std
 from .schedule import sigma_at_step
@@ -45,10 +47,6 @@ class MemberResult(BaseModel):
     reward: float
     rows: list[dict[str, Any]]
     engine_index: int = 0
-
-
-def task_id(task: Any) -> str:
-    return str(task["id"] if isinstance(task, dict) else getattr(task, "id"))
 
 
 def compact_row(row: dict[str, Any]) -> dict[str, Any]:

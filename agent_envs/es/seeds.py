@@ -8,10 +8,13 @@ from __future__ import annotations
 import random
 from typing import Sequence, TypeVar
 
+from agent_envs.envs.react import trajectory_seed  # the formula lives with the env; re-exported
+
+__all__ = ["SeedStream", "population_seeds", "check_seed_sequence", "trajectory_seed", "case_batch",
+           "check_run_shape"]
+
 T = TypeVar("T")
 SEED_HIGH = 2**31 - 1
-SAMPLE_STRIDE = 1_000_003
-TURN_STRIDE = 97
 
 
 class SeedStream:
@@ -53,11 +56,6 @@ def check_seed_sequence(stored: Sequence[Sequence[int]], seed: int, population: 
                 f"population={population}; use the original --seed and --population"
             )
     return len(stored)
-
-
-def trajectory_seed(base_seed: int, row_index: int, sample_index: int) -> int:
-    """Per-trajectory seed base: ``base + sample * 1_000_003 + row``; turn t adds ``97 * t``."""
-    return int(base_seed) + int(sample_index) * SAMPLE_STRIDE + int(row_index)
 
 
 def case_batch(tasks: Sequence[T], generation: int, batch_size: int) -> list[T]:

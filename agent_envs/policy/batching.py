@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..tokens import TokenCounter
-from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy
-from .sampling import SamplingConfig, generation_reserve
+from .base import Completion, GenerationRequest, Policy
+from .sampling import SamplingConfig, context_overflow, generation_reserve
 
 
 def microbatch(sizes: Sequence[int], budget: int) -> list[list[int]]:
@@ -65,14 +65,8 @@ class EnginePolicy(Policy):
     def prepare(self, request: GenerationRequest) -> Prepared | Completion:
         """Render the prompt; a prompt that cannot fit becomes a ``context_length_exceeded`` record."""
         ids = self.counter.prompt_ids(request.messages)
-        prepared = Prepared(request, ids, self.sampling.stop_for(request))
-        if self.max_model_len is not None and prepared.size > self.max_model_len:
-            return Completion(
-                error=CONTEXT_LENGTH_EXCEEDED,
-                error_message=(f"prompt_tokens {len(ids)} + max_tokens {request.max_tokens} "
-                               f"> max_model_len {self.max_model_len}"),
-                prompt_tokens=len(ids), engine=self.name)
-        return prepared
+        overflow = context_overflow(len(ids), request.max_tokens, self.max_model_len, self.name)
+        return overflow if overflow is not None else Prepared(request, ids, self.sampling.stop_for(request))
 
 
 class BatchedEnginePolicy(EnginePolicy):

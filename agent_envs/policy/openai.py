@@ -18,7 +18,7 @@ import httpx
 
 from ..tokens import TokenCounter
 from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy
-from .sampling import SamplingConfig, generation_reserve
+from .sampling import SamplingConfig, context_overflow
 
 
 class ContextLengthError(Exception):
@@ -107,11 +107,7 @@ class OpenAIPolicy(Policy):
         if self.tokenizer is None or self.max_model_len is None:
             return None
         prompt = self.counter.prompt_tokens(request.messages)
-        if prompt + generation_reserve(request.max_tokens) <= self.max_model_len:
-            return None
-        return Completion(error=CONTEXT_LENGTH_EXCEEDED, prompt_tokens=prompt, engine=self.name,
-                          error_message=f"prompt_tokens {prompt} + max_tokens {request.max_tokens} "
-                                        f"> max_model_len {self.max_model_len}")
+        return context_overflow(prompt, request.max_tokens, self.max_model_len, self.name)
 
     # ------------------------------------------------------------------ responses
     def _parse(self, response: httpx.Response, endpoint: str) -> Completion:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .base import GenerationRequest
+from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest
 
 PROTOCOL_STOP = ["Observation:"]
 
@@ -34,6 +34,21 @@ class SamplingConfig(BaseModel):
 def generation_reserve(max_tokens: int | None) -> int:
     """Tokens the context must leave free: ``max_tokens``, or 1 when uncapped (protocol 2.4 step 1)."""
     return max_tokens if max_tokens is not None and max_tokens > 0 else 1
+
+
+def exceeds_context(prompt_tokens: int, max_tokens: int | None, max_model_len: int | None) -> bool:
+    """True when the prompt leaves less than the generation reserve free (unknown window: fits)."""
+    return max_model_len is not None and prompt_tokens + generation_reserve(max_tokens) > max_model_len
+
+
+def context_overflow(prompt_tokens: int, max_tokens: int | None, max_model_len: int | None,
+                     engine: str) -> Completion | None:
+    """The ``context_length_exceeded`` completion for a prompt that cannot fit, else None."""
+    if not exceeds_context(prompt_tokens, max_tokens, max_model_len):
+        return None
+    return Completion(error=CONTEXT_LENGTH_EXCEEDED, prompt_tokens=prompt_tokens, engine=engine,
+                      error_message=f"prompt_tokens {prompt_tokens} + max_tokens {max_tokens} "
+                                    f"> max_model_len {max_model_len}")
 
 
 def cut_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:

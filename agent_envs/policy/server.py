@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from ..tokens import TokenCounter
 from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy
-from .sampling import generation_reserve
+from .sampling import exceeds_context
 
 
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
@@ -95,7 +95,7 @@ class PolicyServer(ThreadingHTTPServer):
         except (KeyError, TypeError, ValueError) as exc:
             return 400, error_body(f"invalid request: {exc}", 400)
         prompt_tokens = self.counter.prompt_tokens(request.messages)
-        if self.max_model_len is not None and prompt_tokens + generation_reserve(request.max_tokens) > self.max_model_len:
+        if exceeds_context(prompt_tokens, request.max_tokens, self.max_model_len):
             return 400, context_error(self.max_model_len, prompt_tokens)
         completion = self.policy.generate([request])[0]
         if completion.error == CONTEXT_LENGTH_EXCEEDED:

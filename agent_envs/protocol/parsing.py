@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 ParserVariant = Literal["math_es", "docvqa_es", "docvqa_http", "math_http"]
-PARSER_VARIANTS: tuple[str, ...] = ("math_es", "docvqa_es", "docvqa_http", "math_http")
+PARSER_VARIANTS: tuple[str, ...] = get_args(ParserVariant)
 
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 # `\s*` after the colon may cross a newline, so "Final answer:\n5" yields "5" (§1.4).

@@ -25,12 +25,13 @@ from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 
+from agent_envs.data.tasks import task_id
+from agent_envs.envs.react import DEFAULT_BASE_SEED
 from agent_envs.policy.base import Completion, GenerationRequest, Policy
 
 from .records import EpisodeRecord, JsonlWriter, episode_key
 from .resume import prepare_resume
 
-DEFAULT_BASE_SEED = 20260627
 MODES = ("async", "lockstep")
 EnvSource = str | Callable[..., gym.Env]
 #: wall-clock fields: excluded when comparing runs for determinism
@@ -49,7 +50,7 @@ class Job:
 
     @property
     def task_id(self) -> str:
-        return str(self.task["id"] if isinstance(self.task, dict) else self.task.id)
+        return task_id(self.task)
 
     @property
     def key(self) -> str:
@@ -328,9 +329,7 @@ def _env_factory(source: EnvSource, policy: Policy, env_kwargs: dict[str, Any] |
     kwargs.setdefault("tokenizer", policy.tokenizer)
     if policy.max_model_len is not None:
         kwargs.setdefault("max_model_len", policy.max_model_len)
-    if isinstance(source, str):
-        import agent_envs  # noqa: F401  (registers the environment ids)
-
+    if isinstance(source, str):  # importing any agent_envs module registered the ids
         return lambda: gym.make(source, **kwargs)
     return lambda: source(**kwargs)
 

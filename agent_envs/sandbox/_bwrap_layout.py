@@ -13,8 +13,9 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
-from agent_envs.sandbox.base import SandboxConfig, SandboxLimits, SandboxUnavailable
+from agent_envs.sandbox.base import BASE_ENV, DOCUMENT_PATH, SandboxConfig, SandboxLimits, SandboxUnavailable
 
 SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/usr/local", "/etc/alternatives")
 #: the uid/gid a command has inside the sandbox
@@ -57,11 +58,11 @@ def runtime_prefixes(config: SandboxConfig) -> list[str]:
     return out
 
 
-def _covered(path: str, bound: list[str]) -> bool:
+def _covered(path: str, bound: Sequence[str]) -> bool:
     return any(path == b or path.startswith(b.rstrip("/") + "/") for b in bound)
 
 
-def _bind_args(prefixes: list[str]) -> tuple[list[str], list[str]]:
+def _bind_args(prefixes: list[str]) -> list[str]:
     args: list[str] = []
     bound: list[str] = []  # resolved sources
     made: set[str] = set()
@@ -73,12 +74,12 @@ def _bind_args(prefixes: list[str]) -> tuple[list[str], list[str]]:
             continue
         for parent in reversed(Path(p).parents):
             s = str(parent)
-            if s != "/" and s not in made and not _covered(s, [*SYSTEM_DIRS]):
+            if s != "/" and s not in made and not _covered(s, SYSTEM_DIRS):
                 args += ["--perms", "0755", "--dir", s]
                 made.add(s)
         args += ["--ro-bind", p, p]
         bound.append(real)
-    return args, bound
+    return args
 
 
 @functools.lru_cache(maxsize=8)
@@ -126,16 +127,7 @@ def _startup_hook_args(prefixes: tuple[str, ...]) -> tuple[str, ...]:
 
 def environment(config: SandboxConfig, prefixes: list[str]) -> dict[str, str]:
     bins = [f"{p}/bin" for p in prefixes if os.path.isdir(f"{p}/bin")]
-    env = {
-        "HOME": "/tmp", "TMPDIR": "/tmp", "PIP_NO_INDEX": "1",
-        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-        "NUMEXPR_NUM_THREADS": "1",
-        # tesseract is ~4x faster on 2 cores with one OpenMP thread (the reference lost this)
-        "OMP_THREAD_LIMIT": "1",
-        "PATH": ":".join([*bins, "/usr/local/bin", "/usr/bin", "/bin"]),
-    }
-    env.update(config.env)
-    return env
+    return {**BASE_ENV, "PATH": ":".join([*bins, "/usr/local/bin", "/usr/bin", "/bin"]), **config.env}
 
 
 def _tmpfs(path: str, perms: str, limits: SandboxLimits) -> list[str]:
@@ -146,13 +138,12 @@ def _tmpfs(path: str, perms: str, limits: SandboxLimits) -> list[str]:
 def layout_args(config: SandboxConfig, image: Path | None) -> list[str]:
     """Everything between ``bwrap`` and the namespace flags: mounts, cwd and environment."""
     prefixes = runtime_prefixes(config)
-    binds, _ = _bind_args(prefixes)
-    args = ["--new-session", "--die-with-parent", "--clearenv", *binds, *_pip_hiding_args(tuple(prefixes)),
+    args = ["--new-session", "--die-with-parent", "--clearenv", *_bind_args(prefixes), *_pip_hiding_args(tuple(prefixes)),
             *_startup_hook_args(tuple(prefixes)),
             "--proc", "/proc", "--dev", "/dev",
             *_tmpfs("/tmp", "1777", config.limits), *_tmpfs("/workspace", "0777", config.limits)]
     if image is not None:
-        args += ["--ro-bind", str(image), "/workspace/document.png"]
+        args += ["--ro-bind", str(image), DOCUMENT_PATH]
     args += ["--chdir", "/workspace"]
     for key, value in environment(config, prefixes).items():
         args += ["--setenv", key, value]
@@ -178,6 +169,11 @@ def memory_kib(limits: SandboxLimits) -> int:
     if limits.memory_gib <= 0:
         raise ValueError(f"memory_gib must be positive or None, got {limits.memory_gib}")
     return max(1024, int(limits.memory_gib * 1024 * 1024))
+
+
+def with_ulimit(limits: SandboxLimits, command: str) -> str:
+    """``command`` behind the shell's address-space cap (``ulimit -v``), when one is configured."""
+    return f"ulimit -v {memory_kib(limits)}; {command}" if limits.memory_gib is not None else command
 
 
 def command_prefix(limits: SandboxLimits, as_root: bool) -> list[str]:

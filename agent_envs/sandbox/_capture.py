@@ -11,7 +11,7 @@ import errno
 import os
 import select
 import time
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 CHUNK = 65536
 
@@ -137,3 +137,14 @@ def pump(sources: list[Source], until: Callable[[], bool], deadline: float,
             return until()
         for fd, _ in poller.poll(wait * 1000):
             registered[fd].on_ready()  # type: ignore[attr-defined]
+
+
+def drain(out: StreamReader, err: StreamReader, deadline: float) -> bool:
+    """Serve a command's two output streams until both end; False when ``deadline`` passed first."""
+    return pump([out, err], lambda: out.done and err.done, deadline)
+
+
+def captured(out: StreamReader, err: StreamReader) -> dict[str, Any]:
+    """The ``ExecResult`` fields holding what the two streams captured."""
+    return {"stdout": out.window.data(), "stderr": err.window.data(),
+            "stdout_dropped": out.window.dropped, "stderr_dropped": err.window.dropped}

@@ -12,6 +12,16 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+#: where the task's page image appears inside every sandbox (read-only)
+DOCUMENT_PATH = "/workspace/document.png"
+#: environment every sandbox backend sets: home and temp on the tmpfs, no pip index, and
+#: single-threaded numeric libraries (tesseract is ~4x faster on 2 cores with one OpenMP thread)
+BASE_ENV: dict[str, str] = {
+    "HOME": "/tmp", "TMPDIR": "/tmp", "PIP_NO_INDEX": "1",
+    **{var: "1" for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                            "NUMEXPR_NUM_THREADS", "OMP_THREAD_LIMIT")},
+}
+
 
 @dataclass
 class ExecResult:
@@ -51,6 +61,11 @@ class SandboxLimits(BaseModel):
     max_output_chars: int = 6000
     #: bytes kept from each end of a stream; must exceed 4x max_output_chars for exact framing
     capture_window_bytes: int = Field(default=65536, ge=4096)
+
+    @property
+    def capture_keep(self) -> int:
+        """Bytes each stream window keeps: the configured size, raised to what exact framing needs."""
+        return max(self.capture_window_bytes, 4 * self.max_output_chars + 64)
 
 
 class SandboxConfig(BaseModel):

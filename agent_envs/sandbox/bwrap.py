@@ -32,9 +32,9 @@ import pexpect
 import ptyprocess
 
 from agent_envs.sandbox import _procs
-from agent_envs.sandbox._bwrap_layout import (command_prefix, find_bwrap, layout_args, memory_kib,
-                                              set_rlimits)
-from agent_envs.sandbox._capture import PendingWrite, StreamReader, pump
+from agent_envs.sandbox._bwrap_layout import (command_prefix, find_bwrap, layout_args, set_rlimits,
+                                              with_ulimit)
+from agent_envs.sandbox._capture import PendingWrite, StreamReader, captured, drain, pump
 from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig, image_must_exist
 
 #: fixed fd numbers of the driver's pipes inside the sandbox
@@ -117,7 +117,7 @@ class _FreshRunner:
     def run(self, command: str, timeout: float, keep: int) -> ExecResult:
         started = time.monotonic()
         limits = self.layout.limits
-        script = f"ulimit -v {memory_kib(limits)}; {command}" if limits.memory_gib is not None else command
+        script = with_ulimit(limits, command)
         fd = self.layout.userns.fd if self.layout.userns is not None else -1
         try:
             argv = self.layout.argv(fd, ["/bin/bash", "--noprofile", "--norc", "-c", script])
@@ -129,17 +129,14 @@ class _FreshRunner:
         assert proc.stdout is not None and proc.stderr is not None
         out = StreamReader(proc.stdout.fileno(), keep)
         err = StreamReader(proc.stderr.fileno(), keep)
-        finished = pump([out, err], lambda: out.done and err.done, started + timeout)
+        finished = drain(out, err, started + timeout)
         if not finished:
             _procs.teardown(proc.pid)
         rc = proc.wait()
         proc.stdout.close()
         proc.stderr.close()
-        res = ExecResult(returncode=124 if not finished else rc, timed_out=not finished,
-                         stdout=out.window.data(), stderr=err.window.data(),
-                         stdout_dropped=out.window.dropped, stderr_dropped=err.window.dropped,
-                         duration_s=time.monotonic() - started, timeout_s=timeout)
-        return res
+        return ExecResult(returncode=124 if not finished else rc, timed_out=not finished,
+                          **captured(out, err), duration_s=time.monotonic() - started, timeout_s=timeout)
 
 
 class _PtyStatus:
@@ -287,15 +284,13 @@ class _Shell:
         if timed_out:
             self._abort(sources, complete)
         if status.done and status.rc is None:  # the sandbox died (kill -9 $$, exec, ...)
-            pump([out, err], lambda: out.done and err.done, time.monotonic() + ABORT_GRACE_S)
+            drain(out, err, time.monotonic() + ABORT_GRACE_S)
             rc = self._reap()
         else:
             rc = status.rc if status.rc is not None else 124
             if out.eof or err.eof:  # the command closed the driver's pipes: rebuild next time
                 self.close()
-        return ExecResult(returncode=124 if timed_out else rc, timed_out=timed_out,
-                          stdout=out.window.data(), stderr=err.window.data(),
-                          stdout_dropped=out.window.dropped, stderr_dropped=err.window.dropped,
+        return ExecResult(returncode=124 if timed_out else rc, timed_out=timed_out, **captured(out, err),
                           duration_s=time.monotonic() - started, timeout_s=timeout)
 
     def _abort(self, sources: list, complete) -> None:
@@ -310,7 +305,7 @@ class _Shell:
             if pump(sources, complete, min(deadline, time.monotonic() + 0.1)):
                 return
         self.close()  # the shell ignores us (trapped USR2?): rebuild on the next command
-        pump(sources[:2], lambda: sources[0].done and sources[1].done, time.monotonic() + ABORT_GRACE_S)
+        drain(sources[0], sources[1], time.monotonic() + ABORT_GRACE_S)
 
     def _reap(self) -> int:
         self.close()
@@ -354,11 +349,6 @@ class BwrapSandbox(Sandbox):
         self._state: dict = {"layout": _Layout(config)}
         self._finalizer = weakref.finalize(self, _finalize, self._state)
 
-    @property
-    def _keep(self) -> int:
-        lim = self.config.limits
-        return max(lim.capture_window_bytes, 4 * lim.max_output_chars + 64)
-
     def run(self, command: str, timeout: float | None = None) -> ExecResult:
         limit = self.config.limits.timeout_s if timeout is None else timeout
         started = time.monotonic()
@@ -366,7 +356,7 @@ class BwrapSandbox(Sandbox):
         if layout is None:
             return _launch_error("sandbox is closed", started)
         if self.config.mode == "fresh":
-            return _FreshRunner(layout).run(command, limit, self._keep)
+            return _FreshRunner(layout).run(command, limit, self.config.limits.capture_keep)
         try:
             payload = _encode(command)
             shell = self._state.get("shell")
@@ -374,7 +364,7 @@ class BwrapSandbox(Sandbox):
                 shell = self._state["shell"] = _Shell(layout)
         except (OSError, ValueError) as exc:
             return _launch_error(str(exc), started)
-        return shell.run(payload, limit, self._keep)
+        return shell.run(payload, limit, self.config.limits.capture_keep)
 
     def processes(self) -> list[int]:
         """Host pids of this sandbox's processes (bwrap monitor included); empty when none runs."""

@@ -23,19 +23,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent_envs.sandbox._capture import StreamReader, pump
-from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig, SandboxUnavailable, image_must_exist
+from agent_envs.sandbox._capture import StreamReader, captured, drain
+from agent_envs.sandbox.base import (BASE_ENV, DOCUMENT_PATH, ExecResult, Sandbox, SandboxConfig,
+                                     SandboxUnavailable, image_must_exist)
 
 LABEL = "agent-envs.sandbox"
 WORKSPACE = "/workspace"
-DOCUMENT = "/workspace/document.png"
 #: where the wrapper remembers the shell's working directory between commands
 CWD_FILE = "/tmp/.agent_envs_cwd"
 KEEPALIVE_UID = 65534
 #: commands run as BASE + random, so RLIMIT_NPROC is per episode and kill -1 spares PID 1
 COMMAND_UID_BASE = 200_000
-THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
-               "OMP_THREAD_LIMIT")
 #: extra host seconds granted to the docker CLI beyond the in-container timeout
 HOST_GRACE_S = 15.0
 
@@ -97,7 +95,7 @@ class DockerSandbox(Sandbox):
             staged.chmod(0o444)
             Path(self._staged.name).chmod(0o755)
             source = staged
-        return ["--mount", f"type=bind,source={source},target={DOCUMENT},readonly"]
+        return ["--mount", f"type=bind,source={source},target={DOCUMENT_PATH},readonly"]
 
     def _run_args(self, name: str) -> list[str]:
         lim = self.config.limits
@@ -116,9 +114,7 @@ class DockerSandbox(Sandbox):
         if lim.memory_gib is not None:
             mem = f"{max(64, int(lim.memory_gib * 1024))}m"
             args += ["--memory", mem, "--memory-swap", mem]
-        env = {"HOME": "/tmp", "TMPDIR": "/tmp", "PIP_NO_INDEX": "1", **{v: "1" for v in THREAD_VARS},
-               **self.config.env}
-        for key, value in env.items():
+        for key, value in {**BASE_ENV, **self.config.env}.items():
             args += ["--env", f"{key}={value}"]
         return args + self._document_mount() + ["--entrypoint", "sleep", self.config.docker_image, "infinity"]
 
@@ -179,7 +175,7 @@ class DockerSandbox(Sandbox):
         argv = ["docker", "exec", "--user", f"{self.uid}:{self.uid}", container,
                 "/bin/bash", "--noprofile", "--norc", "-c", _WRAPPER, "agent-envs", f"{limit:g}",
                 self._program(command)]
-        keep = self.config.limits.capture_window_bytes
+        keep = self.config.limits.capture_keep
         start = time.monotonic()
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -189,7 +185,7 @@ class DockerSandbox(Sandbox):
         with proc:
             out = StreamReader(proc.stdout.fileno(), keep)
             err = StreamReader(proc.stderr.fileno(), keep)
-            expired = not pump([out, err], lambda: out.done and err.done, start + limit + HOST_GRACE_S)
+            expired = not drain(out, err, start + limit + HOST_GRACE_S)
             if expired:
                 proc.kill()
             rc = proc.wait()
@@ -198,14 +194,12 @@ class DockerSandbox(Sandbox):
             self._kill_strays()
         # `timeout -s KILL` takes itself down with its process group, so a timeout reads as 137
         timed_out = expired or (rc == 137 and elapsed >= limit)
-        stderr = err.window.data()
-        if not timed_out and self._container_gone(rc, stderr):
-            return ExecResult(returncode=126, launch_error=stderr.decode(errors="replace").strip(),
+        streams = captured(out, err)
+        if not timed_out and self._container_gone(rc, streams["stderr"]):
+            return ExecResult(returncode=126, launch_error=streams["stderr"].decode(errors="replace").strip(),
                               duration_s=elapsed, timeout_s=limit)
-        return ExecResult(returncode=124 if timed_out else rc, stdout=out.window.data(), stderr=stderr,
-                          timed_out=timed_out, stdout_dropped=out.window.dropped,
-                          stderr_dropped=err.window.dropped, duration_s=elapsed, timeout_s=limit,
-                          meta={"container": container})
+        return ExecResult(returncode=124 if timed_out else rc, timed_out=timed_out, **streams,
+                          duration_s=elapsed, timeout_s=limit, meta={"container": container})
 
     def _container_gone(self, rc: int, stderr: bytes) -> bool:
         """A docker-level failure (container died) rather than the command's own exit status."""

@@ -14,8 +14,8 @@ import subprocess
 import tempfile
 import time
 
-from agent_envs.sandbox._bwrap_layout import memory_kib
-from agent_envs.sandbox._capture import StreamReader, pump
+from agent_envs.sandbox._bwrap_layout import with_ulimit
+from agent_envs.sandbox._capture import StreamReader, captured, drain
 from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig
 
 _DROPPED_ENV = ("DISPLAY", "WAYLAND_DISPLAY", "DBUS_SESSION_BUS_ADDRESS")
@@ -42,8 +42,7 @@ class LocalSandbox(Sandbox):
         started = time.monotonic()
         if self.workdir is None:
             return ExecResult(returncode=126, launch_error="sandbox is closed")
-        lim = self.config.limits
-        script = f"ulimit -v {memory_kib(lim)}; {command}" if lim.memory_gib is not None else command
+        script = with_ulimit(self.config.limits, command)
         try:
             proc = subprocess.Popen(["/bin/bash", "-c", script], cwd=self.workdir, env=self.env,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -52,21 +51,19 @@ class LocalSandbox(Sandbox):
             return ExecResult(returncode=126, launch_error=str(exc),
                               duration_s=time.monotonic() - started)
         assert proc.stdout is not None and proc.stderr is not None
-        keep = max(lim.capture_window_bytes, 4 * lim.max_output_chars + 64)
+        keep = self.config.limits.capture_keep
         out, err = StreamReader(proc.stdout.fileno(), keep), StreamReader(proc.stderr.fileno(), keep)
-        finished = pump([out, err], lambda: out.done and err.done, started + limit)
+        finished = drain(out, err, started + limit)
         if finished:
             finished = _wait(proc, started + limit)
         _killpg(proc.pid)
         rc = proc.wait()
         if not (out.done and err.done):  # only after a timeout: grandchildren may hold the pipes
-            pump([out, err], lambda: out.done and err.done, time.monotonic() + 1.0)
+            drain(out, err, time.monotonic() + 1.0)
         proc.stdout.close()
         proc.stderr.close()
         return ExecResult(returncode=rc if finished else 124, timed_out=not finished,
-                          stdout=out.window.data(), stderr=err.window.data(),
-                          stdout_dropped=out.window.dropped, stderr_dropped=err.window.dropped,
-                          duration_s=time.monotonic() - started, timeout_s=limit)
+                          **captured(out, err), duration_s=time.monotonic() - started, timeout_s=limit)
 
     def close(self) -> None:
         if self.workdir is not None:

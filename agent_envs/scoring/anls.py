@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import re
-from typing import Literal, Sequence
+from typing import Literal, Sequence, get_args
 
 from agent_envs.protocol.parsing import answer_status, final_answer_line, strip_think
 from agent_envs.scoring.result import ZEROING_TERMINATIONS, DocVQAScore
 
 AnlsVariant = Literal["protocol", "official"]
+ANLS_VARIANTS: tuple[str, ...] = get_args(AnlsVariant)
 LABEL_PREFIX = "docvqa_paper_react_cli_"
 _NON_ALNUM = re.compile(r"[^a-z0-9]+")
 

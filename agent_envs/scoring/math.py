@@ -17,12 +17,13 @@ import sys
 import threading
 from decimal import Decimal
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, get_args
 
 from agent_envs.protocol.parsing import answer_status, final_answer_line, last_boxed, strip_think
 from agent_envs.scoring.result import ZEROING_TERMINATIONS, ScoreResult
 
 Scorer = Literal["auto", "exact", "math_verify"]
+SCORERS: tuple[str, ...] = get_args(Scorer)
 LABEL_PREFIX = "math_paper_react_cli_"
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:/\d+)?")
 _FLAT_BOXED = re.compile(r"\\boxed\{([^{}]+)\}")
@@ -182,7 +183,7 @@ def math_score(
     (0 when it cannot decide, with the reason in ``status``). The no-bash override is checked
     before scoring; it wins over every method except the two zeroing terminations either way.
     """
-    if scorer not in ("auto", "exact", "math_verify"):
+    if scorer not in SCORERS:
         raise ValueError(f"unknown math scorer {scorer!r}; expected 'auto', 'exact' or 'math_verify'")
     explicit = explicit_answer(last_completion)
 
