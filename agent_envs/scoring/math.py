@@ -8,6 +8,7 @@ Run as ``python -m agent_envs.scoring.math`` this module *is* that child.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import queue
@@ -127,6 +128,8 @@ class _VerifyWorker:
         if self._proc is not None:
             self._proc.kill()
             self._proc.wait()
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()  # stdout is closed by its reader thread at EOF
             self._proc = None
 
     def check(self, gold: str, pred: str, timeout_s: float) -> tuple[bool | None, str]:
@@ -149,12 +152,14 @@ class _VerifyWorker:
 
 def _pump(stream: IO[str], replies: queue.Queue[str | None]) -> None:
     """Move the child's reply lines into a queue, so the parent can wait with a timeout."""
-    for line in stream:
-        replies.put(line)
+    with stream:
+        for line in stream:
+            replies.put(line)
     replies.put(None)
 
 
 _WORKER = _VerifyWorker()
+atexit.register(_WORKER._stop)  # reap the child at exit instead of leaving it to the pipe closing
 
 
 def math_verify_match(gold: str, pred: str, timeout_s: float = 5.0) -> tuple[bool | None, str]:
