@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-exec agent-envs eval "$@"
+exec "${PYTHON:-python3}" -m agent_envs.cli eval "$@"   # same as `agent-envs eval`
