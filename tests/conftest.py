@@ -24,3 +24,21 @@ def docvqa_dir() -> Path:
     if not (DOCVQA_DIR / "val_v1.0.json").is_file():
         pytest.skip(f"real DocVQA sample not found at {DOCVQA_DIR} (set AGENT_ENVS_SHARED)")
     return DOCVQA_DIR
+
+
+@pytest.fixture(scope="module")
+def vllm_tmpdir(tmp_path_factory):
+    """vLLM leaves its ZeroMQ IPC socket files in TMPDIR: give its processes a folder we remove."""
+    import shutil
+
+    path = tmp_path_factory.mktemp("vllm-ipc")
+    previous = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(path)
+    try:
+        yield path
+    finally:
+        if previous is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = previous
+        shutil.rmtree(path, ignore_errors=True)

