@@ -55,6 +55,8 @@ class _Episode:
     generated_tokens: int = 0
     trajectory_tokens: int = 0
     attempted_trajectory_tokens: int | None = None
+    #: token count of the chat as it stands, when the context check already rendered it
+    prompt_tokens: int | None = None
     max_context_tokens: int = 0
     last_completion: str = ""
     termination_reason: str | None = None
@@ -206,6 +208,8 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             n = self.counter.text_tokens(text)
         prompt_tokens = completion.prompt_tokens
         if prompt_tokens is None:
+            prompt_tokens = ep.prompt_tokens
+        if prompt_tokens is None:
             prompt_tokens = self.counter.prompt_tokens(ep.messages)
         ep.max_context_tokens = max(ep.max_context_tokens, prompt_tokens + n)
         ep.generated_tokens += n
@@ -336,7 +340,8 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         ep = self._ep
         assert ep is not None
         reserve = self.max_tokens_per_turn if self.max_tokens_per_turn > 0 else 1
-        return self.counter.prompt_tokens(ep.messages) + reserve <= self.max_model_len
+        ep.prompt_tokens = self.counter.prompt_tokens(ep.messages)  # reused by the next step
+        return ep.prompt_tokens + reserve <= self.max_model_len
 
     def _finish(self, reason: str, react_error: str | None):
         ep = self._ep
