@@ -180,6 +180,17 @@ def test_background_processes_do_not_survive(make):
     assert host_processes_matching(tag.encode()) == []
 
 
+def test_run_returns_only_after_background_processes_are_gone(make):
+    """A race, so repeated: bwrap's monitor exits before the kernel has emptied the namespace."""
+    sb = make()
+    for _ in range(25):
+        tag = str(random.randint(10**8, 10**9))
+        res, out = _obs(sb, f"setsid sleep {tag}1 >/dev/null 2>&1 </dev/null & "
+                            f"(sleep {tag}2 >/dev/null 2>&1 &); echo started")
+        assert out == "started\n[exit_code] 0"
+        assert {p: describe(p) for p in host_processes_matching(tag.encode())} == {}
+
+
 @pytest.mark.parametrize("cmd,expect", [
     ("printf '\\xff\\xfe\\x00abc\\x80'", "\ufffd\ufffd\x00abc\ufffd\n[exit_code] 0"),
     ("printf 'ok\\n'; printf '\\xc3\\x28' >&2", "ok\n\n[stderr]\n\ufffd(\n[exit_code] 0"),

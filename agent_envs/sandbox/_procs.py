@@ -1,6 +1,7 @@
 """Host-side process bookkeeping for sandboxes: user namespaces, descendants, teardown."""
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -106,3 +107,52 @@ def teardown(monitor_pid: int, grace: float = 5.0) -> None:
     if not wait_exit(monitor_pid, grace):
         kill_all([monitor_pid])
         wait_exit(monitor_pid, grace)
+
+
+class NamespaceInit:
+    """A pidfd on a bwrap sandbox's init, learnt from bwrap's ``--info-fd`` report.
+
+    bwrap's monitor exits as soon as the command's status is known, while the kernel is still
+    killing the rest of the pid namespace; init's exit, however, waits for that to finish.  The
+    pid namespace inode in the report guards against the pid having been reused meanwhile.
+    """
+
+    def __init__(self, info_fd: int) -> None:
+        self.fd = -1
+        chunks = []
+        while chunk := os.read(info_fd, 4096):
+            chunks.append(chunk)
+        os.close(info_fd)
+        try:
+            info = json.loads(b"".join(chunks))
+            pid, ns = int(info["child-pid"]), int(info["pid-namespace"])
+        except (ValueError, KeyError, TypeError):
+            return  # bwrap failed before starting the sandbox: nothing to wait for
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return  # init has already been reaped, so its namespace is gone
+        try:
+            same = os.stat(f"/proc/{pid}/ns/pid").st_ino == ns
+        except OSError:
+            same = False
+        if same:
+            self.fd = fd
+        else:
+            os.close(fd)
+
+    def wait_gone(self, grace: float = 5.0) -> None:
+        """Block until init, and with it every process of the namespace, has exited."""
+        if self.fd < 0:
+            return
+        try:
+            poller = select.poll()
+            poller.register(self.fd, select.POLLIN)
+            if not poller.poll(grace * 1000):
+                signal.pidfd_send_signal(self.fd, signal.SIGKILL)
+                poller.poll(grace * 1000)
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(self.fd)
+            self.fd = -1

@@ -92,13 +92,14 @@ class _Layout:
         self.limits = config.limits
         self.layout = layout_args(config, image)
 
-    def argv(self, userns_fd: int, program: list[str]) -> list[str]:
+    def argv(self, userns_fd: int, program: list[str], options: tuple[str, ...] = ()) -> list[str]:
         if self.userns is not None:
             ns = ["--userns", str(userns_fd), "--unshare-ipc", "--unshare-pid", "--unshare-net",
                   "--unshare-uts", "--unshare-cgroup-try", "--cap-add", "CAP_SETUID,CAP_SETGID"]
         else:
             ns = ["--unshare-all", "--unshare-user", "--disable-userns", "--uid", "1000", "--gid", "1000"]
-        return [self.bwrap, *ns, *self.layout, *command_prefix(self.limits, self.as_root), *program]
+        return [self.bwrap, *ns, *options, *self.layout, *command_prefix(self.limits, self.as_root),
+                *program]
 
     def close(self) -> None:
         if self.userns is not None:
@@ -119,13 +120,20 @@ class _FreshRunner:
         limits = self.layout.limits
         script = with_ulimit(limits, command)
         fd = self.layout.userns.fd if self.layout.userns is not None else -1
+        info_r, info_w = os.pipe()
         try:
-            argv = self.layout.argv(fd, ["/bin/bash", "--noprofile", "--norc", "-c", script])
+            argv = self.layout.argv(fd, ["/bin/bash", "--noprofile", "--norc", "-c", script],
+                                    ("--info-fd", str(info_w)))
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, pass_fds=[fd] if fd >= 0 else [],
+                                    stderr=subprocess.PIPE,
+                                    pass_fds=[info_w, fd] if fd >= 0 else [info_w],
                                     preexec_fn=lambda: set_rlimits(limits), start_new_session=True)
         except (OSError, ValueError) as exc:
+            os.close(info_r)
             return _launch_error(str(exc), started)
+        finally:
+            os.close(info_w)
+        init = _procs.NamespaceInit(info_r)
         assert proc.stdout is not None and proc.stderr is not None
         out = StreamReader(proc.stdout.fileno(), keep)
         err = StreamReader(proc.stderr.fileno(), keep)
@@ -133,6 +141,7 @@ class _FreshRunner:
         if not finished:
             _procs.teardown(proc.pid)
         rc = proc.wait()
+        init.wait_gone()
         proc.stdout.close()
         proc.stderr.close()
         return ExecResult(returncode=124 if not finished else rc, timed_out=not finished,
