@@ -98,6 +98,17 @@ def test_timeouts_retry_then_fail(servers) -> None:
     assert client(servers[0].url, timeout_s=0.2, max_retries=2).generate([req()])[0].ok
 
 
+def test_server_reports_real_errors_but_not_clients_that_hung_up(servers, capsys) -> None:
+    for exc, reported in ((BrokenPipeError(32, "Broken pipe"), False), (ConnectionResetError(104, "reset"), False),
+                          (ValueError("a bug in the handler"), True)):
+        try:
+            raise exc
+        except Exception:
+            servers[0].handle_error(None, ("127.0.0.1", 1))
+        err = capsys.readouterr().err
+        assert ("a bug in the handler" in err) is reported and "Broken pipe" not in err
+
+
 def test_async_path_and_concurrency(servers) -> None:
     policy = client([s.url for s in servers])
     servers[1].fail_next(503, times=1)

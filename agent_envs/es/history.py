@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..atomic import atomic_write
 from .normalize import normalize_method, normalize_rewards
 from .schedule import normalize_schedule
 from .seeds import check_run_shape, check_seed_sequence
@@ -97,19 +97,8 @@ class UpdateBackend(Protocol):
 
 
 def write_history(path: str | os.PathLike[str], records: Sequence[Record]) -> None:
-    """Write the whole list to a temporary file beside ``path``, then rename it over ``path``."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(list(records), handle, ensure_ascii=False)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Replace ``path`` with the whole list, atomically."""
+    atomic_write(path, [json.dumps(list(records), ensure_ascii=False).encode("utf-8")])
 
 
 def load_history(path: str | os.PathLike[str]) -> list[Record]:

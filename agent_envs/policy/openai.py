@@ -122,18 +122,17 @@ class OpenAIPolicy(Policy):
                           completion_tokens=usage.get("completion_tokens"), finish_reason=choice.get("finish_reason"),
                           prompt_tokens=usage.get("prompt_tokens"), engine=endpoint)
 
-    def _retryable(self, exc: Exception) -> bool:
-        if isinstance(exc, httpx.HTTPStatusError):
-            return exc.response.status_code >= 500
-        return isinstance(exc, httpx.TransportError)
-
-    def _backoff(self, attempt: int) -> float:
-        return min(self.backoff_base_s * (attempt + 1), self.backoff_cap_s)
-
-    def _outcome(self, exc: Exception, endpoint: str) -> Completion:
+    def _after_failure(self, exc: Exception, attempt: int, endpoint: str) -> Completion | float:
+        """The record a failed attempt ends with, or the backoff (seconds) before the next attempt."""
         if isinstance(exc, ContextLengthError):
             return Completion(error=CONTEXT_LENGTH_EXCEEDED, error_message=str(exc), engine=endpoint)
-        return Completion.failed(exc, engine=endpoint)
+        if isinstance(exc, httpx.HTTPStatusError):
+            retryable = exc.response.status_code >= 500
+        else:
+            retryable = isinstance(exc, httpx.TransportError)
+        if not retryable or attempt >= self.max_retries:
+            return Completion.failed(exc, engine=endpoint)
+        return min(self.backoff_base_s * (attempt + 1), self.backoff_cap_s)
 
     # ------------------------------------------------------------------ sync and async paths
     def complete(self, request: GenerationRequest) -> Completion:
@@ -145,9 +144,10 @@ class OpenAIPolicy(Policy):
             try:
                 return self._parse(self._client.post(f"{endpoint}/chat/completions", json=body), endpoint)
             except Exception as exc:  # every failure becomes a record, never an exception
-                if not self._retryable(exc) or attempt >= self.max_retries:
-                    return self._outcome(exc, endpoint)
-                time.sleep(self._backoff(attempt))  # the protocol's retry backoff
+                verdict = self._after_failure(exc, attempt, endpoint)
+                if isinstance(verdict, Completion):
+                    return verdict
+                time.sleep(verdict)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         return list(self._pool.map(self.complete, requests))
@@ -167,9 +167,10 @@ class OpenAIPolicy(Policy):
             try:
                 return self._parse(await client.post(f"{endpoint}/chat/completions", json=body), endpoint)
             except Exception as exc:
-                if not self._retryable(exc) or attempt >= self.max_retries:
-                    return self._outcome(exc, endpoint)
-                await asyncio.sleep(self._backoff(attempt))
+                verdict = self._after_failure(exc, attempt, endpoint)
+                if isinstance(verdict, Completion):
+                    return verdict
+                await asyncio.sleep(verdict)
 
     def close(self) -> None:
         self._client.close()

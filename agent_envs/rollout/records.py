@@ -15,6 +15,8 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..atomic import atomic_write
+
 #: termination reasons that make a row an error row (ES ``error_count``; re-run on resume when
 #: the row also carries ``error``)
 ERROR_TERMINATIONS = frozenset({"request_error", "context_length_exceeded", "env_error"})
@@ -117,15 +119,8 @@ class JsonlWriter:
 
 
 def write_jsonl(path: str | os.PathLike[str], rows: Iterable[EpisodeRecord | dict[str, Any]]) -> None:
-    """Atomically replace ``path`` with ``rows`` (temp file + rename)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        for row in rows:
-            fh.write(dumps_line(as_row(row)))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """Atomically replace ``path`` with ``rows``."""
+    atomic_write(path, (dumps_line(as_row(row)) for row in rows))
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], int]:
