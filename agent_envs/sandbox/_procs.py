@@ -117,10 +117,12 @@ class NamespaceInit:
     pid namespace inode in the report guards against the pid having been reused meanwhile.
     """
 
-    def __init__(self, info_fd: int) -> None:
+    def __init__(self, info_fd: int, timeout: float = 30.0) -> None:
         self.fd = -1
         chunks = []
-        while chunk := os.read(info_fd, 4096):
+        poller = select.poll()
+        poller.register(info_fd, select.POLLIN)
+        while poller.poll(timeout * 1000) and (chunk := os.read(info_fd, 4096)):
             chunks.append(chunk)
         os.close(info_fd)
         try:
