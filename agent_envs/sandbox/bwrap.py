@@ -1,6 +1,8 @@
 """Bubblewrap sandbox (protocol §2.3) in two modes.
 
 * ``fresh``: one throw-away bwrap per command, like the reference harness (nothing persists).
+  ``run`` returns only once the command's pid namespace is empty (it waits on the sandbox's
+  init, whose pid bwrap reports on ``--info-fd``), not merely when bwrap's monitor exits.
 * ``persistent`` (default): one bwrap with one bash per episode, reused across turns.  The
   shell runs a one-line driver loop (``bash -c``) that reads each command from a pipe (NUL-
   terminated, prefixed by a random 16-hex nonce), ``eval``s it with stdout/stderr on two more
