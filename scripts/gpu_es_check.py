@@ -36,23 +36,27 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--load-format", default="auto")
     ap.add_argument("--sigma", type=float, default=1e-3)
+    ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (one worker per GPU)")
+    ap.add_argument("--no-custom-all-reduce", action="store_true",
+                    help="NCCL all-reduce only (a TP=2 engine stalled at start-up on one VM without this tried)")
     args = ap.parse_args()
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=args.model, load_format=args.load_format, dtype="bfloat16", enforce_eager=True,
-              worker_extension_cls=EXTENSION, max_model_len=2048, gpu_memory_utilization=0.3, seed=0)
+              worker_extension_cls=EXTENSION, max_model_len=2048, gpu_memory_utilization=0.3, seed=0,
+              tensor_parallel_size=args.tp, disable_custom_all_reduce=args.no_custom_all_reduce)
     es = VLLMPerturbation(llm, scope="full")
-    out: dict = {"coverage": es.coverage()[0]}
-    out["elements"] = llm.collective_rpc(_snapshot)[0]
+    out: dict = {"tp_size": es.tp_size, "coverage": es.coverage()[0]}
+    out["elements_per_rank"] = llm.collective_rpc(_snapshot)
     greedy = SamplingParams(temperature=0.0, max_tokens=16)
     base = llm.generate(["The capital of France is"], greedy, use_tqdm=False)[0].outputs[0].token_ids
-    c0 = es.checksum()[0]
+    c0 = es.checksum()
     es.apply(1571296235, args.sigma)
-    out["perturbed_max_abs_diff"] = llm.collective_rpc(_max_abs_diff)[0]
+    out["perturbed_max_abs_diff"] = max(llm.collective_rpc(_max_abs_diff))
     pert = llm.generate(["The capital of France is"], greedy, use_tqdm=False)[0].outputs[0].token_ids
     out["perturbed_output_differs"] = list(pert) != list(base)
     es.revert(1571296235, args.sigma)
-    out["apply_revert_max_abs_diff"] = llm.collective_rpc(_max_abs_diff)[0]
+    out["apply_revert_max_abs_diff"] = max(llm.collective_rpc(_max_abs_diff))
     try:
         es.apply(1, args.sigma)
         es.update([1, 2], [1.0, -1.0], 5e-4)
@@ -61,10 +65,10 @@ def main() -> None:
         out["update_while_perturbed"] = f"refused: {type(exc).__name__}"
         es.revert(1, args.sigma)
     es.update([11, 12, 13, 14], [1.2, -0.4, 0.1, -0.9], 5e-4)
-    out["after_update_max_abs_diff"] = llm.collective_rpc(_max_abs_diff)[0]
+    out["after_update_max_abs_diff"] = max(llm.collective_rpc(_max_abs_diff))
     es.reset()
-    out["update_reset_max_abs_diff"] = llm.collective_rpc(_max_abs_diff)[0]
-    out["checksum_start"], out["checksum_end"] = c0, es.checksum()[0]
+    out["update_reset_max_abs_diff"] = max(llm.collective_rpc(_max_abs_diff))
+    out["checksum_start"], out["checksum_end"] = c0, es.checksum()
     print("RESULT " + json.dumps(out, default=str))
 
 

@@ -35,19 +35,23 @@ def main() -> None:
     ap.add_argument("--history", required=True)
     ap.add_argument("--generations", type=int, default=3)
     ap.add_argument("--population", type=int, default=8)
+    ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (one worker per GPU)")
+    ap.add_argument("--no-custom-all-reduce", action="store_true",
+                    help="NCCL all-reduce only (a TP=2 engine stalled at start-up on one VM without this tried)")
     args = ap.parse_args()
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=args.model, load_format=args.load_format, dtype="bfloat16", enforce_eager=True,
-              worker_extension_cls=EXTENSION, max_model_len=1024, gpu_memory_utilization=0.3, seed=0)
+              worker_extension_cls=EXTENSION, max_model_len=1024, gpu_memory_utilization=0.3, seed=0,
+              tensor_parallel_size=args.tp, disable_custom_all_reduce=args.no_custom_all_reduce)
     backend = VLLMPerturbation(llm, scope="full", exact_revert=True)
     config = ESConfig(env_id="toy", model=args.model, generations=args.generations, population=args.population,
                       case_batch_size=len(PROMPTS), sigma_start=1e-2, sigma_end=5e-3, alpha=5e-3,
                       tp_size=backend.tp_size, history_file=args.history)
-    print(f"[check] start checksum {backend.checksum()[0]}")
+    print(f"[check] start checksum {backend.checksum()}")
     if args.action == "replay":
         _, done = resume(args.history, config, backend)
-        print(f"[check] replayed {done} generations; checksum {backend.checksum()[0]}")
+        print(f"[check] replayed {done} generations; checksum {backend.checksum()}")
         return
     greedy = SamplingParams(temperature=0.0, max_tokens=32)
 
@@ -63,7 +67,7 @@ def main() -> None:
             norm = sum(w * w for w in rec["weights"]) ** 0.5
             print(f"[check] generation {rec['generation']} rewards {[round(r, 3) for r in rec['rewards']]} "
                   f"weight_norm {norm:.4f}")
-    print(f"[check] trained checksum {backend.checksum()[0]}")
+    print(f"[check] trained checksum {backend.checksum()}")
 
 
 if __name__ == "__main__":
