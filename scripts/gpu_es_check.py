@@ -17,7 +17,8 @@ from pathlib import Path
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # callables below run in-process
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent_envs.es.worker import EXTENSION, VLLMPerturbation  # noqa: E402
+from agent_envs.es.worker import VLLMPerturbation  # noqa: E402
+from gpu_engine import add_engine_args, make_llm  # noqa: E402
 
 
 def _snapshot(worker) -> int:
@@ -33,18 +34,12 @@ def _max_abs_diff(worker) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--load-format", default="auto")
+    add_engine_args(ap)
     ap.add_argument("--sigma", type=float, default=1e-3)
-    ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (one worker per GPU)")
-    ap.add_argument("--no-custom-all-reduce", action="store_true",
-                    help="NCCL all-reduce only (a TP=2 engine stalled at start-up on one VM without this tried)")
     args = ap.parse_args()
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    llm = LLM(model=args.model, load_format=args.load_format, dtype="bfloat16", enforce_eager=True,
-              worker_extension_cls=EXTENSION, max_model_len=2048, gpu_memory_utilization=0.3, seed=0,
-              tensor_parallel_size=args.tp, disable_custom_all_reduce=args.no_custom_all_reduce)
+    llm = make_llm(args, max_model_len=2048)
     es = VLLMPerturbation(llm, scope="full")
     out: dict = {"tp_size": es.tp_size, "coverage": es.coverage()[0]}
     out["elements_per_rank"] = llm.collective_rpc(_snapshot)

@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent_envs.es.history import ESConfig, resume  # noqa: E402
 from agent_envs.es.population import ESTrainer, MemberResult  # noqa: E402
-from agent_envs.es.worker import EXTENSION, VLLMPerturbation  # noqa: E402
+from agent_envs.es.worker import VLLMPerturbation  # noqa: E402
+from gpu_engine import add_engine_args, make_llm  # noqa: E402
 
 PROMPTS = [{"id": f"p{i}", "prompt": p} for i, p in enumerate(
     ["Once upon a time", "The answer is", "def main():", "In 1987 the company"])]
@@ -30,20 +31,14 @@ PROMPTS = [{"id": f"p{i}", "prompt": p} for i, p in enumerate(
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("action", choices=["train", "replay"])
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--load-format", default="auto")
+    add_engine_args(ap)
     ap.add_argument("--history", required=True)
     ap.add_argument("--generations", type=int, default=3)
     ap.add_argument("--population", type=int, default=8)
-    ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (one worker per GPU)")
-    ap.add_argument("--no-custom-all-reduce", action="store_true",
-                    help="NCCL all-reduce only (a TP=2 engine stalled at start-up on one VM without this tried)")
     args = ap.parse_args()
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    llm = LLM(model=args.model, load_format=args.load_format, dtype="bfloat16", enforce_eager=True,
-              worker_extension_cls=EXTENSION, max_model_len=1024, gpu_memory_utilization=0.3, seed=0,
-              tensor_parallel_size=args.tp, disable_custom_all_reduce=args.no_custom_all_reduce)
+    llm = make_llm(args, max_model_len=1024)
     backend = VLLMPerturbation(llm, scope="full", exact_revert=True)
     config = ESConfig(env_id="toy", model=args.model, generations=args.generations, population=args.population,
                       case_batch_size=len(PROMPTS), sigma_start=1e-2, sigma_end=5e-3, alpha=5e-3,
