@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,13 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("AGENT_ENVS_SHARED", REPO.parent / "shared"))
 MATH_DIR = SHARED / "data" / "math"
 DOCVQA_DIR = SHARED / "data" / "docvqa_sample"
+
+
+def run_offline(code: str, hf_home: str | Path, *argv: str) -> str:
+    """Stdout of ``python -c code argv...`` in a child with the HF hub and datasets forced offline."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(hf_home)}
+    return subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True,
+                          timeout=120, check=True).stdout
 
 
 @pytest.fixture(scope="session")

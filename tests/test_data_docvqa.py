@@ -5,8 +5,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from agent_envs.data.docvqa import DocDataError, load_docvqa_tasks, normalize_ro
 from agent_envs.data.tasks import DocTask
 
 from conftest import DOCVQA_DIR as SAMPLE  # noqa: E402
+from conftest import run_offline  # noqa: E402
 
 
 def _need_sample() -> Path:
@@ -209,18 +208,5 @@ def test_hub_spec_fails_offline_with_a_pointer_to_local_files(tmp_path: Path) ->
         "try:\n    load_docvqa_tasks('hf', cache_dir=sys.argv[1])\n"
         "except DocDataError as e:\n    print('ERR', e)\n"
     )
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "HF_HOME": str(tmp_path / "hf"),
-    }
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    out = run_offline(code, tmp_path / "hf", str(tmp_path))
     assert out.startswith("ERR ") and "lmms-lab/DocVQA" in out and '"builtin"' in out

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +17,7 @@ from agent_envs.data.math import (
 from agent_envs.data.synth_math import FAMILIES, generate_math_tasks
 from agent_envs.data.tasks import MathTask
 
-from conftest import MATH_DIR  # noqa: E402
+from conftest import MATH_DIR, run_offline  # noqa: E402
 EXPECTED_ROWS = {
     "dapo_test.jsonl": 100,
     "aime_2026.jsonl": 30,
@@ -102,20 +99,7 @@ def test_hub_specs_fail_offline_with_a_pointer_to_jsonl() -> None:
         "from agent_envs.data.math import load_math_tasks, MathDataError\n"
         "try:\n    load_math_tasks('aime')\nexcept MathDataError as e:\n    print('ERR', e)\n"
     )
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "HF_HOME": "/nonexistent-agent-envs-test",
-    }
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    out = run_offline(code, "/nonexistent-agent-envs-test")
     assert out.startswith("ERR ") and "MathArena/aime_2026" in out
     assert "JSONL" in out and '"builtin"' in out
 
