@@ -36,7 +36,6 @@ TOOLS = (
 #: always installed in the sandbox's Python (protocol §2.3: parity with the reference runtime)
 SANDBOX_PACKAGES = ["numpy", "sympy", "pillow", "pytesseract"]
 STDLIB_SKIP = {"site-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3"}
-SANDBOX_UID = 65534
 #: repository parts that a package build does not need
 BUILD_IGNORE = (".git", "build", "dist", "runs", "tests", "benchmarks", "*.egg-info", "__pycache__",
                 ".venv*", ".cache", ".pytest_cache", ".hypothesis")

@@ -124,7 +124,7 @@ def host_processes_matching(token: bytes) -> list[int]:
 
 
 def temp_dirs() -> set[str]:
-    return {p for p in os.listdir("/tmp") if p.startswith(("ae-bwrap-", "ae-local-"))}
+    return {p for p in os.listdir("/tmp") if p.startswith(("ae-doc-", "ae-local-"))}
 
 
 def sandbox_mounts() -> list[str]:

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from agent_envs.sandbox.base import SandboxConfig, SandboxUnavailable
-from agent_envs.sandbox.docker import LABEL, DockerSandbox, bwrap_usable
+from agent_envs.sandbox._bwrap_layout import bwrap_usable
+from agent_envs.sandbox.docker import LABEL, DockerSandbox
 from agent_envs.sandbox.output import format_observation
 
 if TYPE_CHECKING:  # imported by pytest as a plugin; a direct import would skip assertion rewriting
@@ -218,7 +219,7 @@ def test_local_image_runs_the_package(docker_daemon: DockerDaemon, docker_image:
 
 
 def _bwrap_in_container(daemon: DockerDaemon, image: str, *options: str) -> str:
-    probe = "from agent_envs.sandbox.docker import bwrap_usable; ok, why = bwrap_usable(); print(ok, why)"
+    probe = "from agent_envs.sandbox._bwrap_layout import bwrap_usable; ok, why = bwrap_usable(); print(ok, why)"
     res = daemon.docker("run", "--rm", "--network", "none", *options, "--entrypoint", "python3", image, "-c", probe)
     assert res.returncode == 0, res.stderr
     return res.stdout

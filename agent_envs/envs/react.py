@@ -24,7 +24,7 @@ from agent_envs.protocol.decision import Flavour, decide
 from agent_envs.prompts import fill, load_prompt, sha256
 from agent_envs.sandbox.base import Sandbox, SandboxConfig
 from agent_envs.sandbox.factory import make_sandbox, resolve_config
-from agent_envs.sandbox.output import format_observation
+from agent_envs.sandbox.output import LAUNCH_ERROR_PREFIX, format_observation
 from agent_envs.tokens import TokenCounter
 
 DEFAULT_BASE_SEED = 20260627
@@ -331,7 +331,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             result = self._sandbox.run(command)
         except Exception as exc:  # a dead sandbox must not end a user's training loop
             self._close_sandbox()
-            return f"[ERROR] Failed to execute command: {type(exc).__name__}: {exc}"
+            return f"{LAUNCH_ERROR_PREFIX}{type(exc).__name__}: {exc}"
         return format_observation(result, self.observation_style, self.sandbox_config.limits.max_output_chars)
 
     def _next_prompt_fits(self) -> bool:

@@ -37,6 +37,29 @@ def find_bwrap() -> str:
 
 
 @functools.lru_cache(maxsize=1)
+def bwrap_usable() -> tuple[bool, str]:
+    """Whether bubblewrap can build a sandbox here, by actually starting one.
+
+    Inside a container started with Docker's default seccomp/AppArmor profile and masked
+    /proc paths, bwrap cannot create user namespaces or mount /proc; the caller then falls
+    back to the container-as-boundary mode (see docs/docker.md).
+    """
+    try:
+        bwrap = find_bwrap()
+    except SandboxUnavailable:
+        return False, "bwrap is not installed"
+    probe = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc",
+             "--dev", "/dev", "--tmpfs", "/tmp", "true"]
+    try:
+        res = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"bwrap probe failed: {exc}"
+    if res.returncode != 0:
+        return False, f"bwrap probe exited {res.returncode}: {res.stderr.strip() or 'no message'}"
+    return True, "bwrap works"
+
+
+@functools.lru_cache(maxsize=1)
 def supports_size() -> bool:
     """``--size`` (tmpfs size caps) exists since bubblewrap 0.5."""
     res = subprocess.run([find_bwrap(), "--help"], capture_output=True, text=True, check=False)
@@ -166,8 +189,6 @@ def set_rlimits(limits: SandboxLimits) -> None:
 def memory_kib(limits: SandboxLimits) -> int:
     if limits.memory_gib is None:
         raise ValueError("no memory limit configured")
-    if limits.memory_gib <= 0:
-        raise ValueError(f"memory_gib must be positive or None, got {limits.memory_gib}")
     return max(1024, int(limits.memory_gib * 1024 * 1024))
 
 

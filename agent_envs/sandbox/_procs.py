@@ -88,11 +88,16 @@ def wait_exit(pid: int, timeout: float) -> bool:
     except ProcessLookupError:
         return True
     try:
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        return bool(poller.poll(timeout * 1000))
+        return _exited(fd, timeout)
     finally:
         os.close(fd)
+
+
+def _exited(pidfd: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for the process behind ``pidfd`` to exit."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(timeout * 1000))
 
 
 def teardown(monitor_pid: int, grace: float = 5.0) -> None:
@@ -148,11 +153,9 @@ class NamespaceInit:
         if self.fd < 0:
             return
         try:
-            poller = select.poll()
-            poller.register(self.fd, select.POLLIN)
-            if not poller.poll(grace * 1000):
+            if not _exited(self.fd, grace):
                 signal.pidfd_send_signal(self.fd, signal.SIGKILL)
-                poller.poll(grace * 1000)
+                _exited(self.fd, grace)
         except ProcessLookupError:
             pass
         finally:

@@ -7,6 +7,8 @@ status; turning them into the protocol's observation text is a pure function
 from __future__ import annotations
 
 import abc
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,7 +54,7 @@ class SandboxLimits(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     timeout_s: float = 20.0
-    memory_gib: float | None = 8.0  # address space (ulimit -v); None disables
+    memory_gib: float | None = Field(default=8.0, gt=0)  # address space (ulimit -v); None disables
     max_processes: int = 256
     max_file_size_mib: int = 512
     max_open_files: int = 1024
@@ -119,3 +121,16 @@ def image_must_exist(path: str | None) -> Path | None:
     if not p.is_file():
         raise FileNotFoundError(f"document image not found: {p}")
     return p
+
+
+def stage_readable(image: Path) -> tuple[Path, str]:
+    """A world-readable private copy of ``image`` (for a sandbox uid that could not read it).
+
+    Returns the copy and its folder, which the caller removes on close.
+    """
+    folder = tempfile.mkdtemp(prefix="ae-doc-")
+    copy = Path(folder) / "document.png"
+    shutil.copyfile(image, copy)
+    copy.chmod(0o444)
+    Path(folder).chmod(0o755)
+    return copy, folder

@@ -25,10 +25,8 @@ import shutil
 import signal
 import stat
 import subprocess
-import tempfile
 import time
 import weakref
-from pathlib import Path
 
 import pexpect
 import ptyprocess
@@ -37,7 +35,7 @@ from agent_envs.sandbox import _procs
 from agent_envs.sandbox._bwrap_layout import (command_prefix, find_bwrap, layout_args, set_rlimits,
                                               with_ulimit)
 from agent_envs.sandbox._capture import PendingWrite, StreamReader, captured, drain, pump
-from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig, image_must_exist
+from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig, image_must_exist, stage_readable
 
 #: fixed fd numbers of the driver's pipes inside the sandbox
 FD_PTY, FD_CMD, FD_OUT, FD_ERR, FD_USERNS = 59, 60, 61, 62, 63
@@ -84,12 +82,7 @@ class _Layout:
         self.as_root = os.geteuid() == 0
         self.staged: str | None = None
         if image is not None and self.as_root and not os.stat(image).st_mode & stat.S_IROTH:
-            # the sandbox's host uid could not read it: bind a world-readable private copy
-            self.staged = tempfile.mkdtemp(prefix="ae-bwrap-")
-            copy = Path(self.staged) / "document.png"
-            shutil.copyfile(image, copy)
-            copy.chmod(0o444)
-            image = copy
+            image, self.staged = stage_readable(image)  # the sandbox's host uid could not read it
         self.userns = _procs.UserNamespace() if self.as_root else None
         self.limits = config.limits
         self.layout = layout_args(config, image)

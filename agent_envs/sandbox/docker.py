@@ -14,18 +14,16 @@ other episodes.
 from __future__ import annotations
 
 import atexit
-import functools
 import os
 import secrets
 import shutil
 import subprocess
-import tempfile
 import time
-from pathlib import Path
 
+from agent_envs.sandbox._bwrap_layout import with_ulimit
 from agent_envs.sandbox._capture import StreamReader, captured, drain
 from agent_envs.sandbox.base import (BASE_ENV, DOCUMENT_PATH, ExecResult, Sandbox, SandboxConfig,
-                                     SandboxUnavailable, image_must_exist)
+                                     SandboxUnavailable, image_must_exist, stage_readable)
 
 LABEL = "agent-envs.sandbox"
 WORKSPACE = "/workspace"
@@ -72,31 +70,21 @@ class DockerSandbox(Sandbox):
 
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config
-        self._document = image_must_exist(config.image_path)
         if shutil.which("docker") is None:
             raise SandboxUnavailable("docker backend: the `docker` CLI is not on PATH (install docker.io)")
+        self._staged: str | None = None
+        self._document = image_must_exist(config.image_path)
+        if self._document is not None:
+            self._document = self._document.resolve()
+            if not self._document.stat().st_mode & 0o004:
+                # the command uid is neither the file's owner nor in its group
+                self._document, self._staged = stage_readable(self._document)
         self.sandbox_id = secrets.token_hex(6)
         self.uid = COMMAND_UID_BASE + secrets.randbelow(1 << 16)
         self._container: str | None = None
-        self._staged: tempfile.TemporaryDirectory | None = None
         self._closed = False
 
     # -- container lifecycle -------------------------------------------------------------
-    def _document_mount(self) -> list[str]:
-        """Bind the document read-only; a copy is staged when the command uid could not read it."""
-        if self._document is None:
-            return []
-        # the command uid is neither the file's owner nor in its group
-        source = self._document.resolve()
-        if not source.stat().st_mode & 0o004:
-            self._staged = self._staged or tempfile.TemporaryDirectory(prefix="agent-envs-doc-")
-            staged = Path(self._staged.name, "document.png")
-            shutil.copyfile(source, staged)
-            staged.chmod(0o444)
-            Path(self._staged.name).chmod(0o755)
-            source = staged
-        return ["--mount", f"type=bind,source={source},target={DOCUMENT_PATH},readonly"]
-
     def _run_args(self, name: str) -> list[str]:
         lim = self.config.limits
         args = ["run", "-d", "--pull", "never", "--name", name, "--label", f"{LABEL}={self.sandbox_id}",
@@ -116,7 +104,9 @@ class DockerSandbox(Sandbox):
             args += ["--memory", mem, "--memory-swap", mem]
         for key, value in {**BASE_ENV, **self.config.env}.items():
             args += ["--env", f"{key}={value}"]
-        return args + self._document_mount() + ["--entrypoint", "sleep", self.config.docker_image, "infinity"]
+        if self._document is not None:
+            args += ["--mount", f"type=bind,source={self._document},target={DOCUMENT_PATH},readonly"]
+        return args + ["--entrypoint", "sleep", self.config.docker_image, "infinity"]
 
     def _ensure_container(self) -> str:
         if self._closed:
@@ -167,9 +157,7 @@ class DockerSandbox(Sandbox):
                 self._drop_container()
 
     def _program(self, command: str) -> str:
-        mem = self.config.limits.memory_gib
-        ulimit = "" if mem is None else f"ulimit -v {max(1024, int(mem * 1024 * 1024))}; "
-        return f"{ulimit}trap 'pwd >| {CWD_FILE} 2>/dev/null' EXIT; {command}"
+        return with_ulimit(self.config.limits, f"trap 'pwd >| {CWD_FILE} 2>/dev/null' EXIT; {command}")
 
     def _exec(self, container: str, command: str, limit: float) -> ExecResult:
         argv = ["docker", "exec", "--user", f"{self.uid}:{self.uid}", container,
@@ -217,27 +205,5 @@ class DockerSandbox(Sandbox):
         self._closed = True
         self._drop_container()
         if self._staged is not None:
-            self._staged.cleanup()
+            shutil.rmtree(self._staged, ignore_errors=True)
             self._staged = None
-
-
-@functools.lru_cache(maxsize=1)
-def bwrap_usable() -> tuple[bool, str]:
-    """Whether bubblewrap can build a sandbox here, by actually starting one.
-
-    Inside a container started with Docker's default seccomp/AppArmor profile and masked
-    /proc paths, bwrap cannot create user namespaces or mount /proc; the caller then falls
-    back to the container-as-boundary mode (see docs/docker.md).
-    """
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        return False, "bwrap is not installed"
-    probe = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc",
-             "--dev", "/dev", "--tmpfs", "/tmp", "true"]
-    try:
-        res = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"bwrap probe failed: {exc}"
-    if res.returncode != 0:
-        return False, f"bwrap probe exited {res.returncode}: {res.stderr.strip() or 'no message'}"
-    return True, "bwrap works"

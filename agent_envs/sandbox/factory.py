@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from agent_envs.sandbox._bwrap_layout import bwrap_usable
 from agent_envs.sandbox.base import Sandbox, SandboxConfig
 
 BACKENDS = ("bwrap", "none", "docker")
@@ -48,8 +49,6 @@ def _container_is_boundary() -> bool:
     """
     if not in_container():
         return False
-    from agent_envs.sandbox.docker import bwrap_usable
-
     usable, reason = bwrap_usable()
     if not usable:
         log.warning("bubblewrap cannot run in this container (%s): running tools unsandboxed inside the "
