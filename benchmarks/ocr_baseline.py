@@ -97,7 +97,9 @@ def evaluate(tasks: list[DocTask]) -> tuple[float, float]:
     ocr: dict[str, str] = {}
     scores = []
     for task in tasks:
-        text = ocr.setdefault(task.image, ocr_text(Path(task.image)))
+        if task.image not in ocr:
+            ocr[task.image] = ocr_text(Path(task.image))
+        text = ocr[task.image]
         scores.append(anls(answer_from_ocr(task.question, text), task.answers))
     return sum(scores) / len(scores), sum(map(anls_accuracy, scores)) / len(scores)
 

@@ -34,7 +34,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights live in 
 from agent_envs import ENV_IDS
 from agent_envs.data.docvqa import load_docvqa_tasks
 from agent_envs.data.math import load_math_tasks
-from agent_envs.envs.react import DEFAULT_BASE_SEED
+from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
 from agent_envs.es.history import ESConfig, resume
 from agent_envs.es.normalize import NORMALIZATIONS
 from agent_envs.es.population import ESTrainer, evaluate_member

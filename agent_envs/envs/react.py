@@ -16,28 +16,22 @@ from typing import Any, Sequence
 
 import gymnasium as gym
 
+from agent_envs.data.tasks import episode_key
 from agent_envs.envs.spaces import CompletionText, Conversation
 from agent_envs.policy.base import Completion, GenerationRequest
 from agent_envs.protocol import messages as msgs
 from agent_envs.protocol.blocklist import is_blocked
 from agent_envs.protocol.decision import Flavour, decide
+from agent_envs.protocol.seeds import DEFAULT_BASE_SEED, TURN_STRIDE, trajectory_seed
 from agent_envs.prompts import fill, load_prompt, sha256
 from agent_envs.sandbox.base import Sandbox, SandboxConfig
 from agent_envs.sandbox.factory import make_sandbox, resolve_config
 from agent_envs.sandbox.output import LAUNCH_ERROR_PREFIX, format_observation
 from agent_envs.tokens import TokenCounter
 
-DEFAULT_BASE_SEED = 20260627
-SAMPLE_STRIDE = 1_000_003
-TURN_STRIDE = 97
 STOP = ("Observation:",)
 #: score fields copied from the final record to the top level of the last ``info``
 _SUMMARY_FIELDS = ("score", "score_method", "score_status", "answer_status", "prediction", "anls", "acc")
-
-
-def trajectory_seed(base_seed: int, row_index: int, sample_index: int) -> int:
-    """Protocol §1.6: ``base_seed + sample_index * 1_000_003 + row_index``."""
-    return base_seed + sample_index * SAMPLE_STRIDE + row_index
 
 
 @dataclass
@@ -410,7 +404,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
 
     @staticmethod
     def _key(ep: _Episode) -> str:
-        return f"{ep.task.id}:sample{ep.sample_index:02d}"
+        return episode_key(ep.task.id, ep.sample_index)
 
     def _close_sandbox(self) -> None:
         if self._sandbox is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from typing import Sequence, TypeVar
 
-from agent_envs.envs.react import trajectory_seed  # the formula lives with the env; re-exported
+from agent_envs.protocol.seeds import trajectory_seed  # re-exported: ES code computes episode seeds too
 
 __all__ = ["SeedStream", "population_seeds", "check_seed_sequence", "trajectory_seed", "case_batch",
            "check_run_shape"]

@@ -22,11 +22,6 @@ from ..atomic import atomic_write
 ERROR_TERMINATIONS = frozenset({"request_error", "context_length_exceeded", "env_error"})
 
 
-def episode_key(task_id: str, sample_index: int) -> str:
-    """``<task_id>:sampleNN`` (protocol §2.6: no dataset prefix)."""
-    return f"{task_id}:sample{sample_index:02d}"
-
-
 class EpisodeRecord(BaseModel):
     """One finished episode.  ``extra="allow"`` keeps every field the environment reports."""
 

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .records import EpisodeRecord, dumps_line, read_jsonl, write_jsonl
+from .records import EpisodeRecord, JsonlWriter, read_jsonl, write_jsonl
 
 Row = dict[str, Any]
 
@@ -54,11 +54,9 @@ def prepare_resume(records_path: str | os.PathLike[str]) -> ResumeState:
             finished.pop(row["key"], None)  # re-insert so file order follows the winning row
             finished[row["key"]] = row
     if errors:
-        with open(archive_path(path), "ab") as fh:
+        with JsonlWriter(archive_path(path)) as archive:
             for row in errors:
-                fh.write(dumps_line(row))
-            fh.flush()
-            os.fsync(fh.fileno())
+                archive.write(row)
     write_jsonl(path, finished.values())
     records = {k: EpisodeRecord.model_validate(v) for k, v in finished.items()}
     return ResumeState(records, len(errors), dropped)

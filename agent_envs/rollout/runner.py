@@ -25,11 +25,11 @@ from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 
-from agent_envs.data.tasks import task_id
-from agent_envs.envs.react import DEFAULT_BASE_SEED
+from agent_envs.data.tasks import episode_key, task_id
 from agent_envs.policy.base import Completion, GenerationRequest, Policy
+from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
 
-from .records import EpisodeRecord, JsonlWriter, episode_key
+from .records import EpisodeRecord, JsonlWriter, as_row
 from .resume import prepare_resume
 
 MODES = ("async", "lockstep")
@@ -132,7 +132,6 @@ class _Context:
         self.records: dict[str, EpisodeRecord] = {}
         self.envs: list[gym.Env] = []  # every env created, for closing
         self.spare: list[gym.Env] = []
-        self.env_seconds = 0.0
 
     def new_env(self) -> gym.Env:
         if self.spare:
@@ -147,7 +146,6 @@ class _Context:
 
     def finish(self, ep: _Episode) -> EpisodeRecord:
         record = self._record(ep)
-        self.env_seconds += ep.env_seconds
         if self.writer is not None:
             self.writer.write(record)
         self.records[record.key] = record
@@ -242,31 +240,27 @@ def _run_lockstep(ctx: _Context, jobs: Sequence[Job], batch_size: int, pool: Thr
     envs: list[gym.Env | None] = []
     for start in range(0, len(jobs), batch_size):
         chunk = jobs[start:start + batch_size]
-        while len(envs) < len(chunk):
-            envs.append(None)
-        for i in range(len(chunk)):
-            if envs[i] is None:
-                envs[i] = ctx.new_env()
+        envs += [None] * (len(chunk) - len(envs))
+        envs[:len(chunk)] = [env if env is not None else ctx.new_env() for env in envs[:len(chunk)]]
         episodes = [_Episode(job, env, ctx.base_seed) for job, env in zip(chunk, envs)]
         list(pool.map(_Episode.start, episodes))
-        live = []
-        for i, ep in enumerate(episodes):
-            if ep.done:
-                envs[i] = _retire(ep, envs[i])
-                ctx.finish(ep)
-            else:
-                live.append((i, ep))
+        live = _settle(ctx, envs, list(enumerate(episodes)))
         while live:
             completions = _generate_batch(ctx.policy, [ep.request for _, ep in live])
             list(pool.map(_Episode.advance, [ep for _, ep in live], completions))
-            still = []
-            for i, ep in live:
-                if ep.done:
-                    envs[i] = _retire(ep, envs[i])
-                    ctx.finish(ep)
-                else:
-                    still.append((i, ep))
-            live = still
+            live = _settle(ctx, envs, live)
+
+
+def _settle(ctx: _Context, envs: list[gym.Env | None], live: list[tuple[int, _Episode]]) -> list[tuple[int, _Episode]]:
+    """Record the episodes that have ended (retiring their envs); return the ones still running."""
+    running = []
+    for i, ep in live:
+        if ep.done:
+            envs[i] = _retire(ep, envs[i])
+            ctx.finish(ep)
+        else:
+            running.append((i, ep))
+    return running
 
 
 def _retire(ep: _Episode, env: gym.Env | None) -> gym.Env | None:
@@ -420,5 +414,4 @@ def _shutdown(ctx: _Context, pool: ThreadPoolExecutor) -> None:
 
 def strip_timings(record: EpisodeRecord | dict[str, Any]) -> dict[str, Any]:
     """A record without wall-clock fields (for determinism comparisons)."""
-    row = record.row() if isinstance(record, EpisodeRecord) else dict(record)
-    return {k: v for k, v in row.items() if k not in TIMING_FIELDS}
+    return {k: v for k, v in as_row(record).items() if k not in TIMING_FIELDS}
