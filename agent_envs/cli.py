@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from agent_envs import ENV_IDS
+from agent_envs.atomic import atomic_write
 from agent_envs.rollout.metrics import group_metrics, paired_bootstrap, summarize
 from agent_envs.rollout.records import load_records
 from agent_envs.rollout.runner import DEFAULT_BASE_SEED, MODES, run_episodes
@@ -219,7 +220,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
               f"max_turns={max_turns}, max_tokens_per_turn={max_tokens}", file=sys.stderr)
     policy = make_policy(kind, args, args.env)
     config["policy_info"] = policy.describe()
-    (out / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+    atomic_write(out / "config.json", [(json.dumps(config, indent=2, default=str) + "\n").encode()])  # read by --resume
     concurrency = args.concurrency or (16 if args.mode == "lockstep" else 64)
     started = time.perf_counter()
     try:
@@ -239,7 +240,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     summary = summarize(records, args.samples, items=len(tasks))
     summary["run"] = {"dir": str(out), "wall_s": wall, "episodes": len(records),
                       "episodes_per_s": len(records) / wall if wall > 0 else None}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write(out / "summary.json", [(json.dumps(summary, indent=2) + "\n").encode()])
     if args.trace_logs:
         write_trace_logs(records, out / "trace_logs")
     print(format_table([(str(out), summary)], args.samples))

@@ -93,7 +93,7 @@ def _first(row: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
     return next((row[k] for k in keys if row.get(k) not in (None, "", [])), None)
 
 
-def task_id(raw_id: Any) -> str:
+def _prefixed_id(raw_id: Any) -> str:
     """``docvqa_<questionId>`` unless the id already carries the prefix."""
     text = str(raw_id)
     return text if text.startswith("docvqa_") else f"docvqa_{text}"
@@ -132,7 +132,7 @@ def normalize_row(
         return DocTask(
             **{
                 **extra,
-                "id": task_id(raw_id),
+                "id": _prefixed_id(raw_id),
                 "question": str(question),
                 "answers": answers,
                 "image": str(path),

@@ -18,7 +18,7 @@ import gymnasium as gym
 
 from agent_envs.data.tasks import episode_key
 from agent_envs.envs.spaces import CompletionText, Conversation
-from agent_envs.policy.base import Completion, GenerationRequest
+from agent_envs.policy.base import Completion, GenerationRequest, error_text
 from agent_envs.protocol import messages as msgs
 from agent_envs.protocol.blocklist import is_blocked
 from agent_envs.protocol.decision import Flavour, decide
@@ -325,7 +325,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             result = self._sandbox.run(command)
         except Exception as exc:  # a dead sandbox must not end a user's training loop
             self._close_sandbox()
-            return f"{LAUNCH_ERROR_PREFIX}{type(exc).__name__}: {exc}"
+            return LAUNCH_ERROR_PREFIX + error_text(exc)
         return format_observation(result, self.observation_style, self.sandbox_config.limits.max_output_chars)
 
     def _next_prompt_fits(self) -> bool:

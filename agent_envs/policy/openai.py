@@ -18,7 +18,7 @@ import httpx
 
 from ..tokens import TokenCounter
 from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy
-from .sampling import SamplingConfig, context_overflow
+from .sampling import SamplingConfig, context_overflow, token_cap
 
 
 class ContextLengthError(Exception):
@@ -96,8 +96,8 @@ class OpenAIPolicy(Policy):
         }
         if request.seed is not None:
             body["seed"] = request.seed
-        if request.max_tokens is not None and request.max_tokens > 0:
-            body["max_tokens"] = request.max_tokens
+        if (cap := token_cap(request.max_tokens)) is not None:
+            body["max_tokens"] = cap
         if self.request_token_ids:
             body["return_token_ids"] = True
         return body

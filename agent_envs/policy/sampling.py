@@ -31,9 +31,14 @@ class SamplingConfig(BaseModel):
         return list(request.stop) if request.stop else list(self.stop)
 
 
+def token_cap(max_tokens: int | None) -> int | None:
+    """The generation cap a request's ``max_tokens`` sets: None when it is None, zero or negative."""
+    return max_tokens if max_tokens is not None and max_tokens > 0 else None
+
+
 def generation_reserve(max_tokens: int | None) -> int:
     """Tokens the context must leave free: ``max_tokens``, or 1 when uncapped (protocol 2.4 step 1)."""
-    return max_tokens if max_tokens is not None and max_tokens > 0 else 1
+    return token_cap(max_tokens) or 1
 
 
 def exceeds_context(prompt_tokens: int, max_tokens: int | None, max_model_len: int | None) -> bool:

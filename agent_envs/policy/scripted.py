@@ -11,7 +11,7 @@ from collections import defaultdict
 from typing import Callable, Mapping, Sequence
 
 from .base import Completion, GenerationRequest, Policy
-from .sampling import cut_at_stop
+from .sampling import cut_at_stop, token_cap
 
 Reply = str | Completion
 Script = Sequence[str] | Mapping[str, Sequence[str]] | Callable[[GenerationRequest], Reply]
@@ -93,7 +93,8 @@ class SimulatedPolicy(Policy):
     def length(self, request: GenerationRequest) -> int:
         rng = random.Random(request.seed)
         tokens = max(1, round(self.median_tokens * math.exp(self.sigma * rng.gauss(0.0, 1.0))))
-        return min(tokens, request.max_tokens) if request.max_tokens and request.max_tokens > 0 else tokens
+        cap = token_cap(request.max_tokens)
+        return tokens if cap is None else min(tokens, cap)
 
     def _complete(self, request: GenerationRequest, length: int) -> Completion:
         completion = self.scripted.complete(request)

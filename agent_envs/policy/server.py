@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
 from ..tokens import TokenCounter
-from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy
+from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy, error_text
 from .sampling import exceeds_context
 
 
@@ -178,7 +178,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             status, payload = self.server.chat(body)
         except Exception as exc:  # the server reports, it does not die
-            status, payload = 500, error_body(f"{type(exc).__name__}: {exc}", 500)
+            status, payload = 500, error_body(error_text(exc), 500)
         self._send(status, payload)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from .base import Completion, GenerationRequest
 from .batching import BatchedEnginePolicy, EnginePolicy, Prepared
-from .sampling import SamplingConfig
+from .sampling import SamplingConfig, token_cap
 
 
 def sampling_params(sampling: SamplingConfig, prepared: Prepared) -> Any:
@@ -23,7 +23,7 @@ def sampling_params(sampling: SamplingConfig, prepared: Prepared) -> Any:
         n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
         min_p=sampling.min_p, presence_penalty=sampling.presence_penalty,
         repetition_penalty=sampling.repetition_penalty, seed=request.seed,
-        max_tokens=request.max_tokens if request.max_tokens and request.max_tokens > 0 else None,
+        max_tokens=token_cap(request.max_tokens),
         stop=prepared.stop or None, include_stop_str_in_output=False)
 
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import gymnasium as gym
 
 from agent_envs.data.tasks import episode_key, task_id
-from agent_envs.policy.base import Completion, GenerationRequest, Policy
+from agent_envs.policy.base import Completion, GenerationRequest, Policy, error_text
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
 
 from .records import EpisodeRecord, JsonlWriter, as_row
@@ -36,10 +36,6 @@ MODES = ("async", "lockstep")
 EnvSource = str | Callable[..., gym.Env]
 #: wall-clock fields: excluded when comparing runs for determinism
 TIMING_FIELDS = frozenset({"latency_s", "tool_seconds", "env_seconds"})
-
-
-def _error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
 
 
 @dataclass(frozen=True)
@@ -113,7 +109,7 @@ class _Episode:
         self.env_seconds += time.perf_counter() - t
 
     def _fail(self, exc: Exception) -> None:
-        self.error = _error_text(exc)
+        self.error = error_text(exc)
         self.finished = time.perf_counter()
 
 
@@ -332,7 +328,7 @@ def _close_quietly(env: gym.Env) -> None:
     try:
         env.close()
     except Exception as exc:  # closing must not hide the run's own outcome
-        print(f"[agent-envs] warning: closing an environment failed: {_error_text(exc)}", file=sys.stderr)
+        print(f"[agent-envs] warning: closing an environment failed: {error_text(exc)}", file=sys.stderr)
 
 
 def make_jobs(tasks: Sequence[Any], samples: int) -> list[Job]:
