@@ -313,12 +313,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(argv: Sequence[str]) -> int:
-    try:
-        server = importlib.import_module("agent_envs.policy.server")
-    except ModuleNotFoundError:
-        print("agent-envs serve: error: this installation has no agent_envs.policy.server", file=sys.stderr)
-        return 2
-    return int(server.main(list(argv)) or 0)
+    from agent_envs.policy.server import main as serve  # imported on demand: the other commands do not need it
+
+    return int(serve(list(argv)) or 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 from PIL import Image, UnidentifiedImageError
 from pydantic import ValidationError
 
+from agent_envs.atomic import atomic_write
 from agent_envs.data.jsonl import read_jsonl
 from agent_envs.data.tasks import DocTask
 
@@ -188,23 +189,17 @@ def write_png(image: Any, target: Path, where: str = "row") -> Path:
     """Write page bytes or a PIL image to ``target`` once; non-PNG bytes are re-encoded."""
     if target.is_file() and target.stat().st_size > 0:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     if isinstance(image, (bytes, bytearray)) and bytes(image[:8]) == PNG_MAGIC:
-        staging.write_bytes(bytes(image))
+        data = bytes(image)
     else:
         try:
-            pil = (
-                image
-                if isinstance(image, Image.Image)
-                else Image.open(io.BytesIO(bytes(image)))
-            )
-            pil.save(staging, format="PNG")
+            pil = image if isinstance(image, Image.Image) else Image.open(io.BytesIO(bytes(image)))
+            buffer = io.BytesIO()
+            pil.save(buffer, format="PNG")
         except (TypeError, OSError, UnidentifiedImageError) as exc:
-            raise DocDataError(
-                f"{where}: image is neither a path nor decodable image data"
-            ) from exc
-    staging.replace(target)
+            raise DocDataError(f"{where}: image is neither a path nor decodable image data") from exc
+        data = buffer.getvalue()
+    atomic_write(target, [data])
     return target
 
 

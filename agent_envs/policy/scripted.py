@@ -37,10 +37,6 @@ class ScriptedPolicy(Policy):
         self._cursor: dict[str, int] = defaultdict(int)
         self._lock = threading.Lock()
 
-    def reset(self) -> None:
-        with self._lock:
-            self._cursor.clear()
-
     def _reply(self, request: GenerationRequest) -> Reply:
         if callable(self.script):
             return self.script(request)
