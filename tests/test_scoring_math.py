@@ -79,10 +79,30 @@ def test_math_prediction_fallbacks():
         ("1", "1/0", False),              # division by zero is not a number
         ("1e999999999", "2e999999999", False),
         ("nan", "NaN", True),
+        ("5", "\\Boxed{5}", True),      # forms the numeric comparison normalises a second time
+        ("5", "\\BOXED{5}", True),
+        ("5", "{5}.", True),
+        ("5", ".{5}", True),
+        ("5", "{5},", True),
+        ("0.5", "\\boxed {1/2}", True),
+        ("abc", "\\Boxed{abc}", False),  # the second pass only feeds the numeric comparison
+        ("4", "\\Boxed{5}", False),
     ],
 )
 def test_exact_fallback_match(gold, pred, match):
     assert exact_fallback_match(gold, pred) is match
+
+
+@pytest.mark.parametrize(
+    ("completion", "gold"),
+    [("Final answer: \\boxed {42}", "42"), ("Final answer: \\Boxed{5}", "5"), ("Final answer: \\BOXED{5}", "5"),
+     ("Final answer: {5}.", "5"), ("Final answer: .{5}", "5"), ("Final answer: {5},", "5"),
+     ("Final answer: \\boxed {1/2}", "0.5")],
+)
+def test_numeric_comparison_normalises_twice_like_the_reference(completion, gold):
+    """A space or capital in ``\\boxed`` survives one normalisation pass; the second one removes it."""
+    got = math_score(completion, gold, scorer="exact", termination_reason="final_answer", used_bash=True)
+    assert (got.score, got.method) == (1.0, "exact_fallback")
 
 
 @settings(max_examples=300, deadline=None)
