@@ -20,7 +20,6 @@ from agent_envs.data.tasks import episode_key
 from agent_envs.envs.spaces import CompletionText, Conversation
 from agent_envs.policy.base import Completion, GenerationRequest, error_text
 from agent_envs.protocol import messages as msgs
-from agent_envs.protocol.blocklist import is_blocked
 from agent_envs.protocol.decision import Flavour, decide
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED, TURN_STRIDE, trajectory_seed
 from agent_envs.prompts import fill, load_prompt, sha256
@@ -149,6 +148,10 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
 
     def _sandbox_config_for(self, task: Any) -> SandboxConfig:
         return self.sandbox_config
+
+    def _screen(self, command: str, sandbox: Sandbox) -> str | None:
+        """Observation body refusing ``command`` without running it, or None to run it."""
+        return None
 
     # ----- Gymnasium API --------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -317,10 +320,11 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
     def _run_command(self, command: str) -> str:
         ep = self._ep
         assert ep is not None
-        if self.sandbox_config.blocklist and is_blocked(command):
-            return msgs.MATH_BLOCKED
         if self._sandbox is None:
             self._sandbox = make_sandbox(self._sandbox_config_for(ep.task))
+        refusal = self._screen(command, self._sandbox)
+        if refusal is not None:
+            return refusal
         try:
             result = self._sandbox.run(command)
         except Exception as exc:  # a dead sandbox must not end a user's training loop

@@ -65,6 +65,18 @@ class LocalSandbox(Sandbox):
         return ExecResult(returncode=rc if finished else 124, timed_out=not finished,
                           **captured(out, err), duration_s=time.monotonic() - started, timeout_s=limit)
 
+    def log_command(self, name: str, command: str) -> None:
+        """Append ``command`` to the file ``name`` in the working directory, stamped with the UTC
+        time and the timeout, as the reference math runner did; a failed write is ignored there too."""
+        if self.workdir is None:
+            return
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        try:
+            with open(os.path.join(self.workdir, name), "a", encoding="utf-8") as log:
+                log.write(f"\n[{stamp}] timeout={self.config.limits.timeout_s}\n{command}\n")
+        except (OSError, UnicodeError):
+            pass
+
     def close(self) -> None:
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
