@@ -121,6 +121,21 @@ def test_trajectory_cap_counts_observations():
         env.close()
 
 
+@pytest.mark.parametrize("completions", [[OCR, "Final answer: x"], ["no action", OCR, "Final answer: x"]])
+def test_attempted_trajectory_tokens_is_an_integer_like_the_reference(real_tasks, completions):
+    """Without a cap hit it equals trajectory_tokens (the reference keeps the last attempted sum)."""
+    env = gym.make("DocVQA-CLI-v0", dataset=real_tasks)
+    try:
+        env.reset(options={"row_index": 0})
+        for text in completions:
+            *_, info = env.step(text)
+        ep = info["episode"]
+        assert type(ep["attempted_trajectory_tokens"]) is int
+        assert ep["attempted_trajectory_tokens"] == ep["trajectory_tokens"] > ep["generated_tokens"]
+    finally:
+        env.close()
+
+
 def test_default_make_works_offline_and_passes_check_env():
     env = gym.make("DocVQA-CLI-v0")
     try:
@@ -155,7 +170,7 @@ def test_trajectory_cap_boundary(real_tasks, generated, cut_before_parsing):
         ep = info["episode"]
         assert ep["generated_tokens"] == ep["trajectory_tokens"] == generated
         if cut_before_parsing:
-            assert messages[-1]["role"] == "assistant" and ep["attempted_trajectory_tokens"] is None
+            assert messages[-1]["role"] == "assistant" and ep["attempted_trajectory_tokens"] == generated
         else:  # parsed, warned, and the warning's cost crossed the cap: kept but not counted
             assert messages[-1]["content"].startswith("Observation from format_check:")
             assert ep["attempted_trajectory_tokens"] > 32768 - 1

@@ -47,7 +47,9 @@ class _Episode:
     steps: list[dict[str, Any]] = field(default_factory=list)
     generated_tokens: int = 0
     trajectory_tokens: int = 0
-    attempted_trajectory_tokens: int | None = None
+    #: the last trajectory count tried against the cap (above ``trajectory_tokens`` only when an
+    #: observation crossed the cap and was not counted)
+    attempted_trajectory_tokens: int = 0
     #: token count of the chat as it stands, when the context check already rendered it
     prompt_tokens: int | None = None
     max_context_tokens: int = 0
@@ -211,6 +213,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         ep.max_context_tokens = max(ep.max_context_tokens, prompt_tokens + n)
         ep.generated_tokens += n
         ep.trajectory_tokens += n
+        ep.attempted_trajectory_tokens = ep.trajectory_tokens
         ep.last_completion = text
         ep.messages.append({"role": "assistant", "content": text})
         cap = self.max_trajectory_tokens
@@ -233,8 +236,8 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         ep.messages.append(obs_message)
         if cap is not None:
             attempted = ep.trajectory_tokens + self.counter.message_tokens(obs_message)
+            ep.attempted_trajectory_tokens = attempted
             if attempted >= cap:
-                ep.attempted_trajectory_tokens = attempted
                 return self._finish("max_response_tokens_exceeded", "max_response_tokens_exceeded")
             ep.trajectory_tokens = attempted
         if ep.turn >= self.max_turns:
