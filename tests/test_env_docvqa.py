@@ -191,3 +191,41 @@ def test_smoke_one_ocr_turn_then_answer(real_tasks):
         assert terminated and ep["used_bash"] and ep["prediction"] == "smoke" and ep["anls"] == 1.0 == reward
     finally:
         env.close()
+
+
+def test_make_accepts_the_rows_the_loader_accepts(docvqa_dir):
+    """One path for ``dataset=[rows]`` and ``load_docvqa_tasks``: alternative keys, id prefix, paths."""
+    page = str(docvqa_dir / "documents" / "ffbg0227_2.png")
+    rows = [{"questionId": 7, "query": "What page?", "answer": "2", "image": page}]
+    env = gym.make("DocVQA-CLI-v0", dataset=rows)
+    try:
+        messages, info = env.reset(options={"row_index": 0})
+        assert info["task_id"] == "docvqa_7" and messages[1]["content"].endswith(
+            "Question: What page?\nYou must call at least one bash action before giving the final answer.")
+        assert env.unwrapped.tasks == load_docvqa_tasks(rows)
+    finally:
+        env.close()
+
+
+def test_a_bad_page_is_reported_at_reset_not_discovered_by_the_model(real_tasks, tmp_path):
+    from agent_envs.data.docvqa import DocDataError
+
+    good = real_tasks[0].image
+    text_file, truncated, folder = tmp_path / "notes.png", tmp_path / "cut.png", tmp_path / "dir.png"
+    text_file.write_text("not an image")
+    data = open(good, "rb").read()
+    truncated.write_bytes(data[: len(data) // 2])
+    folder.mkdir()
+    env = gym.make("DocVQA-CLI-v0", dataset=real_tasks)
+    try:
+        for path, error, message in [
+            (text_file, DocDataError, "document image is not a readable image: .*notes.png .*UnidentifiedImageError"),
+            (truncated, DocDataError, "document image is not a readable image: .*cut.png .*truncated"),
+            (folder, DocDataError, "document image path is not a file: .*dir.png"),
+            (tmp_path / "gone.png", FileNotFoundError, "document image not found: .*gone.png"),
+        ]:
+            with pytest.raises(error, match="task docvqa_26167: " + message):
+                env.reset(options={"task": {**real_tasks[0].model_dump(), "image": str(path)}})
+        env.reset(options={"task": real_tasks[0].model_dump()})  # the real page still passes
+    finally:
+        env.close()

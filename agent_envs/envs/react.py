@@ -273,10 +273,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
     def tasks(self) -> list[Any]:
         if self._tasks is None:
             spec = self._dataset_spec
-            if isinstance(spec, list):
-                self._tasks = [self._coerce_task(t) for t in spec]
-            else:
-                self._tasks = list(self._load_tasks(spec, **self._dataset_kwargs))
+            self._tasks = list(self._load_tasks(spec, **self._dataset_kwargs))  # lists of rows too
             if not self._tasks:
                 raise ValueError(f"dataset {spec!r} has no tasks")
         return self._tasks
