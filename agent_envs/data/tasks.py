@@ -22,6 +22,9 @@ class MathTask(BaseModel):
     @field_validator("id", "answer", mode="before")
     @classmethod
     def _stringify(cls, v: Any) -> str:
+        """Numbers become strings; a null is refused (the reference scored it as the text "None")."""
+        if v is None:
+            raise ValueError("must not be null")
         return str(v)
 
 
