@@ -159,7 +159,7 @@ def test_skill_is_appended_after_the_protocol(real_tasks):
 
 @pytest.mark.parametrize("generated, cut_before_parsing", [(32767, False), (32768, True)])
 def test_trajectory_cap_boundary(real_tasks, generated, cut_before_parsing):
-    """§5.1.9: 32,767 generated tokens do not exceed the 32,768 cap; 32,768 do (checked before parsing)."""
+    """docs/protocol.md#docvqa-protocol-cases (9): 32,767 tokens stay under the 32,768 cap, 32,768 hit it (before parsing)."""
     from agent_envs.policy.base import Completion
 
     env = gym.make("DocVQA-CLI-v0", dataset=real_tasks)
@@ -179,7 +179,7 @@ def test_trajectory_cap_boundary(real_tasks, generated, cut_before_parsing):
 
 
 def test_smoke_one_ocr_turn_then_answer(real_tasks):
-    """§5.13 stage-1 smoke: one bash tesseract turn, then `Final answer: smoke`."""
+    """docs/protocol.md#other-cases, stage-1 smoke: one bash tesseract turn, then `Final answer: smoke`."""
     task = {**real_tasks[0].model_dump(), "answers": ["smoke"]}
     env = gym.make("DocVQA-CLI-v0", dataset=real_tasks)
     try:

@@ -1,4 +1,4 @@
-"""Observation framing (protocol §2.3 / §3.4), including head/tail windows of huge streams."""
+"""Observation framing (docs/protocol.md#output-framing), including head/tail windows of huge streams."""
 from __future__ import annotations
 
 import math

@@ -1,6 +1,6 @@
 """DocVQA task loading: built-in synthetic pages, the HF validation split, official JSON, JSONL.
 
-Normalisation follows protocol §2.1 so task ids and answers match the reference harness:
+Normalisation follows docs/protocol.md#docvqa-data so task ids and answers match the reference harness:
 question/answers/id are read from their alternative field names, ids become
 ``docvqa_<questionId>``, and every task ends up with a host path to an existing page image.
 """

@@ -54,7 +54,7 @@ class DocTask(BaseModel):
 
 
 def episode_key(task_id: str, sample_index: int) -> str:
-    """``<task_id>:sampleNN``, the key records and resume match on (protocol §2.6: no dataset prefix)."""
+    """``<task_id>:sampleNN``, the key records and resume match on (docs/protocol.md#records: no dataset prefix)."""
     return f"{task_id}:sample{sample_index:02d}"
 
 

@@ -1,5 +1,5 @@
 """``DocVQA-CLI-v0``: answer a question about a page image through shell and OCR commands only
-(protocol §2, ES runner).  The model never sees the image; the sandbox binds it read-only at
+(docs/protocol.md#docvqa-tool, ES runner).  The model never sees the image; the sandbox binds it read-only at
 ``/workspace/document.png``."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``MATH-ReAct-v0``: solve a math problem with a sandboxed bash tool (protocol §3, ES runner)."""
+"""``MATH-ReAct-v0``: solve a math problem with a sandboxed bash tool (docs/protocol.md#math-tool, ES runner)."""
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,4 @@
-"""The episode loop shared by both environments (protocol §1, §2.4, §3.5; ES-runner semantics).
+"""The episode loop of both environments, ES-runner semantics (docs/protocol.md#decision-order, #budgets-and-termination).
 
 One environment instance is one trajectory at a time.  Subclasses supply only what differs between
 the tasks: how tasks load, the prompts, the observation framing, and the scorer.  Everything a model
@@ -65,7 +65,7 @@ class _Episode:
 
     @property
     def turn_seed(self) -> int:
-        """Sampling seed of the next generation (protocol §1.6)."""
+        """Sampling seed of the next generation (docs/protocol.md#sampling-and-seeds)."""
         return self.seed_base + TURN_STRIDE * self.turn
 
 
@@ -134,7 +134,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
     # ----- subclass hooks -------------------------------------------------------------------------
     @abc.abstractmethod
     def _flavour(self) -> Flavour:
-        """Parser variant and warning texts of this task (protocol §1.5, §1.7)."""
+        """Parser variant and warning texts (docs/protocol.md#action-parsers, #warning-and-observation-texts)."""
 
     @abc.abstractmethod
     def _load_tasks(self, spec: Any, **kwargs: Any) -> list[Any]:

@@ -1,4 +1,4 @@
-"""The ``"none"`` backend: commands run unsandboxed on the host (the reference math runner, §3.4).
+"""The ``"none"`` backend: commands run unsandboxed on the host (the reference math runner, docs/protocol.md#math-tool).
 
 Per episode there is one temporary working directory that persists across turns and is removed
 on close.  Each command is ``/bin/bash -c "ulimit -v KiB; <command>"`` in a new session; its whole

@@ -1,4 +1,4 @@
-"""Turn an :class:`ExecResult` into the observation text the model sees (protocol §2.3, §3.4).
+"""Turn an :class:`ExecResult` into the observation text the model sees (docs/protocol.md#output-framing).
 
 Pure and backend-independent, so every sandbox frames output byte for byte like the reference:
 

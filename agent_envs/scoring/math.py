@@ -1,4 +1,4 @@
-"""Math answer extraction and scoring (reference-protocol.md §3.7).
+"""Math answer extraction and scoring (docs/protocol.md#math-scoring).
 
 math-verify guards its sympy work with ``signal.alarm``, which only works on the main thread; off
 it, the published runs silently fell back to exact matching. Here math-verify runs in a
