@@ -90,3 +90,17 @@ def test_default_sandbox_keeps_no_command_log():
         assert listing == "Observation from bash:\nend\n\n[exit_code] 0"
     finally:
         env.close()
+
+
+def test_cli_passes_the_blocklist_switch_and_rejects_it_unsandboxed(tmp_path, capsys):
+    from agent_envs.cli import main
+
+    def run(*extra: str) -> int:
+        return main(["eval", "--env", "MATH-ReAct-v0", "--policy", "scripted", "--limit", "1", "--no-progress",
+                     "--env-arg", "blocklist=false", *extra])
+
+    assert run("--sandbox", "none", "--out", str(tmp_path / "host")) == 2
+    assert 'invalid settings for MATH-ReAct-v0: blocklist=False needs a sandbox' in capsys.readouterr().err
+    assert run("--sandbox", "bwrap", "--out", str(tmp_path / "ok")) == 0
+    config = json.loads((tmp_path / "ok" / "config.json").read_text())
+    assert config["env_args"] == {"blocklist": False}
