@@ -229,3 +229,13 @@ def test_a_bad_page_is_reported_at_reset_not_discovered_by_the_model(real_tasks,
         env.reset(options={"task": real_tasks[0].model_dump()})  # the real page still passes
     finally:
         env.close()
+
+
+def test_cr_and_crlf_are_kept_like_the_reference_bytes_decoding(real_tasks):
+    env = gym.make("DocVQA-CLI-v0", dataset=real_tasks)
+    try:
+        env.reset(options={"row_index": 0})
+        messages, *_ = env.step(bash(r"printf 'a\r\nb\rc\n'"))
+        assert messages[-1]["content"] == "Observation from bash:\na\r\nb\rc\n[exit_code] 0"
+    finally:
+        env.close()
