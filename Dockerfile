@@ -10,7 +10,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends tesseract-ocr tesseract-ocr-eng bubblewrap procps \
  && rm -rf /var/lib/apt/lists/*
 
-# pip is removed at the end: sandboxed commands must not install anything (protocol §2.3)
+# pip is removed at the end: sandboxed commands must not install anything (docs/protocol.md#tool-sandbox)
 COPY . /tmp/agent-envs-src
 RUN pip install --no-cache-dir /tmp/agent-envs-src sympy \
  && rm -rf /tmp/agent-envs-src \

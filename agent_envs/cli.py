@@ -165,7 +165,10 @@ def make_policy(kind: str, args: argparse.Namespace, env_id: str) -> Any:
 def _load_tasks(env_id: str, data: str, env_args: dict[str, Any], limit: int | None) -> list[Any]:
     import gymnasium as gym
 
-    env = gym.make(env_id, dataset=data, sandbox="none", **env_args)
+    try:  # the run's own settings, so a bad one is reported before any model loads
+        env = gym.make(env_id, dataset=data, **env_args)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"invalid settings for {env_id}: {exc}") from exc
     try:
         tasks = list(env.unwrapped.tasks)
     except (OSError, ValueError) as exc:
@@ -214,7 +217,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.resume:
         _check_resume(out / "config.json", config)
-    tasks = _load_tasks(args.env, args.data, env_args, limit)
+    tasks = _load_tasks(args.env, args.data, env_kwargs, limit)
     if kind == "cpu":
         print(f"[agent-envs] embedded default: {len(tasks)} task(s) of {args.data!r} with the small CPU model, "
               f"max_turns={max_turns}, max_tokens_per_turn={max_tokens}", file=sys.stderr)

@@ -33,7 +33,7 @@ TOOLS = (
     "gunzip zcat file mktemp hostname getent dd yes bc xxd strings iconv shuf cksum pgrep "
     "tesseract bwrap"
 ).split()
-#: always installed in the sandbox's Python (protocol §2.3: parity with the reference runtime)
+#: always installed in the sandbox's Python (docs/protocol.md#docvqa-tool: parity with the reference runtime)
 SANDBOX_PACKAGES = ["numpy", "sympy", "pillow", "pytesseract"]
 STDLIB_SKIP = {"site-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3"}
 #: repository parts that a package build does not need

@@ -1,4 +1,4 @@
-"""Seeded evolution strategies on a vLLM model for MATH-ReAct or DocVQA-CLI (protocol §4).
+"""Seeded evolution strategies on a vLLM model for MATH-ReAct or DocVQA-CLI (docs/protocol.md#es-maths).
 
 Each generation draws ``--population`` member seeds, perturbs the weights in place inside the vLLM
 worker (theta + sigma * eps(seed)), runs the generation's case batch with base seed = member seed,

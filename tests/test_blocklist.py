@@ -1,4 +1,4 @@
-"""Math ES dangerous-command screen, whole-token rule (reference-protocol.md §3.4, §5.14)."""
+"""Math ES dangerous-command screen, whole-token rule (docs/protocol.md#math-blocklist, #derived-cases)."""
 from __future__ import annotations
 
 import pytest

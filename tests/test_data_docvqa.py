@@ -52,7 +52,8 @@ def test_official_json_bare_list_and_limit(tmp_path: Path) -> None:
     )
     bare = tmp_path / "bare.json"
     bare.write_text(json.dumps(rows))
-    tasks = load_docvqa_tasks(bare, cache_dir=tmp_path)
+    with pytest.warns(UserWarning, match=r"bare\.json: dropped 1 of 13 rows \(1 with no answers\)"):
+        tasks = load_docvqa_tasks(bare, cache_dir=tmp_path)
     assert (
         len(tasks) == 12
     )  # the unanswerable row is dropped, as in the reference loader
@@ -105,6 +106,36 @@ def test_jsonl_relative_paths_resolve_against_file_then_cwd_then_ancestors(
         (cwd_dir / "pages" / "c.png").resolve(),
         (tmp_path / "pages" / "a.png").resolve(),
     ]
+
+
+def test_a_test_split_without_answers_is_named_as_such(tmp_path: Path) -> None:
+    rows = [{"questionId": i, "question": "q", "image": "documents/p.png", "docId": 1} for i in range(3)]
+    test_split = tmp_path / "test_v1.0.json"
+    test_split.write_text(json.dumps({"dataset_split": "test", "data": rows}))
+    with pytest.raises(DocDataError, match=r"every one of its 3 rows was dropped \(3 with no answers\); "
+                                           r"a test split carries no answers \(use the validation split\)"):
+        load_docvqa_tasks(test_split, cache_dir=tmp_path)
+    rows[0].pop("question")
+    test_split.write_text(json.dumps(rows))
+    with pytest.raises(DocDataError, match=r"\(2 with no answers, 1 with no question and no answers\)"):
+        load_docvqa_tasks(test_split, cache_dir=tmp_path)
+
+
+def test_directories_are_not_files(tmp_path: Path) -> None:
+    (tmp_path / "pages.png").mkdir()
+    data = tmp_path / "t.jsonl"
+    data.write_text(json.dumps({"id": "a", "question": "q", "answers": ["x"], "image": "pages.png"}) + "\n")
+    with pytest.raises(DocDataError, match=r"t\.jsonl:1 in .*: image path is not a file: .*pages\.png"):
+        load_docvqa_tasks(data, cache_dir=tmp_path)
+    with pytest.raises(DocDataError, match="DocVQA data path is not a file"):
+        load_docvqa_tasks(tmp_path, cache_dir=tmp_path)
+
+
+def test_a_scalar_answer_of_any_type_is_one_answer(tmp_path: Path) -> None:
+    row = {"id": 1, "question": "q", "answer": 42, "image": Image.new("RGB", (5, 5))}
+    assert load_docvqa_tasks([row], cache_dir=tmp_path)[0].answers == ["42"]
+    with pytest.raises(DocDataError, match="row 0: needs .*; this row has no answers and no image"):
+        load_docvqa_tasks([{"id": 1, "question": "q", "answer": " "}], cache_dir=tmp_path)
 
 
 def test_missing_image_names_row_and_path(tmp_path: Path) -> None:

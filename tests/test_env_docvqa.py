@@ -121,6 +121,21 @@ def test_trajectory_cap_counts_observations():
         env.close()
 
 
+@pytest.mark.parametrize("completions", [[OCR, "Final answer: x"], ["no action", OCR, "Final answer: x"]])
+def test_attempted_trajectory_tokens_is_an_integer_like_the_reference(real_tasks, completions):
+    """Without a cap hit it equals trajectory_tokens (the reference keeps the last attempted sum)."""
+    env = gym.make("DocVQA-CLI-v0", dataset=real_tasks)
+    try:
+        env.reset(options={"row_index": 0})
+        for text in completions:
+            *_, info = env.step(text)
+        ep = info["episode"]
+        assert type(ep["attempted_trajectory_tokens"]) is int
+        assert ep["attempted_trajectory_tokens"] == ep["trajectory_tokens"] > ep["generated_tokens"]
+    finally:
+        env.close()
+
+
 def test_default_make_works_offline_and_passes_check_env():
     env = gym.make("DocVQA-CLI-v0")
     try:
@@ -144,7 +159,7 @@ def test_skill_is_appended_after_the_protocol(real_tasks):
 
 @pytest.mark.parametrize("generated, cut_before_parsing", [(32767, False), (32768, True)])
 def test_trajectory_cap_boundary(real_tasks, generated, cut_before_parsing):
-    """§5.1.9: 32,767 generated tokens do not exceed the 32,768 cap; 32,768 do (checked before parsing)."""
+    """docs/protocol.md#docvqa-protocol-cases (9): 32,767 tokens stay under the 32,768 cap, 32,768 hit it (before parsing)."""
     from agent_envs.policy.base import Completion
 
     env = gym.make("DocVQA-CLI-v0", dataset=real_tasks)
@@ -155,7 +170,7 @@ def test_trajectory_cap_boundary(real_tasks, generated, cut_before_parsing):
         ep = info["episode"]
         assert ep["generated_tokens"] == ep["trajectory_tokens"] == generated
         if cut_before_parsing:
-            assert messages[-1]["role"] == "assistant" and ep["attempted_trajectory_tokens"] is None
+            assert messages[-1]["role"] == "assistant" and ep["attempted_trajectory_tokens"] == generated
         else:  # parsed, warned, and the warning's cost crossed the cap: kept but not counted
             assert messages[-1]["content"].startswith("Observation from format_check:")
             assert ep["attempted_trajectory_tokens"] > 32768 - 1
@@ -164,7 +179,7 @@ def test_trajectory_cap_boundary(real_tasks, generated, cut_before_parsing):
 
 
 def test_smoke_one_ocr_turn_then_answer(real_tasks):
-    """§5.13 stage-1 smoke: one bash tesseract turn, then `Final answer: smoke`."""
+    """docs/protocol.md#other-cases, stage-1 smoke: one bash tesseract turn, then `Final answer: smoke`."""
     task = {**real_tasks[0].model_dump(), "answers": ["smoke"]}
     env = gym.make("DocVQA-CLI-v0", dataset=real_tasks)
     try:
@@ -174,5 +189,53 @@ def test_smoke_one_ocr_turn_then_answer(real_tasks):
         _, reward, terminated, _, info = env.step("Final answer: smoke")
         ep = info["episode"]
         assert terminated and ep["used_bash"] and ep["prediction"] == "smoke" and ep["anls"] == 1.0 == reward
+    finally:
+        env.close()
+
+
+def test_make_accepts_the_rows_the_loader_accepts(docvqa_dir):
+    """One path for ``dataset=[rows]`` and ``load_docvqa_tasks``: alternative keys, id prefix, paths."""
+    page = str(docvqa_dir / "documents" / "ffbg0227_2.png")
+    rows = [{"questionId": 7, "query": "What page?", "answer": "2", "image": page}]
+    env = gym.make("DocVQA-CLI-v0", dataset=rows)
+    try:
+        messages, info = env.reset(options={"row_index": 0})
+        assert info["task_id"] == "docvqa_7" and messages[1]["content"].endswith(
+            "Question: What page?\nYou must call at least one bash action before giving the final answer.")
+        assert env.unwrapped.tasks == load_docvqa_tasks(rows)
+    finally:
+        env.close()
+
+
+def test_a_bad_page_is_reported_at_reset_not_discovered_by_the_model(real_tasks, tmp_path):
+    from agent_envs.data.docvqa import DocDataError
+
+    good = real_tasks[0].image
+    text_file, truncated, folder = tmp_path / "notes.png", tmp_path / "cut.png", tmp_path / "dir.png"
+    text_file.write_text("not an image")
+    data = open(good, "rb").read()
+    truncated.write_bytes(data[: len(data) // 2])
+    folder.mkdir()
+    env = gym.make("DocVQA-CLI-v0", dataset=real_tasks)
+    try:
+        for path, error, message in [
+            (text_file, DocDataError, "document image is not a readable image: .*notes.png .*UnidentifiedImageError"),
+            (truncated, DocDataError, "document image is not a readable image: .*cut.png .*truncated"),
+            (folder, DocDataError, "document image path is not a file: .*dir.png"),
+            (tmp_path / "gone.png", FileNotFoundError, "document image not found: .*gone.png"),
+        ]:
+            with pytest.raises(error, match="task docvqa_26167: " + message):
+                env.reset(options={"task": {**real_tasks[0].model_dump(), "image": str(path)}})
+        env.reset(options={"task": real_tasks[0].model_dump()})  # the real page still passes
+    finally:
+        env.close()
+
+
+def test_cr_and_crlf_are_kept_like_the_reference_bytes_decoding(real_tasks):
+    env = gym.make("DocVQA-CLI-v0", dataset=real_tasks)
+    try:
+        env.reset(options={"row_index": 0})
+        messages, *_ = env.step(bash(r"printf 'a\r\nb\rc\n'"))
+        assert messages[-1]["content"] == "Observation from bash:\na\r\nb\rc\n[exit_code] 0"
     finally:
         env.close()

@@ -175,7 +175,7 @@ def test_workspace_persists_across_turns(env):
     assert "{2: 3, 3: 2, 5: 1}" in messages[-1]["content"]
 
 
-# --- reference-protocol.md §5.4 (math bash tool), adapted to the sandboxed tool -------------------
+# --- docs/protocol.md#math-tool-cases, adapted to the sandboxed tool ------------------------------
 def test_python_arithmetic_observation(env):
     env.reset(options={"task": TASK})
     messages, *_ = env.step(bash("python3 -c 'print(20 + 22)'"))

@@ -1,5 +1,5 @@
 """Metrics: the ES summary, unbiased @k, README DocVQA numbers, diagnostics, paired bootstrap
-(protocol §2.7, §5.6, §5.10)."""
+(docs/protocol.md#metrics, #diagnostics-cases, #accounting-cases)."""
 from __future__ import annotations
 
 import itertools
@@ -28,7 +28,7 @@ def _bash(obs: str) -> dict:
     return {"turn": 1, "assistant": "a", "action": {"name": "bash", "arguments": {"command": "ls"}}, "observation": obs}
 
 
-# ----------------------------------------------------------------------------- §5.10
+# ------------------------------------------------------------ docs/protocol.md#accounting-cases
 def test_mean_valid_counts_negative_as_zero_in_denominator():
     assert mean_valid([1.0, 0.0, -1.0]) == pytest.approx(1 / 3)
 
@@ -126,7 +126,7 @@ def test_group_metrics_split_a_16_sample_run_into_four_groups():
         group_metrics(rows, 5)
 
 
-# ----------------------------------------------------------------------------- §5.6
+# ----------------------------------------------------------- docs/protocol.md#diagnostics-cases
 def test_diagnostics_5_6_1():
     rows = [
         _row("a", 0, 0.75, anls=0.75, acc=1.0, error=None, react_steps=[_bash("text")], latency_s=1.0),

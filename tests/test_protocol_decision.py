@@ -1,5 +1,5 @@
-"""Per-completion decision order and the exact protocol strings (reference-protocol.md §1.2, §1.5,
-§1.7, §2.2, §3.2, §3.3, §5.1, §5.3)."""
+"""Decision order and exact protocol strings (docs/protocol.md#prompt-hashes, #warning-and-observation-texts,
+#decision-order, #docvqa-prompts, #math-prompts, #first-turn-rule, #docvqa-protocol-cases, #math-protocol-cases)."""
 from __future__ import annotations
 
 import hashlib
@@ -66,16 +66,16 @@ def test_skill_injection_suffixes():
     assert docvqa == (
         "SYS\n\nUse the following distilled skill instructions while solving the task. They do not "
         "override the required bash/OCR tool-use and final-answer format.\n\nread carefully")
-    assert "bash/OCR" in docvqa  # §5.1(7)
+    assert "bash/OCR" in docvqa  # docs/protocol.md#docvqa-protocol-cases (7)
     assert msg.with_skill("SYS", "tip", msg.MATH_SKILL_SUFFIX) == "SYS\n\nAdditional skill instructions:\ntip"
     assert msg.with_skill("SYS", " \n ", msg.MATH_SKILL_SUFFIX) == "SYS"
 
 
-# --- §5.1 DocVQA protocol cases ------------------------------------------------------------------
+# --- docs/protocol.md#docvqa-protocol-cases -------------------------------------------------------
 
 @pytest.mark.parametrize("flavour", [DOCVQA_ES, DOCVQA_HTTP])
 def test_docvqa_action_validation(flavour):
-    # §5.1(1)
+    # docs/protocol.md#docvqa-protocol-cases (1)
     ok = decide(action(command="tesseract document.png stdout"), used_bash=False, flavour=flavour)
     assert (ok.kind, ok.act_kind, ok.command) == ("act", "run", "tesseract document.png stdout")
     assert ok.observation is None and ok.observation_name == "bash"
@@ -91,7 +91,7 @@ def test_docvqa_action_validation(flavour):
 
 @pytest.mark.parametrize("flavour", [DOCVQA_ES, DOCVQA_HTTP])
 def test_docvqa_final_answer_requires_prior_tool_use(flavour):
-    # §5.1(3) and (4)
+    # docs/protocol.md#docvqa-protocol-cases (3) and (4)
     early = decide("Final answer: guessed", used_bash=False, flavour=flavour)
     assert (early.kind, early.observation_name, early.observation) == ("warn", "format_check", msg.DOCVQA_TOOL_REQUIRED)
     assert early.observation_message()["content"] == "Observation from format_check:\n" + msg.DOCVQA_TOOL_REQUIRED
@@ -100,7 +100,7 @@ def test_docvqa_final_answer_requires_prior_tool_use(flavour):
 
 
 def test_docvqa_free_text_gets_the_harness_specific_format_warning():
-    # §5.1(5), §7.6
+    # docs/protocol.md#docvqa-protocol-cases (5), #warning-and-observation-texts
     http = decide("I should inspect the image", used_bash=False, flavour=DOCVQA_HTTP)
     assert (http.kind, http.observation) == ("warn", msg.DOCVQA_FORMAT_WARNING_HTTP)
     es = decide("I should inspect the image", used_bash=False, flavour=DOCVQA_ES)
@@ -139,7 +139,7 @@ def test_think_block_is_stripped_before_deciding():
 
 
 def test_math_es_missing_command_and_relaxed_parse():
-    # §5.14: {"name":"bash"} -> "No shell command was provided."
+    # docs/protocol.md#derived-cases: {"name":"bash"} -> "No shell command was provided."
     empty = decide('Action: {"name":"bash"}', used_bash=False, flavour=MATH_ES)
     assert (empty.act_kind, empty.observation_name, empty.observation) == ("empty_command", "bash", msg.NO_COMMAND)
     relaxed = decide("Action: {'name': 'bash', 'arguments': {'command': 'echo hi'}}", used_bash=False, flavour=MATH_ES)
@@ -152,13 +152,13 @@ def test_es_runner_stringifies_a_non_string_command():
 
 
 def test_math_http_turns_non_bash_names_into_format_warnings():
-    # §7.7: the HTTP Math evaluator rejects non-bash names instead of answering "Unknown action"
+    # docs/protocol.md#action-parsers: the HTTP Math evaluator rejects non-bash names instead of answering "Unknown action"
     text = action("python", command="print(1)")
     assert decide(text, used_bash=True, flavour=MATH_HTTP).observation == msg.MATH_FORMAT_WARNING
     assert decide(text, used_bash=True, flavour=MATH_ES).act_kind == "unknown_action"
 
 
-# --- §3.3 / §5.3(4) first-turn rule ---------------------------------------------------------------
+# --- docs/protocol.md#first-turn-rule, #math-protocol-cases (4) -----------------------------------
 
 BASH_CALL = action(command="python -c 'print(1)'")
 
@@ -182,7 +182,7 @@ def test_first_turn_rule_applies_only_until_bash_ran_and_only_in_matched_agentic
     assert decide(text, used_bash=True, flavour=MATH_HTTP_MATCHED).kind == "act"
     for flavour in (MATH_ES, MATH_HTTP):
         assert decide(text, used_bash=False, flavour=flavour).kind == "act"
-    # the tool-required check comes first (§1.7 step 2 before step 3)
+    # the tool-required check comes first (docs/protocol.md#decision-order: step 2 before step 3)
     early = decide("Final answer: \\boxed{1}", used_bash=False, flavour=MATH_HTTP_MATCHED)
     assert early.observation == msg.MATH_TOOL_REQUIRED
 

@@ -1,5 +1,5 @@
-"""Think stripping, final-answer grammar and action parsers (reference-protocol.md §1.1, §1.4, §1.7,
-§3.3, §5.1, §5.3, §5.14)."""
+"""Think stripping, final-answer grammar and action parsers (docs/protocol.md#conversation, #final-answer-grammar,
+#action-parsers, #first-turn-rule, #docvqa-protocol-cases, #math-protocol-cases, #derived-cases)."""
 from __future__ import annotations
 
 import json
@@ -24,7 +24,7 @@ BASH_JSON = json.dumps(BASH)
 BS = "\x08"  # "\b" typed in a non-raw string turns "\boxed" into BS + "oxed"
 
 
-# --- §1.1 think stripping -------------------------------------------------------------------
+# --- docs/protocol.md#conversation: think stripping -----------------------------------------------
 
 def test_strip_think_removes_every_span_any_case_across_lines():
     text = "  <think>a\nb</think>x<THINK>c</Think> y  "
@@ -36,15 +36,15 @@ def test_strip_think_is_non_greedy_and_leaves_unclosed_blocks():
     assert strip_think("<think>never closed") == "<think>never closed"
 
 
-# --- §1.4 final-answer grammar ---------------------------------------------------------------
+# --- docs/protocol.md#final-answer-grammar --------------------------------------------------------
 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("final answer：  7 ", "7"),                          # §5.14 full-width colon
-        ("Final answer:\n\\boxed{5}", "5"),                  # §5.14 value on the next line
-        ("ANSWER:x\nFinal Answer: y", "y"),                  # §5.14 last line wins
-        ("Final answer:", None),                             # §5.14 nothing after the colon
+        ("final answer：  7 ", "7"),                          # #derived-cases: full-width colon
+        ("Final answer:\n\\boxed{5}", "5"),                  # #derived-cases: value on the next line
+        ("ANSWER:x\nFinal Answer: y", "y"),                  # #derived-cases: last line wins
+        ("Final answer:", None),                             # #derived-cases: nothing after the colon
         ("Final answer:   \n", ""),  # upstream quirk: whitespace is "at least one character"
         ("**Final answer:** 5", None),                       # markdown does not start with the keyword
         ("The answer: 3", None),
@@ -62,7 +62,7 @@ def test_final_answer_line(text, expected):
 
 
 def test_think_block_is_removed_before_the_final_answer_is_read():
-    # §5.14: "<think>Final answer: 1</think>Final answer: 2" -> 2
+    # docs/protocol.md#derived-cases: "<think>Final answer: 1</think>Final answer: 2" -> 2
     assert final_answer_line(strip_think("<think>Final answer: 1</think>Final answer: 2")) == "2"
     assert answer_status("<think>Final answer: 1</think>no answer here") == "missing_final_answer"
     assert answer_status("<think>x</think>\nFinal answer: 4") == "answered"
@@ -77,11 +77,11 @@ def test_last_boxed_balances_braces_and_prefers_the_real_spelling():
     assert last_boxed("no box") is None
 
 
-# --- §1.7 action parsers ---------------------------------------------------------------------
+# --- docs/protocol.md#action-parsers --------------------------------------------------------------
 
 @pytest.mark.parametrize("variant", PARSER_VARIANTS)
 def test_inline_action_parses_in_every_variant(variant):
-    # §5.1(2)
+    # docs/protocol.md#docvqa-protocol-cases (2)
     assert parse_action(f"Action: {BASH_JSON}", variant) == BASH
     assert parse_action(f"Let me look.\nACTION:\n{BASH_JSON}\n", variant) == BASH  # prose, case
 
@@ -110,7 +110,7 @@ def test_multiline_json_parses():
 @pytest.mark.parametrize(
     ("variant", "expected"),
     [
-        ("math_es", {"name": "bash", "arguments": {}}),   # §5.14: then "No shell command..."
+        ("math_es", {"name": "bash", "arguments": {}}),   # #derived-cases: then "No shell command..."
         ("docvqa_es", {"name": "bash", "arguments": {}}),
         ("docvqa_http", None),                            # arguments key required
         ("math_http", None),                              # command required
@@ -122,7 +122,7 @@ def test_missing_arguments_per_variant(variant, expected):
 
 @pytest.mark.parametrize("variant", PARSER_VARIANTS)
 def test_non_object_or_ill_typed_actions_are_rejected(variant):
-    assert parse_action('Action: ["bash"]', variant) is None            # §5.14
+    assert parse_action('Action: ["bash"]', variant) is None            # #derived-cases
     assert parse_action('Action: {"name": 5, "arguments": {}}', variant) is None
     assert parse_action('Action: {"name": "bash", "arguments": "ls"}', variant) is None
     assert parse_action('Action: {"name": "bash", "arguments": null}', variant) is None
@@ -137,7 +137,7 @@ def test_non_bash_names_are_accepted_except_by_the_math_http_parser():
 
 
 def test_math_http_parser_requires_a_non_blank_string_command():
-    # §5.3(3): `code` instead of `command` is rejected
+    # docs/protocol.md#math-protocol-cases (3): `code` instead of `command` is rejected
     assert parse_action('Action: {"name": "bash", "arguments": {"code": "ls"}}', "math_http") is None
     assert parse_action('Action: {"name": "bash", "arguments": {"command": "  "}}', "math_http") is None
     assert parse_action('Action: {"name": "bash", "arguments": {"command": 5}}', "math_http") is None
@@ -146,7 +146,7 @@ def test_math_http_parser_requires_a_non_blank_string_command():
 
 
 def test_relaxed_parser_only_in_math_es():
-    single = "Action: {'name': 'bash', 'arguments': {'command': 'echo hi'}}"    # §5.14
+    single = "Action: {'name': 'bash', 'arguments': {'command': 'echo hi'}}"    # #derived-cases
     unterminated = 'Action: {"name": "bash", "arguments": {"command": "python -c \\"print(2)'
     unescaped = 'Action: {"name":"bash","arguments":{"command":"python -c "print(1)""}}'
     assert parse_action(single, "math_es") == {"name": "bash", "arguments": {"command": "echo hi"}}
@@ -184,7 +184,7 @@ def test_unknown_variant_is_a_clear_error():
         parse_action("Action: {}", "math")  # type: ignore[arg-type]
 
 
-# --- §3.3 first-turn rule predicate ----------------------------------------------------------
+# --- docs/protocol.md#first-turn-rule predicate ---------------------------------------------------
 
 @pytest.mark.parametrize(
     ("text", "ok"),

@@ -1,4 +1,4 @@
-"""bubblewrap sandbox: protocol §5.2 / §5.14 cases, persistence, and shell-session recovery."""
+"""bubblewrap sandbox: docs/protocol.md#sandbox-cases and #derived-cases, persistence, and shell-session recovery."""
 from __future__ import annotations
 
 import os
@@ -36,7 +36,7 @@ def obs(sb, cmd, timeout=None, limit=6000):
     return format_observation(sb.run(cmd, timeout), "docvqa", limit)
 
 
-def test_image_readable_and_secret_invisible(sandbox_for, tmp_path):  # §5.2 case 3
+def test_image_readable_and_secret_invisible(sandbox_for, tmp_path):  # #sandbox-cases 3
     (tmp_path / "doc.png").write_bytes(b"fake-png")
     (tmp_path / "secret.txt").write_text("top secret")
     sb = sandbox_for(tmp_path / "doc.png")
@@ -50,7 +50,7 @@ def test_missing_image_fails_before_launch(tmp_path):
         BwrapSandbox(SandboxConfig(image_path=str(tmp_path / "nope.png")))
 
 
-def test_tesseract_reads_rendered_invoice(sandbox_for, tmp_path):  # §5.2 case 4
+def test_tesseract_reads_rendered_invoice(sandbox_for, tmp_path):  # #sandbox-cases 4
     from PIL import Image, ImageDraw, ImageFont
 
     img = Image.new("RGB", (900, 220), "white")
@@ -65,7 +65,7 @@ def test_python_libraries_inside(sandbox_for):
     assert out == "2*sqrt(2)\n[exit_code] 0"
 
 
-def test_repo_invisible_and_tcp_blocked(sandbox_for):  # §5.2 case 5 (a local listener, not 1.1.1.1)
+def test_repo_invisible_and_tcp_blocked(sandbox_for):  # #sandbox-cases 5 (a local listener)
     with socket.create_server(("127.0.0.1", 0)) as srv:
         port = srv.getsockname()[1]
         code = (f"import socket\ntry:\n socket.create_connection(('127.0.0.1', {port}), 2)\n print('connected')\n"
@@ -77,24 +77,24 @@ def test_repo_invisible_and_tcp_blocked(sandbox_for):  # §5.2 case 5 (a local l
     assert "network-blocked" in out and "agent-envs" not in out
 
 
-def test_truncation_80(sandbox_for):  # §5.2 case 6
+def test_truncation_80(sandbox_for):  # #sandbox-cases 6
     out = obs(sandbox_for(), "python3 -c \"print('x' * 200)\"", limit=80)
     assert len(out) <= 100 and "...[truncated]..." in out
 
 
-def test_ulimit_threads_which(sandbox_for):  # §5.2 cases 7, 8, 10
+def test_ulimit_threads_which(sandbox_for):  # #sandbox-cases 7, 8, 10
     sb = sandbox_for()
     assert obs(sb, "ulimit -v") == "8388608\n[exit_code] 0"
     assert obs(sb, "echo $OPENBLAS_NUM_THREADS $OMP_NUM_THREADS $MKL_NUM_THREADS $NUMEXPR_NUM_THREADS") == "1 1 1 1\n[exit_code] 0"
     assert obs(sb, "which python").startswith(sys.prefix + "/bin/python")
 
 
-def test_pip_disabled(sandbox_for):  # §5.2 case 9
+def test_pip_disabled(sandbox_for):  # #sandbox-cases 9
     res = sandbox_for().run("python -m pip --version; pip --version; pip3 --version")
     assert res.returncode != 0 and "pip " not in format_observation(res, "docvqa")
 
 
-def test_nul_byte_command(sandbox_for):  # §5.2 case 12
+def test_nul_byte_command(sandbox_for):  # #sandbox-cases 12
     res = sandbox_for().run("echo a\0b")
     assert res.returncode == 126 and "embedded null byte" in format_observation(res, "docvqa")
 

@@ -1,4 +1,4 @@
-"""Observation framing (protocol §2.3 / §3.4), including head/tail windows of huge streams."""
+"""Observation framing (docs/protocol.md#output-framing), including head/tail windows of huge streams."""
 from __future__ import annotations
 
 import math
@@ -48,6 +48,13 @@ def test_truncation_lengths():
     assert odd == "x" * 31 + MARK + "x" * 17 + "\n[exit_code] 0"
 
 
+def test_math_turns_cr_and_crlf_into_newlines_docvqa_keeps_them():
+    """The reference math runner read its pipes in text mode; the DocVQA sandbox decoded bytes."""
+    res = R(b"a\r\nb\rc\n", b"e\r\n")
+    assert format_observation(res, "math") == "a\nb\nc\n\n[stderr]\ne\n\n[exit_code] 0"
+    assert format_observation(res, "docvqa") == "a\r\nb\rc\n\n[stderr]\ne\n[exit_code] 0"
+
+
 def test_bytes_decode_with_replacement():
     assert format_observation(R(b"\xff\x00ok"), "docvqa") == "\ufffd\x00ok\n[exit_code] 0"
 
@@ -64,7 +71,7 @@ def _windowed(data: bytes, keep: int) -> tuple[bytes, int]:
     return w.data(), w.dropped
 
 
-_chunks = st.lists(st.sampled_from(["a", "é", "€", "\n", " ", "\U0001f600", "\ufffd"]), min_size=1, max_size=40)
+_chunks = st.lists(st.sampled_from(["a", "é", "€", "\n", "\r", "\r\n", " ", "\U0001f600", "\ufffd"]), min_size=1, max_size=40)
 
 
 @settings(max_examples=60, deadline=None)

@@ -1,4 +1,4 @@
-"""ANLS and the ES-runner DocVQA score (reference-protocol.md §2.5, §5.5, §5.13, §5.14)."""
+"""ANLS and the ES-runner DocVQA score (docs/protocol.md#docvqa-scoring, #reward-cases, #other-cases, #derived-cases)."""
 from __future__ import annotations
 
 import pytest
@@ -35,12 +35,12 @@ def test_levenshtein(a, b, d):
 @pytest.mark.parametrize(
     ("prediction", "answers", "expected"),
     [
-        ("invoice 123", ANSWERS, 1.0),             # §5.5(3)
-        ("ab", ["ac"], 0.0),                       # §5.5(5): distance ratio exactly 0.5 -> 0
-        ("abcd", ["abce"], 0.75),                  # §5.5(6)
-        ("1,000", ["1000"], 0.8),                  # §5.14: the comma becomes a space
-        ("$1,000", ["1 000"], 1.0),                # §5.14
-        ("Invoice #123", ["invoice 123"], 1.0),    # §5.13
+        ("invoice 123", ANSWERS, 1.0),             # #reward-cases (3)
+        ("ab", ["ac"], 0.0),                       # #reward-cases (5): distance ratio exactly 0.5 -> 0
+        ("abcd", ["abce"], 0.75),                  # #reward-cases (6)
+        ("1,000", ["1000"], 0.8),                  # #derived-cases: the comma becomes a space
+        ("$1,000", ["1 000"], 1.0),                # #derived-cases
+        ("Invoice #123", ["invoice 123"], 1.0),    # #other-cases
         ("ABCD", ["zzzz", "ABCE"], 0.75),          # best of several answers
         ("", ["x"], 0.0),                          # empty prediction
         ("!!!", ["x"], 0.0),                       # empty after normalisation
@@ -80,7 +80,7 @@ def test_docvqa_prediction_fallbacks():
 
 
 def test_docvqa_score_with_tool_use():
-    # §5.5(3) and the stage-1 smoke case of §5.13
+    # docs/protocol.md#reward-cases (3) and the stage-1 smoke of #other-cases
     got = docvqa_score("Final answer: invoice 123", ANSWERS, termination_reason="final_answer", used_bash=True)
     assert (got.score, got.anls, got.acc, got.method) == (1.0, 1.0, 1.0, "anls")
     assert got.label == "docvqa_paper_react_cli_anls"
@@ -88,11 +88,11 @@ def test_docvqa_score_with_tool_use():
     smoke = docvqa_score("Final answer: smoke", ["smoke"], termination_reason="final_answer", used_bash=True)
     assert (smoke.prediction, smoke.anls) == ("smoke", 1.0)
     partial = docvqa_score("Final answer: abcd", ["abce"], termination_reason="final_answer", used_bash=True)
-    assert (partial.score, partial.anls, partial.acc) == (0.75, 0.75, 1.0)  # §5.5(6)
+    assert (partial.score, partial.anls, partial.acc) == (0.75, 0.75, 1.0)  # #reward-cases (6)
 
 
 def test_docvqa_score_without_tool_use_is_zero_on_an_empty_prediction():
-    # §5.5(4) adapted: no bash -> score, acc and anls all 0
+    # docs/protocol.md#reward-cases (4) adapted: no bash -> score, acc and anls all 0
     got = docvqa_score("Final answer: invoice 123", ANSWERS, termination_reason="final_answer", used_bash=False)
     assert (got.score, got.acc, got.anls) == (0.0, 0.0, 0.0)
     assert (got.method, got.label) == ("no_tool_use", "docvqa_paper_react_cli_no_tool_use")
@@ -107,7 +107,7 @@ def test_zeroing_terminations_keep_the_raw_anls(reason):
 
 
 def test_budget_terminations_score_the_last_line():
-    # §2.5 consequence / §7.1: no final answer, yet non-zero ANLS from the last non-empty line
+    # docs/protocol.md#docvqa-scoring: no final answer, yet non-zero ANLS from the last non-empty line
     got = docvqa_score("still reading\ninvoice 123\n", ANSWERS,
                        termination_reason="max_response_tokens_exceeded", used_bash=True)
     assert (got.score, got.answer_status, got.prediction) == (1.0, "missing_final_answer", "invoice 123")

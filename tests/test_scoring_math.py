@@ -1,4 +1,4 @@
-"""Math extraction and scoring (reference-protocol.md §3.7, §5.5), including math-verify off the
+"""Math extraction and scoring (docs/protocol.md#math-scoring, #reward-cases), including math-verify off the
 main thread and the published DAPO-100 / AIME-2026-30 answers."""
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def in_thread(fn, *args, **kwargs):
 # --- extraction --------------------------------------------------------------------------------
 
 def test_explicit_answer():
-    assert explicit_answer("Final answer: \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"  # §5.5(2)
+    assert explicit_answer("Final answer: \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"  # docs/protocol.md#reward-cases (2)
     assert explicit_answer("so it is \\boxed{7}. Done") == "7"                       # boxed anywhere
     assert explicit_answer("<think>Final answer: 1</think>Answer: 2") == "2"
     assert explicit_answer("the result is 12") is None
@@ -64,7 +64,7 @@ def test_math_prediction_fallbacks():
 @pytest.mark.parametrize(
     ("gold", "pred", "match"),
     [
-        ("1/2", "\\frac{1}{2}", False),   # the verified cases of §3.7
+        ("1/2", "\\frac{1}{2}", False),   # the cases of docs/protocol.md#math-scoring
         ("31", "$31$", False),
         ("5", "-5", False),
         ("1000", "1e3", True),
@@ -79,10 +79,30 @@ def test_math_prediction_fallbacks():
         ("1", "1/0", False),              # division by zero is not a number
         ("1e999999999", "2e999999999", False),
         ("nan", "NaN", True),
+        ("5", "\\Boxed{5}", True),      # forms the numeric comparison normalises a second time
+        ("5", "\\BOXED{5}", True),
+        ("5", "{5}.", True),
+        ("5", ".{5}", True),
+        ("5", "{5},", True),
+        ("0.5", "\\boxed {1/2}", True),
+        ("abc", "\\Boxed{abc}", False),  # the second pass only feeds the numeric comparison
+        ("4", "\\Boxed{5}", False),
     ],
 )
 def test_exact_fallback_match(gold, pred, match):
     assert exact_fallback_match(gold, pred) is match
+
+
+@pytest.mark.parametrize(
+    ("completion", "gold"),
+    [("Final answer: \\boxed {42}", "42"), ("Final answer: \\Boxed{5}", "5"), ("Final answer: \\BOXED{5}", "5"),
+     ("Final answer: {5}.", "5"), ("Final answer: .{5}", "5"), ("Final answer: {5},", "5"),
+     ("Final answer: \\boxed {1/2}", "0.5")],
+)
+def test_numeric_comparison_normalises_twice_like_the_reference(completion, gold):
+    """A space or capital in ``\\boxed`` survives one normalisation pass; the second one removes it."""
+    got = math_score(completion, gold, scorer="exact", termination_reason="final_answer", used_bash=True)
+    assert (got.score, got.method) == (1.0, "exact_fallback")
 
 
 @settings(max_examples=300, deadline=None)
@@ -96,7 +116,7 @@ def test_exact_fallback_is_total_reflexive_and_symmetric(a, b):
 
 @pytest.mark.parametrize("scorer", ["exact", "auto", "math_verify"])
 def test_final_answer_after_bash_scores_one(scorer):
-    # §5.5(1)
+    # docs/protocol.md#reward-cases (1)
     got = math_score(TRANSCRIPT, "42", scorer=scorer, termination_reason="final_answer", used_bash=True)
     assert (got.score, got.answer_status, got.prediction) == (1.0, "answered", "42")
     expected_method = "exact_fallback" if scorer == "exact" else "math_verify"

@@ -1,4 +1,4 @@
-"""Markdown trajectory logs: file names and byte format (protocol §2.8, §3.9, §5.9)."""
+"""Markdown trajectory logs: file names and byte format (docs/protocol.md#trace-logs, #trace-outcome-cases)."""
 from __future__ import annotations
 
 import pytest

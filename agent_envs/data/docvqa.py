@@ -1,16 +1,19 @@
 """DocVQA task loading: built-in synthetic pages, the HF validation split, official JSON, JSONL.
 
-Normalisation follows protocol §2.1 so task ids and answers match the reference harness:
+Normalisation follows docs/protocol.md#docvqa-data so task ids and answers match the reference harness:
 question/answers/id are read from their alternative field names, ids become
 ``docvqa_<questionId>``, and every task ends up with a host path to an existing page image.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
-from collections.abc import Iterable, Mapping
+import warnings
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +71,10 @@ def load_docvqa_tasks(
     elif isinstance(spec, (str, Path)):
         path = Path(spec)
         if not path.is_file():
-            raise DocDataError(f'DocVQA data file not found: {path} (or use "builtin")')
+            problem = "path is not a file" if path.exists() else "file not found"
+            raise DocDataError(f'DocVQA data {problem}: {path} (or use "builtin")')
         tasks = (
-            _load_official_json(path, cache)
+            _load_official_json(path, cache, limit)
             if path.suffix == ".json"
             else _load_jsonl(path, cache)
         )
@@ -78,16 +82,59 @@ def load_docvqa_tasks(
         tasks = [
             row
             if isinstance(row, DocTask)
-            else _require(normalize_row(row, None, cache, f"row {i}"), f"row {i}")
+            else _require(normalize_row(row, None, cache, f"row {i}"), row, f"row {i}")
             for i, row in enumerate(spec)
         ]
     return tasks if limit is None else tasks[:limit]
 
 
-def _require(task: DocTask | None, where: str) -> DocTask:
+def _require(task: DocTask | None, row: Mapping[str, Any], where: str) -> DocTask:
     if task is None:
-        raise DocDataError(f"{where}: needs a question, non-empty answers and an image")
+        raise DocDataError(f"{where}: needs a question, non-empty answers and an image; "
+                           f"this row has no {' and no '.join(_missing(row))}")
     return task
+
+
+def _essentials(row: Mapping[str, Any]) -> tuple[Any, list[str], Any]:
+    """The row's question, its non-empty answers (a single value becomes a list) and its image."""
+    raw = _first(row, ANSWER_KEYS)
+    answers = list(raw) if isinstance(raw, (list, tuple)) else [] if raw is None else [raw]
+    answers = [str(a).strip() for a in answers if a is not None and str(a).strip()]
+    return _first(row, QUESTION_KEYS), answers, row.get("image")
+
+
+def _missing(row: Mapping[str, Any]) -> list[str]:
+    """Which of question, answers and image the row lacks (such a row is not a task)."""
+    question, answers, image = _essentials(row)
+    present = {"question": bool(question), "answers": bool(answers), "image": image not in (None, "")}
+    return [name for name, ok in present.items() if not ok]
+
+
+def _usable(rows: Iterable[tuple[str, Any]], data_file: Path | None, cache: Path, source: str,
+            limit: int | None = None) -> list[DocTask]:
+    """Tasks of the usable rows; rows without a question, answers or an image are dropped, as
+    the reference's data preparation does, with a warning that counts them by reason."""
+    tasks: list[DocTask] = []
+    dropped: Counter[str] = Counter()
+    seen = 0
+    for where, row in rows:
+        if limit is not None and len(tasks) >= limit:
+            break
+        seen += 1
+        task = normalize_row(row, data_file, cache, where)
+        if task is None:
+            dropped["no " + " and no ".join(_missing(row))] += 1
+        else:
+            tasks.append(task)
+    if not dropped:
+        return tasks
+    reasons = ", ".join(f"{n} with {why}" for why, n in dropped.most_common())
+    if not tasks:
+        hint = ("; a test split carries no answers (use the validation split)"
+                if all("answers" in why for why in dropped) else "")
+        raise DocDataError(f"{source}: every one of its {seen} rows was dropped ({reasons}){hint}")
+    warnings.warn(f"{source}: dropped {sum(dropped.values())} of {seen} rows ({reasons})", stacklevel=3)
+    return tasks
 
 
 def _first(row: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
@@ -106,12 +153,10 @@ def normalize_row(
     """One raw row -> task; None when it lacks a question, answers or an image (dropped)."""
     if not isinstance(row, Mapping):
         raise DocDataError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    question, raw_answers = _first(row, QUESTION_KEYS), _first(row, ANSWER_KEYS)
-    raw_id, image = _first(row, ID_KEYS), row.get("image")
-    answers = [raw_answers] if isinstance(raw_answers, str) else list(raw_answers or [])
-    answers = [str(a).strip() for a in answers if a is not None and str(a).strip()]
-    if not question or not answers or image in (None, ""):
+    question, answers, image = _essentials(row)
+    if _missing(row):
         return None
+    raw_id = _first(row, ID_KEYS)
     if raw_id is None:
         raise DocDataError(f"{where}: no id field (one of {', '.join(ID_KEYS)})")
     known = set(QUESTION_KEYS + ANSWER_KEYS + ID_KEYS) | {
@@ -179,10 +224,41 @@ def resolve_image_path(raw: str, data_file: Path | None, where: str = "row") -> 
         if candidate.is_file():
             return candidate.resolve()
     source = f" in {data_file}" if data_file else ""
+    other = next((c for c in candidates if c.exists()), None)
+    if other is not None:
+        raise DocDataError(f"{where}{source}: image path is not a file: {other}")
     raise DocDataError(
         f"{where}{source}: image file not found: {raw!r} (tried "
         f"{', '.join(str(c) for c in candidates[:3])}{', ...' if len(candidates) > 3 else ''})"
     )
+
+
+def check_image(path: str | Path, where: str) -> None:
+    """Raise a clear error unless ``path`` is a file that decodes as an image.
+
+    Run before an episode starts, so a missing or corrupt page is the user's error and is never
+    discovered by the model; each unchanged file is decoded once per process.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{where}: document image not found: {p}")
+    if not p.is_file():
+        raise DocDataError(f"{where}: document image path is not a file: {p}")
+    stat = p.stat()
+    problem = _decode_problem(str(p.resolve()), stat.st_size, stat.st_mtime_ns)
+    if problem is not None:
+        raise DocDataError(f"{where}: document image is not a readable image: {p} ({problem})")
+
+
+@functools.lru_cache(maxsize=4096)
+def _decode_problem(path: str, size: int, mtime_ns: int) -> str | None:
+    """Why the whole image does not decode, or None (size and mtime key the cache: edits are re-checked)."""
+    try:
+        with Image.open(path) as img:
+            img.load()
+    except Exception as exc:  # noqa: BLE001 - Pillow raises many types for bad data; all mean "not an image"
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def write_png(image: Any, target: Path, where: str = "row") -> Path:
@@ -204,10 +280,11 @@ def write_png(image: Any, target: Path, where: str = "row") -> Path:
 
 
 def _load_jsonl(path: Path, cache: Path) -> list[DocTask]:
-    return [_require(normalize_row(row, path, cache, where), where) for where, row in read_jsonl(path, DocDataError)]
+    return [_require(normalize_row(row, path, cache, where), row, where)
+            for where, row in read_jsonl(path, DocDataError)]
 
 
-def _load_official_json(path: Path, cache: Path) -> list[DocTask]:
+def _load_official_json(path: Path, cache: Path, limit: int | None) -> list[DocTask]:
     """``val_v1.0.json`` layout: ``{"data": [...]}`` or a bare list; images relative to it."""
     try:
         payload = json.loads(path.read_text(encoding="utf-8"))
@@ -220,16 +297,11 @@ def _load_official_json(path: Path, cache: Path) -> list[DocTask]:
         raise DocDataError(
             f"{path}: expected a list of rows or an object with a 'data' list"
         )
-    tasks = (
-        normalize_row(
-            {"source": "DocVQA", **row} if isinstance(row, Mapping) else row,
-            path,
-            cache,
-            f"{path} data[{i}]",
-        )
+    sourced = (
+        (f"{path} data[{i}]", {"source": "DocVQA", **row} if isinstance(row, Mapping) else row)
         for i, row in enumerate(rows)
     )
-    return [t for t in tasks if t is not None]
+    return _usable(sourced, path, cache, str(path), limit)
 
 
 def _load_hf(cache: Path, limit: int | None) -> list[DocTask]:
@@ -248,12 +320,8 @@ def _load_hf(cache: Path, limit: int | None) -> list[DocTask]:
             f'({type(exc).__name__}: {exc}); offline, use "builtin", an official val_v1.0.json '
             "or a JSONL of {id, question, answers, image} rows"
         ) from exc
-    tasks = []
-    for i, row in enumerate(rows):
-        if limit is not None and len(tasks) >= limit:
-            break
-        raw = {**row, "source": HF_REPO, "config": HF_CONFIG, "split_source": HF_SPLIT}
-        task = normalize_row(raw, None, cache, f"{HF_REPO} row {i}")
-        if task is not None:
-            tasks.append(task)
-    return tasks
+    sourced: Iterator[tuple[str, Any]] = (
+        (f"{HF_REPO} row {i}", {**row, "source": HF_REPO, "config": HF_CONFIG, "split_source": HF_SPLIT})
+        for i, row in enumerate(rows)
+    )
+    return _usable(sourced, None, cache, f"{HF_REPO} ({HF_CONFIG}/{HF_SPLIT})", limit)

@@ -1,6 +1,6 @@
 """Math task loading: the built-in synthetic set, protocol JSONL files, and (online only) HF sets.
 
-The published MATH-ReAct files must be used byte-for-byte (protocol §3.1), hence the SHA-256
+The published MATH-ReAct files must be used byte-for-byte (docs/protocol.md#math-data), hence the SHA-256
 helpers; a corrupt row is reported with its file and line so a bad download is easy to locate.
 """
 

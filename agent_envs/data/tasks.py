@@ -22,6 +22,9 @@ class MathTask(BaseModel):
     @field_validator("id", "answer", mode="before")
     @classmethod
     def _stringify(cls, v: Any) -> str:
+        """Numbers become strings; a null is refused (the reference scored it as the text "None")."""
+        if v is None:
+            raise ValueError("must not be null")
         return str(v)
 
 
@@ -51,7 +54,7 @@ class DocTask(BaseModel):
 
 
 def episode_key(task_id: str, sample_index: int) -> str:
-    """``<task_id>:sampleNN``, the key records and resume match on (protocol §2.6: no dataset prefix)."""
+    """``<task_id>:sampleNN``, the key records and resume match on (docs/protocol.md#records: no dataset prefix)."""
     return f"{task_id}:sample{sample_index:02d}"
 
 

@@ -1,12 +1,11 @@
 """``DocVQA-CLI-v0``: answer a question about a page image through shell and OCR commands only
-(protocol §2, ES runner).  The model never sees the image; the sandbox binds it read-only at
+(docs/protocol.md#docvqa-tool, ES runner).  The model never sees the image; the sandbox binds it read-only at
 ``/workspace/document.png``."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from agent_envs.data.docvqa import load_docvqa_tasks
+from agent_envs.data.docvqa import check_image, load_docvqa_tasks
 from agent_envs.data.tasks import DocTask
 from agent_envs.envs.react import ReActEnv, _Episode
 from agent_envs.protocol import messages as msgs
@@ -42,8 +41,7 @@ class DocVQACLIEnv(ReActEnv):
         return payload if isinstance(payload, DocTask) else DocTask.model_validate(payload)
 
     def _check_task(self, task: DocTask) -> None:
-        if not Path(task.image).is_file():
-            raise FileNotFoundError(f"task {task.id}: document image not found: {task.image}")
+        check_image(task.image, f"task {task.id}")
 
     def _sandbox_config_for(self, task: DocTask) -> SandboxConfig:
         return self.sandbox_config.model_copy(update={"image_path": str(task.image)})

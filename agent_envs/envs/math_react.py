@@ -1,4 +1,4 @@
-"""``MATH-ReAct-v0``: solve a math problem with a sandboxed bash tool (protocol §3, ES runner)."""
+"""``MATH-ReAct-v0``: solve a math problem with a sandboxed bash tool (docs/protocol.md#math-tool, ES runner)."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,8 +7,14 @@ from agent_envs.data.math import load_math_tasks
 from agent_envs.data.tasks import MathTask
 from agent_envs.envs.react import ReActEnv, _Episode
 from agent_envs.protocol import messages as msgs
+from agent_envs.protocol.blocklist import is_blocked
 from agent_envs.protocol.decision import MATH_ES, MATH_HTTP, Flavour
+from agent_envs.sandbox.base import Sandbox
+from agent_envs.sandbox.local import LocalSandbox
 from agent_envs.scoring.math import SCORERS, math_score
+
+#: the reference runner's command log, kept in the workspace of the unsandboxed parity runner
+COMMAND_LOG = ".math_tool_commands.log"
 
 
 class MathReActEnv(ReActEnv):
@@ -16,6 +22,9 @@ class MathReActEnv(ReActEnv):
 
     ``scorer="exact"`` reproduces the published numbers (they came from the exact fallback alone);
     ``"auto"`` tries math-verify first, as the protocol's code path does.
+    ``blocklist`` refuses privilege, process-control and desktop commands with the reference's
+    observation; it is part of the protocol the models saw, and always on when commands run on
+    the host (``sandbox="none"``).
     """
 
     env_id = "MATH-ReAct-v0"
@@ -26,12 +35,19 @@ class MathReActEnv(ReActEnv):
     user_prompt_name = "math_react_user"
     skill_separator = msgs.MATH_SKILL_SUFFIX
 
-    def __init__(self, *, scorer: str = "auto", score_timeout_s: float = 10.0, **kwargs: Any):
+    def __init__(self, *, scorer: str = "auto", score_timeout_s: float = 10.0, blocklist: bool = True,
+                 **kwargs: Any):
         if scorer not in SCORERS:
             raise ValueError(f"scorer must be one of {SCORERS}, got {scorer!r}")
+        if not isinstance(blocklist, bool):
+            raise TypeError(f"blocklist must be True or False, got {blocklist!r}")
         self.scorer = scorer
         self.score_timeout_s = score_timeout_s
+        self.blocklist = blocklist
         super().__init__(**kwargs)
+        if not blocklist and self.sandbox_config.backend == "none":
+            raise ValueError('blocklist=False needs a sandbox: with sandbox="none" commands run on the host, '
+                             "where the blocklist is always on")
 
     def _flavour(self) -> Flavour:
         return MATH_ES if self.compat == "es" else MATH_HTTP
@@ -43,7 +59,19 @@ class MathReActEnv(ReActEnv):
         return payload if isinstance(payload, MathTask) else MathTask.model_validate(payload)
 
     def _extra_config(self) -> dict[str, Any]:
-        return {"scorer": self.scorer}
+        return {"scorer": self.scorer, "blocklist": self.blocklist}
+
+    def _screen(self, command: str, sandbox: Sandbox) -> str | None:
+        """The reference runner logged every command, then refused blocked ones without running them.
+
+        Only the unsandboxed parity runner keeps the log: it is a file the model can see there.
+        """
+        on_host = isinstance(sandbox, LocalSandbox)
+        if on_host:
+            sandbox.log_command(COMMAND_LOG, command)
+        if (self.blocklist or on_host) and is_blocked(command):
+            return msgs.MATH_BLOCKED
+        return None
 
     def _score(self, ep: _Episode) -> dict[str, Any]:
         result = math_score(

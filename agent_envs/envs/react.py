@@ -1,4 +1,4 @@
-"""The episode loop shared by both environments (protocol §1, §2.4, §3.5; ES-runner semantics).
+"""The episode loop of both environments, ES-runner semantics (docs/protocol.md#decision-order, #budgets-and-termination).
 
 One environment instance is one trajectory at a time.  Subclasses supply only what differs between
 the tasks: how tasks load, the prompts, the observation framing, and the scorer.  Everything a model
@@ -20,7 +20,6 @@ from agent_envs.data.tasks import episode_key
 from agent_envs.envs.spaces import CompletionText, Conversation
 from agent_envs.policy.base import Completion, GenerationRequest, error_text
 from agent_envs.protocol import messages as msgs
-from agent_envs.protocol.blocklist import is_blocked
 from agent_envs.protocol.decision import Flavour, decide
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED, TURN_STRIDE, trajectory_seed
 from agent_envs.prompts import fill, load_prompt, sha256
@@ -48,7 +47,9 @@ class _Episode:
     steps: list[dict[str, Any]] = field(default_factory=list)
     generated_tokens: int = 0
     trajectory_tokens: int = 0
-    attempted_trajectory_tokens: int | None = None
+    #: the last trajectory count tried against the cap (above ``trajectory_tokens`` only when an
+    #: observation crossed the cap and was not counted)
+    attempted_trajectory_tokens: int = 0
     #: token count of the chat as it stands, when the context check already rendered it
     prompt_tokens: int | None = None
     max_context_tokens: int = 0
@@ -64,7 +65,7 @@ class _Episode:
 
     @property
     def turn_seed(self) -> int:
-        """Sampling seed of the next generation (protocol §1.6)."""
+        """Sampling seed of the next generation (docs/protocol.md#sampling-and-seeds)."""
         return self.seed_base + TURN_STRIDE * self.turn
 
 
@@ -133,7 +134,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
     # ----- subclass hooks -------------------------------------------------------------------------
     @abc.abstractmethod
     def _flavour(self) -> Flavour:
-        """Parser variant and warning texts of this task (protocol §1.5, §1.7)."""
+        """Parser variant and warning texts (docs/protocol.md#action-parsers, #warning-and-observation-texts)."""
 
     @abc.abstractmethod
     def _load_tasks(self, spec: Any, **kwargs: Any) -> list[Any]:
@@ -149,6 +150,10 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
 
     def _sandbox_config_for(self, task: Any) -> SandboxConfig:
         return self.sandbox_config
+
+    def _screen(self, command: str, sandbox: Sandbox) -> str | None:
+        """Observation body refusing ``command`` without running it, or None to run it."""
+        return None
 
     # ----- Gymnasium API --------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -208,6 +213,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         ep.max_context_tokens = max(ep.max_context_tokens, prompt_tokens + n)
         ep.generated_tokens += n
         ep.trajectory_tokens += n
+        ep.attempted_trajectory_tokens = ep.trajectory_tokens
         ep.last_completion = text
         ep.messages.append({"role": "assistant", "content": text})
         cap = self.max_trajectory_tokens
@@ -230,8 +236,8 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         ep.messages.append(obs_message)
         if cap is not None:
             attempted = ep.trajectory_tokens + self.counter.message_tokens(obs_message)
+            ep.attempted_trajectory_tokens = attempted
             if attempted >= cap:
-                ep.attempted_trajectory_tokens = attempted
                 return self._finish("max_response_tokens_exceeded", "max_response_tokens_exceeded")
             ep.trajectory_tokens = attempted
         if ep.turn >= self.max_turns:
@@ -267,10 +273,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
     def tasks(self) -> list[Any]:
         if self._tasks is None:
             spec = self._dataset_spec
-            if isinstance(spec, list):
-                self._tasks = [self._coerce_task(t) for t in spec]
-            else:
-                self._tasks = list(self._load_tasks(spec, **self._dataset_kwargs))
+            self._tasks = list(self._load_tasks(spec, **self._dataset_kwargs))  # lists of rows too
             if not self._tasks:
                 raise ValueError(f"dataset {spec!r} has no tasks")
         return self._tasks
@@ -317,10 +320,11 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
     def _run_command(self, command: str) -> str:
         ep = self._ep
         assert ep is not None
-        if self.sandbox_config.blocklist and is_blocked(command):
-            return msgs.MATH_BLOCKED
         if self._sandbox is None:
             self._sandbox = make_sandbox(self._sandbox_config_for(ep.task))
+        refusal = self._screen(command, self._sandbox)
+        if refusal is not None:
+            return refusal
         try:
             result = self._sandbox.run(command)
         except Exception as exc:  # a dead sandbox must not end a user's training loop

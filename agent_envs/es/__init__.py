@@ -1,4 +1,4 @@
-"""Seeded evolution strategies over vLLM weights (reference protocol §4).
+"""Seeded evolution strategies over vLLM weights (docs/protocol.md#es-maths).
 
 Modules: ``schedule`` (sigma), ``seeds`` (population seeds, trajectory seeds, case batches),
 ``normalize`` (reward -> update weights), ``perturb`` (in-place seeded noise on torch tensors),

@@ -1,4 +1,4 @@
-"""``history.json``: the ES run's durable record, its replay and its resume (§4.8).
+"""``history.json``: the ES run's durable record, its replay and its resume (docs/protocol.md#history).
 
 The history is a JSON list of records, rewritten atomically after every generation.  Replay never
 trusts stored weights: it regenerates the seed stream, recomputes each update's weights from the

@@ -1,4 +1,4 @@
-"""Normalisation of candidate rewards into update weights (§4.5).
+"""Normalisation of candidate rewards into update weights (docs/protocol.md#reward-normalisation-and-update).
 
 Normalisation runs in torch float32 because the update weights must be bit-identical between
 training and a later replay, which recomputes them from the stored rewards.

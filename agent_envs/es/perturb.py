@@ -1,4 +1,4 @@
-"""Seeded weight perturbation and the ES update, in place on a torch model (§4.1, §4.2, §4.5).
+"""Seeded weight perturbation and the ES update, in place on a torch model (docs/protocol.md#per-tensor-noise).
 
 Noise is never stored: tensor ``name`` under member seed ``s`` always yields the same stream, from a
 ``torch.Generator`` on the parameter's own device seeded with ``s XOR blake2b-8(name)``, drawn in

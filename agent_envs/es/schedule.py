@@ -1,4 +1,4 @@
-"""Sigma schedule of the seeded-ES trainer (protocol §4.4).
+"""Sigma schedule of the seeded-ES trainer (docs/protocol.md#sigma-schedule).
 
 Kept separate from the trainer so the schedule can be checked against the published values
 without any model or engine.

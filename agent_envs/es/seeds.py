@@ -1,4 +1,4 @@
-"""Seed streams and case batches of the ES trainer (§4.3, §4.6, §1.6).
+"""Seed streams and case batches of the ES trainer (docs/protocol.md#population-seeds, #case-batches, #sampling-and-seeds).
 
 Every seed a generation uses is a pure function of ``(seed, population, generation)``, so a
 resumed or replayed run can regenerate and check them instead of trusting stored values.

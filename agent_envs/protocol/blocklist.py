@@ -1,4 +1,4 @@
-"""Dangerous-command screen of the Math ES bash runner (reference-protocol.md §3.4).
+"""Dangerous-command screen of the Math ES bash runner (docs/protocol.md#math-blocklist).
 
 The runner refuses, without executing, commands that name privilege, process-control,
 multiplexer or desktop-launcher programs. The rule is lexical, not a security boundary: it keeps

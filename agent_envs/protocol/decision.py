@@ -1,4 +1,4 @@
-"""What one assistant completion means for the episode (reference-protocol.md §1.7, §3.3).
+"""What one assistant completion means for the episode (docs/protocol.md#decision-order, #first-turn-rule).
 
 Both environments share this decision order; they differ only in the :class:`Flavour` (parser
 variant, warning wording, first-turn rule). It is pure: running a command, and any blocking,
@@ -21,7 +21,7 @@ from agent_envs.protocol.parsing import (
 
 @dataclass(frozen=True)
 class Flavour:
-    """How one harness reacts: which parser, which warning texts, whether §3.3 applies."""
+    """How one harness reacts: which parser, which warning texts, whether docs/protocol.md#first-turn-rule applies."""
 
     parser: ParserVariant
     tool_required: str
@@ -80,7 +80,7 @@ def _act(action: dict[str, Any]) -> Decision:
 
 
 def decide(completion: str, *, used_bash: bool, flavour: Flavour) -> Decision:
-    """Apply the per-completion decision order of §1.7 to a raw completion."""
+    """Apply the per-completion decision order (docs/protocol.md#decision-order) to a raw completion."""
     cleaned = strip_think(completion)
     final = final_answer_line(cleaned)
     action = parse_action(cleaned, flavour.parser)

@@ -1,11 +1,11 @@
-"""Exact protocol strings (reference-protocol.md §1.5, §2.2, §3.2).
+"""Exact protocol strings (docs/protocol.md#warning-and-observation-texts, #docvqa-prompts, #math-prompts).
 
 These texts are what the published models were trained and evaluated against, so they are
-reproduced byte for byte; tests pin the hashes given in §1.2.
+reproduced byte for byte; tests pin the hashes of docs/protocol.md#prompt-hashes.
 """
 from __future__ import annotations
 
-#: The two-line action block every prompt and format warning shows (§1.3).
+#: The two-line action block every prompt and format warning shows (docs/protocol.md#action-grammar).
 ACTION_BLOCK = 'Action:\n{"name": "bash", "arguments": {"command": "<shell command>"}}'
 
 NO_COMMAND = "No shell command was provided."
@@ -49,7 +49,7 @@ def unknown_action(name: str) -> str:
 
 
 def observation_message(name: str, body: str) -> dict[str, str]:
-    """The user message that carries a tool observation or a ``format_check`` warning (§1.1)."""
+    """The user message that carries a tool observation or a ``format_check`` warning (docs/protocol.md#conversation)."""
     return {"role": "user", "content": f"Observation from {name}:\n{body}"}
 
 

@@ -1,4 +1,4 @@
-"""Text-level pieces of the ReAct protocol (reference-protocol.md §1.1, §1.4, §1.7, §3.3).
+"""Text-level pieces of the ReAct protocol (docs/protocol.md#final-answer-grammar, #action-parsers, #first-turn-rule).
 
 Everything here is a pure function of the model's text and never raises: a completion is
 untrusted input, and a parser crash would end an episode for the wrong reason.
@@ -13,7 +13,7 @@ ParserVariant = Literal["math_es", "docvqa_es", "docvqa_http", "math_http"]
 PARSER_VARIANTS: tuple[str, ...] = get_args(ParserVariant)
 
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-# `\s*` after the colon may cross a newline, so "Final answer:\n5" yields "5" (§1.4).
+# `\s*` after the colon may cross a newline, so "Final answer:\n5" yields "5" (docs/protocol.md#final-answer-grammar).
 _FINAL = re.compile(r"^\s*(?:final answer|answer)\s*[:\uff1a]\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
 _BOXED_MARKERS = ("\\boxed{", "\x08oxed{")  # the second is "\b" typed in a non-raw string
 _ACTION_OPEN = re.compile(r"Action:\s*\{", re.IGNORECASE)
@@ -119,7 +119,7 @@ def _bash_command(arguments: Any) -> str | None:
 
 
 def _accept(obj: Any, variant: ParserVariant) -> dict[str, Any] | None:
-    """Apply the per-variant acceptance table of §1.7 to a decoded JSON value."""
+    """Apply the per-variant acceptance table (docs/protocol.md#action-parsers) to a decoded JSON value."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     if variant == "docvqa_http" and "arguments" not in obj:
@@ -151,7 +151,7 @@ def parse_action(text: str, variant: ParserVariant) -> dict[str, Any] | None:
 
 
 def is_single_bash_action(text: str) -> bool:
-    """§3.3: the text is only (an empty think block and) one complete, valid bash action."""
+    """docs/protocol.md#first-turn-rule: the text is only (an empty think block and) one complete, valid bash action."""
     match = _SINGLE_ACTION.fullmatch(text)
     if match is None:
         return False

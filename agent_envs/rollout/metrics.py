@@ -1,4 +1,4 @@
-"""Metrics over episode records (protocol §2.7).
+"""Metrics over episode records (docs/protocol.md#metrics).
 
 Three families, kept apart because they answer different questions:
 

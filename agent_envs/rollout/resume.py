@@ -1,4 +1,4 @@
-"""``--resume``: pick up a records file where a previous run stopped (protocol §2.6 "Resume").
+"""``--resume``: pick up a records file where a previous run stopped (docs/protocol.md#resume).
 
 * Rows whose ``error`` is set (request or environment failures) are archived to
   ``<stem>.request_errors.jsonl`` and their keys run again.

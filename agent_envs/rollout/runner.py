@@ -1,6 +1,6 @@
 """Run many episodes of an environment with a policy: lockstep (reference) or async (fast).
 
-* ``mode="lockstep"`` reproduces the reference ES runner (protocol §4.7): episodes advance turn by
+* ``mode="lockstep"`` reproduces the reference ES runner (docs/protocol.md#scheduling): episodes advance turn by
   turn in batches of ``concurrency``; each turn is one batched ``policy.generate`` over every live
   episode, then every episode's tool step.  Tool steps run in a thread pool; episodes are
   independent, so the result equals the sequential reference.

@@ -1,4 +1,4 @@
-"""Markdown trajectory logs in the reference byte format (protocol §2.8 DocVQA, §3.9 Math).
+"""Markdown trajectory logs in the reference byte format (docs/protocol.md#trace-logs).
 
 These files are what the skill-distillation step reads, so names and bodies follow the
 reference exactly; only the choice of directory is ours.
@@ -34,7 +34,7 @@ def setting_of(row: Row) -> str:
 
 
 def succeeded(row: Row) -> bool:
-    """DocVQA: score > 0.5; Math: score >= 1.0 (§2.8, §3.9)."""
+    """DocVQA: score > 0.5; Math: score >= 1.0 (docs/protocol.md#trace-logs)."""
     score = float(row.get("score") or 0.0)
     return score > 0.5 if setting_of(row) == "docvqa" else score >= 1.0
 
@@ -113,7 +113,7 @@ def render_docvqa(row: Row) -> str:
 
 
 def render_math(row: Row) -> str:
-    """§3.9, read literally: ``## Problem`` and ``## Prediction`` have no blank line after them."""
+    """docs/protocol.md#trace-logs, read literally: the Math ``## Problem`` and ``## Prediction`` have no blank line after."""
     task = _task(row)
     result = outcome(row)
     score = float(row.get("score") or 0.0)

@@ -1,4 +1,4 @@
-"""What a bubblewrap sandbox contains (protocol §2.3), as a bwrap argument list.
+"""What a bubblewrap sandbox contains (docs/protocol.md#tool-sandbox), as a bwrap argument list.
 
 Kept apart from process management so that the layout can be read (and tested) on its own:
 read-only system directories and the running Python's prefixes, pip hidden, writable size-capped

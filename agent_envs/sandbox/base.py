@@ -86,8 +86,6 @@ class SandboxConfig(BaseModel):
     docker_image: str = "agent-envs-sandbox:latest"
     #: extra runtime prefixes bound read-only (bwrap), before the running Python's own prefixes
     runtime_prefixes: list[str] = Field(default_factory=list)
-    #: dangerous-command blocklist of the reference math runner (see protocol.blocklist)
-    blocklist: bool = False
 
 
 class Sandbox(abc.ABC):

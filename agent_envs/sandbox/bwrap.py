@@ -1,4 +1,4 @@
-"""Bubblewrap sandbox (protocol §2.3) in two modes.
+"""Bubblewrap sandbox (docs/protocol.md#tool-sandbox) in two modes.
 
 * ``fresh``: one throw-away bwrap per command, like the reference harness (nothing persists).
   ``run`` returns only once the command's pid namespace is empty (it waits on the sandbox's

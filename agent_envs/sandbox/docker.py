@@ -1,6 +1,6 @@
 """Docker tool sandbox: one locked-down container per episode, one ``docker exec`` per command.
 
-Why a container: it offers the bwrap sandbox's contract (protocol §2.3: no network, read-only
+Why a container: it offers the bwrap sandbox's contract (docs/protocol.md#tool-sandbox: no network, read-only
 system, writable ephemeral /workspace and /tmp, the document bound read-only, single-threaded
 numeric libraries, no pip) on hosts where unprivileged user namespaces are unavailable, and
 adds cgroup memory/pids limits.  The ``docker`` CLI is driven through subprocess (it honours

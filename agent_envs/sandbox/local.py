@@ -1,4 +1,4 @@
-"""The ``"none"`` backend: commands run unsandboxed on the host (the reference math runner, §3.4).
+"""The ``"none"`` backend: commands run unsandboxed on the host (the reference math runner, docs/protocol.md#math-tool).
 
 Per episode there is one temporary working directory that persists across turns and is removed
 on close.  Each command is ``/bin/bash -c "ulimit -v KiB; <command>"`` in a new session; its whole
@@ -64,6 +64,18 @@ class LocalSandbox(Sandbox):
         proc.stderr.close()
         return ExecResult(returncode=rc if finished else 124, timed_out=not finished,
                           **captured(out, err), duration_s=time.monotonic() - started, timeout_s=limit)
+
+    def log_command(self, name: str, command: str) -> None:
+        """Append ``command`` to the file ``name`` in the working directory, stamped with the UTC
+        time and the timeout, as the reference math runner did; a failed write is ignored there too."""
+        if self.workdir is None:
+            return
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        try:
+            with open(os.path.join(self.workdir, name), "a", encoding="utf-8") as log:
+                log.write(f"\n[{stamp}] timeout={self.config.limits.timeout_s}\n{command}\n")
+        except (OSError, UnicodeError):
+            pass
 
     def close(self) -> None:
         if self.workdir is not None:

@@ -1,9 +1,11 @@
-"""Turn an :class:`ExecResult` into the observation text the model sees (protocol §2.3, §3.4).
+"""Turn an :class:`ExecResult` into the observation text the model sees (docs/protocol.md#output-framing).
 
 Pure and backend-independent, so every sandbox frames output byte for byte like the reference:
 
 * body = stdout, then ``"\\n[stderr]\\n" + stderr`` (just ``"[stderr]\\n" + stderr`` when stdout is
   empty); an empty body becomes ``Bash exited with code N and no output.``;
+* ``math`` turns ``\\r\\n`` and ``\\r`` into ``\\n`` (the reference math runner read its pipes in
+  text mode), ``docvqa`` keeps them (the reference DocVQA sandbox decoded bytes);
 * ``docvqa`` strips trailing whitespace before ``"\\n[exit_code] N"``, ``math`` does not;
 * truncation: ``docvqa`` keeps floor((limit-19)/2) + marker + ceil((limit-19)/2) characters
   (exactly ``limit``), ``math`` keeps floor(limit/2) on each side of the marker.
@@ -26,8 +28,9 @@ LAUNCH_ERROR_PREFIX = "[ERROR] Failed to execute command: "
 _RESYNC_CHARS = 4
 
 
-def _decode(data: bytes) -> str:
-    return data.decode("utf-8", errors="replace")
+def _decode(data: bytes, newlines: bool) -> str:
+    text = data.decode("utf-8", errors="replace")
+    return text.replace("\r\n", "\n").replace("\r", "\n") if newlines else text
 
 
 class _Text:
@@ -38,11 +41,12 @@ class _Text:
         self.tail = tail  # None: the text is exactly ``head``
 
     @classmethod
-    def of_stream(cls, data: bytes, dropped: int) -> "_Text":
+    def of_stream(cls, data: bytes, dropped: int, newlines: bool) -> "_Text":
+        """``newlines``: translate CR and CRLF to LF, as a text-mode pipe does."""
         if dropped <= 0:
-            return cls(_decode(data))
+            return cls(_decode(data, newlines))
         half = len(data) // 2
-        return cls(_decode(data[:half]), _decode(data[half:])[_RESYNC_CHARS:])
+        return cls(_decode(data[:half], newlines), _decode(data[half:], newlines)[_RESYNC_CHARS:])
 
     def __add__(self, other: "_Text") -> "_Text":
         if self.tail is None and other.tail is None:
@@ -96,8 +100,9 @@ def format_observation(result: ExecResult, style: Style, limit: int = 6000) -> s
         return truncate(_Text(LAUNCH_ERROR_PREFIX + result.launch_error), style, limit)
     if result.timed_out:
         return truncate(_Text(timeout_text(result.timeout_s or 0.0)), style, limit)
-    body = _Text.of_stream(result.stdout, result.stdout_dropped)
-    err = _Text.of_stream(result.stderr, result.stderr_dropped)
+    newlines = style == "math"
+    body = _Text.of_stream(result.stdout, result.stdout_dropped, newlines)
+    err = _Text.of_stream(result.stderr, result.stderr_dropped, newlines)
     if not err.empty():
         body = body + _Text("[stderr]\n" if body.empty() else "\n[stderr]\n") + err
     if body.empty():

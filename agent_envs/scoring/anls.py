@@ -1,4 +1,4 @@
-"""DocVQA answer extraction and ANLS scoring (reference-protocol.md §2.5)."""
+"""DocVQA answer extraction and ANLS scoring (docs/protocol.md#docvqa-scoring)."""
 from __future__ import annotations
 
 import re

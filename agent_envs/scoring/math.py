@@ -1,4 +1,4 @@
-"""Math answer extraction and scoring (reference-protocol.md §3.7).
+"""Math answer extraction and scoring (docs/protocol.md#math-scoring).
 
 math-verify guards its sympy work with ``signal.alarm``, which only works on the main thread; off
 it, the published runs silently fell back to exact matching. Here math-verify runs in a
@@ -58,7 +58,13 @@ def _normalize(value: str) -> str:
 
 
 def _decimal(value: str) -> Decimal | None:
-    """``value`` (normalised) as a finite decimal; ``a/b`` is a quotient; anything else None."""
+    """``value`` as a finite decimal; ``a/b`` is a quotient; anything else None.
+
+    ``value`` is normalised here even though callers pass normalised strings: the reference does
+    the same, so forms that need two passes (``\\boxed {42}``, ``\\Boxed{5}``, ``{5}.``) still
+    compare numerically.
+    """
+    value = _normalize(value)
     try:
         if "/" in value:
             left, right = value.split("/", 1)
@@ -71,7 +77,7 @@ def _decimal(value: str) -> Decimal | None:
 
 
 def exact_fallback_match(gold: str, pred: str) -> bool:
-    """§3.7 exact fallback: equal after normalisation, or numerically within 1e-8."""
+    """Exact fallback: equal after one normalisation, or numerically within 1e-8 after two."""
     gold_n, pred_n = _normalize(gold), _normalize(pred)
     if gold_n == pred_n:
         return True

@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-#: Terminations that zero the score before any answer is looked at (§2.5, §3.7).
+#: Terminations that zero the score before any answer is looked at (docs/protocol.md#scoring).
 ZEROING_TERMINATIONS = frozenset({"context_length_exceeded", "request_error"})
 
 
