@@ -281,7 +281,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         config["policy_info"] = policy.describe()
-        atomic_write(out / "config.json", [(json.dumps(config, indent=2, default=str) + "\n").encode()])  # read by --resume
+        # read by --resume
+        atomic_write(out / "config.json", [(json.dumps(config, indent=2, default=str) + "\n").encode()])
         records = run_episodes(
             args.env, tasks, policy, samples=args.samples, mode=args.mode, base_seed=args.seed,
             env_kwargs=env_kwargs, concurrency=concurrency, tool_workers=args.tool_workers, out_path=records_path,
@@ -335,8 +336,8 @@ def format_table(rows: Sequence[tuple[str, dict[str, Any]]], samples: int) -> st
     def num(v: Any, fmt: str = "{:.4f}") -> str:
         return "-" if v is None else fmt.format(v)
 
-    header = ["run", "records", "errors", "mean", "mean_non_err", f"max@{samples}", f"pass@{samples}", "anls_mean", "acc_mean",
-              "acc_pass", "tool_call", "turns", "latency_s"]
+    header = ["run", "records", "errors", "mean", "mean_non_err", f"max@{samples}", f"pass@{samples}", "anls_mean",
+              "acc_mean", "acc_pass", "tool_call", "turns", "latency_s"]
     lines = [header]
     for name, s in rows:
         es, doc = s["es"], s.get("docvqa") or {}
