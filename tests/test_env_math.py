@@ -1,6 +1,7 @@
 """MATH-ReAct-v0 end to end with the real bubblewrap sandbox (issue 2 acceptance)."""
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -201,3 +202,24 @@ def test_short_timeout_kills_the_nested_process_group():
         assert leftover == ""
     finally:
         e.close()
+
+
+def test_unsandboxed_workdirs_do_not_outlive_episodes_or_the_interpreter(tmp_path):
+    """sandbox="none" without close(): one folder at most while running, none after exit."""
+    script = f"""
+import os, gymnasium as gym, agent_envs
+act = {bash("touch here; ls")!r}
+for seed in range(3):  # an environment per episode, dropped without close()
+    e = gym.make("MATH-ReAct-v0", dataset=[{TASK!r}], sandbox="none")
+    e.reset(seed=seed)
+    e.step(act)
+for seed in range(3):  # one environment, episodes cut short by reset()
+    e.reset(seed=seed)
+    e.step(act)
+print(len(os.listdir({str(tmp_path)!r})))
+"""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out == "1\n"  # only the running episode's folder
+    assert list(tmp_path.iterdir()) == []

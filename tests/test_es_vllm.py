@@ -23,8 +23,10 @@ SCRIPT = r'''
 import json, os, sys
 from vllm import LLM, SamplingParams
 from agent_envs.es.worker import EXTENSION, VLLMPerturbation
+# a node-memory fraction below the process's own RSS: the engine must start on the explicit KV
+# cache size that the vllm_tmpdir fixture sets, whatever the machine's memory
 llm = LLM(model=sys.argv[1], worker_extension_cls=EXTENSION, dtype="float32", max_model_len=384,
-          enforce_eager=True, seed=0, gpu_memory_utilization=0.12)
+          enforce_eager=True, seed=0, gpu_memory_utilization=0.01)
 out = {"coverage": llm.collective_rpc("es_init", args=("full", [], 2**23))[0]}
 try:
     es = VLLMPerturbation(llm, exact_revert=True)

@@ -201,3 +201,12 @@ def test_paired_bootstrap_sample_sets_must_match():
     after = _anls_rows({"a": (0.5,)})
     with pytest.raises(ValueError, match="sample sets differ"):
         paired_bootstrap(before, after)
+
+
+def test_summary_reports_the_mean_without_error_episodes_next_to_the_es_mean():
+    rows = [_row("a", 0, 1.0, termination_reason="final_answer"), _row("b", 0, 0.5, termination_reason="max_turns"),
+            _row("c", 0, -1.0, termination_reason="request_error"), _row("d", 0, 0.0, termination_reason="env_error")]
+    s = summarize(rows, 1)
+    assert s["es"]["mean_score"] == pytest.approx(1.5 / 4)  # the reference's mean: errors count as 0
+    assert s["non_error"] == {"count": 2, "mean_score": pytest.approx(0.75)}
+    assert summarize(rows[2:], 1)["non_error"] == {"count": 0, "mean_score": None}

@@ -229,6 +229,12 @@ def test_nested_namespace_cannot_reach_host(make):
     _alive(sb)
 
 
+def test_nested_user_namespace_is_refused(make):
+    """Not even a private mount inside the sandbox: a nested user namespace is kernel attack surface."""
+    res, out = _obs(make(), "mkdir -p /tmp/m; unshare -rm sh -c 'mount -t tmpfs none /tmp/m && echo mounted'")
+    assert "mounted" not in res.stdout.decode() and res.returncode != 0, out
+
+
 def test_host_environment_is_absent(make, monkeypatch):
     monkeypatch.setenv("AE_TEST_SECRET", "s3cr3t-value")
     res, out = _obs(make(), "env")

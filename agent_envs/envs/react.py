@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import gymnasium as gym
 
 from agent_envs.data.tasks import episode_key
+from agent_envs.envs.args import EnvArgs, ResetOptions
 from agent_envs.envs.spaces import CompletionText, Conversation
 from agent_envs.policy.base import Completion, GenerationRequest, error_text
 from agent_envs.protocol import messages as msgs
@@ -102,21 +103,20 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         render_mode: str | None = None,
         dataset_kwargs: dict[str, Any] | None = None,
     ):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        if compat not in ("es", "http_eval"):
-            raise ValueError(f"compat must be 'es' or 'http_eval', got {compat!r}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}")
+        args = EnvArgs.checked(f"{self.env_id} argument", {
+            "max_turns": max_turns,
+            "max_tokens_per_turn": self.default_max_tokens_per_turn if max_tokens_per_turn is None
+            else max_tokens_per_turn,
+            "max_trajectory_tokens": self.default_max_trajectory_tokens if max_trajectory_tokens == "default"
+            else max_trajectory_tokens,
+            "max_model_len": max_model_len, "enable_thinking": enable_thinking, "compat": compat,
+            "render_mode": render_mode,
+        })
         self.render_mode = render_mode
-        self.max_turns = max_turns
-        self.max_tokens_per_turn = (
-            self.default_max_tokens_per_turn if max_tokens_per_turn is None else max_tokens_per_turn
-        )
-        self.max_trajectory_tokens = (
-            self.default_max_trajectory_tokens if max_trajectory_tokens == "default" else max_trajectory_tokens
-        ) or None
-        self.max_model_len = max_model_len
+        self.max_turns = args.max_turns
+        self.max_tokens_per_turn = args.max_tokens_per_turn
+        self.max_trajectory_tokens = args.max_trajectory_tokens or None
+        self.max_model_len = args.max_model_len
         self.counter = TokenCounter(tokenizer, enable_thinking=enable_thinking)
         self.compat = compat
         self.sandbox_config: SandboxConfig = resolve_config(sandbox)
@@ -159,24 +159,22 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         self._close_sandbox()
-        options = dict(options or {})
-        unknown = set(options) - {"task", "row_index", "sample_index", "base_seed"}
-        if unknown:
-            raise ValueError(f"unknown reset options: {sorted(unknown)}")
-        if "task" in options:
-            task = self._coerce_task(options["task"])
-            row_index = int(options.get("row_index", 0))
+        opts = ResetOptions.checked("reset options", dict(options or {}))
+        if "task" in opts.model_fields_set:
+            task = self._coerce_task(opts.task)
+            row_index = opts.row_index or 0
         else:
             tasks = self.tasks
-            if "row_index" in options:
-                row_index = int(options["row_index"])
-                if not 0 <= row_index < len(tasks):
+            if opts.row_index is not None:
+                row_index = opts.row_index
+                if row_index >= len(tasks):
                     raise IndexError(f"row_index {row_index} out of range for {len(tasks)} tasks")
             else:
                 row_index = int(self.np_random.integers(len(tasks)))
             task = tasks[row_index]
-        sample_index = int(options.get("sample_index", 0))
-        base_seed = int(options.get("base_seed", seed if seed is not None else DEFAULT_BASE_SEED))
+        sample_index = opts.sample_index
+        base_seed = opts.base_seed if opts.base_seed is not None else (
+            seed if seed is not None else DEFAULT_BASE_SEED)
         self._check_task(task)
         messages = [
             {"role": "system", "content": self.system_prompt},

@@ -176,6 +176,10 @@ def summarize(records: Records, samples: int, ks: Sequence[int] | None = None, i
     out["at_k"] = at_k
     if docvqa:
         out["docvqa"] = docvqa_readme_metrics(rows, samples)
+    # the ES fields above count error episodes (failed requests, env errors) as score 0, as the
+    # reference does; this mean leaves them out, so infrastructure failures cannot pass as the model's
+    ok = [clamped_score(r) for r in rows if r.get("termination_reason") not in ERROR_TERMINATIONS]
+    out["non_error"] = {"count": len(ok), "mean_score": _mean(ok)}
     out["diagnostics"] = diagnostics(rows)
     out["tool_call_rate"] = out["diagnostics"]["tool_call_rate"]
     out["tool_success_rate"] = out["diagnostics"]["tool_success_rate"]

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..atomic import atomic_write
+from ..atomic import atomic_write, write_all
 
 #: termination reasons that make a row an error row (ES ``error_count``; re-run on resume when
 #: the row also carries ``error``)
@@ -86,19 +86,22 @@ def dumps_line(row: dict[str, Any]) -> bytes:
 
 
 class JsonlWriter:
-    """Append-only JSONL file; every line is durable before ``write`` returns.  Thread-safe."""
+    """Append-only JSONL file; every line is durable before ``write`` returns.  Thread-safe.
+
+    Unbuffered: a failed write (a full disk) raises once, there, and closing has nothing left to
+    flush.  A line cut short by it reads back as the expected unreadable last line.
+    """
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "ab")
+        self._fh = open(self.path, "ab", buffering=0)
         self._lock = threading.Lock()
 
     def write(self, record: EpisodeRecord | dict[str, Any]) -> None:
         line = dumps_line(as_row(record))
         with self._lock:
-            self._fh.write(line)
-            self._fh.flush()
+            write_all(self._fh.fileno(), line, self.path)
             os.fsync(self._fh.fileno())
 
     def close(self) -> None:

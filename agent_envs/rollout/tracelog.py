@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..atomic import write_file
 from .records import EpisodeRecord, as_row
 
 Row = dict[str, Any]
@@ -154,7 +155,7 @@ def write_trace_log(record: EpisodeRecord | Row, directory: str | Path, prefix: 
     row = as_row(record)
     path = Path(directory) / trace_filename(row, prefix)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(render(row).encode("utf-8", "replace"))
+    write_file(path, render(row).encode("utf-8", "replace"))
     return path
 
 

@@ -11,16 +11,28 @@ from pathlib import Path
 from agent_envs.sandbox._bwrap_layout import HOST_UID_WHEN_ROOT, SANDBOX_UID
 
 
+#: the namespace helper: report, wait for the uid map, re-exec (to gain the namespace's
+#: capabilities), cap nested user namespaces at 0, report again, then hold the namespace open
+_NO_NESTED_USERNS = ("echo; read _; exec /bin/sh -c "
+                     "'echo 0 >/proc/sys/user/max_user_namespaces && echo limited; exec cat'")
+
+
 class UserNamespace:
     """A user namespace mapping sandbox uid 1000 to an unprivileged host uid (host root only).
 
     bwrap joins it with ``--userns``.  Host uid 0 stays mapped to 0 so that bwrap can still
     reach the bind sources (e.g. a Python under /root) while setting up; the command itself then
     drops to uid 1000 with ``setpriv`` and, being host uid 65534, is subject to RLIMIT_NPROC.
+
+    The namespace's ``user.max_user_namespaces`` is set to 0, so nothing inside can create a
+    nested user namespace (and with it mount or network privileges): what bwrap's
+    ``--disable-userns`` does, which needs ``--unshare-user`` and so cannot be used with
+    ``--userns``.  The helper re-execs once its uid is mapped, because only then does it hold
+    CAP_SYS_RESOURCE in the namespace, which writing that limit requires.
     """
 
     def __init__(self) -> None:
-        helper = subprocess.Popen(["unshare", "--user", "--", "/bin/sh", "-c", "echo; exec cat"],
+        helper = subprocess.Popen(["unshare", "--user", "--", "/bin/sh", "-c", _NO_NESTED_USERNS],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         try:
             assert helper.stdout is not None and helper.stdin is not None
@@ -29,6 +41,11 @@ class UserNamespace:
             mapping = f"0 0 1\n{SANDBOX_UID} {HOST_UID_WHEN_ROOT} 1\n"
             for name in ("uid_map", "gid_map"):
                 Path(f"/proc/{helper.pid}/{name}").write_text(mapping)
+            helper.stdin.write(b"\n")
+            helper.stdin.flush()
+            if helper.stdout.readline() != b"limited\n":
+                raise RuntimeError("could not forbid nested user namespaces in the sandbox "
+                                   "(writing user.max_user_namespaces failed)")
             self.fd = os.open(f"/proc/{helper.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
         finally:
             if helper.stdin is not None:

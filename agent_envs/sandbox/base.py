@@ -14,6 +14,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent_envs.validation import WholeNumber
+
 #: where the task's page image appears inside every sandbox (read-only)
 DOCUMENT_PATH = "/workspace/document.png"
 #: environment every sandbox backend sets: home and temp on the tmpfs, no pip index, and
@@ -48,21 +50,32 @@ class ExecResult:
     meta: dict = field(default_factory=dict)
 
 
+#: smallest address-space cap that still starts ``python3 -c "import numpy, sympy"`` (measured:
+#: 128 MiB cannot, 256 MiB can); anything lower would turn every command into an error
+MIN_MEMORY_GIB = 0.25
+
+
 class SandboxLimits(BaseModel):
-    """Resource limits applied to every command (all backends)."""
+    """Resource limits applied to every command (all backends).
+
+    Checked when the environment is made, strictly (``"3"`` or ``True`` is not a number here), with
+    floors below which no command could run, so a bad limit never reaches the model as an error
+    observation on every turn.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    timeout_s: float = 20.0
-    memory_gib: float | None = Field(default=8.0, gt=0)  # address space (ulimit -v); None disables
-    max_processes: int = 256
-    max_file_size_mib: int = 512
-    max_open_files: int = 1024
-    cpu_seconds: int = 120
-    workspace_mib: int = 1024  # size of the writable /workspace (and /tmp) tmpfs
-    max_output_chars: int = 6000
+    timeout_s: float = Field(default=20.0, gt=0, strict=True)
+    #: address space (ulimit -v); None disables
+    memory_gib: float | None = Field(default=8.0, ge=MIN_MEMORY_GIB, strict=True)
+    max_processes: WholeNumber = Field(default=256, ge=2)  # the shell and one command
+    max_file_size_mib: WholeNumber = Field(default=512, ge=1)
+    max_open_files: WholeNumber = Field(default=1024, ge=64)  # the persistent driver uses fds 59-63
+    cpu_seconds: WholeNumber = Field(default=120, ge=1)
+    workspace_mib: WholeNumber = Field(default=1024, ge=1)  # size of the writable /workspace (and /tmp) tmpfs
+    max_output_chars: WholeNumber = Field(default=6000, ge=1)
     #: bytes kept from each end of a stream; must exceed 4x max_output_chars for exact framing
-    capture_window_bytes: int = Field(default=65536, ge=4096)
+    capture_window_bytes: WholeNumber = Field(default=65536, ge=4096)
 
     @property
     def capture_keep(self) -> int:

@@ -6,10 +6,14 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from agent_envs.sandbox._bwrap_layout import bwrap_usable
 from agent_envs.sandbox.base import Sandbox, SandboxConfig
+from agent_envs.validation import invalid
 
 BACKENDS = ("bwrap", "none", "docker")
+MODES = ("persistent", "fresh")
 log = logging.getLogger("agent_envs.sandbox")
 
 
@@ -22,12 +26,17 @@ def resolve_config(spec: SandboxConfig | str | dict[str, Any] | None) -> Sandbox
     elif isinstance(spec, str):
         config = SandboxConfig(backend=spec)
     elif isinstance(spec, dict):
-        config = SandboxConfig.model_validate(spec)
+        try:
+            config = SandboxConfig.model_validate(spec)
+        except ValidationError as exc:
+            raise invalid("sandbox config", exc) from None
     else:
         raise TypeError(f"sandbox must be a SandboxConfig, a backend name, a dict or None, "
                         f"not {type(spec).__name__}")
     if config.backend not in BACKENDS:
         raise ValueError(f"unknown sandbox backend {config.backend!r}; expected one of {BACKENDS}")
+    if config.mode not in MODES:
+        raise ValueError(f"unknown sandbox mode {config.mode!r}; expected one of {MODES}")
     return config
 
 

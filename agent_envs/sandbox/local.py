@@ -1,7 +1,7 @@
 """The ``"none"`` backend: commands run unsandboxed on the host (the reference math runner, docs/protocol.md#math-tool).
 
 Per episode there is one temporary working directory that persists across turns and is removed
-on close.  Each command is ``/bin/bash -c "ulimit -v KiB; <command>"`` in a new session; its whole
+on close, when the sandbox is garbage-collected, or at interpreter exit (whichever comes first).  Each command is ``/bin/bash -c "ulimit -v KiB; <command>"`` in a new session; its whole
 process group is killed when it times out and when it finishes (so plain background jobs do not
 outlive it; a process that calls setsid itself can, which is why this backend is not a sandbox).
 """
@@ -13,6 +13,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import weakref
 
 from agent_envs.sandbox._bwrap_layout import with_ulimit
 from agent_envs.sandbox._capture import StreamReader, captured, drain
@@ -32,6 +33,7 @@ class LocalSandbox(Sandbox):
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config
         self.workdir: str | None = tempfile.mkdtemp(prefix="ae-local-")
+        self._remove = weakref.finalize(self, shutil.rmtree, self.workdir, ignore_errors=True)
         env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
         env["BROWSER"] = "/bin/false"
         env.update(config.env)
@@ -78,9 +80,8 @@ class LocalSandbox(Sandbox):
             pass
 
     def close(self) -> None:
-        if self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            self.workdir = None
+        self._remove()
+        self.workdir = None
 
 
 def _wait(proc: subprocess.Popen, deadline: float) -> bool:

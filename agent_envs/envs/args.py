@@ -1,0 +1,42 @@
+"""The environments' own arguments, checked strictly at ``gym.make`` and ``reset``.
+
+A mistyped argument (``max_turns=1.5``, ``max_tokens_per_turn="x"``, ``row_index=True``) is
+refused with a ValueError naming it, instead of being coerced or surfacing turns later.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agent_envs.validation import WholeNumber, invalid
+
+
+class _Checked(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def checked(cls, what: str, values: dict[str, Any]):
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            raise invalid(what, exc) from None
+
+
+class EnvArgs(_Checked):
+    max_turns: WholeNumber = Field(ge=1)
+    #: <= 0 means no per-turn cap (the request carries no max_tokens), as in the protocol
+    max_tokens_per_turn: WholeNumber
+    #: 0 or None: no trajectory cap
+    max_trajectory_tokens: WholeNumber | None = Field(ge=0)
+    max_model_len: WholeNumber | None = Field(ge=1)
+    enable_thinking: bool = Field(strict=True)
+    compat: Literal["es", "http_eval"]
+    render_mode: Literal["ansi"] | None
+
+
+class ResetOptions(_Checked):
+    task: Any = None
+    row_index: WholeNumber | None = Field(default=None, ge=0)
+    sample_index: WholeNumber = Field(default=0, ge=0)
+    base_seed: WholeNumber | None = None
