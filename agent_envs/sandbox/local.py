@@ -14,7 +14,8 @@ import subprocess
 import tempfile
 import time
 
-from agent_envs.sandbox._bwrap_layout import with_ulimit
+from agent_envs.sandbox import _procs
+from agent_envs.sandbox._bwrap_layout import set_rlimits, with_ulimit
 from agent_envs.sandbox._capture import StreamReader, captured, drain
 from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig
 
@@ -64,6 +65,23 @@ class LocalSandbox(Sandbox):
         proc.stderr.close()
         return ExecResult(returncode=rc if finished else 124, timed_out=not finished,
                           **captured(out, err), duration_s=time.monotonic() - started, timeout_s=limit)
+
+    def popen(self, program: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+        """Start a long-lived tool process in the working directory, under the sandbox's rlimits,
+        in its own session; stdin/stdout/stderr are pipes.  End it with :meth:`stop`."""
+        if self.workdir is None:
+            raise OSError("sandbox is closed")
+        limits = self.config.limits
+        return subprocess.Popen(program, cwd=self.workdir, env=self.env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=pass_fds,
+                                preexec_fn=lambda: set_rlimits(limits), start_new_session=True)
+
+    @staticmethod
+    def stop(proc: subprocess.Popen) -> None:
+        """Kill ``proc``, its process group and its descendants, and reap it."""
+        _procs.kill_all(_procs.descendants(proc.pid))
+        _killpg(proc.pid)
+        proc.wait()
 
     def log_command(self, name: str, command: str) -> None:
         """Append ``command`` to the file ``name`` in the working directory, stamped with the UTC
