@@ -77,9 +77,20 @@ class LocalSandbox(Sandbox):
                                 preexec_fn=lambda: set_rlimits(limits), start_new_session=True)
 
     @staticmethod
-    def stop(proc: subprocess.Popen) -> None:
-        """Kill ``proc``, its process group and its descendants, and reap it."""
-        _procs.kill_all(_procs.descendants(proc.pid))
+    def sweep(proc: subprocess.Popen) -> None:
+        """Kill every descendant of ``proc`` and wait until each has exited (``proc`` lives on;
+        it should be a child subreaper, so that double-forked orphans stay its descendants)."""
+        seen: set[int] = set()
+        while new := set(_procs.descendants(proc.pid)) - seen:
+            _procs.kill_all(sorted(new))
+            for pid in new:
+                _procs.wait_exit(pid, 1.0)
+            seen |= new
+
+    @classmethod
+    def stop(cls, proc: subprocess.Popen) -> None:
+        """Kill ``proc``, its descendants and its process group, and reap it."""
+        cls.sweep(proc)
         _killpg(proc.pid)
         proc.wait()
 

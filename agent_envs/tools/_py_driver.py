@@ -8,11 +8,9 @@ every other process it can see, then writes an end marker carrying the nonce to 
 right after (``MemoryError``, or a thread left running, which Python cannot stop).
 ``sys.exit``, ``os._exit`` and signals end the process without a status line.
 """
-import ast
+import _ast  # the builtin node classes: importing ``ast`` would double the start-up time
 import os
 import sys
-import threading
-import traceback
 
 
 def _read_exactly(stream, size):
@@ -51,16 +49,17 @@ def _threads():
     try:
         return len(os.listdir("/proc/self/task"))
     except OSError:
+        import threading
         return threading.active_count()
 
 
 def _execute(code, scope):
     """Run one block like a notebook cell: the value of a final bare expression is printed."""
-    tree = ast.parse(code, "<python>")
-    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    tree = compile(code, "<python>", "exec", _ast.PyCF_ONLY_AST)
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], _ast.Expr) else None
     exec(compile(tree, "<python>", "exec"), scope)
     if last is not None:
-        exec(compile(ast.Interactive([last]), "<python>", "single"), scope)
+        exec(compile(_ast.Interactive([last]), "<python>", "single"), scope)
 
 
 def _block(code, scope):
@@ -72,6 +71,7 @@ def _block(code, scope):
     except SystemExit:
         raise
     except BaseException as exc:  # noqa: BLE001 - everything a block raises is its output
+        import traceback
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != "<python>":
             tb = tb.tb_next  # hide the driver's own frames

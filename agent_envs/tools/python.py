@@ -115,7 +115,7 @@ class _Interpreter:
             why = _exit_reason(self.proc.returncode)
         else:
             if not self.sweep:
-                _procs.kill_all(_procs.descendants(self.proc.pid))
+                self.sandbox.sweep(self.proc)  # type: ignore[attr-defined]
             if self.status.kind == "X":
                 self.close()
                 why = "the code left the interpreter unusable (see above)"
