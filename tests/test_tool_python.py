@@ -2,6 +2,7 @@
 hostile code is contained, and nothing is left behind (processes, temp folders, mounts)."""
 from __future__ import annotations
 
+import os
 import random
 import socket
 import textwrap
@@ -134,6 +135,14 @@ def test_background_processes_do_not_survive(tool):
     assert _obs(tool, "print(7)") == "7\n\n[exit_code] 0"
 
 
+def test_forked_children_do_not_run_the_driver(tool):
+    tool.run("kept = 5")
+    out = _obs(tool, "import os, sys\npid = os.fork()\nprint('child' if pid == 0 else 'parent')\n"
+                     "if pid: os.waitpid(pid, 0)")
+    assert sorted(out.split("\n\n")[0].split()) == ["child", "parent"]
+    assert _obs(tool, "print(kept)") == "5\n\n[exit_code] 0" and tool.restarts == 0
+
+
 def test_docker_is_refused_clearly():
     with pytest.raises(SandboxUnavailable, match="docker"):
         PythonTool(SandboxConfig(backend="docker"))
@@ -152,6 +161,14 @@ def test_fork_bomb_is_contained(sandboxed):
                 print('capped'); break""", timeout=10)
     assert "capped" in out
     assert _obs(sandboxed, "print('alive')").startswith("alive")
+
+
+@pytest.mark.parametrize("code", ["os.kill(1, 9)", "os.kill(-1, 9)", "os.kill(os.getppid(), 9)",
+                                  f"os.kill({os.getpid()}, 9)"])
+def test_signals_cannot_escape(sandboxed, code):
+    sandboxed.run("kept = 1")
+    _obs(sandboxed, f"import os\ntry:\n    {code}\nexcept OSError:\n    pass")
+    assert _obs(sandboxed, "print(kept)") == "1\n\n[exit_code] 0"
 
 
 def test_file_size_limit(sandboxed):
