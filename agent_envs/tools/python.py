@@ -77,20 +77,23 @@ class _Interpreter:
             os.close(status_w)
         self.status = _Status(status_r)
         self.sweep = sweep
-        self.fresh = True
         self.dead = False
-        assert self.proc.stdin is not None
+        assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
         os.set_blocking(self.proc.stdin.fileno(), False)
+        # wait for the driver's ready line, so that start-up is not charged to the first call
+        self.status.nonce = b"boot"
+        pump([self.status], lambda: self.status.kind is not None or self.status.done,
+             time.monotonic() + BOOT_GRACE_S)
+        if self.status.kind != "B":
+            out = StreamReader(self.proc.stdout.fileno(), 4096)
+            err = StreamReader(self.proc.stderr.fileno(), 4096)
+            drain(out, err, time.monotonic() + EXIT_GRACE_S)
+            self.close()
+            text = (out.window.data() + err.window.data()).decode("utf-8", "replace").strip()
+            raise OSError(f"the python interpreter did not start: {text or 'no output'}")
 
     def run(self, code: bytes, timeout: float, keep: int) -> tuple[ExecResult, str | None]:
         """The call's result and, when the interpreter ended, why (for the notice)."""
-        if self.fresh and not self._boot():
-            drain_err = StreamReader(self.proc.stderr.fileno(), keep)  # type: ignore[union-attr]
-            drain(StreamReader(self.proc.stdout.fileno(), keep), drain_err,  # type: ignore[union-attr]
-                  time.monotonic() + EXIT_GRACE_S)
-            self.close()
-            text = drain_err.window.data().decode("utf-8", "replace").strip()
-            return ExecResult(returncode=126, launch_error=f"the python interpreter did not start: {text}"), None
         started = time.monotonic()
         assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
         nonce = secrets.token_hex(8).encode()
@@ -122,14 +125,6 @@ class _Interpreter:
         rc = 124 if not finished else (self.status.rc if self.status.kind else self.proc.returncode)
         return ExecResult(returncode=rc, timed_out=not finished, **captured(out, err),
                           duration_s=time.monotonic() - started, timeout_s=timeout), why
-
-    def _boot(self) -> bool:
-        """Wait for the driver's ready line (start-up is not charged to the first call)."""
-        self.fresh = False
-        self.status.nonce = b"boot"
-        pump([self.status], lambda: self.status.kind is not None or self.status.done,
-             time.monotonic() + BOOT_GRACE_S)
-        return self.status.kind == "B"
 
     def processes(self) -> list[int]:
         return [] if self.dead else [self.proc.pid, *_procs.descendants(self.proc.pid)]
