@@ -3,7 +3,9 @@
 Variables, imports and function definitions persist across calls, so a step costs a pipe round
 trip instead of an interpreter start-up.  The interpreter runs ``_py_driver.py`` in a sandbox of
 its own (``Sandbox.popen``: bubblewrap with the shell's namespaces, mounts, uid and rlimits, or
-the unsandboxed ``"none"`` backend); it does not share the bash tool's ``/workspace``.
+the unsandboxed ``"none"`` backend); it does not share the bash tool's ``/workspace``, and the
+shell's ``mode`` does not apply (the interpreter lives for the episode by definition).  The
+docker backend is not supported yet (``SandboxUnavailable``).
 
 Per call the guarantees match the bash tool's: output is captured in head/tail windows and
 framed by :func:`agent_envs.sandbox.output.format_observation`; every process the code started
