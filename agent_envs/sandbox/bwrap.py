@@ -96,6 +96,15 @@ class _Layout:
         return [self.bwrap, *ns, *options, *self.layout, *command_prefix(self.limits, self.as_root),
                 *program]
 
+    def popen(self, program: list[str], options: tuple[str, ...] = (), pass_fds: tuple[int, ...] = (),
+              stdin: int = subprocess.PIPE) -> subprocess.Popen:
+        """``program`` in a new sandbox of this layout, stdout/stderr piped, in its own session."""
+        fd = self.userns.fd if self.userns is not None else -1
+        limits = self.limits
+        return subprocess.Popen(self.argv(fd, program, options), stdin=stdin, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, pass_fds=(*pass_fds, fd) if fd >= 0 else pass_fds,
+                                preexec_fn=lambda: set_rlimits(limits), start_new_session=True)
+
     def close(self) -> None:
         if self.userns is not None:
             self.userns.close()
@@ -112,17 +121,11 @@ class _FreshRunner:
 
     def run(self, command: str, timeout: float, keep: int) -> ExecResult:
         started = time.monotonic()
-        limits = self.layout.limits
-        script = with_ulimit(limits, command)
-        fd = self.layout.userns.fd if self.layout.userns is not None else -1
+        script = with_ulimit(self.layout.limits, command)
         info_r, info_w = os.pipe()
         try:
-            argv = self.layout.argv(fd, ["/bin/bash", "--noprofile", "--norc", "-c", script],
-                                    ("--info-fd", str(info_w)))
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE,
-                                    pass_fds=[info_w, fd] if fd >= 0 else [info_w],
-                                    preexec_fn=lambda: set_rlimits(limits), start_new_session=True)
+            proc = self.layout.popen(["/bin/bash", "--noprofile", "--norc", "-c", script],
+                                     ("--info-fd", str(info_w)), (info_w,), stdin=subprocess.DEVNULL)
         except (OSError, ValueError) as exc:
             os.close(info_r)
             return _launch_error(str(exc), started)
@@ -369,6 +372,21 @@ class BwrapSandbox(Sandbox):
         except (OSError, ValueError) as exc:
             return _launch_error(str(exc), started)
         return shell.run(payload, limit, self.config.limits.capture_keep)
+
+    def popen(self, program: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+        """Start a long-lived tool process (e.g. the python tool's interpreter) in a new sandbox
+        with this episode's layout and limits; stdin/stdout/stderr are pipes.  End it with
+        :meth:`stop`."""
+        layout = self._state.get("layout")
+        if layout is None:
+            raise OSError("sandbox is closed")
+        return layout.popen(program, pass_fds=pass_fds)
+
+    @staticmethod
+    def stop(proc: subprocess.Popen) -> None:
+        """Kill everything ``proc``'s sandbox runs and reap it."""
+        _procs.teardown(proc.pid)
+        proc.wait()
 
     def processes(self) -> list[int]:
         """Host pids of this sandbox's processes (bwrap monitor included); empty when none runs."""
