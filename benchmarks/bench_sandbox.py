@@ -18,6 +18,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from agent_envs.core.spec import Mount
+from agent_envs.envs.docvqa.spec import DOCUMENT_PATH
 from agent_envs.sandbox.base import SandboxConfig
 from agent_envs.sandbox.factory import make_sandbox
 from agent_envs.tools.python import PythonTool
@@ -106,7 +108,7 @@ def tool_comparison(episodes: int = 64, steps: int = 20) -> None:
 
 def tesseract_s(page: Path, limit_threads: bool) -> float:
     env = {} if limit_threads else {"OMP_THREAD_LIMIT": "64"}
-    cfg = SandboxConfig(image_path=str(page), env=env)
+    cfg = SandboxConfig(mounts=[Mount(str(page), DOCUMENT_PATH)], env=env)
     sb = make_sandbox(cfg)
     try:
         cmd = "tesseract /workspace/document.png stdout >/dev/null 2>&1" if limit_threads else \

@@ -11,7 +11,8 @@ import textwrap
 import pytest
 
 from agent_envs.sandbox.base import SandboxConfig, SandboxLimits, SandboxUnavailable
-from agent_envs.tools.python import PythonTool, format_python_observation
+from agent_envs.tools.python import PythonTool
+from protocol_specs import format_python_observation
 from sandbox_backends import (close_checked, describe, host_processes_matching, our_processes,
                               sandbox_mounts, temp_dirs)
 

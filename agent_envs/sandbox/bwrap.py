@@ -35,7 +35,7 @@ from agent_envs.sandbox import _procs
 from agent_envs.sandbox._bwrap_layout import (command_prefix, find_bwrap, layout_args, set_rlimits,
                                               with_ulimit)
 from agent_envs.sandbox._capture import PendingWrite, StreamReader, captured, drain, pump
-from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig, image_must_exist, stage_readable
+from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig, remove_folders, staged_mounts
 
 #: fixed fd numbers of the driver's pipes inside the sandbox
 FD_PTY, FD_CMD, FD_OUT, FD_ERR, FD_USERNS = 59, 60, 61, 62, 63
@@ -74,18 +74,17 @@ def _encode(command: str) -> bytes:
 
 
 class _Layout:
-    """The per-sandbox parts that outlive single commands: user namespace, staged image."""
+    """The per-sandbox parts that outlive single commands: user namespace, staged mounts."""
 
     def __init__(self, config: SandboxConfig) -> None:
         self.bwrap = find_bwrap()
-        image = image_must_exist(config.image_path)
         self.as_root = os.geteuid() == 0
-        self.staged: str | None = None
-        if image is not None and self.as_root and not os.stat(image).st_mode & stat.S_IROTH:
-            image, self.staged = stage_readable(image)  # the sandbox's host uid could not read it
+        # as root, the sandbox's host uid could read only world-readable files
+        mounts, self.staged = staged_mounts(
+            config, lambda p: self.as_root and not os.stat(p).st_mode & stat.S_IROTH)
         self.userns = _procs.UserNamespace() if self.as_root else None
         self.limits = config.limits
-        self.layout = layout_args(config, image)
+        self.layout = layout_args(config, mounts)
 
     def argv(self, userns_fd: int, program: list[str], options: tuple[str, ...] = ()) -> list[str]:
         if self.userns is not None:
@@ -108,9 +107,8 @@ class _Layout:
     def close(self) -> None:
         if self.userns is not None:
             self.userns.close()
-        if self.staged is not None:
-            shutil.rmtree(self.staged, ignore_errors=True)
-            self.staged = None
+        remove_folders(self.staged)
+        self.staged = []
 
 
 class _FreshRunner:

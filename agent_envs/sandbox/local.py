@@ -1,4 +1,4 @@
-"""The ``"none"`` backend: commands run unsandboxed on the host (the reference math runner, docs/protocol.md#math-tool).
+"""The ``"none"`` backend: commands run unsandboxed on the host (as the reference runner did, docs/protocol.md#math-tool).
 
 Per episode there is one temporary working directory that persists across turns and is removed
 on close, when the sandbox is garbage-collected, or at interpreter exit (whichever comes first).  Each command is ``/bin/bash -c "ulimit -v KiB; <command>"`` in a new session; its whole
@@ -98,7 +98,7 @@ class LocalSandbox(Sandbox):
 
     def log_command(self, name: str, command: str) -> None:
         """Append ``command`` to the file ``name`` in the working directory, stamped with the UTC
-        time and the timeout, as the reference math runner did; a failed write is ignored there too."""
+        time and the timeout, as the reference runner did; a failed write is ignored there too."""
         if self.workdir is None:
             return
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -26,7 +26,8 @@ from agent_envs.sandbox import _procs
 from agent_envs.sandbox._capture import PendingWrite, StreamReader, captured, drain, pump
 from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig, SandboxUnavailable
 from agent_envs.sandbox.factory import make_sandbox
-from agent_envs.sandbox.output import Style, format_observation
+from agent_envs.core.spec import Framing
+from agent_envs.sandbox.output import format_observation
 
 DRIVER = (Path(__file__).with_name("_py_driver.py")).read_text(encoding="utf-8")
 #: how long a new interpreter may take to start (not charged to the call's timeout)
@@ -208,8 +209,25 @@ class PythonTool:
         self.close()
 
 
-def format_python_observation(result: ExecResult, style: Style, limit: int = 6000) -> str:
+def format_python_observation(result: ExecResult, framing: Framing, limit: int = 6000) -> str:
     """The shell's framing of ``result``, followed by the restart notice when there is one."""
-    text = format_observation(result, style, limit)
+    text = format_observation(result, framing, limit)
     notice = result.meta.get("notice")
     return f"{text}\n{notice}" if notice else text
+
+
+class PythonObserver:
+    """The ``python`` tool as an environment uses it: code in, observation text out."""
+
+    name = "python"
+
+    def __init__(self, config: SandboxConfig, framing: Framing, limit: int) -> None:
+        self.tool = PythonTool(config)
+        self.framing = framing
+        self.limit = limit
+
+    def run(self, code: str) -> str:
+        return format_python_observation(self.tool.run(code), self.framing, self.limit)
+
+    def close(self) -> None:
+        self.tool.close()

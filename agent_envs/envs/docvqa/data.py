@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from agent_envs.atomic import atomic_write
 from agent_envs.data.jsonl import read_jsonl
-from agent_envs.data.tasks import DocTask
+from agent_envs.envs.docvqa.task import DocTask
 
 HF_REPO = "lmms-lab/DocVQA"
 HF_CONFIG = "DocVQA"
@@ -62,7 +62,7 @@ def load_docvqa_tasks(
         raise DocDataError(f"limit must be >= 0, got {limit}")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if isinstance(spec, str) and spec == "builtin":
-        from agent_envs.data.synth_docs import builtin_tasks_file
+        from agent_envs.envs.docvqa.synth import builtin_tasks_file
 
         size = max(BUILTIN_SIZE, limit or 0)
         tasks = _load_jsonl(builtin_tasks_file(size, BUILTIN_SEED, cache), cache)
