@@ -110,6 +110,7 @@ class SeededPerturber:
         self.perturbation: dict[str, Any] | None = None
         self.exact_revert = bool(exact_revert)
         self._saved: list[torch.Tensor] = []
+        self._snapshot: list[torch.Tensor] = []
         self.init(scope, target_modules)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -163,6 +164,20 @@ class SeededPerturber:
             data = param.detach().contiguous().reshape(-1).view(torch.uint8).cpu()
             digest.update(data.numpy().tobytes())
         return digest.hexdigest()
+
+    def snapshot(self) -> dict[str, Any]:
+        """Keep a same-device copy of the selected tensors, for :meth:`max_abs_diff` (diagnostics)."""
+        with torch.no_grad():
+            self._snapshot = [p.detach().clone() for _, p in self.params]
+        return {"ok": True, "n_tensors": len(self._snapshot)}
+
+    def max_abs_diff(self) -> float:
+        """Largest absolute element difference from the last :meth:`snapshot` (float32 maths)."""
+        if not self._snapshot:
+            raise RuntimeError("no snapshot taken; call snapshot() first")
+        with torch.no_grad():
+            return max((float((p.detach().float() - s.float()).abs().max()) if p.numel() else 0.0)
+                       for (_, p), s in zip(self.params, self._snapshot))
 
     # -- noise ------------------------------------------------------------------------------
     def _generator(self, seed: int, name: str, device: torch.device) -> torch.Generator:
