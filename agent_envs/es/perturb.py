@@ -74,6 +74,10 @@ def _is_linear_weight(name: str, param: torch.Tensor, targets: Sequence[str] | N
     return not targets or module.rpartition(".")[2] in targets
 
 
+def _raw_bytes(param: torch.Tensor) -> bytes:
+    return param.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
+
+
 def _finite(label: str, value: float, minimum: float | None = 0.0) -> float:
     value = float(value)
     if not math.isfinite(value) or (minimum is not None and value < minimum):
@@ -161,9 +165,12 @@ class SeededPerturber:
         digest = hashlib.sha256()
         for name, param in self.params:
             digest.update(name.encode("utf-8"))
-            data = param.detach().contiguous().reshape(-1).view(torch.uint8).cpu()
-            digest.update(data.numpy().tobytes())
+            digest.update(_raw_bytes(param))
         return digest.hexdigest()
+
+    def tensor_checksums(self) -> dict[str, str]:
+        """SHA-256 (16 hex digits) of each selected tensor: says which tensors differ between engines."""
+        return {name: hashlib.sha256(_raw_bytes(param)).hexdigest()[:16] for name, param in self.params}
 
     def snapshot(self) -> dict[str, Any]:
         """Keep a same-device copy of the selected tensors, for :meth:`max_abs_diff` (diagnostics)."""

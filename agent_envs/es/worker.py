@@ -93,6 +93,9 @@ class ESWorkerExtension:
     def es_checksum(self) -> str:
         return self._es_state().checksum()
 
+    def es_tensor_checksums(self) -> dict[str, str]:
+        return self._es_state().tensor_checksums()
+
     def es_snapshot(self) -> dict[str, Any]:
         return self._es_state().snapshot()
 
@@ -157,6 +160,9 @@ class VLLMPerturbation:
 
     def checksum(self) -> list[str]:
         return self._call("es_checksum")
+
+    def tensor_checksums(self) -> list[dict[str, str]]:
+        return self._call("es_tensor_checksums")
 
     def snapshot(self) -> list[Any]:
         return self._call("es_snapshot")

@@ -8,11 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 from typing import Any
 
 from .base import Completion, GenerationRequest
 from .batching import BatchedEnginePolicy, EnginePolicy, Prepared
 from .sampling import SamplingConfig, token_cap
+
+
+#: a tensor-parallel start was seen taking 163 s on two H200s; vLLM's own limit is 600 s by default
+TP_READY_TIMEOUT_S = "900"
+
+
+def prepare_engine_env(engine_kwargs: dict[str, Any]) -> None:
+    """Tensor parallelism needs vLLM's multiprocess engine (one worker process per rank, ES methods
+    called by name); the GPU staging turns it off by default for in-process single-GPU engines."""
+    if int(engine_kwargs.get("tensor_parallel_size") or 1) > 1:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+        os.environ.setdefault("VLLM_ENGINE_READY_TIMEOUT_S", TP_READY_TIMEOUT_S)
 
 
 def sampling_params(sampling: SamplingConfig, prepared: Prepared) -> Any:
@@ -69,6 +82,7 @@ class VLLMPolicy(BatchedEnginePolicy):
         if llm is None:
             import vllm
 
+            prepare_engine_env(engine_kwargs)
             llm = vllm.LLM(model=model, **engine_kwargs)
         self.llm = llm
         self.model = model or getattr(getattr(llm, "model_config", None), "model", None)

@@ -25,8 +25,6 @@ class EngineSpec(BaseModel):
     #: GPUs of one engine (its tensor-parallel group, always on one node); 0 for CPU engines
     gpus: int = 0
     cpus: float = 1.0
-    #: environment of the actor process (e.g. VLLM_ENABLE_V1_MULTIPROCESSING=1 for TP > 1)
-    env_vars: dict[str, str] = Field(default_factory=dict)
 
     def build(self) -> "Engine":
         module, sep, name = self.factory.partition(":")
@@ -116,18 +114,10 @@ class VLLMEngine(Engine):
         self.es = VLLMPerturbation(self.policy.llm, scope=scope, exact_revert=exact_revert)
 
 
-#: vLLM waits this long for its workers at start-up; tensor-parallel starts were seen taking 163 s
-TP_READY_TIMEOUT_S = 900
-
-
 def vllm_spec(model: str, engine_kwargs: dict[str, Any], sampling: dict[str, Any] | None = None,
               rollout_token_budget: int = 131072) -> EngineSpec:
-    """A :class:`VLLMEngine` per actor from the same keyword arguments ``vllm.LLM`` takes.
-
-    ``tensor_parallel_size > 1`` reserves that many GPUs on one node and turns on vLLM's
-    multiprocess engine (one worker process per rank) with a long start-up limit."""
-    tp = int(engine_kwargs.get("tensor_parallel_size", 1))
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_ENGINE_READY_TIMEOUT_S": str(TP_READY_TIMEOUT_S)} if tp > 1 else {}
-    return EngineSpec(factory=f"{__name__}:VLLMEngine", gpus=tp, env_vars=env,
+    """A :class:`VLLMEngine` per actor from the same keyword arguments ``vllm.LLM`` takes;
+    ``tensor_parallel_size`` GPUs per engine, on one node."""
+    return EngineSpec(factory=f"{__name__}:VLLMEngine", gpus=int(engine_kwargs.get("tensor_parallel_size") or 1),
                       kwargs={"model": model, "sampling": sampling, "rollout_token_budget": rollout_token_budget,
                               **engine_kwargs})

@@ -77,6 +77,8 @@ class PoolESTrainer(ESTrainer):
         super().__init__(config, backend, tasks, None, history_path, history, start_generation, eval_hook, log)
         self.pool = backend.pool
         self.rollout_kwargs = dict(rollout_kwargs or {})
+        #: engines that evaluate members (default: all); updates always run on every engine
+        self.member_engines: list[int] | None = None
 
     def evaluate_population(self, batch: Sequence[Any], seeds: Sequence[int], sigma: float,
                             generation: int) -> list[MemberResult]:
@@ -88,4 +90,4 @@ class PoolESTrainer(ESTrainer):
             self.log(f"[es]   generation={generation} member={r.member} seed={r.seed} reward={r.reward:.4f} "
                      f"engine={r.engine_index}")
 
-        return self.pool.map("run_member", jobs, report)
+        return self.pool.map("run_member", jobs, report, self.member_engines)

@@ -31,10 +31,8 @@ class EngineHost:
     """The actor: builds its engine in its own process and runs jobs on it."""
 
     def __init__(self, spec: dict[str, Any], index: int) -> None:
-        parsed = EngineSpec.model_validate(spec)
-        os.environ.update(parsed.env_vars)  # before the engine (and vLLM) reads them
         self.index = index
-        self.engine = parsed.build()
+        self.engine = EngineSpec.model_validate(spec).build()
 
     def ready(self) -> dict[str, Any]:
         import ray
@@ -127,16 +125,16 @@ class EnginePool:
             self.lost.append(index)
             self.monitor("lost", {"engine": index, "error": f"{type(exc).__name__}: {exc}"[:300]})
 
-    def map(self, method: str, jobs: Sequence[Any],
-            on_result: Callable[[int, Any], None] | None = None) -> list[Any]:
-        """Run ``method(job, engine_index)`` for every job on whichever engine is idle; results in
-        job order.  A job whose engine dies is queued again; an exception raised by the job itself
-        is re-raised here (after the other running jobs finished)."""
+    def map(self, method: str, jobs: Sequence[Any], on_result: Callable[[int, Any], None] | None = None,
+            engines: Sequence[int] | None = None) -> list[Any]:
+        """Run ``method(job, engine_index)`` for every job on whichever engine is idle (of ``engines``,
+        default all); results in job order.  A job whose engine dies is queued again; an exception
+        raised by the job itself is re-raised here (after the other running jobs finished)."""
         import ray
 
         queue = collections.deque(range(len(jobs)))
         results: list[Any] = [None] * len(jobs)
-        idle = list(self.live)
+        idle = [i for i in self.live if engines is None or i in engines]
         running: dict[Any, tuple[int, int]] = {}
         failure: BaseException | None = None
         while running or (queue and failure is None):
