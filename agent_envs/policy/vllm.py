@@ -67,7 +67,8 @@ def engine_max_model_len(engine: Any) -> int | None:
 
 class VLLMPolicy(BatchedEnginePolicy):
     """Wraps ``vllm.LLM``: built here from ``model`` and ``engine_kwargs`` (passed through untouched:
-    ``load_format``, ``tensor_parallel_size``, ``dtype``, ``tokenizer``, ``enable_prefix_caching``,
+    ``load_format``, ``tensor_parallel_size``, ``dtype``, ``tokenizer`` (a folder: the engine's
+    tokenizer; an object: used as is), ``enable_prefix_caching``,
     ``seed``, ``worker_extension_cls`` ...), or an ``llm`` the caller owns, e.g. an ES trainer that
     perturbs the weights between calls."""
 
@@ -82,6 +83,8 @@ class VLLMPolicy(BatchedEnginePolicy):
         if llm is None:
             import vllm
 
+            if isinstance(tokenizer, (str, os.PathLike)):  # a tokenizer folder (``--engine-arg tokenizer=``)
+                engine_kwargs["tokenizer"], tokenizer = str(tokenizer), None
             prepare_engine_env(engine_kwargs)
             llm = vllm.LLM(model=model, **engine_kwargs)
         self.llm = llm
