@@ -139,6 +139,7 @@ def server_checks(base_url: str, tokenizer, args, results: dict) -> list:
     results["async_matches_sync"] = [c.token_ids for c in asyncio.run(streams())] == [c.token_ids for c in first]
     alone = [policy.complete(r) for r in base[:ALONE]]  # one at a time: the server batches nothing
     results["server_alone_matches_batch"] = sum(a.token_ids == b.token_ids for a, b in zip(alone, first))
+    results["alone_repeat"] = [policy.complete(r).token_ids for r in base[:ALONE]] == [c.token_ids for c in alone]
     other = policy.generate([r.model_copy(update={"seed": r.seed + 1}) for r in base])
     results["other_seed_differs"] = sum(a.token_ids != b.token_ids for a, b in zip(first, other))
     results["token_ids"] = {

@@ -38,7 +38,7 @@ def test_server_is_reaped(results: dict) -> None:
 
 
 def test_per_request_seeds(results: dict) -> None:
-    assert results["all_ok"] and results["seeded_repeat"] and results["async_matches_sync"]
+    assert results["all_ok"] and results["seeded_repeat"] and results["async_matches_sync"] and results["alone_repeat"]
     assert results["other_seed_differs"] >= 6  # of 8; a short answer may coincide across seeds
 
 
