@@ -4,7 +4,13 @@
 #
 #   docker build -t agent-envs -t agent-envs-sandbox:latest .
 #   docker run --rm -v "$PWD/runs:/runs" agent-envs eval --out /runs/x ...
-FROM python:3.11-slim-bookworm
+#
+# Without a registry, BASE can be the Debian image that docker/debian_base.sh builds with
+# debootstrap (python 3.11 in a venv first on PATH), as CI does:
+#   docker/debian_base.sh && DOCKER_BUILDKIT=0 docker build --network host \
+#     --build-arg BASE=agent-envs-base:bookworm -t agent-envs -t agent-envs-sandbox:latest .
+ARG BASE=python:3.11-slim-bookworm
+FROM ${BASE}
 
 RUN apt-get update \
  && apt-get install -y --no-install-recommends tesseract-ocr tesseract-ocr-eng bubblewrap procps \

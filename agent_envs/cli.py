@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--mode", choices=MODES, default="async")
     ev.add_argument("--concurrency", type=int, default=None, help="episodes in flight (async) or batch size (lockstep)")
     ev.add_argument("--tool-workers", type=int, default=None)
+    ev.add_argument("--engines", type=int, default=1,
+                    help="run N engines as Ray actors (vllm: one GPU or TP group each; docs/scaling.md)")
+    ev.add_argument("--ray-address", default=None, help="join this Ray cluster (multi-node) instead of a local one")
     ev.add_argument("--sandbox", choices=("bwrap", "none", "docker"), default="bwrap")
     ev.add_argument("--max-turns", type=int, default=None)
     ev.add_argument("--max-tokens-per-turn", type=int, default=None)
@@ -201,6 +204,26 @@ def _error_warning(records: Sequence[Any]) -> str | None:
             f"first: {first}); 'mean' scores them 0, 'mean_non_err' leaves them out")
 
 
+def make_pool(kind: str, args: argparse.Namespace) -> Any:
+    """``--engines N`` / ``--ray-address``: one engine per Ray actor, built from the same engine args."""
+    if args.engines < 1:
+        raise UsageError("--engines must be >= 1")
+    if kind not in ("vllm", "scripted"):
+        raise UsageError(f"--engines runs --policy vllm or scripted, not {kind}")
+    if kind == "vllm" and not args.model:
+        raise UsageError("--policy vllm needs --model")
+    try:
+        from agent_envs.scale.engines import EngineSpec, vllm_spec
+        from agent_envs.scale.pool import EnginePool
+    except ImportError as exc:
+        raise UsageError(f"--engines needs Ray: pip install 'agent-envs[ray]' ({exc})") from exc
+    if kind == "vllm":
+        spec = vllm_spec(args.model, dict(args.engine_arg), sampling=_sampling(args).model_dump())
+    else:
+        spec = EngineSpec(factory="agent_envs.scale.engines:scripted_engine", kwargs={"env_id": args.env})
+    return EnginePool(spec, args.engines, ray_address=args.ray_address)
+
+
 def _load_tasks(env_id: str, data: str, env_args: dict[str, Any], limit: int | None) -> list[Any]:
     import gymnasium as gym
 
@@ -255,24 +278,33 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "max_tokens_per_turn": max_tokens, "limit": limit, "env_args": env_args, "argv": sys.argv[1:],
     }
     _check_out(out)
+    pooled = args.engines > 1 or args.ray_address is not None
+    if pooled and kind == "vllm" and args.mode == "async":  # each actor drives the offline engine
+        print("[agent-envs] --engines with vllm runs each engine in lockstep mode", file=sys.stderr)
+        config["mode"] = args.mode = "lockstep"
+    config["engines"] = args.engines
     if args.resume:
         _check_resume(out / "config.json", config)
     tasks = _load_tasks(args.env, args.data, env_kwargs, limit)
     if kind == "cpu":
         print(f"[agent-envs] embedded default: {len(tasks)} task(s) of {args.data!r} with the small CPU model, "
               f"max_turns={max_turns}, max_tokens_per_turn={max_tokens}", file=sys.stderr)
-    policy = make_policy(kind, args, args.env)
+    policy = make_pool(kind, args) if pooled else make_policy(kind, args, args.env)
     concurrency = args.concurrency or (16 if args.mode == "lockstep" else 64)
+    run = dict(samples=args.samples, mode=args.mode, base_seed=args.seed, env_kwargs=env_kwargs,
+               concurrency=concurrency, tool_workers=args.tool_workers, out_path=records_path, resume=args.resume,
+               progress=not args.no_progress, tags={"run": out.name})
     started = time.perf_counter()
     try:
-        config["policy_info"] = policy.describe()
+        config["policy_info"] = policy.spec.model_dump() if pooled else policy.describe()
         # read by --resume
         atomic_write(out / "config.json", [(json.dumps(config, indent=2, default=str) + "\n").encode()])
-        records = run_episodes(
-            args.env, tasks, policy, samples=args.samples, mode=args.mode, base_seed=args.seed,
-            env_kwargs=env_kwargs, concurrency=concurrency, tool_workers=args.tool_workers, out_path=records_path,
-            resume=args.resume, progress=not args.no_progress, tags={"run": out.name},
-        )
+        if pooled:
+            from agent_envs.scale.rollout import pool_run_episodes
+
+            records = pool_run_episodes(policy, args.env, tasks, **run)
+        else:
+            records = run_episodes(args.env, tasks, policy, **run)
     except KeyboardInterrupt:
         done = len(load_records(records_path)) if records_path.exists() else 0
         print(f"\n[agent-envs] interrupted: {done} record(s) saved in {records_path}; "

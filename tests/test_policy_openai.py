@@ -127,6 +127,19 @@ def test_context_error_detection_rules() -> None:
     assert is_context_length_error(400, "context length 10 exceeded; maximum input length is 8")
     assert not is_context_length_error(400, '{"error": {"message": "context length", "param": "messages"}}')
     assert not is_context_length_error(500, vllm_style)
+    # vLLM 0.32 refuses a prompt with more characters than the window's token count allows before tokenising
+    by_chars = ('{"error": {"message": "This model\'s maximum context length is 1024 tokens. However, your prompt '
+                'contains 200148 characters (more than 82944 characters, which is the upper bound for 1024 input '
+                'tokens). Please reduce the length of the input prompt.", "param": "input_text", "code": 400}}')
+    assert is_context_length_error(400, by_chars)
+
+
+def test_window_is_read_from_the_models_list(servers) -> None:
+    listed, given, other = client(servers[0].url), client(servers[0].url, max_model_len=100), client(servers[0].url)
+    other.model = "other"  # a model the server does not list
+    assert [p.window(servers[0].url) for p in (listed, given, other)] == [256, 100, None]
+    for p in (listed, given, other):
+        p.close()
 
 
 def test_real_model_behind_the_server() -> None:

@@ -74,6 +74,10 @@ def _is_linear_weight(name: str, param: torch.Tensor, targets: Sequence[str] | N
     return not targets or module.rpartition(".")[2] in targets
 
 
+def _raw_bytes(param: torch.Tensor) -> bytes:
+    return param.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
+
+
 def _finite(label: str, value: float, minimum: float | None = 0.0) -> float:
     value = float(value)
     if not math.isfinite(value) or (minimum is not None and value < minimum):
@@ -110,6 +114,7 @@ class SeededPerturber:
         self.perturbation: dict[str, Any] | None = None
         self.exact_revert = bool(exact_revert)
         self._saved: list[torch.Tensor] = []
+        self._snapshot: list[torch.Tensor] = []
         self.init(scope, target_modules)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -160,9 +165,26 @@ class SeededPerturber:
         digest = hashlib.sha256()
         for name, param in self.params:
             digest.update(name.encode("utf-8"))
-            data = param.detach().contiguous().reshape(-1).view(torch.uint8).cpu()
-            digest.update(data.numpy().tobytes())
+            digest.update(_raw_bytes(param))
         return digest.hexdigest()
+
+    def tensor_checksums(self) -> dict[str, str]:
+        """SHA-256 (16 hex digits) of each selected tensor: says which tensors differ between engines."""
+        return {name: hashlib.sha256(_raw_bytes(param)).hexdigest()[:16] for name, param in self.params}
+
+    def snapshot(self) -> dict[str, Any]:
+        """Keep a same-device copy of the selected tensors, for :meth:`max_abs_diff` (diagnostics)."""
+        with torch.no_grad():
+            self._snapshot = [p.detach().clone() for _, p in self.params]
+        return {"ok": True, "n_tensors": len(self._snapshot)}
+
+    def max_abs_diff(self) -> float:
+        """Largest absolute element difference from the last :meth:`snapshot` (float32 maths)."""
+        if not self._snapshot:
+            raise RuntimeError("no snapshot taken; call snapshot() first")
+        with torch.no_grad():
+            return max((float((p.detach().float() - s.float()).abs().max()) if p.numel() else 0.0)
+                       for (_, p), s in zip(self.params, self._snapshot))
 
     # -- noise ------------------------------------------------------------------------------
     def _generator(self, seed: int, name: str, device: torch.device) -> torch.Generator:

@@ -126,7 +126,7 @@ class ESTrainer:
         config: ESConfig,
         backend: Backend,
         tasks: Sequence[Any],
-        evaluate: Callable[[Sequence[Any], int, int, int], MemberResult],
+        evaluate: Callable[[Sequence[Any], int, int, int], MemberResult] | None,
         history_path: str,
         history: list[Record] | None = None,
         start_generation: int = 0,
@@ -147,18 +147,25 @@ class ESTrainer:
                              c.sigma_schedule, c.sigma_warmup_steps)
 
     def run_member(self, tasks: Sequence[Any], seed: int, sigma: float, generation: int, member: int) -> MemberResult:
+        if self.evaluate is None:
+            raise RuntimeError("this trainer has no member evaluator; override evaluate_population")
         self.backend.apply(seed, sigma)
         try:
             return self.evaluate(tasks, seed, generation, member)
         finally:
             self.backend.revert(seed, sigma)
 
+    def evaluate_population(self, batch: Sequence[Any], seeds: Sequence[int], sigma: float,
+                            generation: int) -> list[MemberResult]:
+        """Every member's result, in member order: here one after another on the one backend."""
+        return [self.run_member(batch, s, sigma, generation, i) for i, s in enumerate(seeds)]
+
     def step(self, generation: int) -> Record:
         c = self.config
         seeds = self.seeds.next_generation()
         sigma = self.sigma(generation)
         batch = case_batch(self.tasks, generation, c.case_batch_size)
-        members = [self.run_member(batch, s, sigma, generation, i) for i, s in enumerate(seeds)]
+        members = self.evaluate_population(batch, seeds, sigma, generation)
         rewards = [m.reward for m in members]
         weights = normalize_rewards(rewards, c.reward_normalization, c.reward_normalization_ddof,
                                     c.reward_normalization_eps)

@@ -93,6 +93,15 @@ class ESWorkerExtension:
     def es_checksum(self) -> str:
         return self._es_state().checksum()
 
+    def es_tensor_checksums(self) -> dict[str, str]:
+        return self._es_state().tensor_checksums()
+
+    def es_snapshot(self) -> dict[str, Any]:
+        return self._es_state().snapshot()
+
+    def es_max_abs_diff(self) -> float:
+        return self._es_state().max_abs_diff()
+
 
 class VLLMPerturbation:
     """Driver-side ES backend over an ``LLM`` built with :data:`EXTENSION`.
@@ -151,3 +160,13 @@ class VLLMPerturbation:
 
     def checksum(self) -> list[str]:
         return self._call("es_checksum")
+
+    def tensor_checksums(self) -> list[dict[str, str]]:
+        return self._call("es_tensor_checksums")
+
+    def snapshot(self) -> list[Any]:
+        return self._call("es_snapshot")
+
+    def max_abs_diff(self) -> float:
+        """Largest difference from the last snapshot over every rank's shard."""
+        return max(self._call("es_max_abs_diff"))

@@ -3,6 +3,9 @@
 Failure handling follows the protocol's HTTP evaluator (2.4): up to ``max_retries`` extra attempts on
 5xx and transport errors with backoff ``min(backoff_base * (attempt + 1), backoff_cap)`` seconds,
 other 4xx at once, and a context-length 400 becomes ``context_length_exceeded`` instead of an error.
+Recent vLLM servers no longer send that 400 when the prompt fits but ``max_tokens`` does not: they
+shorten the generation.  The protocol's context check (prompt + ``max_tokens`` within the window) is
+then applied to the reply, with the window that ``GET /models`` reports.
 """
 from __future__ import annotations
 
@@ -25,9 +28,14 @@ class ContextLengthError(Exception):
     pass
 
 
+#: ``error.param`` of vLLM's context-length 400s: too many prompt tokens, or (checked before
+#: tokenising) too many prompt characters
+CONTEXT_PARAMS = ("input_tokens", "input_text")
+
+
 def is_context_length_error(status: int, body: str) -> bool:
-    """vLLM-style 400: ``error.param == "input_tokens"`` with a context-length message, or a body
-    naming both the context length and the maximum input length."""
+    """vLLM-style 400: ``error.param`` in :data:`CONTEXT_PARAMS` with a context-length message, or a
+    body naming both the context length and the maximum input length."""
     if status != 400:
         return False
     lowered = body.lower()
@@ -37,7 +45,7 @@ def is_context_length_error(status: int, body: str) -> bool:
         error = json.loads(body).get("error") or {}
     except (ValueError, AttributeError):
         return False
-    return (isinstance(error, dict) and error.get("param") == "input_tokens"
+    return (isinstance(error, dict) and error.get("param") in CONTEXT_PARAMS
             and "context length" in str(error.get("message", "")).lower())
 
 
@@ -70,6 +78,7 @@ class OpenAIPolicy(Policy):
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency)
         self._round_robin = itertools.count()
         self._rr_lock = threading.Lock()
+        self._windows: dict[str, int | None] = {}
 
     def describe(self) -> dict[str, Any]:
         return {"policy": self.name, "model": self.model, "base_urls": self.endpoints,
@@ -109,7 +118,32 @@ class OpenAIPolicy(Policy):
         prompt = self.counter.prompt_tokens(request.messages)
         return context_overflow(prompt, request.max_tokens, self.max_model_len, self.name)
 
+    def window(self, endpoint: str) -> int | None:
+        """The context window: ``max_model_len``, else the ``max_model_len`` that ``GET /models`` lists for
+        this model (vLLM and ``agent-envs serve`` do), asked once per endpoint; None when unknown."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        if endpoint not in self._windows:
+            try:
+                response = self._client.get(f"{endpoint}/models")
+                response.raise_for_status()
+                cards = response.json().get("data") or []
+            except httpx.TransportError:
+                return None  # asked again next time: the server may not be up yet
+            except (httpx.HTTPStatusError, ValueError, AttributeError):
+                cards = []
+            found = [c.get("max_model_len") for c in cards if isinstance(c, dict) and c.get("id") == self.model]
+            self._windows[endpoint] = found[0] if found and isinstance(found[0], int) else None
+        return self._windows[endpoint]
+
     # ------------------------------------------------------------------ responses
+    def _fit(self, completion: Completion, request: GenerationRequest, window: int | None) -> Completion:
+        """A reply whose prompt leaves less than ``max_tokens`` free becomes ``context_length_exceeded``."""
+        if not completion.ok or completion.prompt_tokens is None:
+            return completion
+        overflow = context_overflow(completion.prompt_tokens, request.max_tokens, window, completion.engine or self.name)
+        return overflow if overflow is not None else completion
+
     def _parse(self, response: httpx.Response, endpoint: str) -> Completion:
         if is_context_length_error(response.status_code, response.text):
             raise ContextLengthError(response.text[:500])
@@ -142,12 +176,14 @@ class OpenAIPolicy(Policy):
         endpoint, body = self.endpoint_for(request), self.body(request)
         for attempt in itertools.count():
             try:
-                return self._parse(self._client.post(f"{endpoint}/chat/completions", json=body), endpoint)
+                completion = self._parse(self._client.post(f"{endpoint}/chat/completions", json=body), endpoint)
             except Exception as exc:  # every failure becomes a record, never an exception
                 verdict = self._after_failure(exc, attempt, endpoint)
                 if isinstance(verdict, Completion):
                     return verdict
                 time.sleep(verdict)
+            else:
+                return self._fit(completion, request, self.window(endpoint))
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         return list(self._pool.map(self.complete, requests))
@@ -165,12 +201,14 @@ class OpenAIPolicy(Policy):
         endpoint, body, client = self.endpoint_for(request), self.body(request), self._aclient()
         for attempt in itertools.count():
             try:
-                return self._parse(await client.post(f"{endpoint}/chat/completions", json=body), endpoint)
+                completion = self._parse(await client.post(f"{endpoint}/chat/completions", json=body), endpoint)
             except Exception as exc:
                 verdict = self._after_failure(exc, attempt, endpoint)
                 if isinstance(verdict, Completion):
                     return verdict
                 await asyncio.sleep(verdict)
+            else:
+                return self._fit(completion, request, await asyncio.to_thread(self.window, endpoint))
 
     def close(self) -> None:
         self._client.close()

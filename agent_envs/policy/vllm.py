@@ -8,11 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 from typing import Any
 
 from .base import Completion, GenerationRequest
 from .batching import BatchedEnginePolicy, EnginePolicy, Prepared
 from .sampling import SamplingConfig, token_cap
+
+
+#: a tensor-parallel start was seen taking 163 s on two H200s; vLLM's own limit is 600 s by default
+TP_READY_TIMEOUT_S = "900"
+
+
+def prepare_engine_env(engine_kwargs: dict[str, Any]) -> None:
+    """Tensor parallelism needs vLLM's multiprocess engine (one worker process per rank, ES methods
+    called by name); the GPU staging turns it off by default for in-process single-GPU engines."""
+    if int(engine_kwargs.get("tensor_parallel_size") or 1) > 1:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+        os.environ.setdefault("VLLM_ENGINE_READY_TIMEOUT_S", TP_READY_TIMEOUT_S)
 
 
 def sampling_params(sampling: SamplingConfig, prepared: Prepared) -> Any:
@@ -54,7 +67,8 @@ def engine_max_model_len(engine: Any) -> int | None:
 
 class VLLMPolicy(BatchedEnginePolicy):
     """Wraps ``vllm.LLM``: built here from ``model`` and ``engine_kwargs`` (passed through untouched:
-    ``load_format``, ``tensor_parallel_size``, ``dtype``, ``tokenizer``, ``enable_prefix_caching``,
+    ``load_format``, ``tensor_parallel_size``, ``dtype``, ``tokenizer`` (a folder: the engine's
+    tokenizer; an object: used as is), ``enable_prefix_caching``,
     ``seed``, ``worker_extension_cls`` ...), or an ``llm`` the caller owns, e.g. an ES trainer that
     perturbs the weights between calls."""
 
@@ -69,6 +83,9 @@ class VLLMPolicy(BatchedEnginePolicy):
         if llm is None:
             import vllm
 
+            if isinstance(tokenizer, (str, os.PathLike)):  # a tokenizer folder (``--engine-arg tokenizer=``)
+                engine_kwargs["tokenizer"], tokenizer = str(tokenizer), None
+            prepare_engine_env(engine_kwargs)
             llm = vllm.LLM(model=model, **engine_kwargs)
         self.llm = llm
         self.model = model or getattr(getattr(llm, "model_config", None), "model", None)

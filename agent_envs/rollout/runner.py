@@ -331,9 +331,13 @@ def _close_quietly(env: gym.Env) -> None:
         print(f"[agent-envs] warning: closing an environment failed: {error_text(exc)}", file=sys.stderr)
 
 
-def make_jobs(tasks: Sequence[Any], samples: int) -> list[Job]:
-    """Row-major (row, sample) enumeration, as the reference evaluator."""
-    return [Job(row, sample, task) for row, task in enumerate(tasks) for sample in range(samples)]
+def make_jobs(tasks: Sequence[Any], samples: int, row_indices: Sequence[int] | None = None) -> list[Job]:
+    """Row-major (row, sample) enumeration, as the reference evaluator.  ``row_indices`` gives the
+    tasks' rows in a larger list (a slice of it running elsewhere keeps its seeds and keys)."""
+    rows = range(len(tasks)) if row_indices is None else [int(r) for r in row_indices]
+    if len(rows) != len(tasks):
+        raise ValueError(f"{len(rows)} row indices for {len(tasks)} tasks")
+    return [Job(row, sample, task) for row, task in zip(rows, tasks) for sample in range(samples)]
 
 
 def run_episodes(
@@ -351,19 +355,21 @@ def run_episodes(
     resume: bool = False,
     progress: bool = True,
     tags: dict[str, Any] | None = None,
+    row_indices: Sequence[int] | None = None,
 ) -> list[EpisodeRecord]:
     """Run ``samples`` episodes of every task and return their records in (row, sample) order.
 
     ``concurrency`` is the lockstep batch size, or the number of episodes in flight in async mode;
     ``tool_workers`` sizes the thread pool for env steps (default: ``concurrency``).  With
     ``out_path`` every record is appended (fsynced) as it finishes; ``resume=True`` first keeps
-    the finished records there and re-runs only missing or failed ones.
+    the finished records there and re-runs only missing or failed ones.  ``row_indices``: the
+    tasks' rows in the full list (default ``0..len(tasks)-1``), for a slice run on another engine.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if samples < 1 or concurrency < 1:
         raise ValueError(f"samples and concurrency must be >= 1 (got {samples}, {concurrency})")
-    jobs = make_jobs(tasks, samples)
+    jobs = make_jobs(tasks, samples, row_indices)
     done: dict[str, EpisodeRecord] = {}
     if out_path is not None:
         out_path = Path(out_path)

@@ -1,0 +1,123 @@
+"""What one pool actor holds: a policy, and for ES the weights that policy runs on.
+
+The pool calls only :class:`Engine`'s methods, so vLLM engines on GPUs and a deterministic CPU
+policy in tests are driven by the same code.  An engine is named by an import path plus keyword
+arguments (:class:`EngineSpec`) because each Ray actor builds its own in its own process.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+from typing import Any, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent_envs.policy.base import Policy
+
+
+class EngineSpec(BaseModel):
+    """How to build one engine, and what it needs from the cluster."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    factory: str = Field(description='"module:callable" returning an Engine, called with kwargs')
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    #: GPUs of one engine (its tensor-parallel group, always on one node); 0 for CPU engines
+    gpus: int = 0
+    cpus: float = 1.0
+
+    def build(self) -> "Engine":
+        module, sep, name = self.factory.partition(":")
+        if not sep:
+            raise ValueError(f"engine factory must look like 'module:callable', got {self.factory!r}")
+        engine = getattr(importlib.import_module(module), name)(**self.kwargs)
+        if not isinstance(engine, Engine):
+            raise TypeError(f"{self.factory} returned {type(engine).__name__}, not an Engine")
+        return engine
+
+
+def combine_checksums(per_rank: str | Sequence[str]) -> str:
+    """One checksum for an engine, whose weights may be sharded over tensor-parallel ranks."""
+    if isinstance(per_rank, str):
+        return per_rank
+    if len(per_rank) == 1:
+        return per_rank[0]
+    return hashlib.sha256("|".join(per_rank).encode()).hexdigest()
+
+
+class Engine:
+    """A policy; engines with weights set ``es`` (a SeededPerturber-like backend) in ``es_init``."""
+
+    policy: Policy
+    tp_size: int = 1
+    es: Any = None
+
+    def es_init(self, scope: str = "full", exact_revert: bool = False) -> None:
+        raise RuntimeError(f"{type(self).__name__} has no weights to perturb; ES needs a weight-backed engine")
+
+    def _backend(self) -> Any:
+        if self.es is None:
+            raise RuntimeError("ES is not initialised on this engine; call es_init first")
+        return self.es
+
+    def apply(self, seed: int, sigma: float) -> Any:
+        return self._backend().apply(seed, sigma)
+
+    def revert(self, seed: int, sigma: float) -> Any:
+        return self._backend().revert(seed, sigma)
+
+    def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> Any:
+        return self._backend().update(seeds, weights, alpha)
+
+    def checksum(self) -> str:
+        return combine_checksums(self._backend().checksum())
+
+    def close(self) -> None:
+        self.policy.close()
+
+
+class PolicyEngine(Engine):
+    """A policy without perturbable weights (evaluation only)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+
+def scripted_engine(env_id: str) -> PolicyEngine:
+    """The CLI's model-free ``scripted`` baseline (one tool call, then an answer)."""
+    from agent_envs.cli import baseline_script
+    from agent_envs.policy.scripted import ScriptedPolicy
+
+    return PolicyEngine(ScriptedPolicy(baseline_script(env_id)))
+
+
+class VLLMEngine(Engine):
+    """``vllm.LLM`` with the ES worker extension; ES methods are called by name on every worker
+    (``collective_rpc``), so they work in-process and with multiprocess / tensor-parallel workers."""
+
+    def __init__(self, model: str, sampling: dict[str, Any] | None = None, rollout_token_budget: int = 131072,
+                 **engine_kwargs: Any) -> None:
+        from agent_envs.es.worker import EXTENSION
+        from agent_envs.policy.sampling import SamplingConfig
+        from agent_envs.policy.vllm import VLLMPolicy
+
+        engine_kwargs.setdefault("worker_extension_cls", EXTENSION)
+        self.tp_size = int(engine_kwargs.get("tensor_parallel_size", 1))
+        if self.tp_size > 1:  # one process per rank on this node, not vLLM's own Ray executor
+            engine_kwargs.setdefault("distributed_executor_backend", "mp")
+        self.policy = VLLMPolicy(model, sampling=SamplingConfig(**(sampling or {})),
+                                 rollout_token_budget=rollout_token_budget, **engine_kwargs)
+
+    def es_init(self, scope: str = "full", exact_revert: bool = False) -> None:
+        from agent_envs.es.worker import VLLMPerturbation
+
+        self.es = VLLMPerturbation(self.policy.llm, scope=scope, exact_revert=exact_revert)
+
+
+def vllm_spec(model: str, engine_kwargs: dict[str, Any], sampling: dict[str, Any] | None = None,
+              rollout_token_budget: int = 131072) -> EngineSpec:
+    """A :class:`VLLMEngine` per actor from the same keyword arguments ``vllm.LLM`` takes;
+    ``tensor_parallel_size`` GPUs per engine, on one node."""
+    return EngineSpec(factory=f"{__name__}:VLLMEngine", gpus=int(engine_kwargs.get("tensor_parallel_size") or 1),
+                      kwargs={"model": model, "sampling": sampling, "rollout_token_budget": rollout_token_budget,
+                              **engine_kwargs})

@@ -1,0 +1,166 @@
+"""Engines on Ray: an ES population and an evaluation spread over 2 engines give what 1 engine gives,
+also when an engine is killed mid-run.
+
+Real parts: a local Ray session (two actors on this 2-core machine), real MATH-ReAct episodes with
+bwrap sandboxes inside the actors, and a tiny torch model per actor whose weights the real
+SeededPerturber perturbs and updates; the policy's answers depend on those weights, so equal
+records mean equal weights, and the checksums are of real tensors.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e .[ray])")
+
+from agent_envs.cli import main as cli_main  # noqa: E402
+from agent_envs.data.tasks import MathTask  # noqa: E402
+from agent_envs.es.history import ESConfig, load_history  # noqa: E402
+from agent_envs.es.population import ESTrainer, evaluate_member  # noqa: E402
+from agent_envs.rollout import load_records, run_episodes  # noqa: E402
+from agent_envs.scale.engines import EngineSpec  # noqa: E402
+from agent_envs.scale.es import PoolBackend, PoolESTrainer  # noqa: E402
+from agent_envs.scale.pool import EnginePool  # noqa: E402
+from agent_envs.scale.rollout import comparable, pool_run_episodes  # noqa: E402
+from agent_envs.scale.toy import TorchToyEngine  # noqa: E402
+
+SPEC = EngineSpec(factory="agent_envs.scale.toy:TorchToyEngine")
+TASKS = [MathTask(id=f"toy{i}", question=f"Pick the number of box {i}.", answer=str(i % 4)) for i in range(6)]
+CONFIG = ESConfig(env_id="MATH-ReAct-v0", model="toy", generations=3, population=6, case_batch_size=3,
+                  train_samples=2, sigma_start=0.8, sigma_end=0.8, sigma_schedule="constant", alpha=0.8)
+ROLLOUT = {"env_kwargs": {"max_turns": 3, "sandbox": "bwrap"}, "concurrency": 6}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    """One local Ray for the module (starting one costs seconds), shut down at the end."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _killer(engine: int, on_dispatch: int) -> tuple[dict[str, Any], Any]:
+    """A monitor that kills ``engine`` (ray.kill) as its ``on_dispatch``-th job is handed to it, and
+    waits until Ray reports the actor dead, so that job is certain to be caught by the kill."""
+    state: dict[str, Any] = {"pool": None, "seen": 0, "killed_job": None, "done": [], "requeued": []}
+
+    def monitor(event: str, fields: dict[str, Any]) -> None:
+        if event == "done":
+            state["done"].append(fields["engine"])
+        if event == "requeue":
+            state["requeued"].append(fields["job"])
+        if event == "dispatch" and fields["engine"] == engine:
+            state["seen"] += 1
+            if state["seen"] == on_dispatch:
+                state["killed_job"] = fields["job"]
+                actor = state["pool"].actors[engine]
+                ray.kill(actor)
+                while True:  # returns as soon as the kill has landed
+                    try:
+                        ray.get(actor.ready.remote())
+                    except ray.exceptions.RayActorError:
+                        break
+
+    return state, monitor
+
+
+def _es(engines: int, path, monitor=None, state=None) -> tuple[list[dict], str, list[int]]:
+    with EnginePool(SPEC, engines, monitor=monitor) as pool:
+        if state is not None:
+            state["pool"] = pool
+        backend = PoolBackend(pool, log=lambda _: None)
+        history = PoolESTrainer(CONFIG, backend, TASKS, str(path), rollout_kwargs=ROLLOUT, log=lambda _: None).run()
+        return history, backend.checksum(), list(pool.lost)
+
+
+def _without_placement(history: list[dict]) -> list[dict]:
+    out = []
+    for record in history:
+        record = dict(record)
+        if "samples" in record:
+            record["samples"] = [{**s, "engine_index": None, "result": [comparable(r) for r in s["result"]]}
+                                 for s in record["samples"]]
+        out.append(record)
+    return out
+
+
+@pytest.fixture(scope="module")
+def one_engine(tmp_path_factory):
+    return _es(1, tmp_path_factory.mktemp("es1") / "history.json")
+
+
+def test_es_one_engine_run_trains_real_weights(one_engine):
+    history, checksum, lost = one_engine
+    generations = [r for r in history if "rewards" in r]
+    assert len(generations) == CONFIG.generations and lost == []
+    assert all(len(set(g["rewards"])) > 1 for g in generations), "members must differ for the update to move"
+    assert len({g["updates"][0]["weights_checksum"] for g in generations}) == CONFIG.generations
+    assert generations[-1]["updates"][0]["weights_checksum"] == checksum
+
+
+def test_es_pool_of_one_equals_in_process_trainer(one_engine, tmp_path):
+    engine = TorchToyEngine()
+    engine.es_init(exact_revert=True)
+
+    def evaluate(batch, seed, generation, member):
+        return evaluate_member(engine.policy, CONFIG.env_id, batch, seed, generation=generation, member=member,
+                               samples=CONFIG.train_samples, **ROLLOUT)
+
+    plain = ESTrainer(CONFIG, engine, TASKS, evaluate, str(tmp_path / "h.json"), log=lambda _: None).run()
+    history, checksum, _ = one_engine
+    assert [(r.get("seeds"), r.get("rewards"), r.get("weights")) for r in plain] == \
+        [(r.get("seeds"), r.get("rewards"), r.get("weights")) for r in history]
+    assert engine.checksum() == checksum
+
+
+def test_es_two_engines_equal_one_engine(one_engine, tmp_path):
+    history, checksum, lost = _es(2, tmp_path / "history.json")
+    assert lost == []
+    assert {s["engine_index"] for r in history for s in r.get("samples", [])} == {0, 1}
+    assert _without_placement(history) == _without_placement(one_engine[0])
+    assert checksum == one_engine[1]
+    assert load_history(tmp_path / "history.json") == history
+
+
+def test_es_killed_engine_loses_and_duplicates_nothing(one_engine, tmp_path):
+    state, monitor = _killer(engine=1, on_dispatch=3)  # mid-run: generation 0 is under way
+    history, checksum, lost = _es(2, tmp_path / "history.json", monitor, state)
+    assert lost == [1] and state["requeued"] == [state["killed_job"]]
+    assert len(state["done"]) == CONFIG.generations * CONFIG.population  # each member finished once
+    for record in (r for r in history if "samples" in r):
+        assert [s["seed"] for s in record["samples"]] == record["seeds"]
+        for sample in record["samples"]:
+            member_keys = [row["key"] for row in sample["result"]]
+            assert len(member_keys) == len(set(member_keys)) == CONFIG.case_batch_size * CONFIG.train_samples
+    first = next(r for r in history if "samples" in r)
+    assert first["samples"][state["killed_job"]]["engine_index"] == 0  # re-run on the survivor
+    assert _without_placement(history) == _without_placement(one_engine[0])
+    assert checksum == one_engine[1]
+
+
+def test_eval_over_two_engines_with_a_kill_equals_one_engine(tmp_path):
+    reference = run_episodes("MATH-ReAct-v0", TASKS, TorchToyEngine().policy, samples=2, progress=False,
+                             base_seed=7, **ROLLOUT)
+    state, monitor = _killer(engine=1, on_dispatch=2)
+    out = tmp_path / "records.jsonl"
+    with EnginePool(SPEC, 2, monitor=monitor) as pool:
+        state["pool"] = pool
+        records = pool_run_episodes(pool, "MATH-ReAct-v0", TASKS, samples=2, out_path=out, chunk_rows=1,
+                                    progress=False, base_seed=7, **ROLLOUT)
+        assert pool.lost == [1] and state["requeued"] == [state["killed_job"]]
+    assert [comparable(r) for r in records] == [comparable(r) for r in reference]
+    written = load_records(out)
+    assert sorted(r.key for r in written) == sorted(r.key for r in reference)  # none lost, none twice
+    assert {r.score for r in reference} == {0.0, 1.0}
+
+
+def test_cli_eval_engines_two_equals_one(tmp_path):
+    common = ["eval", "--policy", "scripted", "--limit", "4", "--samples", "2", "--no-progress", "--no-trace-logs",
+              "--sandbox", "bwrap"]
+    assert cli_main([*common, "--out", str(tmp_path / "one" / "run")]) == 0
+    assert cli_main([*common, "--engines", "2", "--out", str(tmp_path / "two" / "run")]) == 0
+    one, two = (load_records(tmp_path / d / "run" / "records.jsonl") for d in ("one", "two"))
+    assert len(one) == 8
+    assert sorted((comparable(r) for r in two), key=lambda r: r["key"]) == \
+        sorted((comparable(r) for r in one), key=lambda r: r["key"])
