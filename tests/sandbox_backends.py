@@ -126,7 +126,7 @@ def host_processes_matching(token: bytes) -> list[int]:
 
 
 def temp_dirs() -> set[str]:
-    return {p for p in os.listdir("/tmp") if p.startswith(("ae-doc-", "ae-local-"))}
+    return {p for p in os.listdir("/tmp") if p.startswith(("ae-mount-", "ae-local-"))}
 
 
 def sandbox_mounts() -> list[str]:
