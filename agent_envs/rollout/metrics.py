@@ -21,6 +21,7 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any, Callable, Iterable, Sequence
 
+from ..core import registry
 from .records import ERROR_TERMINATIONS, EpisodeRecord, as_row
 
 Row = dict[str, Any]
@@ -228,10 +229,18 @@ def _valid(row: Row) -> bool:
     return not row.get("error") and anls is not None and anls >= 0
 
 
-def _bash_steps(row: Row) -> list[Row]:
+def _tools(row: Row) -> frozenset[str]:
+    """The tool names of the row's environment (``bash`` for records of an unregistered one)."""
+    env_id = row.get("env_id")
+    return frozenset(registry.spec(env_id).tools) if env_id in registry.ENVIRONMENTS else frozenset({"bash"})
+
+
+def _tool_steps(row: Row) -> list[Row]:
+    """Steps that called one of the environment's tools."""
+    tools = _tools(row)
     return [
         s for s in row.get("react_steps") or []
-        if isinstance(s.get("action"), dict) and s["action"].get("name") == "bash" and "observation" in s
+        if isinstance(s.get("action"), dict) and s["action"].get("name") in tools and "observation" in s
     ]
 
 
@@ -250,7 +259,7 @@ def diagnostics(records: Records) -> Row:
 
     format_rows = [sum(1 for s in r.get("react_steps") or [] if not isinstance(s.get("action"), dict)) for r in valid]
     timeout_rows = [
-        sum(1 for s in _bash_steps(r) if "timed out after" in str(s["observation"]).lower()) for r in valid
+        sum(1 for s in _tool_steps(r) if "timed out after" in str(s["observation"]).lower()) for r in valid
     ]
     usage_keys = ("prompt_tokens", "completion_tokens", "total_tokens", "accumulated_response_tokens")
     usage: Row = {}
@@ -263,8 +272,8 @@ def diagnostics(records: Records) -> Row:
         "request_errors": len(rows) - len(valid),
         "mean_anls": _mean([float(r.get("anls", r.get("score"))) for r in valid]),
         "mean_accuracy": _mean([float(r.get("acc", 0.0)) for r in valid]) if any("acc" in r for r in valid) else None,
-        "tool_call_rate": frac(lambda r: bool(_bash_steps(r))),
-        "tool_success_rate": frac(lambda r: any(_ok_observation(s["observation"]) for s in _bash_steps(r))),
+        "tool_call_rate": frac(lambda r: bool(_tool_steps(r))),
+        "tool_success_rate": frac(lambda r: any(_ok_observation(s["observation"]) for s in _tool_steps(r))),
         "mean_turns": _mean([len(r.get("react_steps") or []) + (0 if r.get("react_error") else 1) for r in valid]),
         "mean_latency_s": _mean([float(r["latency_s"]) for r in valid if _num(r.get("latency_s")) is not None]),
         "format_retry_rows": sum(1 for c in format_rows if c),
