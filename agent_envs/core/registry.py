@@ -13,6 +13,7 @@ from agent_envs.core.spec import EnvSpec
 ENVIRONMENTS: dict[str, str] = {
     "MATH-ReAct-v0": "agent_envs.envs.math_react.spec",
     "DocVQA-CLI-v0": "agent_envs.envs.docvqa.spec",
+    "Countdown-ReAct-v0": "agent_envs.envs.countdown.spec",
 }
 
 ENV_IDS: tuple[str, ...] = tuple(ENVIRONMENTS)
