@@ -4,10 +4,17 @@ With a Hugging Face tokenizer every count is exact and matches what the policy r
 template with ``add_generation_prompt=True`` and ``enable_thinking`` off, as the protocol does).
 Without one, counts are estimates (UTF-8 bytes / 4, rounded up) and every record says so through
 ``token_counts_exact=False``; budgets are then approximate.
+
+A growing chat is counted incrementally (:class:`PromptTally`) when the chat template is
+prefix-stable: rendering more messages only appends text, which starts at a special token, so its
+tokens simply add.  That is verified once per tokenizer on a probe conversation; a template that
+fails it is counted by rendering the whole chat, as before.  Either way the counts are identical.
 """
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 from typing import Any, Sequence
 
 Message = dict[str, str]
@@ -33,13 +40,14 @@ class TokenCounter:
     def exact(self) -> bool:
         return self.tokenizer is not None
 
-    def render(self, messages: Sequence[Message]) -> str:
+    def render(self, messages: Sequence[Message], generation_prompt: bool = True) -> str:
         """The prompt text the policy sees (chat template + generation prompt)."""
         if self.tokenizer is None:
             parts = [f"<|{m['role']}|>\n{m['content']}" for m in messages]
-            return "\n".join(parts) + "\n<|assistant|>\n"
+            return "\n".join(parts) + ("\n<|assistant|>\n" if generation_prompt else "")
         return self.tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True, enable_thinking=self.enable_thinking
+            list(messages), tokenize=False, add_generation_prompt=generation_prompt,
+            enable_thinking=self.enable_thinking,
         )
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
@@ -64,6 +72,91 @@ class TokenCounter:
         if self.tokenizer is None:
             return estimate_tokens(text)
         return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    @property
+    def incremental(self) -> bool:
+        """Whether :class:`PromptTally` may count this template's chats piece by piece."""
+        if self.tokenizer is None:
+            return False
+        with _VERIFIED_LOCK:
+            try:
+                per_tokenizer = _VERIFIED.setdefault(self.tokenizer, {})
+            except TypeError:  # not weak-referenceable: verify per counter
+                per_tokenizer = self.__dict__.setdefault("_verified", {})
+            if self.enable_thinking not in per_tokenizer:
+                per_tokenizer[self.enable_thinking] = _prefix_stable(self)
+            return per_tokenizer[self.enable_thinking]
+
+
+class PromptTally:
+    """The prompt-token count of one growing chat, rendering each message once.
+
+    ``messages`` is the live, append-only list of the conversation.  :meth:`prompt_tokens` equals
+    ``counter.prompt_tokens(messages)`` at every point; with a prefix-stable template (see
+    :attr:`TokenCounter.incremental`) it renders only the messages appended since the last call,
+    behind the chat's opening messages (which stand in for the whole history).
+    """
+
+    def __init__(self, counter: TokenCounter, messages: list[Message], *, incremental: bool | None = None):
+        self.counter = counter
+        self.messages = messages
+        self.incremental = counter.incremental if incremental is None else incremental
+        self._head = [dict(m) for m in messages]
+        self._head_text = ""
+        self._counted = 0        # messages folded into ``_tokens``
+        self._tokens = 0         # tokens of messages[:_counted] without the generation prompt
+        self._generation = 0     # tokens of the generation prompt
+
+    def prompt_tokens(self) -> int:
+        counted = self._counted_incrementally() if self.incremental else None
+        return self.counter.prompt_tokens(self.messages) if counted is None else counted
+
+    def _counted_incrementally(self) -> int | None:
+        """The count from the appended messages alone; None where that is not possible."""
+        if self.messages[-1]["role"] == "assistant":  # templates may render a trailing reply specially
+            return None
+        if self._counted == 0:
+            self._head_text = self.counter.render(self._head, generation_prompt=False)
+            prompt = self.counter.render(self._head)
+            self._tokens = self.counter.text_tokens(self._head_text)
+            self._generation = self.counter.text_tokens(prompt[len(self._head_text):])
+            self._counted = len(self._head)
+        new = self.messages[self._counted:]
+        if new:
+            text = self.counter.render(self._head + new, generation_prompt=False)
+            if not text.startswith(self._head_text):
+                return None
+            self._tokens += self.counter.text_tokens(text[len(self._head_text):])
+            self._counted = len(self.messages)
+        return self._tokens + self._generation
+
+
+#: probe contents that would expose a template or tokenizer that is not prefix-stable: whitespace
+#: at the edges, think tags, special-token text, non-ASCII
+_PROBE = [
+    ("Solve it.  ", "Let me think.\n\nAction:\n{\"name\": \"bash\"}"),
+    ("Observation from bash:\n4\n\n", " <think>hidden</think>\nvisible "),
+    ("Observation from format_check:\n<|im_end|> x", "</think>\n\nFinal answer: 5"),
+    ("Observation: é ü 你好\t", "\n\n"),
+    ("  leading", "done"),
+]
+_VERIFIED: "weakref.WeakKeyDictionary[Any, dict[bool, bool]]" = weakref.WeakKeyDictionary()
+_VERIFIED_LOCK = threading.Lock()
+
+
+def _prefix_stable(counter: TokenCounter) -> bool:
+    """Count a probe chat both ways, step by step; any difference (or error) means full rendering."""
+    messages: list[Message] = [{"role": "system", "content": "You are a careful solver. "},
+                               {"role": "user", "content": "Question: what is 2+2?\n"}]
+    try:
+        tally = PromptTally(counter, messages, incremental=True)
+        for index, (user, assistant) in enumerate(_PROBE):
+            if index != 2 and tally._counted_incrementally() != counter.prompt_tokens(messages):  # 2: two at once
+                return False
+            messages += [{"role": "assistant", "content": assistant}, {"role": "user", "content": user}]
+        return tally._counted_incrementally() == counter.prompt_tokens(messages)
+    except Exception:  # a template that cannot render the probe is simply counted in full
+        return False
 
 
 def estimate_tokens(text: str) -> int:
