@@ -15,16 +15,20 @@ Examples::
     python examples/es_train.py --model /ckpt/Qwen3.5-4B --train dapo_evolve.jsonl --eval dapo_test.jsonl
     # vLLM on CPU: weights must stay unpacked so they can be perturbed
     AGENT_ENVS_ES_CPU_PLAIN_LINEAR=1 python examples/es_train.py --model ~/.cache/agent-envs/smollm2-hf ...
+    # continuous rollouts: AsyncVLLMPolicy (engine core in its own process, perturbed by name)
+    python examples/es_train.py --mode async ...
 
 Options (see ``--help``): --env, --model, --train, --eval, --eval-limit, --generations,
 --population, --case-batch, --sigma-start/--sigma-end/--sigma-schedule/--sigma-warmup/
 --sigma-total-steps, --alpha, --normalization/--ddof/--eps, --scope, --seed, --eval-interval,
 --history, --resume (+ --resume-generations), --exact-revert, --max-turns, --max-tokens,
---sandbox, engine settings (--dtype, --max-model-len, --gpu-memory-utilization, --load-format).
+--sandbox, --mode, --toy-reward, engine settings (--dtype, --max-model-len, --gpu-memory-utilization,
+--load-format, --rollout-token-budget).
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import statistics
 from typing import Any, Sequence
@@ -41,7 +45,7 @@ from agent_envs.es.population import ESTrainer, evaluate_member
 from agent_envs.es.schedule import SCHEDULES
 from agent_envs.es.worker import EXTENSION, VLLMPerturbation
 from agent_envs.policy.sampling import SamplingConfig
-from agent_envs.policy.vllm import VLLMPolicy
+from agent_envs.policy.vllm import AsyncVLLMPolicy, VLLMPolicy
 from agent_envs.rollout import es_summary, run_episodes
 
 
@@ -78,7 +82,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=32768)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--load-format", default="auto", help='"dummy" gives random weights (smoke runs)')
-    p.add_argument("--rollout-token-budget", type=int, default=131072)
+    p.add_argument("--rollout-token-budget", type=int, default=0,
+                   help="lockstep microbatch size; 0: a whole turn per engine call, 131072: the reference's")
+    p.add_argument("--mode", default="lockstep", choices=["lockstep", "async"],
+                   help="lockstep: vllm.LLM, one batch per turn (reference); async: AsyncVLLMPolicy, continuous")
+    p.add_argument("--toy-reward", action="store_true",
+                   help="reward = a hash of each episode's last completion in [0, 1): smoke runs on random "
+                        "weights, whose real scores are all 0")
     return p.parse_args(argv)
 
 
@@ -88,10 +98,29 @@ def load_tasks(env_id: str, path: str, limit: int | None = None) -> list[Any]:
     return load_docvqa_tasks(path, limit=limit)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(argv)
+def toy_reward(rows: Sequence[dict[str, Any]]) -> float:
+    """Mean over episodes of sha256(last completion) read as a number in [0, 1)."""
+    values = [int(hashlib.sha256(str(r.get("response", "")).encode()).hexdigest()[:8], 16) / 2**32 for r in rows]
+    return sum(values) / max(1, len(values))
+
+
+def build_policy(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(policy, engine handle for VLLMPerturbation): the offline LLM, or the AsyncLLM's policy."""
+    engine_kwargs = dict(worker_extension_cls=EXTENSION, dtype=args.dtype, max_model_len=args.max_model_len,
+                         gpu_memory_utilization=args.gpu_memory_utilization, load_format=args.load_format,
+                         enforce_eager=True, seed=args.seed, trust_remote_code=True)
+    if args.mode == "async":
+        policy = AsyncVLLMPolicy(args.model, sampling=SamplingConfig(), **engine_kwargs)
+        return policy, policy
     from vllm import LLM
 
+    llm = LLM(model=args.model, **engine_kwargs)
+    return VLLMPolicy(llm=llm, sampling=SamplingConfig(), max_model_len=args.max_model_len,
+                      rollout_token_budget=args.rollout_token_budget), llm
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
     train = load_tasks(args.env, args.train)
     held_out = load_tasks(args.env, args.eval, args.eval_limit) if args.eval else []
     config = ESConfig(
@@ -105,13 +134,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         dtype=args.dtype, load_format=args.load_format, exact_revert=args.exact_revert,
     )
     # enable_prefix_caching stays on: the backend resets the prefix cache after every weight change.
-    llm = LLM(model=args.model, worker_extension_cls=EXTENSION, dtype=args.dtype, max_model_len=args.max_model_len,
-              gpu_memory_utilization=args.gpu_memory_utilization, load_format=args.load_format,
-              enforce_eager=True, seed=args.seed, trust_remote_code=True)
-    backend = VLLMPerturbation(llm, scope=args.scope, exact_revert=args.exact_revert)
+    policy, engine = build_policy(args)
+    backend = VLLMPerturbation(engine, scope=args.scope, exact_revert=args.exact_revert)
     config.tp_size = backend.tp_size
-    policy = VLLMPolicy(llm=llm, sampling=SamplingConfig(), max_model_len=args.max_model_len,
-                        rollout_token_budget=args.rollout_token_budget)
     env_kwargs: dict[str, Any] = {"max_turns": args.max_turns, "sandbox": args.sandbox}
     if args.max_tokens is not None:
         env_kwargs["max_tokens_per_turn"] = args.max_tokens
@@ -123,14 +148,16 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     def evaluate(batch: Sequence[Any], seed: int, generation: int, member: int):
         result = evaluate_member(policy, args.env, batch, seed, generation=generation, member=member,
-                                 env_kwargs=env_kwargs, concurrency=16)
+                                 env_kwargs=env_kwargs, concurrency=16, mode=args.mode)
+        if args.toy_reward:
+            result = result.model_copy(update={"reward": toy_reward(result.rows)})
         print(f"[es]   generation={generation} member={member} seed={seed} reward={result.reward:.4f}")
         return result
 
     def interval_eval(generation: int) -> dict[str, Any] | None:
         if not held_out:
             return None
-        rows = run_episodes(args.env, held_out, policy, samples=1, mode="lockstep", base_seed=args.seed + generation + 1,
+        rows = run_episodes(args.env, held_out, policy, samples=1, mode=args.mode, base_seed=args.seed + generation + 1,
                             env_kwargs=env_kwargs, concurrency=16, progress=False)
         summary = es_summary(rows, samples=1)
         print(f"[es] eval after generation {generation}: mean_score={summary['mean_score']:.4f} "
@@ -145,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"[es] done: {len(rewards)} generations, reward_mean first {rewards[0]:.4f} last {rewards[-1]:.4f} "
               f"(stdev over generations {statistics.pstdev(rewards):.4f}); history {args.history}")
     print(f"[es] final weights checksum {backend.checksum()[0]}")
+    policy.close()
 
 
 if __name__ == "__main__":
