@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 import threading
 import weakref
+from array import array
+from collections import OrderedDict
 from typing import Any, Sequence
 
 Message = dict[str, str]
@@ -71,7 +73,12 @@ class TokenCounter:
     def text_tokens(self, text: str) -> int:
         if self.tokenizer is None:
             return estimate_tokens(text)
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
+        return len(self.text_ids(text))
+
+    def text_ids(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("text_ids needs a tokenizer")
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     @property
     def incremental(self) -> bool:
@@ -89,46 +96,82 @@ class TokenCounter:
 
 
 class PromptTally:
-    """The prompt-token count of one growing chat, rendering each message once.
+    """The prompt tokens of one growing chat, rendering and tokenising each message once.
 
-    ``messages`` is the live, append-only list of the conversation.  :meth:`prompt_tokens` equals
-    ``counter.prompt_tokens(messages)`` at every point; with a prefix-stable template (see
-    :attr:`TokenCounter.incremental`) it renders only the messages appended since the last call,
-    behind the chat's opening messages (which stand in for the whole history).
+    ``messages`` is the live, append-only list of the conversation.  :meth:`prompt_ids` and
+    :meth:`prompt_tokens` equal ``counter.prompt_ids(messages)`` and ``counter.prompt_tokens(messages)``
+    at every point; with a prefix-stable template (see :attr:`TokenCounter.incremental`) only the
+    messages appended since the last call are rendered, behind the chat's opening messages (which
+    stand in for the whole history).
     """
 
     def __init__(self, counter: TokenCounter, messages: list[Message], *, incremental: bool | None = None):
         self.counter = counter
         self.messages = messages
         self.incremental = counter.incremental if incremental is None else incremental
-        self._head = [dict(m) for m in messages]
+        self._head = [dict(m) for m in messages[:2]]  # the opening (system, task) messages
         self._head_text = ""
-        self._counted = 0        # messages folded into ``_tokens``
-        self._tokens = 0         # tokens of messages[:_counted] without the generation prompt
-        self._generation = 0     # tokens of the generation prompt
+        self._counted = 0                      # messages whose tokens are in ``_ids``
+        self._ids = array("q")                 # tokens of messages[:_counted] without the generation prompt
+        self._generation: list[int] = []       # tokens of the generation prompt
 
     def prompt_tokens(self) -> int:
-        counted = self._counted_incrementally() if self.incremental else None
-        return self.counter.prompt_tokens(self.messages) if counted is None else counted
+        if self.incremental and self._extend():
+            return len(self._ids) + len(self._generation)
+        return self.counter.prompt_tokens(self.messages)
 
-    def _counted_incrementally(self) -> int | None:
-        """The count from the appended messages alone; None where that is not possible."""
+    def prompt_ids(self) -> list[int]:
+        if self.incremental and self._extend():
+            return self._ids.tolist() + self._generation
+        return self.counter.prompt_ids(self.messages)
+
+    def _extend(self) -> bool:
+        """Tokenise the messages appended since the last call; False where that is not possible."""
         if self.messages[-1]["role"] == "assistant":  # templates may render a trailing reply specially
-            return None
+            return False
         if self._counted == 0:
             self._head_text = self.counter.render(self._head, generation_prompt=False)
             prompt = self.counter.render(self._head)
-            self._tokens = self.counter.text_tokens(self._head_text)
-            self._generation = self.counter.text_tokens(prompt[len(self._head_text):])
+            self._ids = array("q", self.counter.text_ids(self._head_text))
+            self._generation = self.counter.text_ids(prompt[len(self._head_text):])
             self._counted = len(self._head)
         new = self.messages[self._counted:]
         if new:
             text = self.counter.render(self._head + new, generation_prompt=False)
             if not text.startswith(self._head_text):
-                return None
-            self._tokens += self.counter.text_tokens(text[len(self._head_text):])
+                return False
+            self._ids.extend(self.counter.text_ids(text[len(self._head_text):]))
             self._counted = len(self.messages)
-        return self._tokens + self._generation
+        return True
+
+
+class PromptCache:
+    """Per-episode :class:`PromptTally` objects for a policy, keyed by the request key.
+
+    A request whose chat extends the cached chat of its key costs only its new messages; anything
+    else starts the key afresh.  The least recently used keys beyond ``size`` are dropped.
+    """
+
+    def __init__(self, counter: TokenCounter, size: int = 1024):
+        self.counter = counter
+        self.size = size
+        self._tallies: OrderedDict[str, PromptTally] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def prompt_ids(self, key: str, messages: Sequence[Message]) -> list[int]:
+        if not key or not self.counter.incremental:
+            return self.counter.prompt_ids(messages)
+        with self._lock:
+            tally = self._tallies.pop(key, None)
+            known = 0 if tally is None else len(tally.messages)
+            if tally is None or len(messages) < known or list(messages[:known]) != tally.messages:
+                tally = PromptTally(self.counter, [dict(m) for m in messages])
+            else:
+                tally.messages.extend(dict(m) for m in messages[known:])
+            self._tallies[key] = tally
+            while len(self._tallies) > self.size:
+                self._tallies.popitem(last=False)
+        return tally.prompt_ids()
 
 
 #: probe contents that would expose a template or tokenizer that is not prefix-stable: whitespace
@@ -151,12 +194,16 @@ def _prefix_stable(counter: TokenCounter) -> bool:
     try:
         tally = PromptTally(counter, messages, incremental=True)
         for index, (user, assistant) in enumerate(_PROBE):
-            if index != 2 and tally._counted_incrementally() != counter.prompt_tokens(messages):  # 2: two at once
+            if index != 2 and not _same_ids(tally, counter.prompt_ids(messages)):  # 2: two steps at once
                 return False
             messages += [{"role": "assistant", "content": assistant}, {"role": "user", "content": user}]
-        return tally._counted_incrementally() == counter.prompt_tokens(messages)
+        return _same_ids(tally, counter.prompt_ids(messages))
     except Exception:  # a template that cannot render the probe is simply counted in full
         return False
+
+
+def _same_ids(tally: PromptTally, expected: list[int]) -> bool:
+    return tally._extend() and tally._ids.tolist() + tally._generation == expected
 
 
 def estimate_tokens(text: str) -> int:

@@ -64,6 +64,7 @@ def result() -> dict:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, proc.stderr[-4000:]
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Exception ignored" not in proc.stderr, proc.stderr[-4000:]  # nothing left to die during teardown
     return json.loads(lines[-1][len("RESULT "):])
 
 

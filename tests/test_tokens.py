@@ -108,3 +108,23 @@ def test_incremental_counts_equal_full_rendering_over_long_episodes(counter, tem
                 break
         assert checked == 45 and ep.termination_reason == "max_turns"
     env.close()
+
+
+def test_policy_prompt_cache_matches_full_rendering_per_episode_key(counter) -> None:
+    """A policy sees each episode's whole chat again every turn; its cache must give the same ids as
+    rendering it, also when a key is reused by a different episode or the chat is edited."""
+    import random
+
+    from agent_envs.tokens import PromptCache
+
+    cache, rng = PromptCache(counter, size=2), random.Random(3)
+    chats = {key: [{"role": "system", "content": "Solve."}, {"role": "user", "content": f"Task {key}"}]
+             for key in ("a", "b", "c")}
+    for turn in range(6):
+        for key, chat in chats.items():
+            assert cache.prompt_ids(key, chat) == counter.prompt_ids(chat), (turn, key)
+            chat += [{"role": "assistant", "content": completion(rng, turn)},
+                     {"role": "user", "content": f"Observation from bash:\n{turn}"}]
+    edited = chats["a"][:3] + [{"role": "user", "content": "something else"}]
+    assert cache.prompt_ids("a", edited) == counter.prompt_ids(edited)
+    assert cache.prompt_ids("", chats["b"]) == counter.prompt_ids(chats["b"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import inspect
 import itertools
 import os
@@ -141,9 +142,12 @@ class _EngineThread:
     """One event loop on a daemon thread, for the whole life of an ``AsyncLLM``.
 
     An ``AsyncLLM`` belongs to the loop it runs in; callers in any thread or loop submit coroutines
-    here, so ``run_episodes`` can start a new loop per call and synchronous code can block on it."""
+    here, so ``run_episodes`` can start a new loop per call and synchronous code can block on it.
+    It holds the engine (never the policy), so a finalizer can shut both down."""
 
     def __init__(self) -> None:
+        self.engine: Any = None
+        self.owns_engine = False
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run, name="agent-envs-vllm-async", daemon=True)
         self.thread.start()
@@ -174,15 +178,21 @@ class _EngineThread:
 
         return self.submit(run()).result()
 
-    def stop(self, engine: Any, timeout: float = 60.0) -> None:
-        """Shut the engine down on its own loop, stop the loop and join the thread."""
+    def stop(self, timeout: float = 60.0) -> None:
+        """Shut an owned engine down on its own loop, stop the loop and join the thread."""
+        engine, self.engine = self.engine, None
+        if threading.current_thread() is self.thread:  # dropped on its own loop: let the loop end itself
+            self.loop.stop()
+            return
         if not self.thread.is_alive():
             return
-        if engine is not None:
+        if engine is not None and self.owns_engine:
             with contextlib.suppress(Exception):  # a dead engine must not keep the process alive
                 self.call(engine.shutdown)
+        del engine
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout)
+        gc.collect()  # vLLM's engine objects form cycles; collect them now, not during interpreter teardown
 
 
 class AsyncVLLMPolicy(EnginePolicy):
@@ -208,24 +218,29 @@ class AsyncVLLMPolicy(EnginePolicy):
                  multiprocessing: bool = True, **engine_kwargs: Any):
         if (model is None) == (engine is None):
             raise ValueError("AsyncVLLMPolicy needs exactly one of model= or engine= (an AsyncLLM)")
-        self._owns_engine = engine is None
         self._thread = _EngineThread()
+        self._thread.owns_engine = engine is None
         try:
             if engine is None:
                 engine = self._thread.call(_build_async_engine, model, multiprocessing, engine_kwargs)
+            self._thread.engine = engine
             if tokenizer is None:
                 tokenizer = self._thread.call(engine.get_tokenizer)
         except BaseException:
-            self._thread.stop(engine if self._owns_engine else None)
+            self._thread.stop()
             raise
-        self.engine = engine
-        self._stop = weakref.finalize(self, self._thread.stop, engine if self._owns_engine else None)
+        self._stop = weakref.finalize(self, self._thread.stop)
         register = getattr(threading, "_register_atexit", None)
         if register is not None:  # runs before exit joins non-daemon threads (an in-process engine's)
             register(self._stop)
         self.model = model or getattr(getattr(engine, "model_config", None), "model", None)
         super().__init__(tokenizer, sampling, max_model_len or engine_max_model_len(engine))
         self._ids = itertools.count()
+
+    @property
+    def engine(self) -> Any:
+        """The ``AsyncLLM`` (None once closed); call its coroutines through :meth:`call`."""
+        return self._thread.engine
 
     def describe(self) -> dict[str, Any]:
         return {"policy": self.name, "model": self.model, "max_model_len": self.max_model_len,
