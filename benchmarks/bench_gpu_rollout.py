@@ -101,6 +101,22 @@ class Metered(Policy):
             self._leave()
 
 
+def wait_for_free_gpu(fraction: float, timeout: float = 120.0) -> None:
+    """Until the previous engine's process has released the GPU (NVML: no CUDA context here)."""
+    try:
+        import pynvml
+    except ImportError:
+        return
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        if info.free >= fraction * info.total:
+            return
+        time.sleep(1.0)
+
+
 def lognormal_tokens(cap: int, median: float, sigma: float, seed: int) -> Callable[[GenerationRequest], int]:
     def draw(request: GenerationRequest) -> int:
         digest = hashlib.sha256(f"{seed}:{request.key}:{request.seed}".encode()).digest()
@@ -205,6 +221,8 @@ def main() -> None:
         rows.append(rollout("long tail: lockstep", policy, "lockstep", tail_tasks, args, args.tail_concurrency, tail))
     policy.close()
     del policy
+    if not args.cpu:
+        wait_for_free_gpu(args.gpu_memory_utilization)
 
     t = time.perf_counter()
     apolicy = AsyncVLLMPolicy(str(model), sampling=sampling, **engine_kwargs)
