@@ -4,10 +4,19 @@ With a Hugging Face tokenizer every count is exact and matches what the policy r
 template with ``add_generation_prompt=True`` and ``enable_thinking`` off, as the protocol does).
 Without one, counts are estimates (UTF-8 bytes / 4, rounded up) and every record says so through
 ``token_counts_exact=False``; budgets are then approximate.
+
+A growing chat is counted incrementally (:class:`PromptTally`) when the chat template is
+prefix-stable: rendering more messages only appends text, which starts at a special token, so its
+tokens simply add.  That is verified once per tokenizer on a probe conversation; a template that
+fails it is counted by rendering the whole chat, as before.  Either way the counts are identical.
 """
 from __future__ import annotations
 
 import math
+import threading
+import weakref
+from array import array
+from collections import OrderedDict
 from typing import Any, Sequence
 
 Message = dict[str, str]
@@ -33,13 +42,14 @@ class TokenCounter:
     def exact(self) -> bool:
         return self.tokenizer is not None
 
-    def render(self, messages: Sequence[Message]) -> str:
+    def render(self, messages: Sequence[Message], generation_prompt: bool = True) -> str:
         """The prompt text the policy sees (chat template + generation prompt)."""
         if self.tokenizer is None:
             parts = [f"<|{m['role']}|>\n{m['content']}" for m in messages]
-            return "\n".join(parts) + "\n<|assistant|>\n"
+            return "\n".join(parts) + ("\n<|assistant|>\n" if generation_prompt else "")
         return self.tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True, enable_thinking=self.enable_thinking
+            list(messages), tokenize=False, add_generation_prompt=generation_prompt,
+            enable_thinking=self.enable_thinking,
         )
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
@@ -63,7 +73,137 @@ class TokenCounter:
     def text_tokens(self, text: str) -> int:
         if self.tokenizer is None:
             return estimate_tokens(text)
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
+        return len(self.text_ids(text))
+
+    def text_ids(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("text_ids needs a tokenizer")
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    @property
+    def incremental(self) -> bool:
+        """Whether :class:`PromptTally` may count this template's chats piece by piece."""
+        if self.tokenizer is None:
+            return False
+        with _VERIFIED_LOCK:
+            try:
+                per_tokenizer = _VERIFIED.setdefault(self.tokenizer, {})
+            except TypeError:  # not weak-referenceable: verify per counter
+                per_tokenizer = self.__dict__.setdefault("_verified", {})
+            if self.enable_thinking not in per_tokenizer:
+                per_tokenizer[self.enable_thinking] = _prefix_stable(self)
+            return per_tokenizer[self.enable_thinking]
+
+
+class PromptTally:
+    """The prompt tokens of one growing chat, rendering and tokenising each message once.
+
+    ``messages`` is the live, append-only list of the conversation.  :meth:`prompt_ids` and
+    :meth:`prompt_tokens` equal ``counter.prompt_ids(messages)`` and ``counter.prompt_tokens(messages)``
+    at every point; with a prefix-stable template (see :attr:`TokenCounter.incremental`) only the
+    messages appended since the last call are rendered, behind the chat's opening messages (which
+    stand in for the whole history).
+    """
+
+    def __init__(self, counter: TokenCounter, messages: list[Message], *, incremental: bool | None = None):
+        self.counter = counter
+        self.messages = messages
+        self.incremental = counter.incremental if incremental is None else incremental
+        self._head = [dict(m) for m in messages[:2]]  # the opening (system, task) messages
+        self._head_text = ""
+        self._counted = 0                      # messages whose tokens are in ``_ids``
+        self._ids = array("q")                 # tokens of messages[:_counted] without the generation prompt
+        self._generation: list[int] = []       # tokens of the generation prompt
+
+    def prompt_tokens(self) -> int:
+        if self.incremental and self._extend():
+            return len(self._ids) + len(self._generation)
+        return self.counter.prompt_tokens(self.messages)
+
+    def prompt_ids(self) -> list[int]:
+        if self.incremental and self._extend():
+            return self._ids.tolist() + self._generation
+        return self.counter.prompt_ids(self.messages)
+
+    def _extend(self) -> bool:
+        """Tokenise the messages appended since the last call; False where that is not possible."""
+        if self.messages[-1]["role"] == "assistant":  # templates may render a trailing reply specially
+            return False
+        if self._counted == 0:
+            self._head_text = self.counter.render(self._head, generation_prompt=False)
+            prompt = self.counter.render(self._head)
+            self._ids = array("q", self.counter.text_ids(self._head_text))
+            self._generation = self.counter.text_ids(prompt[len(self._head_text):])
+            self._counted = len(self._head)
+        new = self.messages[self._counted:]
+        if new:
+            text = self.counter.render(self._head + new, generation_prompt=False)
+            if not text.startswith(self._head_text):
+                return False
+            self._ids.extend(self.counter.text_ids(text[len(self._head_text):]))
+            self._counted = len(self.messages)
+        return True
+
+
+class PromptCache:
+    """Per-episode :class:`PromptTally` objects for a policy, keyed by the request key.
+
+    A request whose chat extends the cached chat of its key costs only its new messages; anything
+    else starts the key afresh.  The least recently used keys beyond ``size`` are dropped.
+    """
+
+    def __init__(self, counter: TokenCounter, size: int = 1024):
+        self.counter = counter
+        self.size = size
+        self._tallies: OrderedDict[str, PromptTally] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def prompt_ids(self, key: str, messages: Sequence[Message]) -> list[int]:
+        if not key or not self.counter.incremental:
+            return self.counter.prompt_ids(messages)
+        with self._lock:
+            tally = self._tallies.pop(key, None)
+            known = 0 if tally is None else len(tally.messages)
+            if tally is None or len(messages) < known or list(messages[:known]) != tally.messages:
+                tally = PromptTally(self.counter, [dict(m) for m in messages])
+            else:
+                tally.messages.extend(dict(m) for m in messages[known:])
+            self._tallies[key] = tally
+            while len(self._tallies) > self.size:
+                self._tallies.popitem(last=False)
+        return tally.prompt_ids()
+
+
+#: probe contents that would expose a template or tokenizer that is not prefix-stable: whitespace
+#: at the edges, think tags, special-token text, non-ASCII
+_PROBE = [
+    ("Solve it.  ", "Let me think.\n\nAction:\n{\"name\": \"bash\"}"),
+    ("Observation from bash:\n4\n\n", " <think>hidden</think>\nvisible "),
+    ("Observation from format_check:\n<|im_end|> x", "</think>\n\nFinal answer: 5"),
+    ("Observation: é ü 你好\t", "\n\n"),
+    ("  leading", "done"),
+]
+_VERIFIED: "weakref.WeakKeyDictionary[Any, dict[bool, bool]]" = weakref.WeakKeyDictionary()
+_VERIFIED_LOCK = threading.Lock()
+
+
+def _prefix_stable(counter: TokenCounter) -> bool:
+    """Count a probe chat both ways, step by step; any difference (or error) means full rendering."""
+    messages: list[Message] = [{"role": "system", "content": "You are a careful solver. "},
+                               {"role": "user", "content": "Question: what is 2+2?\n"}]
+    try:
+        tally = PromptTally(counter, messages, incremental=True)
+        for index, (user, assistant) in enumerate(_PROBE):
+            if index != 2 and not _same_ids(tally, counter.prompt_ids(messages)):  # 2: two steps at once
+                return False
+            messages += [{"role": "assistant", "content": assistant}, {"role": "user", "content": user}]
+        return _same_ids(tally, counter.prompt_ids(messages))
+    except Exception:  # a template that cannot render the probe is simply counted in full
+        return False
+
+
+def _same_ids(tally: PromptTally, expected: list[int]) -> bool:
+    return tally._extend() and tally._ids.tolist() + tally._generation == expected
 
 
 def estimate_tokens(text: str) -> int:

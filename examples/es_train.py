@@ -15,19 +15,24 @@ Examples::
     python examples/es_train.py --model /ckpt/Qwen3.5-4B --train dapo_evolve.jsonl --eval dapo_test.jsonl
     # vLLM on CPU: weights must stay unpacked so they can be perturbed
     AGENT_ENVS_ES_CPU_PLAIN_LINEAR=1 python examples/es_train.py --model ~/.cache/agent-envs/smollm2-hf ...
+    # continuous rollouts: AsyncVLLMPolicy (engine core in its own process, perturbed by name)
+    python examples/es_train.py --mode async ...
 
 Options (see ``--help``): --env, --model, --train, --eval, --eval-limit, --generations,
 --population, --case-batch, --sigma-start/--sigma-end/--sigma-schedule/--sigma-warmup/
 --sigma-total-steps, --alpha, --normalization/--ddof/--eps, --scope, --seed, --eval-interval,
 --history, --resume (+ --resume-generations), --exact-revert, --max-turns, --max-tokens,
---sandbox, engine settings (--dtype, --max-model-len, --gpu-memory-utilization, --load-format),
---engines N and --ray-address (an engine per GPU as Ray actors; docs/scaling.md).
+--sandbox, --mode, --toy-reward, engine settings (--dtype, --max-model-len, --gpu-memory-utilization,
+--load-format, --rollout-token-budget), --engines N and --ray-address (an engine per GPU as Ray
+actors; docs/scaling.md).
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import statistics
+import sys
 from typing import Any, Sequence
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights live in this process's worker
@@ -42,7 +47,7 @@ from agent_envs.es.population import ESTrainer, evaluate_member
 from agent_envs.es.schedule import SCHEDULES
 from agent_envs.es.worker import EXTENSION, VLLMPerturbation
 from agent_envs.policy.sampling import SamplingConfig
-from agent_envs.policy.vllm import VLLMPolicy
+from agent_envs.policy.vllm import AsyncVLLMPolicy, VLLMPolicy
 from agent_envs.rollout import es_summary, run_episodes
 
 
@@ -79,7 +84,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=32768)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--load-format", default="auto", help='"dummy" gives random weights (smoke runs)')
-    p.add_argument("--rollout-token-budget", type=int, default=131072)
+    p.add_argument("--rollout-token-budget", type=int, default=0,
+                   help="lockstep microbatch size; 0: a whole turn per engine call, 131072: the reference's")
+    p.add_argument("--mode", default="lockstep", choices=["lockstep", "async"],
+                   help="lockstep: vllm.LLM, one batch per turn (reference); async: AsyncVLLMPolicy, continuous")
+    p.add_argument("--toy-reward", action="store_true",
+                   help="reward = a hash of each episode's last completion in [0, 1): smoke runs on random "
+                        "weights, whose real scores are all 0")
     p.add_argument("--engines", type=int, default=1,
                    help="engines as Ray actors, one GPU each; members go to idle engines (docs/scaling.md)")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster (multi-node) instead of a local one")
@@ -92,10 +103,26 @@ def load_tasks(env_id: str, path: str, limit: int | None = None) -> list[Any]:
     return load_docvqa_tasks(path, limit=limit)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(argv)
+def toy_reward(rows: Sequence[dict[str, Any]]) -> float:
+    """Mean over episodes of sha256(last completion) read as a number in [0, 1)."""
+    values = [int(hashlib.sha256(str(r.get("response", "")).encode()).hexdigest()[:8], 16) / 2**32 for r in rows]
+    return sum(values) / max(1, len(values))
+
+
+def build_policy(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """(policy, engine handle for VLLMPerturbation): the offline LLM, or the AsyncLLM's policy."""
+    if args.mode == "async":
+        policy = AsyncVLLMPolicy(args.model, sampling=SamplingConfig(), **engine_kwargs)
+        return policy, policy
     from vllm import LLM
 
+    llm = LLM(model=args.model, **engine_kwargs)
+    return VLLMPolicy(llm=llm, sampling=SamplingConfig(), max_model_len=args.max_model_len,
+                      rollout_token_budget=args.rollout_token_budget), llm
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
     train = load_tasks(args.env, args.train)
     held_out = load_tasks(args.env, args.eval, args.eval_limit) if args.eval else []
     config = ESConfig(
@@ -116,12 +143,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.max_tokens is not None:
         env_kwargs["max_tokens_per_turn"] = args.max_tokens
     if args.engines > 1 or args.ray_address:
+        if args.toy_reward:
+            raise SystemExit("--toy-reward runs on a single engine (the pool's actors score episodes themselves)")
+        if args.mode == "async":
+            print("[es] --engines: each engine runs its members in lockstep mode", file=sys.stderr)
         return train_on_pool(args, config, train, held_out, engine_kwargs, env_kwargs)
-    llm = LLM(model=args.model, **engine_kwargs)
-    backend = VLLMPerturbation(llm, scope=args.scope, exact_revert=args.exact_revert)
+    policy, engine = build_policy(args, engine_kwargs)
+    backend = VLLMPerturbation(engine, scope=args.scope, exact_revert=args.exact_revert)
     config.tp_size = backend.tp_size
-    policy = VLLMPolicy(llm=llm, sampling=SamplingConfig(), max_model_len=args.max_model_len,
-                        rollout_token_budget=args.rollout_token_budget)
 
     head, start = None, 0
     if args.resume:
@@ -130,20 +159,23 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     def evaluate(batch: Sequence[Any], seed: int, generation: int, member: int):
         result = evaluate_member(policy, args.env, batch, seed, generation=generation, member=member,
-                                 env_kwargs=env_kwargs, concurrency=16)
+                                 env_kwargs=env_kwargs, concurrency=16, mode=args.mode)
+        if args.toy_reward:
+            result = result.model_copy(update={"reward": toy_reward(result.rows)})
         print(f"[es]   generation={generation} member={member} seed={seed} reward={result.reward:.4f}")
         return result
 
     def interval_eval(generation: int) -> dict[str, Any] | None:
         if not held_out:
             return None
-        rows = run_episodes(args.env, held_out, policy, samples=1, mode="lockstep", base_seed=args.seed + generation + 1,
+        rows = run_episodes(args.env, held_out, policy, samples=1, mode=args.mode, base_seed=args.seed + generation + 1,
                             env_kwargs=env_kwargs, concurrency=16, progress=False)
         return eval_summary(rows, generation)
 
     trainer = ESTrainer(config, backend, train, evaluate, args.history, history=head, start_generation=start,
                         eval_hook=interval_eval)
     report(trainer.run(), args.history, backend.checksum()[0])
+    policy.close()
 
 
 def eval_summary(rows: Sequence[Any], generation: int) -> dict[str, Any]:

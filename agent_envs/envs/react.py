@@ -30,7 +30,7 @@ from agent_envs.protocol.seeds import DEFAULT_BASE_SEED, TURN_STRIDE, trajectory
 from agent_envs.prompts import fill, load_prompt, sha256
 from agent_envs.sandbox.base import SandboxConfig
 from agent_envs.sandbox.factory import resolve_config
-from agent_envs.tokens import TokenCounter
+from agent_envs.tokens import PromptTally, TokenCounter
 
 #: score fields copied from the final record to the top level of the last ``info``
 _SUMMARY_FIELDS = ("score", "score_method", "score_status", "answer_status", "prediction", "anls", "acc")
@@ -53,8 +53,8 @@ class EpisodeState:
     #: the last trajectory count tried against the cap (above ``trajectory_tokens`` only when an
     #: observation crossed the cap and was not counted)
     attempted_trajectory_tokens: int = 0
-    #: token count of the chat as it stands, when the context check already rendered it
-    prompt_tokens: int | None = None
+    #: prompt-token count of ``messages``, kept up to date message by message
+    tally: PromptTally | None = None
     max_context_tokens: int = 0
     last_completion: str = ""
     termination_reason: str | None = None
@@ -193,8 +193,9 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             base_seed=base_seed,
             seed_base=trajectory_seed(base_seed, row_index, sample_index),
             messages=messages,
+            tally=PromptTally(self.counter, messages),
         )
-        return copy.deepcopy(messages), self._info()
+        return _copy_chat(messages), self._info()
 
     def step(self, action: str | Completion | dict):
         ep = self._require_running()
@@ -211,9 +212,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             n = self.counter.text_tokens(text)
         prompt_tokens = completion.prompt_tokens
         if prompt_tokens is None:
-            prompt_tokens = ep.prompt_tokens
-        if prompt_tokens is None:
-            prompt_tokens = self.counter.prompt_tokens(ep.messages)
+            prompt_tokens = ep.tally.prompt_tokens()
         ep.max_context_tokens = max(ep.max_context_tokens, prompt_tokens + n)
         ep.generated_tokens += n
         ep.trajectory_tokens += n
@@ -248,13 +247,13 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             return self._finish("max_turns", "max_react_turns_exceeded")
         if not self._next_prompt_fits():
             return self._finish("context_length_exceeded", "context_length_exceeded")
-        return copy.deepcopy(ep.messages), 0.0, False, False, self._info()
+        return _copy_chat(ep.messages), 0.0, False, False, self._info()
 
     def generation_request(self) -> GenerationRequest:
         """What to generate next: the chat, the turn's seed, the token budget and the stop string."""
         ep = self._require_running()
         return GenerationRequest(
-            messages=copy.deepcopy(ep.messages),
+            messages=_copy_chat(ep.messages),
             seed=ep.turn_seed,
             max_tokens=self.max_tokens_per_turn if self.max_tokens_per_turn > 0 else None,
             stop=list(STOP),
@@ -344,8 +343,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         ep = self._ep
         assert ep is not None
         reserve = self.max_tokens_per_turn if self.max_tokens_per_turn > 0 else 1
-        ep.prompt_tokens = self.counter.prompt_tokens(ep.messages)  # reused by the next step
-        return ep.prompt_tokens + reserve <= self.max_model_len
+        return ep.tally.prompt_tokens() + reserve <= self.max_model_len
 
     def _finish(self, reason: str, react_error: str | None):
         ep = self._ep
@@ -359,7 +357,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         info["episode"] = record
         reward = float(record["score"])
         terminated = reason == "final_answer"
-        return copy.deepcopy(ep.messages), reward, terminated, not terminated, info
+        return _copy_chat(ep.messages), reward, terminated, not terminated, info
 
     def _record(self, ep: EpisodeState) -> dict[str, Any]:
         task = ep.task
@@ -420,6 +418,11 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         tools, self._tools = self._tools, {}
         for tool in tools.values():
             tool.close()
+
+
+def _copy_chat(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """A copy the caller may change freely (messages hold only strings, so one level is enough)."""
+    return [dict(m) for m in messages]
 
 
 def _as_completion(action: Any) -> Completion:

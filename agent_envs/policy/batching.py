@@ -10,7 +10,7 @@ import abc
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..tokens import TokenCounter
+from ..tokens import PromptCache, TokenCounter
 from .base import Completion, GenerationRequest, Policy
 from .sampling import SamplingConfig, context_overflow, generation_reserve
 
@@ -60,11 +60,13 @@ class EnginePolicy(Policy):
         self.tokenizer = tokenizer
         self.sampling = sampling or SamplingConfig()
         self.counter = TokenCounter(tokenizer, enable_thinking=self.sampling.enable_thinking)
+        self.prompts = PromptCache(self.counter)
         self.max_model_len = max_model_len
 
     def prepare(self, request: GenerationRequest) -> Prepared | Completion:
-        """Render the prompt; a prompt that cannot fit becomes a ``context_length_exceeded`` record."""
-        ids = self.counter.prompt_ids(request.messages)
+        """Render the prompt (an episode's next turn costs only its new messages); a prompt that
+        cannot fit becomes a ``context_length_exceeded`` record."""
+        ids = self.prompts.prompt_ids(request.key, request.messages)
         overflow = context_overflow(len(ids), request.max_tokens, self.max_model_len, self.name)
         return overflow if overflow is not None else Prepared(request, ids, self.sampling.stop_for(request))
 

