@@ -145,3 +145,8 @@ def test_loader_takes_public_nums_target_rows(tmp_path):
         assert [(t.nums, t.target) for t in env.unwrapped.tasks] == [((3, 7, 9), 30), ((2, 6, 8, 1), 40)]
     finally:
         env.close()
+
+
+def test_docker_backend_is_refused_at_make_not_mid_episode():
+    with pytest.raises(ValueError, match="python tool cannot run on the \"docker\" sandbox backend"):
+        gym.make("Countdown-ReAct-v0", sandbox="docker")

@@ -30,6 +30,9 @@ class CountdownReActEnv(ReActEnv):
             if kwargs.get("system_prompt") is None:
                 kwargs.setdefault("prompt_file", "countdown/system_single_turn")
         super().__init__(**kwargs)
+        if self.sandbox_config.backend == "docker":  # refused here, not at the first python call
+            raise ValueError('Countdown-ReAct-v0: the python tool cannot run on the "docker" sandbox backend '
+                             'yet; use "bwrap" or "none"')
         if single_turn:
             self.rules = RULES_SINGLE_TURN
 
