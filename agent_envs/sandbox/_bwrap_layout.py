@@ -68,8 +68,8 @@ def supports_size() -> bool:
 
 
 def runtime_prefixes(config: SandboxConfig) -> list[str]:
-    """Configured prefixes, then ``sys.prefix`` and ``sys.base_prefix``; existing, each once."""
-    env_prefix = os.environ.get("DOCVQA_TOOL_PREFIX")
+    """Configured prefixes, ``$AGENT_ENVS_TOOL_PREFIX``, then ``sys.prefix`` and ``sys.base_prefix``; existing, each once."""
+    env_prefix = os.environ.get("AGENT_ENVS_TOOL_PREFIX")
     candidates = [*config.runtime_prefixes, *([env_prefix] if env_prefix else []),
                   sys.prefix, sys.base_prefix]
     out: list[str] = []
