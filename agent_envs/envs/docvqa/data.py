@@ -21,7 +21,7 @@ from PIL import Image, UnidentifiedImageError
 from pydantic import ValidationError
 
 from agent_envs.atomic import atomic_write
-from agent_envs.data.jsonl import read_jsonl
+from agent_envs.data.jsonl import jsonl_rows
 from agent_envs.envs.docvqa.task import DocTask
 
 HF_REPO = "lmms-lab/DocVQA"
@@ -281,7 +281,7 @@ def write_png(image: Any, target: Path, where: str = "row") -> Path:
 
 def _load_jsonl(path: Path, cache: Path) -> list[DocTask]:
     return [_require(normalize_row(row, path, cache, where), row, where)
-            for where, row in read_jsonl(path, DocDataError)]
+            for where, row in jsonl_rows(path, DocDataError)]
 
 
 def _load_official_json(path: Path, cache: Path, limit: int | None) -> list[DocTask]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agent_envs.data.jsonl import read_jsonl
+from agent_envs.data.jsonl import jsonl_rows
 from agent_envs.envs.math_react.task import MathTask
 
 BUILTIN_SIZE = 200
@@ -71,7 +71,7 @@ def _to_task(row: Mapping[str, Any] | MathTask, where: str) -> MathTask:
 def _load_jsonl(path: Path) -> list[MathTask]:
     if not path.is_file():
         raise MathDataError(f'math data file not found: {path} (or use "builtin")')
-    return [_to_task(row, where) for where, row in read_jsonl(path, MathDataError)]
+    return [_to_task(row, where) for where, row in jsonl_rows(path, MathDataError)]
 
 
 def _load_hf(name: str) -> list[MathTask]:
