@@ -6,8 +6,8 @@ folder and adds it to :mod:`agent_envs.core.registry`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 Row = dict[str, Any]
 

@@ -21,7 +21,6 @@ import fcntl
 import os
 import re
 import secrets
-import shutil
 import signal
 import stat
 import subprocess
