@@ -19,11 +19,16 @@ class BashTool:
         self.framing = framing
         self.limit = limit
 
-    def run(self, command: str) -> str:
-        if self.sandbox is None:  # closed after a failure: the next command gets a fresh one
+    def ensure_sandbox(self) -> Sandbox:
+        """The sandbox; after a failure closed it, the next command gets a fresh one."""
+        if self.sandbox is None:
             self.sandbox = make_sandbox(self.config)
+        return self.sandbox
+
+    def run(self, command: str) -> str:
+        sandbox = self.ensure_sandbox()
         try:
-            result = self.sandbox.run(command)
+            result = sandbox.run(command)
         except Exception as exc:  # a dead sandbox must not end a user's training loop
             self.close()
             return LAUNCH_ERROR_PREFIX + error_text(exc)

@@ -47,7 +47,7 @@ class MathReActEnv(ReActEnv):
 
         Only the unsandboxed parity runner keeps the log: it is a file the model can see there.
         """
-        sandbox = runner.sandbox
+        sandbox = runner.ensure_sandbox()
         on_host = isinstance(sandbox, LocalSandbox)
         if on_host:
             sandbox.log_command(COMMAND_LOG, command)
