@@ -32,7 +32,8 @@ def _finish(fig: Any, ax: Any, title: str, xlabel: str, ylabel: str, legend: boo
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if legend:
-        ax.legend(frameon=False, fontsize=8)
+        # above the axes, right of the title: never on top of the data
+        ax.legend(frameon=False, fontsize=8, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, borderaxespad=0)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="svg", metadata={"Date": None})
@@ -46,10 +47,10 @@ def histogram(runs: Sequence[Run], values: Sequence[Sequence[float]], title: str
     if not any(values):
         return None
     fig, ax = _figure()
-    for i, (run, vs) in enumerate(zip(runs, values)):
-        if vs:
-            ax.hist(vs, bins=bins, alpha=0.55 if len(runs) > 1 else 0.85, color=COLOURS[i % len(COLOURS)],
-                    label=run.name, edgecolor="white", linewidth=0.5)
+    used = [(run, vs, COLOURS[i % len(COLOURS)]) for i, (run, vs) in enumerate(zip(runs, values)) if vs]
+    # several runs: bars side by side within each bin (overlaid translucent bars mix colours)
+    ax.hist([vs for _, vs, _ in used], bins=bins, color=[c for _, _, c in used], label=[r.name for r, _, _ in used],
+            edgecolor="white", linewidth=0.5)
     ax.yaxis.get_major_locator().set_params(integer=True)
     return _finish(fig, ax, title, xlabel, ylabel, len(runs) > 1)
 
@@ -65,7 +66,10 @@ def counts(runs: Sequence[Run], values: Sequence[Sequence[int]], title: str, xla
         xs = sorted(c)
         ax.bar([x + (i - (len(runs) - 1) / 2) * width for x in xs], [c[x] for x in xs], width=width,
                color=COLOURS[i % len(COLOURS)], label=run.name)
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    seen = [v for vs in values for v in vs]
+    ax.set_xlim(min(seen) - 0.7, max(seen) + 0.7)
+    step = max(1, (max(seen) - min(seen)) // 10 + 1)
+    ax.set_xticks(range(min(seen), max(seen) + 1, step))
     ax.yaxis.get_major_locator().set_params(integer=True)
     return _finish(fig, ax, title, xlabel, "episodes", len(runs) > 1)
 
@@ -76,7 +80,7 @@ def reasons(runs: Sequence[Run]) -> str | None:
     labels = sorted(set().union(*counts), key=lambda k: -sum(c[k] for c in counts))
     if not labels:
         return None
-    fig, ax = _figure(height=0.6 + 0.38 * len(labels) * max(1, len(runs) * 0.7))
+    fig, ax = _figure(height=max(1.8, 0.8 + 0.4 * len(labels) * max(1, len(runs) * 0.7)))
     height = 0.8 / len(runs)
     for i, (run, c) in enumerate(zip(runs, counts)):
         ys = [j + i * height for j in range(len(labels))]
