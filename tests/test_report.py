@@ -135,6 +135,18 @@ def test_two_runs_side_by_side_with_the_compare_ci(math_run, tmp_path, capsys):
 
 
 @needs_browser
+def test_math_and_docvqa_runs_in_one_report(math_run, doc_run, tmp_path):
+    """What the main job writes: two environments side by side, no task pairing between them."""
+    run, _ = math_run
+    assert main(["report", str(run), str(doc_run), "--out", str(tmp_path / "both.html")]) == 0
+    html = (tmp_path / "both.html").read_text()
+    assert 'id="comparison"' not in html and "ANLS mean" in html
+    result = _check(tmp_path / "both.html", "docvqa")
+    assert sorted(result["keys"]) == sorted(_keys(run) + _keys(doc_run))
+    assert result["filtered"] == len(_keys(doc_run)) and all(w > 0 for w in result["images"])
+
+
+@needs_browser
 def test_report_of_a_run_killed_midway(math_run, tmp_path):
     run, _ = math_run
     killed = tmp_path / "killed"

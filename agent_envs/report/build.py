@@ -32,12 +32,19 @@ def _unique_names(runs: list[Run]) -> None:
             run.name = f"{run.path.parent.name}/{run.name}"
 
 
+def _shared_tasks(a: Run, b: Run) -> bool:
+    """Two runs are compared task by task only when they evaluated some of the same tasks (a Math
+    run beside a DocVQA run is shown side by side, not paired)."""
+    return bool({r["task_id"] for r in a.rows} & {r["task_id"] for r in b.rows})
+
+
 def render(runs: list[Run]) -> str:
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.PackageLoader("agent_envs.report", "templates"),
                              autoescape=True, undefined=jinja2.StrictUndefined)
-    title = "agent-envs report: " + " vs ".join(r.name for r in runs)
+    comparison = views.comparison(runs[0], runs[1]) if len(runs) == 2 and _shared_tasks(*runs) else None
+    title = "agent-envs report: " + (" vs " if comparison else " + ").join(r.name for r in runs)
     images: dict[str, str | None] = {}
     groups = views.episode_groups(runs, images)
     return env.get_template("report.html.j2").render(
@@ -45,7 +52,7 @@ def render(runs: list[Run]) -> str:
         metrics=views.metric_rows(runs), plots=plots.all_plots(runs),
         task_rows=[views.task_rows(r) for r in runs], groups=groups,
         images={path: url for path, url in images.items() if url},
-        comparison=views.comparison(runs[0], runs[1]) if len(runs) == 2 else None,
+        comparison=comparison,
     )
 
 
