@@ -62,8 +62,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (1 on a busy machine: spinning thread pools stall under contention)")
     args = parser.parse_args()
-    policy = default_cpu_policy(sampling=SamplingConfig())  # the protocol sampling eval uses
+    policy = default_cpu_policy(sampling=SamplingConfig(), num_threads=args.threads)  # eval's protocol sampling
     batched = TransformersPolicy(policy.source, model=policy.model, tokenizer=policy.tokenizer,
                                  sampling=policy.sampling, batch_decode=True)
     time_policy(policy, 1, 4)  # warm-up

@@ -101,7 +101,8 @@ def test_math_report_in_a_browser_lists_filters_and_sorts(math_run):
     result = _check(run / "report.html", "synth_math_0_1:")
     assert sorted(result["keys"]) == _keys(run) and result["shown"] == 6
     assert result["filtered"] == 2 and result["unfiltered"] == 6  # one task, two samples
-    assert result["ascending"] == sorted(result["ascending"]) and result["descending"] == sorted(result["descending"], reverse=True)
+    assert result["ascending"] == sorted(result["ascending"])
+    assert result["descending"] == sorted(result["descending"], reverse=True)
     assert len(result["plots"]) == 5 and all(w > 0 for w in result["plots"])
 
 
@@ -132,6 +133,9 @@ def test_two_runs_side_by_side_with_the_compare_ci(math_run, tmp_path, capsys):
     result = _check(tmp_path / "cmp.html", "better")
     assert len(result["keys"]) == 12 and result["filtered"] == 6
     assert result["columns"] == [2] * 6  # each episode of A beside the same episode of B
+    # sorting by score: 1.0 rows first in one direction, last in the other
+    assert result["ascending"] == sorted(result["ascending"]) and result["ascending"][-1] == 1.0
+    assert result["descending"] == sorted(result["descending"], reverse=True) and result["descending"][0] == 1.0
 
 
 @needs_browser

@@ -88,7 +88,8 @@ class TransformersPolicy(BatchedEnginePolicy):
         #: decode a lockstep group in one padded batch (about 2x the tokens/s at batch 4 on a CPU);
         #: off by default, because padding makes a completion depend on its batch neighbours
         self.batch_decode = batch_decode
-        self._pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else _as_list(tokenizer.eos_token_id)[0]
+        pad = tokenizer.pad_token_id
+        self._pad = pad if pad is not None else _as_list(tokenizer.eos_token_id)[0]
 
     def describe(self) -> dict[str, Any]:
         return {"policy": self.name, "model": self.source, "device": self.device,
@@ -160,7 +161,7 @@ class _Row:
         self.output.append(token)
         if token in self.policy._eos:
             self.finish, self.done = "stop", True
-        elif self.prepared.stop and any(s and s in self._decode(self.output[-self.window:]) for s in self.prepared.stop):
+        elif self.prepared.stop and self._stop_in(self._decode(self.output[-self.window:])):
             self.finish, self.done, self.stopped = "stop", True, True
         elif len(self.output) >= self.max_new:
             self.done = True
@@ -168,6 +169,9 @@ class _Row:
 
     def _decode(self, ids: list[int]) -> str:
         return self.policy.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _stop_in(self, text: str) -> bool:
+        return any(s and s in text for s in self.prepared.stop)
 
     def completion(self) -> Completion:
         text = self._decode(self.output)

@@ -45,10 +45,12 @@ def metric_rows(runs: Sequence[Run]) -> list[tuple[str, list[str]]]:
         return f"{total:.2f} s over {calls} calls" if calls else "no tool calls"
 
     def reasons(run: Run) -> str:
-        return ", ".join(f"{k} {v}" for k, v in Counter(str(r.get("termination_reason")) for r in run.rows).most_common())
+        counts = Counter(str(r.get("termination_reason")) for r in run.rows)
+        return ", ".join(f"{k} {v}" for k, v in counts.most_common())
 
     rows: list[tuple[str, list[str]]] = [
-        ("model", [str(r.config.get("model") or (r.config.get("policy_info") or {}).get("model") or "–") for r in runs]),
+        ("model", [str(r.config.get("model") or (r.config.get("policy_info") or {}).get("model") or "–")
+                   for r in runs]),
         ("status", [("complete" if r.complete else "incomplete: no summary.json (run stopped early)")
                     + (f"; {r.unreadable_lines} unreadable line(s) skipped" if r.unreadable_lines else "")
                     for r in runs]),
