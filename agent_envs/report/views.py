@@ -199,7 +199,8 @@ def episode_groups(runs: Sequence[Run], images: dict[str, str | None]) -> list[R
         keys += [k for k in index if k not in keys]
     groups = []
     for key in keys:
-        columns = [episode(run, idx[key], images) for run, idx in zip(runs, by_key) if key in idx]
+        columns = [{**episode(run, idx[key], images), "colour": i}
+                   for i, (run, idx) in enumerate(zip(runs, by_key)) if key in idx]
         groups.append({"key": key, "task": columns[0]["task"], "columns": columns})
     return groups
 
