@@ -203,3 +203,18 @@ def test_turns_fold_think_blocks_mark_truncation_and_keep_the_final_turn():
     old = {k: v for k, v in row.items() if k not in ("turn_log", "turn_tool_s")}
     assert [t["decision"] for t in turns(old)] == ["run", "warn", "final"]
     assert split_think("<think>unclosed") == [("think", "unclosed")]
+
+
+def test_records_carry_per_turn_facts(math_run):
+    """What the trajectory view shows per turn comes from the environment and the runner."""
+    run, _ = math_run
+    rows, _ = read_jsonl(run / "records.jsonl")
+    for row in rows:
+        log = row["turn_log"]
+        assert [t["turn"] for t in log] == list(range(1, row["turns"] + 1))
+        assert [t["seed"] for t in log] == [row["seed"] + 97 * k for k in range(row["turns"])]
+        assert sum(t["tokens"] for t in log) == row["generated_tokens"]
+        assert [t["decision"] for t in log] == ["run", "final"]  # scripted: one tool call, then the answer
+        assert row["turn_tool_s"][0] > 0 and row["turn_tool_s"][1] == 0
+        assert row["tool_seconds"] == sum(row["turn_tool_s"])
+        assert len(row["turn_generation_s"]) == row["turns"]
