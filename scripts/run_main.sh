@@ -8,11 +8,24 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 PY=${PYTHON:-python3}
 out=${AGENT_ENVS_MAIN_OUT:-runs/main-$(date +%Y%m%d-%H%M%S)}
-# lockstep + one padded batch per turn: the episodes of a run decode together (repeatable, since
-# lockstep groups are the same every time), about twice the tokens/s of one request at a time
-export AGENT_ENVS_BATCH_DECODE=1
-for env in MATH-ReAct-v0 DocVQA-CLI-v0; do
-  "$PY" -m agent_envs.cli eval --env "$env" --limit 2 --mode lockstep --out "$out/$env" "$@"
+mkdir -p "$out"
+# lockstep + one padded batch per turn: a run's episodes decode together (repeatable: lockstep
+# groups are the same every time).  The two evaluations run at once, one torch thread each, so
+# each has a core and one's tool calls overlap the other's decoding.
+export AGENT_ENVS_BATCH_DECODE=1 AGENT_ENVS_TORCH_THREADS=${AGENT_ENVS_TORCH_THREADS:-1}
+envs=(MATH-ReAct-v0 DocVQA-CLI-v0)
+pids=()
+echo "[agent-envs] evaluating ${envs[*]} on built-in tasks with the embedded CPU model (logs in $out/*.log)"
+for env in "${envs[@]}"; do
+  "$PY" -m agent_envs.cli eval --env "$env" --limit 2 --mode lockstep --no-progress --out "$out/$env" "$@" \
+    >"$out/$env.log" 2>&1 &
+  pids+=($!)
 done
+status=0
+for i in "${!envs[@]}"; do
+  wait "${pids[$i]}" || { status=$?; echo "[agent-envs] ${envs[$i]} failed (exit $status):"; }
+  grep -v "^\[agent-envs\] embedded default" "$out/${envs[$i]}.log" | grep -v "Warning\|Loading weights" || true
+done
+[ "$status" = 0 ] || exit "$status"
 "$PY" -m agent_envs.cli report "$out/MATH-ReAct-v0" "$out/DocVQA-CLI-v0" --out "$out/report.html" >/dev/null
 echo "[agent-envs] report of both environments: $out/report.html"
