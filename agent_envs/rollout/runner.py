@@ -35,7 +35,7 @@ from .resume import prepare_resume
 MODES = ("async", "lockstep")
 EnvSource = str | Callable[..., gym.Env]
 #: wall-clock fields: excluded when comparing runs for determinism
-TIMING_FIELDS = frozenset({"latency_s", "tool_seconds", "env_seconds"})
+TIMING_FIELDS = frozenset({"latency_s", "tool_seconds", "env_seconds", "turn_tool_s", "turn_generation_s"})
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,8 @@ class _Episode:
     prompt_tokens: int | None = 0
     engine: str | None = None
     env_seconds: float = 0.0
+    #: wall seconds each policy call took (lockstep: the whole batch's call)
+    generation_s: list[float] = field(default_factory=list)
     finished: float = 0.0
 
     @property
@@ -168,6 +170,7 @@ class _Context:
         row.update({
             "latency_s": max(0.0, ep.finished - ep.started),
             "env_seconds": ep.env_seconds,
+            "turn_generation_s": list(ep.generation_s),
             "policy_calls": ep.policy_calls,
             "usage": usage,
             "engine": ep.engine or self.meta.get("engine"),
@@ -242,7 +245,10 @@ def _run_lockstep(ctx: _Context, jobs: Sequence[Job], batch_size: int, pool: Thr
         list(pool.map(_Episode.start, episodes))
         live = _settle(ctx, envs, list(enumerate(episodes)))
         while live:
+            t = time.perf_counter()
             completions = _generate_batch(ctx.policy, [ep.request for _, ep in live])
+            for _, ep in live:
+                ep.generation_s.append(time.perf_counter() - t)
             list(pool.map(_Episode.advance, [ep for _, ep in live], completions))
             live = _settle(ctx, envs, live)
 
@@ -297,7 +303,9 @@ async def _run_async(ctx: _Context, jobs: Sequence[Job], concurrency: int, pool:
             await loop.run_in_executor(pool, ep.start)
             while not ep.done:
                 assert ep.request is not None
+                t = time.perf_counter()
                 completion = await agenerate(ep.request)
+                ep.generation_s.append(time.perf_counter() - t)
                 await loop.run_in_executor(pool, ep.advance, completion)
             retired = _retire(ep, env)
             if retired is not None:
