@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import hashlib
 import math
 import random
+import shutil
 import sys
 import tempfile
 import threading
@@ -183,6 +185,7 @@ def main() -> None:
 
     model = build_model(args.tokenizer.expanduser(), TINY if args.cpu else QWEN3_4B,
                         Path(tempfile.mkdtemp(prefix="bench-qwen3-")))
+    atexit.register(shutil.rmtree, model, True)
     engine_kwargs: dict[str, Any] = dict(load_format="dummy", seed=args.seed, max_model_len=args.max_model_len)
     if args.cpu:
         engine_kwargs.update(dtype="float32", enforce_eager=True)
