@@ -71,6 +71,8 @@ class _Episode:
     #: wall seconds each policy call took (lockstep: the whole batch's call)
     generation_s: list[float] = field(default_factory=list)
     finished: float = 0.0
+    #: the policy's :meth:`~agent_envs.policy.base.Policy.warm`, run on each new request
+    warm: Callable[[GenerationRequest], None] | None = None
 
     @property
     def done(self) -> bool:
@@ -90,6 +92,7 @@ class _Episode:
         except Exception as exc:
             self._fail(exc)
         self.env_seconds += time.perf_counter() - t
+        self._warm()
 
     def advance(self, completion: Completion) -> None:
         """Feed one completion; then either the episode is over or ``request`` is the next one."""
@@ -109,6 +112,15 @@ class _Episode:
         except Exception as exc:
             self._fail(exc)
         self.env_seconds += time.perf_counter() - t
+        self._warm()
+
+    def _warm(self) -> None:
+        """Let the policy prepare the next request here, in the worker thread (not env time)."""
+        if self.warm is not None and not self.done and self.request is not None:
+            try:
+                self.warm(self.request)
+            except Exception:  # generate reports the same failure for this request
+                pass
 
     def _fail(self, exc: Exception) -> None:
         self.error = error_text(exc)
@@ -241,7 +253,7 @@ def _run_lockstep(ctx: _Context, jobs: Sequence[Job], batch_size: int, pool: Thr
         chunk = jobs[start:start + batch_size]
         envs += [None] * (len(chunk) - len(envs))
         envs[:len(chunk)] = [env if env is not None else ctx.new_env() for env in envs[:len(chunk)]]
-        episodes = [_Episode(job, env, ctx.base_seed) for job, env in zip(chunk, envs)]
+        episodes = [_Episode(job, env, ctx.base_seed, warm=ctx.policy.warm) for job, env in zip(chunk, envs)]
         list(pool.map(_Episode.start, episodes))
         live = _settle(ctx, envs, list(enumerate(episodes)))
         while live:
@@ -299,7 +311,7 @@ async def _run_async(ctx: _Context, jobs: Sequence[Job], concurrency: int, pool:
                     ep._fail(exc)
                     ctx.finish(ep)
                     return
-            ep = _Episode(job, env, ctx.base_seed)
+            ep = _Episode(job, env, ctx.base_seed, warm=ctx.policy.warm)
             await loop.run_in_executor(pool, ep.start)
             while not ep.done:
                 assert ep.request is not None
