@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--limit", type=int, default=None, help="first N tasks only")
     ev.add_argument("--trace-logs", action=argparse.BooleanOptionalAction, default=True)
     ev.add_argument("--no-progress", action="store_true")
+    ev.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
 
     sm = sub.add_parser("summarize", help="print the metrics of one or more run directories")
     sm.add_argument("runs", nargs="+", type=Path)
@@ -104,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("run_a", type=Path)
     cp.add_argument("run_b", type=Path)
     cp.add_argument("--bootstrap-samples", type=int, default=10_000)
+
+    rp = sub.add_parser("report", help="write a self-contained HTML report of one run, or of runs side by side")
+    rp.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    rp.add_argument("--out", type=Path, default=None,
+                    help="output file (default RUN_DIR/report.html, or RUN_A/report-vs-B.html)")
 
     # listed for --help only: main() hands everything after "serve" to the server's own parser
     sub.add_parser("serve", help="serve a policy over HTTP (agent-envs serve --help)")
@@ -327,6 +333,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         _raise_if_output(exc, out)
         raise
     print(format_table([(str(out), summary)], args.samples))
+    if not args.no_report:
+        print(f"[agent-envs] report: {_write_report([out])}")
     warning = _error_warning(records)
     if warning:
         print(warning, file=sys.stderr)
@@ -403,6 +411,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_report(runs: Sequence[Path], out: Path | None = None) -> Path:
+    from agent_envs.report import RunError, build_report  # on demand: Jinja2 and matplotlib load slowly
+
+    try:
+        return build_report(runs, out)
+    except RunError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    print(_write_report(args.runs, args.out))
+    return 0
+
+
 def cmd_serve(argv: Sequence[str]) -> int:
     from agent_envs.policy.server import main as serve  # imported on demand: the other commands do not need it
 
@@ -414,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["serve"]:
         return cmd_serve(argv[1:])
     args = build_parser().parse_args(argv)
-    handler = {"eval": cmd_eval, "summarize": cmd_summarize, "compare": cmd_compare}[args.command]
+    handler = {"eval": cmd_eval, "summarize": cmd_summarize, "compare": cmd_compare, "report": cmd_report}[args.command]
     try:
         return handler(args)
     except UsageError as exc:

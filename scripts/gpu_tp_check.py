@@ -117,8 +117,9 @@ def main() -> int:
     out: dict = {"tp": args.tp, "model": "qwen3 dense" if args.dense else "qwen3_moe", "hidden": args.hidden}
 
     llm = timed_llm(args, out, "start_dummy_s")
-    base_tokens = fixed_seed_tokens(llm)
     es = perturb_revert(llm, out, args.sigma)
+    # after perturb_revert: its in-place revert leaves a rounding residue, and these are the weights saved
+    base_tokens = fixed_seed_tokens(llm)
     base_checksum, base_tensors = es.checksum(), es.tensor_checksums()
     out["files_base"] = save_sharded(llm, args.work / "ckpt-base", config_dir)
     config = toy_config(args.model, args.generations, args.population, es.tp_size, str(args.work / "history.json"))

@@ -8,7 +8,8 @@ SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 want_test=0; for a in "$@"; do [ "$a" = "--test" ] && want_test=1; done
 
 pkgs=(bubblewrap tesseract-ocr tesseract-ocr-eng fonts-dejavu-core fonts-liberation procps)
-[ "$want_test" = 1 ] && pkgs+=(docker.io curl iproute2 debootstrap)
+# debootstrap: the Dockerfile's offline base image; chromium: the report tests load report.html in a real browser
+[ "$want_test" = 1 ] && pkgs+=(docker.io curl iproute2 debootstrap chromium)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if [ "${#missing[@]}" -gt 0 ]; then

@@ -67,3 +67,25 @@ def test_sampling_filters() -> None:
     rep = process_logits(torch.tensor([4.0, -1.0, 1.0]), torch.tensor([0]), torch.tensor([1]),
                          SamplingConfig(top_k=-1, presence_penalty=0, repetition_penalty=2.0))
     assert rep.tolist() == [2.0, -2.0, 1.0]
+
+
+def test_batch_decode_pads_correctly_and_is_repeatable(policy) -> None:
+    """Batched decoding (opt-in): a left-padded short prompt decodes as it does alone (greedy), the
+    same group gives the same completions twice, and every request keeps its own budget."""
+    from agent_envs.policy.hf import TransformersPolicy
+
+    greedy = SamplingConfig(temperature=0.0, presence_penalty=0.0)
+    batched = TransformersPolicy(policy.source, model=policy.model, tokenizer=policy.tokenizer, sampling=greedy,
+                                 batch_decode=True)
+    single = TransformersPolicy(policy.source, model=policy.model, tokenizer=policy.tokenizer, sampling=greedy)
+    long_prompt = "Write a short poem about the sea, the wind and a small boat, in four lines."
+    group = [req(1, max_tokens=8, content="Say hi."), req(2, max_tokens=8, content=long_prompt)]
+    together = batched.generate(group)
+    assert [c.token_ids for c in together] == [single.generate([r])[0].token_ids for r in group]
+
+    batched.sampling = policy.sampling
+    group = [req(5, max_tokens=4), req(9, content="Say hi."), req(6, max_tokens=12)]
+    first, again = batched.generate(group), batched.generate(group)
+    assert [c.token_ids for c in first] == [c.token_ids for c in again]
+    assert [len(c.token_ids) <= r.max_tokens for c, r in zip(first, group)] == [True] * 3
+    assert len(first[0].token_ids) == 4 and first[0].finish_reason == "length"

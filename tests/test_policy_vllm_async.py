@@ -46,6 +46,11 @@ es.revert(5, 0.5)
 out["reverted"], out["c1"] = generate(), es.checksum()
 out["after_es"] = run_episodes("MATH-ReAct-v0", tasks[:2], policy, mode="async", env_kwargs=env_kwargs,
                                progress=False)[0].termination_reason
+from vllm.engine.arg_utils import EngineArgs
+from vllm.usage.usage_lib import UsageContext
+scheduler = policy.engine.vllm_config.scheduler_config
+out["scheduler"] = [scheduler.max_num_batched_tokens, scheduler.max_num_seqs]
+out["offline_defaults"] = [d[UsageContext.LLM_CLASS] for d in EngineArgs(model=sys.argv[1]).get_batch_defaults(1)]
 print("RESULT " + json.dumps(out), flush=True)
 # no close(): the engine must be shut down and the interpreter must exit by itself
 '''
@@ -81,3 +86,9 @@ def test_sync_calls_and_weight_changes_by_name_between_runs(result: dict) -> Non
     assert result["sync"] and result["perturbed"] != result["sync"]
     assert result["reverted"] == result["sync"] and result["c1"] == result["c0"]
     assert result["after_es"] != "request_error"
+
+
+def test_engine_gets_the_offline_scheduler_defaults(result: dict) -> None:
+    """vLLM gives an engine a fraction of the offline ``LLM``'s batched tokens per step unless told
+    who calls it; rollouts are offline work and must get the ``LLM`` sizes."""
+    assert result["scheduler"] == result["offline_defaults"]

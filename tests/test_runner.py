@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Sequence
@@ -114,6 +115,38 @@ def test_policy_failure_becomes_request_error_record(mode, tmp_path):
     assert all(r.termination_reason == "final_answer" for r in recs if r.key != bad)
     rows, bad_lines = read_jsonl(out)
     assert bad_lines == 0 and sorted(r["key"] for r in rows) == sorted(r.key for r in recs)
+
+
+class WarmedMathPolicy(SeededMathPolicy):
+    """Records which requests were warmed, and on which thread, before generate saw them."""
+
+    def __init__(self, broken_warm: bool = False):
+        super().__init__()
+        self.broken_warm = broken_warm
+        self.warmed: dict[str, str] = {}
+        self.cold: list[str] = []
+
+    def warm(self, request):
+        self.warmed[request.model_dump_json()] = threading.current_thread().name
+        if self.broken_warm:
+            raise RuntimeError("warm failed")
+
+    def complete(self, request):
+        if request.model_dump_json() not in self.warmed:
+            self.cold.append(request.key)
+        return super().complete(request)
+
+
+@pytest.mark.parametrize("mode", ["lockstep", "async"])
+def test_every_request_is_warmed_in_an_env_thread_before_generate(mode, lockstep_records):
+    policy = WarmedMathPolicy()
+    recs = _run(mode, policy)
+    assert policy.cold == [] and policy.calls == len(policy.warmed) > len(TASKS) * 3
+    assert all(name.startswith("agent-envs-env") for name in policy.warmed.values())
+    assert [strip_timings(r) for r in recs] == [strip_timings(r) for r in lockstep_records]
+    # a warm that raises changes nothing: generate still sees (and reports on) every request
+    assert [strip_timings(r) for r in _run(mode, WarmedMathPolicy(broken_warm=True))] == \
+        [strip_timings(r) for r in lockstep_records]
 
 
 class BrokenEnvFactory:

@@ -12,6 +12,7 @@ import abc
 import copy
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -60,6 +61,10 @@ class EpisodeState:
     termination_reason: str | None = None
     react_error: str | None = None
     tool_calls: int = 0
+    #: per-turn facts for reports (seed, tokens, finish reason, decision); ``turn_tool_s`` the
+    #: matching sandbox wall times, kept apart because timings differ between identical runs
+    turn_log: list[dict[str, Any]] = field(default_factory=list)
+    turn_tool_s: list[float] = field(default_factory=list)
 
     @property
     def used_bash(self) -> bool:
@@ -206,6 +211,10 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             )
             return self._finish(reason, completion.error_message or completion.error)
         text = completion.text
+        turn_info: dict[str, Any] = {"turn": ep.turn + 1, "seed": ep.turn_seed,
+                                     "finish_reason": completion.finish_reason}
+        ep.turn_log.append(turn_info)
+        ep.turn_tool_s.append(0.0)
         ep.turn += 1
         n = completion.num_tokens
         if n is None:
@@ -214,6 +223,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         if prompt_tokens is None:
             prompt_tokens = ep.tally.prompt_tokens()
         ep.max_context_tokens = max(ep.max_context_tokens, prompt_tokens + n)
+        turn_info.update(tokens=n, prompt_tokens=prompt_tokens)
         ep.generated_tokens += n
         ep.trajectory_tokens += n
         ep.attempted_trajectory_tokens = ep.trajectory_tokens
@@ -224,6 +234,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             return self._finish("max_response_tokens_exceeded", "max_response_tokens_exceeded")
 
         decision = decide(text, used_bash=ep.used_bash, flavour=self.rules)
+        turn_info["decision"] = decision.act_kind or decision.kind
         if decision.kind == "final":
             return self._finish("final_answer", None)
         step: dict[str, Any] = {"turn": ep.turn, "assistant": text}
@@ -231,7 +242,9 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         if decision.kind == "act":
             step["action"] = decision.action
             if decision.command is not None:
+                started = time.perf_counter()
                 body = self._run_command(name, decision.command)
+                ep.turn_tool_s[-1] = time.perf_counter() - started
                 ep.tool_calls += 1
         step["observation"] = body
         ep.steps.append(step)
@@ -384,6 +397,9 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             "trace_rounds": len(ep.steps),
             "turns": ep.turn,
             "tool_calls": ep.tool_calls,
+            "turn_log": copy.deepcopy(ep.turn_log),
+            "turn_tool_s": list(ep.turn_tool_s),
+            "tool_seconds": sum(ep.turn_tool_s),
             "token_counts_exact": self.counter.exact,
             "env_id": self.env_id,
             "env_config_hash": self.config_hash,

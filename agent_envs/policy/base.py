@@ -40,6 +40,13 @@ class Policy(abc.ABC):
 
         return (await asyncio.to_thread(self.generate, [request]))[0]
 
+    def warm(self, request: GenerationRequest) -> None:
+        """Host-side work for ``request`` ahead of its ``generate`` call (e.g. tokenising the prompt).
+
+        The runner calls it from its env worker threads right after each episode's step, so that
+        work overlaps the other episodes' steps instead of running serially while the engine waits.
+        It may raise: the same error then surfaces from ``generate`` as usual."""
+
     def close(self) -> None:
         pass
 

@@ -63,6 +63,11 @@ class EnginePolicy(Policy):
         self.prompts = PromptCache(self.counter)
         self.max_model_len = max_model_len
 
+    def warm(self, request: GenerationRequest) -> None:
+        """Tokenise the prompt into the episode's cache (thread-safe across episodes; the fast
+        tokenizer releases the interpreter lock), so :meth:`prepare` finds it done."""
+        self.prompts.prompt_ids(request.key, request.messages)
+
     def prepare(self, request: GenerationRequest) -> Prepared | Completion:
         """Render the prompt (an episode's next turn costs only its new messages); a prompt that
         cannot fit becomes a ``context_length_exceeded`` record."""

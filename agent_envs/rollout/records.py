@@ -54,6 +54,11 @@ class EpisodeRecord(BaseModel):
     #: true wall time of this episode (reset to last step), not the batch's
     latency_s: float = 0.0
     tool_seconds: float | None = None
+    #: per turn (absent in older records): ``turn_log`` rows {turn, seed, tokens, prompt_tokens,
+    #: finish_reason, decision}; sandbox and policy-call wall seconds, one entry per turn
+    turn_log: list[dict[str, Any]] | None = None
+    turn_tool_s: list[float] | None = None
+    turn_generation_s: list[float] | None = None
     engine: str | None = None
     endpoint: str | None = None
     model: str | None = None

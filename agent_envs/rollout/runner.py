@@ -35,7 +35,7 @@ from .resume import prepare_resume
 MODES = ("async", "lockstep")
 EnvSource = str | Callable[..., gym.Env]
 #: wall-clock fields: excluded when comparing runs for determinism
-TIMING_FIELDS = frozenset({"latency_s", "tool_seconds", "env_seconds"})
+TIMING_FIELDS = frozenset({"latency_s", "tool_seconds", "env_seconds", "turn_tool_s", "turn_generation_s"})
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,11 @@ class _Episode:
     prompt_tokens: int | None = 0
     engine: str | None = None
     env_seconds: float = 0.0
+    #: wall seconds each policy call took (lockstep: the whole batch's call)
+    generation_s: list[float] = field(default_factory=list)
     finished: float = 0.0
+    #: the policy's :meth:`~agent_envs.policy.base.Policy.warm`, run on each new request
+    warm: Callable[[GenerationRequest], None] | None = None
 
     @property
     def done(self) -> bool:
@@ -88,6 +92,7 @@ class _Episode:
         except Exception as exc:
             self._fail(exc)
         self.env_seconds += time.perf_counter() - t
+        self._warm()
 
     def advance(self, completion: Completion) -> None:
         """Feed one completion; then either the episode is over or ``request`` is the next one."""
@@ -107,6 +112,15 @@ class _Episode:
         except Exception as exc:
             self._fail(exc)
         self.env_seconds += time.perf_counter() - t
+        self._warm()
+
+    def _warm(self) -> None:
+        """Let the policy prepare the next request here, in the worker thread (not env time)."""
+        if self.warm is not None and not self.done and self.request is not None:
+            try:
+                self.warm(self.request)
+            except Exception:  # generate reports the same failure for this request
+                pass
 
     def _fail(self, exc: Exception) -> None:
         self.error = error_text(exc)
@@ -168,6 +182,7 @@ class _Context:
         row.update({
             "latency_s": max(0.0, ep.finished - ep.started),
             "env_seconds": ep.env_seconds,
+            "turn_generation_s": list(ep.generation_s),
             "policy_calls": ep.policy_calls,
             "usage": usage,
             "engine": ep.engine or self.meta.get("engine"),
@@ -238,11 +253,14 @@ def _run_lockstep(ctx: _Context, jobs: Sequence[Job], batch_size: int, pool: Thr
         chunk = jobs[start:start + batch_size]
         envs += [None] * (len(chunk) - len(envs))
         envs[:len(chunk)] = [env if env is not None else ctx.new_env() for env in envs[:len(chunk)]]
-        episodes = [_Episode(job, env, ctx.base_seed) for job, env in zip(chunk, envs)]
+        episodes = [_Episode(job, env, ctx.base_seed, warm=ctx.policy.warm) for job, env in zip(chunk, envs)]
         list(pool.map(_Episode.start, episodes))
         live = _settle(ctx, envs, list(enumerate(episodes)))
         while live:
+            t = time.perf_counter()
             completions = _generate_batch(ctx.policy, [ep.request for _, ep in live])
+            for _, ep in live:
+                ep.generation_s.append(time.perf_counter() - t)
             list(pool.map(_Episode.advance, [ep for _, ep in live], completions))
             live = _settle(ctx, envs, live)
 
@@ -293,11 +311,13 @@ async def _run_async(ctx: _Context, jobs: Sequence[Job], concurrency: int, pool:
                     ep._fail(exc)
                     ctx.finish(ep)
                     return
-            ep = _Episode(job, env, ctx.base_seed)
+            ep = _Episode(job, env, ctx.base_seed, warm=ctx.policy.warm)
             await loop.run_in_executor(pool, ep.start)
             while not ep.done:
                 assert ep.request is not None
+                t = time.perf_counter()
                 completion = await agenerate(ep.request)
+                ep.generation_s.append(time.perf_counter() - t)
                 await loop.run_in_executor(pool, ep.advance, completion)
             retired = _retire(ep, env)
             if retired is not None:

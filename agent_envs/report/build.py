@@ -1,0 +1,67 @@
+"""Render the report: load runs, compute views and plots, fill the Jinja2 template, write one file."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+from agent_envs.atomic import atomic_write
+
+from . import plots, views
+from .load import Run, load_run
+
+
+def default_output(run_dirs: Sequence[str | Path]) -> Path:
+    """``RUN/report.html`` for one run; ``RUN_A/report-vs-<B>.html`` when comparing."""
+    first = Path(run_dirs[0])
+    folder = first if first.is_dir() else first.parent
+    if len(run_dirs) == 1:
+        return folder / "report.html"
+    return folder / ("report-vs-" + "-".join(_folder(Path(p)).name for p in run_dirs[1:]) + ".html")
+
+
+def _folder(path: Path) -> Path:
+    return path if path.is_dir() else path.parent
+
+
+def _unique_names(runs: list[Run]) -> None:
+    """Two folders with the same name (``a/run`` vs ``b/run``) are told apart by their parent."""
+    names = [r.name for r in runs]
+    for run in runs:
+        if names.count(run.name) > 1:
+            run.name = f"{run.path.parent.name}/{run.name}"
+
+
+def _shared_tasks(a: Run, b: Run) -> bool:
+    """Two runs are compared task by task only when they evaluated some of the same tasks (a Math
+    run beside a DocVQA run is shown side by side, not paired)."""
+    return bool({r["task_id"] for r in a.rows} & {r["task_id"] for r in b.rows})
+
+
+def render(runs: list[Run]) -> str:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("agent_envs.report", "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined)
+    comparison = views.comparison(runs[0], runs[1]) if len(runs) == 2 and _shared_tasks(*runs) else None
+    title = "agent-envs report: " + (" vs " if comparison else " + ").join(r.name for r in runs)
+    images: dict[str, str | None] = {}
+    groups = views.episode_groups(runs, images)
+    return env.get_template("report.html.j2").render(
+        title=title, runs=runs, colours=plots.COLOURS, generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        metrics=views.metric_rows(runs), plots=plots.all_plots(runs),
+        task_rows=[views.task_rows(r) for r in runs], groups=groups,
+        images={path: url for path, url in images.items() if url},
+        comparison=comparison,
+    )
+
+
+def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
+    """Write the self-contained HTML report of one run, or of two runs side by side."""
+    if not run_dirs:
+        raise ValueError("give at least one run folder")
+    runs = [load_run(p) for p in run_dirs]
+    _unique_names(runs)
+    path = Path(out) if out is not None else default_output(run_dirs)
+    atomic_write(path, [render(runs).encode("utf-8", "replace")])
+    return path

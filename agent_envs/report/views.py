@@ -1,0 +1,222 @@
+"""What the template shows, computed from records: metric rows, per-task rows, episodes and turns.
+
+Nothing here names an environment: columns appear when the records carry their fields (``anls``,
+``acc``, ``image``, ``answers``/``answer``, ``turn_log``)."""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections import Counter
+from typing import Any, Sequence
+
+from agent_envs.rollout.metrics import by_task, clamped_score, paired_bootstrap
+from agent_envs.rollout.records import ERROR_TERMINATIONS
+from agent_envs.rollout.tracelog import succeeded
+from agent_envs.sandbox.output import MARKER
+
+from .load import Run
+from .media import image_data_url
+
+Row = dict[str, Any]
+_THINK = re.compile(r"<think>(.*?)(?:</think>|\Z)", re.S)
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _is_error(row: Row) -> bool:
+    return bool(row.get("error")) or row.get("termination_reason") in ERROR_TERMINATIONS
+
+
+def metric_rows(runs: Sequence[Run]) -> list[tuple[str, list[str]]]:
+    """The summary table: one row per metric, one column per run; rows no run has are left out."""
+    def stat(run: Run, key: str, field: str = "mean", digits: int = 1) -> str:
+        return _fmt((run.metrics.get(key) or {}).get(field), digits)
+
+    def tool_time(run: Run) -> str:
+        total = sum(float(r.get("tool_seconds") or 0.0) for r in run.rows)
+        calls = sum(int(r.get("tool_calls") or 0) for r in run.rows)
+        return f"{total:.2f} s over {calls} calls" if calls else "no tool calls"
+
+    def reasons(run: Run) -> str:
+        counts = Counter(str(r.get("termination_reason")) for r in run.rows)
+        return ", ".join(f"{k} {v}" for k, v in counts.most_common())
+
+    rows: list[tuple[str, list[str]]] = [
+        ("model", [str(r.config.get("model") or (r.config.get("policy_info") or {}).get("model") or "–")
+                   for r in runs]),
+        ("status", [("complete" if r.complete else "incomplete: no summary.json (run stopped early)")
+                    + (f"; {r.unreadable_lines} unreadable line(s) skipped" if r.unreadable_lines else "")
+                    for r in runs]),
+        ("episodes (expected)", [f"{len(r.rows)} ({r.metrics['es']['expected_count']})" for r in runs]),
+        ("errors (infrastructure, not the model)", [str(sum(_is_error(x) for x in r.rows)) for r in runs]),
+        ("model failures (ran, scored as failed)", [str(sum(not _is_error(x) and not succeeded(x) for x in r.rows))
+                                                    for r in runs]),
+        ("mean score", [_fmt(r.metrics["es"]["mean_score"]) for r in runs]),
+    ]
+    keys: list[str] = []
+    for run in runs:
+        keys += [k for k in run.metrics.get("at_k", {}) if k not in keys]
+    for key in keys:
+        label = key.replace("acc_pass@", "accuracy Pass@").replace("mean@", "Mean@").replace("pass@", "Pass@")
+        rows.append((label,
+                     [_fmt(r.metrics["at_k"].get(key)) for r in runs]))
+    if any("docvqa" in r.metrics for r in runs):
+        for key, label in (("anls_mean", "ANLS mean"), ("anls_pass", "ANLS pass (best sample)"),
+                           ("acc_mean", "accuracy (ANLS > 0.5)"), ("acc_pass", "accuracy pass")):
+            rows.append((label, [_fmt((r.metrics.get("docvqa") or {}).get(f"{key}{r.samples}")) for r in runs]))
+    rows += [
+        ("termination reasons", [reasons(r) for r in runs]),
+        ("tool-call rate", [_fmt(r.metrics.get("tool_call_rate"), 2) for r in runs]),
+        ("turns per episode (mean / max)", [f"{stat(r, 'turns')} / {stat(r, 'turns', 'max', 0)}" for r in runs]),
+        ("generated tokens per episode (mean / total)",
+         [f"{stat(r, 'generated_tokens')} / {stat(r, 'generated_tokens', 'total', 0)}" for r in runs]),
+        ("tool time", [tool_time(r) for r in runs]),
+        ("episode wall time, s (mean / p90)", [f"{stat(r, 'latency_s', digits=2)} / {stat(r, 'latency_s', 'p90', 2)}"
+                                               for r in runs]),
+        ("run wall time, s", [_fmt(((r.saved_summary or {}).get("run") or {}).get("wall_s"), 1) for r in runs]),
+    ]
+    return rows
+
+
+def task_rows(run: Run) -> list[Row]:
+    """One row per task: samples, best and mean score, mean turns, termination reasons."""
+    out = []
+    for task, group in by_task(run.rows).items():
+        scores = [clamped_score(r) for r in group]
+        out.append({
+            "task": task, "samples": len(group), "best": max(scores), "mean": statistics.fmean(scores),
+            "turns": statistics.fmean(float(r.get("turns") or 0) for r in group),
+            "reasons": ", ".join(sorted({str(r.get("termination_reason")) for r in group})),
+            "question": _question(group[0]), "anchor": anchor(run, group[0]["key"]),
+        })
+    return out
+
+
+def anchor(run: Run, key: str) -> str:
+    return "ep-" + re.sub(r"[^A-Za-z0-9_-]+", "-", f"{run.name}-{key}")
+
+
+def _question(row: Row) -> str:
+    task = row.get("task") if isinstance(row.get("task"), dict) else {}
+    return str(row.get("question") or task.get("question") or "")
+
+
+def _gold(row: Row) -> str | None:
+    task = row.get("task") if isinstance(row.get("task"), dict) else {}
+    answers = row.get("answers", task.get("answers"))
+    if answers:
+        return " | ".join(str(a) for a in answers)
+    answer = row.get("answer", task.get("answer"))
+    return None if answer is None else str(answer)
+
+
+def _action_text(action: Any) -> str | None:
+    """A parsed tool call as a shell line (``$ command``) when it is one, else compact JSON."""
+    if not action:
+        return None
+    args = action.get("arguments") if isinstance(action, dict) else None
+    if isinstance(args, dict) and set(args) == {"command"} and isinstance(args["command"], str):
+        return f"{action.get('name')}$ {args['command']}"
+    return json.dumps(action, ensure_ascii=False)
+
+
+def split_think(text: str) -> list[tuple[str, str]]:
+    """``[(kind, text)]`` with kind ``think`` for ``<think>`` blocks (folded in the page), else ``text``."""
+    parts: list[tuple[str, str]] = []
+    pos = 0
+    for m in _THINK.finditer(text):
+        if text[pos:m.start()].strip():
+            parts.append(("text", text[pos:m.start()].strip()))
+        parts.append(("think", m.group(1).strip()))
+        pos = m.end()
+    if text[pos:].strip() or not parts:
+        parts.append(("text", text[pos:].strip()))
+    return parts
+
+
+def turns(row: Row) -> list[Row]:
+    """Every policy call of the episode: model text, parsed action, observation and per-turn facts.
+    The last turn (a final answer, or one cut by a budget) is not in ``react_steps``; its text is
+    the record's ``completion``."""
+    steps = {int(s.get("turn", i + 1)): s for i, s in enumerate(row.get("react_steps") or [])}
+    log = row.get("turn_log") or []
+    tool_s = row.get("turn_tool_s") or []
+    gen_s = row.get("turn_generation_s") or []
+    count = max(len(log), max(steps, default=0) + (1 if row.get("termination_reason") == "final_answer" else 0))
+    out = []
+    for n in range(1, count + 1):
+        step = steps.get(n)
+        info = log[n - 1] if n - 1 < len(log) else {}
+        text = str(step.get("assistant", "")) if step else str(row.get("completion") or "")
+        observation = step.get("observation") if step else None
+        decision = info.get("decision") or ("final" if step is None else "run" if step.get("action") else "warn")
+        out.append({
+            "n": n, "segments": split_think(text),
+            "action": _action_text(step.get("action")) if step else None,
+            "observation": observation, "truncated": bool(observation) and MARKER.strip() in str(observation),
+            "warning": decision not in ("run", "final"), "decision": decision,
+            "seed": info.get("seed"), "tokens": info.get("tokens"), "prompt_tokens": info.get("prompt_tokens"),
+            "finish_reason": info.get("finish_reason"),
+            "tool_s": tool_s[n - 1] if n - 1 < len(tool_s) and decision == "run" else None,
+            "gen_s": gen_s[n - 1] if n - 1 < len(gen_s) else None,
+        })
+    return out
+
+
+def episode(run: Run, row: Row, images: dict[str, str | None]) -> Row:
+    """One episode; its page image (when the record names one) is embedded once per report in
+    ``images`` and referred to by its path."""
+    image = row.get("image")
+    if image and image not in images:
+        images[image] = image_data_url(image)
+    return {
+        "run": run.name, "anchor": anchor(run, row["key"]), "key": row["key"], "task": row["task_id"],
+        "sample": row.get("sample_index"), "seed": row.get("seed"), "score": clamped_score(row),
+        "success": succeeded(row), "is_error": _is_error(row), "reason": row.get("termination_reason"),
+        "react_error": row.get("react_error"), "error": row.get("error"), "latency": row.get("latency_s"),
+        "tokens": row.get("generated_tokens"), "tool_s": row.get("tool_seconds"),
+        "prediction": row.get("prediction"), "gold": _gold(row), "question": _question(row),
+        "anls": row.get("anls"), "image_path": image, "image_ok": bool(image and images.get(image)),
+        "turns": turns(row),
+    }
+
+
+def episode_groups(runs: Sequence[Run], images: dict[str, str | None]) -> list[Row]:
+    """Episodes grouped by key, one column per run that has it (side by side when comparing);
+    fills ``images`` (path -> data URL) with the page images they show."""
+    keys: list[str] = []
+    by_key: list[dict[str, Row]] = []
+    for run in runs:
+        index = {r["key"]: r for r in run.rows}
+        by_key.append(index)
+        keys += [k for k in index if k not in keys]
+    groups = []
+    for key in keys:
+        columns = [{**episode(run, idx[key], images), "colour": i}
+                   for i, (run, idx) in enumerate(zip(runs, by_key)) if key in idx]
+        groups.append({"key": key, "task": columns[0]["task"], "columns": columns})
+    return groups
+
+
+def comparison(a: Run, b: Run) -> Row:
+    """Per-task paired means and ``compare``'s paired bootstrap CI (B minus A)."""
+    try:
+        result: Row | None = paired_bootstrap(a.rows, b.rows)
+        problem = None
+    except ValueError as exc:
+        result, problem = None, str(exc)
+    ta, tb = by_task(a.rows), by_task(b.rows)
+    rows = []
+    for task in [t for t in ta if t in tb]:
+        ma = statistics.fmean(clamped_score(r) for r in ta[task])
+        mb = statistics.fmean(clamped_score(r) for r in tb[task])
+        rows.append({"task": task, "a": ma, "b": mb, "delta": mb - ma,
+                     "anchor": anchor(a, ta[task][0]["key"])})
+    return {"a": a.name, "b": b.name, "result": result, "problem": problem, "rows": rows}
