@@ -20,9 +20,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from agent_envs import ENV_IDS
+from agent_envs.core import registry
+from agent_envs.core.registry import ENV_IDS
 from agent_envs.atomic import atomic_write
-from agent_envs.rollout.metrics import group_metrics, paired_bootstrap, summarize
+from agent_envs.rollout.metrics import ANLS_KEY, group_metrics, paired_bootstrap, summarize
 from agent_envs.rollout.records import ERROR_TERMINATIONS, load_records
 from agent_envs.rollout.runner import DEFAULT_BASE_SEED, MODES, run_episodes
 from agent_envs.rollout.tracelog import write_trace_logs
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     ev = sub.add_parser("eval", help="run episodes and write records, summary and trace logs")
-    ev.add_argument("--env", choices=ENV_IDS, default="MATH-ReAct-v0")
+    ev.add_argument("--env", choices=ENV_IDS, default=ENV_IDS[0])
     ev.add_argument("--data", default="builtin",
                     help="dataset spec for the env's loader (builtin, a JSONL path, dapo, aime, ...)")
     ev.add_argument("--policy", choices=POLICIES,
@@ -131,32 +132,13 @@ def _policy_attr(name: str) -> Any:
         raise UsageError(f"this installation cannot provide agent_envs.policy.{name} ({exc})") from exc
 
 
-def _bash_action(command: str) -> str:
-    return "Action:\n" + json.dumps({"name": "bash", "arguments": {"command": command}})
-
-
-def _observation_body(messages: Sequence[dict[str, str]]) -> str:
-    content = messages[-1]["content"]
-    return content.split("\n", 1)[1] if "\n" in content else ""
-
-
 def baseline_script(env_id: str) -> Callable[[Any], str]:
     """The ``scripted`` policy: one real tool call, then an answer read off its output.  A floor
     baseline and a model-free smoke test of the whole pipeline (sandbox, scoring, records)."""
-    def math(request: Any) -> str:
-        if not any(m["role"] == "assistant" for m in request.messages):
-            numbers = re.findall(r"\d+", request.messages[1]["content"]) or ["0"]
-            return _bash_action(f"python3 -c 'print({numbers[-1]})'")
-        found = re.findall(r"-?\d+", _observation_body(request.messages)) or ["0"]
-        return f"Final answer: \\boxed{{{found[0]}}}"
-
-    def docvqa(request: Any) -> str:
-        if not any(m["role"] == "assistant" for m in request.messages):
-            return _bash_action("tesseract /workspace/document.png stdout 2>/dev/null | grep -m1 '[[:alnum:]]'")
-        first = _observation_body(request.messages).strip().splitlines() or ["unknown"]
-        return f"Final answer: {first[0]}"
-
-    return docvqa if env_id.startswith("DocVQA") else math
+    baseline = registry.spec(env_id).report.baseline
+    if baseline is None:
+        raise UsageError(f"{env_id} has no scripted baseline")
+    return baseline
 
 
 def _sampling(args: argparse.Namespace) -> Any:
@@ -383,7 +365,7 @@ def format_table(rows: Sequence[tuple[str, dict[str, Any]]], samples: int) -> st
               "acc_mean", "acc_pass", "tool_call", "turns", "latency_s"]
     lines = [header]
     for name, s in rows:
-        es, doc = s["es"], s.get("docvqa") or {}
+        es, doc = s["es"], s.get(ANLS_KEY) or {}
         n = es["samples"]
         lines.append([
             name, str(es["count"]), str(es["error_count"]), num(es["mean_score"]),

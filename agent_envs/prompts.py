@@ -16,7 +16,7 @@ def _read(path: Path) -> str:
 
 
 def load_prompt(name_or_path: str | Path) -> str:
-    """A shipped prompt by file stem (``"math_react_system"``) or any text file by path."""
+    """A shipped prompt by name (``"<env folder>/system"``) or any text file by path."""
     p = Path(name_or_path)
     if p.suffix or p.exists():
         if not p.is_file():

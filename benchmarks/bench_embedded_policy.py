@@ -29,7 +29,7 @@ QUESTIONS = [
 
 
 def requests(batch: int, tokens: int) -> list[GenerationRequest]:
-    system = load_prompt("math_react_system")
+    system = load_prompt("math_react/system")
     return [GenerationRequest(messages=[{"role": "system", "content": system},
                                         {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
                               seed=1000 + i, max_tokens=tokens, stop=["\x00never\x00"]) for i in range(batch)]

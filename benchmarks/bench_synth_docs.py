@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from agent_envs.data.synth_docs import WORKERS, generate_docvqa_tasks
+from agent_envs.envs.docvqa.synth import WORKERS, generate_docvqa_tasks
 
 
 def _cpu_seconds() -> float:

@@ -12,10 +12,10 @@ import argparse
 import re
 from pathlib import Path
 
-from agent_envs.data.docvqa import load_docvqa_tasks
-from agent_envs.data.synth_docs import ocr_text
-from agent_envs.data.tasks import DocTask
-from agent_envs.scoring.anls import anls, anls_accuracy, normalize
+from agent_envs.envs.docvqa.data import load_docvqa_tasks
+from agent_envs.envs.docvqa.synth import ocr_text
+from agent_envs.envs.docvqa.task import DocTask
+from agent_envs.envs.docvqa.scoring import anls, anls_accuracy, normalize
 
 SAMPLE = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "docvqa_sample" / "val_v1.0.json"
 STOPWORDS = {

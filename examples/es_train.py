@@ -37,9 +37,9 @@ from typing import Any, Sequence
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights live in this process's worker
 
-from agent_envs import ENV_IDS
-from agent_envs.data.docvqa import load_docvqa_tasks
-from agent_envs.data.math import load_math_tasks
+from agent_envs.core.registry import ENV_IDS
+from agent_envs.envs.docvqa.data import load_docvqa_tasks
+from agent_envs.envs.math_react.data import load_math_tasks
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
 from agent_envs.es.history import ESConfig, resume
 from agent_envs.es.normalize import NORMALIZATIONS

@@ -45,7 +45,7 @@ def main() -> int:
     repo = str(Path(__file__).resolve().parent.parent)  # the actors import agent_envs from this checkout
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
 
-    from agent_envs.data.math import load_math_tasks
+    from agent_envs.envs.math_react.data import load_math_tasks
     from agent_envs.es.history import ESConfig, write_history
     from agent_envs.scale.engines import vllm_spec
     from agent_envs.scale.es import PoolBackend, PoolESTrainer

@@ -14,6 +14,8 @@ from typing import Callable, Iterator
 
 import pytest
 
+from agent_envs.core.spec import Mount
+from agent_envs.envs.docvqa.spec import DOCUMENT_PATH
 from agent_envs.sandbox.base import Sandbox, SandboxConfig, SandboxLimits
 from agent_envs.sandbox.factory import make_sandbox
 
@@ -41,7 +43,7 @@ def make(request: pytest.FixtureRequest) -> Iterator[Maker]:
     def build(image_path: str | Path | None = None, **limits) -> Sandbox:
         lim = TEST_LIMITS.model_copy(update=limits)
         cfg = base.model_copy(update={"limits": lim,
-                                      "image_path": None if image_path is None else str(image_path)})
+                                      "mounts": [] if image_path is None else [Mount(str(image_path), DOCUMENT_PATH)]})
         sb = make_sandbox(cfg)
         made.append(sb)
         return sb
@@ -124,7 +126,7 @@ def host_processes_matching(token: bytes) -> list[int]:
 
 
 def temp_dirs() -> set[str]:
-    return {p for p in os.listdir("/tmp") if p.startswith(("ae-doc-", "ae-local-"))}
+    return {p for p in os.listdir("/tmp") if p.startswith(("ae-mount-", "ae-local-"))}
 
 
 def sandbox_mounts() -> list[str]:

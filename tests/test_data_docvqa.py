@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from agent_envs.data.docvqa import DocDataError, load_docvqa_tasks, normalize_row
-from agent_envs.data.tasks import DocTask
+from agent_envs.envs.docvqa.data import DocDataError, load_docvqa_tasks, normalize_row
+from agent_envs.envs.docvqa.task import DocTask
 
 from conftest import DOCVQA_DIR as SAMPLE  # noqa: E402
 from conftest import run_offline  # noqa: E402
@@ -235,7 +235,7 @@ def test_normalize_row_drops_incomplete_rows_and_keeps_tasks_as_is(
 
 def test_hub_spec_fails_offline_with_a_pointer_to_local_files(tmp_path: Path) -> None:
     code = (
-        "import sys\nfrom agent_envs.data.docvqa import load_docvqa_tasks, DocDataError\n"
+        "import sys\nfrom agent_envs.envs.docvqa.data import load_docvqa_tasks, DocDataError\n"
         "try:\n    load_docvqa_tasks('hf', cache_dir=sys.argv[1])\n"
         "except DocDataError as e:\n    print('ERR', e)\n"
     )

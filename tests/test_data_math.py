@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import sympy
 
-from agent_envs.data.math import (
+from agent_envs.envs.math_react.data import (
     MathDataError,
     load_math_tasks,
     sha256_file,
     verify_sha256sums,
 )
-from agent_envs.data.synth_math import FAMILIES, generate_math_tasks
-from agent_envs.data.tasks import MathTask
+from agent_envs.envs.math_react.synth import FAMILIES, generate_math_tasks
+from agent_envs.envs.math_react.task import MathTask
 
 from conftest import MATH_DIR, run_offline  # noqa: E402
 EXPECTED_ROWS = {
@@ -96,7 +96,7 @@ def test_missing_file_and_rows_spec(tmp_path: Path) -> None:
 def test_hub_specs_fail_offline_with_a_pointer_to_jsonl() -> None:
     """With the hub unreachable (offline mode), "aime" must fail with advice, not a traceback."""
     code = (
-        "from agent_envs.data.math import load_math_tasks, MathDataError\n"
+        "from agent_envs.envs.math_react.data import load_math_tasks, MathDataError\n"
         "try:\n    load_math_tasks('aime')\nexcept MathDataError as e:\n    print('ERR', e)\n"
     )
     out = run_offline(code, "/nonexistent-agent-envs-test")

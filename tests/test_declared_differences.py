@@ -6,10 +6,11 @@ import pytest
 from pydantic import ValidationError
 
 import agent_envs  # noqa: F401  (registers the environments)
-from agent_envs.data.docvqa import DocDataError, load_docvqa_tasks
-from agent_envs.data.math import MathDataError, load_math_tasks
-from agent_envs.protocol.decision import DOCVQA_ES, MATH_ES, decide
-from agent_envs.scoring.math import exact_fallback_match, math_score
+from agent_envs.envs.docvqa.data import DocDataError, load_docvqa_tasks
+from agent_envs.envs.math_react.data import MathDataError, load_math_tasks
+from agent_envs.protocol.decision import decide
+from protocol_specs import DOCVQA_ES, MATH_ES
+from agent_envs.envs.math_react.scoring import exact_fallback_match, math_score
 
 BASH_ECHO = '{"name": "bash", "arguments": {"command": "echo hi"}, "x": '
 UNDECODABLE = {

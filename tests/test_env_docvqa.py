@@ -8,8 +8,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import agent_envs  # noqa: F401
-from agent_envs.data.docvqa import load_docvqa_tasks
-from agent_envs.protocol import messages as msgs
+from agent_envs.envs.docvqa.data import load_docvqa_tasks
+from protocol_specs import msg as msgs
 
 OCR = 'Action: {"name": "bash", "arguments": {"command": "tesseract /workspace/document.png stdout"}}'
 
@@ -208,7 +208,7 @@ def test_make_accepts_the_rows_the_loader_accepts(docvqa_dir):
 
 
 def test_a_bad_page_is_reported_at_reset_not_discovered_by_the_model(real_tasks, tmp_path):
-    from agent_envs.data.docvqa import DocDataError
+    from agent_envs.envs.docvqa.data import DocDataError
 
     good = real_tasks[0].image
     text_file, truncated, folder = tmp_path / "notes.png", tmp_path / "cut.png", tmp_path / "dir.png"

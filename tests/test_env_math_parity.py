@@ -11,7 +11,7 @@ import gymnasium as gym
 import pytest
 
 import agent_envs  # noqa: F401  (registers the environments)
-from agent_envs.protocol import messages as msgs
+from protocol_specs import msg as msgs
 
 TASK = {"id": "t42", "question": "6*7?", "answer": "42", "source": "test"}
 BLOCKED = "Observation from bash:\n" + msgs.MATH_BLOCKED

@@ -100,7 +100,7 @@ def test_summarize_at_k_uses_unbiased_estimator():
 
 
 # ----------------------------------------------------------------------------- DocVQA README
-def test_docvqa_readme_metrics_distinguish_acc_and_exact_pass():
+def test_anls_metrics_distinguish_acc_and_exact_pass():
     rows = [
         _row("q1", 0, 0.75, anls=0.75, acc=1.0), _row("q1", 1, 0.25, anls=0.25, acc=0.0),
         _row("q2", 0, 1.0, anls=1.0, acc=1.0), _row("q2", 1, 0.5, anls=0.5, acc=0.0),

@@ -22,5 +22,6 @@ def test_wheel_has_every_module_and_the_prompts(tmp_path: Path) -> None:
     (wheel,) = (tmp_path / "dist").glob("agent_envs-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     modules = {p.relative_to(REPO).as_posix() for p in (REPO / "agent_envs").rglob("*.py")}
-    prompts = {f"agent_envs/_prompts/{p.name}" for p in (REPO / "prompts").glob("*.txt")}
+    prompts = {f"agent_envs/_prompts/{p.relative_to(REPO / 'prompts').as_posix()}"
+               for p in (REPO / "prompts").glob("*/*.txt")}
     assert prompts and modules - names == set() and prompts - names == set()

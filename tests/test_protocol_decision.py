@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_envs.protocol import messages as msg
-from agent_envs.protocol.decision import (
+from agent_envs.protocol.decision import decide
+from protocol_specs import (
     DOCVQA_ES,
     DOCVQA_HTTP,
     MATH_ES,
     MATH_HTTP,
     MATH_HTTP_MATCHED,
-    decide,
+    msg,
 )
 
 ALL_FLAVOURS = (MATH_ES, MATH_HTTP, MATH_HTTP_MATCHED, DOCVQA_ES, DOCVQA_HTTP)

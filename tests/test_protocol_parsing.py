@@ -9,15 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_envs.protocol.parsing import (
-    PARSER_VARIANTS,
     answer_status,
     final_answer_line,
     is_single_bash_action,
     last_boxed,
-    parse_action,
     parse_relaxed_bash,
     strip_think,
 )
+from protocol_specs import PARSER_VARIANTS, parse_action
 
 BASH = {"name": "bash", "arguments": {"command": "tesseract document.png stdout"}}
 BASH_JSON = json.dumps(BASH)

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from agent_envs.core.spec import Mount
+from agent_envs.envs.docvqa.spec import DOCUMENT_PATH
 from agent_envs.sandbox.base import SandboxConfig, SandboxLimits, SandboxUnavailable
 from agent_envs.sandbox.bwrap import BwrapSandbox
 from agent_envs.sandbox.factory import make_sandbox, resolve_config
-from agent_envs.sandbox.output import format_observation
+from protocol_specs import format_observation
 
 REPO = Path(__file__).resolve().parent.parent
 FONT = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
@@ -22,7 +24,7 @@ def sandbox_for(request):
     made = []
 
     def build(image=None, **limits):
-        cfg = SandboxConfig(mode=request.param, image_path=None if image is None else str(image),
+        cfg = SandboxConfig(mode=request.param, mounts=[] if image is None else [Mount(str(image), DOCUMENT_PATH)],
                             limits=SandboxLimits(**limits))
         made.append(BwrapSandbox(cfg))
         return made[-1]
@@ -47,7 +49,7 @@ def test_image_readable_and_secret_invisible(sandbox_for, tmp_path):  # #sandbox
 
 def test_missing_image_fails_before_launch(tmp_path):
     with pytest.raises(FileNotFoundError):
-        BwrapSandbox(SandboxConfig(image_path=str(tmp_path / "nope.png")))
+        BwrapSandbox(SandboxConfig(mounts=[Mount(str(tmp_path / "nope.png"), DOCUMENT_PATH)]))
 
 
 def test_tesseract_reads_rendered_invoice(sandbox_for, tmp_path):  # #sandbox-cases 4

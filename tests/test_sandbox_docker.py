@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from agent_envs.core.spec import Mount
+from agent_envs.envs.docvqa.spec import DOCUMENT_PATH
 from agent_envs.sandbox.base import SandboxConfig, SandboxUnavailable
 from agent_envs.sandbox._bwrap_layout import bwrap_usable
 from agent_envs.sandbox.docker import LABEL, DockerSandbox
-from agent_envs.sandbox.output import format_observation
+from protocol_specs import format_observation
 
 if TYPE_CHECKING:  # imported by pytest as a plugin; a direct import would skip assertion rewriting
     from docker_daemon import DockerDaemon
@@ -134,7 +136,7 @@ def test_document_is_bound_read_only_and_byte_equal(docker_sandbox_config: Sandb
     doc.write_bytes(b"\x89PNG fake document " * 100)
     doc.chmod(0o600)  # unreadable for the sandbox uid: the backend must stage a readable copy
     (tmp_path / "secret.txt").write_text("answer")
-    with DockerSandbox(docker_sandbox_config.model_copy(update={"image_path": str(doc)})) as sb:
+    with DockerSandbox(docker_sandbox_config.model_copy(update={"mounts": [Mount(str(doc), DOCUMENT_PATH)]})) as sb:
         res = sb.run("sha256sum /workspace/document.png; echo x >> /workspace/document.png || echo no-write; "
                      "rm -f /workspace/document.png || echo no-rm; ls /workspace; find / -name secret.txt 2>/dev/null; "
                      "sha256sum /workspace/document.png")
@@ -145,7 +147,7 @@ def test_document_is_bound_read_only_and_byte_equal(docker_sandbox_config: Sandb
 
 def test_tesseract_reads_the_document(docker_sandbox_config: SandboxConfig, docvqa_dir: Path) -> None:
     image = min((docvqa_dir / "documents").glob("*.png"))
-    with DockerSandbox(docker_sandbox_config.model_copy(update={"image_path": str(image)})) as sb:
+    with DockerSandbox(docker_sandbox_config.model_copy(update={"mounts": [Mount(str(image), DOCUMENT_PATH)]})) as sb:
         res = sb.run("tesseract /workspace/document.png stdout 2>/dev/null | wc -w")
     assert res.returncode == 0 and int(res.stdout) > 20
 

@@ -11,7 +11,7 @@ import pytest
 
 from agent_envs.sandbox.base import SandboxConfig
 from agent_envs.sandbox.bwrap import BwrapSandbox
-from agent_envs.sandbox.output import format_observation
+from protocol_specs import format_observation
 from sandbox_backends import (close_checked, describe, host_processes_matching, make,  # noqa: F401
                               our_processes, sandbox_mounts, temp_dirs)
 

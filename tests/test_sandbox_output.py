@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from agent_envs.sandbox._capture import Window
 from agent_envs.sandbox.base import ExecResult
-from agent_envs.sandbox.output import format_observation
+from protocol_specs import format_observation
 
 MARK = "\n...[truncated]...\n"
 

@@ -15,7 +15,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e .[ray])")
 
 from agent_envs.cli import main as cli_main  # noqa: E402
-from agent_envs.data.tasks import MathTask  # noqa: E402
+from agent_envs.envs.math_react.task import MathTask  # noqa: E402
 from agent_envs.es.history import ESConfig, load_history  # noqa: E402
 from agent_envs.es.population import ESTrainer, evaluate_member  # noqa: E402
 from agent_envs.rollout import load_records, run_episodes  # noqa: E402

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from agent_envs.scoring.anls import (
+from agent_envs.envs.docvqa.scoring import (
     anls,
     anls_accuracy,
     docvqa_prediction,

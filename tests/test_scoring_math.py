@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_envs.scoring.math import (
+from agent_envs.envs.math_react.scoring import (
     exact_fallback_match,
     explicit_answer,
     math_prediction,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from agent_envs.data import synth_docs
-from agent_envs.data.docvqa import load_docvqa_tasks
-from agent_envs.data.synth_docs import best_ocr_anls, generate_docvqa_tasks, ocr_text
+from agent_envs.envs.docvqa import synth as synth_docs
+from agent_envs.envs.docvqa.data import load_docvqa_tasks
+from agent_envs.envs.docvqa.synth import best_ocr_anls, generate_docvqa_tasks, ocr_text
 
 pytestmark = pytest.mark.skipif(
     shutil.which("tesseract") is None,

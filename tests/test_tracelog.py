@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from agent_envs.envs.docvqa.report import render_docvqa
+from agent_envs.envs.math_react.report import render_math
 from agent_envs.rollout.tracelog import (
-    render_docvqa,
-    render_math,
     safe_task_id,
     trace_filename,
     training_prefix,

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 
-def read_jsonl(path: Path, error: type[Exception]) -> Iterator[tuple[str, Any]]:
+def jsonl_rows(path: Path, error: type[Exception]) -> Iterator[tuple[str, Any]]:
     """Yield ``("<file>:<line>", row)`` for each non-blank line; a corrupt line raises ``error``."""
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):

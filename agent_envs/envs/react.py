@@ -1,9 +1,10 @@
-"""The episode loop of both environments, ES-runner semantics (docs/protocol.md#decision-order, #budgets-and-termination).
+"""The one episode loop of every environment, ES-runner semantics (docs/protocol.md#decision-order, #budgets-and-termination).
 
-One environment instance is one trajectory at a time.  Subclasses supply only what differs between
-the tasks: how tasks load, the prompts, the observation framing, and the scorer.  Everything a model
-writes is handled here without raising: malformed completions become warnings, failed generations
-end the episode with a termination reason.
+One environment instance is one trajectory at a time.  Everything environment-specific (budgets,
+prompts, tasks, rules, tools, mounts) is read from the class's :class:`EnvSpec`; a subclass adds
+its own options and its scorer.  Everything a model writes is handled here without raising:
+malformed completions become warnings, failed generations end the episode with a termination
+reason.
 """
 from __future__ import annotations
 
@@ -17,26 +18,27 @@ from typing import Any, Sequence
 
 import gymnasium as gym
 
+from agent_envs.core.spec import EnvSpec, Rules
+from agent_envs.core.types import Completion, GenerationRequest
 from agent_envs.data.tasks import episode_key
 from agent_envs.envs.args import EnvArgs, ResetOptions
 from agent_envs.envs.spaces import CompletionText, Conversation
-from agent_envs.policy.base import Completion, GenerationRequest, error_text
 from agent_envs.protocol import messages as msgs
-from agent_envs.protocol.decision import Flavour, decide
+from agent_envs.protocol.blocklist import is_blocked
+from agent_envs.protocol.decision import decide
+from agent_envs.protocol.messages import STOP
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED, TURN_STRIDE, trajectory_seed
 from agent_envs.prompts import fill, load_prompt, sha256
-from agent_envs.sandbox.base import Sandbox, SandboxConfig
-from agent_envs.sandbox.factory import make_sandbox, resolve_config
-from agent_envs.sandbox.output import LAUNCH_ERROR_PREFIX, format_observation
+from agent_envs.sandbox.base import SandboxConfig
+from agent_envs.sandbox.factory import resolve_config
 from agent_envs.tokens import PromptTally, TokenCounter
 
-STOP = ("Observation:",)
 #: score fields copied from the final record to the top level of the last ``info``
 _SUMMARY_FIELDS = ("score", "score_method", "score_status", "answer_status", "prediction", "anls", "acc")
 
 
 @dataclass
-class _Episode:
+class EpisodeState:
     """Mutable state of the running trajectory (reset on every ``reset``)."""
 
     task: Any
@@ -66,7 +68,7 @@ class _Episode:
 
     @property
     def used_bash(self) -> bool:
-        """Whether a bash command has run this episode (gates the final answer and the score)."""
+        """Whether a tool has run this episode (gates the final answer and the score)."""
         return self.tool_calls > 0
 
     @property
@@ -80,21 +82,19 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
-    #: subclass constants
-    env_id: str = ""
-    default_max_tokens_per_turn: int = 4096
-    default_max_trajectory_tokens: int | None = None
-    observation_style: str = "math"
-    system_prompt_name: str = ""
-    user_prompt_name: str = ""
-    skill_separator: str = ""
+    #: the environment's protocol as data (set by each subclass)
+    env_spec: EnvSpec
+
+    @property
+    def env_id(self) -> str:
+        return self.env_spec.id
 
     def __init__(
         self,
         *,
         dataset: Any = "builtin",
         tasks: Sequence[Any] | None = None,
-        max_turns: int = 50,
+        max_turns: int | None = None,
         max_tokens_per_turn: int | None = None,
         max_trajectory_tokens: int | None | str = "default",
         max_model_len: int | None = None,
@@ -108,11 +108,12 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         render_mode: str | None = None,
         dataset_kwargs: dict[str, Any] | None = None,
     ):
+        es = self.env_spec
         args = EnvArgs.checked(f"{self.env_id} argument", {
-            "max_turns": max_turns,
-            "max_tokens_per_turn": self.default_max_tokens_per_turn if max_tokens_per_turn is None
+            "max_turns": es.max_turns if max_turns is None else max_turns,
+            "max_tokens_per_turn": es.max_tokens_per_turn if max_tokens_per_turn is None
             else max_tokens_per_turn,
-            "max_trajectory_tokens": self.default_max_trajectory_tokens if max_trajectory_tokens == "default"
+            "max_trajectory_tokens": es.max_trajectory_tokens if max_trajectory_tokens == "default"
             else max_trajectory_tokens,
             "max_model_len": max_model_len, "enable_thinking": enable_thinking, "compat": compat,
             "render_mode": render_mode,
@@ -125,40 +126,45 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         self.counter = TokenCounter(tokenizer, enable_thinking=enable_thinking)
         self.compat = compat
         self.sandbox_config: SandboxConfig = resolve_config(sandbox)
-        self.flavour: Flavour = self._flavour()
+        self.rules: Rules = es.rules[compat]
         self.system_prompt = self._system_prompt(system_prompt, prompt_file, skill)
-        self.user_template = load_prompt(self.user_prompt_name)
+        self.user_template = load_prompt(es.user_prompt)
         self._dataset_spec = dataset if tasks is None else list(tasks)
         self._dataset_kwargs = dict(dataset_kwargs or {})
         self._tasks: list[Any] | None = None
-        self._sandbox: Sandbox | None = None
-        self._ep: _Episode | None = None
-        self.observation_space = Conversation(max_messages=2 + 2 * max_turns)
+        self._tools: dict[str, Any] = {}
+        self._ep: EpisodeState | None = None
+        self.observation_space = Conversation(max_messages=2 + 2 * self.max_turns)
         self.action_space = CompletionText()
 
     # ----- subclass hooks -------------------------------------------------------------------------
     @abc.abstractmethod
-    def _flavour(self) -> Flavour:
-        """Parser variant and warning texts (docs/protocol.md#action-parsers, #warning-and-observation-texts)."""
-
-    @abc.abstractmethod
-    def _load_tasks(self, spec: Any, **kwargs: Any) -> list[Any]:
-        """Load the configured dataset (called lazily, once)."""
-
-    @abc.abstractmethod
-    def _coerce_task(self, payload: Any) -> Any:
-        """Validate a task payload given through ``reset(options={"task": ...})``."""
-
-    @abc.abstractmethod
-    def _score(self, ep: _Episode) -> dict[str, Any]:
+    def _score(self, ep: EpisodeState) -> dict[str, Any]:
         """Score fields of the final record (score, score_method, score_status, prediction, ...)."""
 
-    def _sandbox_config_for(self, task: Any) -> SandboxConfig:
-        return self.sandbox_config
+    def _load_tasks(self, spec: Any, **kwargs: Any) -> list[Any]:
+        """Load the configured dataset (called lazily, once)."""
+        if self.env_spec.load_tasks is None:
+            raise ValueError(f"{self.env_id} has no dataset loader; pass tasks=[...]")
+        return self.env_spec.load_tasks(spec, **kwargs)
 
-    def _screen(self, command: str, sandbox: Sandbox) -> str | None:
+    def _coerce_task(self, payload: Any) -> Any:
+        """Validate a task payload given through ``reset(options={"task": ...})``."""
+        model = self.env_spec.task_model
+        if model is None or isinstance(payload, model):
+            return payload
+        return model.model_validate(payload)
+
+    def _sandbox_config_for(self, task: Any) -> SandboxConfig:
+        mounts = self.env_spec.mounts(task)
+        if not mounts:
+            return self.sandbox_config
+        return self.sandbox_config.model_copy(update={"mounts": [*self.sandbox_config.mounts, *mounts]})
+
+    def _screen(self, tool: str, command: str, runner: Any) -> str | None:
         """Observation body refusing ``command`` without running it, or None to run it."""
-        return None
+        text = self.env_spec.tools[tool].blocked
+        return text if text is not None and is_blocked(command) else None
 
     # ----- Gymnasium API --------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -183,9 +189,9 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         self._check_task(task)
         messages = [
             {"role": "system", "content": self.system_prompt},
-            {"role": "user", "content": fill(self.user_template, task.question)},
+            {"role": "user", "content": self._user_message(task)},
         ]
-        self._ep = _Episode(
+        self._ep = EpisodeState(
             task=task,
             row_index=row_index,
             sample_index=sample_index,
@@ -227,7 +233,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         if cap is not None and ep.trajectory_tokens >= cap:
             return self._finish("max_response_tokens_exceeded", "max_response_tokens_exceeded")
 
-        decision = decide(text, used_bash=ep.used_bash, flavour=self.flavour)
+        decision = decide(text, used_bash=ep.used_bash, flavour=self.rules)
         turn_info["decision"] = decision.act_kind or decision.kind
         if decision.kind == "final":
             return self._finish("final_answer", None)
@@ -237,7 +243,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             step["action"] = decision.action
             if decision.command is not None:
                 started = time.perf_counter()
-                body = self._run_command(decision.command)
+                body = self._run_command(name, decision.command)
                 ep.turn_tool_s[-1] = time.perf_counter() - started
                 ep.tool_calls += 1
         step["observation"] = body
@@ -297,7 +303,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             "max_tokens_per_turn": self.max_tokens_per_turn,
             "max_trajectory_tokens": self.max_trajectory_tokens,
             "max_model_len": self.max_model_len,
-            "sandbox": self.sandbox_config.model_dump(mode="json", exclude={"image_path"}),
+            "sandbox": self.sandbox_config.model_dump(mode="json", exclude={"mounts"}),
             "system_prompt_sha256": sha256(self.system_prompt),
             "user_template_sha256": sha256(self.user_template),
             "compat": self.compat,
@@ -312,13 +318,17 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
     def _system_prompt(self, text: str | None, prompt_file: str | None, skill: str | None) -> str:
         if text is not None and prompt_file is not None:
             raise ValueError("give system_prompt or prompt_file, not both")
-        base = text if text is not None else load_prompt(prompt_file or self.system_prompt_name)
-        return msgs.with_skill(base, skill or "", self.skill_separator)
+        base = text if text is not None else load_prompt(prompt_file or self.env_spec.system_prompt)
+        return msgs.with_skill(base, skill or "", self.env_spec.skill_separator)
+
+    def _user_message(self, task: Any) -> str:
+        render = self.env_spec.user_message
+        return fill(self.user_template, task.question) if render is None else render(self.user_template, task)
 
     def _check_task(self, task: Any) -> None:
         """Hook for per-task validation before the episode starts (e.g. the image exists)."""
 
-    def _require_running(self) -> _Episode:
+    def _require_running(self) -> EpisodeState:
         if self._ep is None:
             raise RuntimeError("call reset() before step()")
         if self._ep.termination_reason is not None:
@@ -327,20 +337,18 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             )
         return self._ep
 
-    def _run_command(self, command: str) -> str:
+    def _run_command(self, name: str, command: str) -> str:
+        """Run ``command`` with tool ``name`` (built on first use, one per episode)."""
         ep = self._ep
         assert ep is not None
-        if self._sandbox is None:
-            self._sandbox = make_sandbox(self._sandbox_config_for(ep.task))
-        refusal = self._screen(command, self._sandbox)
-        if refusal is not None:
-            return refusal
-        try:
-            result = self._sandbox.run(command)
-        except Exception as exc:  # a dead sandbox must not end a user's training loop
-            self._close_sandbox()
-            return LAUNCH_ERROR_PREFIX + error_text(exc)
-        return format_observation(result, self.observation_style, self.sandbox_config.limits.max_output_chars)
+        tool = self._tools.get(name)
+        if tool is None:
+            spec = self.env_spec.tools[name]
+            tool = spec.build(self._sandbox_config_for(ep.task), spec.framing,
+                              self.sandbox_config.limits.max_output_chars)
+            self._tools[name] = tool
+        refusal = self._screen(name, command, tool)
+        return refusal if refusal is not None else tool.run(command)
 
     def _next_prompt_fits(self) -> bool:
         if self.max_model_len is None or not self.counter.exact:
@@ -364,7 +372,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         terminated = reason == "final_answer"
         return _copy_chat(ep.messages), reward, terminated, not terminated, info
 
-    def _record(self, ep: _Episode) -> dict[str, Any]:
+    def _record(self, ep: EpisodeState) -> dict[str, Any]:
         task = ep.task
         record: dict[str, Any] = {
             "key": self._key(ep),
@@ -419,13 +427,13 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         }
 
     @staticmethod
-    def _key(ep: _Episode) -> str:
+    def _key(ep: EpisodeState) -> str:
         return episode_key(ep.task.id, ep.sample_index)
 
     def _close_sandbox(self) -> None:
-        if self._sandbox is not None:
-            sandbox, self._sandbox = self._sandbox, None
-            sandbox.close()
+        tools, self._tools = self._tools, {}
+        for tool in tools.values():
+            tool.close()
 
 
 def _copy_chat(messages: list[dict[str, str]]) -> list[dict[str, str]]:

@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 from gymnasium.spaces import Space
 
-from agent_envs.policy.base import Completion
+from agent_envs.core.types import Completion
 
 ROLES = ("system", "user", "assistant")
 _WORDS = ("Action:", "Final answer:", "ls", "echo", "python3", "{", "}", '"bash"', "\\boxed{1}", "hi", "\n")

@@ -14,6 +14,7 @@ from typing import Any, Protocol, Sequence
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..atomic import atomic_write
+from ..protocol.seeds import DEFAULT_BASE_SEED
 from .normalize import normalize_method, normalize_rewards
 from .schedule import normalize_schedule
 from .seeds import check_run_shape, check_seed_sequence
@@ -42,8 +43,8 @@ class ESConfig(BaseModel):
     reward_normalization_ddof: int = 0
     reward_normalization_eps: float = 1e-8
     parameter_scope: str = "full"
-    seed: int = 20260627
-    eval_seed: int = 20260627
+    seed: int = DEFAULT_BASE_SEED
+    eval_seed: int = DEFAULT_BASE_SEED
     eval_interval: int = 10
     tp_size: int = 1
     history_file: str = ""

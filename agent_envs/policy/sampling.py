@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..protocol.messages import STOP
 from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest
 
-PROTOCOL_STOP = ["Observation:"]
+PROTOCOL_STOP = list(STOP)
 
 
 class SamplingConfig(BaseModel):

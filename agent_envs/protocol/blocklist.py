@@ -1,4 +1,4 @@
-"""Dangerous-command screen of the Math ES bash runner (docs/protocol.md#math-blocklist).
+"""Dangerous-command screen of the reference ES bash runner (docs/protocol.md#math-blocklist).
 
 The runner refuses, without executing, commands that name privilege, process-control,
 multiplexer or desktop-launcher programs. The rule is lexical, not a security boundary: it keeps
@@ -28,5 +28,5 @@ _BLOCKED = re.compile(
 
 
 def is_blocked(command: str) -> bool:
-    """True when the Math ES runner would answer with the blocked-command observation."""
+    """True when the reference runner would answer with the blocked-command observation."""
     return _BLOCKED.search(command) is not None

@@ -1,39 +1,17 @@
 """What one assistant completion means for the episode (docs/protocol.md#decision-order, #first-turn-rule).
 
-Both environments share this decision order; they differ only in the :class:`Flavour` (parser
-variant, warning wording, first-turn rule). It is pure: running a command, and any blocking,
-is the environment's job.
+Every environment shares this decision order; they differ only in their :class:`Rules` (parser,
+warning wording, tools, first-turn rule). It is pure: running a command, and any blocking, is
+the environment's job.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from agent_envs.core.spec import Rules
 from agent_envs.protocol import messages as msg
-from agent_envs.protocol.parsing import (
-    ParserVariant,
-    final_answer_line,
-    is_single_bash_action,
-    parse_action,
-    strip_think,
-)
-
-
-@dataclass(frozen=True)
-class Flavour:
-    """How one harness reacts: which parser, which warning texts, whether docs/protocol.md#first-turn-rule applies."""
-
-    parser: ParserVariant
-    tool_required: str
-    format_warning: str
-    first_turn_rule: bool = False
-
-
-MATH_ES = Flavour("math_es", msg.MATH_TOOL_REQUIRED, msg.MATH_FORMAT_WARNING)
-MATH_HTTP = Flavour("math_http", msg.MATH_TOOL_REQUIRED, msg.MATH_FORMAT_WARNING)  # repo-react-v1
-MATH_HTTP_MATCHED = Flavour("math_http", msg.MATH_TOOL_REQUIRED, msg.MATH_FORMAT_WARNING, first_turn_rule=True)
-DOCVQA_ES = Flavour("docvqa_es", msg.DOCVQA_TOOL_REQUIRED, msg.DOCVQA_FORMAT_WARNING_ES)
-DOCVQA_HTTP = Flavour("docvqa_http", msg.DOCVQA_TOOL_REQUIRED, msg.DOCVQA_FORMAT_WARNING_HTTP)
+from agent_envs.protocol.parsing import final_answer_line, is_single_bash_action, parse_action, strip_think
 
 ActKind = Literal["run", "unknown_action", "empty_command"]
 
@@ -42,9 +20,9 @@ ActKind = Literal["run", "unknown_action", "empty_command"]
 class Decision:
     """One of: ``final`` (episode ends), ``warn`` (format_check observation), ``act``.
 
-    For ``act``: ``act_kind`` is ``run`` (execute ``command``; counts as tool use),
-    ``unknown_action`` or ``empty_command`` (reply with ``observation``; no tool use).
-    ``observation_name`` is the name to put in ``Observation from <name>:``.
+    For ``act``: ``act_kind`` is ``run`` (execute ``command`` with tool ``observation_name``;
+    counts as tool use), ``unknown_action`` or ``empty_command`` (reply with ``observation``; no
+    tool use).  ``observation_name`` is the name to put in ``Observation from <name>:``.
     """
 
     kind: Literal["final", "warn", "act"]
@@ -66,28 +44,34 @@ def _warn(body: str) -> Decision:
     return Decision("warn", observation_name=msg.FORMAT_CHECK, observation=body)
 
 
-def _act(action: dict[str, Any]) -> Decision:
+def _act(action: dict[str, Any], rules: Rules) -> Decision:
     name = action["name"]
-    if name != "bash":
+    key = rules.tool_args.get(name)
+    if key is None:
         return Decision("act", action=action, act_kind="unknown_action",
-                        observation_name=name, observation=msg.unknown_action(name))
+                        observation_name=name, observation=msg.unknown_action(name, rules.unknown_action))
     # The ES runner stringifies whatever ``command`` holds (so a number is a command).
-    command = str(action["arguments"].get("command", ""))
+    command = str(action["arguments"].get(key, ""))
     if not command.strip():
         return Decision("act", action=action, act_kind="empty_command",
-                        observation_name=name, observation=msg.NO_COMMAND)
+                        observation_name=name, observation=rules.no_input)
     return Decision("act", action=action, act_kind="run", command=command, observation_name=name)
 
 
-def decide(completion: str, *, used_bash: bool, flavour: Flavour) -> Decision:
-    """Apply the per-completion decision order (docs/protocol.md#decision-order) to a raw completion."""
+def decide(completion: str, *, used_bash: bool, flavour: Rules) -> Decision:
+    """Apply the per-completion decision order (docs/protocol.md#decision-order) to a raw completion.
+
+    ``used_bash``: whether a tool has run this episode.
+    """
     cleaned = strip_think(completion)
     final = final_answer_line(cleaned)
     action = parse_action(cleaned, flavour.parser)
     if action is None and final is not None:
-        return Decision("final", final_answer=final) if used_bash else _warn(flavour.tool_required)
-    if flavour.first_turn_rule and action is not None and not used_bash and not is_single_bash_action(cleaned):
-        return _warn(msg.MATH_FIRST_TURN)
+        done = used_bash or not flavour.require_tool
+        return Decision("final", final_answer=final) if done else _warn(flavour.tool_required)
+    if flavour.first_turn is not None and action is not None and not used_bash \
+            and not is_single_bash_action(cleaned):
+        return _warn(flavour.first_turn)
     if action is None:
         return _warn(flavour.format_warning)
-    return _act(action)
+    return _act(action, flavour)

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
-ParserVariant = Literal["math_es", "docvqa_es", "docvqa_http", "math_http"]
-PARSER_VARIANTS: tuple[str, ...] = get_args(ParserVariant)
+from agent_envs.core.spec import ParserSpec
 
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 # `\s*` after the colon may cross a newline, so "Final answer:\n5" yields "5" (docs/protocol.md#final-answer-grammar).
@@ -64,8 +63,8 @@ def _action_candidate(text: str, to_end: bool) -> str | None:
 
     The strict pass (``{`` … ``}`` + trailing whitespace at the end of the text) and the greedy
     pass (``{`` … last ``}``) both start at the first ``Action: {`` and, whenever the strict one
-    matches, end at the same ``}``; so one span serves both. ``to_end`` adds the Math-ES third
-    pass for JSON cut off by the token limit.
+    matches, end at the same ``}``; so one span serves both. ``to_end`` adds the third pass for
+    JSON cut off by the token limit.
     """
     match = _ACTION_OPEN.search(text)
     if match is None:
@@ -90,7 +89,7 @@ def _decode_relaxed_string(raw: str) -> str:
 
 
 def parse_relaxed_bash(raw: str) -> dict[str, Any] | None:
-    """Math-ES fallback for near-JSON bash actions (single quotes, unescaped or unterminated strings)."""
+    """Fallback for near-JSON bash actions (single quotes, unescaped or unterminated strings)."""
     if _RELAXED_NAME.search(raw) is None:
         return None
     match = _RELAXED_COMMAND.search(raw)
@@ -118,36 +117,35 @@ def _bash_command(arguments: Any) -> str | None:
     return command if isinstance(command, str) and command.strip() else None
 
 
-def _accept(obj: Any, variant: ParserVariant) -> dict[str, Any] | None:
-    """Apply the per-variant acceptance table (docs/protocol.md#action-parsers) to a decoded JSON value."""
+def _accept(obj: Any, spec: ParserSpec) -> dict[str, Any] | None:
+    """Apply the parser's acceptance rules (docs/protocol.md#action-parsers) to a decoded JSON value."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    if variant == "docvqa_http" and "arguments" not in obj:
+    if spec.require_arguments and "arguments" not in obj:
         return None
     arguments = obj.get("arguments", {})
     if not isinstance(arguments, dict):
         return None
-    if variant == "math_http" and (obj["name"] != "bash" or _bash_command(arguments) is None):
+    if spec.require_bash_command and (obj["name"] != "bash" or _bash_command(arguments) is None):
         return None
     return {"name": obj["name"], "arguments": arguments}
 
 
-def parse_action(text: str, variant: ParserVariant) -> dict[str, Any] | None:
-    """The action ``{"name", "arguments"}`` the given harness variant would execute, or ``None``.
+def parse_action(text: str, spec: ParserSpec) -> dict[str, Any] | None:
+    """The action ``{"name", "arguments"}`` a harness with parser ``spec`` would execute, or ``None``.
 
-    ``text`` should already be think-stripped. Only ``math_es`` tries the truncated-JSON pass and
-    the relaxed bash parser.
+    ``text`` should already be think-stripped.
     """
-    if variant not in PARSER_VARIANTS:
-        raise ValueError(f"unknown parser variant {variant!r}; expected one of {PARSER_VARIANTS}")
-    relaxed = variant == "math_es"
+    if not isinstance(spec, ParserSpec):
+        raise ValueError(f"unknown parser variant {spec!r}: parse_action needs a ParserSpec")
+    relaxed = spec.truncated_and_relaxed
     candidate = _action_candidate(text, to_end=relaxed)
     if candidate is None:
         return None
     ok, obj = _decode_first_value(candidate)
     if not ok:
         return parse_relaxed_bash(candidate) if relaxed else None
-    return _accept(obj, variant)
+    return _accept(obj, spec)
 
 
 def is_single_bash_action(text: str) -> bool:

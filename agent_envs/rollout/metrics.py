@@ -5,9 +5,9 @@ Three families, kept apart because they answer different questions:
 * :func:`es_summary`: the ES runner's ``summarize_rows`` (clamped scores, ``max@N``,
   ``pass@N`` = best score >= 1.0).  This is what the trainer and the published tables use.
 * :func:`pass_at_k` / :func:`max_at_k` / :func:`summarize`: unbiased Pass@k and max@k for any
-  k <= n, the README's DocVQA ANLS/Acc Mean and Pass, token/turn/latency statistics.
+  k <= n, ANLS/Acc Mean and Pass for records that carry ``anls``, token/turn/latency statistics.
 * :func:`diagnostics` and :func:`paired_bootstrap`: the GRPO report helpers
-  (``docvqa_results.summarize_results`` / ``compare_results``).
+  (the reference's ``summarize_results`` / ``compare_results``).
 
 README ANLS/Acc numbers are computed from the ES reward ``score`` (= ANLS unless the episode
 failed or never used bash), because that is what the published Mean4 (0.50426) and max@4 are;
@@ -21,6 +21,7 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any, Callable, Iterable, Sequence
 
+from ..core import registry
 from .records import ERROR_TERMINATIONS, EpisodeRecord, as_row
 
 Row = dict[str, Any]
@@ -141,11 +142,16 @@ def _stats(values: Sequence[float]) -> Row | None:
     }
 
 
-def is_docvqa(rows: Sequence[Row]) -> bool:
-    return any("anls" in r or str(r.get("env_id", "")).startswith("DocVQA") for r in rows)
+#: summary.json key of the ANLS block: a published output layout, kept as is
+ANLS_KEY = "docvqa"
 
 
-def docvqa_readme_metrics(rows: Sequence[Row], samples: int) -> Row:
+def has_anls(rows: Sequence[Row]) -> bool:
+    """Whether the records are ANLS-scored (they carry the raw ``anls`` field)."""
+    return any("anls" in r for r in rows)
+
+
+def anls_metrics(rows: Sequence[Row], samples: int) -> Row:
     """The README's ANLS Mean/Pass and Acc Mean/Pass (Acc = ANLS > 0.5), plus ES exact pass."""
     groups = [[clamped_score(r) for r in g] for g in by_task(rows).values()]
     flat = [s for g in groups for s in g]
@@ -160,22 +166,22 @@ def docvqa_readme_metrics(rows: Sequence[Row], samples: int) -> Row:
 
 
 def summarize(records: Records, samples: int, ks: Sequence[int] | None = None, items: int | None = None) -> Row:
-    """Everything a report needs: ES summary, unbiased @k, README DocVQA metrics, diagnostics,
+    """Everything a report needs: ES summary, unbiased @k, ANLS metrics, diagnostics,
     token/turn/latency statistics."""
     rows = _rows(records)
     groups = [[clamped_score(r) for r in g] for g in by_task(rows).values()]
-    docvqa = is_docvqa(rows)
+    anls = has_anls(rows)
     out: Row = {"es": es_summary(rows, samples, items=items)}
     ks = sorted(set(ks or [k for k in (1, 2, 4, 8, 16, samples) if k <= samples]))
     at_k: Row = {}
     for k in ks:
         at_k.update(_at_k(groups, k, lambda s: s >= 1.0))
-        if docvqa:
+        if anls:
             acc = _at_k(groups, k, lambda s: s > 0.5)
             at_k[f"acc_pass@{k}"] = acc[f"pass@{k}"]
     out["at_k"] = at_k
-    if docvqa:
-        out["docvqa"] = docvqa_readme_metrics(rows, samples)
+    if anls:
+        out[ANLS_KEY] = anls_metrics(rows, samples)
     # the ES fields above count error episodes (failed requests, env errors) as score 0, as the
     # reference does; this mean leaves them out, so infrastructure failures cannot pass as the model's
     ok = [clamped_score(r) for r in rows if r.get("termination_reason") not in ERROR_TERMINATIONS]
@@ -210,8 +216,8 @@ def group_metrics(records: Records, k: int) -> Row:
             f"max@{k}": summary[f"max@{k}"],
             f"pass@{k}": summary[f"pass@{k}"],
         }
-        if is_docvqa(members):
-            entry.update(docvqa_readme_metrics(members, k))
+        if has_anls(members):
+            entry.update(anls_metrics(members, k))
         groups.append(entry)
     best = max(groups, key=lambda e: e["mean_score"], default=None)
     return {"k": k, "samples": n, "groups": groups, "best_group": best["group"] if best else None}
@@ -223,10 +229,18 @@ def _valid(row: Row) -> bool:
     return not row.get("error") and anls is not None and anls >= 0
 
 
-def _bash_steps(row: Row) -> list[Row]:
+def _tools(row: Row) -> frozenset[str]:
+    """The tool names of the row's environment (``bash`` for records of an unregistered one)."""
+    env_id = row.get("env_id")
+    return frozenset(registry.spec(env_id).tools) if env_id in registry.ENVIRONMENTS else frozenset({"bash"})
+
+
+def _tool_steps(row: Row) -> list[Row]:
+    """Steps that called one of the environment's tools."""
+    tools = _tools(row)
     return [
         s for s in row.get("react_steps") or []
-        if isinstance(s.get("action"), dict) and s["action"].get("name") == "bash" and "observation" in s
+        if isinstance(s.get("action"), dict) and s["action"].get("name") in tools and "observation" in s
     ]
 
 
@@ -236,7 +250,7 @@ def _ok_observation(obs: Any) -> bool:
 
 
 def diagnostics(records: Records) -> Row:
-    """``docvqa_results.summarize_results``: validity, tool-call/success rates, turns, retries."""
+    """The reference's ``summarize_results``: validity, tool-call/success rates, turns, retries."""
     rows = _rows(records)
     valid = [r for r in rows if _valid(r)]
 
@@ -245,7 +259,7 @@ def diagnostics(records: Records) -> Row:
 
     format_rows = [sum(1 for s in r.get("react_steps") or [] if not isinstance(s.get("action"), dict)) for r in valid]
     timeout_rows = [
-        sum(1 for s in _bash_steps(r) if "timed out after" in str(s["observation"]).lower()) for r in valid
+        sum(1 for s in _tool_steps(r) if "timed out after" in str(s["observation"]).lower()) for r in valid
     ]
     usage_keys = ("prompt_tokens", "completion_tokens", "total_tokens", "accumulated_response_tokens")
     usage: Row = {}
@@ -258,8 +272,8 @@ def diagnostics(records: Records) -> Row:
         "request_errors": len(rows) - len(valid),
         "mean_anls": _mean([float(r.get("anls", r.get("score"))) for r in valid]),
         "mean_accuracy": _mean([float(r.get("acc", 0.0)) for r in valid]) if any("acc" in r for r in valid) else None,
-        "tool_call_rate": frac(lambda r: bool(_bash_steps(r))),
-        "tool_success_rate": frac(lambda r: any(_ok_observation(s["observation"]) for s in _bash_steps(r))),
+        "tool_call_rate": frac(lambda r: bool(_tool_steps(r))),
+        "tool_success_rate": frac(lambda r: any(_ok_observation(s["observation"]) for s in _tool_steps(r))),
         "mean_turns": _mean([len(r.get("react_steps") or []) + (0 if r.get("react_error") else 1) for r in valid]),
         "mean_latency_s": _mean([float(r["latency_s"]) for r in valid if _num(r.get("latency_s")) is not None]),
         "format_retry_rows": sum(1 for c in format_rows if c),

@@ -88,7 +88,7 @@ class _Episode:
                 "sample_index": self.job.sample_index,
                 "base_seed": self.base_seed,
             })
-            self.request = self.env.unwrapped.generation_request()
+            self.request = self.env.get_wrapper_attr("generation_request")()
         except Exception as exc:
             self._fail(exc)
         self.env_seconds += time.perf_counter() - t
@@ -108,7 +108,7 @@ class _Episode:
                 self.episode = dict(info["episode"])
                 self.finished = time.perf_counter()
             else:
-                self.request = self.env.unwrapped.generation_request()
+                self.request = self.env.get_wrapper_attr("generation_request")()
         except Exception as exc:
             self._fail(exc)
         self.env_seconds += time.perf_counter() - t

@@ -2,7 +2,7 @@
 
 Kept apart from process management so that the layout can be read (and tested) on its own:
 read-only system directories and the running Python's prefixes, pip hidden, writable size-capped
-tmpfs ``/tmp`` and ``/workspace``, the document image read-only, and a cleared environment.
+tmpfs ``/tmp`` and ``/workspace``, the configured mounts, and a cleared environment.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from agent_envs.sandbox.base import BASE_ENV, DOCUMENT_PATH, SandboxConfig, SandboxLimits, SandboxUnavailable
+from agent_envs.core.spec import Mount
+from agent_envs.sandbox.base import BASE_ENV, SandboxConfig, SandboxLimits, SandboxUnavailable
 
 SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/usr/local", "/etc/alternatives")
 #: the uid/gid a command has inside the sandbox
@@ -67,8 +68,8 @@ def supports_size() -> bool:
 
 
 def runtime_prefixes(config: SandboxConfig) -> list[str]:
-    """Configured prefixes, then ``sys.prefix`` and ``sys.base_prefix``; existing, each once."""
-    env_prefix = os.environ.get("DOCVQA_TOOL_PREFIX")
+    """Configured prefixes, ``$AGENT_ENVS_TOOL_PREFIX``, then ``sys.prefix`` and ``sys.base_prefix``; existing, each once."""
+    env_prefix = os.environ.get("AGENT_ENVS_TOOL_PREFIX")
     candidates = [*config.runtime_prefixes, *([env_prefix] if env_prefix else []),
                   sys.prefix, sys.base_prefix]
     out: list[str] = []
@@ -158,15 +159,15 @@ def _tmpfs(path: str, perms: str, limits: SandboxLimits) -> list[str]:
     return ["--perms", perms, *size, "--tmpfs", path]
 
 
-def layout_args(config: SandboxConfig, image: Path | None) -> list[str]:
+def layout_args(config: SandboxConfig, mounts: list[Mount]) -> list[str]:
     """Everything between ``bwrap`` and the namespace flags: mounts, cwd and environment."""
     prefixes = runtime_prefixes(config)
     args = ["--new-session", "--die-with-parent", "--clearenv", *_bind_args(prefixes), *_pip_hiding_args(tuple(prefixes)),
             *_startup_hook_args(tuple(prefixes)),
             "--proc", "/proc", "--dev", "/dev",
             *_tmpfs("/tmp", "1777", config.limits), *_tmpfs("/workspace", "0777", config.limits)]
-    if image is not None:
-        args += ["--ro-bind", str(image), DOCUMENT_PATH]
+    for m in mounts:
+        args += ["--ro-bind" if m.read_only else "--bind", m.host, m.target]
     args += ["--chdir", "/workspace"]
     for key, value in environment(config, prefixes).items():
         args += ["--setenv", key, value]

@@ -14,10 +14,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent_envs.core.spec import Mount
 from agent_envs.validation import WholeNumber
 
-#: where the task's page image appears inside every sandbox (read-only)
-DOCUMENT_PATH = "/workspace/document.png"
 #: environment every sandbox backend sets: home and temp on the tmpfs, no pip index, and
 #: single-threaded numeric libraries (tesseract is ~4x faster on 2 cores with one OpenMP thread)
 BASE_ENV: dict[str, str] = {
@@ -91,8 +90,8 @@ class SandboxConfig(BaseModel):
     backend: str = "bwrap"  # "bwrap" | "docker" | "none"
     mode: str = "persistent"  # "persistent" (one shell per episode) | "fresh" (one sandbox per command)
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
-    #: host file bound read-only at /workspace/document.png (DocVQA)
-    image_path: str | None = None
+    #: host paths bound into the sandbox (an environment adds its task's files, e.g. a page image)
+    mounts: list[Mount] = Field(default_factory=list)
     #: extra environment variables inside the sandbox
     env: dict[str, str] = Field(default_factory=dict)
     #: Docker image for the docker backend
@@ -125,23 +124,40 @@ class SandboxUnavailable(RuntimeError):
     """The requested backend cannot run on this machine (message says what to install)."""
 
 
-def image_must_exist(path: str | None) -> Path | None:
-    if path is None:
-        return None
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"document image not found: {p}")
-    return p
+def staged_mounts(config: SandboxConfig, needs_copy) -> tuple[list[Mount], list[str]]:
+    """The config's mounts with existing, absolute host paths, and the staging folders made.
 
-
-def stage_readable(image: Path) -> tuple[Path, str]:
-    """A world-readable private copy of ``image`` (for a sandbox uid that could not read it).
-
-    Returns the copy and its folder, which the caller removes on close.
+    A read-only file for which ``needs_copy(path)`` holds (the sandbox uid could not read it) is
+    replaced by a world-readable private copy; the caller removes the returned folders on close.
+    A missing host path raises FileNotFoundError before anything starts.
     """
-    folder = tempfile.mkdtemp(prefix="ae-doc-")
-    copy = Path(folder) / "document.png"
-    shutil.copyfile(image, copy)
+    out: list[Mount] = []
+    folders: list[str] = []
+    try:
+        for m in config.mounts:
+            host = Path(m.host)
+            if not host.exists():
+                raise FileNotFoundError(f"mount source not found: {host} (for {m.target})")
+            host = host.resolve()
+            if m.read_only and host.is_file() and needs_copy(host):
+                host, folder = _stage_readable(host)
+                folders.append(folder)
+            out.append(Mount(str(host), m.target, m.read_only))
+    except BaseException:
+        remove_folders(folders)
+        raise
+    return out, folders
+
+
+def remove_folders(folders: list[str]) -> None:
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stage_readable(path: Path) -> tuple[Path, str]:
+    folder = tempfile.mkdtemp(prefix="ae-mount-")
+    copy = Path(folder) / path.name
+    shutil.copyfile(path, copy)
     copy.chmod(0o444)
     Path(folder).chmod(0o755)
     return copy, folder

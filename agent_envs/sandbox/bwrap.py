@@ -21,7 +21,6 @@ import fcntl
 import os
 import re
 import secrets
-import shutil
 import signal
 import stat
 import subprocess
@@ -35,7 +34,7 @@ from agent_envs.sandbox import _procs
 from agent_envs.sandbox._bwrap_layout import (command_prefix, find_bwrap, layout_args, set_rlimits,
                                               with_ulimit)
 from agent_envs.sandbox._capture import PendingWrite, StreamReader, captured, drain, pump
-from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig, image_must_exist, stage_readable
+from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig, remove_folders, staged_mounts
 
 #: fixed fd numbers of the driver's pipes inside the sandbox
 FD_PTY, FD_CMD, FD_OUT, FD_ERR, FD_USERNS = 59, 60, 61, 62, 63
@@ -74,18 +73,17 @@ def _encode(command: str) -> bytes:
 
 
 class _Layout:
-    """The per-sandbox parts that outlive single commands: user namespace, staged image."""
+    """The per-sandbox parts that outlive single commands: user namespace, staged mounts."""
 
     def __init__(self, config: SandboxConfig) -> None:
         self.bwrap = find_bwrap()
-        image = image_must_exist(config.image_path)
         self.as_root = os.geteuid() == 0
-        self.staged: str | None = None
-        if image is not None and self.as_root and not os.stat(image).st_mode & stat.S_IROTH:
-            image, self.staged = stage_readable(image)  # the sandbox's host uid could not read it
+        # as root, the sandbox's host uid could read only world-readable files
+        mounts, self.staged = staged_mounts(
+            config, lambda p: self.as_root and not os.stat(p).st_mode & stat.S_IROTH)
         self.userns = _procs.UserNamespace() if self.as_root else None
         self.limits = config.limits
-        self.layout = layout_args(config, image)
+        self.layout = layout_args(config, mounts)
 
     def argv(self, userns_fd: int, program: list[str], options: tuple[str, ...] = ()) -> list[str]:
         if self.userns is not None:
@@ -96,12 +94,20 @@ class _Layout:
         return [self.bwrap, *ns, *options, *self.layout, *command_prefix(self.limits, self.as_root),
                 *program]
 
+    def popen(self, program: list[str], options: tuple[str, ...] = (), pass_fds: tuple[int, ...] = (),
+              stdin: int = subprocess.PIPE) -> subprocess.Popen:
+        """``program`` in a new sandbox of this layout, stdout/stderr piped, in its own session."""
+        fd = self.userns.fd if self.userns is not None else -1
+        limits = self.limits
+        return subprocess.Popen(self.argv(fd, program, options), stdin=stdin, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, pass_fds=(*pass_fds, fd) if fd >= 0 else pass_fds,
+                                preexec_fn=lambda: set_rlimits(limits), start_new_session=True)
+
     def close(self) -> None:
         if self.userns is not None:
             self.userns.close()
-        if self.staged is not None:
-            shutil.rmtree(self.staged, ignore_errors=True)
-            self.staged = None
+        remove_folders(self.staged)
+        self.staged = []
 
 
 class _FreshRunner:
@@ -112,17 +118,11 @@ class _FreshRunner:
 
     def run(self, command: str, timeout: float, keep: int) -> ExecResult:
         started = time.monotonic()
-        limits = self.layout.limits
-        script = with_ulimit(limits, command)
-        fd = self.layout.userns.fd if self.layout.userns is not None else -1
+        script = with_ulimit(self.layout.limits, command)
         info_r, info_w = os.pipe()
         try:
-            argv = self.layout.argv(fd, ["/bin/bash", "--noprofile", "--norc", "-c", script],
-                                    ("--info-fd", str(info_w)))
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE,
-                                    pass_fds=[info_w, fd] if fd >= 0 else [info_w],
-                                    preexec_fn=lambda: set_rlimits(limits), start_new_session=True)
+            proc = self.layout.popen(["/bin/bash", "--noprofile", "--norc", "-c", script],
+                                     ("--info-fd", str(info_w)), (info_w,), stdin=subprocess.DEVNULL)
         except (OSError, ValueError) as exc:
             os.close(info_r)
             return _launch_error(str(exc), started)
@@ -369,6 +369,21 @@ class BwrapSandbox(Sandbox):
         except (OSError, ValueError) as exc:
             return _launch_error(str(exc), started)
         return shell.run(payload, limit, self.config.limits.capture_keep)
+
+    def popen(self, program: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+        """Start a long-lived tool process (e.g. the python tool's interpreter) in a new sandbox
+        with this episode's layout and limits; stdin/stdout/stderr are pipes.  End it with
+        :meth:`stop`."""
+        layout = self._state.get("layout")
+        if layout is None:
+            raise OSError("sandbox is closed")
+        return layout.popen(program, pass_fds=pass_fds)
+
+    @staticmethod
+    def stop(proc: subprocess.Popen) -> None:
+        """Kill everything ``proc``'s sandbox runs and reap it."""
+        _procs.teardown(proc.pid)
+        proc.wait()
 
     def processes(self) -> list[int]:
         """Host pids of this sandbox's processes (bwrap monitor included); empty when none runs."""

@@ -1,7 +1,7 @@
 """Docker tool sandbox: one locked-down container per episode, one ``docker exec`` per command.
 
 Why a container: it offers the bwrap sandbox's contract (docs/protocol.md#tool-sandbox: no network, read-only
-system, writable ephemeral /workspace and /tmp, the document bound read-only, single-threaded
+system, writable ephemeral /workspace and /tmp, the configured mounts, single-threaded
 numeric libraries, no pip) on hosts where unprivileged user namespaces are unavailable, and
 adds cgroup memory/pids limits.  The ``docker`` CLI is driven through subprocess (it honours
 ``DOCKER_HOST``), so no client library is needed.
@@ -22,8 +22,8 @@ import time
 
 from agent_envs.sandbox._bwrap_layout import with_ulimit
 from agent_envs.sandbox._capture import StreamReader, captured, drain
-from agent_envs.sandbox.base import (BASE_ENV, DOCUMENT_PATH, ExecResult, Sandbox, SandboxConfig,
-                                     SandboxUnavailable, image_must_exist, stage_readable)
+from agent_envs.sandbox.base import (BASE_ENV, ExecResult, Sandbox, SandboxConfig, SandboxUnavailable,
+                                     remove_folders, staged_mounts)
 
 LABEL = "agent-envs.sandbox"
 WORKSPACE = "/workspace"
@@ -72,13 +72,8 @@ class DockerSandbox(Sandbox):
         self.config = config
         if shutil.which("docker") is None:
             raise SandboxUnavailable("docker backend: the `docker` CLI is not on PATH (install docker.io)")
-        self._staged: str | None = None
-        self._document = image_must_exist(config.image_path)
-        if self._document is not None:
-            self._document = self._document.resolve()
-            if not self._document.stat().st_mode & 0o004:
-                # the command uid is neither the file's owner nor in its group
-                self._document, self._staged = stage_readable(self._document)
+        # the command uid is neither a file's owner nor in its group: only world-readable files work
+        self._mounts, self._staged = staged_mounts(config, lambda p: not p.stat().st_mode & 0o004)
         self.sandbox_id = secrets.token_hex(6)
         self.uid = COMMAND_UID_BASE + secrets.randbelow(1 << 16)
         self._container: str | None = None
@@ -104,8 +99,8 @@ class DockerSandbox(Sandbox):
             args += ["--memory", mem, "--memory-swap", mem]
         for key, value in {**BASE_ENV, **self.config.env}.items():
             args += ["--env", f"{key}={value}"]
-        if self._document is not None:
-            args += ["--mount", f"type=bind,source={self._document},target={DOCUMENT_PATH},readonly"]
+        for m in self._mounts:
+            args += ["--mount", f"type=bind,source={m.host},target={m.target}" + (",readonly" if m.read_only else "")]
         return args + ["--entrypoint", "sleep", self.config.docker_image, "infinity"]
 
     def _ensure_container(self) -> str:
@@ -204,6 +199,5 @@ class DockerSandbox(Sandbox):
             return
         self._closed = True
         self._drop_container()
-        if self._staged is not None:
-            shutil.rmtree(self._staged, ignore_errors=True)
-            self._staged = None
+        remove_folders(self._staged)
+        self._staged = []

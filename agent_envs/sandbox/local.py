@@ -1,4 +1,4 @@
-"""The ``"none"`` backend: commands run unsandboxed on the host (the reference math runner, docs/protocol.md#math-tool).
+"""The ``"none"`` backend: commands run unsandboxed on the host (as the reference runner did, docs/protocol.md#math-tool).
 
 Per episode there is one temporary working directory that persists across turns and is removed
 on close, when the sandbox is garbage-collected, or at interpreter exit (whichever comes first).  Each command is ``/bin/bash -c "ulimit -v KiB; <command>"`` in a new session; its whole
@@ -15,7 +15,8 @@ import tempfile
 import time
 import weakref
 
-from agent_envs.sandbox._bwrap_layout import with_ulimit
+from agent_envs.sandbox import _procs
+from agent_envs.sandbox._bwrap_layout import set_rlimits, with_ulimit
 from agent_envs.sandbox._capture import StreamReader, captured, drain
 from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig
 
@@ -67,9 +68,37 @@ class LocalSandbox(Sandbox):
         return ExecResult(returncode=rc if finished else 124, timed_out=not finished,
                           **captured(out, err), duration_s=time.monotonic() - started, timeout_s=limit)
 
+    def popen(self, program: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+        """Start a long-lived tool process in the working directory, under the sandbox's rlimits,
+        in its own session; stdin/stdout/stderr are pipes.  End it with :meth:`stop`."""
+        if self.workdir is None:
+            raise OSError("sandbox is closed")
+        limits = self.config.limits
+        return subprocess.Popen(program, cwd=self.workdir, env=self.env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=pass_fds,
+                                preexec_fn=lambda: set_rlimits(limits), start_new_session=True)
+
+    @staticmethod
+    def sweep(proc: subprocess.Popen) -> None:
+        """Kill every descendant of ``proc`` and wait until each has exited (``proc`` lives on;
+        it should be a child subreaper, so that double-forked orphans stay its descendants)."""
+        seen: set[int] = set()
+        while new := set(_procs.descendants(proc.pid)) - seen:
+            _procs.kill_all(sorted(new))
+            for pid in new:
+                _procs.wait_exit(pid, 1.0)
+            seen |= new
+
+    @classmethod
+    def stop(cls, proc: subprocess.Popen) -> None:
+        """Kill ``proc``, its descendants and its process group, and reap it."""
+        cls.sweep(proc)
+        _killpg(proc.pid)
+        proc.wait()
+
     def log_command(self, name: str, command: str) -> None:
         """Append ``command`` to the file ``name`` in the working directory, stamped with the UTC
-        time and the timeout, as the reference math runner did; a failed write is ignored there too."""
+        time and the timeout, as the reference runner did; a failed write is ignored there too."""
         if self.workdir is None:
             return
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

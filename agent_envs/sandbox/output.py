@@ -4,11 +4,13 @@ Pure and backend-independent, so every sandbox frames output byte for byte like 
 
 * body = stdout, then ``"\\n[stderr]\\n" + stderr`` (just ``"[stderr]\\n" + stderr`` when stdout is
   empty); an empty body becomes ``Bash exited with code N and no output.``;
-* ``math`` turns ``\\r\\n`` and ``\\r`` into ``\\n`` (the reference math runner read its pipes in
-  text mode), ``docvqa`` keeps them (the reference DocVQA sandbox decoded bytes);
-* ``docvqa`` strips trailing whitespace before ``"\\n[exit_code] N"``, ``math`` does not;
-* truncation: ``docvqa`` keeps floor((limit-19)/2) + marker + ceil((limit-19)/2) characters
-  (exactly ``limit``), ``math`` keeps floor(limit/2) on each side of the marker.
+* ``translate_newlines`` turns ``\\r\\n`` and ``\\r`` into ``\\n`` (a runner that read its pipes in
+  text mode), otherwise they are kept (a sandbox that decoded bytes);
+* ``rstrip`` strips trailing whitespace before ``"\\n[exit_code] N"``;
+* truncation: ``exact_limit`` keeps floor((limit-19)/2) + marker + ceil((limit-19)/2) characters
+  (exactly ``limit``), otherwise floor(limit/2) on each side of the marker.
+
+"Bash" in the no-output and timeout texts is the framing's ``label`` (the tool's name).
 
 Huge streams arrive as head/tail windows (``*_dropped > 0``).  Such a text is far longer than
 the limit, so only its first and last few thousand characters matter; they are taken from the
@@ -16,11 +18,9 @@ windows and the result equals what capturing everything would have given.
 """
 from __future__ import annotations
 
-from typing import Literal
-
+from agent_envs.core.spec import Framing
 from agent_envs.sandbox.base import ExecResult
 
-Style = Literal["docvqa", "math"]
 MARKER = "\n...[truncated]...\n"
 LAUNCH_ERROR_PREFIX = "[ERROR] Failed to execute command: "
 #: characters dropped from the start of a decoded tail window: a window may begin inside a
@@ -76,11 +76,11 @@ class _Text:
         return self.head if self.tail is None and len(self.head) <= limit else None
 
 
-def truncate(text: _Text, style: Style, limit: int) -> str:
+def truncate(text: _Text, framing: Framing, limit: int) -> str:
     short = text.whole_if_short(limit)
     if short is not None:
         return short
-    if style == "docvqa":
+    if framing.exact_limit:
         keep = max(limit - len(MARKER), 0)
         first, last = keep // 2, keep - keep // 2
     else:
@@ -88,25 +88,25 @@ def truncate(text: _Text, style: Style, limit: int) -> str:
     return text.first(first) + MARKER + text.last(last)
 
 
-def timeout_text(timeout_s: float) -> str:
-    return f"Bash timed out after {timeout_s:.1f}s."
+def timeout_text(timeout_s: float, label: str = "Bash") -> str:
+    return f"{label} timed out after {timeout_s:.1f}s."
 
 
-def format_observation(result: ExecResult, style: Style, limit: int = 6000) -> str:
-    """The tool observation body (without the ``Observation from bash:`` header)."""
-    if style not in ("docvqa", "math"):
-        raise ValueError(f"unknown observation style {style!r}; expected 'docvqa' or 'math'")
+def format_observation(result: ExecResult, framing: Framing, limit: int = 6000) -> str:
+    """The tool observation body (without the ``Observation from <tool>:`` header)."""
+    if not isinstance(framing, Framing):
+        raise ValueError(f"unknown observation style {framing!r}: format_observation needs a Framing")
     if result.launch_error is not None:
-        return truncate(_Text(LAUNCH_ERROR_PREFIX + result.launch_error), style, limit)
+        return truncate(_Text(LAUNCH_ERROR_PREFIX + result.launch_error), framing, limit)
     if result.timed_out:
-        return truncate(_Text(timeout_text(result.timeout_s or 0.0)), style, limit)
-    newlines = style == "math"
+        return truncate(_Text(timeout_text(result.timeout_s or 0.0, framing.label)), framing, limit)
+    newlines = framing.translate_newlines
     body = _Text.of_stream(result.stdout, result.stdout_dropped, newlines)
     err = _Text.of_stream(result.stderr, result.stderr_dropped, newlines)
     if not err.empty():
         body = body + _Text("[stderr]\n" if body.empty() else "\n[stderr]\n") + err
     if body.empty():
-        return truncate(_Text(f"Bash exited with code {result.returncode} and no output."), style, limit)
-    if style == "docvqa":
+        return truncate(_Text(f"{framing.label} exited with code {result.returncode} and no output."), framing, limit)
+    if framing.rstrip:
         body = body.rstrip()
-    return truncate(body + _Text(f"\n[exit_code] {result.returncode}"), style, limit)
+    return truncate(body + _Text(f"\n[exit_code] {result.returncode}"), framing, limit)

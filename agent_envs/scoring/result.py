@@ -1,4 +1,4 @@
-"""The score record both scorers return (one shape, so runners and ES treat tasks alike)."""
+"""The score record every scorer returns (one shape, so runners and ES treat tasks alike)."""
 from __future__ import annotations
 
 from typing import Literal
@@ -25,10 +25,3 @@ class ScoreResult(BaseModel):
     status: str
     answer_status: Literal["answered", "missing_final_answer"]
     prediction: str
-
-
-class DocVQAScore(ScoreResult):
-    """Adds the raw ANLS (kept even when ``score`` is zeroed) and its accuracy [ANLS > 0.5]."""
-
-    anls: float
-    acc: float

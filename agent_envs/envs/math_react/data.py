@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agent_envs.data.jsonl import read_jsonl
-from agent_envs.data.tasks import MathTask
+from agent_envs.data.jsonl import jsonl_rows
+from agent_envs.envs.math_react.task import MathTask
 
 BUILTIN_SIZE = 200
 HF_SPECS = {
@@ -40,7 +40,7 @@ def load_math_tasks(
     if limit is not None and limit < 0:
         raise MathDataError(f"limit must be >= 0, got {limit}")
     if isinstance(spec, str) and spec == "builtin":
-        from agent_envs.data.synth_math import generate_math_tasks
+        from agent_envs.envs.math_react.synth import generate_math_tasks
 
         return generate_math_tasks(BUILTIN_SIZE if limit is None else limit, seed)
     if isinstance(spec, str) and spec in HF_SPECS:
@@ -71,7 +71,7 @@ def _to_task(row: Mapping[str, Any] | MathTask, where: str) -> MathTask:
 def _load_jsonl(path: Path) -> list[MathTask]:
     if not path.is_file():
         raise MathDataError(f'math data file not found: {path} (or use "builtin")')
-    return [_to_task(row, where) for where, row in read_jsonl(path, MathDataError)]
+    return [_to_task(row, where) for where, row in jsonl_rows(path, MathDataError)]
 
 
 def _load_hf(name: str) -> list[MathTask]:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from math import comb, prod
 
-from agent_envs.data.tasks import MathTask
+from agent_envs.envs.math_react.task import MathTask
 
 SOURCE = "agent-envs/synthetic-math"
 _SMALL_PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23)

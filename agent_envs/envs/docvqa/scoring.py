@@ -5,7 +5,15 @@ import re
 from typing import Literal, Sequence, get_args
 
 from agent_envs.protocol.parsing import answer_status, final_answer_line, strip_think
-from agent_envs.scoring.result import ZEROING_TERMINATIONS, DocVQAScore
+from agent_envs.scoring.result import ZEROING_TERMINATIONS, ScoreResult
+
+
+class DocVQAScore(ScoreResult):
+    """Adds the raw ANLS (kept even when ``score`` is zeroed) and its accuracy [ANLS > 0.5]."""
+
+    anls: float
+    acc: float
+
 
 AnlsVariant = Literal["protocol", "official"]
 ANLS_VARIANTS: tuple[str, ...] = get_args(AnlsVariant)

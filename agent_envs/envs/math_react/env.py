@@ -3,15 +3,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent_envs.data.math import load_math_tasks
-from agent_envs.data.tasks import MathTask
-from agent_envs.envs.react import ReActEnv, _Episode
-from agent_envs.protocol import messages as msgs
+from agent_envs.envs.math_react.scoring import SCORERS, math_score
+from agent_envs.envs.math_react.spec import SPEC
+from agent_envs.envs.react import EpisodeState, ReActEnv
 from agent_envs.protocol.blocklist import is_blocked
-from agent_envs.protocol.decision import MATH_ES, MATH_HTTP, Flavour
-from agent_envs.sandbox.base import Sandbox
 from agent_envs.sandbox.local import LocalSandbox
-from agent_envs.scoring.math import SCORERS, math_score
 
 #: the reference runner's command log, kept in the workspace of the unsandboxed parity runner
 COMMAND_LOG = ".math_tool_commands.log"
@@ -27,13 +23,7 @@ class MathReActEnv(ReActEnv):
     the host (``sandbox="none"``).
     """
 
-    env_id = "MATH-ReAct-v0"
-    default_max_tokens_per_turn = 4096
-    default_max_trajectory_tokens = None
-    observation_style = "math"
-    system_prompt_name = "math_react_system"
-    user_prompt_name = "math_react_user"
-    skill_separator = msgs.MATH_SKILL_SUFFIX
+    env_spec = SPEC
 
     def __init__(self, *, scorer: str = "auto", score_timeout_s: float = 10.0, blocklist: bool = True,
                  **kwargs: Any):
@@ -49,31 +39,23 @@ class MathReActEnv(ReActEnv):
             raise ValueError('blocklist=False needs a sandbox: with sandbox="none" commands run on the host, '
                              "where the blocklist is always on")
 
-    def _flavour(self) -> Flavour:
-        return MATH_ES if self.compat == "es" else MATH_HTTP
-
-    def _load_tasks(self, spec: Any, **kwargs: Any) -> list[MathTask]:
-        return load_math_tasks(spec, **kwargs)
-
-    def _coerce_task(self, payload: Any) -> MathTask:
-        return payload if isinstance(payload, MathTask) else MathTask.model_validate(payload)
-
     def _extra_config(self) -> dict[str, Any]:
         return {"scorer": self.scorer, "blocklist": self.blocklist}
 
-    def _screen(self, command: str, sandbox: Sandbox) -> str | None:
+    def _screen(self, tool: str, command: str, runner: Any) -> str | None:
         """The reference runner logged every command, then refused blocked ones without running them.
 
         Only the unsandboxed parity runner keeps the log: it is a file the model can see there.
         """
+        sandbox = runner.ensure_sandbox()
         on_host = isinstance(sandbox, LocalSandbox)
         if on_host:
             sandbox.log_command(COMMAND_LOG, command)
         if (self.blocklist or on_host) and is_blocked(command):
-            return msgs.MATH_BLOCKED
+            return self.env_spec.tools[tool].blocked
         return None
 
-    def _score(self, ep: _Episode) -> dict[str, Any]:
+    def _score(self, ep: EpisodeState) -> dict[str, Any]:
         result = math_score(
             ep.last_completion,
             ep.task.answer,
@@ -90,3 +72,6 @@ class MathReActEnv(ReActEnv):
             "answer_status": result.answer_status,
             "prediction": result.prediction,
         }
+
+
+Env = MathReActEnv

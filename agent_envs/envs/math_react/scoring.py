@@ -4,7 +4,7 @@ math-verify guards its sympy work with ``signal.alarm``, which only works on the
 it, the published runs silently fell back to exact matching. Here math-verify runs in a
 long-lived child process with its own timeouts disabled, and the parent enforces a wall-clock
 limit by killing that child, which works from any thread and reports a timeout as such.
-Run as ``python -m agent_envs.scoring.math`` this module *is* that child.
+Run as ``python -m agent_envs.envs.math_react.scoring`` this module *is* that child.
 """
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ class _VerifyWorker:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "agent_envs.scoring.math"], stdin=subprocess.PIPE,
+                [sys.executable, "-m", "agent_envs.envs.math_react.scoring"], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, encoding="utf-8", env=env,
             )
         except OSError:  # e.g. out of file descriptors: try again on the next call

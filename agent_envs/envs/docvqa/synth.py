@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
-from agent_envs.data.tasks import DocTask
-from agent_envs.scoring.anls import anls, normalize
+from agent_envs.envs.docvqa.task import DocTask
+from agent_envs.envs.docvqa.scoring import anls, normalize
 
 VERSION = "synth-docs-1"
 SOURCE = "agent-envs/synthetic-docs"

@@ -21,8 +21,8 @@ from PIL import Image, UnidentifiedImageError
 from pydantic import ValidationError
 
 from agent_envs.atomic import atomic_write
-from agent_envs.data.jsonl import read_jsonl
-from agent_envs.data.tasks import DocTask
+from agent_envs.data.jsonl import jsonl_rows
+from agent_envs.envs.docvqa.task import DocTask
 
 HF_REPO = "lmms-lab/DocVQA"
 HF_CONFIG = "DocVQA"
@@ -62,7 +62,7 @@ def load_docvqa_tasks(
         raise DocDataError(f"limit must be >= 0, got {limit}")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if isinstance(spec, str) and spec == "builtin":
-        from agent_envs.data.synth_docs import builtin_tasks_file
+        from agent_envs.envs.docvqa.synth import builtin_tasks_file
 
         size = max(BUILTIN_SIZE, limit or 0)
         tasks = _load_jsonl(builtin_tasks_file(size, BUILTIN_SEED, cache), cache)
@@ -281,7 +281,7 @@ def write_png(image: Any, target: Path, where: str = "row") -> Path:
 
 def _load_jsonl(path: Path, cache: Path) -> list[DocTask]:
     return [_require(normalize_row(row, path, cache, where), row, where)
-            for where, row in read_jsonl(path, DocDataError)]
+            for where, row in jsonl_rows(path, DocDataError)]
 
 
 def _load_official_json(path: Path, cache: Path, limit: int | None) -> list[DocTask]:

@@ -1,0 +1,1 @@
+"""The layer below environments and policies: contract types, environment specs, the registry."""

@@ -1,0 +1,70 @@
+"""The contract between environments, policies and runners: what to generate, what came back.
+
+It sits below both layers, so an environment and a policy share these types without importing
+each other.  A failed generation is a :class:`Completion` carrying ``error`` (never an exception),
+which ends its episode with the matching termination reason.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Message = dict[str, str]
+
+REQUEST_ERROR = "request_error"
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
+
+class GenerationRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    messages: list[Message]
+    seed: int | None = None
+    max_tokens: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    #: opaque key the runner uses to route the completion back (episode id)
+    key: str = ""
+    #: the episode's position in the evaluated list and its sample number; multi-endpoint policies
+    #: route job ``row_index * samples + sample_index`` like the protocol's engine assignment (4.7)
+    row_index: int | None = None
+    sample_index: int | None = None
+
+
+class Completion(BaseModel):
+    """One generation.  ``token_ids`` makes the environment's token budgets exact."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = ""
+    token_ids: list[int] | None = None
+    #: the server-reported count (``usage.completion_tokens``) when token ids are not available
+    completion_tokens: int | None = None
+    finish_reason: str | None = None  # "stop" | "length" | ...
+    prompt_tokens: int | None = None
+    #: ``None`` on success; otherwise "request_error" or "context_length_exceeded"
+    error: str | None = None
+    error_message: str | None = None
+    #: which engine or endpoint produced it
+    engine: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def num_tokens(self) -> int | None:
+        """Generated-token count: exact ids first, then the server's count, else unknown."""
+        if self.token_ids is not None:
+            return len(self.token_ids)
+        return self.completion_tokens
+
+    @classmethod
+    def failed(cls, exc: BaseException, **fields: Any) -> "Completion":
+        """The protocol's ``request_error`` record: ``<ExcType>: <msg>``."""
+        return cls(error=REQUEST_ERROR, error_message=error_text(exc), **fields)
+
+
+def error_text(exc: BaseException) -> str:
+    """``<ExcType>: <msg>``, the protocol's way of writing a failure into records."""
+    return f"{type(exc).__name__}: {exc}"

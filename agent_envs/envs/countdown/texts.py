@@ -1,0 +1,19 @@
+"""Countdown's own warning and blocked-command texts (docs/protocol.md#countdown)."""
+from __future__ import annotations
+
+PYTHON_ACTION = 'Action:\n{"name": "python", "arguments": {"code": "<python code>"}}'
+BASH_ACTION = 'Action:\n{"name": "bash", "arguments": {"command": "<shell command>"}}'
+
+TOOL_REQUIRED = (
+    "You must run a python or bash Action before answering. "
+    "Check your expression with a tool, then provide Final answer."
+)
+FORMAT_WARNING = (
+    f"No valid action was parsed. Use exactly:\n{PYTHON_ACTION}\nor\n{BASH_ACTION}\n"
+    "or finish after tool use with: Final answer: \\boxed{<expression>}"
+)
+#: single-turn mode: no tools, so the only valid reply is the final answer
+SINGLE_TURN_FORMAT_WARNING = "No final answer was found. End your reply with: Final answer: \\boxed{<expression>}"
+UNKNOWN_ACTION = "Unknown action '{name}'. Available actions are python and bash."
+NO_INPUT = "No code or command was provided."
+BLOCKED = "Blocked unsafe or interactive desktop command in the Countdown sandbox."

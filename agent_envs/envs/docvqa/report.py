@@ -1,0 +1,49 @@
+"""DocVQA trace logs in the reference byte format (docs/protocol.md#trace-logs)."""
+from __future__ import annotations
+
+import json
+
+from agent_envs.rollout.tracelog import Row, outcome, rounds, task_of
+
+
+def render_docvqa(row: Row) -> str:
+    task = task_of(row)
+    result = outcome(row)
+    question = str(row.get("question", task.get("question", "")))
+    answers = row.get("answers", task.get("answers", []))
+    failure = row.get("react_error") or ("ANLS did not exceed 0.5." if result == "FAILED" else "")
+    lines = [
+        f"# Chat History docvqa_{row['task_id']}",
+        "",
+        f"Task ID: {row['task_id']}",
+        "Setting: docvqa",
+        f"Sample index: {row['sample_index']}",
+        f"Image: {row.get('image', task.get('image', ''))}",
+        f"Question: {question}",
+        f"Expected answers: {json.dumps(answers, ensure_ascii=False)}",
+        f"Prediction: {row.get('prediction', '')}",
+        f"ANLS: {row.get('anls')}",
+        f"Threshold accuracy: {row.get('acc')}",
+        f"Score: {row.get('score')}",
+        f"Score method: {row.get('score_method')}",
+        f"Outcome: {result}",
+        f"Termination reason: {row.get('termination_reason')}",
+        f"Failure reason: {failure}",
+        "",
+        "## Problem",
+        "",
+        question,
+        "",
+        "## Trace",
+        "",
+        *rounds(row.get("react_steps") or []),
+        "## Final prediction",
+        "",
+        str(row.get("prediction", "")),
+        "",
+        "---",
+        "",
+        "## RESULT",
+        result,
+    ]
+    return "\n".join(lines) + "\n"

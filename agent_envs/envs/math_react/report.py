@@ -1,0 +1,37 @@
+"""Math trace logs in the reference byte format (docs/protocol.md#trace-logs)."""
+from __future__ import annotations
+
+from agent_envs.rollout.tracelog import Row, outcome, rounds, task_of
+
+
+def render_math(row: Row) -> str:
+    """docs/protocol.md#trace-logs, read literally: the Math ``## Problem`` and ``## Prediction`` have no blank line after."""
+    task = task_of(row)
+    result = outcome(row)
+    score = float(row.get("score") or 0.0)
+    failure = row.get("react_error") or ("Score was 0." if score < 1.0 else "")
+    lines = [
+        f"# Chat History math_reasoning_{row['task_id']}",
+        "",
+        f"Task ID: {row['task_id']}",
+        "Setting: math_reasoning",
+        f"Sample index: {row['sample_index']}",
+        f"Score: {score}",
+        f"Score method: {row.get('score_method')}",
+        f"Outcome: {result}",
+        f"Failure reason: {failure}",
+        "",
+        "## Problem",
+        str(row.get("question", task.get("question", ""))),
+        "",
+        f"Expected answer: {row.get('answer', task.get('answer', ''))}",
+        "## Trace",
+        "",
+        *rounds(row.get("react_steps") or []),
+        "## Prediction",
+        str(row.get("prediction", "")),
+        "---",
+        "## RESULT",
+        result,
+    ]
+    return "\n".join(lines) + "\n"

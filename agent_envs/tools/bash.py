@@ -1,0 +1,40 @@
+"""The ``bash`` tool: one shell command per call in the episode's sandbox, framed as an observation."""
+from __future__ import annotations
+
+from agent_envs.core.spec import Framing
+from agent_envs.core.types import error_text
+from agent_envs.sandbox.base import Sandbox, SandboxConfig
+from agent_envs.sandbox.factory import make_sandbox
+from agent_envs.sandbox.output import LAUNCH_ERROR_PREFIX, format_observation
+
+
+class BashTool:
+    """Runs commands in one sandbox; ``run`` returns the observation text and never raises."""
+
+    name = "bash"
+
+    def __init__(self, config: SandboxConfig, framing: Framing, limit: int) -> None:
+        self.config = config
+        self.sandbox: Sandbox | None = make_sandbox(config)
+        self.framing = framing
+        self.limit = limit
+
+    def ensure_sandbox(self) -> Sandbox:
+        """The sandbox; after a failure closed it, the next command gets a fresh one."""
+        if self.sandbox is None:
+            self.sandbox = make_sandbox(self.config)
+        return self.sandbox
+
+    def run(self, command: str) -> str:
+        sandbox = self.ensure_sandbox()
+        try:
+            result = sandbox.run(command)
+        except Exception as exc:  # a dead sandbox must not end a user's training loop
+            self.close()
+            return LAUNCH_ERROR_PREFIX + error_text(exc)
+        return format_observation(result, self.framing, self.limit)
+
+    def close(self) -> None:
+        if self.sandbox is not None:
+            sandbox, self.sandbox = self.sandbox, None
+            sandbox.close()

@@ -1,0 +1,233 @@
+"""The ``python`` tool: one persistent, sandboxed Python interpreter per episode.
+
+Variables, imports and function definitions persist across calls, so a step costs a pipe round
+trip instead of an interpreter start-up.  The interpreter runs ``_py_driver.py`` in a sandbox of
+its own (``Sandbox.popen``: bubblewrap with the shell's namespaces, mounts, uid and rlimits, or
+the unsandboxed ``"none"`` backend); it does not share the bash tool's ``/workspace``, and the
+shell's ``mode`` does not apply (the interpreter lives for the episode by definition).  The
+docker backend is not supported yet (``SandboxUnavailable``).
+
+Per call the guarantees match the bash tool's: output is captured in head/tail windows and
+framed by :func:`agent_envs.sandbox.output.format_observation`; every process the code started
+is killed before the call returns; the timeout kills the whole sandbox.  A timeout, a crash
+(``sys.exit``, ``os._exit``, a segfault, the ``cpu_seconds`` rlimit, which counts the
+interpreter's whole life), a ``MemoryError`` or a thread left running ends the interpreter; the
+next call starts a fresh one, and :func:`format_python_observation` says so to the model.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import time
+from pathlib import Path
+
+from agent_envs.sandbox import _procs
+from agent_envs.sandbox._capture import PendingWrite, StreamReader, captured, drain, pump
+from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig, SandboxUnavailable
+from agent_envs.sandbox.factory import make_sandbox
+from agent_envs.core.spec import Framing
+from agent_envs.sandbox.output import format_observation
+
+DRIVER = (Path(__file__).with_name("_py_driver.py")).read_text(encoding="utf-8")
+#: how long a new interpreter may take to start (not charged to the call's timeout)
+BOOT_GRACE_S = 30.0
+#: how long a dying interpreter's last output is awaited
+EXIT_GRACE_S = 3.0
+
+
+class _Status:
+    """Reads the driver's status pipe and picks out the line for one nonce."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buf = b""
+        self.kind: str | None = None
+        self.rc = 0
+        self.done = False  # EOF: the interpreter is gone
+        self.nonce = b""
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def on_ready(self) -> None:
+        data = os.read(self.fd, 4096)
+        if not data:
+            self.done = True
+            return
+        self.buf += data
+        for line in self.buf.split(b"\n")[:-1]:
+            parts = line.split()
+            if len(parts) == 3 and parts[0] == self.nonce:
+                self.kind, self.rc = parts[1].decode(), int(parts[2])
+        self.buf = self.buf.rsplit(b"\n", 1)[-1]
+
+
+class _Interpreter:
+    """One live interpreter process and its pipes."""
+
+    def __init__(self, sandbox: Sandbox, sweep: bool) -> None:
+        self.sandbox = sandbox
+        status_r, status_w = os.pipe()
+        try:
+            self.proc: subprocess.Popen = sandbox.popen(  # type: ignore[attr-defined]
+                ["python3", "-u", "-c", DRIVER, str(status_w), "1" if sweep else "0"],
+                pass_fds=(status_w,))
+        except BaseException:
+            os.close(status_r)
+            raise
+        finally:
+            os.close(status_w)
+        self.status = _Status(status_r)
+        self.sweep = sweep
+        self.dead = False
+        assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
+        os.set_blocking(self.proc.stdin.fileno(), False)
+        # wait for the driver's ready line, so that start-up is not charged to the first call
+        self.status.nonce = b"boot"
+        pump([self.status], lambda: self.status.kind is not None or self.status.done,
+             time.monotonic() + BOOT_GRACE_S)
+        if self.status.kind != "B":
+            out = StreamReader(self.proc.stdout.fileno(), 4096)
+            err = StreamReader(self.proc.stderr.fileno(), 4096)
+            drain(out, err, time.monotonic() + EXIT_GRACE_S)
+            self.close()
+            text = (out.window.data() + err.window.data()).decode("utf-8", "replace").strip()
+            raise OSError(f"the python interpreter did not start: {text or 'no output'}")
+
+    def run(self, code: bytes, timeout: float, keep: int) -> tuple[ExecResult, str | None]:
+        """The call's result and, when the interpreter ended, why (for the notice)."""
+        started = time.monotonic()
+        assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
+        nonce = secrets.token_hex(8).encode()
+        end = b"\0\x1eAE" + nonce + b"\n"
+        out = StreamReader(self.proc.stdout.fileno(), keep, end)
+        err = StreamReader(self.proc.stderr.fileno(), keep, end)
+        self.status.nonce, self.status.kind = nonce, None
+        writer = PendingWrite(self.proc.stdin.fileno(), b"%s %d\n" % (nonce, len(code)) + code)
+        deadline = started + timeout
+
+        def complete() -> bool:
+            return (self.status.kind is not None and out.done and err.done) or self.status.done
+
+        finished = pump([out, err, self.status], complete, deadline, writer)
+        why = None
+        if not finished:
+            why = f"the call timed out after {timeout:.1f}s"
+            self.close()
+        elif self.status.kind is None:  # the interpreter died mid-call
+            drain(out, err, time.monotonic() + EXIT_GRACE_S)
+            self.close()
+            why = _exit_reason(self.proc.returncode)
+        else:
+            if not self.sweep:
+                self.sandbox.sweep(self.proc)  # type: ignore[attr-defined]
+            if self.status.kind == "X":
+                self.close()
+                why = "the code left the interpreter unusable (see above)"
+        rc = 124 if not finished else (self.status.rc if self.status.kind else self.proc.returncode)
+        return ExecResult(returncode=rc, timed_out=not finished, **captured(out, err),
+                          duration_s=time.monotonic() - started, timeout_s=timeout), why
+
+    def processes(self) -> list[int]:
+        return [] if self.dead else [self.proc.pid, *_procs.descendants(self.proc.pid)]
+
+    def close(self) -> None:
+        if self.dead:
+            return
+        self.dead = True
+        self.sandbox.stop(self.proc)  # type: ignore[attr-defined]
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        os.close(self.status.fd)
+
+
+def _exit_reason(rc: int | None) -> str:
+    if rc is not None and rc > 128:  # bwrap reports a signal as 128 + N
+        rc = -(rc - 128)
+    if rc is not None and rc < 0:
+        return f"the interpreter was killed by signal {-rc}"
+    return f"the interpreter exited with code {rc}"
+
+
+class PythonTool:
+    """A persistent Python interpreter for one episode (see the module docstring).
+
+    ``run(code)`` never raises for anything the code does; ``close()`` leaves nothing behind.
+    """
+
+    name = "python"
+
+    def __init__(self, sandbox: SandboxConfig | str | dict | None = None) -> None:
+        self._sandbox = make_sandbox(sandbox)
+        self.config = self._sandbox.config
+        if not hasattr(self._sandbox, "popen"):
+            self._sandbox.close()
+            raise SandboxUnavailable(f"the python tool cannot run on the {self.config.backend!r} backend "
+                                     "yet; use 'bwrap' or 'none'")
+        self._sweep = self.config.backend == "bwrap"
+        self._interp: _Interpreter | None = None
+        self.restarts = 0
+
+    def run(self, code: str, timeout: float | None = None) -> ExecResult:
+        """Execute ``code`` in the episode's interpreter; ``meta["notice"]`` is set when the
+        interpreter ended during this call (the next call gets a fresh one)."""
+        limit = self.config.limits.timeout_s if timeout is None else timeout
+        started = time.monotonic()
+        if "\0" in code:
+            return ExecResult(returncode=126, launch_error="embedded null byte")
+        try:
+            if self._interp is None or self._interp.dead:
+                self._interp = _Interpreter(self._sandbox, self._sweep)
+        except (OSError, ValueError) as exc:
+            return ExecResult(returncode=126, launch_error=str(exc), duration_s=time.monotonic() - started)
+        result, why = self._interp.run(code.encode("utf-8", "surrogateescape"), limit,
+                                       self.config.limits.capture_keep)
+        if why is not None:
+            self.restarts += 1
+            result.meta["notice"] = (f"[python] {why}; the interpreter was restarted, so variables and "
+                                     "imports from earlier calls are gone.")
+        return result
+
+    def processes(self) -> list[int]:
+        """Host pids of the interpreter's sandbox (empty when none runs)."""
+        return self._interp.processes() if self._interp is not None else []
+
+    def close(self) -> None:
+        if self._interp is not None:
+            self._interp.close()
+        self._sandbox.close()
+
+    def __enter__(self) -> "PythonTool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def format_python_observation(result: ExecResult, framing: Framing, limit: int = 6000) -> str:
+    """The shell's framing of ``result``, followed by the restart notice when there is one."""
+    text = format_observation(result, framing, limit)
+    notice = result.meta.get("notice")
+    return f"{text}\n{notice}" if notice else text
+
+
+class PythonObserver:
+    """The ``python`` tool as an environment uses it: code in, observation text out."""
+
+    name = "python"
+
+    def __init__(self, config: SandboxConfig, framing: Framing, limit: int) -> None:
+        self.tool = PythonTool(config)
+        self.framing = framing
+        self.limit = limit
+
+    def run(self, code: str) -> str:
+        return format_python_observation(self.tool.run(code), self.framing, self.limit)
+
+    def close(self) -> None:
+        self.tool.close()

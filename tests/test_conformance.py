@@ -1,0 +1,139 @@
+"""Conformance suite: every environment of the registry, tested the day it is registered.
+
+Each check runs real episodes (real sandbox, real tools, the environment's own scorer) and asserts
+what every environment owes its users: Gymnasium's checker passes; random and adversarial
+completions end in warnings or a termination reason, never an exception; the lockstep and async
+runners give identical records; the same seeds give the same records; reset and close leave no
+process or temp folder behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import agent_envs  # noqa: F401  (registers the environments)
+from agent_envs.core import registry
+from agent_envs.policy.scripted import ScriptedPolicy
+from agent_envs.rollout.runner import run_episodes, strip_timings
+from sandbox_backends import temp_dirs
+
+ENV_IDS = registry.ENV_IDS
+TERMINATIONS = {"final_answer", "max_turns", "max_response_tokens_exceeded", "context_length_exceeded"}
+#: small budgets keep the suite cheap; every code path is still reached
+ENV_KWARGS = {"max_turns": 4, "sandbox": "bwrap"}
+
+
+def _make(env_id: str, **kwargs) -> gym.Env:
+    return gym.make(env_id, dataset="builtin", **{**ENV_KWARGS, **kwargs})
+
+
+def _adversarial(env_id: str) -> list[str]:
+    """Completions aimed at the parser, the tools and the scorer."""
+    tools = registry.spec(env_id).tools
+    rules = registry.spec(env_id).rules["es"]
+    args = rules.tool_args
+    acts = [f"Action: {json.dumps({'name': t, 'arguments': {args[t]: 'echo hi; exit 3'}})}" for t in tools]
+    return [
+        "", " ", "\0", "Final answer:", "Final answer: \\boxed{", "Answer: 1/0", "<think>",
+        "<think>Final answer: 1</think>", 'Action: {"name": "bash"', "Action: {}", "Action: []",
+        'Action: {"name": "nope", "arguments": {}}', 'Action: {"name": null}',
+        *[a.replace("echo hi; exit 3", "") for a in acts], *acts,
+        *[a.replace("echo hi; exit 3", "\\u0000") for a in acts],
+        "Action: " + "{" * 5000, "x" * 20000, "Final answer: __import__('os').system('echo pwned')",
+        "Final answer: \\boxed{" + "(" * 400 + "1" + ")" * 400 + "}", "Final answer: 9" + "9" * 400,
+        "\ud800 Final answer: \udfff",
+    ]
+
+
+def _random(seed: int, n: int) -> list[str]:
+    rng = random.Random(seed)
+    alphabet = 'Action:{}[]"\':,\\\n finalswerbxodpyth0123456789+-*/()<>'
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 120))) for _ in range(n)]
+
+
+def _descendants() -> set[int]:
+    """Live (non-zombie) processes below this one."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parents[int(entry)] = int(fields[1])
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_check_env_passes(env_id):
+    env = _make(env_id)
+    try:
+        check_env(env.unwrapped)
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_random_and_adversarial_completions_never_raise(env_id):
+    completions = _adversarial(env_id) + _random(hash(env_id) % 1000, 24)
+    env = _make(env_id)
+    ended = 0
+    try:
+        env.reset(seed=0)
+        for i, text in enumerate(completions):
+            _, reward, terminated, truncated, info = env.step(text)
+            assert isinstance(reward, float)
+            if terminated or truncated:
+                ended += 1
+                record = info["episode"]
+                assert record["termination_reason"] in TERMINATIONS and 0.0 <= record["score"] <= 1.0
+                env.reset(seed=i)
+    finally:
+        env.close()
+    assert ended > 0
+
+
+def _records(env_id: str, mode: str, base_seed: int = 11) -> list[dict]:
+    tasks = _make(env_id).unwrapped.tasks[:2]
+    policy = ScriptedPolicy(registry.spec(env_id).report.baseline)
+    recs = run_episodes(env_id, tasks, policy, samples=2, mode=mode, base_seed=base_seed,
+                        env_kwargs=ENV_KWARGS, concurrency=3, progress=False)
+    return [strip_timings(r) for r in recs]
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_lockstep_and_async_agree_and_seeds_repeat(env_id):
+    lockstep = _records(env_id, "lockstep")
+    assert len(lockstep) == 4 and all(r["error"] is None for r in lockstep)
+    assert all(r["used_bash"] and r["termination_reason"] == "final_answer" for r in lockstep)
+    assert _records(env_id, "async") == lockstep
+    assert _records(env_id, "async") == lockstep
+    assert [r["seed"] for r in _records(env_id, "lockstep", base_seed=12)] != [r["seed"] for r in lockstep]
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_reset_and_close_leave_nothing_behind(env_id):
+    before_procs, before_dirs = _descendants(), temp_dirs()
+    env = _make(env_id)
+    spec = registry.spec(env_id)
+    args = spec.rules["es"].tool_args
+    env.reset(seed=0)
+    for name in spec.tools:  # start every tool, then reset mid-episode
+        env.step(f"Action: {json.dumps({'name': name, 'arguments': {args[name]: 'sleep 30 &'}})}")
+    env.reset(seed=1)
+    for name in spec.tools:
+        env.step(f"Action: {json.dumps({'name': name, 'arguments': {args[name]: 'echo x > /tmp/f'}})}")
+    env.close()
+    assert _descendants() - before_procs == set()
+    assert temp_dirs() - before_dirs == set()
