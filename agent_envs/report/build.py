@@ -33,8 +33,8 @@ def _unique_names(runs: list[Run]) -> None:
 
 
 def _shared_tasks(a: Run, b: Run) -> bool:
-    """Two runs are compared task by task only when they evaluated some of the same tasks (a Math
-    run beside a DocVQA run is shown side by side, not paired)."""
+    """Two runs are compared task by task only when they evaluated some of the same tasks (runs of
+    two different environments are shown side by side, not paired)."""
     return bool({r["task_id"] for r in a.rows} & {r["task_id"] for r in b.rows})
 
 

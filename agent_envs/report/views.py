@@ -10,7 +10,7 @@ import statistics
 from collections import Counter
 from typing import Any, Sequence
 
-from agent_envs.rollout.metrics import by_task, clamped_score, paired_bootstrap
+from agent_envs.rollout.metrics import ANLS_KEY, by_task, clamped_score, paired_bootstrap
 from agent_envs.rollout.records import ERROR_TERMINATIONS
 from agent_envs.rollout.tracelog import succeeded
 from agent_envs.sandbox.output import MARKER
@@ -67,10 +67,10 @@ def metric_rows(runs: Sequence[Run]) -> list[tuple[str, list[str]]]:
         label = key.replace("acc_pass@", "accuracy Pass@").replace("mean@", "Mean@").replace("pass@", "Pass@")
         rows.append((label,
                      [_fmt(r.metrics["at_k"].get(key)) for r in runs]))
-    if any("docvqa" in r.metrics for r in runs):
+    if any(ANLS_KEY in r.metrics for r in runs):
         for key, label in (("anls_mean", "ANLS mean"), ("anls_pass", "ANLS pass (best sample)"),
                            ("acc_mean", "accuracy (ANLS > 0.5)"), ("acc_pass", "accuracy pass")):
-            rows.append((label, [_fmt((r.metrics.get("docvqa") or {}).get(f"{key}{r.samples}")) for r in runs]))
+            rows.append((label, [_fmt((r.metrics.get(ANLS_KEY) or {}).get(f"{key}{r.samples}")) for r in runs]))
     rows += [
         ("termination reasons", [reasons(r) for r in runs]),
         ("tool-call rate", [_fmt(r.metrics.get("tool_call_rate"), 2) for r in runs]),
