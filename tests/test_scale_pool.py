@@ -8,6 +8,8 @@ records mean equal weights, and the checksums are of real tensors.
 """
 from __future__ import annotations
 
+import shutil
+import tempfile
 from typing import Any
 
 import pytest
@@ -34,10 +36,17 @@ ROLLOUT = {"env_kwargs": {"max_turns": 3, "sandbox": "bwrap"}, "concurrency": 6}
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_session():
-    """One local Ray for the module (starting one costs seconds), shut down at the end."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    """One local Ray for the module (starting one costs seconds), shut down at the end; its session
+    files go to a private temp folder, removed afterwards (Ray's default would leave /tmp/ray)."""
+    root = tempfile.mkdtemp(prefix="aeray-")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_TMPDIR", root)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=root)
+        try:
+            yield
+        finally:
+            ray.shutdown()
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def _killer(engine: int, on_dispatch: int) -> tuple[dict[str, Any], Any]:
