@@ -133,3 +133,13 @@ def sandbox_mounts() -> list[str]:
     """Host mounts a sandbox could have leaked (docker's own daemon mounts are not ours)."""
     lines = Path("/proc/self/mountinfo").read_text().splitlines()
     return sorted(line.split()[4] for line in lines if "aedk-" not in line and "docker" not in line)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def nothing_left_behind():
+    """Imported by a test module: after its last test no process, temp folder or mount of ours is left."""
+    before = (our_processes(), temp_dirs(), sandbox_mounts())
+    yield
+    assert our_processes() - before[0] == set()
+    assert temp_dirs() - before[1] == set()
+    assert sandbox_mounts() == before[2]

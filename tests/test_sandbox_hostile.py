@@ -13,7 +13,7 @@ from agent_envs.sandbox.base import SandboxConfig
 from agent_envs.sandbox.bwrap import BwrapSandbox
 from protocol_specs import format_observation
 from sandbox_backends import (close_checked, describe, host_processes_matching, make,  # noqa: F401
-                              our_processes, sandbox_mounts, temp_dirs)
+                              nothing_left_behind, our_processes, temp_dirs)
 
 pytest_plugins = ["docker_daemon"]
 
@@ -21,15 +21,6 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("AGENT_ENVS_SHARED", REPO.parent / "shared"))
 DATASET = SHARED / "data" / "math" / "dapo_test.jsonl"
 ANSWERS = SHARED / "data" / "docvqa_sample" / "val_v1.0.json"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def nothing_left_behind():
-    before = (our_processes(), temp_dirs(), sandbox_mounts())
-    yield
-    assert our_processes() - before[0] == set()
-    assert temp_dirs() - before[1] == set()
-    assert sandbox_mounts() == before[2]
 
 
 @pytest.fixture

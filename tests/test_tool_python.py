@@ -13,23 +13,14 @@ import pytest
 from agent_envs.sandbox.base import SandboxConfig, SandboxLimits, SandboxUnavailable
 from agent_envs.tools.python import PythonTool
 from protocol_specs import format_python_observation
-from sandbox_backends import (close_checked, describe, host_processes_matching, our_processes,
-                              sandbox_mounts, temp_dirs)
+from sandbox_backends import (close_checked, describe, host_processes_matching,  # noqa: F401
+                              nothing_left_behind)
 
 #: the tool keeps one interpreter sandbox per episode whatever the shell's mode; "none" is the
 #: unsandboxed backend (behaviour only, no containment claims)
 BACKENDS = ["bwrap", "none"]
 LIMITS = SandboxLimits(workspace_mib=64, max_file_size_mib=16, memory_gib=1.0, max_processes=64)
 RESTARTED = "the interpreter was restarted, so variables and imports from earlier calls are gone."
-
-
-@pytest.fixture(scope="module", autouse=True)
-def nothing_left_behind():
-    before = (our_processes(), temp_dirs(), sandbox_mounts())
-    yield
-    assert our_processes() - before[0] == set()
-    assert temp_dirs() - before[1] == set()
-    assert sandbox_mounts() == before[2]
 
 
 def _tool(backend: str, **limits) -> PythonTool:

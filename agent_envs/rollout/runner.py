@@ -351,6 +351,18 @@ def _close_quietly(env: gym.Env) -> None:
         print(f"[agent-envs] warning: closing an environment failed: {error_text(exc)}", file=sys.stderr)
 
 
+def finished_records(out_path: str | Path | None, resume: bool) -> dict[str, EpisodeRecord]:
+    """Records already in ``out_path`` by key (``resume``); refuses to overwrite a non-empty file."""
+    if out_path is None:
+        return {}
+    out_path = Path(out_path)
+    if resume:
+        return prepare_resume(out_path).finished
+    if out_path.exists() and out_path.stat().st_size > 0:
+        raise FileExistsError(f"{out_path} already has records: resume, or choose another output path")
+    return {}
+
+
 def make_jobs(tasks: Sequence[Any], samples: int, row_indices: Sequence[int] | None = None) -> list[Job]:
     """Row-major (row, sample) enumeration, as the reference evaluator.  ``row_indices`` gives the
     tasks' rows in a larger list (a slice of it running elsewhere keeps its seeds and keys)."""
@@ -390,13 +402,7 @@ def run_episodes(
     if samples < 1 or concurrency < 1:
         raise ValueError(f"samples and concurrency must be >= 1 (got {samples}, {concurrency})")
     jobs = make_jobs(tasks, samples, row_indices)
-    done: dict[str, EpisodeRecord] = {}
-    if out_path is not None:
-        out_path = Path(out_path)
-        if resume:
-            done = prepare_resume(out_path).finished
-        elif out_path.exists() and out_path.stat().st_size > 0:
-            raise FileExistsError(f"{out_path} already has records: resume, or choose another output path")
+    done = finished_records(out_path, resume)
     todo = [j for j in jobs if j.key not in done]
     keys = [j.key for j in jobs]
     if len(set(keys)) != len(keys):

@@ -14,8 +14,7 @@ from typing import Any, Sequence
 from pydantic import BaseModel, ConfigDict
 
 from agent_envs.rollout.records import EpisodeRecord, JsonlWriter, as_row
-from agent_envs.rollout.resume import prepare_resume
-from agent_envs.rollout.runner import make_jobs, run_episodes, strip_timings
+from agent_envs.rollout.runner import finished_records, make_jobs, run_episodes, strip_timings
 
 from .engines import Engine
 from .pool import EnginePool
@@ -58,13 +57,7 @@ def pool_run_episodes(pool: EnginePool, env_id: str, tasks: Sequence[Any], *, sa
                       progress: bool = True, **run_kwargs: Any) -> list[EpisodeRecord]:
     """:func:`~agent_envs.rollout.run_episodes` over the pool (same arguments, same records)."""
     keys = [j.key for j in make_jobs(tasks, samples)]
-    done: dict[str, EpisodeRecord] = {}
-    if out_path is not None:
-        out_path = Path(out_path)
-        if resume:
-            done = prepare_resume(out_path).finished
-        elif out_path.exists() and out_path.stat().st_size > 0:
-            raise FileExistsError(f"{out_path} already has records: resume, or choose another output path")
+    done = finished_records(out_path, resume)
     rows = sorted({j.row_index for j in make_jobs(tasks, samples) if j.key not in done})
     size = chunk_rows or max(1, math.ceil(len(rows) / (4 * len(pool.live))))
     jobs = [RowsJob(env_id=env_id, tasks=[tasks[r] for r in rows[i:i + size]], rows=rows[i:i + size],
