@@ -18,8 +18,8 @@ import weakref
 from array import array
 from collections import OrderedDict
 from typing import Any, Sequence
+from agent_envs.core.content import Message  # noqa: F401  (string or content parts)
 
-Message = dict[str, str]
 
 
 def _input_ids(encoded: Any) -> list[int]:

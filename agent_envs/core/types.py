@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from agent_envs.core.content import Message  # noqa: F401  (string or content parts)
 
-Message = dict[str, str]
 
 REQUEST_ERROR = "request_error"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"

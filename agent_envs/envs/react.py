@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import gymnasium as gym
 
+from agent_envs.core.content import copy_message
 from agent_envs.core.spec import EnvSpec, Rules
 from agent_envs.core.types import Completion, GenerationRequest
 from agent_envs.data.tasks import episode_key
@@ -46,7 +47,7 @@ class EpisodeState:
     sample_index: int
     base_seed: int
     seed_base: int
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     turn: int = 0
     steps: list[dict[str, Any]] = field(default_factory=list)
     generated_tokens: int = 0
@@ -436,9 +437,9 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             tool.close()
 
 
-def _copy_chat(messages: list[dict[str, str]]) -> list[dict[str, str]]:
-    """A copy the caller may change freely (messages hold only strings, so one level is enough)."""
-    return [dict(m) for m in messages]
+def _copy_chat(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A copy the caller may change freely (image part lists are copied too)."""
+    return [copy_message(m) for m in messages]
 
 
 def _as_completion(action: Any) -> Completion:
