@@ -17,9 +17,9 @@ import threading
 import weakref
 from array import array
 from collections import OrderedDict
-from typing import Any, Sequence
-from agent_envs.core.content import Message  # noqa: F401  (string or content parts)
+from typing import Any, Callable, Sequence
 
+from agent_envs.core.content import Message  # noqa: F401  (string or content parts)
 
 
 def _input_ids(encoded: Any) -> list[int]:
@@ -37,6 +37,11 @@ class TokenCounter:
     def __init__(self, tokenizer: Any = None, enable_thinking: bool = False):
         self.tokenizer = tokenizer
         self.enable_thinking = enable_thinking
+        self._template: Callable[..., Any] | None = None
+        self._encode: Callable[[str], list[int]] | None = None
+        if tokenizer is not None:
+            self._template = _unpooled(tokenizer, "apply_chat_template")
+            self._encode = _direct_encoder(tokenizer)
 
     @property
     def exact(self) -> bool:
@@ -44,22 +49,19 @@ class TokenCounter:
 
     def render(self, messages: Sequence[Message], generation_prompt: bool = True) -> str:
         """The prompt text the policy sees (chat template + generation prompt)."""
-        if self.tokenizer is None:
+        if self._template is None:
             parts = [f"<|{m['role']}|>\n{m['content']}" for m in messages]
             return "\n".join(parts) + ("\n<|assistant|>\n" if generation_prompt else "")
-        return self.tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=generation_prompt,
-            enable_thinking=self.enable_thinking,
-        )
+        return self._template(list(messages), tokenize=False, add_generation_prompt=generation_prompt,
+                              enable_thinking=self.enable_thinking)
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
-        if self.tokenizer is None:
+        if self._template is None:
             raise ValueError("prompt_ids needs a tokenizer")
-        return _input_ids(
-            self.tokenizer.apply_chat_template(
-                list(messages), tokenize=True, add_generation_prompt=True, enable_thinking=self.enable_thinking
-            )
-        )
+        if self._encode is not None:  # verified equal to the template's own tokenising
+            return self._encode(self.render(messages))
+        return _input_ids(self._template(list(messages), tokenize=True, add_generation_prompt=True,
+                                         enable_thinking=self.enable_thinking))
 
     def prompt_tokens(self, messages: Sequence[Message]) -> int:
         if self.tokenizer is None:
@@ -78,6 +80,8 @@ class TokenCounter:
     def text_ids(self, text: str) -> list[int]:
         if self.tokenizer is None:
             raise ValueError("text_ids needs a tokenizer")
+        if self._encode is not None:
+            return self._encode(text)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     @property
@@ -185,6 +189,7 @@ _PROBE = [
 ]
 _VERIFIED: "weakref.WeakKeyDictionary[Any, dict[bool, bool]]" = weakref.WeakKeyDictionary()
 _VERIFIED_LOCK = threading.Lock()
+_DIRECT: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
 
 
 def _prefix_stable(counter: TokenCounter) -> bool:
@@ -204,6 +209,62 @@ def _prefix_stable(counter: TokenCounter) -> bool:
 
 def _same_ids(tally: PromptTally, expected: list[int]) -> bool:
     return tally._extend() and tally._ids.tolist() + tally._generation == expected
+
+
+def _unpooled(tokenizer: Any, method: str) -> Callable[..., Any]:
+    """``tokenizer.<method>``, bypassing vLLM's thread pool wrapper where there is one.
+
+    vLLM's engines hand out a tokenizer whose every call borrows a private copy and deep-copies a
+    new one when all are busy (about a second of CPU each for a 49k-token vocabulary): the first
+    lockstep turn of 200 episodes, warming prompts in 200 env threads, spent most of its time
+    copying tokenizers while the GPU waited.  Rendering a chat template mutates nothing, so it
+    calls the tokenizer's own class directly.
+    """
+    cls = type(tokenizer)
+    if any(c.__name__ == "ThreadSafeHFTokenizerMixin" for c in cls.__mro__):
+        base = next(c for c in cls.__mro__[1:] if hasattr(c, method)
+                    and c.__name__ != "ThreadSafeHFTokenizerMixin")
+        return getattr(base, method).__get__(tokenizer, base)
+    return getattr(tokenizer, method)
+
+
+def _direct_encoder(tokenizer: Any) -> Callable[[str], list[int]] | None:
+    """The Rust tokenizer's one-text ``encode``, when it gives exactly ``tokenizer.encode``'s ids.
+
+    transformers routes one text through ``encode_batch`` (the Rust thread pool) and vLLM through
+    its tokenizer pool; from many env threads at once both serialise.  The direct call is checked
+    once per tokenizer on probe texts (chat templates included) and not used on any difference.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not callable(getattr(backend, "encode", None)):
+        return None
+
+    def encode(text: str) -> list[int]:
+        return backend.encode(text, add_special_tokens=False).ids
+
+    with _VERIFIED_LOCK:
+        try:
+            cached = _DIRECT.get(tokenizer)
+        except TypeError:
+            cached = None
+    if cached is not None:
+        return encode if cached else None
+    probes = [u + a for u, a in _PROBE] + ["".join(u + a for u, a in _PROBE), ""]
+    try:
+        template = _unpooled(tokenizer, "apply_chat_template")
+        chat = [{"role": "system", "content": _PROBE[0][0]}, {"role": "user", "content": _PROBE[3][0]},
+                {"role": "assistant", "content": _PROBE[1][1]}, {"role": "user", "content": _PROBE[2][0]}]
+        same = all(encode(t) == list(tokenizer.encode(t, add_special_tokens=False)) for t in probes) and (
+            encode(template(chat, tokenize=False, add_generation_prompt=True))
+            == _input_ids(template(chat, tokenize=True, add_generation_prompt=True)))
+    except Exception:  # any tokenizer or template that cannot take the probe keeps the plain path
+        same = False
+    with _VERIFIED_LOCK:
+        try:
+            _DIRECT[tokenizer] = same
+        except TypeError:
+            pass
+    return encode if same else None
 
 
 def estimate_tokens(text: str) -> int:
