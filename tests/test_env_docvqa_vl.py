@@ -6,6 +6,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -16,6 +20,7 @@ import agent_envs  # noqa: F401
 from agent_envs.core.content import decode_image_url, images_of
 from agent_envs.envs.docvqa.data import load_docvqa_tasks
 
+REPO = Path(__file__).resolve().parent.parent
 OCR = 'Action: {"name": "bash", "arguments": {"command": "tesseract /workspace/document.png stdout"}}'
 
 
@@ -161,6 +166,7 @@ def test_record_keeps_facts_not_pixels(env, real_tasks):
     record = info["episode"]
     facts = record["react_steps"][0]["images"]
     assert facts == [{"box": [0, 0, 600, 400], "zoom": 1.5, "source": task.image, "target": "/workspace/document.png",
+                      "source_sha256": hashlib.sha256(open(task.image, "rb").read()).hexdigest(),
                       "size": [900, 600],
                       "sha256": hashlib.sha256(base64.b64decode(url.split(",", 1)[1])).hexdigest()}]
     line = json.dumps(record)
@@ -213,3 +219,58 @@ def test_without_a_processor_image_counts_are_estimates(real_tasks):
         assert info["episode"]["token_counts_exact"] is False
     finally:
         env.close()
+
+
+def test_cli_scripted_eval_records_and_reports_the_viewed_regions(tmp_path, docvqa_dir):
+    """``agent-envs eval --env DocVQA-VL-v0 --policy scripted`` on the real pages: the baseline
+    views each page, OCRs it and answers; the report shows every viewed region, re-rendered from
+    the page and the record's facts to exactly the PNG the model received."""
+    from agent_envs.core.content import image_part
+    from agent_envs.report.media import rerender
+    from agent_envs.rollout.records import read_jsonl
+
+    out = tmp_path / "vl"
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-m", "agent_envs.cli", "eval", "--env", "DocVQA-VL-v0", "--policy",
+                           "scripted", "--data", str(docvqa_dir / "val_v1.0.json"), "--limit", "2", "--out", str(out),
+                           "--no-progress", "--env-arg", "page_in_prompt=true"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    rows, bad = read_jsonl(out / "records.jsonl")
+    assert bad == 0 and len(rows) == 2
+    html = (out / "report.html").read_text()
+    for row in rows:
+        assert row["termination_reason"] == "final_answer" and row["turns"] == 3 and row["token_counts_exact"] is False
+        view_step = row["react_steps"][0]
+        assert view_step["action"] == {"name": "view", "arguments": {}}
+        for facts in view_step["images"] + row["prompt_images"]:
+            image, problem = rerender(facts)
+            assert problem is None
+            png = base64.b64decode(image_part(image)["image_url"]["url"].split(",", 1)[1])
+            assert hashlib.sha256(png).hexdigest() == facts["sha256"]
+            assert f'data-image="shown:{facts["sha256"]}"' in html
+        assert (out / "trace_logs" / f"docvqa_vl_agent_{row['task_id']}_sample00_FAILED.md").is_file() or \
+            (out / "trace_logs" / f"docvqa_vl_agent_{row['task_id']}_sample00_SUCCEED.md").is_file()
+    assert "image shown to the model: box [0, 0, " in html and "changed since the run" not in html
+
+
+def test_report_flags_a_page_that_changed_after_the_run(tmp_path, real_tasks):
+    from agent_envs.report.media import rerender
+
+    page = tmp_path / "page.png"
+    page.write_bytes(open(real_tasks[0].image, "rb").read())
+    env = gym.make("DocVQA-VL-v0", tasks=[{**real_tasks[0].model_dump(), "image": str(page)}])
+    try:
+        env.reset(options={"row_index": 0})
+        env.step(view(box=[0, 0, 64, 64]))
+        *_, info = env.step("Final answer: x")
+    finally:
+        env.close()
+    [facts] = info["episode"]["react_steps"][0]["images"]
+    assert rerender(facts)[1] is None
+    Image.new("L", (800, 800), 255).save(page)  # a different size too: the cache sees the change
+    image, problem = rerender(facts)
+    assert image is not None and problem == f"{page} changed since the run: this is the region of the current file"
+    page.unlink()
+    image, problem = rerender(facts)
+    assert image is None and problem.startswith(f"cannot re-render it from {page}")

@@ -9,8 +9,10 @@ exception.  The image is read on the host by this trusted code; the model's inpu
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 from agent_envs.core.observation import Observation, Shown, shown
@@ -34,6 +36,11 @@ def load_image(path: str) -> Any:
     with Image.open(path) as img:
         img.load()
         return img if img.mode in ("L", "RGB") else img.convert("RGB")
+
+
+def file_sha256(path: str) -> str:
+    """Digest of the file's bytes: lets a report tell that a page changed after the run."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _integer(value: Any, what: str) -> int:
@@ -102,10 +109,11 @@ class ViewTool:
         self.source, self.target = source, target
         self.max_pixels, self.max_zoom = max_pixels, max_zoom
         self._image: Any = None
+        self._digest = ""
 
     def run(self, arguments: str) -> str | Observation:
         if self._image is None:
-            self._image = load_image(self.source)
+            self._image, self._digest = load_image(self.source), file_sha256(self.source)
         image = self._image
         try:
             parsed = json.loads(arguments)
@@ -116,7 +124,8 @@ class ViewTool:
             return (f"Invalid view arguments: {exc}. No image is shown. Use {{}} for the whole "
                     f"{image.width}x{image.height} image, or {{\"box\": [x0, y0, x1, y1]}} in its pixels, "
                     f"optionally with \"zoom\": z (0 < z <= {self.max_zoom:g}).")
-        return view(image, box, zoom, self.max_pixels, source=self.source, target=self.target)
+        return view(image, box, zoom, self.max_pixels, source=self.source, source_sha256=self._digest,
+                    target=self.target)
 
     def close(self) -> None:
         self._image = None

@@ -11,7 +11,7 @@ from agent_envs.core.observation import Shown
 from agent_envs.envs.docvqa.env import DocVQACLIEnv
 from agent_envs.envs.docvqa.spec import DOCUMENT_PATH
 from agent_envs.envs.docvqa.vl.spec import MAX_VIEW_PIXELS, SPEC
-from agent_envs.tools.view import load_image, view
+from agent_envs.tools.view import file_sha256, load_image, view
 
 
 class DocVQAVLEnv(DocVQACLIEnv):
@@ -33,7 +33,7 @@ class DocVQAVLEnv(DocVQACLIEnv):
             return ()
         page = load_image(task.image)
         return view(page, (0, 0, page.width, page.height), 1.0, MAX_VIEW_PIXELS,
-                    source=task.image, target=DOCUMENT_PATH).images
+                    source=task.image, source_sha256=file_sha256(task.image), target=DOCUMENT_PATH).images
 
 
 Env = DocVQAVLEnv
