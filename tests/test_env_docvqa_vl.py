@@ -274,3 +274,24 @@ def test_report_flags_a_page_that_changed_after_the_run(tmp_path, real_tasks):
     page.unlink()
     image, problem = rerender(facts)
     assert image is None and problem.startswith(f"cannot re-render it from {page}")
+
+
+def test_view_without_arguments_follows_each_harness_parser(real_tasks):
+    """Under the ES parser a missing ``arguments`` is ``{}`` (the whole page); the HTTP evaluator's
+    parser requires the key, so there it is a format warning (docs/protocol.md#action-parsers)."""
+    task = real_tasks[0]
+    for compat, first in (("es", "Observation from view:\nRegion [0, 0, "),
+                          ("http_eval", "Observation from format_check:\nNo valid action was parsed.")):
+        env = gym.make("DocVQA-VL-v0", dataset=real_tasks, compat=compat, render_mode="ansi")
+        try:
+            env.reset(options={"task": task.model_dump()})
+            messages, *_ = env.step('Action: {"name": "view"}')
+            content = messages[-1]["content"]
+            assert (content if isinstance(content, str) else content[0]["text"]).startswith(first), compat
+            if compat == "es":
+                assert env.render().endswith(" pixels).\n[image]")  # ansi shows where the image is
+            messages, *_ = env.step('Action: {"name": "crop", "arguments": {}}')
+            assert messages[-1]["content"] == ("Observation from crop:\nUnknown action 'crop'. "
+                                               "Available actions are bash and view.")
+        finally:
+            env.close()

@@ -106,3 +106,22 @@ def test_processor_argument_is_checked():
     with pytest.raises(ValueError, match=r"invalid DocVQA-VL-v0 argument: processor='x': must be a processor with "
                                          r"apply_chat_template and a tokenizer"):
         gym.make("DocVQA-VL-v0", processor="x")
+
+
+def test_the_runner_hands_the_policys_processor_to_the_environment(processor, docvqa_dir):
+    """A policy with a ``processor`` gets exact image counts without the user passing it twice."""
+    from agent_envs.policy.scripted import ScriptedPolicy
+    from agent_envs.rollout.runner import run_episodes
+
+    class VisionScripted(ScriptedPolicy):
+        pass
+
+    policy = VisionScripted([view(box=[0, 0, 300, 300]), "Final answer: x"], tokenizer=processor.tokenizer)
+    policy.processor = processor
+    tasks = load_docvqa_tasks(str(docvqa_dir / "val_v1.0.json"))[:1]
+    [record] = run_episodes("DocVQA-VL-v0", tasks, policy, samples=1, mode="lockstep", progress=False)
+    assert record.token_counts_exact is True and record.error is None
+    [plain] = run_episodes("DocVQA-VL-v0", tasks, ScriptedPolicy([view(box=[0, 0, 300, 300]), "Final answer: x"],
+                                                                 tokenizer=processor.tokenizer),
+                           samples=1, mode="lockstep", progress=False)
+    assert plain.token_counts_exact is False and plain.error is None
