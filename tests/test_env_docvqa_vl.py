@@ -295,3 +295,18 @@ def test_view_without_arguments_follows_each_harness_parser(real_tasks):
                                                "Available actions are bash and view.")
         finally:
             env.close()
+
+
+def test_a_page_removed_mid_episode_is_an_error_observation(tmp_path, real_tasks):
+    page = tmp_path / "page.png"
+    page.write_bytes(open(real_tasks[0].image, "rb").read())
+    env = gym.make("DocVQA-VL-v0", tasks=[{**real_tasks[0].model_dump(), "image": str(page)}])
+    try:
+        env.reset(options={"row_index": 0})
+        page.unlink()
+        messages, reward, terminated, truncated, _ = env.step(view())
+        assert (reward, terminated, truncated) == (0.0, False, False)
+        assert messages[-1]["content"].startswith(
+            "Observation from view:\n[ERROR] The image cannot be read: FileNotFoundError: ")
+    finally:
+        env.close()

@@ -17,6 +17,7 @@ from typing import Any
 
 from agent_envs.core.observation import Observation, Shown, shown
 from agent_envs.core.spec import Framing
+from agent_envs.core.types import error_text
 from agent_envs.sandbox.base import SandboxConfig
 
 #: default cap on the pixels of one shown image (1024 x 1024)
@@ -113,14 +114,17 @@ class ViewTool:
 
     def run(self, arguments: str) -> str | Observation:
         if self._image is None:
-            self._image, self._digest = load_image(self.source), file_sha256(self.source)
+            try:
+                self._image, self._digest = load_image(self.source), file_sha256(self.source)
+            except OSError as exc:  # the page vanished mid-episode: the episode goes on
+                return f"[ERROR] The image cannot be read: {error_text(exc)}"
         image = self._image
         try:
             parsed = json.loads(arguments)
             if not isinstance(parsed, dict):
                 raise ViewError("arguments must be a JSON object")
             box, zoom = parse_view(parsed, image.width, image.height, self.max_zoom)
-        except (ViewError, ValueError) as exc:
+        except ValueError as exc:  # ViewError, or JSON that does not decode
             return (f"Invalid view arguments: {exc}. No image is shown. Use {{}} for the whole "
                     f"{image.width}x{image.height} image, or {{\"box\": [x0, y0, x1, y1]}} in its pixels, "
                     f"optionally with \"zoom\": z (0 < z <= {self.max_zoom:g}).")
