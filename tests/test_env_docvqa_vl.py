@@ -249,8 +249,10 @@ def test_cli_scripted_eval_records_and_reports_the_viewed_regions(tmp_path, docv
             png = base64.b64decode(image_part(image)["image_url"]["url"].split(",", 1)[1])
             assert hashlib.sha256(png).hexdigest() == facts["sha256"]
             assert f'data-image="shown:{facts["sha256"]}"' in html
-        assert (out / "trace_logs" / f"docvqa_vl_agent_{row['task_id']}_sample00_FAILED.md").is_file() or \
-            (out / "trace_logs" / f"docvqa_vl_agent_{row['task_id']}_sample00_SUCCEED.md").is_file()
+        [log] = (out / "trace_logs").glob(f"docvqa_vl_agent_{row['task_id']}_sample00_*.md")
+        facts = view_step["images"][0]
+        assert (f"### Images shown\n\n- box {facts['box']} of {facts['source']}, zoom 1.0, "
+                f"{facts['size'][0]}x{facts['size'][1]} pixels, sha256 {facts['sha256']}\n") in log.read_text()
     assert "image shown to the model: box [0, 0, " in html and "changed since the run" not in html
 
 
