@@ -196,8 +196,28 @@ def test_page_in_prompt_puts_the_capped_page_after_the_task_text(real_tasks):
     finally:
         env.close()
         plain.close()
-    with pytest.raises(ValueError, match="page_in_prompt must be True or False"):
+    with pytest.raises(ValueError, match="invalid DocVQA-VL-v0 argument: page_in_prompt='yes': Input should be a valid boolean"):
         gym.make("DocVQA-VL-v0", page_in_prompt="yes")
+    with pytest.raises(ValueError, match="max_view_pixels=2.5: must be an integer"):
+        gym.make("DocVQA-VL-v0", max_view_pixels=2.5)
+
+
+def test_max_view_pixels_sets_the_cap_of_views_and_of_the_page_in_the_prompt(real_tasks):
+    task = real_tasks[0]
+    page = page_of(task)
+    env = gym.make("DocVQA-VL-v0", dataset=real_tasks, page_in_prompt=True, max_view_pixels=200_000)
+    try:
+        messages, _ = env.reset(options={"task": task.model_dump()})
+        [prompt_page] = images_of(messages)
+        messages, *_ = env.step(view(box=[0, 0, 1000, 1000]))
+        region = shown(messages)
+        for image in (prompt_page, region):
+            assert 190_000 < image.width * image.height <= 200_000
+        assert same_pixels(region, page.crop((0, 0, 1000, 1000)).resize(region.size, Image.Resampling.LANCZOS))
+        assert "to stay within 200000 pixels" in messages[-1]["content"][0]["text"]
+        assert gym.make("DocVQA-VL-v0").unwrapped.env_spec.tools["view"] is not env.unwrapped.env_spec.tools["view"]
+    finally:
+        env.close()
 
 
 def test_without_a_processor_image_counts_are_estimates(real_tasks):
