@@ -185,6 +185,19 @@ class TokenCounter:
                 self._image_costs.popitem(last=False)
         return cost
 
+    def shared_memo(self) -> SharedMemo:
+        """The memo of this counter's template (tokenizer or processor, thinking flag)."""
+        memo = self.__dict__.get("_memo")
+        if memo is None:
+            owner = self.processor if self.processor is not None else self.tokenizer
+            with _MEMOS_LOCK:
+                try:
+                    memo = _MEMOS.setdefault(owner, {}).setdefault(self.enable_thinking, SharedMemo())
+                except TypeError:  # not weak-referenceable: a memo of this counter alone
+                    memo = SharedMemo()
+            self._memo = memo
+        return memo
+
     @property
     def incremental(self) -> bool:
         """Whether :class:`PromptTally` may count this template's chats piece by piece."""
@@ -199,6 +212,44 @@ class TokenCounter:
             if self.enable_thinking not in per_owner:
                 per_owner[self.enable_thinking] = _prefix_stable(self)
             return per_owner[self.enable_thinking]
+
+
+class SharedMemo:
+    """Rendered-and-tokenised message groups of one chat template, shared by all its counters.
+
+    Each turn the environment (context check) and the policy (prompt) count the same new messages
+    behind the same opening; with this memo the second count is a lookup.  Keys hold the message
+    texts themselves (no image parts), so a hit is exactly the same rendering.
+    """
+
+    def __init__(self, size: int = 4096):
+        self.size = size
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        if key is None:
+            return None
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: Any, value: Any) -> None:
+        if key is None:
+            return
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+
+def _memo_key(head: str, messages: Sequence[Message]) -> tuple | None:
+    """A hashable key for rendering ``messages`` behind ``head``; None when a message carries parts."""
+    if any(not isinstance(m.get("content"), str) or len(m) != 2 for m in messages):
+        return None
+    return (head, *((m["role"], m["content"]) for m in messages))
 
 
 class PromptTally:
@@ -237,19 +288,30 @@ class PromptTally:
         """Tokenise the messages appended since the last call; False where that is not possible."""
         if self.messages[-1]["role"] == "assistant":  # templates may render a trailing reply specially
             return False
+        memo = self.counter.shared_memo()
         if self._counted == 0:
-            self._head_text = self.counter.render(self._head, generation_prompt=False)
-            prompt = self.counter.render(self._head)
-            self._ids = array("q", self.counter.text_ids(self._head_text))
-            self._generation = self.counter.text_ids(prompt[len(self._head_text):])
+            key = _memo_key("head", self._head)
+            head = memo.get(key)
+            if head is None:
+                head_text = self.counter.render(self._head, generation_prompt=False)
+                prompt = self.counter.render(self._head)
+                head = (head_text, self.counter.text_ids(head_text), self.counter.text_ids(prompt[len(head_text):]))
+                memo.put(key, head)
+            self._head_text, ids, self._generation = head
+            self._ids = array("q", ids)
             self._images = self.counter.image_tokens(self._head)
             self._counted = len(self._head)
         new = self.messages[self._counted:]
         if new:
-            text = self.counter.render(self._head + new, generation_prompt=False)
-            if not text.startswith(self._head_text):
-                return False
-            self._ids.extend(self.counter.text_ids(text[len(self._head_text):]))
+            key = _memo_key(self._head_text, new)
+            ids = memo.get(key)
+            if ids is None:
+                text = self.counter.render(self._head + new, generation_prompt=False)
+                if not text.startswith(self._head_text):
+                    return False
+                ids = self.counter.text_ids(text[len(self._head_text):])
+                memo.put(key, ids)
+            self._ids.extend(ids)
             self._images += self.counter.image_tokens(new)
             self._counted = len(self.messages)
         return True
@@ -296,6 +358,8 @@ _PROBE = [
 _VERIFIED: "weakref.WeakKeyDictionary[Any, dict[bool, bool]]" = weakref.WeakKeyDictionary()
 _VERIFIED_LOCK = threading.Lock()
 _DIRECT: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+_MEMOS: "weakref.WeakKeyDictionary[Any, dict[bool, SharedMemo]]" = weakref.WeakKeyDictionary()
+_MEMOS_LOCK = threading.Lock()
 
 
 def _prefix_stable(counter: TokenCounter) -> bool:
