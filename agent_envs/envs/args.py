@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agent_envs.validation import WholeNumber, invalid
+from agent_envs.validation import ChatProcessor, WholeNumber, invalid
 
 
 class _Checked(BaseModel):
@@ -33,6 +33,8 @@ class EnvArgs(_Checked):
     enable_thinking: bool = Field(strict=True)
     compat: Literal["es", "http_eval"]
     render_mode: Literal["ansi"] | None
+    #: counts image tokens exactly (docs/protocol.md#image-token-counts)
+    processor: ChatProcessor = None
 
 
 class ResetOptions(_Checked):
