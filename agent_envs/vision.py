@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from agent_envs.core.content import Message, images_of
+from agent_envs.tokens import TokenCounter
 
 
 @dataclass
@@ -30,22 +31,19 @@ class ImagePrompt:
 
 
 class ProcessorRenderer:
-    """Renders chats with a processor's chat template and image processor (thinking off, as the
-    protocol renders text prompts)."""
+    """Renders chats with a processor's chat template (as the environments' :class:`TokenCounter`
+    renders them, so both count the same tokens) and its image processor."""
 
     def __init__(self, processor: Any, enable_thinking: bool = False):
         if getattr(processor, "tokenizer", None) is None or getattr(processor, "image_processor", None) is None:
             raise TypeError(f"a processor with a tokenizer and an image processor is needed, got {type(processor).__name__}")
         self.processor = processor
         self.tokenizer = processor.tokenizer
-        self.enable_thinking = enable_thinking
+        self.counter = TokenCounter(processor=processor, enable_thinking=enable_thinking)
 
     def text(self, messages: Sequence[Message]) -> str:
-        """The prompt text, one image placeholder per image part, with the generation prompt (the
-        processor's template, rendered by its tokenizer, which passes ``enable_thinking`` through)."""
-        return self.tokenizer.apply_chat_template(
-            list(messages), chat_template=getattr(self.processor, "chat_template", None), tokenize=False,
-            add_generation_prompt=True, enable_thinking=self.enable_thinking)
+        """The prompt text, one image placeholder per image part, with the generation prompt."""
+        return self.counter.render(messages)
 
     def render(self, messages: Sequence[Message]) -> ImagePrompt:
         text, images = self.text(messages), images_of(messages)
