@@ -66,6 +66,44 @@ class ScriptedPolicy(Policy):
         return self.complete(request)
 
 
+class ScriptedOpening(Policy):
+    """The first turns of every episode from a list of replies, every later turn from ``policy``.
+
+    A small or randomly initialised model rarely calls a tool by itself; opening its episodes with
+    scripted tool calls puts real tool observations (a ``view`` image, command output) into the
+    chats it then continues, so a plumbing run covers them.  The turn is the number of assistant
+    messages already in the chat.  Tokenizer, processor and context window are ``policy``'s."""
+
+    def __init__(self, opening: Sequence[str], policy: Policy):
+        self.opening = list(opening)
+        self.policy = policy
+        self.tokenizer, self.processor = policy.tokenizer, policy.processor
+        self.max_model_len, self.name = policy.max_model_len, policy.name
+
+    def _scripted(self, request: GenerationRequest) -> Completion | None:
+        turn = sum(m.get("role") == "assistant" for m in request.messages)
+        if turn >= len(self.opening):
+            return None
+        text, _ = cut_at_stop(self.opening[turn], request.stop)
+        return Completion(text=text, finish_reason="stop", engine="scripted")
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        scripted = [self._scripted(r) for r in requests]
+        later = iter(self.policy.generate([r for r, s in zip(requests, scripted) if s is None]))
+        return [s if s is not None else next(later) for s in scripted]
+
+    async def agenerate(self, request: GenerationRequest) -> Completion:
+        scripted = self._scripted(request)
+        return scripted if scripted is not None else await self.policy.agenerate(request)
+
+    def warm(self, request: GenerationRequest) -> None:
+        if self._scripted(request) is None:
+            self.policy.warm(request)
+
+    def describe(self) -> dict:
+        return {**self.policy.describe(), "scripted_opening": len(self.opening)}
+
+
 class SimulatedPolicy(Policy):
     """A stand-in engine that costs realistic time.
 
