@@ -84,3 +84,49 @@ def test_images_without_a_processor_or_undecodable_fail_as_records(greedy: Trans
     bad[-1]["content"].append({"type": "image_url", "image_url": {"url": "https://example.invalid/p.png"}})
     failed = greedy.generate([GenerationRequest(messages=bad, seed=1, max_tokens=4)])[0]
     assert failed.error == REQUEST_ERROR and "only base64 data URLs" in failed.error_message
+
+
+@pytest.fixture(scope="module")
+def server(model_dir: Path, greedy: TransformersPolicy):
+    from agent_envs.policy.server import PolicyServer
+
+    sampled = TransformersPolicy(model_dir, model=greedy.model, processor=greedy.processor)
+    with PolicyServer(sampled, model="tiny-vlm") as running:
+        yield running
+
+
+def test_openai_client_sends_the_image_and_the_server_model_sees_it(server) -> None:
+    """A real server on 127.0.0.1 gets the very pixels the client sent, and its completion is the
+    model's with the image in its input: the same tokens as a direct call, the image's tokens counted."""
+    import asyncio
+
+    import numpy as np
+
+    from agent_envs.core.content import decode_image_url
+    from agent_envs.policy.openai import OpenAIPolicy
+
+    model = server.policy
+    client = OpenAIPolicy(server.url, "tiny-vlm", processor=model.processor, max_model_len=model.max_model_len)
+    image = page("TOTAL 42")
+    sent = client.generate([req(image, seed=5)])[0]
+    [part] = [p for p in server.received[-1]["messages"][-1]["content"] if p["type"] == "image_url"]
+    assert np.array_equal(np.asarray(decode_image_url(part["image_url"]["url"])), np.asarray(image))
+    direct = model.generate([req(image, seed=5)])[0]
+    assert sent.ok and sent.token_ids == direct.token_ids and sent.prompt_tokens == direct.prompt_tokens
+    assert asyncio.run(client.agenerate(req(image, seed=5))).token_ids == direct.token_ids
+    # the prompt is the text-only chat's plus the image: its placeholder token expanded to the tiles
+    text_only = client.generate([req(None, seed=5)])[0]
+    assert sent.prompt_tokens == text_only.prompt_tokens + 1 + client.counter.image_tokens(chat(image))
+    assert sent.prompt_tokens == client.counter.prompt_tokens(chat(image))
+    client.close()
+
+
+def test_server_refuses_image_parts_it_cannot_read(server) -> None:
+    import httpx
+
+    for part in ({"type": "image_url", "image_url": {"url": "https://example.invalid/p.png"}},
+                 {"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGEgcG5n"}},
+                 {"type": "input_audio", "input_audio": {}}):
+        body = {"model": "tiny-vlm", "max_tokens": 4, "messages": [{"role": "user", "content": [part]}]}
+        reply = httpx.post(server.url + "/chat/completions", json=body, timeout=60)
+        assert reply.status_code == 400 and "invalid request" in reply.json()["error"]["message"], reply.text
