@@ -4,39 +4,19 @@ length is the environment's own processor count, and episodes end with a termina
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
-from typing import Sequence
 
 import pytest
 
 from agent_envs.core.content import images_of
-from agent_envs.policy.base import Completion, GenerationRequest, Policy
 from agent_envs.policy.hf import TransformersPolicy
-from agent_envs.policy.scripted import ScriptedOpening
+from agent_envs.policy.scripted import RecordingPolicy, ScriptedOpening
 from agent_envs.policy.tiny_vlm import build_tiny_vlm
 from agent_envs.rollout import run_episodes
 from agent_envs.tokens import TokenCounter
 
 VIEW_TOP = 'Action: {"name": "view", "arguments": {"box": [0, 0, 600, 300]}}'
 TURNS = 3
-
-
-class Recording(Policy):
-    """Passes requests to the tiny VLM and keeps what it was sent and what came back."""
-
-    def __init__(self, vlm: TransformersPolicy):
-        self.vlm = vlm
-        self.tokenizer, self.processor, self.max_model_len, self.name = (vlm.tokenizer, vlm.processor,
-                                                                        vlm.max_model_len, vlm.name)
-        self.sent: list[tuple[GenerationRequest, Completion]] = []
-        self._lock = threading.Lock()
-
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
-        out = self.vlm.generate(requests)
-        with self._lock:
-            self.sent += list(zip(requests, out))
-        return out
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +30,7 @@ def test_tiny_vlm_plays_docvqa_vl_episodes_with_image_observations(vlm, docvqa_d
 
     tasks = load_docvqa_tasks(str(docvqa_dir / "val_v1.0.json"))[:2]
     # a random model never calls a tool: its first turn is a scripted view of the page's top
-    recording = Recording(vlm)
+    recording = RecordingPolicy(vlm)
     policy = ScriptedOpening([VIEW_TOP], recording)
     out = tmp_path / "records.jsonl"
     records = run_episodes("DocVQA-VL-v0", tasks, policy, samples=2, mode=mode, concurrency=4, progress=False,
@@ -63,12 +43,12 @@ def test_tiny_vlm_plays_docvqa_vl_episodes_with_image_observations(vlm, docvqa_d
         assert "base64" not in json.dumps(record.model_dump())  # records keep image facts, not pixels
     # every VLM turn carried the view's image, and its prompt length is the environment's count
     counter = TokenCounter(processor=vlm.processor)
-    assert len(recording.sent) == 4 * (TURNS - 1)
-    for request, completion in recording.sent:
+    assert len(recording.calls) == 4 * (TURNS - 1)
+    for request, completion in recording.calls:
         [image] = images_of(request.messages)
         assert image.size == (600, 300)
         assert completion.ok and completion.engine == "transformers" and completion.token_ids
         assert completion.prompt_tokens == counter.prompt_tokens(request.messages)
     # ... and it is the prompt each record's turn log reports
     logged = sorted(t["prompt_tokens"] for r in records for t in r.turn_log[1:])
-    assert logged == sorted(c.prompt_tokens for _, c in recording.sent)
+    assert logged == sorted(c.prompt_tokens for _, c in recording.calls)
