@@ -21,13 +21,11 @@ Exit status 1 when a path fails.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import json
 import os
 import random
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -125,10 +123,34 @@ def direct_checks(policy, tasks: list, args) -> dict:
     }
 
 
-def close(policy) -> None:
-    policy.close()
-    del policy
-    gc.collect()
+def run_path(name: str, model: str, processor, tasks: list, args, engine_kwargs: dict, work: Path,
+             results: dict) -> dict:
+    """One path's episodes (and, offline, the direct checks); its engine or server is shut down after."""
+    from agent_envs.policy.openai import OpenAIPolicy
+    from agent_envs.policy.vllm import AsyncVLLMPolicy, VLLMPolicy
+
+    started = time.perf_counter()
+    counter, sampling, images = TokenCounter(processor=processor), SamplingConfig(), {"image": args.turns}
+    if name == "server":
+        flags = [*server_flags(engine_kwargs), "--limit-mm-per-prompt", json.dumps(images)]
+        with vllm_server(model, flags, work / "server.log", args.ready_timeout, results) as url:
+            start = time.perf_counter() - started
+            policy = OpenAIPolicy(url, SERVED_NAME, processor=processor, sampling=sampling)
+            try:
+                row = episodes(name, policy, tasks, args, counter)
+            finally:
+                policy.close()
+    else:
+        cls = VLLMPolicy if name == "offline" else AsyncVLLMPolicy
+        policy = cls(model, sampling=sampling, limit_mm_per_prompt=images, **engine_kwargs)
+        start = time.perf_counter() - started
+        try:
+            row = episodes(name, policy, tasks, args, counter)
+            if name == "offline":
+                results["direct"] = direct_checks(policy, tasks, args)
+        finally:
+            policy.close()
+    return {**row, "start_s": round(start, 1)}
 
 
 def main() -> int:
@@ -155,48 +177,28 @@ def main() -> int:
     import vllm
     from transformers import AutoProcessor
 
-    from agent_envs.policy.openai import OpenAIPolicy
-    from agent_envs.policy.vllm import AsyncVLLMPolicy, VLLMPolicy
-
     engine_kwargs: dict = {"max_model_len": args.max_model_len, "seed": 0, "enforce_eager": True}
     if args.cpu:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     else:
         engine_kwargs["gpu_memory_utilization"] = 0.3
     engine_kwargs["dtype"] = args.dtype or ("float32" if args.cpu else "bfloat16")
-    images_per_prompt = {"image": args.turns}
     results: dict = {"vllm": vllm.__version__, "engine_kwargs": engine_kwargs, "sandbox": args.sandbox, "rows": []}
     with tempfile.TemporaryDirectory(prefix="gpu-vlm-check-") as tmp:
         work = Path(tmp)
         model = str(build_tiny_vlm(work / "tiny-vlm", seed=0, tokenizer=args.tokenizer))
         tasks = synthetic_tasks(args.tasks, work)
         processor = AutoProcessor.from_pretrained(model)
-        counter = TokenCounter(processor=processor)
-        sampling = SamplingConfig()
         for name in paths:
             t = time.perf_counter()
             try:
-                if name == "server":
-                    flags = [*server_flags(engine_kwargs), "--limit-mm-per-prompt", json.dumps(images_per_prompt)]
-                    with vllm_server(model, flags, work / "server.log", args.ready_timeout, results) as url:
-                        start = time.perf_counter() - t
-                        policy = OpenAIPolicy(url, SERVED_NAME, processor=processor, sampling=sampling)
-                        row = episodes(name, policy, tasks, args, counter)
-                        policy.close()
-                else:
-                    cls = VLLMPolicy if name == "offline" else AsyncVLLMPolicy
-                    policy = cls(model, sampling=sampling, limit_mm_per_prompt=images_per_prompt, **engine_kwargs)
-                    start = time.perf_counter() - t
-                    row = episodes(name, policy, tasks, args, counter)
-                    if name == "offline":
-                        results["direct"] = direct_checks(policy, tasks, args)
-                    close(policy)
-            except Exception as exc:  # a path that cannot start is a failed row, the others still run
-                row = {"path": name, "records": 0, "errors": 1, "first_error": f"{type(exc).__name__}: {exc}"[:2000]}
-                start = time.perf_counter() - t
-            row["start_s"] = round(start, 1)
+                row = run_path(name, model, processor, tasks, args, engine_kwargs, work, results)
+            except Exception as exc:  # a path that cannot start is a failed row; the others still run
+                row = {"path": name, "errors": 1, "first_error": f"{type(exc).__name__}: {exc}"[:2000],
+                       "start_s": round(time.perf_counter() - t, 1)}
             row["ok"] = passed(row, args)
             results["rows"].append(row)
+            gc.collect()
     direct = results.get("direct")
     ok = all(r["ok"] for r in results["rows"]) and (direct is None or all(
         direct[k] for k in ("seeded_repeat", "text_ignores_image_neighbours", "pages_differ_same_seed",

@@ -26,6 +26,7 @@ import weakref
 from concurrent.futures import Future
 from typing import Any, Awaitable, Callable, Iterator, Sequence
 
+from ..core.content import has_images
 from .base import Completion, GenerationRequest
 from .batching import BatchedEnginePolicy, EnginePolicy, Prepared
 from .sampling import SamplingConfig, token_cap
@@ -288,7 +289,9 @@ class AsyncVLLMPolicy(EnginePolicy):
                 "sampling": self.sampling.model_dump()}
 
     async def agenerate(self, request: GenerationRequest) -> Completion:
-        prepared = self.prepare(request)
+        # decoding and processing images is real work: off the caller's loop, which runs the rollouts
+        prepared = (await asyncio.to_thread(self.prepare, request) if has_images(request.messages)
+                    else self.prepare(request))
         if isinstance(prepared, Completion):
             return prepared
         try:
