@@ -6,6 +6,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -16,6 +20,7 @@ import agent_envs  # noqa: F401
 from agent_envs.core.content import decode_image_url, images_of
 from agent_envs.envs.docvqa.data import load_docvqa_tasks
 
+REPO = Path(__file__).resolve().parent.parent
 OCR = 'Action: {"name": "bash", "arguments": {"command": "tesseract /workspace/document.png stdout"}}'
 
 
@@ -161,6 +166,7 @@ def test_record_keeps_facts_not_pixels(env, real_tasks):
     record = info["episode"]
     facts = record["react_steps"][0]["images"]
     assert facts == [{"box": [0, 0, 600, 400], "zoom": 1.5, "source": task.image, "target": "/workspace/document.png",
+                      "source_sha256": hashlib.sha256(open(task.image, "rb").read()).hexdigest(),
                       "size": [900, 600],
                       "sha256": hashlib.sha256(base64.b64decode(url.split(",", 1)[1])).hexdigest()}]
     line = json.dumps(record)
@@ -190,8 +196,28 @@ def test_page_in_prompt_puts_the_capped_page_after_the_task_text(real_tasks):
     finally:
         env.close()
         plain.close()
-    with pytest.raises(ValueError, match="page_in_prompt must be True or False"):
+    with pytest.raises(ValueError, match="invalid DocVQA-VL-v0 argument: page_in_prompt='yes': Input should be a valid boolean"):
         gym.make("DocVQA-VL-v0", page_in_prompt="yes")
+    with pytest.raises(ValueError, match="max_view_pixels=2.5: must be an integer"):
+        gym.make("DocVQA-VL-v0", max_view_pixels=2.5)
+
+
+def test_max_view_pixels_sets_the_cap_of_views_and_of_the_page_in_the_prompt(real_tasks):
+    task = real_tasks[0]
+    page = page_of(task)
+    env = gym.make("DocVQA-VL-v0", dataset=real_tasks, page_in_prompt=True, max_view_pixels=200_000)
+    try:
+        messages, _ = env.reset(options={"task": task.model_dump()})
+        [prompt_page] = images_of(messages)
+        messages, *_ = env.step(view(box=[0, 0, 1000, 1000]))
+        region = shown(messages)
+        for image in (prompt_page, region):
+            assert 190_000 < image.width * image.height <= 200_000
+        assert same_pixels(region, page.crop((0, 0, 1000, 1000)).resize(region.size, Image.Resampling.LANCZOS))
+        assert "to stay within 200000 pixels" in messages[-1]["content"][0]["text"]
+        assert gym.make("DocVQA-VL-v0").unwrapped.env_spec.tools["view"] is not env.unwrapped.env_spec.tools["view"]
+    finally:
+        env.close()
 
 
 def test_without_a_processor_image_counts_are_estimates(real_tasks):
@@ -211,5 +237,98 @@ def test_without_a_processor_image_counts_are_estimates(real_tasks):
         assert ep.trajectory_tokens - ep.generated_tokens == text_cost + 10 * 2
         *_, info = env.step("Final answer: x")
         assert info["episode"]["token_counts_exact"] is False
+    finally:
+        env.close()
+
+
+def test_cli_scripted_eval_records_and_reports_the_viewed_regions(tmp_path, docvqa_dir):
+    """``agent-envs eval --env DocVQA-VL-v0 --policy scripted`` on the real pages: the baseline
+    views each page, OCRs it and answers; the report shows every viewed region, re-rendered from
+    the page and the record's facts to exactly the PNG the model received."""
+    from agent_envs.core.content import image_part
+    from agent_envs.report.media import rerender
+    from agent_envs.rollout.records import read_jsonl
+
+    out = tmp_path / "vl"
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-m", "agent_envs.cli", "eval", "--env", "DocVQA-VL-v0", "--policy",
+                           "scripted", "--data", str(docvqa_dir / "val_v1.0.json"), "--limit", "2", "--out", str(out),
+                           "--no-progress", "--env-arg", "page_in_prompt=true"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    rows, bad = read_jsonl(out / "records.jsonl")
+    assert bad == 0 and len(rows) == 2
+    html = (out / "report.html").read_text()
+    for row in rows:
+        assert row["termination_reason"] == "final_answer" and row["turns"] == 3 and row["token_counts_exact"] is False
+        view_step = row["react_steps"][0]
+        assert view_step["action"] == {"name": "view", "arguments": {}}
+        for facts in view_step["images"] + row["prompt_images"]:
+            image, problem = rerender(facts)
+            assert problem is None
+            png = base64.b64decode(image_part(image)["image_url"]["url"].split(",", 1)[1])
+            assert hashlib.sha256(png).hexdigest() == facts["sha256"]
+            assert f'data-image="shown:{facts["sha256"]}"' in html
+        [log] = (out / "trace_logs").glob(f"docvqa_vl_agent_{row['task_id']}_sample00_*.md")
+        facts = view_step["images"][0]
+        assert (f"### Images shown\n\n- box {facts['box']} of {facts['source']}, zoom 1.0, "
+                f"{facts['size'][0]}x{facts['size'][1]} pixels, sha256 {facts['sha256']}\n") in log.read_text()
+    assert "image shown to the model: box [0, 0, " in html and "changed since the run" not in html
+
+
+def test_report_flags_a_page_that_changed_after_the_run(tmp_path, real_tasks):
+    from agent_envs.report.media import rerender
+
+    page = tmp_path / "page.png"
+    page.write_bytes(open(real_tasks[0].image, "rb").read())
+    env = gym.make("DocVQA-VL-v0", tasks=[{**real_tasks[0].model_dump(), "image": str(page)}])
+    try:
+        env.reset(options={"row_index": 0})
+        env.step(view(box=[0, 0, 64, 64]))
+        *_, info = env.step("Final answer: x")
+    finally:
+        env.close()
+    [facts] = info["episode"]["react_steps"][0]["images"]
+    assert rerender(facts)[1] is None
+    Image.new("L", (800, 800), 255).save(page)  # a different size too: the cache sees the change
+    image, problem = rerender(facts)
+    assert image is not None and problem == f"{page} changed since the run: this is the region of the current file"
+    page.unlink()
+    image, problem = rerender(facts)
+    assert image is None and problem.startswith(f"cannot re-render it from {page}")
+
+
+def test_view_without_arguments_follows_each_harness_parser(real_tasks):
+    """Under the ES parser a missing ``arguments`` is ``{}`` (the whole page); the HTTP evaluator's
+    parser requires the key, so there it is a format warning (docs/protocol.md#action-parsers)."""
+    task = real_tasks[0]
+    for compat, first in (("es", "Observation from view:\nRegion [0, 0, "),
+                          ("http_eval", "Observation from format_check:\nNo valid action was parsed.")):
+        env = gym.make("DocVQA-VL-v0", dataset=real_tasks, compat=compat, render_mode="ansi")
+        try:
+            env.reset(options={"task": task.model_dump()})
+            messages, *_ = env.step('Action: {"name": "view"}')
+            content = messages[-1]["content"]
+            assert (content if isinstance(content, str) else content[0]["text"]).startswith(first), compat
+            if compat == "es":
+                assert env.render().endswith(" pixels).\n[image]")  # ansi shows where the image is
+            messages, *_ = env.step('Action: {"name": "crop", "arguments": {}}')
+            assert messages[-1]["content"] == ("Observation from crop:\nUnknown action 'crop'. "
+                                               "Available actions are bash and view.")
+        finally:
+            env.close()
+
+
+def test_a_page_removed_mid_episode_is_an_error_observation(tmp_path, real_tasks):
+    page = tmp_path / "page.png"
+    page.write_bytes(open(real_tasks[0].image, "rb").read())
+    env = gym.make("DocVQA-VL-v0", tasks=[{**real_tasks[0].model_dump(), "image": str(page)}])
+    try:
+        env.reset(options={"row_index": 0})
+        page.unlink()
+        messages, reward, terminated, truncated, _ = env.step(view())
+        assert (reward, terminated, truncated) == (0.0, False, False)
+        assert messages[-1]["content"].startswith(
+            "Observation from view:\n[ERROR] The image cannot be read: FileNotFoundError: ")
     finally:
         env.close()

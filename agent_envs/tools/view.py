@@ -9,12 +9,15 @@ exception.  The image is read on the host by this trusted code; the model's inpu
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 from agent_envs.core.observation import Observation, Shown, shown
 from agent_envs.core.spec import Framing
+from agent_envs.core.types import error_text
 from agent_envs.sandbox.base import SandboxConfig
 
 #: default cap on the pixels of one shown image (1024 x 1024)
@@ -34,6 +37,11 @@ def load_image(path: str) -> Any:
     with Image.open(path) as img:
         img.load()
         return img if img.mode in ("L", "RGB") else img.convert("RGB")
+
+
+def file_sha256(path: str) -> str:
+    """Digest of the file's bytes: lets a report tell that a page changed after the run."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _integer(value: Any, what: str) -> int:
@@ -102,21 +110,26 @@ class ViewTool:
         self.source, self.target = source, target
         self.max_pixels, self.max_zoom = max_pixels, max_zoom
         self._image: Any = None
+        self._digest = ""
 
     def run(self, arguments: str) -> str | Observation:
         if self._image is None:
-            self._image = load_image(self.source)
+            try:
+                self._image, self._digest = load_image(self.source), file_sha256(self.source)
+            except OSError as exc:  # the page vanished mid-episode: the episode goes on
+                return f"[ERROR] The image cannot be read: {error_text(exc)}"
         image = self._image
         try:
             parsed = json.loads(arguments)
             if not isinstance(parsed, dict):
                 raise ViewError("arguments must be a JSON object")
             box, zoom = parse_view(parsed, image.width, image.height, self.max_zoom)
-        except (ViewError, ValueError) as exc:
+        except ValueError as exc:  # ViewError, or JSON that does not decode
             return (f"Invalid view arguments: {exc}. No image is shown. Use {{}} for the whole "
                     f"{image.width}x{image.height} image, or {{\"box\": [x0, y0, x1, y1]}} in its pixels, "
                     f"optionally with \"zoom\": z (0 < z <= {self.max_zoom:g}).")
-        return view(image, box, zoom, self.max_pixels, source=self.source, target=self.target)
+        return view(image, box, zoom, self.max_pixels, source=self.source, source_sha256=self._digest,
+                    target=self.target)
 
     def close(self) -> None:
         self._image = None

@@ -36,13 +36,17 @@ def user_message(template: str, task: Any) -> str:
     return fill(template.replace("{page_size}", f"{width}x{height}"), task.question)
 
 
+def view_tool(max_pixels: int = MAX_VIEW_PIXELS) -> ToolSpec:
+    """The view tool of the page mount, showing at most ``max_pixels`` per image."""
+    return ToolSpec(partial(ViewTool, target=cli.DOCUMENT_PATH, max_pixels=max_pixels))
+
+
 SPEC = replace(
     cli.SPEC,
     id="DocVQA-VL-v0",
     entry_point="agent_envs.envs.docvqa.vl.env:Env",
     rules={"es": RULES_ES, "http_eval": RULES_HTTP},
-    tools={**cli.SPEC.tools,
-           "view": ToolSpec(partial(ViewTool, target=cli.DOCUMENT_PATH, max_pixels=MAX_VIEW_PIXELS))},
+    tools={**cli.SPEC.tools, "view": view_tool()},
     report=ReportSpec(trace_prefix="docvqa_vl", success_at=0.5, success_strict=True,
                       render_trace=cli.SPEC.report.render_trace, baseline=baseline),
     system_prompt="docvqa_vl/system",
