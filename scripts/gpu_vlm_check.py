@@ -9,8 +9,9 @@ sending the images as data URLs).  Every episode opens with a scripted ``view`` 
 (a random model never calls a tool), so every later turn carries that image.  A path passes when no
 episode errs, every model turn carried its images, and every prompt length the engine reports is
 the processor's own count of the chat (the engine expanded exactly those images).  The offline path
-also checks that seeds repeat, that a text request's completion ignores image neighbours in its
-batch, and that two pages with one seed give different samples (the pixels reach the model).
+also checks that seeds repeat, that two pages with one seed give different samples (the pixels
+reach the model) and, on the CPU (GPU kernels are not batch-invariant), that a text request's
+completion ignores image neighbours in its batch.
 
 On the GPU (vLLM 0.26), with the staged SmolLM2 tokenizer:
     python scripts/gpu_vlm_check.py --tokenizer /tmp/stage-ray/tokenizer
@@ -200,9 +201,11 @@ def main() -> int:
             results["rows"].append(row)
             gc.collect()
     direct = results.get("direct")
-    ok = all(r["ok"] for r in results["rows"]) and (direct is None or all(
-        direct[k] for k in ("seeded_repeat", "text_ignores_image_neighbours", "pages_differ_same_seed",
-                            "image_prompt_exact")))
+    # GPU kernels are not batch-invariant: there a text request's sample may change with its batch,
+    # so that check is reported but required on the CPU only
+    required = ("seeded_repeat", "pages_differ_same_seed", "image_prompt_exact",
+                *(("text_ignores_image_neighbours",) if args.cpu else ()))
+    ok = all(r["ok"] for r in results["rows"]) and (direct is None or all(direct[k] for k in required))
     results["ok"] = ok
     print_table(results)
     if args.json:
