@@ -18,8 +18,6 @@ class ScoreGatherer:
         self.scorer = scorer
         self._queue: list[tuple[StepContext, asyncio.Future[StepScore]]] = []
         self._drain: asyncio.Task[None] | None = None
-        #: sizes of the scorer calls made (for tests and benchmarks)
-        self.batches: list[int] = []
 
     def submit(self, context: StepContext) -> asyncio.Future[StepScore]:
         future: asyncio.Future[StepScore] = asyncio.get_running_loop().create_future()
@@ -33,7 +31,6 @@ class ScoreGatherer:
             while self._queue:
                 await asyncio.sleep(0)  # steps submitted in the same loop pass join this call
                 batch, self._queue = self._queue, []
-                self.batches.append(len(batch))
                 scores = await score_safely(self.scorer, [c for c, _ in batch])
                 for (_, future), score in zip(batch, scores):
                     if not future.done():
