@@ -54,6 +54,7 @@ from agent_envs.es.worker import EXTENSION, VLLMPerturbation
 from agent_envs.policy.sampling import SamplingConfig
 from agent_envs.policy.vllm import AsyncVLLMPolicy, VLLMPolicy
 from agent_envs.rewards.combine import FitnessCombiner
+from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
 from agent_envs.rewards.step import AGGREGATIONS, StepScorer
 from agent_envs.rollout import es_summary, run_episodes
 
@@ -101,14 +102,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engines", type=int, default=1,
                    help="engines as Ray actors, one GPU each; members go to idle engines (docs/scaling.md)")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster (multi-node) instead of a local one")
-    p.add_argument("--step-scorer", default=None, choices=["judge", "vlm-prm"],
-                   help="score every step (docs/protocol.md#process-rewards): an LLM judge behind an "
-                        "OpenAI-compatible server, or a vision-language reward model with a LoRA adapter")
-    p.add_argument("--judge-url", default=None, help="the judge's API root, e.g. http://127.0.0.1:8001/v1")
-    p.add_argument("--judge-model", default=None, help="the judge's model name on that server")
-    p.add_argument("--judge-prompt", default="judges/step", help="judge prompt template (a shipped name or a path)")
-    p.add_argument("--prm-base", default=None, help="base vision-language model folder (--step-scorer vlm-prm)")
-    p.add_argument("--prm-adapter", default=None, help="LoRA adapter folder for --prm-base (peft)")
+    add_scorer_arguments(p)
     p.add_argument("--process-weight", type=float, default=0.0,
                    help="fitness = (1 - w) * outcome + w * process score (0: outcome only)")
     p.add_argument("--process-aggregation", default=None, choices=list(AGGREGATIONS),
@@ -124,19 +118,10 @@ def build_process_reward(args: argparse.Namespace) -> tuple[StepScorer | None, F
         return None, None
     if args.toy_reward:
         raise SystemExit("--toy-reward replaces the fitness; it cannot be combined with --step-scorer")
-    if args.step_scorer == "judge":
-        if not (args.judge_url and args.judge_model):
-            raise SystemExit("--step-scorer judge needs --judge-url and --judge-model")
-        from agent_envs.policy.openai import OpenAIPolicy
-        from agent_envs.rewards.judge import LLMJudgeScorer
-
-        scorer: StepScorer = LLMJudgeScorer(OpenAIPolicy(args.judge_url, args.judge_model), args.judge_prompt)
-    else:
-        if not args.prm_base:
-            raise SystemExit("--step-scorer vlm-prm needs --prm-base (and usually --prm-adapter)")
-        from agent_envs.rewards.vlm_prm import VLMRewardScorer
-
-        scorer = VLMRewardScorer(args.prm_base, args.prm_adapter)
+    try:
+        scorer = scorer_from_args(args)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     return scorer, FitnessCombiner(process_weight=args.process_weight, aggregation=args.process_aggregation)
 
 
@@ -178,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         seed=args.seed, eval_seed=args.seed, eval_interval=args.eval_interval, history_file=args.history,
         max_turns=args.max_turns, max_tokens=args.max_tokens, max_model_len=args.max_model_len,
         dtype=args.dtype, load_format=args.load_format, exact_revert=args.exact_revert,
-        **({"fitness": {"step_scorer": args.step_scorer, **combiner.model_dump()}} if combiner else {}),
+        **({"fitness": {**scorer_settings(args), **combiner.model_dump()}} if combiner else {}),
     )
     # enable_prefix_caching stays on: the backend resets the prefix cache after every weight change.
     engine_kwargs = dict(worker_extension_cls=EXTENSION, dtype=args.dtype, max_model_len=args.max_model_len,
@@ -223,6 +208,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         eval_hook=interval_eval)
     report(trainer.run(), args.history, backend.checksum()[0])
     policy.close()
+    if scorer is not None:
+        scorer.close()
 
 
 def eval_summary(rows: Sequence[Any], generation: int) -> dict[str, Any]:

@@ -135,3 +135,29 @@ def test_a_real_small_model_as_judge_never_breaks_the_loop():
     for result in (first, second):
         assert (result.score is not None and 0 <= result.score <= 1 and result.error is None) or \
             result.error.startswith("unparseable judge output")
+
+
+def test_eval_cli_scores_steps_with_a_judge_served_on_localhost(tmp_path, capsys):
+    """``agent-envs eval --step-scorer judge``: the judge is a real OpenAI-compatible server on
+    127.0.0.1 (requests over real sockets); records, summary and report carry the step scores."""
+    import json
+
+    from agent_envs.cli import main
+    from agent_envs.policy.server import PolicyServer
+    from agent_envs.rollout.records import read_jsonl
+
+    out = tmp_path / "run"
+    with PolicyServer(CountingJudge(), model="judge") as server:
+        code = main(["eval", "--policy", "scripted", "--limit", "2", "--out", str(out), "--no-progress",
+                     "--step-scorer", "judge", "--judge-url", server.url, "--judge-model", "judge"])
+    assert code == 0, capsys.readouterr().err
+    rows, _ = read_jsonl(out / "records.jsonl")
+    for row in rows:  # the scripted baseline runs one tool call that prints, then answers
+        assert row["step_scores"] == [0.9] and row["step_score_errors"] == [None]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["process"]["mean_step_score"] == 0.9 and summary["process"]["steps"] == len(rows)
+    assert json.loads((out / "config.json").read_text())["step_scorer"]["judge_url"] == server.url
+    assert 'class="step-score" data-score="0.9"' in (out / "report.html").read_text()
+    assert main(["eval", "--policy", "scripted", "--limit", "1", "--out", str(tmp_path / "bad"),
+                 "--step-scorer", "judge"]) == 2
+    assert "--step-scorer judge needs --judge-url and --judge-model" in capsys.readouterr().err

@@ -95,6 +95,9 @@ class LLMJudgeScorer(BatchStepScorer):
         return GenerationRequest(messages=[{"role": "user", "content": content}], seed=self.seed,
                                  max_tokens=self.max_tokens, key=f"judge:{context.key}:turn{context.turn}")
 
+    def close(self) -> None:
+        self.policy.close()
+
     def score_batch(self, contexts: Sequence[StepContext]) -> list[StepScore]:
         completions = self.policy.generate([self.request(c) for c in contexts])
         return [parse_score(c.text) if c.ok else StepScore.failed(f"judge request failed: {c.error_message or c.error}")

@@ -73,6 +73,9 @@ class StepScorer(abc.ABC):
         """:meth:`score` from synchronous code, failures recorded (see :func:`score_safely`)."""
         return run_sync(score_safely(self, contexts))
 
+    def close(self) -> None:
+        """Release what the scorer holds (a judge closes its policy)."""
+
 
 class BatchStepScorer(StepScorer):
     """A scorer whose work is a blocking batch call (a model forward, a batched ``generate``): it
