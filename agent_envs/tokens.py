@@ -5,21 +5,39 @@ template with ``add_generation_prompt=True`` and ``enable_thinking`` off, as the
 Without one, counts are estimates (UTF-8 bytes / 4, rounded up) and every record says so through
 ``token_counts_exact=False``; budgets are then approximate.
 
+Images (docs/protocol.md#image-token-counts): with a processor (an HF ``AutoProcessor``: a
+tokenizer, an image processor and a chat template that renders image parts) a chat is rendered by
+the processor's template and counted as the processor tokenises it, image tokens included, so
+counts stay exact.  Without one, each image costs one token per started
+:data:`IMAGE_TILE` x :data:`IMAGE_TILE` pixel tile, its text parts are counted as text, and the
+count is marked not exact.
+
 A growing chat is counted incrementally (:class:`PromptTally`) when the chat template is
 prefix-stable: rendering more messages only appends text, which starts at a special token, so its
-tokens simply add.  That is verified once per tokenizer on a probe conversation; a template that
-fails it is counted by rendering the whole chat, as before.  Either way the counts are identical.
+tokens simply add; each image adds what the processor expands its placeholder to.  That is
+verified once per tokenizer (or processor) on a probe conversation; a template that fails it is
+counted by rendering the whole chat, as before.  Either way the counts are identical.
 """
 from __future__ import annotations
 
+import base64
+import hashlib
+import io
 import math
 import threading
 import weakref
 from array import array
 from collections import OrderedDict
 from typing import Any, Sequence
-from agent_envs.core.content import Message  # noqa: F401  (string or content parts)
 
+from agent_envs.core.content import (Message, copy_message, decode_image_url, has_images, image_part, image_urls,
+                                     text_of, text_part)
+
+#: side in pixels of the tile one image token stands for when no processor is given (a 14-pixel
+#: patch merged 2x2, the rate of the Qwen2-VL family)
+IMAGE_TILE = 28
+#: image costs remembered per counter (by the image's data URL digest)
+_IMAGE_CACHE_SIZE = 1024
 
 
 def _input_ids(encoded: Any) -> list[int]:
@@ -33,37 +51,98 @@ def _input_ids(encoded: Any) -> list[int]:
     return list(encoded)
 
 
+def _text_only(messages: Sequence[Message]) -> list[Message]:
+    """The chat with every content-part list replaced by its text (for templates without images)."""
+    return [m if isinstance(m.get("content"), str) else {**m, "content": text_of(m["content"])} for m in messages]
+
+
+def _hf_parts(messages: Sequence[Message]) -> list[Message]:
+    """The chat with image parts as HF ``{"type": "image", "image": <PIL>}`` blocks (nothing fetched)."""
+    out = []
+    for message in messages:
+        message = copy_message(message)
+        if isinstance(message.get("content"), list):
+            message["content"] = [{"type": "image", "image": decode_image_url(p["image_url"]["url"]).convert("RGB")}
+                                  if p.get("type") == "image_url" else p for p in message["content"]]
+        out.append(message)
+    return out
+
+
+def image_size(url: str) -> tuple[int, int]:
+    """(width, height) of an image data URL, read from its header."""
+    from PIL import Image
+
+    raw = base64.b64decode(url.split(";base64,", 1)[1])
+    with Image.open(io.BytesIO(raw)) as img:
+        return img.size
+
+
+def estimate_image_tokens(width: int, height: int) -> int:
+    """The processor-free image cost: one token per started ``IMAGE_TILE``-pixel tile."""
+    return math.ceil(width / IMAGE_TILE) * math.ceil(height / IMAGE_TILE)
+
+
 class TokenCounter:
-    def __init__(self, tokenizer: Any = None, enable_thinking: bool = False):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Any = None, enable_thinking: bool = False, processor: Any = None):
+        self.processor = processor
+        self.tokenizer = tokenizer if tokenizer is not None else getattr(processor, "tokenizer", None)
         self.enable_thinking = enable_thinking
+        self._image_costs: OrderedDict[str, int] = OrderedDict()
+        self._image_lock = threading.Lock()
 
     @property
     def exact(self) -> bool:
+        """Whether text counts are exact (a tokenizer is known)."""
         return self.tokenizer is not None
+
+    def exact_for(self, messages: Sequence[Message]) -> bool:
+        """Whether the counts of this chat are exact: text needs a tokenizer, images a processor."""
+        return self.exact and (self.processor is not None or not has_images(messages))
+
+    def _template_kwargs(self) -> dict[str, Any]:
+        """``enable_thinking`` for the template; a processor gets it only when its template reads it
+        (a processor hands unknown keywords to its tokeniser call instead)."""
+        if self.processor is None or "enable_thinking" in str(getattr(self.processor, "chat_template", "")):
+            return {"enable_thinking": self.enable_thinking}
+        return {}
 
     def render(self, messages: Sequence[Message], generation_prompt: bool = True) -> str:
         """The prompt text the policy sees (chat template + generation prompt)."""
         if self.tokenizer is None:
-            parts = [f"<|{m['role']}|>\n{m['content']}" for m in messages]
+            parts = [f"<|{m['role']}|>\n{text_of(m['content'])}" for m in messages]
             return "\n".join(parts) + ("\n<|assistant|>\n" if generation_prompt else "")
+        if self.processor is not None:
+            return self.processor.apply_chat_template(
+                [copy_message(m) for m in messages], tokenize=False, add_generation_prompt=generation_prompt,
+                **self._template_kwargs())
         return self.tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=generation_prompt,
+            _text_only(messages), tokenize=False, add_generation_prompt=generation_prompt,
             enable_thinking=self.enable_thinking,
         )
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         if self.tokenizer is None:
             raise ValueError("prompt_ids needs a tokenizer")
+        if self.processor is not None:
+            return _input_ids(self.processor.apply_chat_template(
+                _hf_parts(messages), tokenize=True, add_generation_prompt=True, return_dict=True,
+                **self._template_kwargs()))
+        if has_images(messages):
+            raise ValueError("a chat with images has token ids only with a processor (processor=...)")
+        return self._text_prompt_ids(messages)
+
+    def _text_prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         return _input_ids(
             self.tokenizer.apply_chat_template(
-                list(messages), tokenize=True, add_generation_prompt=True, enable_thinking=self.enable_thinking
+                _text_only(messages), tokenize=True, add_generation_prompt=True, enable_thinking=self.enable_thinking
             )
         )
 
     def prompt_tokens(self, messages: Sequence[Message]) -> int:
         if self.tokenizer is None:
-            return estimate_tokens(self.render(messages))
+            return estimate_tokens(self.render(messages)) + self.image_tokens(messages)
+        if self.processor is None and has_images(messages):
+            return len(self._text_prompt_ids(messages)) + self.image_tokens(messages)
         return len(self.prompt_ids(messages))
 
     def message_tokens(self, message: Message) -> int:
@@ -80,19 +159,42 @@ class TokenCounter:
             raise ValueError("text_ids needs a tokenizer")
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def image_tokens(self, messages: Sequence[Message]) -> int:
+        """What the images of ``messages`` add to the rendered text's tokens: with a processor,
+        each image's expansion beyond its placeholder text; without, the tile estimate."""
+        return sum(self._image_cost(url) for url in image_urls(messages))
+
+    def _image_cost(self, url: str) -> int:
+        key = hashlib.sha1(url.encode("ascii", "replace")).hexdigest()
+        with self._image_lock:
+            if key in self._image_costs:
+                self._image_costs.move_to_end(key)
+                return self._image_costs[key]
+        if self.processor is None:
+            cost = estimate_image_tokens(*image_size(url))
+        else:
+            probe = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]
+            cost = len(self.prompt_ids(probe)) - len(self.text_ids(self.render(probe)))
+        with self._image_lock:
+            self._image_costs[key] = cost
+            while len(self._image_costs) > _IMAGE_CACHE_SIZE:
+                self._image_costs.popitem(last=False)
+        return cost
+
     @property
     def incremental(self) -> bool:
         """Whether :class:`PromptTally` may count this template's chats piece by piece."""
         if self.tokenizer is None:
             return False
+        owner = self.processor if self.processor is not None else self.tokenizer
         with _VERIFIED_LOCK:
             try:
-                per_tokenizer = _VERIFIED.setdefault(self.tokenizer, {})
+                per_owner = _VERIFIED.setdefault(owner, {})
             except TypeError:  # not weak-referenceable: verify per counter
-                per_tokenizer = self.__dict__.setdefault("_verified", {})
-            if self.enable_thinking not in per_tokenizer:
-                per_tokenizer[self.enable_thinking] = _prefix_stable(self)
-            return per_tokenizer[self.enable_thinking]
+                per_owner = self.__dict__.setdefault("_verified", {})
+            if self.enable_thinking not in per_owner:
+                per_owner[self.enable_thinking] = _prefix_stable(self)
+            return per_owner[self.enable_thinking]
 
 
 class PromptTally:
@@ -102,7 +204,8 @@ class PromptTally:
     :meth:`prompt_tokens` equal ``counter.prompt_ids(messages)`` and ``counter.prompt_tokens(messages)``
     at every point; with a prefix-stable template (see :attr:`TokenCounter.incremental`) only the
     messages appended since the last call are rendered, behind the chat's opening messages (which
-    stand in for the whole history).
+    stand in for the whole history), and each new image adds its cost
+    (:meth:`TokenCounter.image_tokens`).  The ids of a chat with images come from the processor.
     """
 
     def __init__(self, counter: TokenCounter, messages: list[Message], *, incremental: bool | None = None):
@@ -114,14 +217,15 @@ class PromptTally:
         self._counted = 0                      # messages whose tokens are in ``_ids``
         self._ids = array("q")                 # tokens of messages[:_counted] without the generation prompt
         self._generation: list[int] = []       # tokens of the generation prompt
+        self._images = 0                       # image tokens of messages[:_counted] beyond their text
 
     def prompt_tokens(self) -> int:
         if self.incremental and self._extend():
-            return len(self._ids) + len(self._generation)
+            return len(self._ids) + len(self._generation) + self._images
         return self.counter.prompt_tokens(self.messages)
 
     def prompt_ids(self) -> list[int]:
-        if self.incremental and self._extend():
+        if self.incremental and self._extend() and not self._images:
             return self._ids.tolist() + self._generation
         return self.counter.prompt_ids(self.messages)
 
@@ -134,6 +238,7 @@ class PromptTally:
             prompt = self.counter.render(self._head)
             self._ids = array("q", self.counter.text_ids(self._head_text))
             self._generation = self.counter.text_ids(prompt[len(self._head_text):])
+            self._images = self.counter.image_tokens(self._head)
             self._counted = len(self._head)
         new = self.messages[self._counted:]
         if new:
@@ -141,6 +246,7 @@ class PromptTally:
             if not text.startswith(self._head_text):
                 return False
             self._ids.extend(self.counter.text_ids(text[len(self._head_text):]))
+            self._images += self.counter.image_tokens(new)
             self._counted = len(self.messages)
         return True
 
@@ -197,9 +303,32 @@ def _prefix_stable(counter: TokenCounter) -> bool:
             if index != 2 and not _same_ids(tally, counter.prompt_ids(messages)):  # 2: two steps at once
                 return False
             messages += [{"role": "assistant", "content": assistant}, {"role": "user", "content": user}]
-        return _same_ids(tally, counter.prompt_ids(messages))
+        if not _same_ids(tally, counter.prompt_ids(messages)):
+            return False
+        return counter.processor is None or _images_add_up(counter)
     except Exception:  # a template that cannot render the probe is simply counted in full
         return False
+
+
+def _images_add_up(counter: TokenCounter) -> bool:
+    """Whether the processor's count of a chat with images (in the opening messages and later
+    ones) is the text's tokens plus each image's own cost."""
+    from PIL import Image
+
+    image = image_part(Image.new("RGB", (56, 84), (200, 40, 40)))
+    messages: list[Message] = [{"role": "system", "content": "Read the page."},
+                               {"role": "user", "content": [text_part("Question: what is it?"), image]}]
+    tally = PromptTally(counter, messages, incremental=True)
+    for turn in range(2):
+        if not _same_count(tally, len(counter.prompt_ids(messages))):
+            return False
+        messages += [{"role": "assistant", "content": f"Action {turn}"},
+                     {"role": "user", "content": [text_part("Observation from view:\nshown"), image]}]
+    return _same_count(tally, len(counter.prompt_ids(messages)))
+
+
+def _same_count(tally: PromptTally, expected: int) -> bool:
+    return tally._extend() and len(tally._ids) + len(tally._generation) + tally._images == expected
 
 
 def _same_ids(tally: PromptTally, expected: list[int]) -> bool:

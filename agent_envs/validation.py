@@ -22,6 +22,21 @@ def _whole_number(value: Any) -> int:
 WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
 
 
+def _processor(value: Any) -> Any:
+    """An HF ``AutoProcessor``-like object: a chat template that renders image parts, a tokenizer."""
+    if value is None:
+        return None
+    missing = [a for a in ("apply_chat_template", "tokenizer") if getattr(value, a, None) is None]
+    if missing or not callable(value.apply_chat_template):
+        raise ValueError(f"must be a processor with apply_chat_template and a tokenizer "
+                         f"(e.g. transformers.AutoProcessor), got {type(value).__name__}")
+    return value
+
+
+#: a multimodal processor (see :func:`_processor`) or None
+ChatProcessor = Annotated[Any, BeforeValidator(_processor)]
+
+
 def invalid(what: str, exc: ValidationError) -> ValueError:
     """Every bad field in one message: ``invalid <what>: limits.workspace_mib=0: Input should be ...``."""
     parts = []

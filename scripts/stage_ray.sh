@@ -20,10 +20,15 @@ plat=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 
       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64
       --platform any)
 # Not in the GPU image: Ray's jsonschema family (also in the vLLM staging; installed only if absent),
-# and agent-envs' gymnasium, pexpect, math-verify and pytesseract with their own dependencies.
+# agent-envs' gymnasium, pexpect, math-verify and pytesseract with their own dependencies, and what
+# vLLM's OpenAI server (`vllm serve`, scripts/gpu_openai_check.py, scripts/gpu_vlm_check.py) imports
+# beyond the offline engine: model-hosting-container-standards (its LoRA and SageMaker routes) with
+# jmespath, and FastAPI's form and e-mail field support (python-multipart; email-validator, dnspython).
 deps=(jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==0.30.0
   gymnasium==1.4.0 farama-notifications==0.0.6 pexpect==4.8.0 ptyprocess==0.7.0 math-verify==0.9.0
-  latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 pytesseract==0.3.13)
+  latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 pytesseract==0.3.13
+  model-hosting-container-standards==0.1.16 jmespath==1.1.0 python-multipart==0.0.34 email-validator==2.4.0
+  dnspython==2.9.2)
 echo "[stage_ray] downloading ray==$RAY_VERSION and ${#deps[@]} dependencies ..."
 python3 -m pip download -q --no-deps "${plat[@]}" -d "$work/ray" "ray==$RAY_VERSION"
 python3 -m pip download -q --no-deps "${plat[@]}" -d "$work/deps" "${deps[@]}"

@@ -14,6 +14,7 @@ ENVIRONMENTS: dict[str, str] = {
     "MATH-ReAct-v0": "agent_envs.envs.math_react.spec",
     "DocVQA-CLI-v0": "agent_envs.envs.docvqa.spec",
     "Countdown-ReAct-v0": "agent_envs.envs.countdown.spec",
+    "DocVQA-VL-v0": "agent_envs.envs.docvqa.vl.spec",
 }
 
 ENV_IDS: tuple[str, ...] = tuple(ENVIRONMENTS)

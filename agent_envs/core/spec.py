@@ -27,12 +27,17 @@ class ParserSpec:
     require_bash_command: bool = False
 
 
+#: a ``Rules.tools`` entry whose tool takes the action's whole ``arguments`` object (JSON text)
+ALL_ARGUMENTS = "*"
+
+
 @dataclass(frozen=True)
 class Rules:
     """How one harness reacts to a completion: parser, warning texts, tools (docs/protocol.md#decision-order).
 
-    ``tools`` maps each action name to the argument holding its input; any of them counts as
-    the tool use that ``tool_required`` asks for before a final answer.
+    ``tools`` maps each action name to the argument holding its input (:data:`ALL_ARGUMENTS`: the
+    whole ``arguments`` object, as JSON); any of them counts as the tool use that
+    ``tool_required`` asks for before a final answer.
     """
 
     parser: ParserSpec
@@ -95,7 +100,8 @@ class ReportSpec:
 @dataclass(frozen=True)
 class ToolSpec:
     """A tool the model can call: ``build(sandbox, framing, max_output_chars)`` gives an object
-    with ``run(text) -> observation`` and ``close()``, one per episode."""
+    with ``run(text) -> observation`` and ``close()``, one per episode.  The observation is its
+    text, or a :class:`agent_envs.core.observation.Observation` when it carries images."""
 
     build: Callable[[Any, Framing, int], Any]
     framing: Framing = Framing()

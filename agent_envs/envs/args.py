@@ -9,10 +9,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agent_envs.validation import WholeNumber, invalid
+from agent_envs.validation import ChatProcessor, WholeNumber, invalid
 
 
-class _Checked(BaseModel):
+class Checked(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     @classmethod
@@ -23,7 +23,7 @@ class _Checked(BaseModel):
             raise invalid(what, exc) from None
 
 
-class EnvArgs(_Checked):
+class EnvArgs(Checked):
     max_turns: WholeNumber = Field(ge=1)
     #: <= 0 means no per-turn cap (the request carries no max_tokens), as in the protocol
     max_tokens_per_turn: WholeNumber
@@ -33,9 +33,11 @@ class EnvArgs(_Checked):
     enable_thinking: bool = Field(strict=True)
     compat: Literal["es", "http_eval"]
     render_mode: Literal["ansi"] | None
+    #: counts image tokens exactly (docs/protocol.md#image-token-counts)
+    processor: ChatProcessor = None
 
 
-class ResetOptions(_Checked):
+class ResetOptions(Checked):
     task: Any = None
     row_index: WholeNumber | None = Field(default=None, ge=0)
     sample_index: WholeNumber = Field(default=0, ge=0)

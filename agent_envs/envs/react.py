@@ -18,7 +18,8 @@ from typing import Any, Sequence
 
 import gymnasium as gym
 
-from agent_envs.core.content import copy_message, text_of
+from agent_envs.core.content import copy_message, parts_of, text_of, text_part
+from agent_envs.core.observation import Observation, Shown, split
 from agent_envs.core.spec import EnvSpec, Rules
 from agent_envs.core.types import Completion, GenerationRequest
 from agent_envs.data.tasks import episode_key
@@ -63,6 +64,8 @@ class EpisodeState:
     termination_reason: str | None = None
     react_error: str | None = None
     tool_calls: int = 0
+    #: what records keep of the images in the first user message (docs/protocol.md#image-observations)
+    prompt_images: list[dict[str, Any]] = field(default_factory=list)
     #: per-turn facts for reports (seed, tokens, finish reason, decision); ``turn_tool_s`` the
     #: matching sandbox wall times, kept apart because timings differ between identical runs
     turn_log: list[dict[str, Any]] = field(default_factory=list)
@@ -106,6 +109,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         max_trajectory_tokens: int | None | str = "default",
         max_model_len: int | None = None,
         tokenizer: Any = None,
+        processor: Any = None,
         enable_thinking: bool = False,
         sandbox: Any = "bwrap",
         system_prompt: str | None = None,
@@ -124,7 +128,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             "max_trajectory_tokens": es.max_trajectory_tokens if max_trajectory_tokens == "default"
             else max_trajectory_tokens,
             "max_model_len": max_model_len, "enable_thinking": enable_thinking, "compat": compat,
-            "render_mode": render_mode,
+            "render_mode": render_mode, "processor": processor,
         })
         self.render_mode = render_mode
         if step_scorer is not None and not isinstance(step_scorer, StepScorer):
@@ -135,7 +139,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         self.max_tokens_per_turn = args.max_tokens_per_turn
         self.max_trajectory_tokens = args.max_trajectory_tokens or None
         self.max_model_len = args.max_model_len
-        self.counter = TokenCounter(tokenizer, enable_thinking=enable_thinking)
+        self.counter = TokenCounter(tokenizer, enable_thinking=enable_thinking, processor=processor)
         self.compat = compat
         self.sandbox_config: SandboxConfig = resolve_config(sandbox)
         self.rules: Rules = es.rules[compat]
@@ -173,6 +177,10 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             return self.sandbox_config
         return self.sandbox_config.model_copy(update={"mounts": [*self.sandbox_config.mounts, *mounts]})
 
+    def _prompt_images(self, task: Any) -> tuple[Shown, ...]:
+        """Images that follow the task text in the first user message (none by default)."""
+        return ()
+
     def _screen(self, tool: str, command: str, runner: Any) -> str | None:
         """Observation body refusing ``command`` without running it, or None to run it."""
         text = self.env_spec.tools[tool].blocked
@@ -199,9 +207,11 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         base_seed = opts.base_seed if opts.base_seed is not None else (
             seed if seed is not None else DEFAULT_BASE_SEED)
         self._check_task(task)
+        user = self._user_message(task)
+        images = self._prompt_images(task)
         messages = [
             {"role": "system", "content": self.system_prompt},
-            {"role": "user", "content": self._user_message(task)},
+            {"role": "user", "content": [text_part(user), *(i.part for i in images)] if images else user},
         ]
         self._ep = EpisodeState(
             task=task,
@@ -211,6 +221,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             seed_base=trajectory_seed(base_seed, row_index, sample_index),
             messages=messages,
             tally=PromptTally(self.counter, messages),
+            prompt_images=[i.facts for i in images],
         )
         return _copy_chat(messages), self._info()
 
@@ -252,16 +263,19 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             return self._finish("final_answer", None)
         step: dict[str, Any] = {"turn": ep.turn, "assistant": text}
         body, name = decision.observation, decision.observation_name
+        images: tuple[Shown, ...] = ()
         if decision.kind == "act":
             step["action"] = decision.action
             if decision.command is not None:
                 started = time.perf_counter()
-                body = self._run_command(name, decision.command)
+                body, images = split(self._run_command(name, decision.command))
                 ep.turn_tool_s[-1] = time.perf_counter() - started
                 ep.tool_calls += 1
         step["observation"] = body
+        if images:
+            step["images"] = [i.facts for i in images]
         ep.steps.append(step)
-        obs_message = msgs.observation_message(name, body)
+        obs_message = msgs.observation_message(name, body, [i.part for i in images])
         ep.messages.append(obs_message)
         ep.step_ends.append(len(ep.messages))
         if self.step_scorer is not None:
@@ -309,7 +323,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
     def render(self) -> str | None:
         if self.render_mode != "ansi" or self._ep is None:
             return None
-        return "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in self._ep.messages)
+        return "\n\n".join(f"[{m['role']}]\n{_plain(m['content'])}" for m in self._ep.messages)
 
     def close(self) -> None:
         self._close_sandbox()
@@ -368,7 +382,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             )
         return self._ep
 
-    def _run_command(self, name: str, command: str) -> str:
+    def _run_command(self, name: str, command: str) -> str | Observation:
         """Run ``command`` with tool ``name`` (built on first use, one per episode)."""
         ep = self._ep
         assert ep is not None
@@ -382,10 +396,10 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         return refusal if refusal is not None else tool.run(command)
 
     def _next_prompt_fits(self) -> bool:
-        if self.max_model_len is None or not self.counter.exact:
-            return True
         ep = self._ep
         assert ep is not None
+        if self.max_model_len is None or not self.counter.exact_for(ep.messages):
+            return True
         reserve = self.max_tokens_per_turn if self.max_tokens_per_turn > 0 else 1
         return ep.tally.prompt_tokens() + reserve <= self.max_model_len
 
@@ -431,10 +445,12 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             "turn_log": copy.deepcopy(ep.turn_log),
             "turn_tool_s": list(ep.turn_tool_s),
             "tool_seconds": sum(ep.turn_tool_s),
-            "token_counts_exact": self.counter.exact,
+            "token_counts_exact": self.counter.exact_for(ep.messages),
             "env_id": self.env_id,
             "env_config_hash": self.config_hash,
         }
+        if ep.prompt_images:
+            record["prompt_images"] = copy.deepcopy(ep.prompt_images)
         record.update(self._score(ep))
         if self.step_scorer is not None:
             record.update(process_fields(ep.step_scores, self.step_scorer.aggregation))
@@ -473,6 +489,11 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
 def _copy_chat(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A copy the caller may change freely (image part lists are copied too)."""
     return [copy_message(m) for m in messages]
+
+
+def _plain(content: Any) -> str:
+    """Message content as text; an image part shows as ``[image]``."""
+    return "".join(p.get("text", "") if p.get("type") == "text" else "\n[image]" for p in parts_of(content))
 
 
 def _as_completion(action: Any) -> Completion:

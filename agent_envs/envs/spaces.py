@@ -13,7 +13,8 @@ _WORDS = ("Action:", "Final answer:", "ls", "echo", "python3", "{", "}", '"bash"
 
 
 class Conversation(Space[list]):
-    """A list of ``{"role", "content"}`` messages; roles from :data:`ROLES`, content a string."""
+    """A list of ``{"role", "content"}`` messages; roles from :data:`ROLES`, content a string or a
+    list of text and image content parts (:mod:`agent_envs.core.content`)."""
 
     def __init__(self, max_messages: int = 256, seed: int | np.random.Generator | None = None):
         self.max_messages = max_messages
@@ -27,9 +28,7 @@ class Conversation(Space[list]):
         return (
             isinstance(x, list)
             and 0 < len(x) <= self.max_messages
-            and all(
-                isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) for m in x
-            )
+            and all(isinstance(m, dict) and m.get("role") in ROLES and _content_ok(m.get("content")) for m in x)
         )
 
     def sample(self, mask: Any = None, probability: Any = None) -> list:
@@ -70,6 +69,17 @@ class CompletionText(Space[str]):
 
     def __eq__(self, other: Any) -> bool:
         return isinstance(other, CompletionText) and other.max_length == self.max_length
+
+
+def _content_ok(content: Any) -> bool:
+    if isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(
+        isinstance(p, dict) and (
+            (p.get("type") == "text" and isinstance(p.get("text"), str))
+            or (p.get("type") == "image_url" and isinstance(p.get("image_url"), dict)
+                and isinstance(p["image_url"].get("url"), str)))
+        for p in content)
 
 
 def _text(rng: np.random.Generator) -> str:

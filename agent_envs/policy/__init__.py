@@ -12,7 +12,7 @@ from .base import CONTEXT_LENGTH_EXCEEDED, REQUEST_ERROR, Completion, Generation
 from .batching import microbatch
 from .openai import OpenAIPolicy
 from .sampling import SamplingConfig
-from .scripted import ScriptedPolicy, SimulatedPolicy
+from .scripted import RecordingPolicy, ScriptedOpening, ScriptedPolicy, SimulatedPolicy
 
 _LAZY = {
     "VLLMPolicy": "vllm", "AsyncVLLMPolicy": "vllm",
@@ -21,7 +21,8 @@ _LAZY = {
 }
 
 __all__ = ["CONTEXT_LENGTH_EXCEEDED", "REQUEST_ERROR", "Completion", "GenerationRequest", "Policy",
-           "microbatch", "OpenAIPolicy", "SamplingConfig", "ScriptedPolicy", "SimulatedPolicy", *_LAZY]
+           "microbatch", "OpenAIPolicy", "RecordingPolicy", "SamplingConfig", "ScriptedOpening", "ScriptedPolicy", "SimulatedPolicy",
+           *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

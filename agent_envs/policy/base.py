@@ -26,6 +26,8 @@ class Policy(abc.ABC):
 
     #: a Hugging Face tokenizer when the policy has one (used for exact token budgets)
     tokenizer: Any = None
+    #: a Hugging Face processor when the policy takes images (exact image token counts)
+    processor: Any = None
     #: maximum prompt + generation length, when known
     max_model_len: int | None = None
     name: str = "policy"

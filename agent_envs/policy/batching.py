@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
+from ..core.content import has_images
 from ..tokens import PromptCache, TokenCounter
-from .base import Completion, GenerationRequest, Policy
+from ..vision import ImagePrompt, ProcessorRenderer
+from .base import REQUEST_ERROR, Completion, GenerationRequest, Policy
 from .sampling import SamplingConfig, context_overflow, generation_reserve
 
 
@@ -42,11 +44,13 @@ def microbatch(sizes: Sequence[int], budget: int) -> list[list[int]]:
 
 @dataclass
 class Prepared:
-    """A request rendered for an engine."""
+    """A request rendered for an engine.  ``prompt_ids`` is what the model attends to (a chat's
+    images expanded to their image tokens); ``image`` holds the rest of such a chat's inputs."""
 
     request: GenerationRequest
     prompt_ids: list[int]
     stop: list[str]
+    image: ImagePrompt | None = None
 
     @property
     def size(self) -> int:
@@ -54,34 +58,55 @@ class Prepared:
 
 
 class EnginePolicy(Policy):
-    """Base for engines that take token ids: renders prompts and checks the context window."""
+    """Base for engines that take token ids: renders prompts and checks the context window.
 
-    def __init__(self, tokenizer, sampling: SamplingConfig | None, max_model_len: int | None):
+    With a ``processor`` (a vision-language model's), chats with image parts are rendered through
+    it; without one they fail as a ``request_error`` that says so.  Text chats are unaffected."""
+
+    def __init__(self, tokenizer, sampling: SamplingConfig | None, max_model_len: int | None,
+                 processor: Any = None):
         self.tokenizer = tokenizer
         self.sampling = sampling or SamplingConfig()
         self.counter = TokenCounter(tokenizer, enable_thinking=self.sampling.enable_thinking)
         self.prompts = PromptCache(self.counter)
         self.max_model_len = max_model_len
+        self.processor = processor
+        self.renderer = ProcessorRenderer(processor, self.sampling.enable_thinking) if processor is not None else None
 
     def warm(self, request: GenerationRequest) -> None:
         """Tokenise the prompt into the episode's cache (thread-safe across episodes; the fast
-        tokenizer releases the interpreter lock), so :meth:`prepare` finds it done."""
-        self.prompts.prompt_ids(request.key, request.messages)
+        tokenizer releases the interpreter lock), so :meth:`prepare` finds it done.  Chats with
+        images are rendered in :meth:`prepare` alone."""
+        if not has_images(request.messages):
+            self.prompts.prompt_ids(request.key, request.messages)
 
     def prepare(self, request: GenerationRequest) -> Prepared | Completion:
-        """Render the prompt (an episode's next turn costs only its new messages); a prompt that
-        cannot fit becomes a ``context_length_exceeded`` record."""
-        ids = self.prompts.prompt_ids(request.key, request.messages)
+        """Render the prompt (an episode's next turn costs only its new messages; a chat with images
+        goes through the processor); a prompt that cannot fit becomes a ``context_length_exceeded``
+        record."""
+        image = None
+        if has_images(request.messages):
+            if self.renderer is None:
+                return Completion(error=REQUEST_ERROR, engine=self.name, error_message=(
+                    f"ValueError: the request has image parts but the {self.name} policy has no image "
+                    "processor (load a vision-language model, or pass processor=)"))
+            try:
+                image = self.renderer.render(request.messages)
+            except Exception as exc:  # an image that does not decode ends its episode, not the batch
+                return Completion.failed(exc, engine=self.name)
+            ids = image.ids
+        else:
+            ids = self.prompts.prompt_ids(request.key, request.messages)
         overflow = context_overflow(len(ids), request.max_tokens, self.max_model_len, self.name)
-        return overflow if overflow is not None else Prepared(request, ids, self.sampling.stop_for(request))
+        return overflow if overflow is not None else Prepared(request, ids, self.sampling.stop_for(request), image)
 
 
 class BatchedEnginePolicy(EnginePolicy):
     """A lockstep engine: subclasses implement :meth:`_generate_group` (one engine call)."""
 
     def __init__(self, tokenizer, sampling: SamplingConfig | None, max_model_len: int | None,
-                 rollout_token_budget: int):
-        super().__init__(tokenizer, sampling, max_model_len)
+                 rollout_token_budget: int, processor: Any = None):
+        super().__init__(tokenizer, sampling, max_model_len, processor)
         self.rollout_token_budget = rollout_token_budget
 
     @abc.abstractmethod

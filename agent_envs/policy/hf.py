@@ -61,12 +61,16 @@ class TransformersPolicy(BatchedEnginePolicy):
 
     def __init__(self, model_path_or_id: str | os.PathLike, *, gguf_file: str | None = None, device: str = "cpu",
                  dtype: str = "float32", sampling: SamplingConfig | None = None, max_model_len: int | None = None,
-                 rollout_token_budget: int = 0, model: Any = None, tokenizer: Any = None,
+                 rollout_token_budget: int = 0, model: Any = None, tokenizer: Any = None, processor: Any = None,
                  num_threads: int | None = None, batch_decode: bool = False):
+        """A vision-language model folder (its config names a vision tower) loads with its processor,
+        and chats with image parts then reach the model as pixels; ``processor=`` gives one."""
         import inspect
 
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
+
+        from ..vision import load_processor
 
         if num_threads:
             # process-wide; on a shared CPU, more threads than free cores makes decoding far slower
@@ -74,15 +78,20 @@ class TransformersPolicy(BatchedEnginePolicy):
 
         source = str(model_path_or_id)
         extra = {"gguf_file": gguf_file} if gguf_file else {}
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(source, **extra)
-        self.model = model or AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype), **extra)
+        if processor is None and model is None and not gguf_file:
+            processor = load_processor(source)
+        tokenizer = tokenizer or (processor.tokenizer if processor is not None
+                                  else AutoTokenizer.from_pretrained(source, **extra))
+        auto = AutoModelForCausalLM if processor is None else AutoModelForImageTextToText
+        self.model = model or auto.from_pretrained(source, dtype=getattr(torch, dtype), **extra)
         self.model.to(device).eval()
         # transformers 5 renamed the KV-cache argument from ``past_key_values`` to ``cache``
         self._cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         self.device = device
         self.source = source + (f"/{gguf_file}" if gguf_file else "")
-        super().__init__(tokenizer, sampling, max_model_len or self.model.config.max_position_embeddings,
-                         rollout_token_budget)
+        super().__init__(tokenizer, sampling,
+                         max_model_len or self.model.config.get_text_config().max_position_embeddings,
+                         rollout_token_budget, processor)
         self._eos = set(_as_list(self.model.generation_config.eos_token_id) + _as_list(tokenizer.eos_token_id))
         self._lock = threading.Lock()  # one forward pass at a time (servers call from threads)
         #: decode a lockstep group in one padded batch (about 2x the tokens/s at batch 4 on a CPU);
@@ -97,14 +106,17 @@ class TransformersPolicy(BatchedEnginePolicy):
 
     def _generate_group(self, group: list[Prepared]) -> list[Completion]:
         with self._lock:
-            if self.batch_decode:
-                return self._decode(group)
-            return [self._decode([p])[0] for p in group]
+            if not self.batch_decode:
+                return [self._decode([p])[0] for p in group]
+            # chats with images decode alone: their pixel inputs differ in shape
+            batched = iter(self._decode(text) if (text := [p for p in group if p.image is None]) else [])
+            return [self._decode([p])[0] if p.image is not None else next(batched) for p in group]
 
     def _decode(self, group: list[Prepared]) -> list[Completion]:
         """Sample every request of ``group`` in one forward pass per token (left-padded when there
         are several).  Each request keeps its own seeded generator, so a completion depends on
-        (weights, prompt, seed) and, when batched, on its batch's padding."""
+        (weights, prompt, seed) and, when batched, on its batch's padding.  A chat with images comes
+        alone; its pixel inputs join the first forward pass."""
         import torch
 
         n = len(group)
@@ -118,16 +130,25 @@ class TransformersPolicy(BatchedEnginePolicy):
                                 device=self.device)
             extra = {"attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
         past, step_input = None, ids
+        pixels = self._pixel_inputs(group[0]) if n == 1 else {}
         with torch.inference_mode():
             while not all(r.done for r in rows):
-                out = self.model(input_ids=step_input, use_cache=True, **{self._cache_arg: past}, **extra)
-                past = out[self._cache_arg]
+                out = self.model(input_ids=step_input, use_cache=True, **{self._cache_arg: past}, **extra, **pixels)
+                past, pixels = out[self._cache_arg], {}
                 tokens = [r.sample(out.logits[i, -1]) if not r.done else self._pad for i, r in enumerate(rows)]
                 step_input = torch.tensor(tokens, device=self.device).unsqueeze(1)
                 if n > 1:
                     mask = torch.cat([extra["attention_mask"], mask.new_ones((n, 1))], dim=1)
                     extra = {"attention_mask": mask, "position_ids": extra["position_ids"][:, -1:] + 1}
         return [r.completion() for r in rows]
+
+    def _pixel_inputs(self, prepared: Prepared) -> dict[str, Any]:
+        """The processor's image tensors on the model's device, floats in the model's dtype."""
+        if prepared.image is None:
+            return {}
+        dtype = self.model.dtype
+        return {k: v.to(self.device, dtype=dtype) if v.is_floating_point() else v.to(self.device)
+                for k, v in prepared.image.features.items()}
 
 
 class _Row:

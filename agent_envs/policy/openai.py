@@ -6,6 +6,10 @@ other 4xx at once, and a context-length 400 becomes ``context_length_exceeded`` 
 Recent vLLM servers no longer send that 400 when the prompt fits but ``max_tokens`` does not: they
 shorten the generation.  The protocol's context check (prompt + ``max_tokens`` within the window) is
 then applied to the reply, with the window that ``GET /models`` reports.
+
+Image content parts travel as they are (``image_url`` parts holding data URLs, the format these
+servers take); a ``processor`` makes the local context check exact for them, and without one a
+chat with images is left to the server to check.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from typing import Any, Sequence
 
 import httpx
 
+from ..core.content import has_images
 from ..tokens import TokenCounter
 from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy
 from .sampling import SamplingConfig, context_overflow, token_cap
@@ -58,15 +63,16 @@ class OpenAIPolicy(Policy):
                  timeout_s: float = 600.0, max_retries: int = 3, backoff_base_s: float = 2.0,
                  backoff_cap_s: float = 10.0, tokenizer: Any = None, sampling: SamplingConfig | None = None,
                  max_model_len: int | None = None, samples_per_row: int = 1, max_concurrency: int = 64,
-                 request_token_ids: bool = True):
+                 request_token_ids: bool = True, processor: Any = None):
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
             raise ValueError("OpenAIPolicy needs at least one base URL")
         self.endpoints = [u.rstrip("/") for u in urls]
         self.model = model
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer if tokenizer is not None else getattr(processor, "tokenizer", None)
+        self.processor = processor
         self.sampling = sampling or SamplingConfig()
-        self.counter = TokenCounter(tokenizer, enable_thinking=self.sampling.enable_thinking)
+        self.counter = TokenCounter(tokenizer, enable_thinking=self.sampling.enable_thinking, processor=processor)
         self.max_model_len = max_model_len
         self.max_retries, self.backoff_base_s, self.backoff_cap_s = max_retries, backoff_base_s, backoff_cap_s
         self.samples_per_row = samples_per_row
@@ -112,10 +118,16 @@ class OpenAIPolicy(Policy):
         return body
 
     def _too_long(self, request: GenerationRequest) -> Completion | None:
-        """Check locally when both a tokenizer and the window are known (saves a round trip)."""
+        """Check locally when the tokenizer (and, for images, the processor) and the window are
+        known (saves a round trip)."""
         if self.tokenizer is None or self.max_model_len is None:
             return None
-        prompt = self.counter.prompt_tokens(request.messages)
+        if self.processor is None and has_images(request.messages):
+            return None  # an estimate must not refuse what the server would take
+        try:
+            prompt = self.counter.prompt_tokens(request.messages)
+        except Exception as exc:  # e.g. an image that does not decode: a record, not an exception
+            return Completion.failed(exc, engine=self.name)
         return context_overflow(prompt, request.max_tokens, self.max_model_len, self.name)
 
     def window(self, endpoint: str) -> int | None:

@@ -66,6 +66,86 @@ class ScriptedPolicy(Policy):
         return self.complete(request)
 
 
+class WrappedPolicy(Policy):
+    """A policy in front of another: tokenizer, processor, window, warming and identity are the
+    inner policy's, so runners and environments count tokens exactly as it does."""
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+        self.tokenizer, self.processor = policy.tokenizer, policy.processor
+        self.max_model_len, self.name = policy.max_model_len, policy.name
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        return self.policy.generate(requests)
+
+    async def agenerate(self, request: GenerationRequest) -> Completion:
+        return await self.policy.agenerate(request)
+
+    def warm(self, request: GenerationRequest) -> None:
+        self.policy.warm(request)
+
+    def describe(self) -> dict:
+        return self.policy.describe()
+
+
+class RecordingPolicy(WrappedPolicy):
+    """Keeps every (request, completion) pair the inner policy handled: what a model was really
+    sent (images, prompt lengths), for checks and debugging."""
+
+    def __init__(self, policy: Policy):
+        super().__init__(policy)
+        self.calls: list[tuple[GenerationRequest, Completion]] = []
+        self._lock = threading.Lock()
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        out = self.policy.generate(requests)
+        with self._lock:
+            self.calls += list(zip(requests, out))
+        return out
+
+    async def agenerate(self, request: GenerationRequest) -> Completion:
+        out = await self.policy.agenerate(request)
+        with self._lock:
+            self.calls.append((request, out))
+        return out
+
+
+class ScriptedOpening(WrappedPolicy):
+    """The first turns of every episode from a list of replies, every later turn from ``policy``.
+
+    A small or randomly initialised model rarely calls a tool by itself; opening its episodes with
+    scripted tool calls puts real tool observations (a ``view`` image, command output) into the
+    chats it then continues, so a plumbing run covers them.  The turn is the number of assistant
+    messages already in the chat."""
+
+    def __init__(self, opening: Sequence[str], policy: Policy):
+        super().__init__(policy)
+        self.opening = list(opening)
+
+    def _scripted(self, request: GenerationRequest) -> Completion | None:
+        turn = sum(m.get("role") == "assistant" for m in request.messages)
+        if turn >= len(self.opening):
+            return None
+        text, _ = cut_at_stop(self.opening[turn], request.stop)
+        return Completion(text=text, finish_reason="stop", engine="scripted")
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        scripted = [self._scripted(r) for r in requests]
+        later = iter(self.policy.generate([r for r, s in zip(requests, scripted) if s is None]))
+        return [s if s is not None else next(later) for s in scripted]
+
+    async def agenerate(self, request: GenerationRequest) -> Completion:
+        scripted = self._scripted(request)
+        return scripted if scripted is not None else await self.policy.agenerate(request)
+
+    def warm(self, request: GenerationRequest) -> None:
+        if self._scripted(request) is None:
+            self.policy.warm(request)
+
+    def describe(self) -> dict:
+        return {**self.policy.describe(), "scripted_opening": len(self.opening)}
+
+
 class SimulatedPolicy(Policy):
     """A stand-in engine that costs realistic time.
 

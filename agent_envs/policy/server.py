@@ -1,7 +1,9 @@
 """A small but real OpenAI-compatible HTTP server around any :class:`Policy`.
 
 ``POST /v1/chat/completions`` and ``GET /v1/models`` on 127.0.0.1, answering like vLLM does (token
-ids on request, context-length 400s with ``param="input_tokens"``).  Tests use its failure injection
+ids on request, context-length 400s with ``param="input_tokens"``).  Message content may be a
+string or OpenAI content parts; image parts must be base64 data URLs (nothing is fetched) and reach
+a policy that has a processor (a vision-language model), counted exactly with it.  Tests use its failure injection
 (``fail_next``, ``delay_next``) to exercise client retries against real sockets.
 
     python -m agent_envs.policy.server --policy cpu --port 8000      # or: agent-envs serve ...
@@ -18,6 +20,7 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
+from ..core.content import decode_image_url
 from ..tokens import TokenCounter
 from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy, error_text
 from .sampling import exceeds_context
@@ -37,7 +40,7 @@ class PolicyServer(ThreadingHTTPServer):
         self.policy = policy
         self.model = model
         self.max_model_len = max_model_len or policy.max_model_len
-        self.counter = TokenCounter(policy.tokenizer)
+        self.counter = TokenCounter(policy.tokenizer, processor=policy.processor)
         #: every chat request body received, in arrival order (tests check what clients sent)
         self.received: list[dict[str, Any]] = []
         self._faults: deque[tuple[int | None, float]] = deque()
@@ -138,9 +141,27 @@ def context_error(max_model_len: int, prompt_tokens: int) -> dict[str, Any]:
 def to_request(body: dict[str, Any]) -> GenerationRequest:
     stop = body.get("stop") or []
     return GenerationRequest(
-        messages=[{"role": m["role"], "content": m["content"]} for m in body["messages"]],
+        messages=[{"role": m["role"], "content": checked_content(m["content"])} for m in body["messages"]],
         seed=body.get("seed"), max_tokens=body.get("max_completion_tokens") or body.get("max_tokens"),
         stop=[stop] if isinstance(stop, str) else list(stop))
+
+
+def checked_content(content: Any) -> Any:
+    """A message's content, refused (``ValueError``: a 400) unless it is a string or a list of
+    text parts and image parts whose data URLs decode."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ValueError(f"message content must be a string or a list of parts, got {type(content).__name__}")
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            continue
+        if kind == "image_url" and isinstance(part.get("image_url"), dict):
+            decode_image_url(str(part["image_url"].get("url", "")))
+            continue
+        raise ValueError(f"unsupported content part {str(part)[:80]!r} (text and image_url parts are accepted)")
+    return content
 
 
 class _Handler(BaseHTTPRequestHandler):

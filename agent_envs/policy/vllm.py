@@ -4,6 +4,11 @@ Prompts are rendered here with the chat template (thinking off) and sent as toke
 counts the environment budgets with are exactly what the engine sees.  Each request carries its own
 seed (``SamplingParams.seed``), which makes a completion independent of its batch neighbours.
 
+A chat with image parts (a vision-language model; its processor is loaded from the model folder
+or passed as ``processor=``) goes to the engine as its template's token ids with one placeholder
+per image plus the images (``multi_modal_data``); vLLM expands the placeholders itself and reports
+the expanded prompt, whose length becomes ``prompt_tokens``.
+
 Both keep the engine busy by default: a lockstep turn goes to the engine as one call (its scheduler
 fills the KV cache itself), and the async engine core runs in its own process, so the Python work
 of the rollouts (environments, tokenising) never stalls GPU steps.
@@ -21,6 +26,7 @@ import weakref
 from concurrent.futures import Future
 from typing import Any, Awaitable, Callable, Iterator, Sequence
 
+from ..core.content import has_images
 from .base import Completion, GenerationRequest
 from .batching import BatchedEnginePolicy, EnginePolicy, Prepared
 from .sampling import SamplingConfig, token_cap
@@ -56,16 +62,32 @@ def sampling_params(sampling: SamplingConfig, prepared: Prepared) -> Any:
 
 
 def tokens_prompt(prepared: Prepared) -> Any:
+    """Token ids; a chat with images sends one placeholder per image and the images themselves."""
     from vllm.inputs import TokensPrompt
 
-    return TokensPrompt(prompt_token_ids=prepared.prompt_ids)
+    if prepared.image is None:
+        return TokensPrompt(prompt_token_ids=prepared.prompt_ids)
+    return TokensPrompt(prompt_token_ids=prepared.image.placeholder_ids,
+                        multi_modal_data={"image": prepared.image.images})
 
 
 def to_completion(output: Any, prepared: Prepared, engine: str) -> Completion:
-    """``RequestOutput`` -> :class:`Completion` (first and only sample)."""
+    """``RequestOutput`` -> :class:`Completion` (first and only sample); the prompt length is the
+    engine's own (images expanded) where it reports the prompt."""
     sample = output.outputs[0]
+    prompt = getattr(output, "prompt_token_ids", None)
     return Completion(text=sample.text, token_ids=list(sample.token_ids), finish_reason=sample.finish_reason,
-                      prompt_tokens=len(prepared.prompt_ids), engine=engine)
+                      prompt_tokens=len(prompt) if prompt is not None else len(prepared.prompt_ids), engine=engine)
+
+
+def model_processor(model: Any, processor: Any) -> Any:
+    """``processor`` as given, else a vision-language model folder's own (None for a text model or
+    a hub name: pass its processor explicitly)."""
+    if processor is not None or not isinstance(model, (str, os.PathLike)) or not os.path.isdir(model):
+        return processor
+    from ..vision import load_processor
+
+    return load_processor(str(model))
 
 
 def engine_max_model_len(engine: Any) -> int | None:
@@ -95,7 +117,7 @@ class VLLMPolicy(BatchedEnginePolicy):
 
     def __init__(self, model: str | None = None, llm: Any = None, *, tokenizer: Any = None,
                  sampling: SamplingConfig | None = None, rollout_token_budget: int = 0,
-                 max_model_len: int | None = None, **engine_kwargs: Any):
+                 max_model_len: int | None = None, processor: Any = None, **engine_kwargs: Any):
         if (model is None) == (llm is None):
             raise ValueError("VLLMPolicy needs exactly one of model= (to build an engine) or llm= (to wrap one)")
         self._owns_engine = llm is None
@@ -109,7 +131,8 @@ class VLLMPolicy(BatchedEnginePolicy):
         self.llm = llm
         self.model = model or getattr(getattr(llm, "model_config", None), "model", None)
         super().__init__(tokenizer or llm.get_tokenizer(), sampling,
-                         max_model_len or engine_max_model_len(llm), rollout_token_budget)
+                         max_model_len or engine_max_model_len(llm), rollout_token_budget,
+                         model_processor(self.model, processor))
 
     def describe(self) -> dict[str, Any]:
         return {"policy": self.name, "model": self.model, "max_model_len": self.max_model_len,
@@ -231,7 +254,7 @@ class AsyncVLLMPolicy(EnginePolicy):
 
     def __init__(self, model: str | None = None, engine: Any = None, *, tokenizer: Any = None,
                  sampling: SamplingConfig | None = None, max_model_len: int | None = None,
-                 multiprocessing: bool = True, **engine_kwargs: Any):
+                 multiprocessing: bool = True, processor: Any = None, **engine_kwargs: Any):
         if (model is None) == (engine is None):
             raise ValueError("AsyncVLLMPolicy needs exactly one of model= or engine= (an AsyncLLM)")
         if engine is None and isinstance(tokenizer, (str, os.PathLike)):  # a folder: the engine's tokenizer
@@ -252,7 +275,8 @@ class AsyncVLLMPolicy(EnginePolicy):
         if register is not None:  # runs before exit joins non-daemon threads (an in-process engine's)
             register(self._stop)
         self.model = model or getattr(getattr(engine, "model_config", None), "model", None)
-        super().__init__(tokenizer, sampling, max_model_len or engine_max_model_len(engine))
+        super().__init__(tokenizer, sampling, max_model_len or engine_max_model_len(engine),
+                         model_processor(self.model, processor))
         self._ids = itertools.count()
 
     @property
@@ -265,7 +289,9 @@ class AsyncVLLMPolicy(EnginePolicy):
                 "sampling": self.sampling.model_dump()}
 
     async def agenerate(self, request: GenerationRequest) -> Completion:
-        prepared = self.prepare(request)
+        # decoding and processing images is real work: off the caller's loop, which runs the rollouts
+        prepared = (await asyncio.to_thread(self.prepare, request) if has_images(request.messages)
+                    else self.prepare(request))
         if isinstance(prepared, Completion):
             return prepared
         try:

@@ -6,10 +6,11 @@ the environment's job.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agent_envs.core.spec import Rules
+from agent_envs.core.spec import ALL_ARGUMENTS, Rules
 from agent_envs.protocol import messages as msg
 from agent_envs.protocol.parsing import final_answer_line, is_single_bash_action, parse_action, strip_think
 
@@ -50,6 +51,9 @@ def _act(action: dict[str, Any], rules: Rules) -> Decision:
     if key is None:
         return Decision("act", action=action, act_kind="unknown_action",
                         observation_name=name, observation=msg.unknown_action(name, rules.unknown_action))
+    if key == ALL_ARGUMENTS:  # the tool reads the whole object; {} is a valid input
+        return Decision("act", action=action, act_kind="run", observation_name=name,
+                        command=json.dumps(action["arguments"], ensure_ascii=False))
     # The ES runner stringifies whatever ``command`` holds (so a number is a command).
     command = str(action["arguments"].get(key, ""))
     if not command.strip():

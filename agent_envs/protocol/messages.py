@@ -6,6 +6,9 @@ pieces of the conversation format itself, reproduced byte for byte.
 from __future__ import annotations
 
 import json
+from typing import Sequence
+
+from agent_envs.core.content import Message, Part, text_of, text_part
 
 #: The two-line action block every prompt and format warning shows (docs/protocol.md#action-grammar).
 ACTION_BLOCK = 'Action:\n{"name": "bash", "arguments": {"command": "<shell command>"}}'
@@ -21,9 +24,12 @@ def unknown_action(name: str, template: str = "Unknown action '{name}'. Availabl
     return template.replace("{name}", name)
 
 
-def observation_message(name: str, body: str) -> dict[str, str]:
-    """The user message that carries a tool observation or a ``format_check`` warning (docs/protocol.md#conversation)."""
-    return {"role": "user", "content": f"Observation from {name}:\n{body}"}
+def observation_message(name: str, body: str, images: Sequence[Part] = ()) -> Message:
+    """The user message that carries a tool observation or a ``format_check`` warning (docs/protocol.md#conversation);
+    with images, its content is the same text as a part followed by the image parts
+    (docs/protocol.md#image-observations)."""
+    text = f"Observation from {name}:\n{body}"
+    return {"role": "user", "content": [text_part(text), *images] if images else text}
 
 
 def with_skill(system_prompt: str, skill: str, suffix: str) -> str:
@@ -37,7 +43,7 @@ def action_text(name: str, arguments: dict[str, str]) -> str:
     return "Action:\n" + json.dumps({"name": name, "arguments": arguments})
 
 
-def last_observation_body(messages: list[dict[str, str]]) -> str:
+def last_observation_body(messages: Sequence[Message]) -> str:
     """The body of the last message without its ``Observation from <name>:`` line."""
-    content = messages[-1]["content"]
+    content = text_of(messages[-1]["content"])
     return content.split("\n", 1)[1] if "\n" in content else ""

@@ -16,7 +16,7 @@ from agent_envs.rollout.tracelog import succeeded
 from agent_envs.sandbox.output import MARKER
 
 from .load import Run
-from .media import image_data_url
+from .media import image_data_url, shown_image
 
 Row = dict[str, Any]
 _THINK = re.compile(r"<think>(.*?)(?:</think>|\Z)", re.S)
@@ -150,10 +150,26 @@ def split_think(text: str) -> list[tuple[str, str]]:
     return parts
 
 
-def turns(row: Row) -> list[Row]:
-    """Every policy call of the episode: model text, parsed action, observation and per-turn facts.
-    The last turn (a final answer, or one cut by a budget) is not in ``react_steps``; its text is
-    the record's ``completion``."""
+def _shown(facts: Any, images: dict[str, str | None]) -> list[Row]:
+    """The images a step (or the task message) showed the model, each re-rendered once per report
+    into ``images`` under ``shown:<sha256>`` and referred to by that key."""
+    out = []
+    for fact in facts if isinstance(facts, list) else []:
+        if not isinstance(fact, dict):
+            continue
+        key = "shown:" + str(fact.get("sha256") or json.dumps(fact, sort_keys=True))
+        shown = shown_image(fact)
+        images.setdefault(key, shown.pop("url"))
+        out.append({**shown, "key": key, "ok": bool(images[key])})
+    return out
+
+
+def turns(row: Row, images: dict[str, str | None] | None = None) -> list[Row]:
+    """Every policy call of the episode: model text, parsed action, observation, images shown and
+    per-turn facts (``images`` collects the data URLs, as :func:`episode` does).  The last turn (a
+    final answer, or one cut by a budget) is not in ``react_steps``; its text is the record's
+    ``completion``."""
+    images = {} if images is None else images
     react_steps = row.get("react_steps") or []
     steps = {int(s.get("turn", i + 1)): s for i, s in enumerate(react_steps)}
     step_scores = _step_scores(row, react_steps)
@@ -172,6 +188,7 @@ def turns(row: Row) -> list[Row]:
             "n": n, "segments": split_think(text),
             "action": _action_text(step.get("action")) if step else None,
             "observation": observation, "truncated": bool(observation) and MARKER.strip() in str(observation),
+            "images": _shown(step.get("images"), images) if step else [],
             "warning": decision not in ("run", "final"), "decision": decision,
             "seed": info.get("seed"), "tokens": info.get("tokens"), "prompt_tokens": info.get("prompt_tokens"),
             "finish_reason": info.get("finish_reason"),
@@ -206,7 +223,8 @@ def episode(run: Run, row: Row, images: dict[str, str | None]) -> Row:
         "anls": row.get("anls"), "process_score": row.get("process_score"),
         "process_aggregation": row.get("process_aggregation"),
         "image_path": image, "image_ok": bool(image and images.get(image)),
-        "turns": turns(row),
+        "prompt_images": _shown(row.get("prompt_images"), images),
+        "turns": turns(row, images),
     }
 
 

@@ -369,6 +369,8 @@ async def _run_async(ctx: _Context, jobs: Sequence[Job], concurrency: int, pool:
 def _env_factory(source: EnvSource, policy: Policy, env_kwargs: dict[str, Any] | None) -> Callable[[], gym.Env]:
     kwargs = dict(env_kwargs or {})
     kwargs.setdefault("tokenizer", policy.tokenizer)
+    if getattr(policy, "processor", None) is not None:  # a vision-language policy's image token counts
+        kwargs.setdefault("processor", policy.processor)
     if policy.max_model_len is not None:
         kwargs.setdefault("max_model_len", policy.max_model_len)
     if isinstance(source, str):  # importing any agent_envs module registered the ids

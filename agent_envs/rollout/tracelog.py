@@ -64,7 +64,16 @@ def rounds(steps: Sequence[Row]) -> list[str]:
         observation = step.get("observation")
         if observation:
             lines += ["### Observation", "", "```text", str(observation), "```", ""]
+        images = step.get("images")
+        if images:  # what the model was shown, never pixels (docs/protocol.md#image-observations)
+            lines += ["### Images shown", "", *(_image_line(f) for f in images if isinstance(f, dict)), ""]
     return lines
+
+
+def _image_line(facts: Row) -> str:
+    size = facts.get("size") or ["?", "?"]
+    return (f"- box {facts.get('box')} of {facts.get('source')}, zoom {facts.get('zoom')}, "
+            f"{size[0]}x{size[1]} pixels, sha256 {facts.get('sha256')}")
 
 
 def render(row: Row) -> str:
