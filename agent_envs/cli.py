@@ -27,6 +27,7 @@ from agent_envs.rollout.metrics import ANLS_KEY, group_metrics, paired_bootstrap
 from agent_envs.rollout.records import ERROR_TERMINATIONS, load_records
 from agent_envs.rollout.runner import DEFAULT_BASE_SEED, MODES, run_episodes
 from agent_envs.rollout.tracelog import write_trace_logs
+from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
 
 POLICIES = ("cpu", "transformers", "vllm", "openai", "scripted")
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "repetition_penalty")
@@ -36,7 +37,7 @@ CPU_DEFAULTS = {"limit": 3, "max_turns": 3, "max_tokens_per_turn": 192}
 #: exit status of ``eval`` when every episode ended in an error (no result to report)
 EXIT_ALL_ERRORED = 3
 RESUME_IDENTITY = ("env", "data", "seed", "policy", "model", "base_urls", "engine_args", "sampling",
-                   "max_turns", "max_tokens_per_turn", "env_args", "sandbox")
+                   "max_turns", "max_tokens_per_turn", "env_args", "sandbox", "step_scorer")
 
 
 class UsageError(Exception):
@@ -95,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--trace-logs", action=argparse.BooleanOptionalAction, default=True)
     ev.add_argument("--no-progress", action="store_true")
     ev.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
+    add_scorer_arguments(ev)
 
     sm = sub.add_parser("summarize", help="print the metrics of one or more run directories")
     sm.add_argument("runs", nargs="+", type=Path)
@@ -289,17 +291,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print("[agent-envs] --engines with vllm runs each engine in lockstep mode", file=sys.stderr)
         config["mode"] = args.mode = "lockstep"
     config["engines"] = args.engines
+    if args.step_scorer is not None:
+        if pooled:
+            raise UsageError("--step-scorer runs with one engine (not with --engines or --ray-address)")
+        config["step_scorer"] = scorer_settings(args)
     if args.resume:
         _check_resume(out / "config.json", config)
     tasks = _load_tasks(args.env, args.data, env_kwargs, limit)
     if kind == "cpu":
         print(f"[agent-envs] embedded default: {len(tasks)} task(s) of {args.data!r} with the small CPU model, "
               f"max_turns={max_turns}, max_tokens_per_turn={max_tokens}", file=sys.stderr)
+    try:
+        scorer = scorer_from_args(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     policy = make_pool(kind, args) if pooled else make_policy(kind, args, args.env)
     concurrency = args.concurrency or (16 if args.mode == "lockstep" else 64)
     run = dict(samples=args.samples, mode=args.mode, base_seed=args.seed, env_kwargs=env_kwargs,
                concurrency=concurrency, tool_workers=args.tool_workers, out_path=records_path, resume=args.resume,
-               progress=not args.no_progress, tags={"run": out.name})
+               progress=not args.no_progress, tags={"run": out.name},
+               **({"step_scorer": scorer} if scorer is not None else {}))
     started = time.perf_counter()
     try:
         config["policy_info"] = policy.spec.model_dump() if pooled else policy.describe()
@@ -321,6 +332,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise
     finally:
         policy.close()
+        if scorer is not None:
+            scorer.close()
     wall = time.perf_counter() - started
     summary = summarize(records, args.samples, items=len(tasks))
     summary["run"] = {"dir": str(out), "wall_s": wall, "episodes": len(records),

@@ -17,12 +17,17 @@ Examples::
     AGENT_ENVS_ES_CPU_PLAIN_LINEAR=1 python examples/es_train.py --model ~/.cache/agent-envs/smollm2-hf ...
     # continuous rollouts: AsyncVLLMPolicy (engine core in its own process, perturbed by name)
     python examples/es_train.py --mode async ...
+    # fitness = 0.7 * outcome + 0.3 * mean step score from a judge served on 127.0.0.1:8001
+    python examples/es_train.py ... --step-scorer judge --judge-url http://127.0.0.1:8001/v1 \
+        --judge-model Qwen/Qwen3-8B --process-weight 0.3 --process-aggregation mean
 
 Options (see ``--help``): --env, --model, --train, --eval, --eval-limit, --generations,
 --population, --case-batch, --sigma-start/--sigma-end/--sigma-schedule/--sigma-warmup/
 --sigma-total-steps, --alpha, --normalization/--ddof/--eps, --scope, --seed, --eval-interval,
 --history, --resume (+ --resume-generations), --exact-revert, --max-turns, --max-tokens,
---sandbox, --mode, --toy-reward, engine settings (--dtype, --max-model-len, --gpu-memory-utilization,
+--sandbox, --mode, --toy-reward, process rewards (--step-scorer judge|vlm-prm with --judge-url/--judge-model/
+--judge-prompt or --prm-base/--prm-adapter, --process-weight, --process-aggregation:
+docs/protocol.md#fitness-combiner), engine settings (--dtype, --max-model-len, --gpu-memory-utilization,
 --load-format, --rollout-token-budget), --engines N and --ray-address (an engine per GPU as Ray
 actors; docs/scaling.md).
 """
@@ -48,6 +53,9 @@ from agent_envs.es.schedule import SCHEDULES
 from agent_envs.es.worker import EXTENSION, VLLMPerturbation
 from agent_envs.policy.sampling import SamplingConfig
 from agent_envs.policy.vllm import AsyncVLLMPolicy, VLLMPolicy
+from agent_envs.rewards.combine import FitnessCombiner
+from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
+from agent_envs.rewards.step import AGGREGATIONS, StepScorer
 from agent_envs.rollout import es_summary, run_episodes
 
 
@@ -94,7 +102,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engines", type=int, default=1,
                    help="engines as Ray actors, one GPU each; members go to idle engines (docs/scaling.md)")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster (multi-node) instead of a local one")
+    add_scorer_arguments(p)
+    p.add_argument("--process-weight", type=float, default=0.0,
+                   help="fitness = (1 - w) * outcome + w * process score (0: outcome only)")
+    p.add_argument("--process-aggregation", default=None, choices=list(AGGREGATIONS),
+                   help="how step scores become the process score (default: the scorer's own)")
     return p.parse_args(argv)
+
+
+def build_process_reward(args: argparse.Namespace) -> tuple[StepScorer | None, FitnessCombiner | None]:
+    """The step scorer and the fitness combiner the flags ask for (docs/protocol.md#fitness-combiner)."""
+    if args.process_weight and args.step_scorer is None:
+        raise SystemExit("--process-weight needs --step-scorer (there are no step scores to combine)")
+    if args.step_scorer is None:
+        return None, None
+    if args.toy_reward:
+        raise SystemExit("--toy-reward replaces the fitness; it cannot be combined with --step-scorer")
+    try:
+        scorer = scorer_from_args(args)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    return scorer, FitnessCombiner(process_weight=args.process_weight, aggregation=args.process_aggregation)
 
 
 def load_tasks(env_id: str, path: str, limit: int | None = None) -> list[Any]:
@@ -123,6 +151,7 @@ def build_policy(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> tup
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    scorer, combiner = build_process_reward(args)
     train = load_tasks(args.env, args.train)
     held_out = load_tasks(args.env, args.eval, args.eval_limit) if args.eval else []
     config = ESConfig(
@@ -134,6 +163,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         seed=args.seed, eval_seed=args.seed, eval_interval=args.eval_interval, history_file=args.history,
         max_turns=args.max_turns, max_tokens=args.max_tokens, max_model_len=args.max_model_len,
         dtype=args.dtype, load_format=args.load_format, exact_revert=args.exact_revert,
+        **({"fitness": {**scorer_settings(args), **combiner.model_dump()}} if combiner else {}),
     )
     # enable_prefix_caching stays on: the backend resets the prefix cache after every weight change.
     engine_kwargs = dict(worker_extension_cls=EXTENSION, dtype=args.dtype, max_model_len=args.max_model_len,
@@ -143,8 +173,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.max_tokens is not None:
         env_kwargs["max_tokens_per_turn"] = args.max_tokens
     if args.engines > 1 or args.ray_address:
-        if args.toy_reward:
-            raise SystemExit("--toy-reward runs on a single engine (the pool's actors score episodes themselves)")
+        if args.toy_reward or scorer is not None:
+            raise SystemExit("--toy-reward and --step-scorer run on a single engine (the pool's actors score "
+                             "episodes themselves)")
         if args.mode == "async":
             print("[es] --engines: each engine runs its members in lockstep mode", file=sys.stderr)
         return train_on_pool(args, config, train, held_out, engine_kwargs, env_kwargs)
@@ -159,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     def evaluate(batch: Sequence[Any], seed: int, generation: int, member: int):
         result = evaluate_member(policy, args.env, batch, seed, generation=generation, member=member,
-                                 env_kwargs=env_kwargs, concurrency=16, mode=args.mode)
+                                 env_kwargs=env_kwargs, concurrency=16, mode=args.mode, step_scorer=scorer,
+                                 combiner=combiner)
         if args.toy_reward:
             result = result.model_copy(update={"reward": toy_reward(result.rows)})
         print(f"[es]   generation={generation} member={member} seed={seed} reward={result.reward:.4f}")
@@ -176,6 +208,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         eval_hook=interval_eval)
     report(trainer.run(), args.history, backend.checksum()[0])
     policy.close()
+    if scorer is not None:
+        scorer.close()
 
 
 def eval_summary(rows: Sequence[Any], generation: int) -> dict[str, Any]:

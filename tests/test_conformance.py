@@ -22,6 +22,7 @@ from agent_envs.core import registry
 from agent_envs.policy.scripted import ScriptedPolicy
 from agent_envs.rollout.runner import run_episodes, strip_timings
 from sandbox_backends import temp_dirs
+from test_process_rewards import HashScorer
 
 ENV_IDS = registry.ENV_IDS
 TERMINATIONS = {"final_answer", "max_turns", "max_response_tokens_exceeded", "context_length_exceeded"}
@@ -104,11 +105,11 @@ def test_random_and_adversarial_completions_never_raise(env_id):
     assert ended > 0
 
 
-def _records(env_id: str, mode: str, base_seed: int = 11) -> list[dict]:
+def _records(env_id: str, mode: str, base_seed: int = 11, **kwargs) -> list[dict]:
     tasks = _make(env_id).unwrapped.tasks[:2]
     policy = ScriptedPolicy(registry.spec(env_id).report.baseline)
     recs = run_episodes(env_id, tasks, policy, samples=2, mode=mode, base_seed=base_seed,
-                        env_kwargs=ENV_KWARGS, concurrency=3, progress=False)
+                        env_kwargs=ENV_KWARGS, concurrency=3, progress=False, **kwargs)
     return [strip_timings(r) for r in recs]
 
 
@@ -120,6 +121,31 @@ def test_lockstep_and_async_agree_and_seeds_repeat(env_id):
     assert _records(env_id, "async") == lockstep
     assert _records(env_id, "async") == lockstep
     assert [r["seed"] for r in _records(env_id, "lockstep", base_seed=12)] != [r["seed"] for r in lockstep]
+
+
+class _Recorder(HashScorer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.contexts: list = []
+
+    def score_batch(self, contexts):
+        self.contexts += contexts
+        return super().score_batch(contexts)
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_step_scorer_sees_every_step_and_changes_nothing_else(env_id):
+    """docs/protocol.md#process-rewards: one score per step, the spec's images exist, lockstep ==
+    async, and the episodes are those of an unscored run."""
+    recorder = _Recorder()
+    scored = _records(env_id, "lockstep", step_scorer=recorder)
+    assert _records(env_id, "async", step_scorer=HashScorer()) == scored
+    added = ("step_scores", "step_score_errors", "process_score", "process_aggregation")
+    assert [{k: v for k, v in r.items() if k not in added} for r in scored] == _records(env_id, "lockstep")
+    assert sum(len(r["react_steps"]) for r in scored) == len(recorder.contexts) > 0
+    assert all(len(r["step_scores"]) == len(r["react_steps"]) and None not in r["step_scores"] for r in scored)
+    assert all(Path(image).is_file() for c in recorder.contexts for image in c.images)
+    assert {c.env_id for c in recorder.contexts} == {env_id}
 
 
 @pytest.mark.parametrize("env_id", ENV_IDS)

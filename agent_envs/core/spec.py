@@ -138,4 +138,7 @@ class EnvSpec:
     mounts: Callable[[Any], list[Mount]] = lambda task: []
     #: ``(template, task) -> first user message``; None: ``{question}`` filled with ``task.question``
     user_message: Callable[[str, Any], str] | None = None
+    #: host paths of the images a step scorer is shown with every step of a task
+    #: (docs/protocol.md#process-rewards)
+    step_images: Callable[[Any], list[str]] = lambda task: []
     description: str = ""

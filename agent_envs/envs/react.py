@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import gymnasium as gym
 
-from agent_envs.core.content import copy_message, parts_of, text_part
+from agent_envs.core.content import copy_message, parts_of, text_of, text_part
 from agent_envs.core.observation import Observation, Shown, split
 from agent_envs.core.spec import EnvSpec, Rules
 from agent_envs.core.types import Completion, GenerationRequest
@@ -31,6 +31,7 @@ from agent_envs.protocol.decision import decide
 from agent_envs.protocol.messages import STOP
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED, TURN_STRIDE, trajectory_seed
 from agent_envs.prompts import fill, load_prompt, sha256
+from agent_envs.rewards.step import StepContext, StepScore, StepScorer, process_fields
 from agent_envs.sandbox.base import SandboxConfig
 from agent_envs.sandbox.factory import resolve_config
 from agent_envs.tokens import PromptTally, TokenCounter
@@ -69,6 +70,11 @@ class EpisodeState:
     #: matching sandbox wall times, kept apart because timings differ between identical runs
     turn_log: list[dict[str, Any]] = field(default_factory=list)
     turn_tool_s: list[float] = field(default_factory=list)
+    #: message count after each ``steps`` entry (its conversation so far), and its step score
+    step_ends: list[int] = field(default_factory=list)
+    step_scores: list[StepScore] = field(default_factory=list)
+    #: what this ``step`` call adds to ``info`` (the step's score)
+    step_info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def used_bash(self) -> bool:
@@ -112,6 +118,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         compat: str = "es",
         render_mode: str | None = None,
         dataset_kwargs: dict[str, Any] | None = None,
+        step_scorer: StepScorer | None = None,
     ):
         es = self.env_spec
         args = EnvArgs.checked(f"{self.env_id} argument", {
@@ -124,6 +131,10 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             "render_mode": render_mode, "processor": processor,
         })
         self.render_mode = render_mode
+        if step_scorer is not None and not isinstance(step_scorer, StepScorer):
+            raise TypeError(f"step_scorer must be a StepScorer, got {type(step_scorer).__name__}")
+        #: scores each step as it happens (docs/protocol.md#process-rewards); the runner batches instead
+        self.step_scorer = step_scorer
         self.max_turns = args.max_turns
         self.max_tokens_per_turn = args.max_tokens_per_turn
         self.max_trajectory_tokens = args.max_trajectory_tokens or None
@@ -217,6 +228,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
     def step(self, action: str | Completion | dict):
         ep = self._require_running()
         completion = _as_completion(action)
+        ep.step_info = {}
         if completion.error is not None:
             reason = (
                 "context_length_exceeded" if completion.error == "context_length_exceeded" else "request_error"
@@ -265,6 +277,11 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         ep.steps.append(step)
         obs_message = msgs.observation_message(name, body, [i.part for i in images])
         ep.messages.append(obs_message)
+        ep.step_ends.append(len(ep.messages))
+        if self.step_scorer is not None:
+            score = self.step_scorer.score_sync(self.step_contexts(len(ep.step_scores)))[0]
+            ep.step_scores.append(score)
+            ep.step_info = {"step_score": score.score, "step_score_error": score.error}
         if cap is not None:
             attempted = ep.trajectory_tokens + self.counter.message_tokens(obs_message)
             ep.attempted_trajectory_tokens = attempted
@@ -289,6 +306,19 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             row_index=ep.row_index,
             sample_index=ep.sample_index,
         )
+
+    def step_contexts(self, start: int = 0) -> list[StepContext]:
+        """What a step scorer sees for ``react_steps[start:]`` of the current episode (also after it ended)."""
+        ep = self._ep
+        if ep is None:
+            raise RuntimeError("call reset() before step_contexts()")
+        task = ep.task.model_dump(mode="json")
+        images = tuple(self.env_spec.step_images(ep.task))
+        return [StepContext(env_id=self.env_id, key=self._key(ep), turn=step["turn"],
+                            question=text_of(ep.messages[1]["content"]),
+                            task=task, messages=_copy_chat(ep.messages[:end]), assistant=step["assistant"],
+                            action=step.get("action"), observation=step["observation"], images=images)
+                for step, end in zip(ep.steps[start:], ep.step_ends[start:])]
 
     def render(self) -> str | None:
         if self.render_mode != "ansi" or self._ep is None:
@@ -422,6 +452,8 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         if ep.prompt_images:
             record["prompt_images"] = copy.deepcopy(ep.prompt_images)
         record.update(self._score(ep))
+        if self.step_scorer is not None:
+            record.update(process_fields(ep.step_scores, self.step_scorer.aggregation))
         return record
 
     def _info(self) -> dict[str, Any]:
@@ -441,6 +473,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             "termination_reason": ep.termination_reason,
             "max_tokens": self.max_tokens_per_turn,
             "stop": list(STOP),
+            **ep.step_info,
         }
 
     @staticmethod

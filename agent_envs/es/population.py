@@ -7,7 +7,7 @@ always restored in a ``finally`` block, whatever the rollout does.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -17,6 +17,9 @@ from .history import ESConfig, GenerationRecord, Record, write_history
 from .normalize import normalize_rewards, population_std
 from .schedule import sigma_at_step
 from .seeds import SeedStream, case_batch
+
+if TYPE_CHECKING:
+    from agent_envs.rewards.combine import FitnessCombiner
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -49,9 +52,13 @@ class MemberResult(BaseModel):
     engine_index: int = 0
 
 
+#: kept in the history's rows when present (runs with a step scorer / a fitness combiner)
+PROCESS_KEYS = ("process_score", "fitness")
+
+
 def compact_row(row: dict[str, Any]) -> dict[str, Any]:
     """The history's per-row summary: scores and accounting, no transcripts."""
-    return {k: row.get(k) for k in COMPACT_KEYS}
+    return {**{k: row.get(k) for k in COMPACT_KEYS}, **{k: row[k] for k in PROCESS_KEYS if k in row}}
 
 
 def evaluate_member(
@@ -65,9 +72,12 @@ def evaluate_member(
     samples: int = 1,
     rollout: Rollout | None = None,
     engine_index: int = 0,
+    combiner: FitnessCombiner | None = None,
     **rollout_kwargs: Any,
 ) -> MemberResult:
-    """Run the case batch with base seed = member seed; reward = mean of max(0, score).
+    """Run the case batch with base seed = member seed; reward = mean of max(0, score), or with a
+    :class:`~agent_envs.rewards.combine.FitnessCombiner` the mean of each episode's combined fitness
+    (outcome + process, written into the rows as ``fitness``; docs/protocol.md#fitness-combiner).
 
     ``rollout`` defaults to :func:`agent_envs.rollout.run_episodes` in lockstep mode (one policy
     call per turn, as the reference trainer).  A job the runner returned no row for counts as a 0
@@ -84,8 +94,11 @@ def evaluate_member(
         rollout_kwargs = {"mode": "lockstep", "progress": False, "tags": tags, **rollout_kwargs}
     rows = rollout(env_id, list(tasks), policy, samples=samples, base_seed=member_seed, **rollout_kwargs)
     tagged = [{**as_row(row), **tags} for row in rows]
+    if combiner is not None:
+        tagged = [{**row, "fitness": combiner.fitness(row)} for row in tagged]
+    fitness = clamped_score if combiner is None else (lambda row: row["fitness"])
     expected = max(len(tasks) * samples, len(tagged))
-    reward = sum(clamped_score(r) for r in tagged) / expected if expected else 0.0
+    reward = sum(fitness(r) for r in tagged) / expected if expected else 0.0
     return MemberResult(generation=generation, member=member, seed=member_seed, reward=reward,
                         rows=tagged, engine_index=engine_index)
 

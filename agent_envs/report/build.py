@@ -52,7 +52,7 @@ def render(runs: list[Run]) -> str:
         metrics=views.metric_rows(runs), plots=plots.all_plots(runs),
         task_rows=[views.task_rows(r) for r in runs], groups=groups,
         images={path: url for path, url in images.items() if url},
-        comparison=comparison,
+        comparison=comparison, has_process=any("process" in r.metrics for r in runs),
     )
 
 

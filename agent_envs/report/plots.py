@@ -104,6 +104,9 @@ def all_plots(runs: Sequence[Run]) -> list[dict[str, str]]:
                 out += [float(s) for t, s in zip(log, secs) if not only_tools or t.get("decision") == "run"]
         return out
 
+    def step_scores(run: Run) -> list[float]:
+        return [float(v) for r in run.rows for v in r.get("step_scores") or [] if v is not None]
+
     figures = [
         ("Score distribution", histogram(runs, [[float(r.get("score") or 0.0) for r in run.rows] for run in runs],
                                          "Score per episode", "score", "episodes", bins=[i / 10 for i in range(11)])),
@@ -114,5 +117,7 @@ def all_plots(runs: Sequence[Run]) -> list[dict[str, str]]:
         ("Tool-call latency", histogram(runs, [[s * 1000 for s in per_turn(run, "turn_tool_s", True)] for run in runs],
                                         "Sandbox time per tool call", "milliseconds", "tool calls")),
         ("Termination reasons", reasons(runs)),
+        ("Step scores", histogram(runs, [step_scores(run) for run in runs], "Process reward per step", "step score",
+                                  "steps", bins=[i / 10 for i in range(11)])),
     ]
     return [{"title": title, "src": src} for title, src in figures if src]

@@ -67,6 +67,15 @@ def metric_rows(runs: Sequence[Run]) -> list[tuple[str, list[str]]]:
         label = key.replace("acc_pass@", "accuracy Pass@").replace("mean@", "Mean@").replace("pass@", "Pass@")
         rows.append((label,
                      [_fmt(r.metrics["at_k"].get(key)) for r in runs]))
+    if any("process" in r.metrics for r in runs):
+        def process(run: Run, key: str) -> str:
+            value = (run.metrics.get("process") or {}).get(key)
+            return ", ".join(value) if isinstance(value, list) else _fmt(value)
+
+        rows += [("mean step score", [process(r, "mean_step_score") for r in runs]),
+                 ("mean process score", [process(r, "mean_process_score") for r in runs]),
+                 ("process aggregation", [process(r, "aggregations") for r in runs]),
+                 ("step-score errors", [process(r, "step_score_errors") for r in runs])]
     if any(ANLS_KEY in r.metrics for r in runs):
         for key, label in (("anls_mean", "ANLS mean"), ("anls_pass", "ANLS pass (best sample)"),
                            ("acc_mean", "accuracy (ANLS > 0.5)"), ("acc_pass", "accuracy pass")):
@@ -161,7 +170,9 @@ def turns(row: Row, images: dict[str, str | None] | None = None) -> list[Row]:
     final answer, or one cut by a budget) is not in ``react_steps``; its text is the record's
     ``completion``."""
     images = {} if images is None else images
-    steps = {int(s.get("turn", i + 1)): s for i, s in enumerate(row.get("react_steps") or [])}
+    react_steps = row.get("react_steps") or []
+    steps = {int(s.get("turn", i + 1)): s for i, s in enumerate(react_steps)}
+    step_scores = _step_scores(row, react_steps)
     log = row.get("turn_log") or []
     tool_s = row.get("turn_tool_s") or []
     gen_s = row.get("turn_generation_s") or []
@@ -183,8 +194,17 @@ def turns(row: Row, images: dict[str, str | None] | None = None) -> list[Row]:
             "finish_reason": info.get("finish_reason"),
             "tool_s": tool_s[n - 1] if n - 1 < len(tool_s) and decision == "run" else None,
             "gen_s": gen_s[n - 1] if n - 1 < len(gen_s) else None,
+            **dict(zip(("step_score", "step_score_error"), step_scores.get(n, (None, None)))),
         })
     return out
+
+
+def _step_scores(row: Row, react_steps: Sequence[Row]) -> dict[int, tuple[float | None, str | None]]:
+    """Turn -> (step score, scorer error) of the records a step scorer scored (aligned with ``react_steps``)."""
+    scores = row.get("step_scores") or []
+    errors = row.get("step_score_errors") or [None] * len(scores)
+    return {int(s.get("turn", i + 1)): (scores[i], errors[i] if i < len(errors) else None)
+            for i, s in enumerate(react_steps) if i < len(scores)}
 
 
 def episode(run: Run, row: Row, images: dict[str, str | None]) -> Row:
@@ -200,7 +220,9 @@ def episode(run: Run, row: Row, images: dict[str, str | None]) -> Row:
         "react_error": row.get("react_error"), "error": row.get("error"), "latency": row.get("latency_s"),
         "tokens": row.get("generated_tokens"), "tool_s": row.get("tool_seconds"),
         "prediction": row.get("prediction"), "gold": _gold(row), "question": _question(row),
-        "anls": row.get("anls"), "image_path": image, "image_ok": bool(image and images.get(image)),
+        "anls": row.get("anls"), "process_score": row.get("process_score"),
+        "process_aggregation": row.get("process_aggregation"),
+        "image_path": image, "image_ok": bool(image and images.get(image)),
         "prompt_images": _shown(row.get("prompt_images"), images),
         "turns": turns(row, images),
     }

@@ -194,7 +194,29 @@ def summarize(records: Records, samples: int, ks: Sequence[int] | None = None, i
     out["trajectory_tokens"] = _stats([float(r.get("trajectory_tokens", 0)) for r in rows])
     out["latency_s"] = _stats([float(r.get("latency_s", 0.0)) for r in rows])
     out["token_counts_exact"] = all(r.get("token_counts_exact") is not False for r in rows)
+    if has_step_scores(rows):
+        out["process"] = process_metrics(rows)
     return out
+
+
+def has_step_scores(rows: Sequence[Row]) -> bool:
+    """Whether a step scorer scored the records (they carry ``step_scores``)."""
+    return any("step_scores" in r for r in rows)
+
+
+def process_metrics(rows: Sequence[Row]) -> Row:
+    """Step-score statistics (docs/protocol.md#process-rewards): failed steps are counted, not averaged."""
+    scored = [r for r in rows if "step_scores" in r]
+    steps = [s for r in scored for s in r.get("step_scores") or []]
+    values = [float(s) for s in steps if s is not None]
+    return {
+        "episodes": len(scored),
+        "steps": len(steps),
+        "step_score_errors": len(steps) - len(values),
+        "mean_step_score": _mean(values),
+        "mean_process_score": _mean([float(r["process_score"]) for r in scored if r.get("process_score") is not None]),
+        "aggregations": sorted({str(r.get("process_aggregation")) for r in scored}),
+    }
 
 
 def group_metrics(records: Records, k: int) -> Row:

@@ -28,6 +28,8 @@ import gymnasium as gym
 from agent_envs.data.tasks import episode_key, task_id
 from agent_envs.policy.base import Completion, GenerationRequest, Policy, error_text
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
+from agent_envs.rewards.gather import ScoreGatherer
+from agent_envs.rewards.step import StepContext, StepScore, StepScorer, process_fields
 
 from .records import EpisodeRecord, JsonlWriter, as_row
 from .resume import prepare_resume
@@ -73,6 +75,11 @@ class _Episode:
     finished: float = 0.0
     #: the policy's :meth:`~agent_envs.policy.base.Policy.warm`, run on each new request
     warm: Callable[[GenerationRequest], None] | None = None
+    #: with a step scorer: react steps handed to it so far, those of the last step, their scores
+    score_steps: bool = False
+    steps_taken: int = 0
+    new_contexts: list[StepContext] = field(default_factory=list)
+    step_scores: list[StepScore] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -97,6 +104,7 @@ class _Episode:
     def advance(self, completion: Completion) -> None:
         """Feed one completion; then either the episode is over or ``request`` is the next one."""
         t = time.perf_counter()
+        self.new_contexts = []
         self.policy_calls += 1
         self.engine = completion.engine or self.engine
         if self.prompt_tokens is not None:  # summed only while every completion reports it
@@ -104,6 +112,9 @@ class _Episode:
             self.prompt_tokens = None if reported is None else self.prompt_tokens + reported
         try:
             _, _, terminated, truncated, info = self.env.step(completion)
+            if self.score_steps:
+                self.new_contexts = self.env.get_wrapper_attr("step_contexts")(self.steps_taken)
+                self.steps_taken += len(self.new_contexts)
             if terminated or truncated:
                 self.episode = dict(info["episode"])
                 self.finished = time.perf_counter()
@@ -131,8 +142,10 @@ class _Context:
     """Everything shared by the episodes of one run: env factory, policy identity, output."""
 
     def __init__(self, make_env: Callable[[], gym.Env], policy: Policy, base_seed: int,
-                 tags: dict[str, Any], writer: JsonlWriter | None, progress: "_Progress"):
+                 tags: dict[str, Any], writer: JsonlWriter | None, progress: "_Progress",
+                 scorer: StepScorer | None = None):
         self.make_env = make_env
+        self.scorer = scorer
         self.policy = policy
         self.base_seed = base_seed
         self.tags = tags
@@ -149,6 +162,9 @@ class _Context:
         env = self.make_env()
         self.envs.append(env)
         return env
+
+    def episode(self, job: Job, env: gym.Env | None) -> _Episode:
+        return _Episode(job, env, self.base_seed, warm=self.policy.warm, score_steps=self.scorer is not None)
 
     def prepare(self) -> None:
         """Build the first env in the caller's thread so a bad configuration raises at once."""
@@ -192,6 +208,8 @@ class _Context:
             "error": error,
             "tags": dict(self.tags),
         })
+        if self.scorer is not None:
+            row.update(process_fields(ep.step_scores, self.scorer.aggregation))
         return EpisodeRecord.model_validate(row)
 
 
@@ -253,7 +271,7 @@ def _run_lockstep(ctx: _Context, jobs: Sequence[Job], batch_size: int, pool: Thr
         chunk = jobs[start:start + batch_size]
         envs += [None] * (len(chunk) - len(envs))
         envs[:len(chunk)] = [env if env is not None else ctx.new_env() for env in envs[:len(chunk)]]
-        episodes = [_Episode(job, env, ctx.base_seed, warm=ctx.policy.warm) for job, env in zip(chunk, envs)]
+        episodes = [ctx.episode(job, env) for job, env in zip(chunk, envs)]
         list(pool.map(_Episode.start, episodes))
         live = _settle(ctx, envs, list(enumerate(episodes)))
         while live:
@@ -262,7 +280,16 @@ def _run_lockstep(ctx: _Context, jobs: Sequence[Job], batch_size: int, pool: Thr
             for _, ep in live:
                 ep.generation_s.append(time.perf_counter() - t)
             list(pool.map(_Episode.advance, [ep for _, ep in live], completions))
+            if ctx.scorer is not None:
+                _score_turn(ctx.scorer, [ep for _, ep in live])
             live = _settle(ctx, envs, live)
+
+
+def _score_turn(scorer: StepScorer, episodes: Sequence[_Episode]) -> None:
+    """One scorer call for the new steps of every episode of this turn."""
+    scores = iter(scorer.score_sync([c for ep in episodes for c in ep.new_contexts]))
+    for ep in episodes:
+        ep.step_scores += [next(scores) for _ in ep.new_contexts]
 
 
 def _settle(ctx: _Context, envs: list[gym.Env | None], live: list[tuple[int, _Episode]]) -> list[tuple[int, _Episode]]:
@@ -290,6 +317,7 @@ async def _run_async(ctx: _Context, jobs: Sequence[Job], concurrency: int, pool:
     loop = asyncio.get_running_loop()
     gate = asyncio.Semaphore(concurrency)
     idle: list[gym.Env] = []
+    gatherer = ScoreGatherer(ctx.scorer) if ctx.scorer is not None else None
 
     async def agenerate(request: GenerationRequest) -> Completion:
         try:
@@ -311,14 +339,18 @@ async def _run_async(ctx: _Context, jobs: Sequence[Job], concurrency: int, pool:
                     ep._fail(exc)
                     ctx.finish(ep)
                     return
-            ep = _Episode(job, env, ctx.base_seed, warm=ctx.policy.warm)
+            ep = ctx.episode(job, env)
             await loop.run_in_executor(pool, ep.start)
+            scores: list[asyncio.Future[StepScore]] = []
             while not ep.done:
                 assert ep.request is not None
                 t = time.perf_counter()
                 completion = await agenerate(ep.request)
                 ep.generation_s.append(time.perf_counter() - t)
                 await loop.run_in_executor(pool, ep.advance, completion)
+                if gatherer is not None:  # scored alongside: this episode generates on meanwhile
+                    scores += [gatherer.submit(c) for c in ep.new_contexts]
+            ep.step_scores = list(await asyncio.gather(*scores))
             retired = _retire(ep, env)
             if retired is not None:
                 idle.append(retired)
@@ -390,6 +422,7 @@ def run_episodes(
     progress: bool = True,
     tags: dict[str, Any] | None = None,
     row_indices: Sequence[int] | None = None,
+    step_scorer: StepScorer | None = None,
 ) -> list[EpisodeRecord]:
     """Run ``samples`` episodes of every task and return their records in (row, sample) order.
 
@@ -398,9 +431,13 @@ def run_episodes(
     ``out_path`` every record is appended (fsynced) as it finishes; ``resume=True`` first keeps
     the finished records there and re-runs only missing or failed ones.  ``row_indices``: the
     tasks' rows in the full list (default ``0..len(tasks)-1``), for a slice run on another engine.
+    ``step_scorer`` scores every step (docs/protocol.md#process-rewards), batched across episodes:
+    one call per turn in lockstep mode, gathered calls beside generation in async mode.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if step_scorer is not None and (env_kwargs or {}).get("step_scorer") is not None:
+        raise ValueError("give step_scorer to run_episodes or in env_kwargs, not both")
     if samples < 1 or concurrency < 1:
         raise ValueError(f"samples and concurrency must be >= 1 (got {samples}, {concurrency})")
     jobs = make_jobs(tasks, samples, row_indices)
@@ -413,7 +450,7 @@ def run_episodes(
     make_env = _env_factory(env_id_or_factory, policy, env_kwargs)
     bar = _Progress(len(todo), progress, desc=f"{mode}")
     writer = JsonlWriter(out_path) if out_path is not None else None
-    ctx = _Context(make_env, policy, base_seed, dict(tags or {}), writer, bar)
+    ctx = _Context(make_env, policy, base_seed, dict(tags or {}), writer, bar, step_scorer)
     pool = ThreadPoolExecutor(max_workers=tool_workers or concurrency, thread_name_prefix="agent-envs-env")
     try:
         if todo:

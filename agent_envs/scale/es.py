@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agent_envs.es.history import ESConfig, Record
 from agent_envs.es.population import ESTrainer, MemberResult, evaluate_member
+from agent_envs.rewards.combine import FitnessCombiner
 
 from .engines import Engine
 from .pool import EnginePool
@@ -34,6 +35,8 @@ class MemberJob(BaseModel):
     member: int
     samples: int = 1
     rollout_kwargs: dict[str, Any] = {}
+    #: outcome + process -> fitness (None: the outcome alone)
+    combiner: FitnessCombiner | None = None
 
 
 def run_member_on(engine: Engine, job: MemberJob, engine_index: int) -> MemberResult:
@@ -42,7 +45,7 @@ def run_member_on(engine: Engine, job: MemberJob, engine_index: int) -> MemberRe
     try:
         return evaluate_member(engine.policy, job.env_id, job.tasks, job.seed, generation=job.generation,
                                member=job.member, samples=job.samples, engine_index=engine_index,
-                               **job.rollout_kwargs)
+                               combiner=job.combiner, **job.rollout_kwargs)
     finally:
         engine.revert(job.seed, job.sigma)
 
@@ -73,17 +76,19 @@ class PoolESTrainer(ESTrainer):
     def __init__(self, config: ESConfig, backend: PoolBackend, tasks: Sequence[Any], history_path: str, *,
                  rollout_kwargs: dict[str, Any] | None = None, history: list[Record] | None = None,
                  start_generation: int = 0, eval_hook: Callable[[int], dict[str, Any] | None] | None = None,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, combiner: FitnessCombiner | None = None) -> None:
         super().__init__(config, backend, tasks, None, history_path, history, start_generation, eval_hook, log)
         self.pool = backend.pool
         self.rollout_kwargs = dict(rollout_kwargs or {})
+        self.combiner = combiner
         #: engines that evaluate members (default: all); updates always run on every engine
         self.member_engines: list[int] | None = None
 
     def evaluate_population(self, batch: Sequence[Any], seeds: Sequence[int], sigma: float,
                             generation: int) -> list[MemberResult]:
         jobs = [MemberJob(env_id=self.config.env_id, tasks=list(batch), seed=s, sigma=sigma, generation=generation,
-                          member=i, samples=self.config.train_samples, rollout_kwargs=self.rollout_kwargs)
+                          member=i, samples=self.config.train_samples, rollout_kwargs=self.rollout_kwargs,
+                          combiner=self.combiner)
                 for i, s in enumerate(seeds)]
 
         def report(_: int, r: MemberResult) -> None:

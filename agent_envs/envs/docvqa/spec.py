@@ -42,5 +42,6 @@ SPEC = EnvSpec(
     load_tasks=load_docvqa_tasks,
     task_model=DocTask,
     mounts=mounts,
+    step_images=lambda task: [str(task.image)],
     description="Answer a question about a page image through shell and OCR commands only.",
 )

@@ -1,0 +1,48 @@
+"""Command-line flags for a step scorer, shared by ``agent-envs eval`` and ``examples/es_train.py``
+(docs/protocol.md#process-rewards)."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .step import StepScorer
+
+SCORERS = ("judge", "vlm-prm")
+
+
+def add_scorer_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--step-scorer", default=None, choices=SCORERS,
+                        help="score every step: an LLM judge behind an OpenAI-compatible server, or a "
+                             "vision-language reward model with a LoRA adapter (docs/protocol.md#process-rewards)")
+    parser.add_argument("--judge-url", default=None, help="the judge's API root, e.g. http://127.0.0.1:8001/v1")
+    parser.add_argument("--judge-model", default=None, help="the judge's model name on that server")
+    parser.add_argument("--judge-prompt", default="judges/step", help="judge prompt template (shipped name or path)")
+    parser.add_argument("--prm-base", default=None, help="base vision-language model folder (--step-scorer vlm-prm)")
+    parser.add_argument("--prm-adapter", default=None, help="LoRA adapter folder for --prm-base (peft)")
+
+
+def scorer_settings(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The flags as a record for a run's config (None without a scorer)."""
+    if args.step_scorer is None:
+        return None
+    keys = ("judge_url", "judge_model", "judge_prompt") if args.step_scorer == "judge" else ("prm_base", "prm_adapter")
+    return {"step_scorer": args.step_scorer, **{k: getattr(args, k) for k in keys}}
+
+
+def scorer_from_args(args: argparse.Namespace) -> StepScorer | None:
+    """The scorer the flags ask for; a missing companion flag is a ``ValueError`` naming it."""
+    if args.step_scorer is None:
+        return None
+    if args.step_scorer == "judge":
+        if not (args.judge_url and args.judge_model):
+            raise ValueError("--step-scorer judge needs --judge-url and --judge-model")
+        from agent_envs.policy.openai import OpenAIPolicy
+
+        from .judge import LLMJudgeScorer
+
+        return LLMJudgeScorer(OpenAIPolicy(args.judge_url, args.judge_model), args.judge_prompt)
+    if not args.prm_base:
+        raise ValueError("--step-scorer vlm-prm needs --prm-base (and usually --prm-adapter)")
+    from .vlm_prm import VLMRewardScorer
+
+    return VLMRewardScorer(args.prm_base, args.prm_adapter)
