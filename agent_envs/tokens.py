@@ -422,18 +422,20 @@ def _unpooled(tokenizer: Any, method: str) -> Callable[..., Any]:
 
 
 def _direct_encoder(tokenizer: Any) -> Callable[[str], list[int]] | None:
-    """The Rust tokenizer's one-text ``encode``, when it gives exactly ``tokenizer.encode``'s ids.
+    """The Rust tokenizer called directly, when it gives exactly ``tokenizer.encode``'s ids.
 
-    transformers routes one text through ``encode_batch`` (the Rust thread pool) and vLLM through
-    its tokenizer pool; from many env threads at once both serialise.  The direct call is checked
-    once per tokenizer on probe texts (chat templates included) and not used on any difference.
+    Not through vLLM's tokenizer pool (see :func:`_unpooled`), and as a one-text ``encode_batch``:
+    the Rust ``encode`` holds the interpreter lock while it works, ``encode_batch`` releases it, so
+    env threads tokenise on all cores at once (here: 2 threads 2.0x, 1 thread 1.08x faster than
+    ``encode``).  Checked once per tokenizer on probe texts (chat templates included) and not used
+    on any difference.
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or not callable(getattr(backend, "encode", None)):
+    if backend is None or not callable(getattr(backend, "encode_batch", None)):
         return None
 
     def encode(text: str) -> list[int]:
-        return backend.encode(text, add_special_tokens=False).ids
+        return backend.encode_batch([text], add_special_tokens=False)[0].ids
 
     with _VERIFIED_LOCK:
         try:
