@@ -30,8 +30,8 @@ from array import array
 from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
-from agent_envs.core.content import (Message, copy_message, decode_image_url, has_images, image_part, image_urls,
-                                     text_of, text_part)
+from agent_envs.core.content import (Message, copy_message, has_images, image_part, image_urls, images_of, text_of,
+                                     text_part)
 
 #: side in pixels of the tile one image token stands for when no processor is given (a 14-pixel
 #: patch merged 2x2, the rate of the Qwen2-VL family)
@@ -56,16 +56,12 @@ def _text_only(messages: Sequence[Message]) -> list[Message]:
     return [m if isinstance(m.get("content"), str) else {**m, "content": text_of(m["content"])} for m in messages]
 
 
-def _hf_parts(messages: Sequence[Message]) -> list[Message]:
-    """The chat with image parts as HF ``{"type": "image", "image": <PIL>}`` blocks (nothing fetched)."""
-    out = []
-    for message in messages:
-        message = copy_message(message)
-        if isinstance(message.get("content"), list):
-            message["content"] = [{"type": "image", "image": decode_image_url(p["image_url"]["url"]).convert("RGB")}
-                                  if p.get("type") == "image_url" else p for p in message["content"]]
-        out.append(message)
-    return out
+def processor_inputs(processor: Any, text: str, images: list[Any], return_tensors: str | None = None) -> Any:
+    """A processor's inputs for a rendered chat (``text``, one placeholder per image) and its images:
+    ``input_ids`` holds every image expanded to its image tokens.  The one place both the counts
+    (:class:`TokenCounter`) and the policies (:mod:`agent_envs.vision`) get image prompts from."""
+    return processor(text=[text], images=[images] if images else None, return_tensors=return_tensors,
+                     add_special_tokens=False)
 
 
 def image_size(url: str) -> tuple[int, int]:
@@ -127,9 +123,7 @@ class TokenCounter:
         if self.tokenizer is None:
             raise ValueError("prompt_ids needs a tokenizer")
         if self.processor is not None:
-            return _input_ids(self.processor.apply_chat_template(
-                _hf_parts(messages), tokenize=True, add_generation_prompt=True, return_dict=True,
-                **self._template_kwargs()))
+            return _input_ids(processor_inputs(self.processor, self.render(messages), images_of(messages)))
         if has_images(messages):
             raise ValueError("a chat with images has token ids only with a processor (processor=...)")
         return self._text_prompt_ids(messages)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from agent_envs.core.content import Message, images_of
-from agent_envs.tokens import TokenCounter
+from agent_envs.tokens import TokenCounter, processor_inputs
 
 
 @dataclass
@@ -47,8 +47,7 @@ class ProcessorRenderer:
 
     def render(self, messages: Sequence[Message]) -> ImagePrompt:
         text, images = self.text(messages), images_of(messages)
-        encoded = self.processor(text=[text], images=[images] if images else None, return_tensors="pt",
-                                 add_special_tokens=False)
+        encoded = processor_inputs(self.processor, text, images, return_tensors="pt")
         features = {k: v for k, v in encoded.items() if k not in ("input_ids", "attention_mask")}
         return ImagePrompt(ids=encoded["input_ids"][0].tolist(),
                            placeholder_ids=list(self.tokenizer.encode(text, add_special_tokens=False)),
