@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
+import gc
 import hashlib
 import math
 import random
@@ -108,6 +109,25 @@ class Metered(Policy):
             self._leave()
 
 
+class GCClock:
+    """Seconds this process spent in the cyclic garbage collector (``gc.callbacks``), by generation:
+    vLLM's output processing allocates per token, and a full collection walks every live object."""
+
+    def __init__(self) -> None:
+        self.seconds, self.full, self._since = 0.0, 0, 0.0
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._since = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._since
+            self.full += info["generation"] == 2
+
+
+GC = GCClock()
+
+
 def wait_for_free_gpu(fraction: float, timeout: float = 120.0) -> None:
     """Until the previous engine's process has released the GPU (NVML: no CUDA context here)."""
     try:
@@ -150,6 +170,7 @@ def rollout(name: str, policy: Policy, mode: str, tasks: list[dict], args: argpa
 
     metered = Metered(policy, max_tokens)
     engine_before = getattr(policy, "engine_s", None)
+    gc_before, full_before = GC.seconds, GC.full
     start = time.perf_counter()
     records = run_episodes("MATH-ReAct-v0", tasks, metered, mode=mode, concurrency=concurrency, progress=False,
                            env_kwargs={"sandbox": "none", "max_turns": args.turns, "max_tokens_per_turn": args.tokens})
@@ -160,6 +181,7 @@ def rollout(name: str, policy: Policy, mode: str, tasks: list[dict], args: argpa
         raise SystemExit(f"{name}: {len(errors)} failed episodes, e.g. {errors[0].error}")
     out = row(name, wall, sum(r.generated_tokens for r in records), len(records), busy)
     out["env_s"] = sum(r.env_seconds for r in records)
+    out["gc_s"], out["gc_full"] = GC.seconds - gc_before, GC.full - full_before
     return out
 
 
@@ -250,6 +272,7 @@ def main() -> None:
     rows.append(rollout("lockstep, VLLMPolicy defaults", policy, "lockstep", uniform, args, args.episodes))
     calls = list(policy.calls)
     policy.llm.reset_prefix_cache()
+    gc_before, full_before = GC.seconds, GC.full
     start = time.perf_counter()
     raw_tokens = 0
     for group in calls:
@@ -258,6 +281,7 @@ def main() -> None:
         raw_tokens += sum(len(o.outputs[0].token_ids) for o in outs)
     wall = time.perf_counter() - start
     rows.insert(0, row(f"raw llm.generate ({len(calls)} calls)", wall, raw_tokens, None, wall))
+    rows[0]["gc_s"], rows[0]["gc_full"] = GC.seconds - gc_before, GC.full - full_before
     if not args.skip_tail:
         policy.llm.reset_prefix_cache()
         rows.append(rollout("long tail: lockstep", policy, "lockstep", tail_tasks, args, args.tail_concurrency, tail))
@@ -303,13 +327,14 @@ def main() -> None:
           f"sandbox none; engine starts: " + ", ".join(f"{k} {v:.0f} s" for k, v in starts.items()))
     print("# the two engines ran one after the other, each with the whole GPU; same dummy weights, same prompts; "
           "scheduler (max_num_batched_tokens, max_num_seqs): " + ", ".join(f"{k} {v}" for k, v in schedulers.items()))
-    print("| variant | wall (s) | tokens | tok/s | share of raw | episodes/s | engine idle |")
-    print("|---|---|---|---|---|---|---|")
+    print("| variant | wall (s) | tokens | tok/s | share of raw | episodes/s | engine idle | GC s (full) |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         eps = "-" if r["episodes_s"] is None else f"{r['episodes_s']:.2f}"
         share = "-" if r["variant"].startswith("long tail") else f"{r['tok_s'] / raw:.0%}"  # other workload
+        gcs = f"{r['gc_s']:.2f} ({r['gc_full']})" if "gc_s" in r else "-"
         print(f"| {r['variant']} | {r['wall_s']:.1f} | {r['tokens']} | {r['tok_s']:.0f} | {share} | {eps} | "
-              f"{r['idle']:.1%} |")
+              f"{r['idle']:.1%} | {gcs} |")
     by = {r["variant"]: r for r in rows}
     lock = by["lockstep, VLLMPolicy defaults"]
     print(f"\nlockstep host time between engine calls {lock['wall_s'] * lock['idle']:.2f} s; env steps summed over "

@@ -46,7 +46,7 @@ from agent_envs.core.registry import ENV_IDS
 from agent_envs.envs.docvqa.data import load_docvqa_tasks
 from agent_envs.envs.math_react.data import load_math_tasks
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
-from agent_envs.es.history import ESConfig, resume
+from agent_envs.es.history import ESConfig, load_history, replay_is_exact, resume
 from agent_envs.es.normalize import NORMALIZATIONS
 from agent_envs.es.population import ESTrainer, evaluate_member
 from agent_envs.es.schedule import SCHEDULES
@@ -187,6 +187,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.resume:
         head, start = resume(args.resume, config, backend, args.resume_generations)
         print(f"[es] replayed {start} generations from {args.resume}; checksum {backend.checksum()[0][:16]}")
+        if not replay_is_exact(load_history(args.resume)):
+            print("[es] note: that run reverted members in place (the reference's default), so its trained "
+                  "weights carry rounding residue the replay does not repeat; checksums match only for runs "
+                  "trained with --exact-revert", file=sys.stderr)
 
     def evaluate(batch: Sequence[Any], seed: int, generation: int, member: int):
         result = evaluate_member(policy, args.env, batch, seed, generation=generation, member=member,

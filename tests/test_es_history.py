@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from agent_envs.es.history import (ESConfig, history_prefix, load_history, replay, resume,
+from agent_envs.es.history import (ESConfig, history_prefix, load_history, replay, replay_is_exact, resume,
                                    update_records, write_history)
 from agent_envs.es.perturb import SeededPerturber
 from agent_envs.es.population import ESTrainer, evaluate_member
@@ -71,7 +71,7 @@ def train(tmp_path: Path, generations: int = 3, exact: bool = True) -> tuple[nn.
     model = make_model()
     backend = SeededPerturber(model, exact_revert=exact)
     cfg = ESConfig(env_id="toy", generations=generations, population=4, case_batch_size=3, seed=7,
-                   sigma_start=0.05, sigma_end=0.02, alpha=0.05, eval_interval=2)
+                   sigma_start=0.05, sigma_end=0.02, alpha=0.05, eval_interval=2, exact_revert=exact)
     tasks = [{"id": f"t{i}", "x": i / 5} for i in range(5)]
     evaluate = lambda batch, seed, g, m: evaluate_member(  # noqa: E731
         None, cfg.env_id, batch, seed, generation=g, member=m, rollout=Scorer(model))
@@ -97,6 +97,7 @@ def test_trainer_writes_history_and_replay_is_exact(tmp_path: Path) -> None:
 
     fresh = make_model()
     backend = SeededPerturber(fresh)
+    assert replay_is_exact(history)
     assert replay(history, backend, seed=7, population=4) == 3
     assert backend.checksum() == trained
     with pytest.raises(ValueError, match="original --seed"):
@@ -156,6 +157,8 @@ def test_subtractive_revert_drifts_only_by_rounding(tmp_path: Path) -> None:
     """The reference's revert (subtract the noise) leaves fp32 rounding residue, nothing more."""
     trained, _, _ = train(tmp_path, exact=False)
     replayed = make_model()
-    replay(load_history(tmp_path / "history.json"), SeededPerturber(replayed), seed=7, population=4)
+    history = load_history(tmp_path / "history.json")
+    assert not replay_is_exact(history)  # es_train says so on --resume
+    replay(history, SeededPerturber(replayed), seed=7, population=4)
     drift = max((a - b).abs().max().item() for a, b in zip(trained.parameters(), replayed.parameters()))
-    assert drift < 1e-6
+    assert 0 < drift < 1e-6

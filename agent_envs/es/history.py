@@ -47,6 +47,8 @@ class ESConfig(BaseModel):
     eval_seed: int = DEFAULT_BASE_SEED
     eval_interval: int = 10
     tp_size: int = 1
+    #: members restored from a host copy instead of by subtraction (see :func:`replay_is_exact`)
+    exact_revert: bool = False
     history_file: str = ""
     backend: str = "vllm"
 
@@ -112,6 +114,13 @@ def load_history(path: str | os.PathLike[str]) -> list[Record]:
 def history_config(history: Sequence[Record]) -> Record:
     """The first ``config`` record's settings ({} when the history has none)."""
     return next((r["config"] for r in history if isinstance(r.get("config"), dict)), {})
+
+
+def replay_is_exact(history: Sequence[Record]) -> bool:
+    """Whether a replay rebuilds the trained weights bit for bit: only if training reverted each
+    member exactly.  In-place revert leaves a rounding residue per member, which a replay (updates
+    alone) does not repeat, so its weights and checksum differ slightly from the trained ones."""
+    return bool(history_config(history).get("exact_revert", False))
 
 
 def is_update_record(record: Record) -> bool:
