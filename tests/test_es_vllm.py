@@ -7,17 +7,14 @@ workaround is chosen when the worker extension is imported, before the model loa
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from vllm_cpu import REPO, run_result, script_env, smollm2, vllm_python
+
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_tmpdir")]
-REPO = Path(__file__).resolve().parent.parent
-MODEL = Path(os.environ.get("AGENT_ENVS_SMOLLM2_HF", "~/.cache/agent-envs/smollm2-hf")).expanduser()
-VENV = Path(os.environ.get("AGENT_ENVS_VLLM_VENV", "/opt/agent-envs-vllm-cpu"))
 
 SCRIPT = r'''
 import json, os, sys
@@ -53,27 +50,9 @@ print("RESULT " + json.dumps(out))
 '''
 
 
-def interpreter() -> str:
-    for candidate in (sys.executable, str(VENV / "bin" / "python")):
-        probe = subprocess.run([candidate, "-c", "import vllm"], capture_output=True)
-        if probe.returncode == 0:
-            return candidate
-    pytest.skip(f"no interpreter with vllm (tried {sys.executable} and {VENV}); run scripts/install_vllm_cpu.sh")
-
-
 def run_case(plain_linear: bool) -> dict:
-    python = interpreter()
-    if not (MODEL / "config.json").is_file():
-        pytest.skip(f"SmolLM2 HF folder missing at {MODEL}; run scripts/install_vllm_cpu.sh")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    env.pop("AGENT_ENVS_ES_CPU_PLAIN_LINEAR", None)
-    if plain_linear:
-        env["AGENT_ENVS_ES_CPU_PLAIN_LINEAR"] = "1"
-    proc = subprocess.run([python, "-c", SCRIPT, str(MODEL)], capture_output=True, text=True, env=env,
-                          timeout=1200)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    env = script_env(VLLM_ENABLE_V1_MULTIPROCESSING="0", AGENT_ENVS_ES_CPU_PLAIN_LINEAR="1" if plain_linear else None)
+    return run_result(["-c", SCRIPT, str(smollm2())], env=env, timeout=1200)[0]
 
 
 def test_packed_cpu_weights_are_refused() -> None:
@@ -98,12 +77,9 @@ def test_two_generation_es_loop_with_rollouts(tmp_path: Path, mode: str) -> None
     """examples/es_train.py end to end on the CPU engine: real envs, real bwrap, history written,
     replayable onto a fresh engine with the same checksum.  ``async``: AsyncVLLMPolicy with its
     engine core in another process, one ``run_episodes`` call per member, perturbed by name."""
-    python = interpreter()
-    if not (MODEL / "config.json").is_file():
-        pytest.skip(f"SmolLM2 HF folder missing at {MODEL}; run scripts/install_vllm_cpu.sh")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "AGENT_ENVS_ES_CPU_PLAIN_LINEAR": "1"}
-    common = [str(REPO / "examples" / "es_train.py"), "--model", str(MODEL), "--train", "builtin",
+    python, model = vllm_python(), smollm2()
+    env = script_env(VLLM_ENABLE_V1_MULTIPROCESSING="0", AGENT_ENVS_ES_CPU_PLAIN_LINEAR="1")
+    common = [str(REPO / "examples" / "es_train.py"), "--model", str(model), "--train", "builtin",
               "--population", "2", "--case-batch", "2", "--max-turns", "2", "--max-tokens", "24",
               "--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.2",
               "--exact-revert", "--sandbox", "bwrap", "--generations", "2", "--mode", mode]

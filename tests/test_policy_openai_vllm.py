@@ -8,27 +8,17 @@ requests.  The same script is the GPU check with official vLLM.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import pytest
 
-from test_policy_vllm import MODEL, REPO, vllm_python
+from vllm_cpu import REPO, run_result, smollm2
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_tmpdir")]
 
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    python = vllm_python()
-    if not (MODEL / "config.json").exists():
-        pytest.skip(f"converted SmolLM2 missing at {MODEL}; run scripts/install_vllm_cpu.sh")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([python, str(REPO / "scripts" / "gpu_openai_check.py"), "--model", str(MODEL), "--cpu",
-                           "--json"], capture_output=True, text=True, env=env, timeout=1800)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    data = json.loads(lines[-1][len("RESULT "):])
+    data, _ = run_result([str(REPO / "scripts" / "gpu_openai_check.py"), "--model", str(smollm2()), "--cpu", "--json"])
     print(json.dumps(data, indent=1))
     return data
 

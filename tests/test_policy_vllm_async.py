@@ -7,14 +7,9 @@ itself.  One child process runs all of it (one engine start), under a bounded ti
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-from pathlib import Path
-
 import pytest
 
-from test_policy_vllm import MODEL, REPO, vllm_python
+from vllm_cpu import run_result, script_env, smollm2
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_tmpdir")]
 
@@ -58,19 +53,11 @@ print("RESULT " + json.dumps(out), flush=True)
 
 @pytest.fixture(scope="module")
 def result() -> dict:
-    python = vllm_python()
-    if not (MODEL / "config.json").exists():
-        pytest.skip(f"converted SmolLM2 missing at {MODEL}; run scripts/install_vllm_cpu.sh")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "1",
-           "AGENT_ENVS_ES_CPU_PLAIN_LINEAR": "1"}
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    proc = subprocess.run([python, "-c", SCRIPT, str(MODEL)], capture_output=True, text=True, env=env,
-                          timeout=1200)  # a hang at exit fails here instead of blocking the suite
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, proc.stderr[-4000:]
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    env = script_env(VLLM_CPU_KVCACHE_SPACE="1", AGENT_ENVS_ES_CPU_PLAIN_LINEAR="1", VLLM_ENABLE_V1_MULTIPROCESSING=None)
+    # a hang at exit fails on the timeout instead of blocking the suite
+    result, proc = run_result(["-c", SCRIPT, str(smollm2())], env=env, timeout=1200)
     assert "Exception ignored" not in proc.stderr, proc.stderr[-4000:]  # nothing left to die during teardown
-    return json.loads(lines[-1][len("RESULT "):])
+    return result
 
 
 def test_three_consecutive_runs_are_all_real_completions(result: dict) -> None:

@@ -8,15 +8,13 @@ touching that pool, and give exactly the ids the tokenizer itself gives.
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
 
 import pytest
 
 from agent_envs.policy.hf import smollm2_tokenizer
 from agent_envs.tokens import TokenCounter, _input_ids
-from test_policy_vllm import REPO, vllm_python
+from vllm_cpu import run_result
 
 
 def _texts(n: int) -> list[str]:
@@ -75,10 +73,5 @@ print("RESULT " + json.dumps({"copies": len(copies), "equal": all(results[i] == 
 
 @pytest.mark.vllm
 def test_many_threads_never_copy_vllms_pooled_tokenizer() -> None:
-    python = vllm_python()
-    proc = subprocess.run([python, "-c", SCRIPT, json.dumps(_texts(48))], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, proc.stderr[-3000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out, _ = run_result(["-c", SCRIPT, json.dumps(_texts(48))], timeout=600, check=False)
     assert out == {"copies": 0, "equal": True}

