@@ -87,6 +87,9 @@ class TokenCounter:
         self._image_lock = threading.Lock()
         self._template: Callable[..., Any] | None = None
         self._encode: Callable[[str], list[int]] | None = None
+        self._memo: SharedMemo | None = None
+        #: what is learnt once about this counter's template (tokenizer, or processor when given)
+        self._state = _state_of(self.processor if self.processor is not None else self.tokenizer)
         if self.tokenizer is not None:
             self._template = _unpooled(self.tokenizer, "apply_chat_template")
             self._encode = _direct_encoder(self.tokenizer)
@@ -181,31 +184,21 @@ class TokenCounter:
 
     def shared_memo(self) -> SharedMemo:
         """The memo of this counter's template (tokenizer or processor, thinking flag)."""
-        memo = self.__dict__.get("_memo")
-        if memo is None:
-            owner = self.processor if self.processor is not None else self.tokenizer
-            with _MEMOS_LOCK:
-                try:
-                    memo = _MEMOS.setdefault(owner, {}).setdefault(self.enable_thinking, SharedMemo())
-                except TypeError:  # not weak-referenceable: a memo of this counter alone
-                    memo = SharedMemo()
-            self._memo = memo
-        return memo
+        if self._memo is None:
+            with _STATES_LOCK:
+                self._memo = self._state.memos.setdefault(self.enable_thinking, SharedMemo())
+        return self._memo
 
     @property
     def incremental(self) -> bool:
         """Whether :class:`PromptTally` may count this template's chats piece by piece."""
         if self.tokenizer is None:
             return False
-        owner = self.processor if self.processor is not None else self.tokenizer
-        with _VERIFIED_LOCK:
-            try:
-                per_owner = _VERIFIED.setdefault(owner, {})
-            except TypeError:  # not weak-referenceable: verify per counter
-                per_owner = self.__dict__.setdefault("_verified", {})
-            if self.enable_thinking not in per_owner:
-                per_owner[self.enable_thinking] = _prefix_stable(self)
-            return per_owner[self.enable_thinking]
+        verified = self._state.incremental
+        with _VERIFY_LOCK:
+            if self.enable_thinking not in verified:
+                verified[self.enable_thinking] = _prefix_stable(self)
+            return verified[self.enable_thinking]
 
 
 class SharedMemo:
@@ -349,11 +342,37 @@ _PROBE = [
     ("Observation: é ü 你好\t", "\n\n"),
     ("  leading", "done"),
 ]
-_VERIFIED: "weakref.WeakKeyDictionary[Any, dict[bool, bool]]" = weakref.WeakKeyDictionary()
-_VERIFIED_LOCK = threading.Lock()
-_DIRECT: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
-_MEMOS: "weakref.WeakKeyDictionary[Any, dict[bool, SharedMemo]]" = weakref.WeakKeyDictionary()
-_MEMOS_LOCK = threading.Lock()
+
+
+class _TemplateState:
+    """What is learnt once per tokenizer or processor object and shared by all counters built on
+    it: whether its chats count incrementally (per thinking flag), whether its Rust encoder may be
+    called directly, and its count memos (per thinking flag)."""
+
+    def __init__(self) -> None:
+        self.incremental: dict[bool, bool] = {}
+        self.direct: bool | None = None
+        self.memos: dict[bool, SharedMemo] = {}
+
+
+_STATES: "weakref.WeakKeyDictionary[Any, _TemplateState]" = weakref.WeakKeyDictionary()
+#: guards lookups in ``_STATES`` and the memo tables only; never held while rendering or tokenising
+_STATES_LOCK = threading.Lock()
+#: held while a template is probed (:func:`_prefix_stable` renders and tokenises, taking
+#: ``_STATES_LOCK`` on the way), so concurrent counters probe each template once
+_VERIFY_LOCK = threading.Lock()
+
+
+def _state_of(owner: Any) -> _TemplateState:
+    """The shared state of ``owner``; an object that cannot be weakly referenced gets its own."""
+    with _STATES_LOCK:
+        try:
+            state = _STATES.get(owner)
+            if state is None:
+                state = _STATES[owner] = _TemplateState()
+        except TypeError:
+            state = _TemplateState()
+    return state
 
 
 def _prefix_stable(counter: TokenCounter) -> bool:
@@ -431,13 +450,9 @@ def _direct_encoder(tokenizer: Any) -> Callable[[str], list[int]] | None:
     def encode(text: str) -> list[int]:
         return backend.encode_batch([text], add_special_tokens=False)[0].ids
 
-    with _VERIFIED_LOCK:
-        try:
-            cached = _DIRECT.get(tokenizer)
-        except TypeError:
-            cached = None
-    if cached is not None:
-        return encode if cached else None
+    state = _state_of(tokenizer)
+    if state.direct is not None:
+        return encode if state.direct else None
     probes = [u + a for u, a in _PROBE] + ["".join(u + a for u, a in _PROBE), ""]
     try:
         template = _unpooled(tokenizer, "apply_chat_template")
@@ -448,11 +463,7 @@ def _direct_encoder(tokenizer: Any) -> Callable[[str], list[int]] | None:
             == _input_ids(template(chat, tokenize=True, add_generation_prompt=True)))
     except Exception:  # any tokenizer or template that cannot take the probe keeps the plain path
         same = False
-    with _VERIFIED_LOCK:
-        try:
-            _DIRECT[tokenizer] = same
-        except TypeError:
-            pass
+    state.direct = same
     return encode if same else None
 
 
