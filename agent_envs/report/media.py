@@ -45,9 +45,9 @@ def _source(path: str) -> tuple[Any, str]:
 
 @functools.lru_cache(maxsize=2)
 def _load(path: str, mtime_ns: int, size: int) -> tuple[Any, str]:
-    from agent_envs.tools.view import file_sha256, load_image
+    from agent_envs.tools.view import load_page
 
-    return load_image(path), file_sha256(path)
+    return load_page(path)
 
 
 def rerender(facts: dict[str, Any]) -> tuple[Any, str | None]:

@@ -10,6 +10,7 @@ exception.  The image is read on the host by this trusted code; the model's inpu
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 from pathlib import Path
@@ -30,18 +31,17 @@ class ViewError(ValueError):
     """Arguments the view tool refuses; the message is the model's warning."""
 
 
-def load_image(path: str) -> Any:
-    """The image at ``path`` as PIL ``L`` or ``RGB`` (other modes are converted to RGB)."""
+def load_page(path: str) -> tuple[Any, str]:
+    """The image at ``path`` as PIL ``L`` or ``RGB`` (other modes are converted to RGB) and the
+    sha256 of the very bytes it was decoded from (lets a report tell that a page changed after
+    the run).  The file is read once."""
     from PIL import Image
 
-    with Image.open(path) as img:
+    data = Path(path).read_bytes()
+    with Image.open(io.BytesIO(data)) as img:
         img.load()
-        return img if img.mode in ("L", "RGB") else img.convert("RGB")
-
-
-def file_sha256(path: str) -> str:
-    """Digest of the file's bytes: lets a report tell that a page changed after the run."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        image = img if img.mode in ("L", "RGB") else img.convert("RGB")
+    return image, hashlib.sha256(data).hexdigest()
 
 
 def _integer(value: Any, what: str) -> int:
@@ -115,7 +115,7 @@ class ViewTool:
     def run(self, arguments: str) -> str | Observation:
         if self._image is None:
             try:
-                self._image, self._digest = load_image(self.source), file_sha256(self.source)
+                self._image, self._digest = load_page(self.source)
             except OSError as exc:  # the page vanished mid-episode: the episode goes on
                 return f"[ERROR] The image cannot be read: {error_text(exc)}"
         image = self._image

@@ -15,7 +15,7 @@ from agent_envs.envs.args import Checked
 from agent_envs.envs.docvqa.env import DocVQACLIEnv
 from agent_envs.envs.docvqa.spec import DOCUMENT_PATH
 from agent_envs.envs.docvqa.vl.spec import MAX_VIEW_PIXELS, SPEC, view_tool
-from agent_envs.tools.view import file_sha256, load_image, view
+from agent_envs.tools.view import load_page, view
 from agent_envs.validation import WholeNumber
 
 
@@ -45,9 +45,9 @@ class DocVQAVLEnv(DocVQACLIEnv):
     def _prompt_images(self, task: Any) -> tuple[Shown, ...]:
         if not self.page_in_prompt:
             return ()
-        page = load_image(task.image)
+        page, digest = load_page(task.image)
         return view(page, (0, 0, page.width, page.height), 1.0, self.max_view_pixels,
-                    source=task.image, source_sha256=file_sha256(task.image), target=DOCUMENT_PATH).images
+                    source=task.image, source_sha256=digest, target=DOCUMENT_PATH).images
 
 
 Env = DocVQAVLEnv
