@@ -276,12 +276,17 @@ def test_cli_scripted_eval_records_and_reports_the_viewed_regions(tmp_path, docv
     assert "image shown to the model: box [0, 0, " in html and "changed since the run" not in html
 
 
+def env_on_a_copied_page(tmp_path, task) -> tuple[gym.Env, Path]:
+    """DocVQA-VL on a copy of ``task``'s page, which the test may then change or remove."""
+    page = tmp_path / "page.png"
+    page.write_bytes(Path(task.image).read_bytes())
+    return gym.make("DocVQA-VL-v0", tasks=[{**task.model_dump(), "image": str(page)}]), page
+
+
 def test_report_flags_a_page_that_changed_after_the_run(tmp_path, real_tasks):
     from agent_envs.report.media import rerender
 
-    page = tmp_path / "page.png"
-    page.write_bytes(open(real_tasks[0].image, "rb").read())
-    env = gym.make("DocVQA-VL-v0", tasks=[{**real_tasks[0].model_dump(), "image": str(page)}])
+    env, page = env_on_a_copied_page(tmp_path, real_tasks[0])
     try:
         env.reset(options={"row_index": 0})
         env.step(view(box=[0, 0, 64, 64]))
@@ -320,9 +325,7 @@ def test_view_without_arguments_follows_each_harness_parser(real_tasks):
 
 
 def test_a_page_removed_mid_episode_is_an_error_observation(tmp_path, real_tasks):
-    page = tmp_path / "page.png"
-    page.write_bytes(open(real_tasks[0].image, "rb").read())
-    env = gym.make("DocVQA-VL-v0", tasks=[{**real_tasks[0].model_dump(), "image": str(page)}])
+    env, page = env_on_a_copied_page(tmp_path, real_tasks[0])
     try:
         env.reset(options={"row_index": 0})
         page.unlink()
