@@ -48,6 +48,16 @@ def text_of(content: Any) -> str:
     return "".join(p.get("text", "") for p in parts_of(content) if p.get("type") == "text")
 
 
+def plain_text(content: Any, image_marker: str = "[image]") -> str:
+    """``content`` for a text-only reader: its text parts, each image part as ``image_marker``."""
+    return "".join(p.get("text", "") if p.get("type") == "text" else image_marker for p in parts_of(content))
+
+
+def transcript(messages: Sequence[Message], image_marker: str = "[image]") -> str:
+    """A chat as ``[role]`` blocks of :func:`plain_text`, separated by blank lines."""
+    return "\n\n".join(f"[{m['role']}]\n{plain_text(m['content'], image_marker)}" for m in messages)
+
+
 def image_urls(messages: Sequence[Message]) -> list[str]:
     """Every image part's URL, in conversation order."""
     return [p["image_url"]["url"] for m in messages if isinstance(m.get("content"), list)

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import gymnasium as gym
 
-from agent_envs.core.content import copy_message, parts_of, text_of, text_part
+from agent_envs.core.content import copy_message, text_of, text_part, transcript
 from agent_envs.core.observation import Observation, Shown, split
 from agent_envs.core.spec import EnvSpec, Rules
 from agent_envs.core.types import Completion, GenerationRequest
@@ -323,7 +323,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
     def render(self) -> str | None:
         if self.render_mode != "ansi" or self._ep is None:
             return None
-        return "\n\n".join(f"[{m['role']}]\n{_plain(m['content'])}" for m in self._ep.messages)
+        return transcript(self._ep.messages, image_marker="\n[image]")
 
     def close(self) -> None:
         self._close_sandbox()
@@ -489,11 +489,6 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
 def _copy_chat(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A copy the caller may change freely (image part lists are copied too)."""
     return [copy_message(m) for m in messages]
-
-
-def _plain(content: Any) -> str:
-    """Message content as text; an image part shows as ``[image]``."""
-    return "".join(p.get("text", "") if p.get("type") == "text" else "\n[image]" for p in parts_of(content))
 
 
 def _as_completion(action: Any) -> Completion:

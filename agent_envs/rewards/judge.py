@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from agent_envs.core.content import image_part, text_of, text_part
+from agent_envs.core.content import image_part, text_of, text_part, transcript
 from agent_envs.policy.base import GenerationRequest, Policy
 from agent_envs.prompts import load_prompt
 
@@ -26,12 +26,7 @@ _SCORE = re.compile(r"score\s*[:=]\s*\**\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+))", re.I
 
 def render_conversation(messages: Sequence[dict[str, Any]]) -> str:
     """``[role]`` blocks of text; an image part shows as ``[image]``."""
-    def content(c: Any) -> str:
-        if isinstance(c, str):
-            return c
-        return "".join(p.get("text", "") if p.get("type") == "text" else "[image]" for p in c)
-
-    return "\n\n".join(f"[{m['role']}]\n{content(m['content'])}" for m in messages) or "(nothing yet)"
+    return transcript(messages) or "(nothing yet)"
 
 
 def load_images(paths: Sequence[str]) -> list[Any]:
