@@ -66,7 +66,7 @@ def parse_score(text: str) -> StepScore:
 class LLMJudgeScorer(BatchStepScorer):
     """One batched ``policy.generate`` per scorer call, one request per step.
 
-    ``show_images`` attaches the step's images (the page for DocVQA) to the judge's message, for a
+    ``show_images`` attaches the step's images (e.g. a document page) to the judge's message, for a
     vision-language judge.  Every request uses ``seed``, so a seeded policy judges deterministically.
     """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .judge import DEFAULT_TEMPLATE
 from .step import StepScorer
 
 SCORERS = ("judge", "vlm-prm")
@@ -16,7 +17,7 @@ def add_scorer_arguments(parser: argparse.ArgumentParser) -> None:
                              "vision-language reward model with a LoRA adapter (docs/protocol.md#process-rewards)")
     parser.add_argument("--judge-url", default=None, help="the judge's API root, e.g. http://127.0.0.1:8001/v1")
     parser.add_argument("--judge-model", default=None, help="the judge's model name on that server")
-    parser.add_argument("--judge-prompt", default="judges/step", help="judge prompt template (shipped name or path)")
+    parser.add_argument("--judge-prompt", default=DEFAULT_TEMPLATE, help="judge prompt template (shipped name or path)")
     parser.add_argument("--prm-base", default=None, help="base vision-language model folder (--step-scorer vlm-prm)")
     parser.add_argument("--prm-adapter", default=None, help="LoRA adapter folder for --prm-base (peft)")
 

@@ -43,7 +43,7 @@ class StepContext:
     action: dict[str, Any] | None
     #: the observation (or warning) the environment answered with
     observation: Any
-    #: host paths of the images the environment's spec names for this task (the page for DocVQA)
+    #: host paths of the images the environment's spec names for this task (e.g. a document page)
     images: tuple[str, ...] = ()
 
 

@@ -1,7 +1,7 @@
 """A vision-language process reward model (base VLM + LoRA adapter) as a step scorer
 (docs/protocol.md#vision-language-prm).
 
-Convention: each step becomes one user message holding the step's images (the page for DocVQA)
+Convention: each step becomes one user message holding the step's images (e.g. a document page)
 followed by the text of a prompt template (the judge's placeholders); the chat template's
 generation prompt follows, and the step's score is the model's next-token probability of the
 positive label against the negative one, ``p(+) / (p(+) + p(-))``, i.e. the label the model would
