@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 from pydantic import BaseModel, ConfigDict
 
 from agent_envs.es.history import ESConfig, Record
-from agent_envs.es.population import ESTrainer, MemberResult, evaluate_member, run_perturbed
+from agent_envs.es.population import ESTrainer, MemberResult, evaluate_member, run_perturbed, toy_reward
 from agent_envs.rewards.combine import FitnessCombiner
 
 from .engines import Engine
@@ -38,13 +38,19 @@ class MemberJob(BaseModel):
     rollout_kwargs: dict[str, Any] = {}
     #: outcome + process -> fitness (None: the outcome alone)
     combiner: FitnessCombiner | None = None
+    #: reward = :func:`~agent_envs.es.population.toy_reward` of the rows (smoke runs on random weights)
+    toy_reward: bool = False
 
 
 def run_member_on(engine: Engine, job: MemberJob, engine_index: int) -> MemberResult:
     """On the actor: the member's episodes run here (their sandboxes on this node)."""
-    return run_perturbed(engine, job.seed, job.sigma, lambda: evaluate_member(
-        engine.policy, job.env_id, job.tasks, job.seed, generation=job.generation, member=job.member,
-        samples=job.samples, engine_index=engine_index, combiner=job.combiner, **job.rollout_kwargs))
+    def evaluate() -> MemberResult:
+        result = evaluate_member(engine.policy, job.env_id, job.tasks, job.seed, generation=job.generation,
+                                 member=job.member, samples=job.samples, engine_index=engine_index,
+                                 combiner=job.combiner, **job.rollout_kwargs)
+        return result.model_copy(update={"reward": toy_reward(result.rows)}) if job.toy_reward else result
+
+    return run_perturbed(engine, job.seed, job.sigma, evaluate)
 
 
 class PoolBackend:
@@ -87,12 +93,14 @@ class PoolESTrainer(ESTrainer):
         self.combiner = combiner
         #: engines that evaluate members (default: all); updates always run on every engine
         self.member_engines: list[int] | None = None
+        #: score members with :func:`~agent_envs.es.population.toy_reward` (smoke runs on random weights)
+        self.toy_reward = False
 
     def evaluate_population(self, batch: Sequence[Any], seeds: Sequence[int], sigma: float,
                             generation: int) -> list[MemberResult]:
         jobs = [MemberJob(env_id=self.config.env_id, tasks=list(batch), seed=s, sigma=sigma, generation=generation,
                           member=i, samples=self.config.train_samples, rollout_kwargs=self.rollout_kwargs,
-                          combiner=self.combiner)
+                          combiner=self.combiner, toy_reward=self.toy_reward)
                 for i, s in enumerate(seeds)]
 
         def report(_: int, r: MemberResult) -> None:
