@@ -117,3 +117,18 @@ def test_two_generation_es_loop_with_rollouts(tmp_path: Path, mode: str) -> None
     bad = subprocess.run([python, *common, "--resume", str(edited), "--history", str(tmp_path / "b.json")],
                          capture_output=True, text=True, env=env, timeout=1500)
     assert bad.returncode != 0 and "generation 1's replayed weights have fingerprint" in bad.stderr, bad.stderr[-3000:]
+
+
+def test_perturbation_round_trip_on_a_compiled_engine() -> None:
+    """scripts/gpu_es_check.py --cpu: the CPU engine compiles its model (its counterpart of CUDA
+    graphs); an in-place perturbation must change greedy and fixed-seed outputs, and the in-place
+    and exact reverts must restore them token for token (the exact one with the same fingerprint)."""
+    script = REPO / "scripts" / "gpu_es_check.py"
+    out, proc = run_result([str(script), "--cpu", "--tiny", "--tokenizer", str(smollm2())], timeout=1200)
+    trip = out["roundtrip"]
+    assert trip["graph_mode"]["enforce_eager"] is False and trip["repeatable"] and trip["ok"], proc.stdout[-2000:]
+    for label in ("in_place_revert", "exact_revert"):
+        assert trip[label]["tokens_changed_by_perturbation"] > 0 and trip[label]["restored_token_for_token"]
+    assert trip["exact_revert"]["fingerprint_restored"] and trip["exact_revert"]["revert_copy"] == ["device"]
+    assert not trip["in_place_revert"]["fingerprint_restored"]  # subtraction leaves a rounding residue
+    assert out["update_while_perturbed"].startswith("refused")

@@ -259,9 +259,11 @@ class ESTrainer:
         self.last_timing = {"wall_s": time.perf_counter() - start, "members_s": members_done - start,
                             "update_s": updated - members_done, "fingerprint_s": fingerprinted - updated,
                             "perturb_s": [m.perturb_s for m in members]}
+        perturb = [t for t in self.last_timing["perturb_s"] if t is not None]
         self.log(f"[es] generation={generation} sigma={sigma:.6g} reward_mean={record['reward_mean']:.4f} "
                  f"reward_std={record['reward_std']:.4f} weights {fingerprint} "
-                 f"(fingerprint {self.last_timing['fingerprint_s']:.3f} s)")
+                 f"({self.last_timing['wall_s']:.1f} s; apply + revert {max(perturb, default=0.0):.3f} s per member "
+                 f"at most, fingerprint {self.last_timing['fingerprint_s']:.3f} s)")
         return record
 
     def run(self) -> list[Record]:
