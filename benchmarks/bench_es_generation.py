@@ -282,7 +282,7 @@ class Bench:
         if folder is None:
             return
         folder.mkdir(parents=True, exist_ok=True)
-        measured = {"rows": self.rows, "raw": self.raw, "notes": self.notes}
+        measured = {"rows": self.rows, "raw": self.raw, "notes": self.notes, "check_ok": self.check_ok}
         (folder / "rows.json").write_text(json.dumps(measured, indent=1))
         (folder / "table.md").write_text(self.report() + "\n")
 
@@ -334,6 +334,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None,
                     help="also write the table (table.md) and the rows (rows.json) here after every variant, so a run "
                          "stopped by a time limit keeps what it measured")
+    ap.add_argument("--merge", type=Path, default=None,
+                    help="a rows.json of an earlier run on the same GPU (e.g. --variants pool): its rows, raw "
+                         "rates and notes join this run's table, which says so (for hosts whose command time limit "
+                         "is shorter than the whole benchmark)")
     args = ap.parse_args()
     small = {"population": 4, "case_batch": 4, "tokens": 16, "old_members": 2}
     large = {"population": 16, "case_batch": 16, "tokens": 256, "old_members": 4}
@@ -356,8 +360,12 @@ def main() -> int:
     from gpu_engine import QWEN3_4B, TINY_QWEN3, dense_qwen3
 
     work = Path(tempfile.mkdtemp(prefix="bench-es-"))
+    earlier = json.loads(args.merge.read_text()) if args.merge else None
     bench = Bench(args, es_train, dense_qwen3(args.tokenizer.expanduser(), TINY_QWEN3 if args.cpu else QWEN3_4B,
                                               work / "model"), work)
+    if earlier:
+        bench.rows, bench.raw, bench.check_ok = list(earlier["rows"]), dict(earlier["raw"]), earlier.get("check_ok")
+        bench.notes += [*earlier["notes"], f"rows above this run's were measured by an earlier run ({args.merge})"]
     import ray
 
     ray.init(include_dashboard=False, log_to_driver=False, _temp_dir=str(work / "ray"),
