@@ -135,7 +135,7 @@ def generation_row(name: str, engines: int, trainer: Any, record: dict[str, Any]
 def raw_row(name: str, result: dict[str, Any]) -> dict[str, Any]:
     return {"variant": name, "engines": 1, "wall_s": result["seconds"], "tokens": result["tokens"],
             "tok_s": result["tokens"] / result["seconds"], "perturb_s": None, "fingerprint_s": None,
-            "note": f"batch {result['batch']}"}
+            "note": f"batch {result['batch']}; wall of the replayed calls"}
 
 
 def failed_row(name: str, exc: BaseException) -> dict[str, Any]:
