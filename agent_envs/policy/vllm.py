@@ -119,7 +119,8 @@ class VLLMPolicy(BatchedEnginePolicy):
     ``seed``, ``worker_extension_cls`` ...), or an ``llm`` the caller owns, e.g. an ES trainer that
     perturbs the weights between calls.
 
-    ``rollout_token_budget=0`` (:data:`DEFAULT_ROLLOUT_TOKEN_BUDGET`) gives the engine every request of a turn in one call;
+    ``rollout_token_budget=0`` (:data:`DEFAULT_ROLLOUT_TOKEN_BUDGET`) gives the engine every request of
+    a turn in one call;
     :data:`REFERENCE_TOKEN_BUDGET` reproduces the reference harness's microbatches, which leave the
     GPU idle between groups (about two thirds of raw throughput on an H200)."""
 
