@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 from agent_envs.core import registry
 from agent_envs.core.registry import ENV_IDS
-from agent_envs.atomic import atomic_write
+from agent_envs.core.atomic import atomic_write
 from agent_envs.rollout.metrics import ANLS_KEY, group_metrics, paired_bootstrap, summarize
 from agent_envs.rollout.records import ERROR_TERMINATIONS, load_records
 from agent_envs.rollout.runner import DEFAULT_BASE_SEED, MODES, run_episodes

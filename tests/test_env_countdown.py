@@ -17,7 +17,7 @@ from agent_envs.envs.countdown.baseline import SEARCH
 from agent_envs.envs.countdown.data import generate
 from agent_envs.envs.countdown.solver import solve
 from agent_envs.envs.countdown.task import CountdownTask
-from agent_envs.prompts import load_prompt
+from agent_envs.core.prompts import load_prompt
 
 REPO = Path(__file__).resolve().parent.parent
 TASK = CountdownTask(id="t1", nums=(25, 5, 4, 3), target=83)  # (25 - 5) * 4 + 3

@@ -224,7 +224,7 @@ def test_without_a_processor_image_counts_are_estimates(real_tasks):
     """With only a tokenizer the text is exact, each image costs ceil(w/28)*ceil(h/28) tokens, and the
     record says the counts are estimates (docs/protocol.md#image-token-counts)."""
     from agent_envs.policy.hf import smollm2_tokenizer
-    from agent_envs.tokens import TokenCounter
+    from agent_envs.core.tokens import TokenCounter
 
     tokenizer = smollm2_tokenizer()
     env = gym.make("DocVQA-VL-v0", dataset=real_tasks, tokenizer=tokenizer)

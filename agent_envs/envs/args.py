@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agent_envs.validation import ChatProcessor, WholeNumber, invalid
+from agent_envs.core.validation import ChatProcessor, WholeNumber, invalid
 
 
 class Checked(BaseModel):

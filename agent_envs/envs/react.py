@@ -22,7 +22,7 @@ from agent_envs.core.content import copy_message, text_of, text_part, transcript
 from agent_envs.core.observation import Observation, Shown, split
 from agent_envs.core.spec import EnvSpec, Rules
 from agent_envs.core.types import Completion, GenerationRequest
-from agent_envs.data.tasks import episode_key
+from agent_envs.core.tasks import episode_key
 from agent_envs.envs.args import EnvArgs, ResetOptions
 from agent_envs.envs.spaces import CompletionText, Conversation
 from agent_envs.protocol import messages as msgs
@@ -30,11 +30,11 @@ from agent_envs.protocol.blocklist import is_blocked
 from agent_envs.protocol.decision import decide
 from agent_envs.protocol.messages import STOP
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED, TURN_STRIDE, trajectory_seed
-from agent_envs.prompts import fill, load_prompt, sha256
+from agent_envs.core.prompts import fill, load_prompt, sha256
 from agent_envs.rewards.step import StepContext, StepScore, StepScorer, process_fields
 from agent_envs.sandbox.base import SandboxConfig
 from agent_envs.sandbox.factory import resolve_config
-from agent_envs.tokens import PromptTally, TokenCounter
+from agent_envs.core.tokens import PromptTally, TokenCounter
 
 #: score fields copied from the final record to the top level of the last ``info``
 _SUMMARY_FIELDS = ("score", "score_method", "score_status", "answer_status", "prediction", "anls", "acc")

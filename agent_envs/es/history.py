@@ -13,7 +13,7 @@ from typing import Any, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..atomic import atomic_write
+from ..core.atomic import atomic_write
 from ..protocol.seeds import DEFAULT_BASE_SEED
 from .normalize import normalize_method, normalize_rewards
 from .schedule import normalize_schedule

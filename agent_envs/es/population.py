@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from agent_envs.data.tasks import task_id
+from agent_envs.core.tasks import task_id
 
 from .history import ESConfig, GenerationRecord, Record, write_history
 from .normalize import normalize_rewards, population_std

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..core.content import has_images
-from ..tokens import PromptCache, TokenCounter
-from ..vision import ImagePrompt, ProcessorRenderer
+from ..core.tokens import PromptCache, TokenCounter
+from .vision import ImagePrompt, ProcessorRenderer
 from .base import REQUEST_ERROR, Completion, GenerationRequest, Policy
 from .sampling import SamplingConfig, context_overflow, generation_reserve
 

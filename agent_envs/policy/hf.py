@@ -70,7 +70,7 @@ class TransformersPolicy(BatchedEnginePolicy):
         import torch
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
-        from ..vision import load_processor
+        from .vision import load_processor
 
         if num_threads:
             # process-wide; on a shared CPU, more threads than free cores makes decoding far slower

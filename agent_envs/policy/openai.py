@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import httpx
 
 from ..core.content import has_images
-from ..tokens import TokenCounter
+from ..core.tokens import TokenCounter
 from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy
 from .sampling import SamplingConfig, context_overflow, token_cap
 

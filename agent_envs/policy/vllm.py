@@ -91,7 +91,7 @@ def model_processor(model: Any, processor: Any) -> Any:
     a hub name: pass its processor explicitly)."""
     if processor is not None or not isinstance(model, (str, os.PathLike)) or not os.path.isdir(model):
         return processor
-    from ..vision import load_processor
+    from .vision import load_processor
 
     return load_processor(str(model))
 

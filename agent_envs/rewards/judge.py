@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from agent_envs.core.content import image_part, text_of, text_part, transcript
 from agent_envs.policy.base import GenerationRequest, Policy
-from agent_envs.prompts import load_prompt
+from agent_envs.core.prompts import load_prompt
 
 from .step import Aggregation, BatchStepScorer, StepContext, StepScore
 

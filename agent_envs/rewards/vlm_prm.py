@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any, Sequence
 
-from agent_envs.prompts import load_prompt
+from agent_envs.core.prompts import load_prompt
 
 from .judge import fill_template, load_images
 from .step import Aggregation, BatchStepScorer, StepContext, StepScore

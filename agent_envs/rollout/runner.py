@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 
-from agent_envs.data.tasks import episode_key, task_id
+from agent_envs.core.tasks import episode_key, task_id
 from agent_envs.policy.base import Completion, GenerationRequest, Policy, error_text
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
 from agent_envs.rewards.gather import ScoreGatherer

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..atomic import write_file
+from ..core.atomic import write_file
 from ..core import registry
 from ..core.spec import ReportSpec
 from .records import EpisodeRecord, as_row

@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_envs.core.spec import Mount
-from agent_envs.validation import WholeNumber
+from agent_envs.core.validation import WholeNumber
 
 #: environment every sandbox backend sets: home and temp on the tmpfs, no pip index, and
 #: single-threaded numeric libraries (tesseract is ~4x faster on 2 cores with one OpenMP thread)

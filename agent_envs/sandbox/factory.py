@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from agent_envs.sandbox._bwrap_layout import bwrap_usable
 from agent_envs.sandbox.base import Sandbox, SandboxConfig
-from agent_envs.validation import invalid
+from agent_envs.core.validation import invalid
 
 BACKENDS = ("bwrap", "none", "docker")
 MODES = ("persistent", "fresh")

@@ -16,7 +16,7 @@ from agent_envs.envs.docvqa.env import DocVQACLIEnv
 from agent_envs.envs.docvqa.spec import DOCUMENT_PATH
 from agent_envs.envs.docvqa.vl.spec import MAX_VIEW_PIXELS, SPEC, view_tool
 from agent_envs.tools.view import load_page, view
-from agent_envs.validation import WholeNumber
+from agent_envs.core.validation import WholeNumber
 
 
 class VLArgs(Checked):

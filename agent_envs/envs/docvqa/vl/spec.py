@@ -11,7 +11,7 @@ from agent_envs.core.spec import ALL_ARGUMENTS, EnvSpec, ReportSpec, Rules, Tool
 from agent_envs.envs.docvqa import spec as cli
 from agent_envs.envs.docvqa.vl import texts
 from agent_envs.envs.docvqa.vl.baseline import baseline
-from agent_envs.prompts import fill
+from agent_envs.core.prompts import fill
 from agent_envs.tools.view import MAX_PIXELS, ViewTool
 
 #: largest image the view tool (and the page in the prompt) shows, in pixels

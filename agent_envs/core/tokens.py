@@ -59,7 +59,7 @@ def _text_only(messages: Sequence[Message]) -> list[Message]:
 def processor_inputs(processor: Any, text: str, images: list[Any], return_tensors: str | None = None) -> Any:
     """A processor's inputs for a rendered chat (``text``, one placeholder per image) and its images:
     ``input_ids`` holds every image expanded to its image tokens.  The one place both the counts
-    (:class:`TokenCounter`) and the policies (:mod:`agent_envs.vision`) get image prompts from."""
+    (:class:`TokenCounter`) and the policies (:mod:`agent_envs.policy.vision`) get image prompts from."""
     return processor(text=[text], images=[images] if images else None, return_tensors=return_tensors,
                      add_special_tokens=False)
 
