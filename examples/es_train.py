@@ -42,7 +42,7 @@ from typing import Any, Sequence
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights live in this process's worker
 
-from agent_envs.core.registry import ENV_IDS
+from agent_envs.envs.registry import ENV_IDS
 from agent_envs.envs.docvqa.data import load_docvqa_tasks
 from agent_envs.envs.math_react.data import load_math_tasks
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
@@ -55,7 +55,8 @@ from agent_envs.policy.sampling import SamplingConfig
 from agent_envs.policy.vllm import AsyncVLLMPolicy, VLLMPolicy
 from agent_envs.rewards.combine import FitnessCombiner
 from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
-from agent_envs.rewards.step import AGGREGATIONS, StepScorer
+from agent_envs.core.steps import StepScorer
+from agent_envs.scoring.process import AGGREGATIONS
 from agent_envs.rollout import es_summary, run_episodes
 
 

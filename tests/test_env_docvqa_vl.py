@@ -215,7 +215,7 @@ def test_max_view_pixels_sets_the_cap_of_views_and_of_the_page_in_the_prompt(rea
             assert 190_000 < image.width * image.height <= 200_000
         assert same_pixels(region, page.crop((0, 0, 1000, 1000)).resize(region.size, Image.Resampling.LANCZOS))
         assert "to stay within 200000 pixels" in messages[-1]["content"][0]["text"]
-        assert gym.make("DocVQA-VL-v0").unwrapped.env_spec.tools["view"] is not env.unwrapped.env_spec.tools["view"]
+        assert gym.make("DocVQA-VL-v0").unwrapped.env_spec.tool("view") != env.unwrapped.env_spec.tool("view")
     finally:
         env.close()
 

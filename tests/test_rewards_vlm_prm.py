@@ -9,7 +9,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from agent_envs.policy.scripted import ScriptedPolicy
-from agent_envs.rewards.step import StepContext
+from agent_envs.core.steps import StepContext
 from agent_envs.rollout.runner import run_episodes
 
 peft = pytest.importorskip("peft", reason="peft is installed by the 'rewards' extra (scripts/install.sh --test)")

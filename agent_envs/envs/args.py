@@ -23,6 +23,12 @@ class Checked(BaseModel):
             raise invalid(what, exc) from None
 
 
+class EnvOptions(Checked):
+    """An environment's own arguments (none here): each environment subclasses it with its
+    fields, which ``gym.make`` validates and the config hash includes (``Field(exclude=True)``
+    keeps a field out of the hash: it cannot change an outcome's identity)."""
+
+
 class EnvArgs(Checked):
     max_turns: WholeNumber = Field(ge=1)
     #: <= 0 means no per-turn cap (the request carries no max_tokens), as in the protocol

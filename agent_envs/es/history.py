@@ -27,7 +27,8 @@ class ESConfig(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    env_id: str = "MATH-ReAct-v0"
+    #: the environment the run trains on (no default: a run names its environment)
+    env_id: str
     model: str = ""
     generations: int = 25
     population: int = 16

@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from agent_envs.core.tasks import task_id
+from agent_envs.rollout.records import as_row
+from agent_envs.rollout.runner import run_episodes
+from agent_envs.scoring.metrics import clamped_score
 
 from .history import ESConfig, GenerationRecord, Record, write_history
 from .normalize import normalize_rewards, population_std
@@ -83,13 +86,8 @@ def evaluate_member(
     call per turn, as the reference trainer).  A job the runner returned no row for counts as a 0
     in the denominator, like a failed rollout.
     """
-    from agent_envs.rollout.metrics import clamped_score
-    from agent_envs.rollout.records import as_row
-
     tags = {"generation": generation, "member": member, "member_seed": member_seed, "engine_index": engine_index}
     if rollout is None:
-        from agent_envs.rollout import run_episodes
-
         rollout = run_episodes
         rollout_kwargs = {"mode": "lockstep", "progress": False, "tags": tags, **rollout_kwargs}
     rows = rollout(env_id, list(tasks), policy, samples=samples, base_seed=member_seed, **rollout_kwargs)

@@ -26,7 +26,8 @@ import httpx
 from ..core.content import has_images
 from ..core.tokens import TokenCounter
 from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy
-from .sampling import SamplingConfig, context_overflow, token_cap
+from ..protocol.budget import token_cap
+from .sampling import SamplingConfig, context_overflow
 
 
 class ContextLengthError(Exception):

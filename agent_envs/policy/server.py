@@ -23,7 +23,7 @@ from typing import Any, Sequence
 from ..core.content import decode_image_url
 from ..core.tokens import TokenCounter
 from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy, error_text
-from .sampling import exceeds_context
+from ..protocol.budget import exceeds_context
 
 
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:

@@ -26,11 +26,12 @@ from typing import Any, Callable, Sequence
 import gymnasium as gym
 
 from agent_envs.core.tasks import episode_key, task_id
-from agent_envs.policy.base import Completion, GenerationRequest, Policy, error_text
+from agent_envs.policy.base import Completion, GenerationRequest, Policy, batch_or_each, error_text
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
-from agent_envs.rewards.gather import ScoreGatherer
-from agent_envs.rewards.step import StepContext, StepScore, StepScorer, process_fields
+from agent_envs.core.steps import StepContext, StepScore, StepScorer
+from agent_envs.scoring.process import process_fields
 
+from .gather import ScoreGatherer
 from .records import EpisodeRecord, JsonlWriter, as_row
 from .resume import prepare_resume
 
@@ -244,25 +245,8 @@ class _Progress:
 
 # --------------------------------------------------------------------------- lockstep
 def _generate_batch(policy: Policy, requests: Sequence[GenerationRequest]) -> list[Completion]:
-    """One batched call.  If it raises, every request is retried on its own (as the reference
-    runner does), so one bad request fails only its own episode."""
-    def call(batch: Sequence[GenerationRequest]) -> list[Completion]:
-        out = policy.generate(list(batch))
-        if len(out) != len(batch) or not all(isinstance(c, Completion) for c in out):
-            raise RuntimeError(f"policy returned {len(out)} items for {len(batch)} requests, not Completions")
-        return out
-
-    try:
-        return call(requests)
-    except Exception:
-        return [_single(call, r) for r in requests]
-
-
-def _single(call: Callable[[Sequence[GenerationRequest]], list[Completion]], request: GenerationRequest) -> Completion:
-    try:
-        return call([request])[0]
-    except Exception as exc:
-        return Completion.failed(exc)
+    """One batched call; a failure is retried request by request (:func:`batch_or_each`)."""
+    return batch_or_each(policy.generate, requests, lambda request, exc: Completion.failed(exc))
 
 
 def _run_lockstep(ctx: _Context, jobs: Sequence[Job], batch_size: int, pool: ThreadPoolExecutor) -> None:

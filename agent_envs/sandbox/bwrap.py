@@ -33,8 +33,8 @@ import ptyprocess
 from agent_envs.sandbox import _procs
 from agent_envs.sandbox._bwrap_layout import (command_prefix, find_bwrap, layout_args, set_rlimits,
                                               with_ulimit)
-from agent_envs.sandbox._capture import PendingWrite, StreamReader, captured, drain, pump
-from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig, remove_folders, staged_mounts
+from agent_envs.sandbox.capture import PendingWrite, StreamReader, captured, drain, pump
+from agent_envs.sandbox.base import PID_NAMESPACE, PROCESSES, ExecResult, Sandbox, SandboxConfig, remove_folders, staged_mounts
 
 #: fixed fd numbers of the driver's pipes inside the sandbox
 FD_PTY, FD_CMD, FD_OUT, FD_ERR, FD_USERNS = 59, 60, 61, 62, 63
@@ -346,6 +346,8 @@ def _finalize(state: dict) -> None:
 class BwrapSandbox(Sandbox):
     """Commands in bubblewrap; see the module docstring for the two modes."""
 
+    capabilities = frozenset({PROCESSES, PID_NAMESPACE})
+
     def __init__(self, config: SandboxConfig) -> None:
         if config.mode not in ("persistent", "fresh"):
             raise ValueError(f"unknown bwrap mode {config.mode!r}; expected 'persistent' or 'fresh'")
@@ -384,6 +386,11 @@ class BwrapSandbox(Sandbox):
         """Kill everything ``proc``'s sandbox runs and reap it."""
         _procs.teardown(proc.pid)
         proc.wait()
+
+    @staticmethod
+    def process_ids(proc: subprocess.Popen[bytes]) -> list[int]:
+        """Host pids of ``proc`` and every process below it."""
+        return [proc.pid, *_procs.descendants(proc.pid)]
 
     def processes(self) -> list[int]:
         """Host pids of this sandbox's processes (bwrap monitor included); empty when none runs."""

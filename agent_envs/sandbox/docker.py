@@ -21,7 +21,7 @@ import subprocess
 import time
 
 from agent_envs.sandbox._bwrap_layout import with_ulimit
-from agent_envs.sandbox._capture import StreamReader, captured, drain
+from agent_envs.sandbox.capture import StreamReader, captured, drain
 from agent_envs.sandbox.base import (BASE_ENV, ExecResult, Sandbox, SandboxConfig, SandboxUnavailable,
                                      remove_folders, staged_mounts)
 

@@ -17,8 +17,8 @@ import weakref
 
 from agent_envs.sandbox import _procs
 from agent_envs.sandbox._bwrap_layout import set_rlimits, with_ulimit
-from agent_envs.sandbox._capture import StreamReader, captured, drain
-from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig
+from agent_envs.sandbox.capture import StreamReader, captured, drain
+from agent_envs.sandbox.base import PROCESSES, ExecResult, Sandbox, SandboxConfig
 
 _DROPPED_ENV = ("DISPLAY", "WAYLAND_DISPLAY", "DBUS_SESSION_BUS_ADDRESS")
 
@@ -31,6 +31,8 @@ def _killpg(pid: int) -> None:
 
 
 class LocalSandbox(Sandbox):
+    capabilities = frozenset({PROCESSES})
+
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config
         self.workdir: str | None = tempfile.mkdtemp(prefix="ae-local-")
@@ -107,6 +109,11 @@ class LocalSandbox(Sandbox):
                 log.write(f"\n[{stamp}] timeout={self.config.limits.timeout_s}\n{command}\n")
         except (OSError, UnicodeError):
             pass
+
+    @staticmethod
+    def process_ids(proc: subprocess.Popen[bytes]) -> list[int]:
+        """Host pids of ``proc`` and every process below it."""
+        return [proc.pid, *_procs.descendants(proc.pid)]
 
     def close(self) -> None:
         self._remove()

@@ -12,7 +12,12 @@ from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent_envs.envs import registry
+from agent_envs.es.worker import EXTENSION, VLLMPerturbation
 from agent_envs.policy.base import Policy
+from agent_envs.policy.factory import PolicySettings, build_policy
+from agent_envs.policy.sampling import SamplingConfig
+from agent_envs.policy.vllm import VLLMPolicy
 
 
 class EngineSpec(BaseModel):
@@ -84,11 +89,8 @@ class PolicyEngine(Engine):
 
 
 def scripted_engine(env_id: str) -> PolicyEngine:
-    """The CLI's model-free ``scripted`` baseline (one tool call, then an answer)."""
-    from agent_envs.cli import baseline_script
-    from agent_envs.policy.scripted import ScriptedPolicy
-
-    return PolicyEngine(ScriptedPolicy(baseline_script(env_id)))
+    """The environment's model-free ``scripted`` baseline (one tool call, then an answer)."""
+    return PolicyEngine(build_policy("scripted", PolicySettings(script=registry.spec(env_id).baseline)))
 
 
 class VLLMEngine(Engine):
@@ -97,20 +99,17 @@ class VLLMEngine(Engine):
 
     def __init__(self, model: str, sampling: dict[str, Any] | None = None, rollout_token_budget: int = 131072,
                  **engine_kwargs: Any) -> None:
-        from agent_envs.es.worker import EXTENSION
-        from agent_envs.policy.sampling import SamplingConfig
-        from agent_envs.policy.vllm import VLLMPolicy
-
         engine_kwargs.setdefault("worker_extension_cls", EXTENSION)
         self.tp_size = int(engine_kwargs.get("tensor_parallel_size", 1))
         if self.tp_size > 1:  # one process per rank on this node, not vLLM's own Ray executor
             engine_kwargs.setdefault("distributed_executor_backend", "mp")
-        self.policy = VLLMPolicy(model, sampling=SamplingConfig(**(sampling or {})),
-                                 rollout_token_budget=rollout_token_budget, **engine_kwargs)
+        self.policy = build_policy("vllm", PolicySettings(
+            model=model, mode="lockstep", sampling=SamplingConfig(**(sampling or {})),
+            rollout_token_budget=rollout_token_budget, engine_args=engine_kwargs))
 
     def es_init(self, scope: str = "full", exact_revert: bool = False) -> None:
-        from agent_envs.es.worker import VLLMPerturbation
-
+        if not isinstance(self.policy, VLLMPolicy):
+            raise TypeError(f"ES needs the offline vLLM engine, not {type(self.policy).__name__}")
         self.es = VLLMPerturbation(self.policy.llm, scope=scope, exact_revert=exact_revert)
 
 

@@ -95,4 +95,4 @@ class PoolESTrainer(ESTrainer):
             self.log(f"[es]   generation={generation} member={r.member} seed={r.seed} reward={r.reward:.4f} "
                      f"engine={r.engine_index}")
 
-        return self.pool.map("run_member", jobs, report, self.member_engines)
+        return self.pool.map(f"{__name__}:run_member_on", jobs, report, self.member_engines)
