@@ -51,8 +51,7 @@ from agent_envs.es.normalize import NORMALIZATIONS
 from agent_envs.es.population import ESTrainer, evaluate_member
 from agent_envs.es.schedule import SCHEDULES
 from agent_envs.es.worker import EXTENSION, VLLMPerturbation
-from agent_envs.policy.sampling import SamplingConfig
-from agent_envs.policy.vllm import AsyncVLLMPolicy, VLLMPolicy
+from agent_envs.policy import factory
 from agent_envs.rewards.combine import FitnessCombiner
 from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
 from agent_envs.core.steps import StepScorer
@@ -139,15 +138,11 @@ def toy_reward(rows: Sequence[dict[str, Any]]) -> float:
 
 
 def build_policy(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> tuple[Any, Any]:
-    """(policy, engine handle for VLLMPerturbation): the offline LLM, or the AsyncLLM's policy."""
-    if args.mode == "async":
-        policy = AsyncVLLMPolicy(args.model, sampling=SamplingConfig(), **engine_kwargs)
-        return policy, policy
-    from vllm import LLM
-
-    llm = LLM(model=args.model, **engine_kwargs)
-    return VLLMPolicy(llm=llm, sampling=SamplingConfig(), max_model_len=args.max_model_len,
-                      rollout_token_budget=args.rollout_token_budget), llm
+    """(policy, engine handle for VLLMPerturbation): the offline LLM, or the AsyncLLM's policy,
+    built by the policy factory's vllm row (the CLI's and the engine pool's too)."""
+    policy = factory.build_policy("vllm", factory.PolicySettings(
+        model=args.model, mode=args.mode, rollout_token_budget=args.rollout_token_budget, engine_args=engine_kwargs))
+    return policy, policy if args.mode == "async" else policy.llm
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -6,6 +6,8 @@ import argparse
 
 import pytest
 
+from pathlib import Path
+
 from agent_envs import cli
 from agent_envs.envs.registry import spec
 from agent_envs.policy.base import GenerationRequest
@@ -13,6 +15,8 @@ from agent_envs.policy.factory import BACKENDS, POLICIES, Backend, PolicySetting
 from agent_envs.policy.openai import OpenAIPolicy
 from agent_envs.policy.scripted import ScriptedPolicy
 from agent_envs.scale import engines
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _eval_args(*argv: str) -> argparse.Namespace:
@@ -78,3 +82,28 @@ def test_every_caller_reaches_the_same_vllm_row(monkeypatch):
     assert seen[0].engine_args == {"dtype": "float32"}
     assert seen[1].engine_args["dtype"] == "float32" and "worker_extension_cls" in seen[1].engine_args
     assert seen[1].sampling.temperature == 0.0
+
+
+def test_es_train_builds_its_policy_from_the_same_row(monkeypatch):
+    import importlib.util
+
+    seen: list[PolicySettings] = []
+
+    class Engine(ScriptedPolicy):
+        llm = object()  # the offline engine handle the ES backend perturbs
+
+    def record(settings: PolicySettings) -> ScriptedPolicy:
+        seen.append(settings)
+        return Engine(["Final answer: 1"])
+
+    monkeypatch.setitem(BACKENDS, "vllm", Backend(record, needs_model=True))
+    loaded = importlib.util.spec_from_file_location("es_train", REPO / "examples" / "es_train.py")
+    es_train = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(es_train)
+    for mode in ("lockstep", "async"):
+        args = es_train.parse_args(["--model", "m", "--mode", mode, "--rollout-token-budget", "8192", "--train", "t.jsonl",
+                                    "--history", "h.jsonl"])
+        policy, handle = es_train.build_policy(args, {"dtype": "bfloat16"})
+        assert handle is (policy.llm if mode == "lockstep" else policy)
+    assert [(s.model, s.mode, s.rollout_token_budget, s.engine_args) for s in seen] == [
+        ("m", "lockstep", 8192, {"dtype": "bfloat16"}), ("m", "async", 8192, {"dtype": "bfloat16"})]
