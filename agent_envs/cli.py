@@ -13,7 +13,6 @@ import argparse
 import os
 import tempfile
 import json
-import re
 import sys
 import time
 from pathlib import Path

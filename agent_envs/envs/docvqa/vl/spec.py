@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from agent_envs.core.prompts import fill
-from agent_envs.core.spec import EnvSpec, ReportSpec, Rules, ToolSpec
+from agent_envs.core.spec import EnvSpec, Rules, ToolSpec
 from agent_envs.envs.docvqa import spec as cli
 from agent_envs.envs.docvqa.vl import texts
 from agent_envs.envs.docvqa.vl.baseline import baseline
