@@ -16,7 +16,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from agent_envs.core.atomic import atomic_write
 from agent_envs.core.spec import EnvSpec, Metric
@@ -31,6 +31,9 @@ from agent_envs.rollout.records import ERROR_TERMINATIONS, load_records
 from agent_envs.rollout.runner import DEFAULT_BASE_SEED, MODES, run_episodes
 from agent_envs.rollout.tracelog import write_trace_logs
 from agent_envs.sandbox.factory import BACKENDS as SANDBOX_BACKENDS
+
+if TYPE_CHECKING:
+    from agent_envs.scale.pool import EnginePool
 
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "repetition_penalty")
 #: the embedded CPU default: a few tasks, short turns (a 135M model rarely finishes on its own)
@@ -205,7 +208,7 @@ def _error_warning(records: Sequence[Any]) -> str | None:
             f"first: {first}); 'mean' scores them 0, 'mean_non_err' leaves them out")
 
 
-def make_pool(kind: str, args: argparse.Namespace) -> Any:
+def make_pool(kind: str, args: argparse.Namespace) -> EnginePool:
     """``--engines N`` / ``--ray-address``: one engine per Ray actor, built from the same engine args."""
     if args.engines < 1:
         raise UsageError("--engines must be >= 1")
@@ -232,7 +235,7 @@ def _load_tasks(env_id: str, data: str, env_args: dict[str, Any], limit: int | N
     except (TypeError, ValueError) as exc:
         raise UsageError(f"invalid settings for {env_id}: {exc}") from exc
     try:
-        tasks = list(env.unwrapped.tasks)
+        tasks = list(env.get_wrapper_attr("tasks"))
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot load --data {data!r} for {env_id}: {exc}") from exc
     finally:
@@ -297,7 +300,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         scorer = scorer_from_args(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    policy = make_pool(kind, args) if pooled else make_policy(kind, args, args.env)
+    policy: Policy | EnginePool = make_pool(kind, args) if pooled else make_policy(kind, args, args.env)
     concurrency = args.concurrency or (16 if args.mode == "lockstep" else 64)
     run = dict(samples=args.samples, mode=args.mode, base_seed=args.seed, env_kwargs=env_kwargs,
                concurrency=concurrency, tool_workers=args.tool_workers, out_path=records_path, resume=args.resume,
@@ -305,15 +308,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
                **({"step_scorer": scorer} if scorer is not None else {}))
     started = time.perf_counter()
     try:
-        config["policy_info"] = policy.spec.model_dump() if pooled else policy.describe()
+        config["policy_info"] = policy.describe() if isinstance(policy, Policy) else policy.spec.model_dump()
         # read by --resume
         atomic_write(out / "config.json", [(json.dumps(config, indent=2, default=str) + "\n").encode()])
-        if pooled:
+        if isinstance(policy, Policy):
+            records = run_episodes(args.env, tasks, policy, **run)
+        else:
             from agent_envs.scale.rollout import pool_run_episodes
 
             records = pool_run_episodes(policy, args.env, tasks, **run)
-        else:
-            records = run_episodes(args.env, tasks, policy, **run)
     except KeyboardInterrupt:
         done = len(load_records(records_path)) if records_path.exists() else 0
         print(f"\n[agent-envs] interrupted: {done} record(s) saved in {records_path}; "
@@ -370,10 +373,11 @@ def table_metrics() -> list[tuple[str, Metric]]:
     seen: set[str] = set()
     out = []
     for spec in registry.SPECS.values():
-        for metric in spec.metrics.shown if spec.metrics is not None else ():
-            if metric.column is not None and metric.column not in seen:
+        own = spec.metrics
+        for metric in own.shown if own is not None else ():
+            if own is not None and metric.column is not None and metric.column not in seen:
                 seen.add(metric.column)
-                out.append((spec.metrics.key, metric))
+                out.append((own.key, metric))
     return out
 
 

@@ -4,19 +4,21 @@ module names an environment (docs/architecture.md)."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "agent_envs"
-LINT_IMPORTS = shutil.which("lint-imports")
 needs_import_linter = pytest.mark.skipif(
-    LINT_IMPORTS is None, reason="import-linter not installed (bash scripts/install.sh --test installs it)")
+    importlib.util.find_spec("importlinter") is None,
+    reason="import-linter not installed (bash scripts/install.sh --test installs it)")
 #: the environments' folders and the registry that lists them: the only modules that may name one
 ENV_FOLDERS = ("envs/countdown", "envs/docvqa", "envs/math_react", "envs/registry.py")
 ENV_NAMES = re.compile(r"docvqa|countdown|math[_-]react", re.IGNORECASE)
@@ -24,8 +26,9 @@ ENV_NAMES = re.compile(r"docvqa|countdown|math[_-]react", re.IGNORECASE)
 
 def _lint(root: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(root))
-    return subprocess.run([str(LINT_IMPORTS), "--no-cache", "--config", str(root / "pyproject.toml")], cwd=root,
-                          env=env, capture_output=True, text=True, timeout=300)
+    command = "from importlinter.cli import lint_imports_command; lint_imports_command()"
+    return subprocess.run([sys.executable, "-c", command, "--no-cache", "--config", str(root / "pyproject.toml")],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
 
 def _planted(tmp_path: Path, module: str, line: str) -> Path:

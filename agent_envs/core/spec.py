@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
+from pydantic import BaseModel
+
 from agent_envs.core.observation import Observation
 
 Row = dict[str, Any]
@@ -207,7 +209,7 @@ class EnvSpec:
     #: ``(spec, **kwargs) -> tasks``: the configured dataset ("builtin", a path, rows)
     load_tasks: Callable[..., list[Any]] | None = None
     #: the pydantic task model a ``reset(options={"task": ...})`` payload is validated with
-    task_model: type | None = None
+    task_model: type[BaseModel] | None = None
     #: sandbox mounts an episode needs, built from its task
     mounts: Callable[[Any], list[Mount]] = lambda task: []
     #: ``(template, task) -> first user message``; None: ``{question}`` filled with ``task.question``

@@ -12,9 +12,11 @@ import abc
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Coroutine, Literal, Sequence, TypeVar
 
 from agent_envs.core.types import error_text
+
+T = TypeVar("T")
 
 #: how an episode's step scores become one number (:func:`agent_envs.scoring.process.aggregate`)
 Aggregation = Literal["product", "mean", "min"]
@@ -114,7 +116,7 @@ async def score_safely(scorer: StepScorer, contexts: Sequence[StepContext]) -> l
     return [checked(s) for s in out]
 
 
-def run_sync(coro: Any) -> Any:
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine to completion from synchronous code, also when this thread runs a loop."""
     try:
         asyncio.get_running_loop()

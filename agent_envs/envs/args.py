@@ -5,18 +5,21 @@ refused with a ValueError naming it, instead of being coerced or surfacing turns
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent_envs.core.validation import ChatProcessor, WholeNumber, invalid
 
 
+C = TypeVar("C", bound="Checked")
+
+
 class Checked(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     @classmethod
-    def checked(cls, what: str, values: dict[str, Any]):
+    def checked(cls: type[C], what: str, values: dict[str, Any]) -> C:
         try:
             return cls.model_validate(values)
         except ValidationError as exc:

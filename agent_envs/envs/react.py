@@ -27,7 +27,7 @@ from agent_envs.core.tasks import episode_key
 from agent_envs.core.tokens import PromptTally, TokenCounter
 from agent_envs.core.types import Completion, GenerationRequest
 from agent_envs.envs.args import EnvArgs, EnvOptions, ResetOptions
-from agent_envs.envs.spaces import CompletionText, Conversation
+from agent_envs.envs.spaces import Chat, CompletionText, Conversation
 from agent_envs.protocol import messages as msgs
 from agent_envs.protocol.blocklist import is_blocked
 from agent_envs.protocol.budget import exceeds_context
@@ -50,6 +50,8 @@ class EpisodeState:
     base_seed: int
     seed_base: int
     messages: list[dict[str, Any]]
+    #: prompt-token count of ``messages``, kept up to date message by message
+    tally: PromptTally
     turn: int = 0
     steps: list[dict[str, Any]] = field(default_factory=list)
     generated_tokens: int = 0
@@ -57,8 +59,6 @@ class EpisodeState:
     #: the last trajectory count tried against the cap (above ``trajectory_tokens`` only when an
     #: observation crossed the cap and was not counted)
     attempted_trajectory_tokens: int = 0
-    #: prompt-token count of ``messages``, kept up to date message by message
-    tally: PromptTally | None = None
     max_context_tokens: int = 0
     last_completion: str = ""
     termination_reason: str | None = None
@@ -87,7 +87,7 @@ class EpisodeState:
         return self.seed_base + TURN_STRIDE * self.turn
 
 
-class ReActEnv(gym.Env[list, str], abc.ABC):
+class ReActEnv(gym.Env[Chat, str], abc.ABC):
     """Text-in, text-out ReAct environment: observations are the chat, actions are completions."""
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
@@ -196,7 +196,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         return text if text is not None and isinstance(tool_input, str) and is_blocked(tool_input) else None
 
     # ----- Gymnasium API --------------------------------------------------------------------------
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Chat, dict[str, Any]]:
         super().reset(seed=seed)
         self._close_sandbox()
         opts = ResetOptions.checked("reset options", dict(options or {}))
@@ -218,7 +218,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         self._check_task(task)
         user = self._user_message(task)
         images = self._prompt_images(task)
-        messages = [
+        messages: Chat = [
             {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": [text_part(user), *(i.part for i in images)] if images else user},
         ]
@@ -234,7 +234,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         )
         return _copy_chat(messages), self._info()
 
-    def step(self, action: str | Completion | dict):
+    def step(self, action: str | Completion | dict[str, Any]) -> tuple[Chat, float, bool, bool, dict[str, Any]]:
         ep = self._require_running()
         completion = _as_completion(action)
         ep.step_info = {}
@@ -272,6 +272,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             return self._finish("final_answer", None)
         step: dict[str, Any] = {"turn": ep.turn, "assistant": text}
         body, name = decision.observation, decision.observation_name
+        assert name is not None  # every decision but a final answer names its observation
         images: tuple[Shown, ...] = ()
         if decision.kind == "act":
             step["action"] = decision.action
@@ -280,6 +281,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
                 body, images = split(self._run_tool(name, decision.tool_input))
                 ep.turn_tool_s[-1] = time.perf_counter() - started
                 ep.tool_calls += 1
+        assert body is not None  # a tool's output, or the decision's warning text
         step["observation"] = body
         if images:
             step["images"] = [i.facts for i in images]
@@ -417,7 +419,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             return True
         return not exceeds_context(ep.tally.prompt_tokens(), self.max_tokens_per_turn, self.max_model_len)
 
-    def _finish(self, reason: str, react_error: str | None):
+    def _finish(self, reason: str, react_error: str | None) -> tuple[Chat, float, bool, bool, dict[str, Any]]:
         ep = self._ep
         assert ep is not None
         ep.termination_reason = reason

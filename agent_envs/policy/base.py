@@ -10,12 +10,12 @@ from __future__ import annotations
 import abc
 from typing import Any, Callable, Sequence, TypeVar
 
+from agent_envs.core.content import Message  # noqa: F401  (re-exported: the policy API)
 from agent_envs.core.types import (  # noqa: F401  (re-exported: the policy API)
     CONTEXT_LENGTH_EXCEEDED,
     REQUEST_ERROR,
     Completion,
     GenerationRequest,
-    Message,
     error_text,
 )
 

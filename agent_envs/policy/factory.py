@@ -69,7 +69,8 @@ def _vllm(s: PolicySettings) -> Policy:
 
 
 def _openai(s: PolicySettings) -> Policy:
-    http = {k: v for k, v in (("timeout_s", s.timeout_s), ("max_retries", s.max_retries)) if v is not None}
+    http: dict[str, Any] = {k: v for k, v in (("timeout_s", s.timeout_s), ("max_retries", s.max_retries))
+                            if v is not None}
     assert s.model is not None
     return OpenAIPolicy(s.base_urls, s.model, sampling=s.sampling, samples_per_row=s.samples_per_row, **http)
 

@@ -158,6 +158,7 @@ class _Row:
         import torch
 
         request = prepared.request
+        assert policy.max_model_len is not None  # the model config's window when not given
         limit = policy.max_model_len - len(prepared.prompt_ids)
         cap = token_cap(request.max_tokens)
         self.max_new = limit if cap is None else min(cap, limit)

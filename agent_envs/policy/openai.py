@@ -182,7 +182,7 @@ class OpenAIPolicy(Policy):
         return min(self.backoff_base_s * (attempt + 1), self.backoff_cap_s)
 
     # ------------------------------------------------------------------ sync and async paths
-    def complete(self, request: GenerationRequest) -> Completion:
+    def complete(self, request: GenerationRequest) -> Completion:  # type: ignore[return]  # the loop returns
         early = self._too_long(request)
         if early is not None:
             return early
@@ -207,7 +207,7 @@ class OpenAIPolicy(Policy):
             self._aclients[loop] = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
         return self._aclients[loop]
 
-    async def agenerate(self, request: GenerationRequest) -> Completion:
+    async def agenerate(self, request: GenerationRequest) -> Completion:  # type: ignore[return]  # the loop returns
         early = self._too_long(request)
         if early is not None:
             return early

@@ -152,6 +152,11 @@ def group_metrics(records: Records, k: int, *, spec: EnvSpec | None = None) -> R
 
 
 # --------------------------------------------------------------------------- diagnostics
+def _raw_score(row: Row) -> float:
+    """The reference's per-row value: the raw ``anls`` when the row has one, else the score."""
+    return finite(row.get("anls", row.get("score"))) or 0.0
+
+
 def _valid(row: Row) -> bool:
     anls = finite(row.get("anls", row.get("score")))
     return not row.get("error") and anls is not None and anls >= 0
@@ -193,7 +198,7 @@ def diagnostics(records: Records, *, spec: EnvSpec | None = None) -> Row:
         "records": len(rows),
         "valid_records": len(valid),
         "request_errors": len(rows) - len(valid),
-        "mean_anls": mean([float(r.get("anls", r.get("score"))) for r in valid]),
+        "mean_anls": mean([_raw_score(r) for r in valid]),
         "mean_accuracy": mean([float(r.get("acc", 0.0)) for r in valid]) if any("acc" in r for r in valid) else None,
         "tool_call_rate": frac(lambda r: bool(_tool_steps(r, tools))),
         "tool_success_rate": frac(lambda r: any(_ok_observation(s["observation"]) for s in _tool_steps(r, tools))),
@@ -212,7 +217,7 @@ def diagnostics(records: Records, *, spec: EnvSpec | None = None) -> Row:
 def _per_task_means(rows: Sequence[Row], which: str) -> dict[str, tuple[float, frozenset[int]]]:
     out: dict[str, tuple[float, frozenset[int]]] = {}
     for task, group in by_task([r for r in rows if _valid(r)]).items():
-        vals = [float(r.get("anls", r.get("score"))) for r in group]
+        vals = [_raw_score(r) for r in group]
         out[task] = (sum(vals) / len(vals), frozenset(int(r.get("sample_index", 0)) for r in group))
     if not out:
         raise ValueError(f"no valid rows in the {which} records")

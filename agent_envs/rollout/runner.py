@@ -86,8 +86,14 @@ class _Episode:
     def done(self) -> bool:
         return self.episode is not None or self.error is not None
 
+    def next_request(self) -> GenerationRequest:
+        """The request of a live episode (one that has not ended always has its next request)."""
+        assert self.request is not None
+        return self.request
+
     def start(self) -> None:
         """Reset the env for this job and fetch the first request (worker thread)."""
+        assert self.env is not None
         t = time.perf_counter()
         try:
             self.env.reset(options={
@@ -104,6 +110,7 @@ class _Episode:
 
     def advance(self, completion: Completion) -> None:
         """Feed one completion; then either the episode is over or ``request`` is the next one."""
+        assert self.env is not None
         t = time.perf_counter()
         self.new_contexts = []
         self.policy_calls += 1
@@ -260,7 +267,7 @@ def _run_lockstep(ctx: _Context, jobs: Sequence[Job], batch_size: int, pool: Thr
         live = _settle(ctx, envs, list(enumerate(episodes)))
         while live:
             t = time.perf_counter()
-            completions = _generate_batch(ctx.policy, [ep.request for _, ep in live])
+            completions = _generate_batch(ctx.policy, [ep.next_request() for _, ep in live])
             for _, ep in live:
                 ep.generation_s.append(time.perf_counter() - t)
             list(pool.map(_Episode.advance, [ep for _, ep in live], completions))

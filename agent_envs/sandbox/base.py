@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, Callable, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -54,7 +54,7 @@ class ExecResult:
     duration_s: float = 0.0
     #: the limit that was applied (the timeout text quotes it)
     timeout_s: float | None = None
-    meta: dict = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 #: smallest address-space cap that still starts ``python3 -c "import numpy, sympy"`` (measured:
@@ -120,6 +120,10 @@ class Sandbox(abc.ABC):
     capabilities: ClassVar[frozenset[str]] = frozenset()
 
     @abc.abstractmethod
+    def __init__(self, config: SandboxConfig) -> None:
+        """Every backend is built from its config alone (:func:`agent_envs.sandbox.factory.make_sandbox`)."""
+
+    @abc.abstractmethod
     def run(self, command: str, timeout: float | None = None) -> ExecResult:
         """Run ``command`` with bash; ``timeout`` overrides ``config.limits.timeout_s``."""
 
@@ -147,7 +151,7 @@ class Sandbox(abc.ABC):
     def __enter__(self) -> "Sandbox":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -155,7 +159,7 @@ class SandboxUnavailable(RuntimeError):
     """The requested backend cannot run on this machine (message says what to install)."""
 
 
-def staged_mounts(config: SandboxConfig, needs_copy) -> tuple[list[Mount], list[str]]:
+def staged_mounts(config: SandboxConfig, needs_copy: Callable[[Path], bool]) -> tuple[list[Mount], list[str]]:
     """The config's mounts with existing, absolute host paths, and the staging folders made.
 
     A read-only file for which ``needs_copy(path)`` holds (the sandbox uid could not read it) is

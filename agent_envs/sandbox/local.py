@@ -70,7 +70,7 @@ class LocalSandbox(Sandbox):
         return ExecResult(returncode=rc if finished else 124, timed_out=not finished,
                           **captured(out, err), duration_s=time.monotonic() - started, timeout_s=limit)
 
-    def popen(self, program: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    def popen(self, program: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
         """Start a long-lived tool process in the working directory, under the sandbox's rlimits,
         in its own session; stdin/stdout/stderr are pipes.  End it with :meth:`stop`."""
         if self.workdir is None:
@@ -81,7 +81,7 @@ class LocalSandbox(Sandbox):
                                 preexec_fn=lambda: set_rlimits(limits), start_new_session=True)
 
     @staticmethod
-    def sweep(proc: subprocess.Popen) -> None:
+    def sweep(proc: subprocess.Popen[bytes]) -> None:
         """Kill every descendant of ``proc`` and wait until each has exited (``proc`` lives on;
         it should be a child subreaper, so that double-forked orphans stay its descendants)."""
         seen: set[int] = set()
@@ -92,7 +92,7 @@ class LocalSandbox(Sandbox):
             seen |= new
 
     @classmethod
-    def stop(cls, proc: subprocess.Popen) -> None:
+    def stop(cls, proc: subprocess.Popen[bytes]) -> None:
         """Kill ``proc``, its descendants and its process group, and reap it."""
         cls.sweep(proc)
         _killpg(proc.pid)
@@ -120,7 +120,7 @@ class LocalSandbox(Sandbox):
         self.workdir = None
 
 
-def _wait(proc: subprocess.Popen, deadline: float) -> bool:
+def _wait(proc: subprocess.Popen[bytes], deadline: float) -> bool:
     try:
         proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         return True

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 import re
 from fractions import Fraction
-from typing import Sequence
+from typing import Callable, Sequence
 
 from pydantic import BaseModel
 
@@ -28,7 +28,7 @@ from agent_envs.scoring.result import ScoreResult
 SCORE_METHOD = "countdown_exact"
 
 MAX_CHARS = 300
-_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
+_OPS: dict[type[ast.operator], Callable[[Fraction, Fraction], Fraction]] = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
         ast.Mult: lambda a, b: a * b, ast.Div: lambda a, b: a / b}
 _BOXED = re.compile(r"^\\boxed\s*\{(.*)\}$", re.S)
 _RHS = re.compile(r"=\s*-?\d+(?:\.\d+)?\s*$")

@@ -23,7 +23,8 @@ def page_size(path: str) -> tuple[int, int]:
     from PIL import Image
 
     with Image.open(path) as img:
-        return img.size
+        width, height = img.size
+        return int(width), int(height)
 
 
 def user_message(template: str, task: Any) -> str:
