@@ -11,6 +11,7 @@ from agent_envs.core.spec import EnvSpec, Framing, ParserSpec, ReportSpec, Rules
 from agent_envs.envs.countdown import texts
 from agent_envs.envs.countdown.baseline import baseline
 from agent_envs.envs.countdown.data import generate, load
+from agent_envs.envs.countdown.metrics import METRICS
 from agent_envs.envs.countdown.report import render_countdown, report_fields
 from agent_envs.envs.countdown.task import CountdownTask
 from agent_envs.tools.bash import BASH
@@ -53,6 +54,7 @@ SPEC = EnvSpec(
     task_model=CountdownTask,
     user_message=lambda template, task: task.fill(template),
     task_fields=lambda task: {"target": task.target, "nums": list(task.nums)},
+    metrics=METRICS,
     baseline=baseline,
     description="Reach a target from 3-4 numbers with + - * /, each used once; python and bash tools.",
 )
