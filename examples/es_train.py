@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights live in this process's worker
 
-from agent_envs.core.registry import ENV_IDS
+from agent_envs.envs.registry import ENV_IDS
 from agent_envs.envs.docvqa.data import load_docvqa_tasks
 from agent_envs.envs.math_react.data import load_math_tasks
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
@@ -60,12 +60,14 @@ from agent_envs.es.population import ESTrainer, evaluate_member, member_concurre
 from agent_envs.es.revert_copy import LOCATIONS
 from agent_envs.es.schedule import SCHEDULES
 from agent_envs.es.worker import EXTENSION, VLLMPerturbation
+from agent_envs.policy import factory
 from agent_envs.policy.sampling import SamplingConfig
-from agent_envs.policy.vllm import DEFAULT_ROLLOUT_TOKEN_BUDGET, REFERENCE_TOKEN_BUDGET, AsyncVLLMPolicy, VLLMPolicy
+from agent_envs.policy.vllm import DEFAULT_ROLLOUT_TOKEN_BUDGET, REFERENCE_TOKEN_BUDGET
 from agent_envs.scale.mps import MODES as MPS_MODES
 from agent_envs.rewards.combine import FitnessCombiner
 from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
-from agent_envs.rewards.step import AGGREGATIONS, StepScorer
+from agent_envs.core.steps import StepScorer
+from agent_envs.scoring.process import AGGREGATIONS
 from agent_envs.rollout import es_summary, run_episodes
 
 
@@ -160,16 +162,12 @@ def load_tasks(env_id: str, path: str, limit: int | None = None) -> list[Any]:
 
 
 def build_policy(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> tuple[Any, Any]:
-    """(policy, engine handle for VLLMPerturbation): the offline LLM, or the AsyncLLM's policy."""
-    sampling = SamplingConfig(ignore_eos=args.ignore_eos)
-    if args.mode == "async":
-        policy = AsyncVLLMPolicy(args.model, sampling=sampling, **engine_kwargs)
-        return policy, policy
-    from vllm import LLM
-
-    llm = LLM(model=args.model, **engine_kwargs)
-    return VLLMPolicy(llm=llm, sampling=sampling, max_model_len=args.max_model_len,
-                      rollout_token_budget=args.rollout_token_budget), llm
+    """(policy, engine handle for VLLMPerturbation): the offline LLM, or the AsyncLLM's policy,
+    built by the policy factory's vllm row (the CLI's and the engine pool's too)."""
+    policy = factory.build_policy("vllm", factory.PolicySettings(
+        model=args.model, mode=args.mode, sampling=SamplingConfig(ignore_eos=args.ignore_eos),
+        rollout_token_budget=args.rollout_token_budget, engine_args=engine_kwargs))
+    return policy, policy if args.mode == "async" else policy.llm
 
 
 def make_config(args: argparse.Namespace, combiner: FitnessCombiner | None) -> ESConfig:

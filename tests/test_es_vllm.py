@@ -101,14 +101,14 @@ def test_two_generation_es_loop_with_rollouts(tmp_path: Path, mode: str) -> None
     assert all(row["termination_reason"] != "request_error" for row in rows)
     assert all(len(set(r["rewards"])) == 2 for r in records)  # toy rewards differ between members
     assert len({r["weights_fingerprint"] for r in records}) == 2  # so every update moved the weights
-    trained = [l for l in train.stdout.splitlines() if "final weights checksum" in l][-1].split()[-1]
+    trained = [line for line in train.stdout.splitlines() if "final weights checksum" in line][-1].split()[-1]
     replay = subprocess.run([python, *common, "--resume", str(history), "--history", str(tmp_path / "r.json")],
                             capture_output=True, text=True, env=env, timeout=1500)
     assert replay.returncode == 0, replay.stderr[-4000:]
     assert "reverted members in place" not in replay.stderr  # an --exact-revert history replays bit for bit
     assert "replayed 2 generations" in replay.stdout and "(2 of 2 checked against the history's fingerprints)" in \
         replay.stdout
-    assert [l for l in replay.stdout.splitlines() if "final weights checksum" in l][-1].split()[-1] == trained
+    assert [line for line in replay.stdout.splitlines() if "final weights checksum" in line][-1].split()[-1] == trained
     if mode == "async":
         return
     edited = tmp_path / "edited.json"

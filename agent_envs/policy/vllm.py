@@ -27,9 +27,11 @@ from concurrent.futures import Future
 from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 from ..core.content import has_images
+from ..protocol.budget import token_cap
 from .base import Completion, GenerationRequest
 from .batching import BatchedEnginePolicy, EnginePolicy, Prepared
-from .sampling import SamplingConfig, token_cap
+from .sampling import SamplingConfig
+from .vision import load_processor
 
 #: the reference harness's microbatch size (prompt + max_tokens per group); pass it as
 #: ``rollout_token_budget`` for scheduling parity with it.
@@ -95,8 +97,6 @@ def model_processor(model: Any, processor: Any) -> Any:
     a hub name: pass its processor explicitly)."""
     if processor is not None or not isinstance(model, (str, os.PathLike)) or not os.path.isdir(model):
         return processor
-    from ..vision import load_processor
-
     return load_processor(str(model))
 
 
@@ -137,6 +137,8 @@ class VLLMPolicy(BatchedEnginePolicy):
 
             if isinstance(tokenizer, (str, os.PathLike)):  # a tokenizer folder (``--engine-arg tokenizer=``)
                 engine_kwargs["tokenizer"], tokenizer = str(tokenizer), None
+            if max_model_len is not None:  # the policy's window is the engine's it builds
+                engine_kwargs.setdefault("max_model_len", max_model_len)
             prepare_engine_env(engine_kwargs)
             llm = vllm.LLM(model=model, **engine_kwargs)
         self.llm = llm
@@ -270,6 +272,8 @@ class AsyncVLLMPolicy(EnginePolicy):
             raise ValueError("AsyncVLLMPolicy needs exactly one of model= or engine= (an AsyncLLM)")
         if engine is None and isinstance(tokenizer, (str, os.PathLike)):  # a folder: the engine's tokenizer
             engine_kwargs["tokenizer"], tokenizer = str(tokenizer), None
+        if engine is None and max_model_len is not None:  # the policy's window is the engine's it builds
+            engine_kwargs.setdefault("max_model_len", max_model_len)
         self._thread = _EngineThread()
         self._thread.owns_engine = engine is None
         try:
