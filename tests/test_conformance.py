@@ -16,11 +16,15 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import agent_envs  # noqa: F401  (registers the environments)
 from agent_envs.core import registry
 from agent_envs.policy.scripted import ScriptedPolicy
+from agent_envs.rollout.records import EpisodeRecord, dumps_line
 from agent_envs.rollout.runner import run_episodes, strip_timings
+from model_text import completion, known_breakers
 from sandbox_backends import temp_dirs
 from test_process_rewards import HashScorer
 
@@ -103,6 +107,60 @@ def test_random_and_adversarial_completions_never_raise(env_id):
     finally:
         env.close()
     assert ended > 0
+
+
+#: the totality test's sandbox: real bwrap, persistent, with a short command timeout so that a
+#: generated command that blocks costs seconds, not the default 20
+TOTALITY_SANDBOX = {"backend": "bwrap", "mode": "persistent", "limits": {"timeout_s": 3.0}}
+
+
+class _Totality:
+    """One env kept across hypothesis examples (reset only when an episode ends), so that the
+    sandboxes it starts are shared by many examples."""
+
+    def __init__(self, env_id: str) -> None:
+        self.env = _make(env_id, sandbox=TOTALITY_SANDBOX)
+        self.tools = registry.spec(env_id).rules["es"].tool_args
+        self.running = False
+        self.seed = 0
+
+    def step(self, text: str) -> None:
+        if not self.running:
+            self.seed += 1
+            self.env.reset(seed=self.seed)
+            self.running = True
+        _, reward, terminated, truncated, info = self.env.step(text)
+        assert isinstance(reward, float) and 0.0 <= reward <= 1.0
+        if terminated or truncated:
+            self.running = False
+            record = info["episode"]
+            assert record["termination_reason"] in TERMINATIONS, record["react_error"]
+            EpisodeRecord.model_validate(record)  # what the runner keeps, and writes:
+            json.loads(dumps_line(record))
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_step_is_total_over_the_action_grammar(env_id):
+    """docs/reliability.md#model-text: whatever the model writes (every tool and unknown ones, any
+    arguments, nesting past the recursion limit, numbers at every extreme) ``step`` returns, and an
+    ending episode has a protocol termination reason (never INVALID_OUTPUT, the backstop for what
+    this test has not found) and a record the runner can validate and write."""
+    state = _Totality(env_id)
+
+    @settings(max_examples=40, deadline=None, database=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(st.lists(completion(state.tools), min_size=1, max_size=3))
+    def check(texts):
+        for text in texts:
+            state.step(text)
+
+    try:
+        for text in known_breakers(state.tools):  # after a tool call, so a final answer can follow
+            state.step(text)
+            state.step("Final answer: 1")
+        check()
+    finally:
+        state.env.close()
 
 
 def _records(env_id: str, mode: str, base_seed: int = 11, **kwargs) -> list[dict]:

@@ -21,7 +21,7 @@ import gymnasium as gym
 from agent_envs.core.content import copy_message, text_of, text_part, transcript
 from agent_envs.core.observation import Observation, Shown, split
 from agent_envs.core.spec import EnvSpec, Rules
-from agent_envs.core.types import Completion, GenerationRequest
+from agent_envs.core.types import INVALID_OUTPUT, MACHINE_FAULTS, Completion, GenerationRequest, error_text
 from agent_envs.data.tasks import episode_key
 from agent_envs.envs.args import EnvArgs, ResetOptions
 from agent_envs.envs.spaces import CompletionText, Conversation
@@ -228,6 +228,14 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
     def step(self, action: str | Completion | dict):
         ep = self._require_running()
         completion = _as_completion(action)
+        try:
+            return self._step(ep, completion)
+        except MACHINE_FAULTS:
+            raise
+        except Exception as exc:  # docs/reliability.md#model-text: the text's outcome, not the machine's
+            return self._finish(INVALID_OUTPUT, error_text(exc), scored=False)
+
+    def _step(self, ep: EpisodeState, completion: Completion):
         ep.step_info = {}
         if completion.error is not None:
             reason = (
@@ -403,13 +411,14 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         reserve = self.max_tokens_per_turn if self.max_tokens_per_turn > 0 else 1
         return ep.tally.prompt_tokens() + reserve <= self.max_model_len
 
-    def _finish(self, reason: str, react_error: str | None):
+    def _finish(self, reason: str, react_error: str | None, scored: bool = True):
+        """End the episode; ``scored=False`` (text that could not be handled) skips the scorer: 0."""
         ep = self._ep
         assert ep is not None
         ep.termination_reason = reason
         ep.react_error = react_error
         self._close_sandbox()
-        record = self._record(ep)
+        record = self._record(ep, scored)
         info = self._info()
         info.update({k: record[k] for k in _SUMMARY_FIELDS if k in record})
         info["episode"] = record
@@ -417,7 +426,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         terminated = reason == "final_answer"
         return _copy_chat(ep.messages), reward, terminated, not terminated, info
 
-    def _record(self, ep: EpisodeState) -> dict[str, Any]:
+    def _record(self, ep: EpisodeState, scored: bool = True) -> dict[str, Any]:
         task = ep.task
         record: dict[str, Any] = {
             "key": self._key(ep),
@@ -451,7 +460,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         }
         if ep.prompt_images:
             record["prompt_images"] = copy.deepcopy(ep.prompt_images)
-        record.update(self._score(ep))
+        record.update(self._score(ep) if scored else {"score": 0.0, "score_method": ep.termination_reason})
         if self.step_scorer is not None:
             record.update(process_fields(ep.step_scores, self.step_scorer.aggregation))
         return record

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 from agent_envs.sandbox._bwrap_layout import HOST_UID_WHEN_ROOT, SANDBOX_UID
+from agent_envs.sandbox.base import SandboxUnavailable
 
 
 #: the namespace helper: report, wait for the uid map, re-exec (to gain the namespace's
@@ -37,14 +38,14 @@ class UserNamespace:
         try:
             assert helper.stdout is not None and helper.stdin is not None
             if helper.stdout.readline() != b"\n":
-                raise RuntimeError("could not create a user namespace (unshare --user failed)")
+                raise SandboxUnavailable("could not create a user namespace (unshare --user failed)")
             mapping = f"0 0 1\n{SANDBOX_UID} {HOST_UID_WHEN_ROOT} 1\n"
             for name in ("uid_map", "gid_map"):
                 Path(f"/proc/{helper.pid}/{name}").write_text(mapping)
             helper.stdin.write(b"\n")
             helper.stdin.flush()
             if helper.stdout.readline() != b"limited\n":
-                raise RuntimeError("could not forbid nested user namespaces in the sandbox "
+                raise SandboxUnavailable("could not forbid nested user namespaces in the sandbox "
                                    "(writing user.max_user_namespaces failed)")
             self.fd = os.open(f"/proc/{helper.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
         finally:

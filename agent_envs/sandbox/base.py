@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_envs.core.spec import Mount
+from agent_envs.core.types import InfrastructureError
 from agent_envs.validation import WholeNumber
 
 #: environment every sandbox backend sets: home and temp on the tmpfs, no pip index, and
@@ -120,7 +121,7 @@ class Sandbox(abc.ABC):
         self.close()
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(InfrastructureError):
     """The requested backend cannot run on this machine (message says what to install)."""
 
 
