@@ -172,7 +172,8 @@ def make_policy(kind: str, args: argparse.Namespace, env_id: str) -> Any:
 
 def _check_request_flags(kind: str, args: argparse.Namespace) -> None:
     if kind != "openai" and (args.request_timeout is not None or args.request_retries is not None):
-        raise UsageError("--request-timeout and --request-retries apply to --policy openai only")
+        raise UsageError("--request-timeout and --request-retries apply to --policy openai only "
+                         "(the judge's are --judge-timeout and --judge-retries)")
     if args.request_timeout is not None and not args.request_timeout > 0:
         raise UsageError(f"--request-timeout must be > 0, got {args.request_timeout}")
     if args.request_retries is not None and args.request_retries < 0:
