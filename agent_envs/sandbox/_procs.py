@@ -85,6 +85,48 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+#: number of the ``read`` system call in ``/proc/PID/syscall``, by machine
+_READ_SYSCALL = {"x86_64": 0, "aarch64": 63, "riscv64": 63, "ppc64le": 3, "s390x": 3}
+
+
+def pipe_inode(fd: int) -> int:
+    """The inode that names the pipe behind ``fd`` (``pipe:[N]`` in ``/proc/PID/fd``)."""
+    return os.fstat(fd).st_ino
+
+
+def blocked_reading(pid: int, inode: int) -> bool:
+    """Whether ``pid`` is one thread blocked in ``read`` on the pipe ``inode``: how the host tells
+    that a tool's driver has finished a call and waits for the next.  Unlike a status line, which
+    code running in the driver's process can write too, this cannot be forged while any of that
+    code still runs (docs/reliability.md#tool-channels)."""
+    try:
+        call = Path(f"/proc/{pid}/syscall").read_text().split()
+        if len(call) < 2 or not call[0].isdigit():
+            return False  # running ("running" instead of a call number)
+        expected = _READ_SYSCALL.get(os.uname().machine)
+        if expected is not None and int(call[0]) != expected:
+            return False
+        if os.readlink(f"/proc/{pid}/fd/{int(call[1], 16)}") != f"pipe:[{inode}]":
+            return False
+        threads = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[17]
+    except (OSError, ValueError, IndexError):
+        return False
+    return threads == "1"
+
+
+def running(pids: set[int] | list[int]) -> set[int]:
+    """The ``pids`` that are alive (not zombies: those have exited and run nothing)."""
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
 def kill_all(pids: list[int], sig: int = signal.SIGKILL) -> None:
     for p in pids:
         try:
