@@ -10,6 +10,7 @@ import statistics
 from collections import Counter
 from typing import Any, Sequence
 
+from agent_envs.core import registry
 from agent_envs.rollout.metrics import ANLS_KEY, by_task, clamped_score, paired_bootstrap
 from agent_envs.rollout.records import ERROR_TERMINATIONS
 from agent_envs.rollout.tracelog import succeeded
@@ -34,6 +35,20 @@ def _is_error(row: Row) -> bool:
     return bool(row.get("error")) or row.get("termination_reason") in ERROR_TERMINATIONS
 
 
+def success(row: Row) -> bool | None:
+    """The environment's success rule, or None for a record whose ``env_id`` is missing (older
+    runs) or not registered here: its score is shown, not judged."""
+    return succeeded(row) if row.get("env_id") in registry.ENVIRONMENTS else None
+
+
+def unjudged(run: Run) -> str | None:
+    """The note for records no success rule applies to."""
+    ids = sorted({str(r.get("env_id") or "(none)") for r in run.rows if success(r) is None})
+    count = sum(1 for r in run.rows if success(r) is None)
+    return f"{count} record(s) with env_id {', '.join(ids)}: not an environment registered here, so " \
+           "success is not judged" if count else None
+
+
 def metric_rows(runs: Sequence[Run]) -> list[tuple[str, list[str]]]:
     """The summary table: one row per metric, one column per run; rows no run has are left out."""
     def stat(run: Run, key: str, field: str = "mean", digits: int = 1) -> str:
@@ -56,7 +71,7 @@ def metric_rows(runs: Sequence[Run]) -> list[tuple[str, list[str]]]:
                     for r in runs]),
         ("episodes (expected)", [f"{len(r.rows)} ({r.metrics['es']['expected_count']})" for r in runs]),
         ("errors (infrastructure, not the model)", [str(sum(_is_error(x) for x in r.rows)) for r in runs]),
-        ("model failures (ran, scored as failed)", [str(sum(not _is_error(x) and not succeeded(x) for x in r.rows))
+        ("model failures (ran, scored as failed)", [str(sum(not _is_error(x) and success(x) is False for x in r.rows))
                                                     for r in runs]),
         ("mean score", [_fmt(r.metrics["es"]["mean_score"]) for r in runs]),
     ]
@@ -216,7 +231,7 @@ def episode(run: Run, row: Row, images: dict[str, str | None]) -> Row:
     return {
         "run": run.name, "anchor": anchor(run, row["key"]), "key": row["key"], "task": row["task_id"],
         "sample": row.get("sample_index"), "seed": row.get("seed"), "score": clamped_score(row),
-        "success": succeeded(row), "is_error": _is_error(row), "reason": row.get("termination_reason"),
+        "success": success(row), "is_error": _is_error(row), "reason": row.get("termination_reason"),
         "react_error": row.get("react_error"), "error": row.get("error"), "latency": row.get("latency_s"),
         "tokens": row.get("generated_tokens"), "tool_s": row.get("tool_seconds"),
         "prediction": row.get("prediction"), "gold": _gold(row), "question": _question(row),
@@ -239,10 +254,27 @@ def episode_groups(runs: Sequence[Run], images: dict[str, str | None]) -> list[R
         keys += [k for k in index if k not in keys]
     groups = []
     for key in keys:
-        columns = [{**episode(run, idx[key], images), "colour": i}
+        columns = [{**shown_episode(run, idx[key], images), "colour": i}
                    for i, (run, idx) in enumerate(zip(runs, by_key)) if key in idx]
         groups.append({"key": key, "task": columns[0]["task"], "columns": columns})
     return groups
+
+
+def shown_episode(run: Run, row: Row, images: dict[str, str | None]) -> Row:
+    """:func:`episode`, or for a record whose fields do not fit (a damaged or foreign record) its
+    identity and score with the reason it cannot be shown in full."""
+    try:
+        return episode(run, row, images)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        note = f"{row['key']}: turns not shown ({type(exc).__name__}: {exc})"
+        run.notes.append(note)
+        return {"run": run.name, "anchor": anchor(run, row["key"]), "key": row["key"], "task": row["task_id"],
+                "sample": row["sample_index"], "seed": row.get("seed"), "score": clamped_score(row),
+                "success": None, "is_error": _is_error(row), "reason": row.get("termination_reason"),
+                "react_error": row.get("react_error"), "error": row.get("error"), "latency": row.get("latency_s"),
+                "tokens": row.get("generated_tokens"), "tool_s": None, "prediction": str(row.get("prediction")),
+                "gold": None, "question": "", "anls": None, "process_score": None, "process_aggregation": None,
+                "image_path": None, "image_ok": False, "prompt_images": [], "turns": [], "problem": note}
 
 
 def comparison(a: Run, b: Run) -> Row:
