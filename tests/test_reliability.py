@@ -3,6 +3,7 @@ outcome from the machine's fault."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -52,3 +53,63 @@ def test_a_machine_fault_leaves_step(exc):
             env.step(BASH)
     finally:
         env.close()
+
+
+# ------------------------------------------------------------------ images over the pixel limit
+@pytest.fixture(scope="module")
+def bomb(tmp_path_factory) -> Path:
+    """A 38 kB PNG of 13,500 x 13,500 pixels: over Pillow's decompression-bomb limit."""
+    from PIL import Image
+
+    path = tmp_path_factory.mktemp("bomb") / "bomb.png"
+    Image.new("1", (13_500, 13_500), 1).save(path, optimize=True)
+    return path
+
+
+LIMIT = "has 182,250,000 pixels, over the limit of 178,956,970 (Pillow's decompression-bomb guard"
+
+
+def test_a_page_over_the_pixel_limit_stops_eval_before_the_policy(bomb, tmp_path, capsys, monkeypatch):
+    from agent_envs import cli
+
+    monkeypatch.setattr(cli, "make_policy", lambda *a, **k: pytest.fail("the policy was built first"))
+    data = tmp_path / "tasks.jsonl"
+    data.write_text(json.dumps({"id": "b", "question": "Title?", "answers": ["x"], "image": str(bomb)}) + "\n")
+    assert cli.main(["eval", "--env", "DocVQA-VL-v0", "--data", str(data), "--policy", "scripted",
+                     "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"agent-envs eval: error: cannot load --data {str(data)!r} for DocVQA-VL-v0: {data}:1: the page "
+                   f"{bomb} {LIMIT}, 2 x PIL.Image.MAX_IMAGE_PIXELS)\n")
+
+
+def test_a_page_over_the_pixel_limit_is_the_same_error_at_reset_in_view_and_in_the_report(bomb, tmp_path):
+    from agent_envs.core.content import ImageTooLarge, decode_image_url
+    from agent_envs.envs.docvqa.data import DocDataError
+    from agent_envs.report.media import image_data_url
+    from agent_envs.rewards.judge import load_images
+
+    task = {"id": "docvqa_b", "question": "Title?", "answers": ["x"], "image": str(bomb)}
+    env = gym.make("DocVQA-VL-v0", tasks=[task], sandbox="none")
+    with pytest.raises(DocDataError, match=LIMIT.split(",")[0].replace("(", r"\(")):
+        env.reset(seed=0)
+    env.close()
+    # a page that becomes too large during an episode: the view tool says so, the episode goes on
+    builtin = gym.make("DocVQA-VL-v0", dataset="builtin").unwrapped.tasks[0]
+    page = tmp_path / "page.png"
+    page.write_bytes(Path(builtin.image).read_bytes())
+    env = gym.make("DocVQA-VL-v0", tasks=[{**builtin.model_dump(), "image": str(page)}], sandbox="none")
+    try:
+        env.reset(seed=0)
+        page.write_bytes(bomb.read_bytes())
+        messages, _, terminated, truncated, _ = env.step('Action: {"name": "view", "arguments": {}}')
+        assert not (terminated or truncated)
+        assert messages[-1]["content"] == f"Observation from view:\n[ERROR] The image cannot be read: " \
+                                          f"ImageTooLarge: the image {page} {LIMIT}, 2 x PIL.Image.MAX_IMAGE_PIXELS)"
+    finally:
+        env.close()
+    assert image_data_url(bomb) is None  # the report shows "page image not readable"
+    with pytest.raises(ImageTooLarge, match=f"the image {bomb} {LIMIT.split(',')[0]}"):
+        load_images([str(bomb)])  # a vision judge: a recorded step-score error
+    url = "data:image/png;base64," + __import__("base64").b64encode(bomb.read_bytes()).decode()
+    with pytest.raises(ImageTooLarge, match="the image data URL has 182,250,000 pixels"):
+        decode_image_url(url)  # the policy server: a 400 with this message

@@ -157,8 +157,10 @@ class _Context:
 
     def __init__(self, make_env: Callable[[], gym.Env], policy: Policy, base_seed: int,
                  tags: dict[str, Any], writer: JsonlWriter | None, progress: "_Progress",
-                 scorer: StepScorer | None = None):
+                 scorer: StepScorer | None = None, env_id: str | None = None):
         self.make_env = make_env
+        #: the registered id, for the records of episodes whose environment raised
+        self.env_id = env_id
         self.scorer = scorer
         self.policy = policy
         self.base_seed = base_seed
@@ -201,7 +203,7 @@ class _Context:
                 "key": job.key, "task_id": job.task_id, "row_index": job.row_index,
                 "sample_index": job.sample_index, "base_seed": self.base_seed, "score": 0.0,
                 "termination_reason": reason, "react_error": ep.error or ep.invalid_output,
-                "score_method": reason,
+                "score_method": reason, "env_id": self.env_id,
             })
         error = ep.error
         if row.get("termination_reason") == "request_error":
@@ -465,7 +467,8 @@ def run_episodes(
     make_env = _env_factory(env_id_or_factory, policy, env_kwargs)
     bar = _Progress(len(todo), progress, desc=f"{mode}")
     writer = JsonlWriter(out_path) if out_path is not None else None
-    ctx = _Context(make_env, policy, base_seed, dict(tags or {}), writer, bar, step_scorer)
+    ctx = _Context(make_env, policy, base_seed, dict(tags or {}), writer, bar, step_scorer,
+                   env_id_or_factory if isinstance(env_id_or_factory, str) else None)
     pool = ThreadPoolExecutor(max_workers=tool_workers or concurrency, thread_name_prefix="agent-envs-env")
     try:
         if todo:

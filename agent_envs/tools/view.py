@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from agent_envs.core.content import ImageTooLarge, open_image
 from agent_envs.core.observation import Observation, Shown, shown
 from agent_envs.core.spec import Framing
 from agent_envs.core.types import error_text
@@ -35,10 +36,8 @@ def load_page(path: str) -> tuple[Any, str]:
     """The image at ``path`` as PIL ``L`` or ``RGB`` (other modes are converted to RGB) and the
     sha256 of the very bytes it was decoded from (lets a report tell that a page changed after
     the run).  The file is read once."""
-    from PIL import Image
-
     data = Path(path).read_bytes()
-    with Image.open(io.BytesIO(data)) as img:
+    with open_image(io.BytesIO(data), f"the image {path}") as img:
         img.load()
         image = img if img.mode in ("L", "RGB") else img.convert("RGB")
     return image, hashlib.sha256(data).hexdigest()
@@ -129,7 +128,7 @@ class ViewTool:
         if self._image is None:
             try:
                 self._image, self._digest = load_page(self.source)
-            except OSError as exc:  # the page vanished mid-episode: the episode goes on
+            except (OSError, ImageTooLarge) as exc:  # the page vanished or changed mid-episode: the episode goes on
                 return f"[ERROR] The image cannot be read: {error_text(exc)}"
         image = self._image
         try:

@@ -7,6 +7,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from agent_envs.core.content import open_image
 from agent_envs.core.spec import ALL_ARGUMENTS, EnvSpec, ReportSpec, Rules, ToolSpec
 from agent_envs.envs.docvqa import spec as cli
 from agent_envs.envs.docvqa.vl import texts
@@ -24,9 +25,7 @@ RULES_HTTP = Rules(cli.PARSER_HTTP, texts.TOOL_REQUIRED, texts.FORMAT_WARNING_HT
 
 
 def page_size(path: str) -> tuple[int, int]:
-    from PIL import Image
-
-    with Image.open(path) as img:
+    with open_image(path, f"the page {path}") as img:
         return img.size
 
 
