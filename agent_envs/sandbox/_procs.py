@@ -1,15 +1,134 @@
-"""Host-side process bookkeeping for sandboxes: user namespaces, descendants, teardown."""
+"""Host-side process bookkeeping for sandboxes: launching, user namespaces, descendants, teardown."""
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import os
+import queue
 import select
 import signal
 import subprocess
+import threading
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from agent_envs.sandbox._bwrap_layout import HOST_UID_WHEN_ROOT, SANDBOX_UID
 from agent_envs.sandbox.base import SandboxUnavailable
+
+
+T = TypeVar("T")
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)  # resolved here: a forked child only calls it
+
+
+def die_with_runner(runner: int) -> None:
+    """In a forked child before exec: be SIGKILLed when the runner dies, however it dies
+    (docs/reliability.md#containment).  Exits at once if the runner is already gone (it died
+    between the fork and this call, so the signal would never come)."""
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != runner:
+        os._exit(70)
+
+
+class _Launcher:
+    """One thread, alive as long as the process, that forks every sandbox.
+
+    The kernel sends a child's parent-death signal when the *thread* that forked it ends, not the
+    process; forking from pool threads (which come and go) would kill sandboxes while they are in
+    use.  Forks are fast, so one thread for all of them costs nothing noticeable."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def run(self, fork: Callable[[], T]) -> T:
+        """``fork()`` (which starts a process, with :func:`die_with_runner` before its exec) on
+        the launcher thread; its result, or its exception raised here."""
+        with self._lock:  # a forked child of this process starts without the thread: make a new one
+            if self._thread is None or self._pid != os.getpid():
+                self._jobs, self._pid = queue.SimpleQueue(), os.getpid()
+                self._thread = threading.Thread(target=self._serve, args=(self._jobs,), daemon=True,
+                                                name="agent-envs-launcher")
+                self._thread.start()
+            jobs = self._jobs
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        jobs.put((fork, done))
+        ok, value = done.get()
+        if not ok:
+            raise value
+        return value
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue) -> None:
+        while True:
+            fork, done = jobs.get()
+            try:
+                done.put((True, fork()))
+            except BaseException as exc:  # handed to the caller's thread
+                done.put((False, exc))
+
+
+_launcher = _Launcher()
+
+
+def launch(fork: Callable[[], T]) -> T:
+    """Start a sandbox process from the launcher thread (see :class:`_Launcher`)."""
+    return _launcher.run(fork)
+
+
+#: a no-op bwrap option naming the runner (pid and start time) in each sandbox's command line, so
+#: that a later run can tell a sandbox whose runner died (see :func:`reap_orphans`)
+_MARK = "AGENT_ENVS_RUNNER_"
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (with the pid, it names one process)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def runner_mark() -> list[str]:
+    """bwrap arguments that mark a sandbox as this process's (``--unsetenv`` of a variable the
+    cleared environment never has: nothing changes inside)."""
+    return ["--unsetenv", _mark(os.getpid())]
+
+
+@functools.lru_cache(maxsize=None)
+def _mark(pid: int) -> str:
+    return f"{_MARK}{pid}_{start_time(pid)}"
+
+
+def reap_orphans() -> list[int]:
+    """SIGKILL every sandbox process whose runner is gone; their pids.
+
+    A runner SIGKILLed while a sandbox starts can leave the sandbox's pid-namespace init behind
+    (its parent-death signal is set only once it runs; it ignores SIGTERM), so each run clears
+    what killed runs left (docs/reliability.md#containment).  Killing an init ends its namespace.
+    """
+    killed = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        marks = [a for a in argv if a.startswith(_MARK.encode())]
+        if not marks:
+            continue
+        pid, _, started = marks[0].decode()[len(_MARK):].partition("_")
+        if pid.isdigit() and str(start_time(int(pid))) != started:  # that runner is gone
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+                killed.append(int(entry))
+            except (ProcessLookupError, PermissionError):
+                continue
+    return killed
 
 
 #: the namespace helper: report, wait for the uid map, re-exec (to gain the namespace's

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import re
 import secrets
@@ -74,11 +75,18 @@ def _encode(command: str) -> bytes:
     return command.encode("utf-8", errors="surrogateescape")
 
 
+@functools.lru_cache(maxsize=None)
+def _reap_once(pid: int) -> None:
+    """A process's first sandbox clears what killed runners left (once per process ``pid``)."""
+    _procs.reap_orphans()
+
+
 class _Layout:
     """The per-sandbox parts that outlive single commands: user namespace, staged mounts."""
 
     def __init__(self, config: SandboxConfig) -> None:
         self.bwrap = find_bwrap()
+        _reap_once(os.getpid())
         self.as_root = os.geteuid() == 0
         # as root, the sandbox's host uid could read only world-readable files
         mounts, self.staged = staged_mounts(
@@ -93,17 +101,22 @@ class _Layout:
                   "--unshare-uts", "--unshare-cgroup-try", "--cap-add", "CAP_SETUID,CAP_SETGID"]
         else:
             ns = ["--unshare-all", "--unshare-user", "--disable-userns", "--uid", "1000", "--gid", "1000"]
-        return [self.bwrap, *ns, *options, *self.layout, *command_prefix(self.limits, self.as_root),
-                *program]
+        return [self.bwrap, *ns, *_procs.runner_mark(), *options, *self.layout,
+                *command_prefix(self.limits, self.as_root), *program]
 
     def popen(self, program: list[str], options: tuple[str, ...] = (), pass_fds: tuple[int, ...] = (),
               stdin: int = subprocess.PIPE) -> subprocess.Popen:
         """``program`` in a new sandbox of this layout, stdout/stderr piped, in its own session."""
         fd = self.userns.fd if self.userns is not None else -1
-        limits = self.limits
-        return subprocess.Popen(self.argv(fd, program, options), stdin=stdin, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, pass_fds=(*pass_fds, fd) if fd >= 0 else pass_fds,
-                                preexec_fn=lambda: set_rlimits(limits), start_new_session=True)
+        limits, runner = self.limits, os.getpid()
+
+        def child_setup() -> None:
+            _procs.die_with_runner(runner)
+            set_rlimits(limits)
+
+        return _procs.launch(lambda: subprocess.Popen(
+            self.argv(fd, program, options), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            pass_fds=(*pass_fds, fd) if fd >= 0 else pass_fds, preexec_fn=child_setup, start_new_session=True))
 
     def close(self) -> None:
         if self.userns is not None:
@@ -216,17 +229,18 @@ class _Shell:
         mapping = {cmd_r: FD_CMD, out_w: FD_OUT, err_w: FD_ERR}
         if layout.userns is not None:
             mapping[layout.userns.fd] = FD_USERNS
-        limits = layout.limits
+        limits, runner = layout.limits, os.getpid()
 
         def child_setup() -> None:
+            _procs.die_with_runner(runner)
             _place_fds(mapping)
             set_rlimits(limits)
 
         argv = layout.argv(FD_USERNS, ["/bin/bash", "--noprofile", "--norc", "-c", DRIVER])
         try:
-            self.child = _Spawn(argv[0], argv[1:], pass_fds=tuple(mapping), echo=False, timeout=None,
-                                maxread=4096, searchwindowsize=4096, preexec_fn=child_setup,
-                                env={"PATH": "/usr/bin:/bin"})
+            self.child = _procs.launch(lambda: _Spawn(
+                argv[0], argv[1:], pass_fds=tuple(mapping), echo=False, timeout=None, maxread=4096,
+                searchwindowsize=4096, preexec_fn=child_setup, env={"PATH": "/usr/bin:/bin"}))
         except BaseException:
             for fd in (cmd_r, self.cmd_w, self.out_r, self.err_r):
                 os.close(fd)
