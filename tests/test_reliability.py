@@ -113,3 +113,29 @@ def test_a_page_over_the_pixel_limit_is_the_same_error_at_reset_in_view_and_in_t
     url = "data:image/png;base64," + __import__("base64").b64encode(bomb.read_bytes()).decode()
     with pytest.raises(ImageTooLarge, match="the image data URL has 182,250,000 pixels"):
         decode_image_url(url)  # the policy server: a 400 with this message
+
+
+# ------------------------------------------------------------------ the tmpfs budget
+def test_the_tmpfs_mounts_of_all_episodes_in_flight_fit_the_budget(monkeypatch):
+    """docs/reliability.md#limits: every sandbox's /tmp and /workspace live in RAM; a runner with N
+    episodes in flight sizes each mount so that N x 4 of them fit the budget (half the host's RAM,
+    or $AGENT_ENVS_TMPFS_BUDGET_MIB), and a full mount is a full disk inside, nothing more."""
+    from agent_envs.policy.scripted import ScriptedPolicy
+    from agent_envs.rollout.runner import run_episodes
+    from agent_envs.sandbox.base import MOUNTS_PER_EPISODE, SandboxLimits, tmpfs_budget_mib, tmpfs_mib
+    from agent_envs.core.flight import episodes_in_flight
+
+    with episodes_in_flight(64):  # the defaults cannot exhaust this host, whatever its RAM
+        assert 64 * MOUNTS_PER_EPISODE * tmpfs_mib(SandboxLimits()) <= tmpfs_budget_mib()
+    monkeypatch.setenv("AGENT_ENVS_TMPFS_BUDGET_MIB", "192")
+    fill = ("df -k --output=size /tmp /workspace | tail -n 2 | tr '\\n' ' '; "
+            "head -c 20000000 /dev/zero > /workspace/big; echo rc=$?")
+    script = [f"Action: {json.dumps({'name': 'bash', 'arguments': {'command': fill}})}", "Final answer: 1"]
+    tasks = [{"id": f"t{i}", "question": "1?", "answer": "1"} for i in range(6)]
+    records = run_episodes("MATH-ReAct-v0", tasks, ScriptedPolicy(script), concurrency=6, progress=False,
+                           env_kwargs={"sandbox": "bwrap", "max_turns": 3})
+    size_kib = 192 // (MOUNTS_PER_EPISODE * 6) * 1024  # 8 MiB a mount: 6 x 4 x 8 = 192
+    for record in records:
+        observation = record.react_steps[0]["observation"]
+        assert observation.split()[:2] == [str(size_kib)] * 2 and "No space left on device" in observation
+        assert "rc=1" in observation

@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 import gymnasium as gym
 
 from agent_envs.data.tasks import episode_key, task_id
+from agent_envs.core.flight import episodes_in_flight
 from agent_envs.core.types import INVALID_OUTPUT, MACHINE_FAULTS
 from agent_envs.policy.base import Completion, GenerationRequest, Policy, error_text
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
@@ -471,12 +472,13 @@ def run_episodes(
                    env_id_or_factory if isinstance(env_id_or_factory, str) else None)
     pool = ThreadPoolExecutor(max_workers=tool_workers or concurrency, thread_name_prefix="agent-envs-env")
     try:
-        if todo:
-            ctx.prepare()
-        if mode == "lockstep":
-            _run_lockstep(ctx, todo, concurrency, pool)
-        else:
-            asyncio.run(_run_async(ctx, todo, concurrency, pool))
+        with episodes_in_flight(min(concurrency, len(todo))):  # they share the sandboxes' tmpfs budget
+            if todo:
+                ctx.prepare()
+            if mode == "lockstep":
+                _run_lockstep(ctx, todo, concurrency, pool)
+            else:
+                asyncio.run(_run_async(ctx, todo, concurrency, pool))
     finally:
         _shutdown(ctx, pool)
         bar.close()
