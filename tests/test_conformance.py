@@ -25,7 +25,7 @@ from agent_envs.policy.scripted import ScriptedPolicy
 from agent_envs.rollout.records import EpisodeRecord, dumps_line
 from agent_envs.rollout.runner import run_episodes, strip_timings
 from model_text import completion, known_breakers
-from sandbox_backends import temp_dirs
+from sandbox_backends import live_descendants as _descendants, temp_dirs
 from test_process_rewards import HashScorer
 
 ENV_IDS = registry.ENV_IDS
@@ -60,24 +60,6 @@ def _random(seed: int, n: int) -> list[str]:
     rng = random.Random(seed)
     alphabet = 'Action:{}[]"\':,\\\n finalswerbxodpyth0123456789+-*/()<>'
     return ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 120))) for _ in range(n)]
-
-
-def _descendants() -> set[int]:
-    """Live (non-zombie) processes below this one."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                parents[int(entry)] = int(fields[1])
-    found, frontier = set(), {os.getpid()}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - found
-        found |= frontier
-    return found
 
 
 @pytest.mark.parametrize("env_id", ENV_IDS)

@@ -54,23 +54,9 @@ RUNNER = textwrap.dedent("""
 #: is left of its descendants after a grace period
 SUPERVISOR = textwrap.dedent("""
     import ctypes, json, os, signal, subprocess, sys, time
+    sys.path.insert(0, sys.argv[3])
+    from sandbox_backends import live_descendants
     ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
-
-    def live_descendants():
-        parents = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue
-                if fields[0] != "Z":
-                    parents[int(entry)] = int(fields[1])
-        found, frontier = set(), {os.getpid()}
-        while frontier:
-            frontier = {p for p, pp in parents.items() if pp in frontier} - found
-            found |= frontier
-        return found
 
     def reap():
         while True:
@@ -117,8 +103,8 @@ def test_sandboxes_die_with_a_runner_sigkilled_while_they_start(delay):
     if not usable:
         pytest.skip(f"bwrap cannot run here: {why}")
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-c", SUPERVISOR, RUNNER, str(delay)], env=env, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", SUPERVISOR, RUNNER, str(delay), str(REPO / "tests")], env=env,
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.splitlines()[-1])
     assert report["before"] >= 2  # the runner and what it had started
