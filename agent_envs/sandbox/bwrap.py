@@ -276,12 +276,12 @@ class _Shell:
         kids = _procs.children(init) if init is not None else []
         if not kids:
             raise OSError("bwrap sandbox started but its shell is missing")
+        self.init = init
         return kids[0]
 
     def others(self) -> list[int]:
         """Host pids of every sandbox process except the shell and init."""
-        init = _procs.sandbox_init(self.child.pid)
-        return [p for p in _procs.descendants(init) if p != self.shell_pid] if init else []
+        return [p for p in _procs.descendants(self.init) if p != self.shell_pid]
 
     def idle(self) -> bool:
         """The shell waits for its next command with nothing else running: the command is over."""
