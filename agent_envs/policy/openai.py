@@ -27,9 +27,10 @@ from typing import Any, Sequence
 import httpx
 
 from ..core.content import has_images
-from ..tokens import TokenCounter
+from ..core.tokens import TokenCounter
 from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy
-from .sampling import SamplingConfig, context_overflow, token_cap
+from ..protocol.budget import token_cap
+from .sampling import SamplingConfig, context_overflow
 
 
 class ContextLengthError(Exception):
@@ -224,7 +225,7 @@ class OpenAIPolicy(Policy):
             self._aclients[loop] = httpx.AsyncClient(timeout=httpx.Timeout(None), headers=self._headers)
         return self._aclients[loop]
 
-    async def agenerate(self, request: GenerationRequest) -> Completion:
+    async def agenerate(self, request: GenerationRequest) -> Completion:  # type: ignore[return]  # the loop returns
         early = self._too_long(request)
         if early is not None:
             return early

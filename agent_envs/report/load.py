@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 from pydantic import ValidationError
 
+from agent_envs.core.spec import EnvSpec, ReportSpec
+from agent_envs.envs import registry
 from agent_envs.rollout.metrics import summarize
 from agent_envs.rollout.records import EpisodeRecord
 
@@ -39,6 +41,10 @@ EXTRA_FIELDS: dict[str, Callable[[Any], bool]] = {
     "answers": lambda v: v is None or isinstance(v, list), "task": lambda v: isinstance(v, dict),
 }
 
+#: how records of an environment this version does not know are shown: success at score 1.0,
+#: no question, gold or page
+UNKNOWN_ENV = ReportSpec(trace_prefix="unknown")
+
 
 class RunError(ValueError):
     """A run folder that cannot be reported on (no records file)."""
@@ -55,6 +61,8 @@ class Run:
     #: lines of records.jsonl that could not be read (a torn last line after a kill)
     unreadable_lines: int
     samples: int
+    #: the spec of the environment that wrote the records (None: one this version does not know)
+    spec: EnvSpec | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     #: what was left out of the page, one line each (``line 3: score dropped: ...``)
     notes: list[str] = field(default_factory=list)
@@ -62,6 +70,10 @@ class Run:
     @property
     def complete(self) -> bool:
         return self.saved_summary is not None
+
+    @property
+    def report(self) -> ReportSpec:
+        return self.spec.report if self.spec is not None else UNKNOWN_ENV
 
 
 def _json_file(path: Path) -> dict[str, Any] | None:
@@ -87,8 +99,10 @@ def load_run(path: str | Path) -> Run:
     if not (isinstance(declared, int) and not isinstance(declared, bool) and declared >= 1):
         declared = None
     samples = declared or 1 + max((r["sample_index"] for r in rows), default=0)
-    run = Run(folder.name, folder, rows, config, _json_file(folder / "summary.json"), bad, samples, notes=notes)
-    run.metrics = summarize(rows, samples, items=len({r["task_id"] for r in rows}) or None)
+    spec = registry.spec_of(rows) or registry.SPECS.get(str(config.get("env")))
+    run = Run(folder.name, folder, rows, config, _json_file(folder / "summary.json"), bad, samples, spec,
+              notes=notes)
+    run.metrics = summarize(rows, samples, items=len({r["task_id"] for r in rows}) or None, spec=spec)
     return run
 
 
