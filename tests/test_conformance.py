@@ -9,7 +9,6 @@ process or temp folder behind.
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 

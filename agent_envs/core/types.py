@@ -26,7 +26,7 @@ class InfrastructureError(RuntimeError):
 #: exceptions that count as the machine's fault when they leave an environment's ``step``: they
 #: become ``env_error`` records (re-run by ``--resume``); every other exception raised while a
 #: model's text is handled is the model's outcome (:data:`INVALID_OUTPUT`, docs/reliability.md)
-MACHINE_FAULTS: tuple[type[BaseException], ...] = (OSError, MemoryError, InfrastructureError)
+MACHINE_FAULTS: tuple[type[Exception], ...] = (OSError, MemoryError, InfrastructureError)
 
 
 class GenerationRequest(BaseModel):

@@ -244,7 +244,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         except Exception as exc:  # docs/reliability.md#model-text: the text's outcome, not the machine's
             return self._finish(INVALID_OUTPUT, error_text(exc), scored=False)
 
-    def _step(self, ep: EpisodeState, completion: Completion):
+    def _step(self, ep: EpisodeState, completion: Completion) -> tuple[Chat, float, bool, bool, dict[str, Any]]:
         ep.step_info = {}
         if completion.error is not None:
             reason = (

@@ -136,6 +136,7 @@ class _Episode:
         self._warm()
 
     def _after_step(self, terminated: bool, truncated: bool, info: dict[str, Any]) -> None:
+        assert self.env is not None
         try:
             if self.score_steps:
                 self.new_contexts = self.env.get_wrapper_attr("step_contexts")(self.steps_taken)

@@ -11,13 +11,15 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar, cast
 
 from agent_envs.sandbox._bwrap_layout import HOST_UID_WHEN_ROOT, SANDBOX_UID
 from agent_envs.sandbox.base import SandboxUnavailable
 
 
 T = TypeVar("T")
+#: a fork to run on the launcher thread and where its outcome goes: (True, result) or (False, exception)
+_Job = tuple[Callable[[], Any], "queue.SimpleQueue[tuple[bool, Any]]"]
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)  # resolved here: a forked child only calls it
 
@@ -39,7 +41,7 @@ class _Launcher:
     use.  Forks are fast, so one thread for all of them costs nothing noticeable."""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pid = 0
@@ -54,15 +56,15 @@ class _Launcher:
                                                 name="agent-envs-launcher")
                 self._thread.start()
             jobs = self._jobs
-        done: queue.SimpleQueue = queue.SimpleQueue()
+        done: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
         jobs.put((fork, done))
         ok, value = done.get()
         if not ok:
             raise value
-        return value
+        return cast(T, value)
 
     @staticmethod
-    def _serve(jobs: queue.SimpleQueue) -> None:
+    def _serve(jobs: "queue.SimpleQueue[_Job]") -> None:
         while True:
             fork, done = jobs.get()
             try:

@@ -275,9 +275,9 @@ class _Shell:
     def _find_shell(self) -> int:
         init = _procs.sandbox_init(self.child.pid)
         kids = _procs.children(init) if init is not None else []
-        if not kids:
+        if init is None or not kids:
             raise OSError("bwrap sandbox started but its shell is missing")
-        self.init = init
+        self.init: int = init
         return kids[0]
 
     def others(self) -> list[int]:

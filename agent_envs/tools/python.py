@@ -121,7 +121,7 @@ class _Interpreter:
         if sweep:
             init = _procs.sandbox_init(self.proc.pid)
             kids = _procs.children(init) if init is not None else []
-            if len(kids) != 1:
+            if init is None or len(kids) != 1:
                 self.close()
                 raise OSError("the python interpreter's sandbox started without it")
             self.driver, self.keep = kids[0], {init, kids[0]}
