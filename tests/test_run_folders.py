@@ -137,20 +137,28 @@ def test_the_files_of_a_run_share_one_mode_that_respects_the_umask(tmp_path, mas
 
 
 # ----------------------------------------------------------------------------------------- report
-def _report_of(run: Path, tmp_path: Path, edit) -> str:
+def _report_of(run: Path, tmp_path: Path, edit, env: str | None = None) -> str:
     copy = tmp_path / "rep"
     shutil.copytree(run, copy)
     rows = [json.loads(line) for line in (copy / "records.jsonl").read_text().splitlines()]
     (copy / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in edit(rows)))
+    if env is not None:  # the run's own config names an environment this version does not know
+        config = json.loads((copy / "config.json").read_text())
+        (copy / "config.json").write_text(json.dumps({**config, "env": env}))
     (copy / "report.html").unlink()
     assert cli.main(["report", str(copy)]) == 0
     return (copy / "report.html").read_text()
 
 
+def test_report_of_older_records_without_env_id_uses_the_runs_config(finished_run, tmp_path):
+    html = _report_of(finished_run, tmp_path, lambda rs: [{k: v for k, v in r.items() if k != "env_id"} for r in rs])
+    assert html.count('<article class="episode"') == 2 and "could not be shown</summary>" not in html
+
+
 @pytest.mark.parametrize("edit, shown, note", [
-    (lambda rs: [{k: v for k, v in r.items() if k != "env_id"} for r in rs], 2,
-     "2 record(s) with env_id (none): not an environment registered here, so success is not judged"),
-    (lambda rs: [{**rs[0], "env_id": "Nope-v0"}, rs[1]], 2, "1 record(s) with env_id Nope-v0"),
+    (lambda rs: [{**r, "env_id": "Nope-v0"} for r in rs], 2,
+     "2 record(s) with env_id Nope-v0: not an environment registered here, so success is read as score &gt;= 1"),
+    (lambda rs: [{k: v for k, v in r.items() if k != "env_id"} for r in rs], 2, "2 record(s) with env_id (none)"),
     (lambda rs: [{**rs[0], "step_scores": "high"}, rs[1]], 2, "line 1: step_scores not shown (unexpected str)"),
     (lambda rs: [{**rs[0], "turn_log": "x", "tool_calls": "many"}, rs[1]], 2, "line 1: tool_calls not shown"),
     (lambda rs: [{**rs[0], "score": "high"}, rs[1]], 1,
@@ -159,7 +167,7 @@ def _report_of(run: Path, tmp_path: Path, edit) -> str:
 ])
 def test_report_renders_what_it_can_of_damaged_or_foreign_records_and_says_what_not(finished_run, tmp_path,
                                                                                     edit, shown, note):
-    html = _report_of(finished_run, tmp_path, edit)
+    html = _report_of(finished_run, tmp_path, edit, env="Nope-v0")
     assert html.count('<article class="episode"') == shown
     assert note.replace("'", "&#39;") in html and "could not be shown</summary>" in html
 
