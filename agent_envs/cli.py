@@ -10,6 +10,7 @@ episode ended in an error (e.g. the server is down), so there is no result; 130 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
 import json
@@ -27,7 +28,10 @@ from agent_envs.policy.factory import BACKENDS, POLICIES, PolicySettings, build_
 from agent_envs.policy.sampling import SamplingConfig
 from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
 from agent_envs.rollout.metrics import group_metrics, paired_bootstrap, summarize
+from agent_envs.core.tasks import task_id
 from agent_envs.rollout.records import ERROR_TERMINATIONS, load_records
+from agent_envs.rollout.resume import DamagedRecords, read_records
+from agent_envs.rollout.runlock import RunFolderBusy, RunLock
 from agent_envs.rollout.runner import DEFAULT_BASE_SEED, MODES, run_episodes
 from agent_envs.rollout.tracelog import write_trace_logs
 from agent_envs.sandbox.factory import BACKENDS as SANDBOX_BACKENDS
@@ -168,7 +172,8 @@ def make_policy(kind: str, args: argparse.Namespace, env_id: str) -> Policy:
 
 def _check_request_flags(kind: str, args: argparse.Namespace) -> None:
     if kind != "openai" and (args.request_timeout is not None or args.request_retries is not None):
-        raise UsageError("--request-timeout and --request-retries apply to --policy openai only")
+        raise UsageError("--request-timeout and --request-retries apply to --policy openai only "
+                         "(the judge's are --judge-timeout and --judge-retries)")
     if args.request_timeout is not None and not args.request_timeout > 0:
         raise UsageError(f"--request-timeout must be > 0, got {args.request_timeout}")
     if args.request_retries is not None and args.request_retries < 0:
@@ -244,16 +249,54 @@ def _load_tasks(env_id: str, data: str, env_args: dict[str, Any], limit: int | N
 
 
 def _check_resume(path: Path, config: dict[str, Any]) -> None:
+    """The run's config matches the one being resumed, and its records can be resumed (one-line
+    errors naming the file and line, before any model loads)."""
+    records = path.parent / "records.jsonl"
+    try:
+        if records.exists():
+            read_records(records)
+    except DamagedRecords as exc:
+        raise UsageError(f"cannot resume: {exc}") from None
     if not path.exists():
         return
-    before = json.loads(path.read_text())
+    try:
+        before = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UsageError(f"cannot resume: {path} is not readable JSON ({exc})") from None
+    if not isinstance(before, dict):
+        raise UsageError(f"cannot resume: {path} holds a JSON {type(before).__name__}, not a run configuration")
     changed = [k for k in RESUME_IDENTITY if before.get(k) != config.get(k)]
     if changed:
         detail = "; ".join(f"{k}: {before.get(k)!r} -> {config.get(k)!r}" for k in changed)
         raise UsageError(f"cannot resume {path.parent}: the configuration changed ({detail})")
 
 
+def _unique_ids(tasks: Sequence[Any], data: str) -> None:
+    """Records are keyed by task id: a dataset that repeats one is refused before any model loads."""
+    rows: dict[str, list[int]] = {}
+    for row, task in enumerate(tasks, 1):
+        rows.setdefault(task_id(task), []).append(row)
+    repeated = next(((t, r) for t, r in rows.items() if len(r) > 1), None)
+    if repeated is not None:
+        where = ", ".join(map(str, repeated[1][:5]))
+        raise UsageError(f"--data {data}: task id {repeated[0]!r} is used by rows {where}; ids must be unique "
+                         "(records are keyed by '<task_id>:sampleNN')")
+
+
+def _run_lock(out: Path) -> RunLock:
+    try:
+        return RunLock(out).acquire()
+    except RunFolderBusy as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
+    """``eval``; the run folder is locked from before anything is written in it to the end."""
+    with contextlib.ExitStack() as hold:
+        return _eval(args, hold)
+
+
+def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
     kind = _policy_kind(args)
     defaults = CPU_DEFAULTS if kind == "cpu" else {}
     def pick(name: str) -> Any:
@@ -266,6 +309,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _check_request_flags(kind, args)
     out: Path = args.out or Path("runs") / f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}"
     records_path = out / "records.jsonl"
+    _check_out(out)
+    hold.callback(_run_lock(out).release)
     if records_path.exists() and records_path.stat().st_size and not args.resume:
         raise UsageError(f"{records_path} already has records: pass --resume to continue, or choose another --out")
     env_args = dict(args.env_arg)
@@ -280,7 +325,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "seed": args.seed, "mode": args.mode, "sandbox": args.sandbox, "max_turns": max_turns,
         "max_tokens_per_turn": max_tokens, "limit": limit, "env_args": env_args, "argv": sys.argv[1:],
     }
-    _check_out(out)
     pooled = args.engines > 1 or args.ray_address is not None
     if pooled and kind == "vllm" and args.mode == "async":  # each actor drives the offline engine
         print("[agent-envs] --engines with vllm runs each engine in lockstep mode", file=sys.stderr)
@@ -293,6 +337,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.resume:
         _check_resume(out / "config.json", config)
     tasks = _load_tasks(args.env, args.data, env_kwargs, limit)
+    _unique_ids(tasks, args.data)
     if kind == "cpu":
         print(f"[agent-envs] embedded default: {len(tasks)} task(s) of {args.data!r} with the small CPU model, "
               f"max_turns={max_turns}, max_tokens_per_turn={max_tokens}", file=sys.stderr)

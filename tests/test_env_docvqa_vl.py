@@ -106,6 +106,10 @@ BAD = [
     ({"box": [0, 0, 10.5, 10]}, "box[2] must be a whole number of pixels, got 10.5"),
     ({"box": [True, 0, 10, 10]}, "box[0] must be a whole number of pixels, got true"),
     ({"box": [0, 0, 10 ** 9, 10]}, "is outside the"),
+    ({"box": [0, 0, 10 ** 400, 10]}, "box [0, 0, 1000000000000"),  # once OverflowError (int -> float)
+    ({"box": [0, 0, 1e300, 10]}, "is outside the"),
+    ({"box": [0, 0, float("inf"), 10]}, "box[2] must be a whole number of pixels, got Infinity"),
+    ({"zoom": 10 ** 400}, "zoom must be a number above 0 and at most 4, got 1000000000"),
     ({"box": [-1, 0, 10, 10]}, "is outside the"),
     ({"box": [10, 10, 10, 50]}, "has no area"),
     ({"box": [0, 50, 10, 20]}, "has no area"),

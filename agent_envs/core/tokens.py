@@ -30,8 +30,8 @@ from array import array
 from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
-from agent_envs.core.content import (Message, copy_message, has_images, image_part, image_urls, images_of, text_of,
-                                     text_part)
+from agent_envs.core.content import (Message, copy_message, has_images, image_part, image_urls, images_of,
+                                     open_image, text_of, text_part)
 
 #: side in pixels of the tile one image token stands for when no processor is given (a 14-pixel
 #: patch merged 2x2, the rate of the Qwen2-VL family)
@@ -66,10 +66,8 @@ def processor_inputs(processor: Any, text: str, images: list[Any], return_tensor
 
 def image_size(url: str) -> tuple[int, int]:
     """(width, height) of an image data URL, read from its header."""
-    from PIL import Image
-
     raw = base64.b64decode(url.split(";base64,", 1)[1])
-    with Image.open(io.BytesIO(raw)) as img:
+    with open_image(io.BytesIO(raw), "the image data URL") as img:
         width, height = img.size
         return width, height
 

@@ -25,7 +25,7 @@ from agent_envs.core.spec import EnvSpec, Rules, Tool
 from agent_envs.core.steps import StepContext, StepScore, StepScorer
 from agent_envs.core.tasks import episode_key
 from agent_envs.core.tokens import PromptTally, TokenCounter
-from agent_envs.core.types import Completion, GenerationRequest
+from agent_envs.core.types import INVALID_OUTPUT, MACHINE_FAULTS, Completion, GenerationRequest, error_text
 from agent_envs.envs.args import EnvArgs, EnvOptions, ResetOptions
 from agent_envs.envs.spaces import Chat, CompletionText, Conversation
 from agent_envs.protocol import messages as msgs
@@ -237,6 +237,14 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
     def step(self, action: str | Completion | dict[str, Any]) -> tuple[Chat, float, bool, bool, dict[str, Any]]:
         ep = self._require_running()
         completion = _as_completion(action)
+        try:
+            return self._step(ep, completion)
+        except MACHINE_FAULTS:
+            raise
+        except Exception as exc:  # docs/reliability.md#model-text: the text's outcome, not the machine's
+            return self._finish(INVALID_OUTPUT, error_text(exc), scored=False)
+
+    def _step(self, ep: EpisodeState, completion: Completion) -> tuple[Chat, float, bool, bool, dict[str, Any]]:
         ep.step_info = {}
         if completion.error is not None:
             reason = (
@@ -419,13 +427,15 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             return True
         return not exceeds_context(ep.tally.prompt_tokens(), self.max_tokens_per_turn, self.max_model_len)
 
-    def _finish(self, reason: str, react_error: str | None) -> tuple[Chat, float, bool, bool, dict[str, Any]]:
+    def _finish(self, reason: str, react_error: str | None,
+                scored: bool = True) -> tuple[Chat, float, bool, bool, dict[str, Any]]:
+        """End the episode; ``scored=False`` (text that could not be handled) skips the scorer: 0."""
         ep = self._ep
         assert ep is not None
         ep.termination_reason = reason
         ep.react_error = react_error
         self._close_sandbox()
-        result = self._score(ep)
+        result = self._score(ep) if scored else _UNHANDLED
         record = self._record(ep, result)
         info = self._info()
         info.update(result.record_fields())
@@ -500,6 +510,12 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         tools, self._tools = self._tools, {}
         for tool in tools.values():
             tool.close()
+
+
+#: the score of an episode whose text could not be handled (docs/reliability.md#model-text): the
+#: scorer does not look at text that already made the environment fail
+_UNHANDLED = ScoreResult(score=0.0, method=INVALID_OUTPUT, label=INVALID_OUTPUT, status="skipped",
+                         answer_status="missing_final_answer", prediction="")
 
 
 def _copy_chat(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

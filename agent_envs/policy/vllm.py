@@ -190,6 +190,11 @@ def _drop_vllm_env_cache() -> None:
         vllm.envs.disable_envs_cache()
 
 
+async def _resolved(value: Any) -> Any:
+    """``value``, awaited when it is awaitable."""
+    return await value if inspect.isawaitable(value) else value
+
+
 class _EngineThread:
     """One event loop on a daemon thread, for the whole life of an ``AsyncLLM``.
 
@@ -225,8 +230,10 @@ class _EngineThread:
             raise RuntimeError("AsyncVLLMPolicy: blocking call from the engine's own event loop")
 
         async def run() -> Any:
-            result = fn(*args, **kwargs)
-            return await result if inspect.isawaitable(result) else result
+            # no local holds the result: a frame captured while ``fn`` runs (vLLM's engine start
+            # does) would otherwise keep it, e.g. the engine past ``stop()`` until interpreter
+            # teardown, where ``AsyncLLM.__del__`` fails ("Exception ignored in ... TypeError")
+            return await _resolved(fn(*args, **kwargs))
 
         return self.submit(run()).result()
 

@@ -40,6 +40,16 @@ def _succeeded(run: Run, row: Row) -> bool:
     return run.report.succeeded(float(row.get("score") or 0.0))
 
 
+def unjudged(run: Run) -> str | None:
+    """The note for records of an environment this version does not know (or older records that
+    do not say): they are shown with the plain rule, success at score 1."""
+    if run.spec is not None or not run.rows:
+        return None
+    ids = sorted({str(r.get("env_id") or "(none)") for r in run.rows})
+    return (f"{len(run.rows)} record(s) with env_id {', '.join(ids)}: not an environment registered here, "
+            "so success is read as score >= 1")
+
+
 def _own_metrics(runs: Sequence[Run]) -> list[MetricsSpec]:
     """The environments' own metric specs of these runs, each once, in run order."""
     out: list[MetricsSpec] = []
@@ -247,10 +257,27 @@ def episode_groups(runs: Sequence[Run], images: dict[str, str | None]) -> list[R
         keys += [k for k in index if k not in keys]
     groups = []
     for key in keys:
-        columns = [{**episode(run, idx[key], images), "colour": i}
+        columns = [{**shown_episode(run, idx[key], images), "colour": i}
                    for i, (run, idx) in enumerate(zip(runs, by_key)) if key in idx]
         groups.append({"key": key, "task": columns[0]["task"], "columns": columns})
     return groups
+
+
+def shown_episode(run: Run, row: Row, images: dict[str, str | None]) -> Row:
+    """:func:`episode`, or for a record whose fields do not fit (a damaged or foreign record) its
+    identity and score with the reason it cannot be shown in full."""
+    try:
+        return episode(run, row, images)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        note = f"{row['key']}: turns not shown ({type(exc).__name__}: {exc})"
+        run.notes.append(note)
+        return {"run": run.name, "anchor": anchor(run, row["key"]), "key": row["key"], "task": row["task_id"],
+                "sample": row["sample_index"], "seed": row.get("seed"), "score": clamped_score(row),
+                "success": None, "is_error": _is_error(row), "reason": row.get("termination_reason"),
+                "react_error": row.get("react_error"), "error": row.get("error"), "latency": row.get("latency_s"),
+                "tokens": row.get("generated_tokens"), "tool_s": None, "prediction": str(row.get("prediction")),
+                "gold": None, "question": "", "score_note": None, "process_score": None, "process_aggregation": None,
+                "image_path": None, "image_ok": False, "prompt_images": [], "turns": [], "problem": note}
 
 
 def comparison(a: Run, b: Run) -> Row:

@@ -7,6 +7,7 @@ status; turning them into the protocol's observation text is a pure function
 from __future__ import annotations
 
 import abc
+import os
 import shutil
 import subprocess
 import tempfile
@@ -17,6 +18,8 @@ from typing import Any, Callable, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_envs.core.spec import Mount
+from agent_envs.core.flight import in_flight
+from agent_envs.core.types import InfrastructureError
 from agent_envs.core.validation import WholeNumber
 
 #: capability: long-lived processes with pipes beside ``run`` (:meth:`Sandbox.popen`, ``sweep``, ``stop``)
@@ -90,6 +93,32 @@ class SandboxLimits(BaseModel):
         return max(self.capture_window_bytes, 4 * self.max_output_chars + 64)
 
 
+#: share of the host's RAM that the tmpfs mounts of one process's sandboxes may pin together
+TMPFS_BUDGET_FRACTION = 0.5
+#: tmpfs mounts one episode can hold: two sandboxes (Countdown's python and bash), two mounts each
+MOUNTS_PER_EPISODE = 4
+
+
+def tmpfs_budget_mib() -> int:
+    """The tmpfs budget: ``$AGENT_ENVS_TMPFS_BUDGET_MIB``, else half the host's RAM."""
+    override = os.environ.get("AGENT_ENVS_TMPFS_BUDGET_MIB")
+    if override:
+        return max(1, int(override))
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 1 << 20  # unknown: 1 TiB, no cap in practice
+    return max(1, int(pages * size * TMPFS_BUDGET_FRACTION) >> 20)
+
+
+def tmpfs_mib(limits: SandboxLimits) -> int:
+    """Size of each writable tmpfs (``/tmp``, ``/workspace``) of a new sandbox: ``workspace_mib``,
+    or less, so that the mounts of every episode a runner has in flight fit the budget together
+    (docs/reliability.md#limits).  Their files live in RAM: 64 Countdown episodes could otherwise
+    pin 64 x 4 GiB."""
+    return max(1, min(limits.workspace_mib, tmpfs_budget_mib() // (MOUNTS_PER_EPISODE * in_flight())))
+
+
 class SandboxConfig(BaseModel):
     """How to build an episode's sandbox.  Passed through ``gym.make(..., sandbox=...)``."""
 
@@ -155,7 +184,7 @@ class Sandbox(abc.ABC):
         self.close()
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(InfrastructureError):
     """The requested backend cannot run on this machine (message says what to install)."""
 
 

@@ -22,7 +22,7 @@ import time
 
 from agent_envs.sandbox._bwrap_layout import with_ulimit
 from agent_envs.sandbox.capture import StreamReader, captured, drain
-from agent_envs.sandbox.base import (BASE_ENV, ExecResult, Sandbox, SandboxConfig, SandboxUnavailable,
+from agent_envs.sandbox.base import (BASE_ENV, ExecResult, Sandbox, SandboxConfig, SandboxUnavailable, tmpfs_mib,
                                      remove_folders, staged_mounts)
 
 LABEL = "agent-envs.sandbox"
@@ -88,8 +88,8 @@ class DockerSandbox(Sandbox):
                 # workdir "/": docker would create /workspace with mode 755 under the tmpfs
                 "--user", f"{KEEPALIVE_UID}:{KEEPALIVE_UID}", "--workdir", "/",
                 "--pids-limit", str(lim.max_processes),
-                "--tmpfs", f"{WORKSPACE}:rw,exec,size={lim.workspace_mib}m,mode=1777",
-                "--tmpfs", f"/tmp:rw,exec,size={lim.workspace_mib}m,mode=1777",
+                "--tmpfs", f"{WORKSPACE}:rw,exec,size={tmpfs_mib(lim)}m,mode=1777",
+                "--tmpfs", f"/tmp:rw,exec,size={tmpfs_mib(lim)}m,mode=1777",
                 "--ulimit", f"nofile={lim.max_open_files}:{lim.max_open_files}",
                 "--ulimit", f"fsize={lim.max_file_size_mib * 1024 * 1024}:{lim.max_file_size_mib * 1024 * 1024}",
                 "--ulimit", f"cpu={lim.cpu_seconds}:{lim.cpu_seconds}",

@@ -48,10 +48,12 @@ class LocalSandbox(Sandbox):
         if self.workdir is None:
             return ExecResult(returncode=126, launch_error="sandbox is closed")
         script = with_ulimit(self.config.limits, command)
+        runner = os.getpid()
         try:
-            proc = subprocess.Popen(["/bin/bash", "-c", script], cwd=self.workdir, env=self.env,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True)
+            proc = _procs.launch(lambda: subprocess.Popen(
+                ["/bin/bash", "-c", script], cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                preexec_fn=lambda: _procs.die_with_runner(runner)))
         except (OSError, ValueError) as exc:
             return ExecResult(returncode=126, launch_error=str(exc),
                               duration_s=time.monotonic() - started)
@@ -75,10 +77,15 @@ class LocalSandbox(Sandbox):
         in its own session; stdin/stdout/stderr are pipes.  End it with :meth:`stop`."""
         if self.workdir is None:
             raise OSError("sandbox is closed")
-        limits = self.config.limits
-        return subprocess.Popen(program, cwd=self.workdir, env=self.env, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=pass_fds,
-                                preexec_fn=lambda: set_rlimits(limits), start_new_session=True)
+        limits, runner = self.config.limits, os.getpid()
+
+        def child_setup() -> None:
+            _procs.die_with_runner(runner)
+            set_rlimits(limits)
+
+        return _procs.launch(lambda: subprocess.Popen(
+            program, cwd=self.workdir, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, pass_fds=pass_fds, preexec_fn=child_setup, start_new_session=True))
 
     @staticmethod
     def sweep(proc: subprocess.Popen[bytes]) -> None:

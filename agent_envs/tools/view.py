@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from agent_envs.core.content import ImageTooLarge, open_image
 from agent_envs.core.observation import Observation, Shown, shown
 from agent_envs.core.spec import Framing, ToolSpec
 from agent_envs.core.types import error_text
@@ -36,20 +37,31 @@ def load_page(path: str) -> tuple[Any, str]:
     """The image at ``path`` as PIL ``L`` or ``RGB`` (other modes are converted to RGB) and the
     sha256 of the very bytes it was decoded from (lets a report tell that a page changed after
     the run).  The file is read once."""
-    from PIL import Image
-
     data = Path(path).read_bytes()
-    with Image.open(io.BytesIO(data)) as img:
+    with open_image(io.BytesIO(data), f"the image {path}") as img:
         img.load()
         image = img if img.mode in ("L", "RGB") else img.convert("RGB")
     return image, hashlib.sha256(data).hexdigest()
 
 
 def _integer(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value != int(value):
-        raise ViewError(f"{what} must be a whole number of pixels, got {json.dumps(value)}")
+    """A whole number; ints are taken as they are (``math.isfinite`` of a huge int overflows)."""
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole:
+        raise ViewError(f"{what} must be a whole number of pixels, got {_shown_value(value)}")
     return int(value)
+
+
+def _shown_value(value: Any) -> str:
+    """``value`` as JSON for a warning, cut short (a model may send anything)."""
+    try:
+        return _capped(json.dumps(value))
+    except (ValueError, RecursionError):  # a 4,301-digit int or deep nesting
+        return f"a {type(value).__name__}"
+
+
+def _capped(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def parse_view(arguments: dict[str, Any], width: int, height: int,
@@ -57,19 +69,19 @@ def parse_view(arguments: dict[str, Any], width: int, height: int,
     """The (box, zoom) a view action asks for; :class:`ViewError` says what is wrong."""
     unknown = sorted(set(arguments) - {"box", "zoom"})
     if unknown:
-        raise ViewError(f"unknown argument(s) {', '.join(map(repr, unknown))}; only 'box' and 'zoom' are accepted")
+        raise ViewError(f"unknown argument(s) {_capped(', '.join(map(repr, unknown)))}; only 'box' and 'zoom' are accepted")
     box = arguments.get("box", [0, 0, width, height])
     if not isinstance(box, list) or len(box) != 4:
-        raise ViewError(f"box must be a list of 4 numbers [x0, y0, x1, y1], got {json.dumps(box)}")
+        raise ViewError(f"box must be a list of 4 numbers [x0, y0, x1, y1], got {_shown_value(box)}")
     x0, y0, x1, y1 = (_integer(v, f"box[{i}]") for i, v in enumerate(box))
     if x0 >= x1 or y0 >= y1:
-        raise ViewError(f"box {[x0, y0, x1, y1]} has no area; need x0 < x1 and y0 < y1")
+        raise ViewError(f"box {_shown_value([x0, y0, x1, y1])} has no area; need x0 < x1 and y0 < y1")
     if x0 < 0 or y0 < 0 or x1 > width or y1 > height:
-        raise ViewError(f"box {[x0, y0, x1, y1]} is outside the {width}x{height} image; "
+        raise ViewError(f"box {_shown_value([x0, y0, x1, y1])} is outside the {width}x{height} image; "
                         f"need 0 <= x0 < x1 <= {width} and 0 <= y0 < y1 <= {height}")
     zoom = arguments.get("zoom", 1)
     if isinstance(zoom, bool) or not isinstance(zoom, (int, float)) or not 0 < zoom <= max_zoom:
-        raise ViewError(f"zoom must be a number above 0 and at most {max_zoom:g}, got {json.dumps(zoom)}")
+        raise ViewError(f"zoom must be a number above 0 and at most {max_zoom:g}, got {_shown_value(zoom)}")
     return (x0, y0, x1, y1), float(zoom)
 
 
@@ -117,7 +129,7 @@ class ViewTool:
         if self._image is None:
             try:
                 self._image, self._digest = load_page(self.source)
-            except OSError as exc:  # the page vanished mid-episode: the episode goes on
+            except (OSError, ImageTooLarge) as exc:  # the page vanished or changed mid-episode: the episode goes on
                 return f"[ERROR] The image cannot be read: {error_text(exc)}"
         image = self._image
         try:

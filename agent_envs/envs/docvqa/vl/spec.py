@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from agent_envs.core.content import open_image
 from agent_envs.core.prompts import fill
 from agent_envs.core.spec import EnvSpec, Rules, ToolSpec
 from agent_envs.envs.docvqa import spec as cli
@@ -20,9 +21,7 @@ RULES_HTTP = Rules(cli.PARSER_HTTP, texts.TOOL_REQUIRED, texts.FORMAT_WARNING_HT
 
 
 def page_size(path: str) -> tuple[int, int]:
-    from PIL import Image
-
-    with Image.open(path) as img:
+    with open_image(path, f"the page {path}") as img:
         width, height = img.size
         return int(width), int(height)
 
