@@ -7,7 +7,10 @@ cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 want_test=0; for a in "$@"; do [ "$a" = "--test" ] && want_test=1; done
 
+PY=${PYTHON:-python3}
 pkgs=(bubblewrap tesseract-ocr tesseract-ocr-eng fonts-dejavu-core fonts-liberation procps)
+# a bare Debian/Ubuntu has no python3, or no pip for it
+"$PY" -m pip --version >/dev/null 2>&1 || [ -n "${PYTHON:-}" ] || pkgs+=(python3 python3-pip)
 # debootstrap: the Dockerfile's offline base image; chromium: the report tests load report.html in a real browser
 [ "$want_test" = 1 ] && pkgs+=(docker.io curl iproute2 debootstrap chromium)
 missing=()
@@ -18,8 +21,17 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-PY=${PYTHON:-python3}
-# The CPU build of torch first, so that nothing below pulls a multi-GB CUDA build.
+# Debian's and Ubuntu's own python3 refuses pip installs outside a virtual environment (PEP 668).
+# This script sets up a machine (or container) for agent-envs as root: install into /usr/local
+# anyway, leaving apt's packages alone.  To keep the system python clean, run it with
+# PYTHON=/path/to/venv/bin/python instead.
+if "$PY" -c 'import os, sys, sysconfig; sys.exit(sys.prefix != sys.base_prefix or not os.path.isfile(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))'; then
+  export PIP_BREAK_SYSTEM_PACKAGES=1
+fi
+# torch first, pinned, so that the extras below do not pull another version.  pip takes the CPU
+# build where it finds one (a local wheel, or PIP_EXTRA_INDEX_URL pointing at PyTorch's CPU wheel
+# index); from PyPI alone Linux x86-64 gets the CUDA build (about 3 GB with its NVIDIA libraries),
+# which runs on a CPU as well.
 $PY -c "import torch" 2>/dev/null || $PY -m pip install -q "torch==2.13.0"
 extras="cpu"; [ "$want_test" = 1 ] && extras="cpu,test,ray,rewards"
 $PY -m pip install -q -e ".[$extras]"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -32,9 +33,10 @@ ENVS = tuple(e for e in ENV_IDS if IMAGE_TOOL not in spec(e).tools and spec(e).r
 REFERENCE = "scripted-reference"
 #: a progress line at least this often, and whenever an evaluation finishes an episode
 PROGRESS_EVERY_S = 15.0
-#: the embedded model's budget here (arguments given to the job override it): enough turns to see
-#: it answer the protocol's warnings, few enough tokens to finish on 2 cores in a few minutes
-EMBEDDED = ["--max-turns", "3", "--max-tokens-per-turn", "128"]
+#: the embedded model's budget here (arguments given to the job override it): a second turn shows it
+#: answering the protocol's warning; 2 x 128 tokens need about 125 CPU-seconds for all three
+#: environments (3 x 128: 187), about a minute on an idle 2-core machine
+EMBEDDED = ["--max-turns", "2", "--max-tokens-per-turn", "128"]
 
 
 @dataclass
@@ -108,6 +110,11 @@ def prepare_caches(extra: list[str]) -> float:
     return time.perf_counter() - started
 
 
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def say(text: str) -> None:
     print(f"[main] {text}", flush=True)
 
@@ -162,9 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     all_jobs = jobs(out, args.limit, extra)
     say(f"evaluating {', '.join(ENVS)} on {args.limit} built-in task(s) each: "
         f"{all_jobs[0].label} and the scripted reference policy (logs: {out}/*.log)")
-    started = time.perf_counter()
+    started, cpu_before, load_before = time.perf_counter(), children_cpu_s(), os.getloadavg()[0]
     failed = run_all(all_jobs)
-    eval_s = time.perf_counter() - started
+    eval_s, eval_cpu_s = time.perf_counter() - started, children_cpu_s() - cpu_before
     for job in failed:
         say(f"{job.out.name} failed (exit {job.process.returncode}); the end of {job.log}:")
         print("\n".join(job.log.read_text(errors="replace").splitlines()[-25:]), flush=True)
@@ -180,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         ("caches (first run only)", caches_s), ("evaluation", eval_s), ("report", report_s)]
     say("time: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in phases)
         + f"; total {sum(s for _, s in phases):.0f} s")
+    # wall time on a shared machine grows with the load; the CPU seconds are what the job itself needs
+    say(f"the evaluation used {eval_cpu_s:.0f} CPU-seconds on {os.cpu_count()} cores; load average "
+        f"{load_before:.1f} when it started, {os.getloadavg()[0]:.1f} at the end")
     say(f"report: {report}  (open it: xdg-open {report}, or copy the one file anywhere)")
     return 0
 
