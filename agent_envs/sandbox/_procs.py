@@ -13,8 +13,9 @@ from agent_envs.sandbox._bwrap_layout import HOST_UID_WHEN_ROOT, SANDBOX_UID
 
 #: the namespace helper: report, wait for the uid map, re-exec (to gain the namespace's
 #: capabilities), cap nested user namespaces at 0, report again, then hold the namespace open
+#: (a refused write must still answer: the caller waits for a line, and ``cat`` would never send one)
 _NO_NESTED_USERNS = ("echo; read _; exec /bin/sh -c "
-                     "'echo 0 >/proc/sys/user/max_user_namespaces && echo limited; exec cat'")
+                     "'echo 0 >/proc/sys/user/max_user_namespaces && echo limited || echo refused; exec cat'")
 
 
 class UserNamespace:
@@ -45,7 +46,8 @@ class UserNamespace:
             helper.stdin.flush()
             if helper.stdout.readline() != b"limited\n":
                 raise RuntimeError("could not forbid nested user namespaces in the sandbox "
-                                   "(writing user.max_user_namespaces failed)")
+                                   "(writing user.max_user_namespaces failed: /proc/sys is read-only here, "
+                                   "as in a container that mounts it so)")
             self.fd = os.open(f"/proc/{helper.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
         finally:
             if helper.stdin is not None:
