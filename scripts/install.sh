@@ -8,7 +8,7 @@ SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 want_test=0; for a in "$@"; do [ "$a" = "--test" ] && want_test=1; done
 
 PY=${PYTHON:-python3}
-pkgs=(bubblewrap tesseract-ocr tesseract-ocr-eng fonts-dejavu-core fonts-liberation procps)
+pkgs=(bubblewrap tesseract-ocr tesseract-ocr-eng fonts-dejavu-core fonts-dejavu-extra fonts-liberation procps)
 # a bare Debian/Ubuntu has no python3, or no pip for it
 "$PY" -m pip --version >/dev/null 2>&1 || [ -n "${PYTHON:-}" ] || pkgs+=(python3 python3-pip)
 # debootstrap: the Dockerfile's offline base image; chromium: the report tests load report.html in a real browser

@@ -113,7 +113,7 @@ def _font(name: str, size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
             return ImageFont.truetype(str(directory / name), size)
     warnings.warn(
         f"font {name} not found under {', '.join(map(str, FONT_DIRS))}; using Pillow's default "
-        "font (install fonts-dejavu-core and fonts-liberation for the reference look)",
+        "font (install fonts-dejavu-core, fonts-dejavu-extra and fonts-liberation for the reference look)",
         stacklevel=2,
     )
     return ImageFont.load_default(size=size)
