@@ -4,8 +4,8 @@
 # repository's HEAD, as root.  Needs root, debootstrap and bwrap on this machine.
 #   bash scripts/check_fresh_machine.sh DIR                       # bash scripts/run_main.sh in DIR/rootfs
 #   bash scripts/check_fresh_machine.sh DIR bash scripts/run_tests.sh -x -q tests/test_cli.py
-# DIR/rootfs is made once (minbase + ca-certificates + git: what a user who cloned has) and kept,
-# so a second check can start from it; delete DIR for a fresh one.  The clone is made anew each time.
+# The bootstrapped system (minbase + ca-certificates + git: what a user who cloned has) is kept as
+# DIR/bookworm.tar, and every check unpacks it into a new DIR/rootfs and clones anew.
 # The root file system is entered with bwrap as a container (its own mount and PID namespaces,
 # this machine's network, /proc/sys writable as on any machine), not with chroot: the sandbox
 # inside needs user namespaces, which the kernel refuses to a chrooted process.  This machine's extra CA certificates (an egress proxy
@@ -15,21 +15,24 @@ dir=$(realpath -m "${1:?usage: check_fresh_machine.sh DIR [COMMAND ...]}"); shif
 [ $# -gt 0 ] || set -- bash scripts/run_main.sh
 repo=$(cd "$(dirname "$0")/.." && pwd)
 root="$dir/rootfs"
-if [ ! -x "$root/usr/bin/git" ]; then
-  mkdir -p "$dir"
-  echo "[fresh] debootstrap bookworm into $root"
+mkdir -p "$dir"
+if [ ! -s "$dir/bookworm.tar" ]; then
+  echo "[fresh] debootstrap bookworm"
   start=$(date +%s)
-  unshare --mount --propagation private debootstrap --variant=minbase --include=ca-certificates,git bookworm "$root" \
-    >"$dir/debootstrap.log" 2>&1 || { tail -n 30 "$dir/debootstrap.log" >&2; exit 1; }
+  rm -rf "$dir/bootstrap"
+  unshare --mount --propagation private debootstrap --variant=minbase --include=ca-certificates,git bookworm \
+    "$dir/bootstrap" >"$dir/debootstrap.log" 2>&1 || { tail -n 30 "$dir/debootstrap.log" >&2; exit 1; }
+  tar -C "$dir/bootstrap" --numeric-owner -cf "$dir/bookworm.tar.$$" . && mv "$dir/bookworm.tar.$$" "$dir/bookworm.tar"
+  rm -rf "$dir/bootstrap"
   echo "[fresh] debootstrap took $(( $(date +%s) - start )) s"
 fi
+rm -rf "$root" && mkdir -p "$root" && tar -C "$root" --numeric-owner -xf "$dir/bookworm.tar"
 certs=(/usr/local/share/ca-certificates/*.crt)
 if [ -e "${certs[0]}" ]; then
   cp "${certs[@]}" "$root/usr/local/share/ca-certificates/"
   chroot "$root" update-ca-certificates >/dev/null 2>&1
 fi
 cp /etc/resolv.conf "$root/etc/resolv.conf"
-rm -rf "$root/root/agent-envs"
 git clone -q "$repo" "$root/root/agent-envs"
 echo "[fresh] cloned $(git -C "$repo" rev-parse --short HEAD) into $root/root/agent-envs; running: $*"
 start=$(date +%s)
