@@ -45,9 +45,10 @@ class UserNamespace:
             helper.stdin.write(b"\n")
             helper.stdin.flush()
             if helper.stdout.readline() != b"limited\n":
-                raise RuntimeError("could not forbid nested user namespaces in the sandbox "
-                                   "(writing user.max_user_namespaces failed: /proc/sys is read-only here, "
-                                   "as in a container that mounts it so)")
+                raise RuntimeError("could not forbid nested user namespaces in the sandbox: writing "
+                                   "user.max_user_namespaces was refused (a read-only /proc/sys, or this "
+                                   "process runs with no_new_privs, as inside bwrap or a container started "
+                                   "with no-new-privileges)")
             self.fd = os.open(f"/proc/{helper.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
         finally:
             if helper.stdin is not None:
