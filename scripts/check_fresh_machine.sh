@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
 # Try the README's set-up command as a new user would: on a fresh Debian bookworm root file system
 # (debootstrap, nothing of this machine's Python or packages in it), in a fresh clone of this
-# repository's HEAD, as root.  Needs root, debootstrap and bwrap on this machine.
+# repository's HEAD, as root.  Needs root, debootstrap and util-linux (unshare, pivot_root) here.
 #   bash scripts/check_fresh_machine.sh DIR                       # bash scripts/run_main.sh in DIR/rootfs
 #   bash scripts/check_fresh_machine.sh DIR bash scripts/run_tests.sh -x -q tests/test_cli.py
 # The bootstrapped system (minbase + ca-certificates + git: what a user who cloned has) is kept as
 # DIR/bookworm.tar, and every check unpacks it into a new DIR/rootfs and clones anew.
-# The root file system is entered with bwrap as a container (its own mount and PID namespaces,
-# this machine's network, /proc/sys writable as on any machine), not with chroot: the sandbox
-# inside needs user namespaces, which the kernel refuses to a chrooted process.  This machine's extra CA certificates (an egress proxy
-# that intercepts TLS) are trusted inside, as they would be on any machine behind that proxy.
+# This machine's extra CA certificates (an egress proxy that intercepts TLS) are trusted inside,
+# as they would be on any machine behind that proxy.
 set -euo pipefail
 dir=$(realpath -m "${1:?usage: check_fresh_machine.sh DIR [COMMAND ...]}"); shift
 [ $# -gt 0 ] || set -- bash scripts/run_main.sh
@@ -37,11 +35,21 @@ git clone -q "$repo" "$root/root/agent-envs"
 echo "[fresh] cloned $(git -C "$repo" rev-parse --short HEAD) into $root/root/agent-envs; running: $*"
 start=$(date +%s)
 set +e
-# /proc/sys as on a machine: writable by root (bwrap's own /proc has it read-only)
-bwrap --bind "$root" / --dev-bind /dev /dev --proc /proc --bind /proc/sys /proc/sys --ro-bind /sys /sys \
-  --unshare-pid --die-with-parent \
-  --clearenv --setenv HOME /root --setenv PATH /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  --setenv LANG C.UTF-8 --setenv TERM dumb --chdir /root/agent-envs "$@"
+# A container as a machine would be one: its own mount and PID namespaces, the root switched with
+# pivot_root (under chroot the kernel refuses the sandbox its user namespaces), no no_new_privs
+# (bwrap as the container would set it), this machine's network.
+unshare --mount --propagation private --pid --fork --kill-child /bin/bash -c '
+  set -e
+  root=$1; shift
+  mount --bind "$root" "$root"
+  mount -t proc proc "$root/proc"
+  mount --rbind /dev "$root/dev"
+  mount --rbind /sys "$root/sys"
+  mkdir -p "$root/.oldroot"
+  cd "$root" && pivot_root . .oldroot && umount -l /.oldroot && rmdir /.oldroot
+  cd /root/agent-envs
+  exec /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    LANG=C.UTF-8 TERM=dumb "$@"' fresh "$root" "$@"
 rc=$?
 set -e
 echo "[fresh] exit status $rc after $(( $(date +%s) - start )) s"
