@@ -25,6 +25,7 @@ fi
 # This script sets up a machine (or container) for agent-envs as root: install into /usr/local
 # anyway, leaving apt's packages alone.  To keep the system python clean, run it with
 # PYTHON=/path/to/venv/bin/python instead.
+[ "$(id -u)" = 0 ] && export PIP_ROOT_USER_ACTION=ignore  # as root on purpose (see above): no warning per call
 if "$PY" -c 'import os, sys, sysconfig; sys.exit(sys.prefix != sys.base_prefix or not os.path.isfile(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))'; then
   export PIP_BREAK_SYSTEM_PACKAGES=1
 fi
