@@ -21,7 +21,7 @@ from agent_envs.policy.hf import find_smollm2_gguf
 REPO = Path(__file__).resolve().parent.parent
 #: what each environment's scripted reference runs, as the report prints the parsed action
 TOOL_CALLS = {"MATH-ReAct-v0": "bash$ python3 -c", "DocVQA-CLI-v0": "bash$ tesseract /workspace/document.png",
-              "Countdown-ReAct-v0": '"name": "python"'}
+              "Countdown-ReAct-v0": "python (code):\nN = ["}
 
 
 def main_job_envs() -> tuple[str, ...]:

@@ -266,6 +266,17 @@ def test_turns_fold_think_blocks_mark_truncation_and_keep_the_final_turn():
     assert split_think("<think>unclosed") == [("think", "unclosed")]
 
 
+def test_a_tool_call_is_shown_as_written():
+    """A shell command as a shell line; the python tool's code with its own lines; anything else as JSON."""
+    def shown(action):
+        return turns({"react_steps": [{"turn": 1, "assistant": "", "action": action, "observation": "ok"}],
+                      "termination_reason": "max_turns"})[0]["action"]
+
+    assert shown({"name": "bash", "arguments": {"command": "ls -l"}}) == "bash$ ls -l"
+    assert shown({"name": "python", "arguments": {"code": "x = 6\nprint(x * 7)"}}) == "python (code):\nx = 6\nprint(x * 7)"
+    assert shown({"name": "view", "arguments": {"box": [0, 0, 9, 9]}}) == '{"name": "view", "arguments": {"box": [0, 0, 9, 9]}}'
+
+
 def test_records_carry_per_turn_facts(math_run):
     """What the trajectory view shows per turn comes from the environment and the runner."""
     run, _ = math_run

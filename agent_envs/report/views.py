@@ -173,12 +173,15 @@ def _gold(row: Row) -> str | None:
 
 
 def _action_text(action: Any) -> str | None:
-    """A parsed tool call as a shell line (``$ command``) when it is one, else compact JSON."""
+    """A parsed tool call as a shell line (``name$ command``), a tool's one text argument as the
+    text itself (``name (code):`` and the code, its lines as written), else compact JSON."""
     if not action:
         return None
     args = action.get("arguments") if isinstance(action, dict) else None
-    if isinstance(args, dict) and set(args) == {"command"} and isinstance(args["command"], str):
-        return f"{action.get('name')}$ {args['command']}"
+    if isinstance(args, dict) and len(args) == 1:
+        ((key, value),) = args.items()
+        if isinstance(value, str):
+            return f"{action.get('name')}$ {value}" if key == "command" else f"{action.get('name')} ({key}):\n{value}"
     return json.dumps(action, ensure_ascii=False)
 
 
