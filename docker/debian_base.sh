@@ -35,7 +35,7 @@ key="$(cat "$0" ${certs[@]+"${certs[@]}"} | sha256sum | cut -c1-16)"
 tarball="$cache/debian-bookworm-base-$key.tar.gz"
 
 mkdir -p "$cache"
-# one builder at a time (agent_envs/cache.py's rule: a lock file beside what is built, the result
+# one builder at a time (agent_envs/core/cache.py's rule: a lock file beside what is built, the result
 # renamed into place complete); a second caller waits, then finds the tarball made
 exec {lock}>"$cache/debian-bookworm-base.lock"
 flock "$lock"

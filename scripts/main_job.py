@@ -24,12 +24,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agent_envs.core.registry import ENV_IDS, spec  # noqa: E402  (after the path insert)
+from agent_envs.envs.registry import ENV_IDS, spec  # noqa: E402  (after the path insert)
 
 #: the tool whose observations are page images: an environment offering it needs a vision-language model
 IMAGE_TOOL = "view"
 #: every registered environment whose tools answer in text and that has a scripted reference policy
-ENVS = tuple(e for e in ENV_IDS if IMAGE_TOOL not in spec(e).tools and spec(e).report.baseline is not None)
+ENVS = tuple(e for e in ENV_IDS if IMAGE_TOOL not in spec(e).tool_names and spec(e).baseline is not None)
 REFERENCE = "scripted-reference"
 #: a progress line at least this often, and whenever an evaluation finishes an episode
 PROGRESS_EVERY_S = 15.0
@@ -95,7 +95,7 @@ def jobs(out: Path, limit: int, extra: list[str]) -> list[Job]:
 def prepare_caches(extra: list[str]) -> float:
     """What the first run builds (the converted embedded model, the synthetic DocVQA pages), once, before
     the clock of the evaluation starts; returns the seconds it took."""
-    from agent_envs.cache import is_complete
+    from agent_envs.core.cache import is_complete
     from agent_envs.envs.docvqa.data import default_cache_dir, load_docvqa_tasks
     from agent_envs.policy.hf import SMOLLM2_HF_DIR, smollm2_hf_dir
 

@@ -1,4 +1,4 @@
-"""agent_envs.cache.build_once: one builder at a time, a folder never seen half-written, a killed or
+"""agent_envs.core.cache.build_once: one builder at a time, a folder never seen half-written, a killed or
 failing builder leaves nothing that looks finished, and "someone else finished first" is success."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_envs import cache
-from agent_envs.cache import MARKER, build_once, is_complete
+from agent_envs.core import cache
+from agent_envs.core.cache import MARKER, build_once, is_complete
 
 REPO = Path(__file__).resolve().parent.parent
 #: a child that builds ``argv[1]`` with 50 files once told "go" on stdin; it appends its pid to
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 CHILD = r"""
 import os, sys, time
 from pathlib import Path
-from agent_envs.cache import build_once
+from agent_envs.core.cache import build_once
 target, log = Path(sys.argv[1]), sys.argv[2]
 def build(out):
     with open(log, "a") as fh:

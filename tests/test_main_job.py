@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_envs.cache import is_complete
+from agent_envs.core.cache import is_complete
 from agent_envs.policy.hf import find_smollm2_gguf
 
 REPO = Path(__file__).resolve().parent.parent

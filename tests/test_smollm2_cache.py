@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_envs.cache import is_complete
+from agent_envs.core.cache import is_complete
 from agent_envs.policy.base import GenerationRequest
 from agent_envs.policy.hf import TransformersPolicy, find_smollm2_gguf
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_envs.cache import is_complete
+from agent_envs.core.cache import is_complete
 from agent_envs.envs.docvqa import synth as synth_docs
 from agent_envs.envs.docvqa.data import load_docvqa_tasks
 from agent_envs.envs.docvqa.synth import best_ocr_anls, generate_docvqa_tasks, ocr_text
@@ -103,7 +103,7 @@ def test_builtin_set_is_generated_once_and_reused(builtin: tuple[Path, list]) ->
 
 
 def test_cached_set_is_finished_only_with_its_marker_and_rebuilt_when_damaged(tmp_path: Path) -> None:
-    """The cache rule (agent_envs.cache): a folder without the marker is never used, and a set whose
+    """The cache rule (agent_envs.core.cache): a folder without the marker is never used, and a set whose
     pages were deleted by hand is generated again, in place."""
     folder = synth_docs.builtin_cache_dir(3, 0, tmp_path)
     folder.mkdir(parents=True)

