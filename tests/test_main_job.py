@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from agent_envs.core.cache import is_complete
-from agent_envs.policy.hf import find_smollm2_gguf
 
 REPO = Path(__file__).resolve().parent.parent
 #: what each environment's scripted reference runs, as the report prints the parsed action
@@ -44,11 +43,7 @@ def episodes(html: str) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_run_main_on_an_empty_model_cache(tmp_path: Path):
-    try:
-        find_smollm2_gguf()
-    except FileNotFoundError as exc:
-        pytest.skip(f"the embedded model is not installed: {exc}")
+def test_run_main_on_an_empty_model_cache(tmp_path: Path, smollm2_gguf: Path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, system_site_packages=True, with_pip=True)
     model = tmp_path / "empty-cache" / "smollm2-hf"

@@ -11,7 +11,7 @@ import pytest
 
 from agent_envs.core.cache import is_complete
 from agent_envs.policy.base import GenerationRequest
-from agent_envs.policy.hf import TransformersPolicy, find_smollm2_gguf
+from agent_envs.policy.hf import TransformersPolicy
 
 REPO = Path(__file__).resolve().parent.parent
 #: imports everything first, says so, waits for "go", then converts into $AGENT_ENVS_SMOLLM2_HF
@@ -26,11 +26,7 @@ print("folder", smollm2_hf_dir(), flush=True)
 
 
 @pytest.mark.slow
-def test_two_processes_convert_at_once_on_an_empty_cache(tmp_path: Path):
-    try:
-        find_smollm2_gguf()
-    except FileNotFoundError as exc:
-        pytest.skip(f"default CPU model unavailable: {exc}")
+def test_two_processes_convert_at_once_on_an_empty_cache(tmp_path: Path, smollm2_gguf: Path):
     folder = tmp_path / "new-cache" / "smollm2-hf"
     env = {**os.environ, "PYTHONPATH": str(REPO), "AGENT_ENVS_SMOLLM2_HF": str(folder)}
     children = [subprocess.Popen([sys.executable, "-c", CHILD], env=env, text=True, stdin=subprocess.PIPE,
