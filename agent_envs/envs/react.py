@@ -9,7 +9,6 @@ reason.
 from __future__ import annotations
 
 import abc
-import copy
 import hashlib
 import json
 import time
@@ -29,6 +28,7 @@ from agent_envs.protocol import messages as msgs
 from agent_envs.protocol.blocklist import is_blocked
 from agent_envs.protocol.decision import decide
 from agent_envs.protocol.messages import STOP
+from agent_envs.protocol.nesting import bounded_copy
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED, TURN_STRIDE, trajectory_seed
 from agent_envs.prompts import fill, load_prompt, sha256
 from agent_envs.rewards.step import StepContext, StepScore, StepScorer, process_fields
@@ -265,7 +265,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         body, name = decision.observation, decision.observation_name
         images: tuple[Shown, ...] = ()
         if decision.kind == "act":
-            step["action"] = decision.action
+            step["action"] = bounded_copy(decision.action)  # the model decides how deep it nests
             if decision.command is not None:
                 started = time.perf_counter()
                 body, images = split(self._run_command(name, decision.command))
@@ -438,11 +438,11 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             "generated_tokens": ep.generated_tokens,
             "trajectory_tokens": ep.trajectory_tokens,
             "attempted_trajectory_tokens": ep.attempted_trajectory_tokens,
-            "react_steps": copy.deepcopy(ep.steps),
+            "react_steps": [_copy_step(s) for s in ep.steps],
             "trace_rounds": len(ep.steps),
             "turns": ep.turn,
             "tool_calls": ep.tool_calls,
-            "turn_log": copy.deepcopy(ep.turn_log),
+            "turn_log": [dict(t) for t in ep.turn_log],
             "turn_tool_s": list(ep.turn_tool_s),
             "tool_seconds": sum(ep.turn_tool_s),
             "token_counts_exact": self.counter.exact_for(ep.messages),
@@ -450,7 +450,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             "env_config_hash": self.config_hash,
         }
         if ep.prompt_images:
-            record["prompt_images"] = copy.deepcopy(ep.prompt_images)
+            record["prompt_images"] = bounded_copy(ep.prompt_images)
         record.update(self._score(ep))
         if self.step_scorer is not None:
             record.update(process_fields(ep.step_scores, self.step_scorer.aggregation))
@@ -489,6 +489,15 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
 def _copy_chat(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A copy the caller may change freely (image part lists are copied too)."""
     return [copy_message(m) for m in messages]
+
+
+def _copy_step(step: dict[str, Any]) -> dict[str, Any]:
+    """A step the record owns: its action and image facts copied, its strings shared."""
+    copied = dict(step)
+    for key in ("action", "images"):
+        if key in step:
+            copied[key] = bounded_copy(step[key])
+    return copied
 
 
 def _as_completion(action: Any) -> Completion:

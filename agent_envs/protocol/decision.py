@@ -6,12 +6,12 @@ the environment's job.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from agent_envs.core.spec import ALL_ARGUMENTS, Rules
 from agent_envs.protocol import messages as msg
+from agent_envs.protocol.nesting import json_text
 from agent_envs.protocol.parsing import final_answer_line, is_single_bash_action, parse_action, strip_think
 
 ActKind = Literal["run", "unknown_action", "empty_command"]
@@ -53,7 +53,7 @@ def _act(action: dict[str, Any], rules: Rules) -> Decision:
                         observation_name=name, observation=msg.unknown_action(name, rules.unknown_action))
     if key == ALL_ARGUMENTS:  # the tool reads the whole object; {} is a valid input
         return Decision("act", action=action, act_kind="run", observation_name=name,
-                        command=json.dumps(action["arguments"], ensure_ascii=False))
+                        command=json_text(action["arguments"]))
     # The ES runner stringifies whatever ``command`` holds (so a number is a command).
     command = str(action["arguments"].get(key, ""))
     if not command.strip():
