@@ -152,7 +152,10 @@ def has_anls(rows: Sequence[Row]) -> bool:
 
 
 def anls_metrics(rows: Sequence[Row], samples: int) -> Row:
-    """The README's ANLS Mean/Pass and Acc Mean/Pass (Acc = ANLS > 0.5), plus ES exact pass."""
+    """The README's ANLS Mean/Pass and Acc Mean/Pass (Acc = ANLS > 0.5), plus ES exact pass and
+    the cards' exact-match accuracy Mean/Pass."""
+    from agent_envs.envs.docvqa.metrics import exact_match_metrics
+
     groups = [[clamped_score(r) for r in g] for g in by_task(rows).values()]
     flat = [s for g in groups for s in g]
     n = samples
@@ -162,6 +165,7 @@ def anls_metrics(rows: Sequence[Row], samples: int) -> Row:
         f"acc_mean{n}": _mean([1.0 if s > 0.5 else 0.0 for s in flat]),
         f"acc_pass{n}": _mean([1.0 if max(g) > 0.5 else 0.0 for g in groups]),
         f"exact_pass@{n}": _mean([1.0 if max(g) >= 1.0 else 0.0 for g in groups]),
+        **exact_match_metrics(rows, n),
     }
 
 
@@ -219,9 +223,10 @@ def process_metrics(rows: Sequence[Row]) -> Row:
     }
 
 
-def group_metrics(records: Records, k: int) -> Row:
+def group_metrics(records: Records, k: int, best_by: str = "mean_score") -> Row:
     """Metrics per consecutive group of k sample indices (0..k-1, k..2k-1, ...) of an n-sample
-    run, and the group with the best mean score (first on ties)."""
+    run, and the group with the highest ``best_by`` (a metric name of the groups, e.g.
+    ``anls_mean4``; first on ties)."""
     rows = _rows(records)
     n = 1 + max((int(r["sample_index"]) for r in rows), default=-1)
     if k <= 0 or n % k:
@@ -241,8 +246,13 @@ def group_metrics(records: Records, k: int) -> Row:
         if has_anls(members):
             entry.update(anls_metrics(members, k))
         groups.append(entry)
-    best = max(groups, key=lambda e: e["mean_score"], default=None)
-    return {"k": k, "samples": n, "groups": groups, "best_group": best["group"] if best else None}
+    named = sorted({key for e in groups for key, v in e.items() if isinstance(v, (int, float)) and key != "group"})
+    if groups and best_by not in named:
+        raise ValueError(f"cannot choose the best group by {best_by!r}: the groups have {', '.join(named)}")
+    ranked = [e for e in groups if e.get(best_by) is not None]
+    best = max(ranked, key=lambda e: e[best_by], default=None)
+    return {"k": k, "samples": n, "best_by": best_by, "groups": groups,
+            "best_group": best["group"] if best else None}
 
 
 # --------------------------------------------------------------------------- diagnostics
