@@ -61,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="run episodes and write records, summary and trace logs")
     ev.add_argument("--env", choices=ENV_IDS, default=ENV_IDS[0])
-    ev.add_argument("--data", default="builtin",
-                    help="dataset spec for the env's loader (builtin, a JSONL path, dapo, aime, ...)")
+    ev.add_argument("--data", action="append", default=None, metavar="[NAME=]SPEC",
+                    help="dataset spec for the env's loader (builtin, a JSONL path, dapo, aime, ...); repeat it "
+                         "to run each set into OUT/NAME and print their card (docs/cards.md)")
     ev.add_argument("--policy", choices=POLICIES,
                     help="default: openai with --base-url, transformers with --model, else cpu")
     ev.add_argument("--model", help="model path or id (transformers, vllm, openai)")
@@ -101,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     sm = sub.add_parser("summarize", help="print the metrics of one or more run directories")
     sm.add_argument("runs", nargs="+", type=Path)
     sm.add_argument("--group", type=int, default=None, metavar="K", help="also metrics per group of K samples")
+    sm.add_argument("--best-by", default="mean_score", metavar="METRIC",
+                    help="with --group: the metric that picks the best group (e.g. anls_mean4)")
+    sm.add_argument("--card", action="store_true", help="print the card-style summary of the runs (docs/cards.md)")
     sm.add_argument("--json", action="store_true")
 
     cp = sub.add_parser("compare", help="paired bootstrap of two runs on the same tasks (B vs A)")
@@ -232,7 +236,8 @@ def make_pool(kind: str, args: argparse.Namespace) -> Any:
     return EnginePool(spec, args.engines, ray_address=args.ray_address)
 
 
-def _load_tasks(env_id: str, data: str, env_args: dict[str, Any], limit: int | None) -> list[Any]:
+def _load_tasks(env_id: str, data: str, env_args: dict[str, Any], limit: int | None) -> tuple[list[Any], dict[str, Any]]:
+    """The run's tasks and the environment's outcome-relevant settings (``env_settings``)."""
     import gymnasium as gym
 
     try:  # the run's own settings, so a bad one is reported before any model loads
@@ -245,7 +250,7 @@ def _load_tasks(env_id: str, data: str, env_args: dict[str, Any], limit: int | N
         raise UsageError(f"cannot load --data {data!r} for {env_id}: {exc}") from exc
     finally:
         env.close()
-    return tasks if limit is None else tasks[:limit]
+    return (tasks if limit is None else tasks[:limit]), dict(env.unwrapped.env_settings)
 
 
 def _check_resume(path: Path, config: dict[str, Any]) -> None:
@@ -259,6 +264,10 @@ def _check_resume(path: Path, config: dict[str, Any]) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    sets = data_sets(args.data or ["builtin"])
+    if len(sets) > 1:
+        return _eval_sets(args, sets)
+    args.data = sets[0][1]
     kind = _policy_kind(args)
     defaults = CPU_DEFAULTS if kind == "cpu" else {}
     def pick(name: str) -> Any:
@@ -297,7 +306,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         config["step_scorer"] = scorer_settings(args)
     if args.resume:
         _check_resume(out / "config.json", config)
-    tasks = _load_tasks(args.env, args.data, env_kwargs, limit)
+    tasks, config["env_settings"] = _load_tasks(args.env, args.data, env_kwargs, limit)
     if kind == "cpu":
         print(f"[agent-envs] embedded default: {len(tasks)} task(s) of {args.data!r} with the small CPU model, "
               f"max_turns={max_turns}, max_tokens_per_turn={max_tokens}", file=sys.stderr)
@@ -358,6 +367,52 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def data_sets(specs: Sequence[str]) -> list[tuple[str, str]]:
+    """``[NAME=]SPEC`` values as (name, spec); a name defaults to the file stem or the spec."""
+    sets = []
+    for text in specs:
+        name, sep, spec = text.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            name, spec = Path(text).stem or text, text
+        sets.append((name, spec))
+    names = [n for n, _ in sets]
+    if len(set(names)) < len(names):
+        raise UsageError(f"--data names must differ (got {', '.join(names)}); name them NAME=SPEC")
+    return sets
+
+
+def _eval_sets(args: argparse.Namespace, sets: Sequence[tuple[str, str]]) -> int:
+    """One run folder per data set under OUT, then their card (OUT/card.txt, OUT/card.json)."""
+    out: Path = args.out or Path("runs") / f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}"
+    status = 0
+    for name, spec in sets:
+        print(f"[agent-envs] data set {name}: {spec}", file=sys.stderr)
+        code = cmd_eval(argparse.Namespace(**{**vars(args), "data": [spec], "out": out / name}))
+        if code == 130:
+            return code
+        status = status or code
+    print(_write_card([out / name for name, _ in sets], out))
+    return status
+
+
+def _write_card(runs: Sequence[Path], out: Path | None = None) -> str:
+    """The card of ``runs`` (one data set each, named by its folder); also written under ``out``."""
+    from agent_envs.rollout.card import dataset_card, format_card
+
+    cards = {}
+    for run in runs:
+        records, samples = _run_records(run)
+        config_path = (run if run.is_dir() else run.parent) / "config.json"
+        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        cards[run.name if run.is_dir() else run.stem] = dataset_card(records, samples,
+                                                                     settings=config.get("env_settings"))
+    text = format_card(cards)
+    if out is not None:
+        atomic_write(out / "card.json", [(json.dumps(cards, indent=2) + "\n").encode()])
+        atomic_write(out / "card.txt", [(text + "\n").encode()])
+    return text
+
+
 # --------------------------------------------------------------------------- summarize / compare
 def _run_records(run: Path) -> tuple[list[Any], int]:
     path = run / "records.jsonl" if run.is_dir() else run
@@ -392,12 +447,20 @@ def format_table(rows: Sequence[tuple[str, dict[str, Any]]], samples: int) -> st
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
+    from agent_envs.rollout.card import format_groups
+
+    if args.card:
+        print(_write_card(args.runs))
+        return 0
     results = []
     for run in args.runs:
         records, samples = _run_records(run)
         summary = summarize(records, samples)
         if args.group:
-            summary["groups"] = group_metrics(records, args.group)
+            try:
+                summary["groups"] = group_metrics(records, args.group, best_by=args.best_by)
+            except ValueError as exc:
+                raise UsageError(f"{run}: {exc}") from None
         results.append((str(run), summary, samples))
     if args.json:
         print(json.dumps({name: s for name, s, _ in results}, indent=2))
@@ -405,9 +468,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
         for name, s, samples in results:
             print(format_table([(name, s)], samples))
             if "groups" in s:
-                for g in s["groups"]["groups"]:
-                    print(f"  group {g['group']} samples {g['sample_indices']}: mean={g['mean_score']:.4f}")
-                print(f"  best group: {s['groups']['best_group']}")
+                print(format_groups(s["groups"]))
     return 0
 
 

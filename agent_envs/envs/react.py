@@ -359,6 +359,12 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
     def _extra_config(self) -> dict[str, Any]:
         return {}
 
+    @property
+    def env_settings(self) -> dict[str, Any]:
+        """The subclass's own options that change outcomes (e.g. Math's ``scorer``): what a run
+        records so that its card can say how it was scored."""
+        return self._extra_config()
+
     # ----- internals ------------------------------------------------------------------------------
     def _system_prompt(self, text: str | None, prompt_file: str | None, skill: str | None) -> str:
         if text is not None and prompt_file is not None:
