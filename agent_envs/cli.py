@@ -236,7 +236,8 @@ def make_pool(kind: str, args: argparse.Namespace) -> Any:
     return EnginePool(spec, args.engines, ray_address=args.ray_address)
 
 
-def _load_tasks(env_id: str, data: str, env_args: dict[str, Any], limit: int | None) -> tuple[list[Any], dict[str, Any]]:
+def _load_tasks(env_id: str, data: str, env_args: dict[str, Any],
+                limit: int | None) -> tuple[list[Any], dict[str, Any]]:
     """The run's tasks and the environment's outcome-relevant settings (``env_settings``)."""
     import gymnasium as gym
 

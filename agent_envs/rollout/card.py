@@ -44,7 +44,7 @@ def dataset_card(records: Records, samples: int, items: int | None = None,
         f"mean@{k}": ratio(int(sum(scores)), len(rows)) if binary else {"value": es["mean_score"]},
         f"max@{k}": es[f"max@{k}"],
         f"pass@{k}": ratio(es[f"pass@{k}_count"], tasks),
-        "acc@1": ratio(int(sum(first)), len(first)) if binary else {"value": sum(first) / len(first) if first else None},
+        "acc@1": ratio(int(sum(first)), len(first)) if binary else {"value": es["by_sample"]["0"]["mean_score"]},
         "per_sample": [es["by_sample"][str(i)]["mean_score"] for i in range(k)],
         "final_answer": ratio(terminations.get("final_answer", 0), len(rows)),
         "terminations": dict(terminations),
@@ -103,6 +103,10 @@ def format_card(cards: Mapping[str, Row]) -> str:
     return "\n\n".join(blocks)
 
 
+def _span(indices: Sequence[int]) -> str:
+    return f"{indices[0]}-{indices[-1]}"
+
+
 def format_groups(groups: Row) -> str:
     """``summarize --group K``: one line per group with every metric it has, then the best group."""
     entries: Sequence[Row] = groups["groups"]
@@ -111,11 +115,11 @@ def format_groups(groups: Row) -> str:
     header = ["group", "samples", *names]
     lines = [header]
     for e in entries:
-        span = f"{e['sample_indices'][0]}-{e['sample_indices'][-1]}"
-        lines.append([str(e["group"]), span, *(str(e[n]) if n == "count" else _num(e.get(n)) for n in names)])
+        cells = [str(e[n]) if n == "count" else _num(e.get(n)) for n in names]
+        lines.append([str(e["group"]), _span(e["sample_indices"]), *cells])
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     table = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines]
     best = groups["best_group"]
-    span = "-" if best is None else "{}-{}".format(entries[best]["sample_indices"][0], entries[best]["sample_indices"][-1])
+    span = "-" if best is None else _span(entries[best]["sample_indices"])
     table.append(f"best group by {groups['best_by']}: {best} (samples {span})")
     return "\n".join(table)
