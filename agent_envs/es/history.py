@@ -165,12 +165,14 @@ def replay(
     population: int,
     generations: int | None = None,
     tp_size: int = 1,
+    start: int = 0,
 ) -> int:
-    """Re-apply the first ``generations`` updates onto ``backend``; return how many were applied."""
+    """Re-apply the first ``generations`` updates onto ``backend``, skipping the first ``start``
+    (already applied: an evaluation-only run replays step by step); return the update count."""
     check_tp_size(history, tp_size)
     records = update_records(history, generations)
     check_seed_sequence([r["seeds"] for r in records], seed, population)
-    for record in records:
+    for record in records[start:]:
         weights = normalize_rewards(
             record["rewards"],
             record.get("reward_normalization", "zscore"),
