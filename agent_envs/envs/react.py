@@ -218,7 +218,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             row_index=row_index,
             sample_index=sample_index,
             base_seed=base_seed,
-            seed_base=trajectory_seed(base_seed, row_index, sample_index),
+            seed_base=trajectory_seed(base_seed, row_index, sample_index) if opts.seed_base is None else opts.seed_base,
             messages=messages,
             tally=PromptTally(self.counter, messages),
             prompt_images=[i.facts for i in images],
