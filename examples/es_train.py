@@ -17,11 +17,19 @@ Examples::
     AGENT_ENVS_ES_CPU_PLAIN_LINEAR=1 python examples/es_train.py --model ~/.cache/agent-envs/smollm2-hf ...
     # continuous rollouts: AsyncVLLMPolicy (engine core in its own process, perturbed by name)
     python examples/es_train.py --mode async ...
+    # the cards' evaluation modes on a trained history, no training (docs/scaling.md#es-evaluation):
+    # "interval25" (replay 25 updates, 1 sample) and "final4" (replay 25, 4 samples, the final seeds)
+    python examples/es_train.py --model M --eval-only --resume history.json --eval dapo=dapo_test.jsonl \
+        --eval aime=aime_2026.jsonl --eval-generations 25 --history runs/interval25.json
+    python examples/es_train.py --model M --eval-only --resume history.json --eval dapo=dapo_test.jsonl \
+        --eval aime=aime_2026.jsonl --final-eval --final-eval-samples 4 --history runs/final4.json
     # fitness = 0.7 * outcome + 0.3 * mean step score from a judge served on 127.0.0.1:8001
     python examples/es_train.py ... --step-scorer judge --judge-url http://127.0.0.1:8001/v1 \
         --judge-model Qwen/Qwen3-8B --process-weight 0.3 --process-aggregation mean
 
-Options (see ``--help``): --env, --model, --train, --eval, --eval-limit, --generations,
+Options (see ``--help``): --env, --model, --train, held-out evaluation (--eval NAME=PATH, --eval-limit,
+--eval-samples, --initial-eval, --final-eval/--final-eval-samples, --eval-only/--eval-generations,
+--eval-key-seed-file, --skill-file, --write-trace-logs), --generations,
 --population, --case-batch, --sigma-start/--sigma-end/--sigma-schedule/--sigma-warmup/
 --sigma-total-steps, --alpha, --normalization/--ddof/--eps, --scope, --seed, --eval-interval,
 --history, --resume (+ --resume-generations), --exact-revert, --max-turns, --max-tokens,
@@ -46,6 +54,7 @@ from agent_envs.core.registry import ENV_IDS
 from agent_envs.envs.docvqa.data import load_docvqa_tasks
 from agent_envs.envs.math_react.data import load_math_tasks
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
+from agent_envs.es.evaluation import EvalSetup, add_evaluation_arguments, eval_only, evaluation_setup
 from agent_envs.es.history import ESConfig, load_history, replay_is_exact, resume
 from agent_envs.es.normalize import NORMALIZATIONS
 from agent_envs.es.population import ESTrainer, evaluate_member
@@ -56,16 +65,14 @@ from agent_envs.policy.vllm import AsyncVLLMPolicy, VLLMPolicy
 from agent_envs.rewards.combine import FitnessCombiner
 from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
 from agent_envs.rewards.step import AGGREGATIONS, StepScorer
-from agent_envs.rollout import es_summary, run_episodes
+from agent_envs.rollout import run_episodes
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--env", default="MATH-ReAct-v0", choices=ENV_IDS)
     p.add_argument("--model", required=True, help="any vLLM model path or name")
-    p.add_argument("--train", required=True, help="training tasks (JSONL / official DocVQA JSON)")
-    p.add_argument("--eval", default=None, help="held-out tasks for interval evaluation")
-    p.add_argument("--eval-limit", type=int, default=None, help="evaluate only the first N held-out tasks")
+    p.add_argument("--train", default=None, help="training tasks (JSONL / official DocVQA JSON); not with --eval-only")
     p.add_argument("--generations", type=int, default=25)
     p.add_argument("--population", type=int, default=16)
     p.add_argument("--case-batch", type=int, default=16)
@@ -103,6 +110,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="engines as Ray actors, one GPU each; members go to idle engines (docs/scaling.md)")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster (multi-node) instead of a local one")
     add_scorer_arguments(p)
+    add_evaluation_arguments(p)  # held-out sets, initial/final/eval-only, key-seed map, skill, trace logs
     p.add_argument("--process-weight", type=float, default=0.0,
                    help="fitness = (1 - w) * outcome + w * process score (0: outcome only)")
     p.add_argument("--process-aggregation", default=None, choices=list(AGGREGATIONS),
@@ -152,8 +160,13 @@ def build_policy(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> tup
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     scorer, combiner = build_process_reward(args)
-    train = load_tasks(args.env, args.train)
-    held_out = load_tasks(args.env, args.eval, args.eval_limit) if args.eval else []
+    if (args.train is None) != args.eval_only:
+        raise SystemExit("give --train to train, or --eval-only (no training) without it")
+    try:
+        setup = evaluation_setup(args, lambda path: load_tasks(args.env, path, args.eval_limit))
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    train = load_tasks(args.env, args.train) if args.train else []
     config = ESConfig(
         env_id=args.env, model=args.model, generations=args.generations, population=args.population,
         case_batch_size=args.case_batch, sigma_start=args.sigma_start, sigma_end=args.sigma_end,
@@ -163,13 +176,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         seed=args.seed, eval_seed=args.seed, eval_interval=args.eval_interval, history_file=args.history,
         max_turns=args.max_turns, max_tokens=args.max_tokens, max_model_len=args.max_model_len,
         dtype=args.dtype, load_format=args.load_format, exact_revert=args.exact_revert,
-        **({"fitness": {**scorer_settings(args), **combiner.model_dump()}} if combiner else {}),
+        **({"fitness": {**scorer_settings(args), **combiner.model_dump()}} if combiner else {}), **setup.config,
     )
     # enable_prefix_caching stays on: the backend resets the prefix cache after every weight change.
     engine_kwargs = dict(worker_extension_cls=EXTENSION, dtype=args.dtype, max_model_len=args.max_model_len,
                          gpu_memory_utilization=args.gpu_memory_utilization, load_format=args.load_format,
                          enforce_eager=True, seed=args.seed, trust_remote_code=True)
-    env_kwargs: dict[str, Any] = {"max_turns": args.max_turns, "sandbox": args.sandbox}
+    env_kwargs: dict[str, Any] = {"max_turns": args.max_turns, "sandbox": args.sandbox, "skill": setup.skill}
     if args.max_tokens is not None:
         env_kwargs["max_tokens_per_turn"] = args.max_tokens
     if args.engines > 1 or args.ray_address:
@@ -178,11 +191,20 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "episodes themselves)")
         if args.mode == "async":
             print("[es] --engines: each engine runs its members in lockstep mode", file=sys.stderr)
-        return train_on_pool(args, config, train, held_out, engine_kwargs, env_kwargs)
+        return train_on_pool(args, config, train, setup, engine_kwargs, env_kwargs)
     policy, engine = build_policy(args, engine_kwargs)
     backend = VLLMPerturbation(engine, scope=args.scope, exact_revert=args.exact_revert)
     config.tp_size = backend.tp_size
 
+    def held_out(tasks: Sequence[Any], samples: int, seed: int, key_seeds: Any) -> Sequence[Any]:
+        return run_episodes(args.env, tasks, policy, samples=samples, mode=args.mode, base_seed=seed,
+                            env_kwargs=env_kwargs, concurrency=16, progress=False, key_seeds=key_seeds)
+
+    evaluator = setup.evaluator(held_out, seed=args.seed)
+    if args.eval_only:
+        report(run_eval_only(args, config, backend, setup, evaluator), args.history, backend.checksum()[0])
+        policy.close()
+        return
     head, start = None, 0
     if args.resume:
         head, start = resume(args.resume, config, backend, args.resume_generations)
@@ -201,26 +223,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"[es]   generation={generation} member={member} seed={seed} reward={result.reward:.4f}")
         return result
 
-    def interval_eval(generation: int) -> dict[str, Any] | None:
-        if not held_out:
-            return None
-        rows = run_episodes(args.env, held_out, policy, samples=1, mode=args.mode, base_seed=args.seed + generation + 1,
-                            env_kwargs=env_kwargs, concurrency=16, progress=False)
-        return eval_summary(rows, generation)
-
-    trainer = ESTrainer(config, backend, train, evaluate, args.history, history=head, start_generation=start,
-                        eval_hook=interval_eval)
-    report(trainer.run(), args.history, backend.checksum()[0])
+    trainer = ESTrainer(config, backend, train, evaluate, args.history, start_generation=start,
+                        history=setup.head(evaluator, config, head, start), eval_hook=setup.hook(evaluator))
+    report(setup.train(trainer, evaluator, budgets(args)), args.history, backend.checksum()[0])
     policy.close()
     if scorer is not None:
         scorer.close()
 
 
-def eval_summary(rows: Sequence[Any], generation: int) -> dict[str, Any]:
-    summary = es_summary(rows, samples=1)
-    print(f"[es] eval after generation {generation}: mean_score={summary['mean_score']:.4f} "
-          f"({summary['count']} rows, errors {summary['error_count']})")
-    return summary
+def budgets(args: argparse.Namespace) -> dict[str, Any]:
+    """The episode budgets a final evaluation record states."""
+    return {"max_turns": args.max_turns, "max_tokens": args.max_tokens}
+
+
+def run_eval_only(args: argparse.Namespace, config: ESConfig, backend: Any, setup: EvalSetup, evaluator: Any) -> list:
+    """--eval-only: replay --resume's updates step by step and evaluate; no training."""
+    return eval_only(config, backend, evaluator, args.history, source=args.resume, replay_updates=args.resume_generations,
+                     marks=args.eval_generations, final=args.final_eval, facts=budgets(args))
 
 
 def report(history: list[dict[str, Any]], path: str, checksum: str) -> None:
@@ -231,7 +250,7 @@ def report(history: list[dict[str, Any]], path: str, checksum: str) -> None:
     print(f"[es] final weights checksum {checksum}")
 
 
-def train_on_pool(args: argparse.Namespace, config: ESConfig, train: list[Any], held_out: list[Any],
+def train_on_pool(args: argparse.Namespace, config: ESConfig, train: list[Any], setup: EvalSetup,
                   engine_kwargs: dict[str, Any], env_kwargs: dict[str, Any]) -> None:
     """``--engines N``: one vLLM engine per Ray actor; members run on idle engines, every update on all
     engines (checksums compared each generation), held-out episodes spread over the engines."""
@@ -244,18 +263,19 @@ def train_on_pool(args: argparse.Namespace, config: ESConfig, train: list[Any], 
     with EnginePool(spec, args.engines, ray_address=args.ray_address) as pool:
         backend = PoolBackend(pool, scope=args.scope)
         config.tp_size, config.exact_revert = backend.tp_size, True  # the pool always reverts exactly
+
+        def held_out(tasks: Sequence[Any], samples: int, seed: int, key_seeds: Any) -> Sequence[Any]:
+            return pool_run_episodes(pool, args.env, tasks, samples=samples, mode="lockstep", base_seed=seed,
+                                     env_kwargs=env_kwargs, concurrency=16, progress=False, key_seeds=key_seeds)
+
+        evaluator = setup.evaluator(held_out, seed=args.seed)
+        if args.eval_only:
+            return report(run_eval_only(args, config, backend, setup, evaluator), args.history, backend.checksum())
         head, start = resume(args.resume, config, backend, args.resume_generations) if args.resume else (None, 0)
-
-        def interval_eval(generation: int) -> dict[str, Any] | None:
-            if not held_out:
-                return None
-            rows = pool_run_episodes(pool, args.env, held_out, mode="lockstep", base_seed=args.seed + generation + 1,
-                                     env_kwargs=env_kwargs, concurrency=16, progress=False)
-            return eval_summary(rows, generation)
-
-        trainer = PoolESTrainer(config, backend, train, args.history, history=head, start_generation=start,
-                                eval_hook=interval_eval, rollout_kwargs={"env_kwargs": env_kwargs, "concurrency": 16})
-        report(trainer.run(), args.history, backend.checksum())
+        trainer = PoolESTrainer(config, backend, train, args.history, start_generation=start,
+                                history=setup.head(evaluator, config, head, start), eval_hook=setup.hook(evaluator),
+                                rollout_kwargs={"env_kwargs": env_kwargs, "concurrency": 16})
+        report(setup.train(trainer, evaluator, budgets(args)), args.history, backend.checksum())
 
 
 if __name__ == "__main__":
