@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 from agent_envs.core import registry
 from agent_envs.core.registry import ENV_IDS
 from agent_envs.atomic import atomic_write
+from agent_envs.prompts import read_skill
 from agent_envs.rollout.metrics import ANLS_KEY, group_metrics, paired_bootstrap, summarize
 from agent_envs.rollout.records import ERROR_TERMINATIONS, load_records
 from agent_envs.rollout.runner import DEFAULT_BASE_SEED, MODES, run_episodes
@@ -37,7 +38,7 @@ CPU_DEFAULTS = {"limit": 3, "max_turns": 3, "max_tokens_per_turn": 192}
 #: exit status of ``eval`` when every episode ended in an error (no result to report)
 EXIT_ALL_ERRORED = 3
 RESUME_IDENTITY = ("env", "data", "seed", "policy", "model", "base_urls", "engine_args", "sampling",
-                   "max_turns", "max_tokens_per_turn", "env_args", "sandbox", "step_scorer")
+                   "max_turns", "max_tokens_per_turn", "env_args", "sandbox", "step_scorer", "skill_sha256")
 
 
 class UsageError(Exception):
@@ -78,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--env-arg", action="append", default=[], type=_key_value, metavar="KEY=VALUE",
                     help="extra environment keyword (value parsed as JSON), e.g. scorer=\"exact\"")
     ev.add_argument("--samples", type=int, default=1)
+    ev.add_argument("--skill-file", type=Path, default=None,
+                    help="skill text appended to the system prompt (docs/protocol.md#skill-injection)")
     for flag in SAMPLING_FLAGS:
         ev.add_argument("--" + flag.replace("_", "-"), type=int if flag == "top_k" else float, default=None)
     ev.add_argument("--seed", type=int, default=DEFAULT_BASE_SEED, help="base seed of the trajectory seeds")
@@ -285,6 +288,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UsageError(f"{records_path} already has records: pass --resume to continue, or choose another --out")
     env_args = dict(args.env_arg)
     env_kwargs = {"sandbox": args.sandbox, **env_args}
+    skill_sha256 = None
+    if args.skill_file is not None:
+        try:
+            env_kwargs["skill"], skill_sha256 = read_skill(args.skill_file)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     if max_turns is not None:
         env_kwargs["max_turns"] = max_turns
     if max_tokens is not None:
@@ -294,6 +303,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "engine_args": dict(args.engine_arg), "sampling": _sampling(args).model_dump(), "samples": args.samples,
         "seed": args.seed, "mode": args.mode, "sandbox": args.sandbox, "max_turns": max_turns,
         "max_tokens_per_turn": max_tokens, "limit": limit, "env_args": env_args, "argv": sys.argv[1:],
+        "skill_file": None if args.skill_file is None else str(args.skill_file), "skill_sha256": skill_sha256,
     }
     _check_out(out)
     pooled = args.engines > 1 or args.ray_address is not None

@@ -95,3 +95,23 @@ def test_card_counts_solved_tasks_and_sample_zero(tmp_path, capsys):
     assert "  max@4             0.6667\n" in text and "  per sample        0.3333 / 0.3333 / 0.0000 / 0.6667\n" in text
     assert "  final answers     8/12 = 0.6667\n" in text and "  terminations      final_answer 8, max_turns 4\n" in text
     assert "  parser errors     1 format warnings in 1 episodes\n" in text
+
+
+def test_eval_skill_file_reaches_the_prompt_and_pins_resume(tmp_path, capsys):
+    skill = tmp_path / "skill.md"
+    skill.write_text("Print the answer with python first.\n")
+    plain, skilled = tmp_path / "plain", tmp_path / "skilled"
+    common = ["eval", "--policy", "scripted", "--limit", "1", "--no-progress", "--no-report", "--sandbox", "bwrap"]
+    assert main([*common, "--out", str(plain)]) == 0
+    assert main([*common, "--out", str(skilled), "--skill-file", str(skill)]) == 0
+    config = json.loads((skilled / "config.json").read_text())
+    assert config["skill_file"] == str(skill) and len(config["skill_sha256"]) == 64
+    hashes = [json.loads((run / "records.jsonl").read_text().splitlines()[0])["env_config_hash"]
+              for run in (plain, skilled)]
+    assert hashes[0] != hashes[1]  # the system prompt carries the skill
+    skill.write_text("Another skill.\n")
+    capsys.readouterr()
+    assert main([*common, "--out", str(skilled), "--skill-file", str(skill), "--resume"]) == 2
+    assert "skill_sha256" in capsys.readouterr().err
+    assert main([*common, "--out", str(tmp_path / "x"), "--skill-file", str(tmp_path / "missing.md")]) == 2
+    assert "skill file" in capsys.readouterr().err
