@@ -120,6 +120,22 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", type=Path, default=None,
                     help="output file (default RUN_DIR/report.html, or RUN_A/report-vs-B.html)")
 
+    ex = sub.add_parser("export-checkpoint", help="replay an ES history on a fresh engine and save it, with "
+                                                  "manifest.json and verification.json (docs/scaling.md)")
+    ex.add_argument("--history", required=True, type=Path)
+    ex.add_argument("--model", required=True, help="the base model the history was trained from")
+    ex.add_argument("--tp", type=int, default=1, help="tensor_parallel_size of the engine and the saved state")
+    ex.add_argument("--out", required=True, type=Path)
+    ex.add_argument("--generations", type=int, default=None, help="replay only the first N updates")
+    ex.add_argument("--format", choices=("sharded_state", "safetensors"), default=None,
+                    help="default: sharded_state for --tp > 1, safetensors for --tp 1")
+    vc = sub.add_parser("verify-checkpoint", help="re-check an exported folder on a fresh engine")
+    vc.add_argument("folder", type=Path)
+    vc.add_argument("--tp", type=int, default=None, help="load with this tensor_parallel_size (the manifest's)")
+    for checkpoint_parser in (ex, vc):
+        checkpoint_parser.add_argument("--engine-arg", action="append", default=[], type=_key_value,
+                                       metavar="KEY=VALUE", help="passed to vllm.LLM, e.g. dtype=float32")
+
     # listed for --help only: main() hands everything after "serve" to the server's own parser
     sub.add_parser("serve", help="serve a policy over HTTP (agent-envs serve --help)")
     return parser
@@ -175,6 +191,16 @@ def make_policy(kind: str, args: argparse.Namespace, env_id: str) -> Any:
             if v is not None}
     return _policy_attr("OpenAIPolicy")(args.base_urls, args.model, sampling=sampling, samples_per_row=args.samples,
                                         **http)
+
+
+def _check_checkpoint_tp(model: str, engine_args: dict[str, Any]) -> None:
+    """An exported checkpoint loads only with the TP size its manifest names."""
+    from agent_envs.es.checkpoint import CheckpointError, check_tp
+
+    try:
+        check_tp(model, engine_args.get("tensor_parallel_size"))
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _check_request_flags(kind: str, args: argparse.Namespace) -> None:
@@ -325,6 +351,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         scorer = scorer_from_args(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if kind == "vllm" and args.model:
+        _check_checkpoint_tp(args.model, dict(args.engine_arg))
     policy = make_pool(kind, args) if pooled else make_policy(kind, args, args.env)
     concurrency = args.concurrency or (16 if args.mode == "lockstep" else 64)
     run = dict(samples=args.samples, mode=args.mode, base_seed=args.seed, env_kwargs=env_kwargs,
@@ -510,6 +538,32 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_checkpoint(args: argparse.Namespace) -> int:
+    from agent_envs.es.checkpoint import CheckpointError, export_checkpoint
+
+    try:
+        manifest, verification = export_checkpoint(args.history, args.model, args.out, tp=args.tp,
+                                                   generations=args.generations, load_format=args.format,
+                                                   engine_args=dict(args.engine_arg))
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from None
+    print(json.dumps({"out": str(args.out), "generations_replayed": manifest["generations_replayed"],
+                      "load_format": manifest["load_format"], "tensor_parallel_size": manifest["tensor_parallel_size"],
+                      "shards": [s["file"] for s in manifest["shards"]], "passed": verification["passed"]}, indent=2))
+    return 0 if verification["passed"] else 1
+
+
+def cmd_verify_checkpoint(args: argparse.Namespace) -> int:
+    from agent_envs.es.checkpoint import CheckpointError, verify_checkpoint
+
+    try:
+        result = verify_checkpoint(args.folder, tp=args.tp, engine_args=dict(args.engine_arg))
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from None
+    print(json.dumps(result, indent=2, default=str))
+    return 0 if result["passed"] else 1
+
+
 def cmd_serve(argv: Sequence[str]) -> int:
     from agent_envs.policy.server import main as serve  # imported on demand: the other commands do not need it
 
@@ -521,7 +575,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["serve"]:
         return cmd_serve(argv[1:])
     args = build_parser().parse_args(argv)
-    handler = {"eval": cmd_eval, "summarize": cmd_summarize, "compare": cmd_compare, "report": cmd_report}[args.command]
+    handler = {"eval": cmd_eval, "summarize": cmd_summarize, "compare": cmd_compare, "report": cmd_report,
+               "export-checkpoint": cmd_export_checkpoint, "verify-checkpoint": cmd_verify_checkpoint}[args.command]
     try:
         return handler(args)
     except UsageError as exc:
