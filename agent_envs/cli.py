@@ -538,13 +538,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def cmd_export_checkpoint(args: argparse.Namespace) -> int:
     from agent_envs.es.checkpoint import CheckpointError, export_checkpoint
 
     try:
         manifest, verification = export_checkpoint(args.history, args.model, args.out, tp=args.tp,
                                                    generations=args.generations, load_format=args.format,
-                                                   engine_args=dict(args.engine_arg))
+                                                   engine_args=dict(args.engine_arg), log=_progress)
     except CheckpointError as exc:
         raise UsageError(str(exc)) from None
     print(json.dumps({"out": str(args.out), "generations_replayed": manifest["generations_replayed"],
@@ -557,7 +561,7 @@ def cmd_verify_checkpoint(args: argparse.Namespace) -> int:
     from agent_envs.es.checkpoint import CheckpointError, verify_checkpoint
 
     try:
-        result = verify_checkpoint(args.folder, tp=args.tp, engine_args=dict(args.engine_arg))
+        result = verify_checkpoint(args.folder, tp=args.tp, engine_args=dict(args.engine_arg), log=_progress)
     except CheckpointError as exc:
         raise UsageError(str(exc)) from None
     print(json.dumps(result, indent=2, default=str))

@@ -128,7 +128,7 @@ def main() -> int:
     data[-1] ^= 0x01
     shard.write_bytes(bytes(data))
     bad = cli("verify-checkpoint", str(tampered))
-    out["tampered_fails"] = bad.returncode == 1 and "SHA-256 differs" in bad.stdout
+    out["tampered_fails"] = bad.returncode == 1 and "SHA-256 differs" in bad.stdout + bad.stderr
     shutil.rmtree(tampered)
 
     runs = args.work / "eval"
