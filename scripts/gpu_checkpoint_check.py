@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from gpu_engine import make_llm, tiny_moe_config  # noqa: E402
+from gpu_engine import make_llm, print_result, tiny_moe_config  # noqa: E402
 from gpu_es_replay_check import toy_config, toy_train  # noqa: E402
 
 MAX_MODEL_LEN = 1024
@@ -156,10 +156,7 @@ def main() -> int:
               and out["generations_replayed"] == out["trained_updates"] >= 3 and out["eval_episodes"] == 4
               and out["eval_errors"] == 0)
     out["wall_s"] = round(time.perf_counter() - started, 1)
-    for key, value in out.items():
-        print(f"{key:32} {value}")
-    print("RESULT " + json.dumps({**out, "passed": passed}, default=str))
-    return 0 if passed else 1
+    return print_result(out, passed)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,14 @@ def make_llm(args: argparse.Namespace, max_model_len: int, **overrides: Any) -> 
     return LLM(model=kwargs.pop("model", args.model), **kwargs)
 
 
+def print_result(out: dict[str, Any], passed: bool) -> int:
+    """Every check's value, then the ``RESULT {json}`` line the callers read; the exit status."""
+    for key, value in out.items():
+        print(f"{key:32} {value}")
+    print("RESULT " + json.dumps({**out, "passed": passed}, default=str))
+    return 0 if passed else 1
+
+
 def tiny_moe_config(tokenizer_dir: str | Path, out: str | Path, hidden: int = 256, layers: int = 4,
                     experts: int = 8) -> Path:
     """A Qwen3-MoE-shaped config (experts, top-k routing, q/k norms; head_dim 64, which the Hopper
