@@ -130,6 +130,16 @@ def fixed_seed_tokens(llm: Any) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
+def _save_sharded_state(llm: Any, out: Path) -> None:
+    """vLLM's sharded-state saver: one file set per rank (its documented engine entry point, else
+    the same worker method by name)."""
+    kwargs = {"path": str(out), "pattern": None, "max_size": None}
+    try:
+        llm.llm_engine.engine_core.save_sharded_state(**kwargs)
+    except (AttributeError, NotImplementedError):
+        llm.collective_rpc("save_sharded_state", kwargs=kwargs)
+
+
 def _checksums(llm: Any, backend: Any, load_format: str) -> dict[str, Any]:
     """The weights' checksum an export and its reloads compare, and the ES per-rank checksums."""
     engine = list(backend.checksum())
@@ -204,7 +214,7 @@ def export_checkpoint(history_path: str | os.PathLike[str], model: str, out: str
         tokens = fixed_seed_tokens(llm)
         out.mkdir(parents=True, exist_ok=True)
         if load_format == "sharded_state":
-            llm.collective_rpc("save_sharded_state", kwargs={"path": str(out), "pattern": None, "max_size": None})
+            _save_sharded_state(llm, out)
             weights = sorted(p.name for p in out.iterdir() if p.name.endswith(".safetensors"))
         else:
             weights = list(llm.collective_rpc("export_hf_safetensors", args=(str(out),))[0])
