@@ -18,10 +18,14 @@ CHUNK = 65536
 #: every character ``str.rstrip()`` removes (``str.isspace``), as UTF-8
 SPACE_CHARS = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) \
     + "\u2028\u2029\u202f\u205f\u3000"
-#: a run of whitespace characters read backwards: matched on the reversed bytes, it is linear
-_SPACE_RUN_REVERSED = re.compile(b"(?:" + b"|".join(
-    re.escape(c.encode()[::-1]) for c in sorted(SPACE_CHARS, key=lambda c: -len(c.encode()))) + b")+")
-_SPACE_LAST_BYTES = frozenset(c.encode()[-1] for c in SPACE_CHARS)
+_ASCII_SPACES = bytes(c.encode()[0] for c in SPACE_CHARS if len(c.encode()) == 1)
+_WIDE_SPACES = tuple(c.encode() for c in SPACE_CHARS if len(c.encode()) > 1)
+#: a run of whitespace characters read backwards (on the reversed bytes, so it is linear): runs of
+#: ASCII blanks first, then each multi-byte space reversed
+_SPACE_RUN_REVERSED = re.compile(b"(?:[" + re.escape(_ASCII_SPACES) + b"]+|" + b"|".join(
+    re.escape(w[::-1]) for w in _WIDE_SPACES) + b")+")
+_WIDE_LAST_BYTES = frozenset(w[-1] for w in _WIDE_SPACES)
+_SPACE_LAST_BYTES = frozenset(_ASCII_SPACES) | _WIDE_LAST_BYTES
 
 
 def space_suffix(data: bytes) -> int:
@@ -29,6 +33,14 @@ def space_suffix(data: bytes) -> int:
     what ``rstrip`` would remove).  ``data`` must not end inside a character."""
     if not data or data[-1] not in _SPACE_LAST_BYTES:
         return 0
+    window = data[-256:]  # ASCII blanks, the common case: a short run, or a chunk of nothing else
+    kept = len(window.rstrip(_ASCII_SPACES))
+    if kept:
+        kept += len(data) - len(window)
+    elif data.translate(None, _ASCII_SPACES):
+        kept = len(data.rstrip(_ASCII_SPACES))
+    if not kept or data[kept - 1] not in _WIDE_LAST_BYTES:
+        return len(data) - kept
     match = _SPACE_RUN_REVERSED.match(data[::-1])
     return match.end() if match else 0
 
@@ -68,10 +80,11 @@ class Window:
         self.before_space: bytes | None = None
 
     def feed(self, data: bytes) -> None:
-        data = self.pending + data
+        if self.pending:
+            data = self.pending + data
         cut = len(data) - incomplete_suffix(data)
         self.pending = data[cut:]
-        self._absorb(data[:cut])
+        self._absorb(data if cut == len(data) else data[:cut])
 
     def finish(self) -> None:
         """The stream ended: an unfinished character is a character (U+FFFD) after all."""
