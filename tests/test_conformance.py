@@ -20,7 +20,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import agent_envs  # noqa: F401  (registers the environments)
-from agent_envs.core import registry
+from agent_envs.core.spec import ToolSpec
+from agent_envs.envs import registry
 from agent_envs.policy.scripted import ScriptedPolicy
 from agent_envs.rollout.runner import run_episodes, strip_timings
 from sandbox_backends import temp_dirs
@@ -41,10 +42,7 @@ def _make(env_id: str, **kwargs) -> gym.Env:
 
 def _adversarial(env_id: str) -> list[str]:
     """Completions aimed at the parser, the tools and the scorer."""
-    tools = registry.spec(env_id).tools
-    rules = registry.spec(env_id).rules["es"]
-    args = rules.tool_args
-    acts = [f"Action: {json.dumps({'name': t, 'arguments': {args[t]: 'echo hi; exit 3'}})}" for t in tools]
+    acts = [_act(tool, "echo hi; exit 3") for tool in registry.spec(env_id).tools]
     return [
         "", " ", "\0", "Final answer:", "Final answer: \\boxed{", "Answer: 1/0", "<think>",
         "<think>Final answer: 1</think>", 'Action: {"name": "bash"', "Action: {}", "Action: []",
@@ -57,6 +55,12 @@ def _adversarial(env_id: str) -> list[str]:
         *[a.replace('"echo hi; exit 3"}', '"echo deep", "x": ' + "[" * d + "]" * d + "}") for a in acts
           for d in DEEP_NESTING],
     ]
+
+
+def _act(tool: ToolSpec, text: str) -> str:
+    """An action of ``tool`` carrying ``text`` as its input (a tool of the whole arguments object
+    gets it under a key of its own)."""
+    return f"Action: {json.dumps({'name': tool.name, 'arguments': {tool.argument or 'input': text}})}"
 
 
 def _random(seed: int, n: int) -> list[str]:
@@ -116,7 +120,7 @@ def test_random_and_adversarial_completions_never_raise(env_id):
 
 def _records(env_id: str, mode: str, base_seed: int = 11, **kwargs) -> list[dict]:
     tasks = _make(env_id).unwrapped.tasks[:2]
-    policy = ScriptedPolicy(registry.spec(env_id).report.baseline)
+    policy = ScriptedPolicy(registry.spec(env_id).baseline)
     recs = run_episodes(env_id, tasks, policy, samples=2, mode=mode, base_seed=base_seed,
                         env_kwargs=ENV_KWARGS, concurrency=3, progress=False, **kwargs)
     return [strip_timings(r) for r in recs]
@@ -162,13 +166,12 @@ def test_reset_and_close_leave_nothing_behind(env_id):
     before_procs, before_dirs = _descendants(), temp_dirs()
     env = _make(env_id)
     spec = registry.spec(env_id)
-    args = spec.rules["es"].tool_args
     env.reset(seed=0)
-    for name in spec.tools:  # start every tool, then reset mid-episode
-        env.step(f"Action: {json.dumps({'name': name, 'arguments': {args[name]: 'sleep 30 &'}})}")
+    for tool in spec.tools:  # start every tool, then reset mid-episode
+        env.step(_act(tool, "sleep 30 &"))
     env.reset(seed=1)
-    for name in spec.tools:
-        env.step(f"Action: {json.dumps({'name': name, 'arguments': {args[name]: 'echo x > /tmp/f'}})}")
+    for tool in spec.tools:
+        env.step(_act(tool, "echo x > /tmp/f"))
     env.close()
     assert _descendants() - before_procs == set()
     assert temp_dirs() - before_dirs == set()

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import agent_envs  # noqa: F401  (registers the environments)
-from agent_envs.sandbox._capture import SPACE_CHARS, Window, window_fields
+from agent_envs.sandbox.capture import SPACE_CHARS, Window, window_fields
 from agent_envs.sandbox.base import ExecResult
 from protocol_specs import format_observation
 

@@ -23,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..atomic import atomic_write
+from ..core.atomic import atomic_write
 from .history import history_config, load_history, replay, update_records
 
 MANIFEST, VERIFICATION = "manifest.json", "verification.json"

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from agent_envs.data.tasks import episode_key, task_id
-from agent_envs.prompts import read_skill
+from agent_envs.core.prompts import read_skill
+from agent_envs.core.spec import EnvSpec
+from agent_envs.core.tasks import episode_key, task_id
 from agent_envs.protocol.seeds import trajectory_seed
-from agent_envs.rollout.metrics import ANLS_KEY, anls_metrics, es_summary, has_anls
+from agent_envs.rollout.metrics import es_summary
 from agent_envs.rollout.records import as_row
 from agent_envs.rollout.tracelog import training_prefix, write_trace_logs
 
@@ -127,14 +128,15 @@ class Evaluator:
 
     def __init__(self, sets: Sequence[HeldOutSet], run: Run, *, seed: int, samples: int = 1, final_samples: int = 4,
                  key_seeds: Mapping[str, int] | None = None, trace_dir: str | os.PathLike[str] | None = None,
-                 log: Callable[[str], None] = print) -> None:
+                 spec: EnvSpec | None = None, log: Callable[[str], None] = print) -> None:
         if samples < 1 or final_samples < 1:
             raise ValueError(f"evaluation sample counts must be >= 1 (got {samples}, {final_samples})")
         self.sets, self.run, self.seed = list(sets), run, int(seed)
         self.samples, self.final_samples = int(samples), int(final_samples)
         self.key_seeds = dict(key_seeds) if key_seeds is not None else None
         self.trace_dir = Path(trace_dir) if trace_dir is not None else None
-        self.log = log
+        #: the environment, whose own metrics block joins each summary
+        self.spec, self.log = spec, log
 
     def check_key_seeds(self, samples: int) -> None:
         """Before any episode: the frozen map must hold every key an evaluation of ``samples`` uses."""
@@ -151,8 +153,10 @@ class Evaluator:
         for held, seed in zip(self.sets, seeds):
             rows = [as_row(r) for r in self.run(held.tasks, samples, seed, self.key_seeds)]
             summary = es_summary(rows, samples, items=len(held.tasks))
-            if has_anls(rows):
-                summary[ANLS_KEY] = anls_metrics(rows, samples)
+            own = self.spec.metrics if self.spec is not None else None
+            block = own.block(rows, samples) if own is not None else None
+            if own is not None and block is not None:
+                summary[own.key] = block
             folder = f"{held.name}_{label}"
             summary.update(label=folder, seed=seed, key_seeds=self.key_seeds is not None,
                            scores=[compact_row(r) for r in rows])
@@ -257,10 +261,11 @@ class EvalSetup:
     #: the run's evaluation settings, stored in the history's config record
     config: dict[str, Any]
 
-    def evaluator(self, run: Run, seed: int, log: Callable[[str], None] = print) -> Evaluator:
+    def evaluator(self, run: Run, seed: int, spec: EnvSpec | None = None,
+                  log: Callable[[str], None] = print) -> Evaluator:
         return Evaluator(self.sets, run, seed=seed, samples=self.args.eval_samples,
                          final_samples=self.args.final_eval_samples, key_seeds=self.key_seeds,
-                         trace_dir=self.trace_dir, log=log)
+                         trace_dir=self.trace_dir, spec=spec, log=log)
 
     def head(self, evaluator: Evaluator, config: ESConfig, head: list[Record] | None, start: int) -> list[Record] | None:
         """The history a training run starts from: the resumed head, plus the initial evaluation

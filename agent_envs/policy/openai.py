@@ -24,9 +24,10 @@ from typing import Any, Sequence
 import httpx
 
 from ..core.content import has_images
-from ..tokens import TokenCounter
+from ..core.tokens import TokenCounter
 from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy
-from .sampling import SamplingConfig, context_overflow, token_cap
+from ..protocol.budget import token_cap
+from .sampling import SamplingConfig, context_overflow
 
 
 class ContextLengthError(Exception):
@@ -181,7 +182,7 @@ class OpenAIPolicy(Policy):
         return min(self.backoff_base_s * (attempt + 1), self.backoff_cap_s)
 
     # ------------------------------------------------------------------ sync and async paths
-    def complete(self, request: GenerationRequest) -> Completion:
+    def complete(self, request: GenerationRequest) -> Completion:  # type: ignore[return]  # the loop returns
         early = self._too_long(request)
         if early is not None:
             return early
@@ -206,7 +207,7 @@ class OpenAIPolicy(Policy):
             self._aclients[loop] = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
         return self._aclients[loop]
 
-    async def agenerate(self, request: GenerationRequest) -> Completion:
+    async def agenerate(self, request: GenerationRequest) -> Completion:  # type: ignore[return]  # the loop returns
         early = self._too_long(request)
         if early is not None:
             return early

@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
-from .metrics import ANLS_KEY, Records, anls_metrics, clamped_score, diagnostics, es_summary, has_anls
+from agent_envs.core.spec import EnvSpec
+from agent_envs.scoring.metrics import clamped_score
+
+from .metrics import Records, diagnostics, es_summary
 from .records import as_row
 
 Row = dict[str, Any]
@@ -25,9 +28,10 @@ def ratio(count: int, total: int) -> Row:
 
 
 def dataset_card(records: Records, samples: int, items: int | None = None,
-                 settings: Mapping[str, Any] | None = None) -> Row:
+                 settings: Mapping[str, Any] | None = None, spec: EnvSpec | None = None) -> Row:
     """One data set's card block.  ``settings``: the environment's outcome-relevant options (the
-    run's ``env_settings``, e.g. ``{"scorer": "exact"}``)."""
+    run's ``env_settings``, e.g. ``{"scorer": "exact"}``); ``spec``: the environment, whose own
+    metrics (DocVQA's ANLS and exact-match accuracy) join the block under its key."""
     rows = [as_row(r) for r in records]
     es = es_summary(rows, samples, items=items)
     tasks, k = es["items"], samples
@@ -35,7 +39,7 @@ def dataset_card(records: Records, samples: int, items: int | None = None,
     binary = all(s in (0.0, 1.0) for s in scores)
     first = [clamped_score(r) for r in rows if int(r.get("sample_index", -1)) == 0]
     terminations = Counter(str(r.get("termination_reason")) for r in rows)
-    diag = diagnostics(rows)
+    diag = diagnostics(rows, spec=spec)
     card: Row = {
         "tasks": tasks,
         "samples": k,
@@ -53,8 +57,11 @@ def dataset_card(records: Records, samples: int, items: int | None = None,
         "score_methods": es["score_methods"],
         "settings": dict(settings or {}),
     }
-    if has_anls(rows):
-        card[ANLS_KEY] = anls_metrics(rows, k)
+    own = spec.metrics if spec is not None else None
+    block = own.block(rows, k) if own is not None else None
+    if own is not None and block is not None:
+        card["env_metrics"] = own.key
+        card[own.key] = block
     return card
 
 
@@ -89,7 +96,7 @@ def format_card(cards: Mapping[str, Row]) -> str:
             f"  acc@1 (sample 0)  {_ratio_text(c['acc@1'])}",
             "  per sample        " + " / ".join(_num(v) for v in c["per_sample"]),
         ]
-        for key, value in (c.get(ANLS_KEY) or {}).items():
+        for key, value in (c.get(c.get("env_metrics") or "") or {}).items():
             lines.append(f"  {key:<18}{_num(value)}")
         lines += [
             f"  final answers     {_ratio_text(c['final_answer'])}",
