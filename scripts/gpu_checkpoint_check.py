@@ -54,7 +54,8 @@ def cli(*argv: str, timeout: float = 1800) -> subprocess.CompletedProcess:
 def engine_flags(args: argparse.Namespace, **more: object) -> list[str]:
     """``--engine-arg`` flags: dtype, context and GPU memory share (as ``make_llm``), plus ``more``."""
     flags = {"max_model_len": MAX_MODEL_LEN, **more}
-    flags.update({"dtype": "float32"} if args.cpu else {"dtype": "bfloat16", "gpu_memory_utilization": 0.3})
+    flags.update({"dtype": "float32", "max_num_batched_tokens": 8192} if args.cpu
+                 else {"dtype": "bfloat16", "gpu_memory_utilization": 0.3})
     return [part for key, value in flags.items() for part in ("--engine-arg", f"{key}={value}")]
 
 

@@ -21,6 +21,7 @@ def test_export_verify_and_evaluate_a_checkpoint(tmp_path: Path, fmt: str) -> No
                                "--work", str(tmp_path / "work"), "--tp", "1", "--dense", "--cpu",
                                "--generations", "3", "--population", "2", "--format", fmt],
                               env=env, timeout=3000, check=False)
+    print(proc.stdout[proc.stdout.rfind("[ckpt]"):])  # the checks, shown with -s
     assert result["passed"], proc.stdout[-4000:]
     assert result["load_format"] == fmt and result["generations_replayed"] == result["trained_updates"] == 3
     assert result["replay_equals_training"] and result["export_verified"]  # exact revert: replay == trained
