@@ -13,6 +13,7 @@ import argparse
 import os
 import tempfile
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -275,7 +276,7 @@ def _load_tasks(env_id: str, data: str, env_args: dict[str, Any],
         raise UsageError(f"cannot load --data {data!r} for {env_id}: {exc}") from exc
     finally:
         env.close()
-    return (tasks if limit is None else tasks[:limit]), dict(env.unwrapped.env_settings)
+    return (tasks if limit is None else tasks[:limit]), dict(env.get_wrapper_attr("env_settings"))
 
 
 def _check_resume(path: Path, config: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent_envs.envs.math_react.task import MathTask
+from agent_envs.envs.registry import spec
 from agent_envs.es.evaluation import (
     Evaluator,
     HeldOutSet,
@@ -36,6 +37,7 @@ SEED = 20260627
 CONFIG = ESConfig(env_id="MATH-ReAct-v0", model="toy", generations=2, population=3, case_batch_size=3, seed=SEED,
                   sigma_start=0.8, sigma_end=0.8, sigma_schedule="constant", alpha=0.8, eval_interval=1)
 ENV = {"max_turns": 3, "sandbox": "bwrap"}
+MATH = spec("MATH-ReAct-v0")
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -68,7 +70,7 @@ def _train(folder: Path, *flags: str) -> tuple[list[dict], TorchToyEngine, Path]
     setup = evaluation_setup(args, _load)
     config = CONFIG.model_copy(update=setup.config)
     engine = _engine()
-    evaluator = setup.evaluator(_held_out(engine), seed=SEED, log=lambda _: None)
+    evaluator = setup.evaluator(_held_out(engine), seed=SEED, spec=MATH, log=lambda _: None)
 
     def member(batch, seed, generation, index):
         return evaluate_member(engine.policy, CONFIG.env_id, batch, seed, generation=generation, member=index,
@@ -144,9 +146,9 @@ def test_eval_only_replay_reproduces_the_interval_and_final_evaluations(trained,
                  "--final-eval-samples", "4")
     setup = evaluation_setup(args, _load)
     engine = _engine()
-    out = eval_only(CONFIG.model_copy(update=setup.config), engine, setup.evaluator(_held_out(engine), seed=SEED,
-                    log=lambda _: None), args.history, source=path, marks=args.eval_generations, final=True,
-                    facts={"max_turns": 3, "max_tokens": None})
+    evaluator = setup.evaluator(_held_out(engine), seed=SEED, spec=MATH, log=lambda _: None)
+    out = eval_only(CONFIG.model_copy(update=setup.config), engine, evaluator, args.history, source=path,
+                    marks=args.eval_generations, final=True, facts={"max_turns": 3, "max_tokens": None})
     assert engine.checksum() == trained_checksum  # replayed, and nothing trained on top
     assert out == load_history(args.history) and out[1]["eval_only"]["marks"] == [1, 2]
     assert not any("rewards" in r for r in out)

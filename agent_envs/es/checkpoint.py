@@ -203,7 +203,7 @@ def export_checkpoint(history_path: str | os.PathLike[str], model: str, out: str
     started = time.perf_counter()
     llm = build_engine(model, tp, args)
     try:
-        backend = VLLMPerturbation(llm, scope=str(config.get("parameter_scope", "full")), exact_revert=True)
+        backend = VLLMPerturbation(llm, scope=str(config.get("parameter_scope", "full")))  # replay only: no member is perturbed, so no revert copy
         try:
             done = replay(history, backend, int(config.get("seed", 0)), int(config.get("population", 1)),
                           generations, backend.tp_size)
@@ -287,7 +287,7 @@ def verify_checkpoint(folder: str | os.PathLike[str], *, tp: int | None = None,
     started = time.perf_counter()
     llm = build_engine(str(folder), saved_tp, args)
     try:
-        backend = VLLMPerturbation(llm, scope=str(manifest["source_history"]["parameter_scope"]), exact_revert=True)
+        backend = VLLMPerturbation(llm, scope=str(manifest["source_history"]["parameter_scope"]))  # replay only: no member is perturbed, so no revert copy
         sums = _checksums(llm, backend, manifest["load_format"])
         tokens = fixed_seed_tokens(llm)
     finally:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from agent_envs.core.prompts import read_skill
-from agent_envs.core.spec import EnvSpec
+from agent_envs.core.spec import EnvSpec, ReportSpec
 from agent_envs.core.tasks import episode_key, task_id
 from agent_envs.protocol.seeds import trajectory_seed
 from agent_envs.rollout.metrics import es_summary
@@ -134,8 +134,10 @@ class Evaluator:
         self.sets, self.run, self.seed = list(sets), run, int(seed)
         self.samples, self.final_samples = int(samples), int(final_samples)
         self.key_seeds = dict(key_seeds) if key_seeds is not None else None
+        if trace_dir is not None and spec is None:
+            raise ValueError("trace logs need the environment's spec (its trace-log format)")
         self.trace_dir = Path(trace_dir) if trace_dir is not None else None
-        #: the environment, whose own metrics block joins each summary
+        #: the environment: its own metrics block joins each summary, its report renders the trace logs
         self.spec, self.log = spec, log
 
     def check_key_seeds(self, samples: int) -> None:
@@ -161,8 +163,8 @@ class Evaluator:
             summary.update(label=folder, seed=seed, key_seeds=self.key_seeds is not None,
                            scores=[compact_row(r) for r in rows])
             out[f"{held.name}_eval"] = summary
-            if self.trace_dir is not None:
-                write_trace_logs(rows, self.trace_dir / folder)
+            if self.trace_dir is not None and self.spec is not None:
+                write_trace_logs(rows, self.trace_dir / folder, self.spec.report)
             self.log(f"[es] {folder}: mean_score={summary['mean_score']:.4f} max@{samples}="
                      f"{summary[f'max@{samples}']:.4f} pass@{samples}={summary[f'pass@{samples}_count']}/"
                      f"{len(held.tasks)} ({summary['count']} rows, errors {summary['error_count']}, seed {seed})")
@@ -184,15 +186,16 @@ class Evaluator:
                 **self._round("final_eval", self.final_samples, seeds)}
 
 
-def trace_members(trainer: ESTrainer, directory: str | os.PathLike[str]) -> None:
-    """Write every member's episodes as trace logs under ``directory`` (``trace_logs/train``) with
-    the reference's training prefix, as the trainer's populations finish (one engine or a pool)."""
+def trace_members(trainer: ESTrainer, directory: Path, report: ReportSpec) -> None:
+    """Write every member's episodes as trace logs (``report``'s format) under ``directory``
+    (``trace_logs/train``) with the reference's training prefix, as the trainer's populations
+    finish (one engine or a pool)."""
     evaluate = trainer.evaluate_population
 
     def traced(batch: Sequence[Any], seeds: Sequence[int], sigma: float, generation: int) -> list[MemberResult]:
         members = evaluate(batch, seeds, sigma, generation)
         for m in members:
-            write_trace_logs(m.rows, directory, training_prefix(generation, m.member, m.seed))
+            write_trace_logs(m.rows, directory, report, training_prefix(generation, m.member, m.seed))
         return members
 
     trainer.evaluate_population = traced  # type: ignore[method-assign]
@@ -285,8 +288,8 @@ class EvalSetup:
             evaluator.check_key_seeds(evaluator.samples)
         if self.args.final_eval:
             evaluator.check_key_seeds(evaluator.final_samples)
-        if self.trace_dir is not None:
-            trace_members(trainer, self.trace_dir / "train")
+        if self.trace_dir is not None and evaluator.spec is not None:
+            trace_members(trainer, self.trace_dir / "train", evaluator.spec.report)
         history = trainer.run()
         if self.args.final_eval:
             history.append(evaluator.final(trainer.config.generations, **facts))
