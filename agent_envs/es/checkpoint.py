@@ -151,10 +151,11 @@ def _checksums(llm: Any, backend: Any, load_format: str) -> dict[str, Any]:
 def _copy_model_files(base: str, tokenizer: str | None, out: Path) -> None:
     """Config and tokenizer files of the base folder (and of a separate tokenizer folder)."""
     sources = [Path(p) for p in (base, tokenizer) if p and Path(p).is_dir()]
+    skip = (MANIFEST, VERIFICATION)
     for source in sources:
         for item in sorted(source.iterdir()):
-            if item.is_file() and not item.name.endswith(_WEIGHT_SUFFIXES) and item.name not in (MANIFEST, VERIFICATION) \
-                    and not (out / item.name).exists():
+            wanted = item.is_file() and not item.name.endswith(_WEIGHT_SUFFIXES) and item.name not in skip
+            if wanted and not (out / item.name).exists():
                 shutil.copy2(item, out / item.name)
     if not (out / "config.json").exists():  # a hub id: let transformers fetch and write them
         from transformers import AutoConfig, AutoTokenizer
@@ -203,7 +204,8 @@ def export_checkpoint(history_path: str | os.PathLike[str], model: str, out: str
     started = time.perf_counter()
     llm = build_engine(model, tp, args)
     try:
-        backend = VLLMPerturbation(llm, scope=str(config.get("parameter_scope", "full")))  # replay only: no member is perturbed, so no revert copy
+        # updates only, nothing is perturbed: no revert copy (it would double a large model's memory)
+        backend = VLLMPerturbation(llm, scope=str(config.get("parameter_scope", "full")))
         try:
             done = replay(history, backend, int(config.get("seed", 0)), int(config.get("population", 1)),
                           generations, backend.tp_size)
@@ -287,7 +289,7 @@ def verify_checkpoint(folder: str | os.PathLike[str], *, tp: int | None = None,
     started = time.perf_counter()
     llm = build_engine(str(folder), saved_tp, args)
     try:
-        backend = VLLMPerturbation(llm, scope=str(manifest["source_history"]["parameter_scope"]))  # replay only: no member is perturbed, so no revert copy
+        backend = VLLMPerturbation(llm, scope=str(manifest["source_history"]["parameter_scope"]))
         sums = _checksums(llm, backend, manifest["load_format"])
         tokens = fixed_seed_tokens(llm)
     finally:
