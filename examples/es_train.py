@@ -17,11 +17,19 @@ Examples::
     AGENT_ENVS_ES_CPU_PLAIN_LINEAR=1 python examples/es_train.py --model ~/.cache/agent-envs/smollm2-hf ...
     # continuous rollouts: AsyncVLLMPolicy (engine core in its own process, perturbed by name)
     python examples/es_train.py --mode async ...
+    # the cards' evaluation modes on a trained history, no training (docs/scaling.md#es-evaluation):
+    # "interval25" (replay 25 updates, 1 sample) and "final4" (replay 25, 4 samples, the final seeds)
+    python examples/es_train.py --model M --eval-only --resume history.json --eval dapo=dapo_test.jsonl \
+        --eval aime=aime_2026.jsonl --eval-generations 25 --history runs/interval25.json
+    python examples/es_train.py --model M --eval-only --resume history.json --eval dapo=dapo_test.jsonl \
+        --eval aime=aime_2026.jsonl --final-eval --final-eval-samples 4 --history runs/final4.json
     # fitness = 0.7 * outcome + 0.3 * mean step score from a judge served on 127.0.0.1:8001
     python examples/es_train.py ... --step-scorer judge --judge-url http://127.0.0.1:8001/v1 \
         --judge-model Qwen/Qwen3-8B --process-weight 0.3 --process-aggregation mean
 
-Options (see ``--help``): --env, --model, --train, --eval, --eval-limit, --generations,
+Options (see ``--help``): --env, --model, --train, held-out evaluation (--eval NAME=PATH, --eval-limit,
+--eval-samples, --initial-eval, --final-eval/--final-eval-samples, --eval-only/--eval-generations,
+--eval-key-seed-file, --skill-file, --write-trace-logs), --generations,
 --population, --case-batch, --sigma-start/--sigma-end/--sigma-schedule/--sigma-warmup/
 --sigma-total-steps, --alpha, --normalization/--ddof/--eps, --scope, --seed, --eval-interval,
 --history, --resume (+ --resume-generations), --exact-revert (+ --revert-copy), --max-turns, --max-tokens,
@@ -49,10 +57,12 @@ from typing import Any, Callable, Iterator, Sequence
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights live in this process's worker
 
+from agent_envs.envs import registry
 from agent_envs.envs.registry import ENV_IDS
 from agent_envs.envs.docvqa.data import load_docvqa_tasks
 from agent_envs.envs.math_react.data import load_math_tasks
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
+from agent_envs.es.evaluation import EvalSetup, Evaluator, add_evaluation_arguments, eval_only, evaluation_setup
 from agent_envs.es.fingerprint import combine_checksums
 from agent_envs.es.history import ESConfig, ReplayMismatch, checked_generations, load_history, replay_is_exact, resume
 from agent_envs.es.normalize import NORMALIZATIONS
@@ -68,16 +78,14 @@ from agent_envs.rewards.combine import FitnessCombiner
 from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
 from agent_envs.core.steps import StepScorer
 from agent_envs.scoring.process import AGGREGATIONS
-from agent_envs.rollout import es_summary, run_episodes
+from agent_envs.rollout import run_episodes
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--env", default="MATH-ReAct-v0", choices=ENV_IDS)
     p.add_argument("--model", required=True, help="any vLLM model path or name")
-    p.add_argument("--train", required=True, help="training tasks (JSONL / official DocVQA JSON)")
-    p.add_argument("--eval", default=None, help="held-out tasks for interval evaluation")
-    p.add_argument("--eval-limit", type=int, default=None, help="evaluate only the first N held-out tasks")
+    p.add_argument("--train", default=None, help="training tasks (JSONL / official DocVQA JSON); not with --eval-only")
     p.add_argument("--generations", type=int, default=25)
     p.add_argument("--population", type=int, default=16)
     p.add_argument("--case-batch", type=int, default=16)
@@ -133,6 +141,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="engines sharing a GPU run under CUDA MPS when the host offers it (auto) or never (off)")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster (multi-node) instead of a local one")
     add_scorer_arguments(p)
+    add_evaluation_arguments(p)  # held-out sets, initial/final/eval-only, key-seed map, skill, trace logs
     p.add_argument("--process-weight", type=float, default=0.0,
                    help="fitness = (1 - w) * outcome + w * process score (0: outcome only)")
     p.add_argument("--process-aggregation", default=None, choices=list(AGGREGATIONS),
@@ -194,8 +203,8 @@ def make_engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
                 enforce_eager=args.enforce_eager, seed=args.seed, trust_remote_code=True)
 
 
-def make_env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    env_kwargs: dict[str, Any] = {"max_turns": args.max_turns, "sandbox": args.sandbox}
+def make_env_kwargs(args: argparse.Namespace, skill: str | None = None) -> dict[str, Any]:
+    env_kwargs: dict[str, Any] = {"max_turns": args.max_turns, "sandbox": args.sandbox, "skill": skill}
     if args.max_tokens is not None:
         env_kwargs["max_tokens_per_turn"] = args.max_tokens
     return env_kwargs
@@ -204,12 +213,17 @@ def make_env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 @dataclass
 class ESRun:
     """A trainer with its engines open; ``checksum()`` is the full SHA-256 of the weights (on request:
-    it copies them to the host).  ``pool`` or ``policy`` is what the members run on."""
+    it copies them to the host).  ``pool`` or ``policy`` is what the members run on.  With
+    ``--eval-only`` there is no trainer: ``evaluator`` runs on ``backend``'s replayed weights."""
 
-    trainer: ESTrainer
+    trainer: ESTrainer | None
     checksum: Callable[[], str]
     policy: Any = None
     pool: Any = None
+    evaluator: Evaluator | None = None
+    backend: Any = None
+    setup: EvalSetup | None = None
+    config: ESConfig | None = None
 
 
 @contextlib.contextmanager
@@ -218,18 +232,23 @@ def open_run(args: argparse.Namespace) -> Iterator[ESRun]:
     process, or a Ray pool); closed on exit.  Benchmarks drive the same objects."""
     scorer, combiner = build_process_reward(args)
     try:
-        train = load_tasks(args.env, args.train)
-        held_out = load_tasks(args.env, args.eval, args.eval_limit) if args.eval else []
-        config = make_config(args, combiner)
+        if (args.train is None) != args.eval_only:
+            raise SystemExit("give --train to train, or --eval-only (no training) without it")
+        try:
+            setup = evaluation_setup(args, lambda path: load_tasks(args.env, path, args.eval_limit))
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
+        train = load_tasks(args.env, args.train) if args.train else []
+        config = make_config(args, combiner).model_copy(update=setup.config)
         if args.engines > 1 or args.engines_per_gpu > 1 or args.ray_address:
             if scorer is not None:
                 raise SystemExit("--step-scorer runs on a single engine (the pool's actors score episodes themselves)")
             if args.mode == "async":
                 print("[es] --engines: each engine runs its members in lockstep mode", file=sys.stderr)
-            with pool_run(args, config, train, held_out) as run:
+            with pool_run(args, config, train, setup) as run:
                 yield run
         else:
-            with single_engine_run(args, config, train, held_out, scorer, combiner) as run:
+            with single_engine_run(args, config, train, setup, scorer, combiner) as run:
                 yield run
     finally:
         if scorer is not None:
@@ -239,8 +258,19 @@ def open_run(args: argparse.Namespace) -> Iterator[ESRun]:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     with open_run(args) as run:
-        history = run.trainer.run()
+        assert run.setup is not None and run.evaluator is not None
+        if run.trainer is None:  # --eval-only: replay --resume's updates step by step and evaluate
+            history = eval_only(run.config, run.backend, run.evaluator, args.history, source=args.resume,
+                                replay_updates=args.resume_generations, marks=args.eval_generations,
+                                final=args.final_eval, facts=budgets(args))
+        else:
+            history = run.setup.train(run.trainer, run.evaluator, budgets(args))
         report(history, args.history, run.checksum())
+
+
+def budgets(args: argparse.Namespace) -> dict[str, Any]:
+    """The episode budgets a final evaluation record states."""
+    return {"max_turns": args.max_turns, "max_tokens": args.max_tokens}
 
 
 def replay_source(args: argparse.Namespace, config: ESConfig, backend: Any) -> tuple[list[dict[str, Any]] | None, int]:
@@ -269,15 +299,28 @@ def describe_start(backend: Any, config: ESConfig) -> None:
 
 
 @contextlib.contextmanager
-def single_engine_run(args: argparse.Namespace, config: ESConfig, train: list[Any], held_out: list[Any],
+def single_engine_run(args: argparse.Namespace, config: ESConfig, train: list[Any], setup: EvalSetup,
                       scorer: StepScorer | None, combiner: FitnessCombiner | None) -> Iterator[ESRun]:
-    env_kwargs = make_env_kwargs(args)
+    env_kwargs = make_env_kwargs(args, setup.skill)
     policy, engine = build_policy(args, make_engine_kwargs(args))
     try:
         backend = VLLMPerturbation(engine, scope=args.scope, exact_revert=args.exact_revert,
                                    revert_copy=args.revert_copy)
         config.tp_size = backend.tp_size
         describe_start(backend, config)
+
+        def held_out(tasks: Sequence[Any], samples: int, seed: int, key_seeds: Any) -> Sequence[Any]:
+            return run_episodes(args.env, tasks, policy, samples=samples, mode=args.mode, base_seed=seed,
+                                env_kwargs=env_kwargs, concurrency=16, progress=False, key_seeds=key_seeds)
+
+        evaluator = setup.evaluator(held_out, seed=args.seed, spec=registry.spec(args.env))
+
+        def checksum() -> str:
+            return combine_checksums(backend.checksum())
+
+        if args.eval_only:
+            yield ESRun(None, checksum, policy=policy, evaluator=evaluator, backend=backend, setup=setup, config=config)
+            return
         head, start = replay_source(args, config, backend)
 
         def evaluate(batch: Sequence[Any], seed: int, generation: int, member: int):
@@ -289,27 +332,12 @@ def single_engine_run(args: argparse.Namespace, config: ESConfig, train: list[An
             print(f"[es]   generation={generation} member={member} seed={seed} reward={result.reward:.4f}")
             return result
 
-        def interval_eval(generation: int) -> dict[str, Any] | None:
-            if not held_out:
-                return None
-            rows = run_episodes(args.env, held_out, policy, samples=1, mode=args.mode,
-                                base_seed=args.seed + generation + 1, env_kwargs=env_kwargs, concurrency=16,
-                                progress=False)
-            return eval_summary(rows, generation)
-
-        trainer = ESTrainer(config, backend, train, evaluate, args.history, history=head, start_generation=start,
-                            eval_hook=interval_eval)
+        trainer = ESTrainer(config, backend, train, evaluate, args.history, start_generation=start,
+                            history=setup.head(evaluator, config, head, start), eval_hook=setup.hook(evaluator))
         trainer.sha256_each_generation = args.sha256_each_generation
-        yield ESRun(trainer, lambda: combine_checksums(backend.checksum()), policy=policy)
+        yield ESRun(trainer, checksum, policy=policy, evaluator=evaluator, backend=backend, setup=setup, config=config)
     finally:
         policy.close()
-
-
-def eval_summary(rows: Sequence[Any], generation: int) -> dict[str, Any]:
-    summary = es_summary(rows, samples=1)
-    print(f"[es] eval after generation {generation}: mean_score={summary['mean_score']:.4f} "
-          f"({summary['count']} rows, errors {summary['error_count']})")
-    return summary
 
 
 def report(history: list[dict[str, Any]], path: str, checksum: str) -> None:
@@ -321,7 +349,7 @@ def report(history: list[dict[str, Any]], path: str, checksum: str) -> None:
 
 
 @contextlib.contextmanager
-def pool_run(args: argparse.Namespace, config: ESConfig, train: list[Any], held_out: list[Any]) -> Iterator[ESRun]:
+def pool_run(args: argparse.Namespace, config: ESConfig, train: list[Any], setup: EvalSetup) -> Iterator[ESRun]:
     """``--engines N`` (and ``--engines-per-gpu K``): one vLLM engine per Ray actor; members run on idle
     engines, every update on all engines (fingerprints compared each generation), held-out episodes
     spread over the engines."""
@@ -330,26 +358,29 @@ def pool_run(args: argparse.Namespace, config: ESConfig, train: list[Any], held_
     from agent_envs.scale.pool import EnginePool
     from agent_envs.scale.rollout import pool_run_episodes
 
-    env_kwargs = make_env_kwargs(args)
+    env_kwargs = make_env_kwargs(args, setup.skill)
     spec = vllm_spec(args.model, make_engine_kwargs(args), sampling={"ignore_eos": args.ignore_eos},
                      rollout_token_budget=args.rollout_token_budget, engines_per_gpu=args.engines_per_gpu)
     with EnginePool(spec, args.engines, ray_address=args.ray_address, mps=args.mps) as pool:
         backend = PoolBackend(pool, scope=args.scope, revert_copy=args.revert_copy)
         config.tp_size, config.exact_revert = backend.tp_size, True  # the pool always reverts exactly
+
+        def held_out(tasks: Sequence[Any], samples: int, seed: int, key_seeds: Any) -> Sequence[Any]:
+            return pool_run_episodes(pool, args.env, tasks, samples=samples, mode="lockstep", base_seed=seed,
+                                     env_kwargs=env_kwargs, concurrency=16, progress=False, key_seeds=key_seeds)
+
+        evaluator = setup.evaluator(held_out, seed=args.seed, spec=registry.spec(args.env))
+        if args.eval_only:
+            yield ESRun(None, backend.checksum, pool=pool, evaluator=evaluator, backend=backend, setup=setup,
+                        config=config)
+            return
         head, start = replay_source(args, config, backend)
-
-        def interval_eval(generation: int) -> dict[str, Any] | None:
-            if not held_out:
-                return None
-            rows = pool_run_episodes(pool, args.env, held_out, mode="lockstep", base_seed=args.seed + generation + 1,
-                                     env_kwargs=env_kwargs, concurrency=16, progress=False)
-            return eval_summary(rows, generation)
-
-        trainer = PoolESTrainer(config, backend, train, args.history, history=head, start_generation=start,
-                                eval_hook=interval_eval,
+        trainer = PoolESTrainer(config, backend, train, args.history, start_generation=start,
+                                history=setup.head(evaluator, config, head, start), eval_hook=setup.hook(evaluator),
                                 rollout_kwargs={"env_kwargs": env_kwargs, "concurrency": args.concurrency})
         trainer.sha256_each_generation, trainer.toy_reward = args.sha256_each_generation, args.toy_reward
-        yield ESRun(trainer, backend.checksum, pool=pool)
+        yield ESRun(trainer, backend.checksum, pool=pool, evaluator=evaluator, backend=backend, setup=setup,
+                    config=config)
 
 
 if __name__ == "__main__":

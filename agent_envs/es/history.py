@@ -178,8 +178,10 @@ def replay(
     population: int,
     generations: int | None = None,
     tp_size: int = 1,
+    start: int = 0,
 ) -> int:
-    """Re-apply the first ``generations`` updates onto ``backend``; return how many were applied.
+    """Re-apply the first ``generations`` updates onto ``backend``, skipping the first ``start``
+    (already applied: an evaluation-only run replays step by step); return how many are applied.
 
     Raises :class:`ReplayMismatch` at the first weights that differ from the history's record (see
     the module docstring); :func:`checked_generations` says how many generations a history lets it check."""
@@ -187,11 +189,11 @@ def replay(
     records = update_records(history, generations)
     check_seed_sequence([r["seeds"] for r in records], seed, population)
     expected = history_config(history).get("start_fingerprint")
-    if expected:
+    if expected and start == 0:
         _check_fingerprint(backend, expected, "the weights the replay starts from",
                            "a different model, dtype, load format or parameter scope")
     exact = replay_is_exact(history)
-    for record in records:
+    for record in records[start:]:
         weights = normalize_rewards(
             record["rewards"],
             record.get("reward_normalization", "zscore"),
