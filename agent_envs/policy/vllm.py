@@ -58,7 +58,9 @@ def sampling_params(sampling: SamplingConfig, prepared: Prepared, *, final_only:
     from vllm.sampling_params import RequestOutputKind
 
     request = prepared.request
-    extra = {"output_kind": RequestOutputKind.FINAL_ONLY} if final_only else {}
+    extra: dict[str, Any] = {"output_kind": RequestOutputKind.FINAL_ONLY} if final_only else {}
+    if request.logprobs:  # the sampled token's own log-probability only
+        extra["logprobs"] = 0
     return SamplingParams(
         n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
         min_p=sampling.min_p, presence_penalty=sampling.presence_penalty,
@@ -79,11 +81,26 @@ def tokens_prompt(prepared: Prepared) -> Any:
 
 def to_completion(output: Any, prepared: Prepared, engine: str) -> Completion:
     """``RequestOutput`` -> :class:`Completion` (first and only sample); the prompt length is the
-    engine's own (images expanded) where it reports the prompt."""
+    engine's own (images expanded) where it reports the prompt.  A request that asked for logprobs
+    also gets the sampled tokens' log-probabilities and the prompt ids the engine saw."""
     sample = output.outputs[0]
     prompt = getattr(output, "prompt_token_ids", None)
-    return Completion(text=sample.text, token_ids=list(sample.token_ids), finish_reason=sample.finish_reason,
-                      prompt_tokens=len(prompt) if prompt is not None else len(prepared.prompt_ids), engine=engine)
+    ids = list(sample.token_ids)
+    extra: dict[str, Any] = {}
+    if prepared.request.logprobs:
+        extra = {"logprobs": sampled_logprobs(sample.logprobs, ids),
+                 "prompt_token_ids": list(prompt) if prompt is not None else list(prepared.prompt_ids)}
+    return Completion(text=sample.text, token_ids=ids, finish_reason=sample.finish_reason,
+                      prompt_tokens=len(prompt) if prompt is not None else len(prepared.prompt_ids), engine=engine,
+                      **extra)
+
+
+def sampled_logprobs(positions: Any, ids: list[int]) -> list[float] | None:
+    """The sampled token's entry of each position's ``{token_id: Logprob}`` (vLLM reports it even
+    when it is not among the top ones); None when the engine returned none."""
+    if positions is None:
+        return None
+    return [float(lp[token].logprob) for lp, token in zip(positions, ids)]
 
 
 def model_processor(model: Any, processor: Any) -> Any:
