@@ -10,6 +10,11 @@ then applied to the reply, with the window that ``GET /models`` reports.
 Image content parts travel as they are (``image_url`` parts holding data URLs, the format these
 servers take); a ``processor`` makes the local context check exact for them, and without one a
 chat with images is left to the server to check.
+
+A request that carries its own ``prompt_token_ids`` (an environment's token trajectory) goes to
+``/completions`` with the ids as its prompt, which vLLM and SGLang take as they are; every other
+request goes to ``/chat/completions``.  ``request.logprobs`` asks either route for the sampled
+tokens' log-probabilities, and ``request.tools`` sends the tool schemas for the chat template.
 """
 from __future__ import annotations
 
@@ -52,6 +57,18 @@ def is_context_length_error(status: int, body: str) -> bool:
         return False
     return (isinstance(error, dict) and error.get("param") in CONTEXT_PARAMS
             and "context length" in str(error.get("message", "")).lower())
+
+
+def response_logprobs(choice: dict[str, Any]) -> list[float] | None:
+    """The sampled tokens' log-probabilities of a chat choice (``logprobs.content[].logprob``) or a
+    completions choice (``logprobs.token_logprobs``); None when the server sent none."""
+    block = choice.get("logprobs")
+    if not isinstance(block, dict):
+        return None
+    if block.get("content") is not None:
+        return [float(entry["logprob"]) for entry in block["content"]]
+    values = block.get("token_logprobs")
+    return None if values is None else [float("nan") if v is None else float(v) for v in values]
 
 
 class OpenAIPolicy(Policy):
@@ -101,25 +118,45 @@ class OpenAIPolicy(Policy):
                 job = next(self._round_robin)
         return self.endpoints[job % len(self.endpoints)]
 
+    @staticmethod
+    def route(request: GenerationRequest) -> str:
+        """``completions`` for a request with its own prompt ids, else ``chat/completions``."""
+        return "chat/completions" if request.prompt_token_ids is None else "completions"
+
     def body(self, request: GenerationRequest) -> dict[str, Any]:
         s = self.sampling
-        body: dict[str, Any] = {
-            "model": self.model, "messages": request.messages, "temperature": s.temperature, "top_p": s.top_p,
+        tokens_in = request.prompt_token_ids is not None
+        body: dict[str, Any] = {"model": self.model}
+        if tokens_in:
+            body["prompt"] = list(request.prompt_token_ids)
+        else:
+            body["messages"] = request.messages
+        body.update({
+            "temperature": s.temperature, "top_p": s.top_p,
             "top_k": s.top_k, "min_p": s.min_p, "presence_penalty": s.presence_penalty,
             "repetition_penalty": s.repetition_penalty, "stop": s.stop_for(request),
-            "chat_template_kwargs": {"enable_thinking": s.enable_thinking},
-        }
+        })
+        if not tokens_in:
+            body["chat_template_kwargs"] = {"enable_thinking": s.enable_thinking}
         if request.seed is not None:
             body["seed"] = request.seed
         if (cap := token_cap(request.max_tokens)) is not None:
             body["max_tokens"] = cap
-        if self.request_token_ids:
+        elif tokens_in:  # the completions route otherwise stops after 16 tokens
+            body["max_tokens"] = None
+        if self.request_token_ids or tokens_in:
             body["return_token_ids"] = True
+        if request.logprobs:  # the sampled token's own log-probability (top 0 alternatives)
+            body["logprobs"] = 0 if tokens_in else True
+        if request.tools and not tokens_in:
+            body["tools"] = request.tools
         return body
 
     def _too_long(self, request: GenerationRequest) -> Completion | None:
         """Check locally when the tokenizer (and, for images, the processor) and the window are
-        known (saves a round trip)."""
+        known (saves a round trip); a request with its own prompt ids needs only the window."""
+        if request.prompt_token_ids is not None and self.max_model_len is not None:
+            return context_overflow(len(request.prompt_token_ids), request.max_tokens, self.max_model_len, self.name)
         if self.tokenizer is None or self.max_model_len is None:
             return None
         if self.processor is None and has_images(request.messages):
@@ -156,7 +193,7 @@ class OpenAIPolicy(Policy):
         overflow = context_overflow(completion.prompt_tokens, request.max_tokens, window, completion.engine or self.name)
         return overflow if overflow is not None else completion
 
-    def _parse(self, response: httpx.Response, endpoint: str) -> Completion:
+    def _parse(self, response: httpx.Response, endpoint: str, request: GenerationRequest) -> Completion:
         if is_context_length_error(response.status_code, response.text):
             raise ContextLengthError(response.text[:500])
         response.raise_for_status()
@@ -164,9 +201,18 @@ class OpenAIPolicy(Policy):
         choice = data["choices"][0]
         usage = data.get("usage") or {}
         ids = choice.get("token_ids")
-        return Completion(text=choice["message"].get("content") or "", token_ids=ids,
+        message = choice.get("message")
+        extra: dict[str, Any] = {}
+        if message is not None and message.get("tool_calls"):
+            extra["tool_calls"] = list(message["tool_calls"])
+        if request.logprobs:
+            extra["logprobs"] = response_logprobs(choice)
+            prompt = choice.get("prompt_token_ids") or data.get("prompt_token_ids")
+            extra["prompt_token_ids"] = list(prompt) if prompt is not None else None
+        text = choice.get("text") if message is None else message.get("content")
+        return Completion(text=text or "", token_ids=ids,
                           completion_tokens=usage.get("completion_tokens"), finish_reason=choice.get("finish_reason"),
-                          prompt_tokens=usage.get("prompt_tokens"), engine=endpoint)
+                          prompt_tokens=usage.get("prompt_tokens"), engine=endpoint, **extra)
 
     def _after_failure(self, exc: Exception, attempt: int, endpoint: str) -> Completion | float:
         """The record a failed attempt ends with, or the backoff (seconds) before the next attempt."""
@@ -188,7 +234,8 @@ class OpenAIPolicy(Policy):
         endpoint, body = self.endpoint_for(request), self.body(request)
         for attempt in itertools.count():
             try:
-                completion = self._parse(self._client.post(f"{endpoint}/chat/completions", json=body), endpoint)
+                completion = self._parse(self._client.post(f"{endpoint}/{self.route(request)}", json=body), endpoint,
+                                         request)
             except Exception as exc:  # every failure becomes a record, never an exception
                 verdict = self._after_failure(exc, attempt, endpoint)
                 if isinstance(verdict, Completion):
@@ -213,7 +260,8 @@ class OpenAIPolicy(Policy):
         endpoint, body, client = self.endpoint_for(request), self.body(request), self._aclient()
         for attempt in itertools.count():
             try:
-                completion = self._parse(await client.post(f"{endpoint}/chat/completions", json=body), endpoint)
+                completion = self._parse(await client.post(f"{endpoint}/{self.route(request)}", json=body), endpoint,
+                                         request)
             except Exception as exc:
                 verdict = self._after_failure(exc, attempt, endpoint)
                 if isinstance(verdict, Completion):
