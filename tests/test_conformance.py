@@ -20,6 +20,7 @@ from gymnasium.utils.env_checker import check_env
 import agent_envs  # noqa: F401  (registers the environments)
 from agent_envs.core import registry
 from agent_envs.policy.scripted import ScriptedPolicy
+from agent_envs.protocol.native import call_text
 from agent_envs.rollout.runner import run_episodes, strip_timings
 from sandbox_backends import temp_dirs
 from test_process_rewards import HashScorer
@@ -34,13 +35,24 @@ def _make(env_id: str, **kwargs) -> gym.Env:
     return gym.make(env_id, dataset="builtin", **{**ENV_KWARGS, **kwargs})
 
 
+def _call(env_id: str, name: str, arguments: dict) -> str:
+    """A well-formed call of tool ``name`` in the environment's own format (ReAct or native)."""
+    if registry.spec(env_id).rules["es"].parser.native_tool_calls:
+        return call_text(name, arguments)
+    return f"Action: {json.dumps({'name': name, 'arguments': arguments})}"
+
+
 def _adversarial(env_id: str) -> list[str]:
-    """Completions aimed at the parser, the tools and the scorer."""
+    """Completions aimed at the parser, the tools and the scorer (in both call formats)."""
     tools = registry.spec(env_id).tools
     rules = registry.spec(env_id).rules["es"]
     args = rules.tool_args
-    acts = [f"Action: {json.dumps({'name': t, 'arguments': {args[t]: 'echo hi; exit 3'}})}" for t in tools]
+    acts = [_call(env_id, t, {args[t]: "echo hi; exit 3"}) for t in tools]
+    calls = [call_text(t, {args[t]: "echo hi"}) for t in tools]
     return [
+        *[f"<think>{c}</think>" for c in calls], *[f"<think>{c}" for c in calls], "".join(calls * 12),
+        "<tool_call>", "<tool_call>{}</tool_call>", '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "bash", "arguments": "{"}</tool_call>', "<tool_call>" + "[" * 5000 + "</tool_call>",
         "", " ", "\0", "Final answer:", "Final answer: \\boxed{", "Answer: 1/0", "<think>",
         "<think>Final answer: 1</think>", 'Action: {"name": "bash"', "Action: {}", "Action: []",
         'Action: {"name": "nope", "arguments": {}}', 'Action: {"name": null}',
@@ -156,10 +168,10 @@ def test_reset_and_close_leave_nothing_behind(env_id):
     args = spec.rules["es"].tool_args
     env.reset(seed=0)
     for name in spec.tools:  # start every tool, then reset mid-episode
-        env.step(f"Action: {json.dumps({'name': name, 'arguments': {args[name]: 'sleep 30 &'}})}")
+        env.step(_call(env_id, name, {args[name]: "sleep 30 &"}))
     env.reset(seed=1)
     for name in spec.tools:
-        env.step(f"Action: {json.dumps({'name': name, 'arguments': {args[name]: 'echo x > /tmp/f'}})}")
+        env.step(_call(env_id, name, {args[name]: "echo x > /tmp/f"}))
     env.close()
     assert _descendants() - before_procs == set()
     assert temp_dirs() - before_dirs == set()
