@@ -15,6 +15,9 @@ ENVIRONMENTS: dict[str, str] = {
     "DocVQA-CLI-v0": "agent_envs.envs.docvqa.spec",
     "Countdown-ReAct-v0": "agent_envs.envs.countdown.spec",
     "DocVQA-VL-v0": "agent_envs.envs.docvqa.vl.spec",
+    # native tool calls (docs/protocol.md#native-tool-calls): registered variants, the ReAct ids stay the default
+    "MATH-Tools-v0": "agent_envs.envs.math_react.native.spec",
+    "Countdown-Tools-v0": "agent_envs.envs.countdown.native.spec",
 }
 
 ENV_IDS: tuple[str, ...] = tuple(ENVIRONMENTS)
