@@ -37,7 +37,7 @@ CPU_DEFAULTS = {"limit": 3, "max_turns": 3, "max_tokens_per_turn": 192}
 #: exit status of ``eval`` when every episode ended in an error (no result to report)
 EXIT_ALL_ERRORED = 3
 RESUME_IDENTITY = ("env", "data", "seed", "policy", "model", "base_urls", "engine_args", "sampling",
-                   "max_turns", "max_tokens_per_turn", "env_args", "sandbox", "step_scorer")
+                   "max_turns", "max_tokens_per_turn", "env_args", "sandbox", "step_scorer", "token_trajectories")
 
 
 class UsageError(Exception):
@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--trace-logs", action=argparse.BooleanOptionalAction, default=True)
     ev.add_argument("--no-progress", action="store_true")
     ev.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
+    ev.add_argument("--token-trajectories", action="store_true",
+                    help="record each episode's token ids and log-probabilities (docs/rl.md; records grow)")
     add_scorer_arguments(ev)
 
     sm = sub.add_parser("summarize", help="print the metrics of one or more run directories")
@@ -112,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
     rp.add_argument("--out", type=Path, default=None,
                     help="output file (default RUN_DIR/report.html, or RUN_A/report-vs-B.html)")
+
+    ex = sub.add_parser("export", help="write a run's episodes for a trainer (token sequences, masks, rewards)")
+    ex.add_argument("run", type=Path, metavar="RUN_DIR")
+    ex.add_argument("--format", choices=("tokens",), required=True)
+    ex.add_argument("--out", type=Path, default=None, help="output file (default RUN_DIR/tokens.jsonl)")
 
     # listed for --help only: main() hands everything after "serve" to the server's own parser
     sub.add_parser("serve", help="serve a policy over HTTP (agent-envs serve --help)")
@@ -258,6 +265,18 @@ def _check_resume(path: Path, config: dict[str, Any]) -> None:
         raise UsageError(f"cannot resume {path.parent}: the configuration changed ({detail})")
 
 
+def _trajectory_tokenizer(kind: str, args: argparse.Namespace) -> Any:
+    """``--token-trajectories`` with a policy that has no tokenizer: the one of ``--model`` (the
+    environment renders the prompts as ids itself)."""
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(args.model)
+    except Exception as exc:
+        raise UsageError(f"--token-trajectories needs the model's tokenizer; --policy {kind} has none and "
+                         f"--model {args.model!r} does not load one ({type(exc).__name__}: {exc})") from None
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     kind = _policy_kind(args)
     defaults = CPU_DEFAULTS if kind == "cpu" else {}
@@ -275,6 +294,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UsageError(f"{records_path} already has records: pass --resume to continue, or choose another --out")
     env_args = dict(args.env_arg)
     env_kwargs = {"sandbox": args.sandbox, **env_args}
+    if args.token_trajectories:
+        env_kwargs["token_trajectories"] = True
     if max_turns is not None:
         env_kwargs["max_turns"] = max_turns
     if max_tokens is not None:
@@ -291,6 +312,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print("[agent-envs] --engines with vllm runs each engine in lockstep mode", file=sys.stderr)
         config["mode"] = args.mode = "lockstep"
     config["engines"] = args.engines
+    if args.token_trajectories:  # only when on: older run folders resume as before
+        config["token_trajectories"] = True
     if args.step_scorer is not None:
         if pooled:
             raise UsageError("--step-scorer runs with one engine (not with --engines or --ray-address)")
@@ -306,6 +329,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     policy = make_pool(kind, args) if pooled else make_policy(kind, args, args.env)
+    if args.token_trajectories and not pooled and policy.tokenizer is None:
+        policy.tokenizer = _trajectory_tokenizer(kind, args)
     concurrency = args.concurrency or (16 if args.mode == "lockstep" else 64)
     run = dict(samples=args.samples, mode=args.mode, base_seed=args.seed, env_kwargs=env_kwargs,
                concurrency=concurrency, tool_workers=args.tool_workers, out_path=records_path, resume=args.resume,
@@ -438,6 +463,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from agent_envs.rollout.trajectories import export_tokens
+
+    records, _ = _run_records(args.run)
+    out = args.out or (args.run if args.run.is_dir() else args.run.parent) / "tokens.jsonl"
+    summary = export_tokens(records, out)
+    print(f"[agent-envs] exported {summary.line()}")
+    if not summary.exported:
+        raise UsageError(f"no episode of {args.run} has a token trajectory to export")
+    return 0
+
+
 def cmd_serve(argv: Sequence[str]) -> int:
     from agent_envs.policy.server import main as serve  # imported on demand: the other commands do not need it
 
@@ -449,7 +486,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["serve"]:
         return cmd_serve(argv[1:])
     args = build_parser().parse_args(argv)
-    handler = {"eval": cmd_eval, "summarize": cmd_summarize, "compare": cmd_compare, "report": cmd_report}[args.command]
+    handler = {"eval": cmd_eval, "summarize": cmd_summarize, "compare": cmd_compare, "report": cmd_report,
+               "export": cmd_export}[args.command]
     try:
         return handler(args)
     except UsageError as exc:
