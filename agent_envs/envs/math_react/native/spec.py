@@ -3,23 +3,18 @@ scorer) with the native tool-call parser, the bash tool's schema and a system pr
 ``Action:`` grammar (docs/protocol.md#native-tool-calls)."""
 from __future__ import annotations
 
-import dataclasses
-
 from agent_envs.core.spec import ParserSpec, Rules
 from agent_envs.envs.math_react import texts
 from agent_envs.envs.math_react.spec import SPEC as REACT
-from agent_envs.protocol.native import function_schema, native_baseline
+from agent_envs.envs.native import native_variant
+from agent_envs.protocol.native import function_schema
 
 RULES = Rules(ParserSpec(native_tool_calls=True), texts.NATIVE_TOOL_REQUIRED, texts.NATIVE_FORMAT_WARNING,
               unknown_action=texts.NATIVE_UNKNOWN_TOOL,
               tool_schemas=(function_schema("bash", "command", texts.BASH_DESCRIPTION, texts.BASH_COMMAND),))
 
-SPEC = dataclasses.replace(
-    REACT,
-    id="MATH-Tools-v0",
-    entry_point="agent_envs.envs.math_react.native.env:Env",
-    rules={"es": RULES, "http_eval": RULES},
+SPEC = native_variant(
+    REACT, id="MATH-Tools-v0", entry_point="agent_envs.envs.math_react.native.env:Env", rules=RULES,
     system_prompt="math_react/system_tools",
-    report=dataclasses.replace(REACT.report, baseline=native_baseline(REACT.report.baseline)),
     description="MATH-ReAct-v0 with the model's native tool calls (<tool_call> blocks or a server's tool_calls).",
 )
