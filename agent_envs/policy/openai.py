@@ -14,7 +14,10 @@ chat with images is left to the server to check.
 A request that carries its own ``prompt_token_ids`` (an environment's token trajectory) goes to
 ``/completions`` with the ids as its prompt, which vLLM and SGLang take as they are; every other
 request goes to ``/chat/completions``.  ``request.logprobs`` asks either route for the sampled
-tokens' log-probabilities, and ``request.tools`` sends the tool schemas for the chat template.
+tokens' log-probabilities, and ``request.tools`` sends the tool schemas for the chat template with
+``tool_choice`` (``"none"`` by default: vLLM then renders the tools but leaves the calls in the text,
+where the native parser reads them, outside thinking; ``"auto"`` asks a server started with a tool
+parser for its ``tool_calls``; vLLM refuses ``"auto"`` without one).
 """
 from __future__ import annotations
 
@@ -80,7 +83,7 @@ class OpenAIPolicy(Policy):
                  timeout_s: float = 600.0, max_retries: int = 3, backoff_base_s: float = 2.0,
                  backoff_cap_s: float = 10.0, tokenizer: Any = None, sampling: SamplingConfig | None = None,
                  max_model_len: int | None = None, samples_per_row: int = 1, max_concurrency: int = 64,
-                 request_token_ids: bool = True, processor: Any = None):
+                 request_token_ids: bool = True, processor: Any = None, tool_choice: str = "none"):
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
             raise ValueError("OpenAIPolicy needs at least one base URL")
@@ -94,6 +97,7 @@ class OpenAIPolicy(Policy):
         self.max_retries, self.backoff_base_s, self.backoff_cap_s = max_retries, backoff_base_s, backoff_cap_s
         self.samples_per_row = samples_per_row
         self.request_token_ids = request_token_ids
+        self.tool_choice = tool_choice
         self._timeout = httpx.Timeout(timeout_s)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(timeout=self._timeout, headers=self._headers)
@@ -149,7 +153,7 @@ class OpenAIPolicy(Policy):
         if request.logprobs:  # the sampled token's own log-probability (top 0 alternatives)
             body["logprobs"] = 0 if tokens_in else True
         if request.tools and not tokens_in:
-            body["tools"] = request.tools
+            body["tools"], body["tool_choice"] = request.tools, self.tool_choice
         return body
 
     def _too_long(self, request: GenerationRequest) -> Completion | None:
