@@ -173,3 +173,32 @@ def test_native_episodes_as_token_trajectories_do_not_drift_on_a_stable_template
         assert record.score == 1.0 and trajectory["exact"] and trajectory["drift"] is None
         observation = tokenizer.decode(trajectory["turns"][0]["observation_ids"])
         assert observation.startswith("<|im_end|>\n<|im_start|>tool\n") and record.prediction in observation
+
+
+def test_openai_policy_sends_the_schemas_and_reads_server_calls():
+    """Against a real HTTP server on 127.0.0.1: the tools go along (tool_choice "none" unless told
+    otherwise: vLLM refuses "auto" without a tool parser), a plain request carries neither."""
+    from agent_envs.policy.openai import OpenAIPolicy
+    from agent_envs.policy.server import PolicyServer
+
+    entry = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+    server = PolicyServer(ScriptedPolicy(lambda r: Completion(text="ok", token_ids=[1])), model="m").start()
+    try:
+        schemas = [dict(s) for s in RULES.tool_schemas]
+        request = GenerationRequest(messages=[{"role": "user", "content": "hi"}], seed=1, max_tokens=4, tools=schemas)
+        OpenAIPolicy(server.url, "m").generate([request, request.model_copy(update={"tools": None})])
+        OpenAIPolicy(server.url, "m", tool_choice="auto").generate([request])
+        sent, plain, auto = server.received
+        assert sent["tools"] == schemas and sent["tool_choice"] == "none" and auto["tool_choice"] == "auto"
+        assert "tools" not in plain and "tool_choice" not in plain and "logprobs" not in plain
+    finally:
+        server.close()
+    response = httpx_response({"choices": [{"message": {"content": "", "tool_calls": [entry]}, "finish_reason": "tool_calls"}]})
+    parsed = OpenAIPolicy("http://127.0.0.1:9/v1", "m")._parse(response, "e", request)
+    assert parsed.tool_calls == [entry] and kinds(parsed.text, tool_calls=parsed.tool_calls) == ["run"]
+
+
+def httpx_response(data: dict):
+    import httpx
+
+    return httpx.Response(200, json=data, request=httpx.Request("POST", "http://127.0.0.1/v1/chat/completions"))
