@@ -49,6 +49,10 @@ def logprob_facts(completions) -> dict:
                           for c in completions)}
 
 
+#: the episodes' sandbox (``--sandbox``)
+SANDBOX = {"backend": "bwrap"}
+
+
 def backend_checks(policy, args, results: dict, name: str) -> list:
     """Logprobs on request, none otherwise, the same samples either way; ids in, ids reported."""
     base = requests(args.n, args.max_tokens)
@@ -68,14 +72,14 @@ def backend_checks(policy, args, results: dict, name: str) -> list:
 
 
 def episode_checks(policy) -> dict:
-    """MATH-ReAct-v0 episodes with token trajectories through the runner (bubblewrap sandbox)."""
+    """MATH-ReAct-v0 episodes with token trajectories through the runner (``--sandbox``, bwrap by default)."""
     import agent_envs  # noqa: F401  (registers the environments)
     from agent_envs.rollout.runner import run_episodes
     from agent_envs.rollout.trajectories import episode_tokens
 
     records = run_episodes("MATH-ReAct-v0", TASKS, policy, samples=2, mode="lockstep", progress=False,
                            env_kwargs={"token_trajectories": True, "max_turns": 2, "max_tokens_per_turn": 24,
-                                       "sandbox": "bwrap"})
+                                       "sandbox": SANDBOX["backend"]})
     rows = [r.row() for r in records]
     trajectories = [r.get("token_trajectory") or {} for r in rows]
     turns = [t for tr in trajectories for t in tr.get("turns", [])]
@@ -131,8 +135,10 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for /health")
+    parser.add_argument("--sandbox", choices=("bwrap", "none"), default="bwrap", help="the episodes' sandbox")
     parser.add_argument("--json", action="store_true", help="print one RESULT line of JSON")
     args = parser.parse_args()
+    SANDBOX["backend"] = args.sandbox
     if bool(args.model) == bool(args.tiny_from_tokenizer):
         parser.error("give exactly one of --model or --tiny-from-tokenizer")
 
