@@ -12,7 +12,7 @@ that is the one used:
 * each call runs one episode per prompt (TRL repeats each prompt ``num_generations`` times; the
   copies become sample 0, 1, ... of the task) with :func:`agent_envs.rollout.run_episodes` and
   token trajectories on, the policy being the trainer's own model (or the trainer's colocated vLLM
-  engine); the seeds move on with the trainer's step;
+  engine); the seeds move on with the trainer's step and differ between its processes;
 * it returns the opening prompt's ids as ``prompt_ids`` and the rest of each episode's token
   sequence (completions and observations) as ``completion_ids``, with ``logprobs`` aligned to them
   and ``env_mask`` 1 exactly on the tokens the engine sampled; the episode's score goes along as
@@ -40,6 +40,8 @@ from agent_envs.rollout.trajectories import episode_tokens, skip_reason
 
 #: how far the base seed moves per trainer step: room for 1024 samples of every task in between
 STEP_SEED_STRIDE = 1024 * SAMPLE_STRIDE
+#: and per training process (copies of one prompt may land on several): 64 samples each, 16 processes
+PROCESS_SEED_STRIDE = 64 * SAMPLE_STRIDE
 #: the extra rollout field that carries each episode's score to :meth:`GRPOEnvironment.reward`
 SCORE_FIELD = "agent_envs_score"
 
@@ -141,7 +143,8 @@ class GRPOEnvironment:
         """The ``rollout_func``: one episode per prompt, returned as TRL expects."""
         rows = [self._row_of(p) for p in prompts]
         samples = _sample_numbers(rows)
-        base_seed = self.base_seed + STEP_SEED_STRIDE * int(getattr(trainer.state, "global_step", 0))
+        base_seed = (self.base_seed + STEP_SEED_STRIDE * int(getattr(trainer.state, "global_step", 0))
+                     + PROCESS_SEED_STRIDE * int(getattr(getattr(trainer, "accelerator", None), "process_index", 0)))
         with generating(trainer):  # before the policy is built: building one puts the model in eval mode
             self.records = self._run(self._policy_for(trainer), rows, samples, base_seed)
         by_job = {(r.row_index, r.sample_index): r for r in self.records}
