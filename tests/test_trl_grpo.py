@@ -181,3 +181,16 @@ def test_the_logprobs_given_to_the_trainer_are_the_models(run):
     engine, model = batch["sampling_per_token_logps"][mask], batch["model_logps"][mask]
     assert torch.isfinite(engine).all() and (engine <= 0).all()
     assert torch.allclose(engine, model, atol=2e-3), (engine - model).abs().max()
+
+
+def test_prompts_map_back_to_their_tasks_and_copies_become_samples():
+    from agent_envs.rl.trl_rollout import _sample_numbers
+
+    env = GRPOEnvironment("MATH-ReAct-v0", TASKS)
+    assert [env._row_of(p) for p in env.dataset()["prompt"]] == [0, 1]
+    assert _sample_numbers([0, 0, 1, 1, 0]) == [0, 1, 0, 1, 2]
+    with pytest.raises(ValueError, match="none of this environment's task openings"):
+        env._row_of([{"role": "user", "content": "something else"}])
+    twins = [dict(TASKS[0]), {**TASKS[0], "id": "twin", "answer": "6"}]
+    with pytest.raises(ValueError, match="open with the same chat"):
+        GRPOEnvironment("MATH-ReAct-v0", twins)
