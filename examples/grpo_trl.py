@@ -54,7 +54,7 @@ def main() -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from agent_envs.core import registry
+    from agent_envs.envs import registry
     from agent_envs.policy.scripted import ScriptedOpening
     from agent_envs.rl.trl_rollout import GRPOEnvironment, sampling_from, trainer_policy
 
@@ -67,7 +67,7 @@ def main() -> int:
 
     def policy(trainer):
         inner = trainer_policy(trainer, sampling_from(trainer.args))
-        baseline = registry.spec(args.env).report.baseline
+        baseline = registry.spec(args.env).baseline
         return ScriptedOpening([baseline], inner) if args.scripted_opening else inner
 
     env = GRPOEnvironment(args.env, dataset=args.data, limit=args.tasks, policy=policy,

@@ -97,7 +97,7 @@ def episode_checks(policy) -> dict:
 
 def server_checks(base_url: str, tokenizer, offline: list, args, results: dict) -> None:
     from agent_envs.policy.openai import OpenAIPolicy
-    from agent_envs.tokens import TokenCounter
+    from agent_envs.core.tokens import TokenCounter
 
     policy = OpenAIPolicy(base_url, SERVED_NAME, sampling=SamplingConfig(), tokenizer=tokenizer,
                           max_model_len=args.max_model_len)

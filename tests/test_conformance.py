@@ -18,7 +18,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import agent_envs  # noqa: F401  (registers the environments)
-from agent_envs.core import registry
+from agent_envs.core.spec import ToolSpec
+from agent_envs.envs import registry
 from agent_envs.policy.scripted import ScriptedPolicy
 from agent_envs.protocol.native import call_text
 from agent_envs.rollout.runner import run_episodes, strip_timings
@@ -35,20 +36,11 @@ def _make(env_id: str, **kwargs) -> gym.Env:
     return gym.make(env_id, dataset="builtin", **{**ENV_KWARGS, **kwargs})
 
 
-def _call(env_id: str, name: str, arguments: dict) -> str:
-    """A well-formed call of tool ``name`` in the environment's own format (ReAct or native)."""
-    if registry.spec(env_id).rules["es"].parser.native_tool_calls:
-        return call_text(name, arguments)
-    return f"Action: {json.dumps({'name': name, 'arguments': arguments})}"
-
-
 def _adversarial(env_id: str) -> list[str]:
     """Completions aimed at the parser, the tools and the scorer (in both call formats)."""
     tools = registry.spec(env_id).tools
-    rules = registry.spec(env_id).rules["es"]
-    args = rules.tool_args
-    acts = [_call(env_id, t, {args[t]: "echo hi; exit 3"}) for t in tools]
-    calls = [call_text(t, {args[t]: "echo hi"}) for t in tools]
+    acts = [_act(tool, "echo hi; exit 3", env_id) for tool in tools]
+    calls = [call_text(tool.name, {tool.argument or "input": "echo hi"}) for tool in tools]
     return [
         *[f"<think>{c}</think>" for c in calls], *[f"<think>{c}" for c in calls], "".join(calls * 12),
         "<tool_call>", "<tool_call>{}</tool_call>", '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
@@ -62,6 +54,15 @@ def _adversarial(env_id: str) -> list[str]:
         "Final answer: \\boxed{" + "(" * 400 + "1" + ")" * 400 + "}", "Final answer: 9" + "9" * 400,
         "\ud800 Final answer: \udfff",
     ]
+
+
+def _act(tool: ToolSpec, text: str, env_id: str) -> str:
+    """A call of ``tool`` carrying ``text`` as its input, in the environment's own format (ReAct or
+    native; a tool of the whole arguments object gets it under a key of its own)."""
+    arguments = {tool.argument or "input": text}
+    if registry.spec(env_id).rules["es"].parser.native_tool_calls:
+        return call_text(tool.name, arguments)
+    return f"Action: {json.dumps({'name': tool.name, 'arguments': arguments})}"
 
 
 def _random(seed: int, n: int) -> list[str]:
@@ -119,7 +120,7 @@ def test_random_and_adversarial_completions_never_raise(env_id):
 
 def _records(env_id: str, mode: str, base_seed: int = 11, **kwargs) -> list[dict]:
     tasks = _make(env_id).unwrapped.tasks[:2]
-    policy = ScriptedPolicy(registry.spec(env_id).report.baseline)
+    policy = ScriptedPolicy(registry.spec(env_id).baseline)
     recs = run_episodes(env_id, tasks, policy, samples=2, mode=mode, base_seed=base_seed,
                         env_kwargs=ENV_KWARGS, concurrency=3, progress=False, **kwargs)
     return [strip_timings(r) for r in recs]
@@ -165,13 +166,12 @@ def test_reset_and_close_leave_nothing_behind(env_id):
     before_procs, before_dirs = _descendants(), temp_dirs()
     env = _make(env_id)
     spec = registry.spec(env_id)
-    args = spec.rules["es"].tool_args
     env.reset(seed=0)
-    for name in spec.tools:  # start every tool, then reset mid-episode
-        env.step(_call(env_id, name, {args[name]: "sleep 30 &"}))
+    for tool in spec.tools:  # start every tool, then reset mid-episode
+        env.step(_act(tool, "sleep 30 &", env_id))
     env.reset(seed=1)
-    for name in spec.tools:
-        env.step(_call(env_id, name, {args[name]: "echo x > /tmp/f"}))
+    for tool in spec.tools:
+        env.step(_act(tool, "echo x > /tmp/f", env_id))
     env.close()
     assert _descendants() - before_procs == set()
     assert temp_dirs() - before_dirs == set()

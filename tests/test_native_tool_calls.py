@@ -12,18 +12,19 @@ import gymnasium as gym
 import pytest
 
 import agent_envs  # noqa: F401  (registers the environments)
-from agent_envs.core import registry
+from agent_envs.envs import registry
 from agent_envs.policy.base import Completion, GenerationRequest
 from agent_envs.policy.hf import smollm2_tokenizer
 from agent_envs.policy.scripted import RecordingPolicy, ScriptedPolicy
-from agent_envs.protocol.decision import decide_turn
+from agent_envs.protocol.decision import decide_turn, with_tools
 from agent_envs.protocol.native import (MALFORMED_CALL, call_text, parse_server_calls, parse_text_calls,
                                         visible_text)
 from agent_envs.rollout.runner import run_episodes
-from agent_envs.tokens import TokenCounter
+from agent_envs.core.tokens import TokenCounter
 from chat_templates import STABLE, THINK_STRIPPING, with_template
 
-RULES = registry.spec("MATH-Tools-v0").rules["es"]
+SPEC = registry.spec("MATH-Tools-v0")
+RULES = with_tools(SPEC.rules["es"], SPEC.tools)  # as the environment sees them
 BASH = call_text("bash", {"command": "echo hi"})
 
 
@@ -38,7 +39,7 @@ def test_a_call_outside_thinking_runs_one_inside_never():
     assert kinds(f"<think>maybe {BASH}") == ["warn"]                  # never closed: all of it is thinking
     assert kinds(f"planning {BASH}</think>\nno call now") == ["warn"]  # opened by the generation prompt
     assert kinds(f"<THINK>x</THINK>{BASH}") == ["run"]
-    assert visible_text(f"a<think>b</think>c<think>d") == "ac"
+    assert visible_text("a<think>b</think>c<think>d") == "ac"
 
 
 def test_malformed_calls_are_answered_not_run():
@@ -52,7 +53,7 @@ def test_malformed_calls_are_answered_not_run():
 
 def test_unknown_tools_and_empty_commands():
     (unknown,) = decide_turn(call_text("python", {"code": "1"}), used_bash=False, flavour=RULES)
-    assert unknown.act_kind == "unknown_action" and unknown.observation == "Unknown tool 'python'. The available tool is bash."
+    assert unknown.act_kind == "unknown_action" and unknown.observation == "Unknown action 'python'. Available action is bash."
     assert kinds(call_text("bash", {"command": "  "})) == ["empty_command"]
     assert kinds(call_text("bash", {})) == ["empty_command"]
 
@@ -123,7 +124,7 @@ def test_server_calls_keep_their_ids_in_the_chat():
 @pytest.mark.parametrize("env_id", ["MATH-Tools-v0", "Countdown-Tools-v0"])
 def test_the_tool_schemas_reach_the_chat_template(env_id):
     tokenizer = with_template(smollm2_tokenizer(), STABLE)
-    policy = RecordingPolicy(ScriptedPolicy(registry.spec(env_id).report.baseline, tokenizer=tokenizer))
+    policy = RecordingPolicy(ScriptedPolicy(registry.spec(env_id).baseline, tokenizer=tokenizer))
     env = gym.make(env_id, dataset="builtin")
     tasks = env.unwrapped.tasks[:1]
     env.close()
@@ -166,7 +167,7 @@ def test_native_episodes_as_token_trajectories_do_not_drift_on_a_stable_template
     env = gym.make(env_id, dataset="builtin")
     tasks = env.unwrapped.tasks[:2]
     env.close()
-    records = run_episodes(env_id, tasks, ScriptedPolicy(registry.spec(env_id).report.baseline, tokenizer=tokenizer),
+    records = run_episodes(env_id, tasks, ScriptedPolicy(registry.spec(env_id).baseline, tokenizer=tokenizer),
                            mode="lockstep", progress=False, env_kwargs={"max_turns": 3, "token_trajectories": True})
     for record in records:
         trajectory = record.row()["token_trajectory"]

@@ -10,9 +10,9 @@ from PIL import Image
 from agent_envs.core.content import images_of
 from agent_envs.policy.base import Completion
 from agent_envs.policy.scripted import ScriptedPolicy
-from agent_envs.prompts import load_prompt
+from agent_envs.core.prompts import load_prompt
 from agent_envs.rewards.judge import LLMJudgeScorer, fill_template, parse_score
-from agent_envs.rewards.step import StepContext, StepScore
+from agent_envs.core.steps import StepContext, StepScore
 from agent_envs.rollout.runner import run_episodes
 from test_process_rewards import ENV_KWARGS
 from test_runner import TASKS, SeededMathPolicy

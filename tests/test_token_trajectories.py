@@ -20,8 +20,8 @@ from agent_envs.policy.hf import default_cpu_policy, smollm2_hf_dir, smollm2_tok
 from agent_envs.policy.scripted import ScriptedPolicy
 from agent_envs.rollout.runner import run_episodes
 from agent_envs.rollout.trajectories import episode_tokens, export_tokens, load_token_export
-from agent_envs.tokens import TokenCounter
-from agent_envs.trajectory import kept_ids, sequence
+from agent_envs.core.tokens import TokenCounter
+from agent_envs.core.trajectory import kept_ids, sequence
 from chat_templates import STABLE, THINK_STRIPPING, with_template
 
 TASKS = [{"id": "sum", "question": "What is 2+2?", "answer": "4"}, {"id": "prod", "question": "What is 3*3?", "answer": "9"}]

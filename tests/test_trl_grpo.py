@@ -26,7 +26,7 @@ from agent_envs.policy.hf import smollm2_hf_dir  # noqa: E402
 from agent_envs.policy.scripted import RecordingPolicy, WrappedPolicy  # noqa: E402
 from agent_envs.protocol.messages import action_text, last_observation_body  # noqa: E402
 from agent_envs.rl.trl_rollout import GRPOEnvironment, sampling_from, trainer_policy  # noqa: E402
-from agent_envs.trajectory import segments, sequence  # noqa: E402
+from agent_envs.core.trajectory import segments, sequence  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -11,6 +11,6 @@ def native_variant(react: EnvSpec, *, id: str, entry_point: str, rules: Rules, s
                    description: str) -> EnvSpec:
     """``react`` with native rules (for every harness), its own system prompt and the scripted
     baseline playing the native format; tasks, tools, budgets and report are ``react``'s."""
+    baseline = None if react.baseline is None else native_baseline(react.baseline)
     return dataclasses.replace(react, id=id, entry_point=entry_point, rules={"es": rules, "http_eval": rules},
-                               system_prompt=system_prompt, description=description,
-                               report=dataclasses.replace(react.report, baseline=native_baseline(react.report.baseline)))
+                               system_prompt=system_prompt, description=description, baseline=baseline)

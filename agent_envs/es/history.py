@@ -3,6 +3,9 @@
 The history is a JSON list of records, rewritten atomically after every generation.  Replay never
 trusts stored weights: it regenerates the seed stream, recomputes each update's weights from the
 stored rewards with that record's normalisation settings, and re-applies the updates in order.
+It checks itself as it goes: the weights it starts from must have the run's ``start_fingerprint``,
+and, for a run whose members were reverted exactly, the weights after each replayed update must
+have that generation's ``weights_fingerprint``; the first difference stops it (:class:`ReplayMismatch`).
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from typing import Any, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..atomic import atomic_write
+from ..core.atomic import atomic_write
 from ..protocol.seeds import DEFAULT_BASE_SEED
 from .normalize import normalize_method, normalize_rewards
 from .schedule import normalize_schedule
@@ -27,7 +30,8 @@ class ESConfig(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    env_id: str = "MATH-ReAct-v0"
+    #: the environment the run trains on (no default: a run names its environment)
+    env_id: str
     model: str = ""
     generations: int = 25
     population: int = 16
@@ -47,8 +51,10 @@ class ESConfig(BaseModel):
     eval_seed: int = DEFAULT_BASE_SEED
     eval_interval: int = 10
     tp_size: int = 1
-    #: members restored from a host copy instead of by subtraction (see :func:`replay_is_exact`)
+    #: members restored from a saved copy instead of by subtraction (see :func:`replay_is_exact`)
     exact_revert: bool = False
+    #: weights fingerprint before the first update (:mod:`agent_envs.es.fingerprint`)
+    start_fingerprint: str | None = None
     history_file: str = ""
     backend: str = "vllm"
 
@@ -93,10 +99,17 @@ class GenerationRecord(BaseModel):
     samples: list[dict[str, Any]] = Field(default_factory=list)
     updates: list[Any] = Field(default_factory=list)
     update_applied: bool = True
+    #: weights fingerprint after this generation's update
+    weights_fingerprint: str | None = None
 
 
 class UpdateBackend(Protocol):
     def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> Any: ...
+    def fingerprint(self) -> str: ...
+
+
+class ReplayMismatch(ValueError):
+    """Replayed weights differ from the ones the history recorded."""
 
 
 def write_history(path: str | os.PathLike[str], records: Sequence[Record]) -> None:
@@ -166,10 +179,18 @@ def replay(
     generations: int | None = None,
     tp_size: int = 1,
 ) -> int:
-    """Re-apply the first ``generations`` updates onto ``backend``; return how many were applied."""
+    """Re-apply the first ``generations`` updates onto ``backend``; return how many were applied.
+
+    Raises :class:`ReplayMismatch` at the first weights that differ from the history's record (see
+    the module docstring); :func:`checked_generations` says how many generations a history lets it check."""
     check_tp_size(history, tp_size)
     records = update_records(history, generations)
     check_seed_sequence([r["seeds"] for r in records], seed, population)
+    expected = history_config(history).get("start_fingerprint")
+    if expected:
+        _check_fingerprint(backend, expected, "the weights the replay starts from",
+                           "a different model, dtype, load format or parameter scope")
+    exact = replay_is_exact(history)
     for record in records:
         weights = normalize_rewards(
             record["rewards"],
@@ -178,7 +199,25 @@ def replay(
             float(record.get("reward_normalization_eps", 1e-8)),
         )
         backend.update(record["seeds"], weights, float(record["alpha"]))
+        if exact and record.get("weights_fingerprint"):
+            _check_fingerprint(backend, record["weights_fingerprint"],
+                               f"generation {record['generation']}'s replayed weights",
+                               "a different engine build or tensor-parallel layout, or an edited history")
     return len(records)
+
+
+def _check_fingerprint(backend: UpdateBackend, expected: str, what: str, causes: str) -> None:
+    got = backend.fingerprint()
+    if got != expected:
+        raise ReplayMismatch(f"{what} have fingerprint {got}, the history recorded {expected} ({causes}?); "
+                             "stopping the replay here")
+
+
+def checked_generations(history: Sequence[Record], generations: int | None = None) -> int:
+    """How many replayed generations :func:`replay` compares with the history's fingerprints."""
+    if not replay_is_exact(history):
+        return 0
+    return sum(1 for r in update_records(history, generations) if r.get("weights_fingerprint"))
 
 
 def resume(
@@ -189,8 +228,10 @@ def resume(
 ) -> tuple[list[Record], int]:
     """Replay ``source`` onto ``backend``; return the new history's head and the next generation."""
     history = load_history(source)
+    start = backend.fingerprint()
     done = replay(history, backend, config.seed, config.population, generations, config.tp_size)
     kept = [r for r in history_prefix(history, done) if "config" not in r]
-    head = [{"config": config.model_dump()}, *kept,
-            {"resume": {"source": str(source), "replayed_generations": done}}]
+    head = [{"config": config.model_copy(update={"start_fingerprint": start}).model_dump()}, *kept,
+            {"resume": {"source": str(source), "replayed_generations": done,
+                        "fingerprints_checked": checked_generations(history, done)}}]
     return head, done

@@ -32,9 +32,10 @@ from typing import Any, Sequence
 import httpx
 
 from ..core.content import has_images
-from ..tokens import TokenCounter
+from ..core.tokens import TokenCounter
 from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy
-from .sampling import SamplingConfig, context_overflow, token_cap
+from ..protocol.budget import token_cap
+from .sampling import SamplingConfig, context_overflow
 
 
 class ContextLengthError(Exception):
@@ -129,10 +130,11 @@ class OpenAIPolicy(Policy):
 
     def body(self, request: GenerationRequest) -> dict[str, Any]:
         s = self.sampling
-        tokens_in = request.prompt_token_ids is not None
+        prompt = request.prompt_token_ids
+        tokens_in = prompt is not None
         body: dict[str, Any] = {"model": self.model}
-        if tokens_in:
-            body["prompt"] = list(request.prompt_token_ids)
+        if prompt is not None:
+            body["prompt"] = list(prompt)
         else:
             body["messages"] = request.messages
         body.update({
@@ -231,7 +233,7 @@ class OpenAIPolicy(Policy):
         return min(self.backoff_base_s * (attempt + 1), self.backoff_cap_s)
 
     # ------------------------------------------------------------------ sync and async paths
-    def complete(self, request: GenerationRequest) -> Completion:
+    def complete(self, request: GenerationRequest) -> Completion:  # type: ignore[return]  # the loop returns
         early = self._too_long(request)
         if early is not None:
             return early
@@ -257,7 +259,7 @@ class OpenAIPolicy(Policy):
             self._aclients[loop] = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
         return self._aclients[loop]
 
-    async def agenerate(self, request: GenerationRequest) -> Completion:
+    async def agenerate(self, request: GenerationRequest) -> Completion:  # type: ignore[return]  # the loop returns
         early = self._too_long(request)
         if early is not None:
             return early

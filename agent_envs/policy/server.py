@@ -21,9 +21,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
 from ..core.content import decode_image_url
-from ..tokens import TokenCounter
+from ..core.tokens import TokenCounter
 from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy, error_text
-from .sampling import exceeds_context
+from ..protocol.budget import exceeds_context
 
 
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
@@ -50,7 +50,7 @@ class PolicyServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        return f"http://{str(host)}:{port}/v1"
 
     def fail_next(self, status: int, times: int = 1) -> None:
         """Answer the next ``times`` chat requests with HTTP ``status``."""
@@ -104,7 +104,7 @@ class PolicyServer(ThreadingHTTPServer):
         except (KeyError, TypeError, ValueError) as exc:
             return 400, error_body(f"invalid request: {exc}", 400)
         prompt_tokens = self.counter.prompt_tokens(request.messages)
-        if exceeds_context(prompt_tokens, request.max_tokens, self.max_model_len):
+        if self.max_model_len is not None and exceeds_context(prompt_tokens, request.max_tokens, self.max_model_len):
             return 400, context_error(self.max_model_len, prompt_tokens)
         completion = self.policy.generate([request])[0]
         if completion.error == CONTEXT_LENGTH_EXCEEDED:

@@ -28,13 +28,19 @@ from concurrent.futures import Future
 from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 from ..core.content import has_images
+from ..protocol.budget import token_cap
 from .base import Completion, GenerationRequest
 from .batching import BatchedEnginePolicy, EnginePolicy, Prepared
-from .sampling import SamplingConfig, token_cap
+from .sampling import SamplingConfig
+from .vision import load_processor
 
 #: the reference harness's microbatch size (prompt + max_tokens per group); pass it as
-#: ``rollout_token_budget`` for scheduling parity with it.  0 (the default) sends a whole turn at once.
+#: ``rollout_token_budget`` for scheduling parity with it.
 REFERENCE_TOKEN_BUDGET = 131072
+#: the one default of every vLLM rollout path (``VLLMPolicy``, the engine pool's ``VLLMEngine``,
+#: ``examples/es_train.py``): 0 sends a whole lockstep turn in one engine call, so vLLM's scheduler
+#: fills the KV cache itself (docs/protocol.md#differences-and-parity-switches)
+DEFAULT_ROLLOUT_TOKEN_BUDGET = 0
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
@@ -123,8 +129,6 @@ def model_processor(model: Any, processor: Any) -> Any:
     a hub name: pass its processor explicitly)."""
     if processor is not None or not isinstance(model, (str, os.PathLike)) or not os.path.isdir(model):
         return processor
-    from ..vision import load_processor
-
     return load_processor(str(model))
 
 
@@ -147,14 +151,15 @@ class VLLMPolicy(BatchedEnginePolicy):
     ``seed``, ``worker_extension_cls`` ...), or an ``llm`` the caller owns, e.g. an ES trainer that
     perturbs the weights between calls.
 
-    ``rollout_token_budget=0`` (default) gives the engine every request of a turn in one call;
+    ``rollout_token_budget=0`` (:data:`DEFAULT_ROLLOUT_TOKEN_BUDGET`) gives the engine every request of
+    a turn in one call;
     :data:`REFERENCE_TOKEN_BUDGET` reproduces the reference harness's microbatches, which leave the
     GPU idle between groups (about two thirds of raw throughput on an H200)."""
 
     name = "vllm"
 
     def __init__(self, model: str | None = None, llm: Any = None, *, tokenizer: Any = None,
-                 sampling: SamplingConfig | None = None, rollout_token_budget: int = 0,
+                 sampling: SamplingConfig | None = None, rollout_token_budget: int = DEFAULT_ROLLOUT_TOKEN_BUDGET,
                  max_model_len: int | None = None, processor: Any = None, **engine_kwargs: Any):
         if (model is None) == (llm is None):
             raise ValueError("VLLMPolicy needs exactly one of model= (to build an engine) or llm= (to wrap one)")
@@ -164,6 +169,8 @@ class VLLMPolicy(BatchedEnginePolicy):
 
             if isinstance(tokenizer, (str, os.PathLike)):  # a tokenizer folder (``--engine-arg tokenizer=``)
                 engine_kwargs["tokenizer"], tokenizer = str(tokenizer), None
+            if max_model_len is not None:  # the policy's window is the engine's it builds
+                engine_kwargs.setdefault("max_model_len", max_model_len)
             prepare_engine_env(engine_kwargs)
             llm = vllm.LLM(model=model, **engine_kwargs)
         self.llm = llm
@@ -297,6 +304,8 @@ class AsyncVLLMPolicy(EnginePolicy):
             raise ValueError("AsyncVLLMPolicy needs exactly one of model= or engine= (an AsyncLLM)")
         if engine is None and isinstance(tokenizer, (str, os.PathLike)):  # a folder: the engine's tokenizer
             engine_kwargs["tokenizer"], tokenizer = str(tokenizer), None
+        if engine is None and max_model_len is not None:  # the policy's window is the engine's it builds
+            engine_kwargs.setdefault("max_model_len", max_model_len)
         self._thread = _EngineThread()
         self._thread.owns_engine = engine is None
         try:

@@ -5,7 +5,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from agent_envs.atomic import atomic_write
+from agent_envs.core.atomic import atomic_write
 
 from . import plots, views
 from .load import Run, load_run

@@ -7,8 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent_envs.core.spec import EnvSpec, ReportSpec
+from agent_envs.envs import registry
 from agent_envs.rollout.metrics import summarize
 from agent_envs.rollout.records import EpisodeRecord, read_jsonl
+
+#: how records of an environment this version does not know are shown: success at score 1.0,
+#: no question, gold or page
+UNKNOWN_ENV = ReportSpec(trace_prefix="unknown")
 
 
 class RunError(ValueError):
@@ -26,11 +32,17 @@ class Run:
     #: lines of records.jsonl that could not be read (a torn last line after a kill)
     unreadable_lines: int
     samples: int
+    #: the spec of the environment that wrote the records (None: one this version does not know)
+    spec: EnvSpec | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
         return self.saved_summary is not None
+
+    @property
+    def report(self) -> ReportSpec:
+        return self.spec.report if self.spec is not None else UNKNOWN_ENV
 
 
 def _json_file(path: Path) -> dict[str, Any] | None:
@@ -54,6 +66,7 @@ def load_run(path: str | Path) -> Run:
     folder = records_path.parent
     config = _json_file(folder / "config.json") or {}
     samples = int(config.get("samples") or 1 + max((int(r["sample_index"]) for r in rows), default=0))
-    run = Run(folder.name, folder, rows, config, _json_file(folder / "summary.json"), bad, samples)
-    run.metrics = summarize(rows, samples, items=len({r["task_id"] for r in rows}) or None)
+    spec = registry.spec_of(rows) or registry.SPECS.get(str(config.get("env")))
+    run = Run(folder.name, folder, rows, config, _json_file(folder / "summary.json"), bad, samples, spec)
+    run.metrics = summarize(rows, samples, items=len({r["task_id"] for r in rows}) or None, spec=spec)
     return run

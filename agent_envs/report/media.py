@@ -29,7 +29,7 @@ def _jpeg_url(img, max_width: int) -> str:
     from PIL import Image
 
     if img.width > max_width:
-        img = img.resize((max_width, round(img.height * max_width / img.width)), Image.LANCZOS)
+        img = img.resize((max_width, round(img.height * max_width / img.width)), Image.Resampling.LANCZOS)
     if img.mode not in ("RGB", "L"):
         img = img.convert("RGB")
     buf = io.BytesIO()

@@ -13,9 +13,9 @@ from typing import Any, Sequence
 
 from agent_envs.core.content import image_part, text_of, text_part, transcript
 from agent_envs.policy.base import GenerationRequest, Policy
-from agent_envs.prompts import load_prompt
+from agent_envs.core.prompts import load_prompt
 
-from .step import Aggregation, BatchStepScorer, StepContext, StepScore
+from agent_envs.core.steps import Aggregation, BatchStepScorer, StepContext, StepScore
 
 DEFAULT_TEMPLATE = "judges/step"
 PLACEHOLDERS = ("question", "conversation", "action", "observation", "turn")

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from .judge import DEFAULT_TEMPLATE
-from .step import StepScorer
+from agent_envs.core.steps import StepScorer
 
 SCORERS = ("judge", "vlm-prm")
 

@@ -113,7 +113,7 @@ class GRPOEnvironment:
         env = gym.make(env_id, **({"tasks": list(tasks)} if tasks is not None else {"dataset": dataset}),
                        **self.env_kwargs)
         try:
-            self.tasks = list(env.unwrapped.tasks)[:limit]
+            self.tasks = list(env.get_wrapper_attr("tasks"))[:limit]
             self.openings = [env.reset(options={"task": t, "row_index": i})[0] for i, t in enumerate(self.tasks)]
         finally:
             env.close()

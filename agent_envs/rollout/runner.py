@@ -25,12 +25,13 @@ from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 
-from agent_envs.data.tasks import episode_key, task_id
-from agent_envs.policy.base import Completion, GenerationRequest, Policy, error_text
+from agent_envs.core.tasks import episode_key, task_id
+from agent_envs.policy.base import Completion, GenerationRequest, Policy, batch_or_each, error_text
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
-from agent_envs.rewards.gather import ScoreGatherer
-from agent_envs.rewards.step import StepContext, StepScore, StepScorer, process_fields
+from agent_envs.core.steps import StepContext, StepScore, StepScorer
+from agent_envs.scoring.process import process_fields
 
+from .gather import ScoreGatherer
 from .records import EpisodeRecord, JsonlWriter, as_row
 from .resume import prepare_resume
 
@@ -85,8 +86,14 @@ class _Episode:
     def done(self) -> bool:
         return self.episode is not None or self.error is not None
 
+    def next_request(self) -> GenerationRequest:
+        """The request of a live episode (one that has not ended always has its next request)."""
+        assert self.request is not None
+        return self.request
+
     def start(self) -> None:
         """Reset the env for this job and fetch the first request (worker thread)."""
+        assert self.env is not None
         t = time.perf_counter()
         try:
             self.env.reset(options={
@@ -103,6 +110,7 @@ class _Episode:
 
     def advance(self, completion: Completion) -> None:
         """Feed one completion; then either the episode is over or ``request`` is the next one."""
+        assert self.env is not None
         t = time.perf_counter()
         self.new_contexts = []
         self.policy_calls += 1
@@ -244,25 +252,8 @@ class _Progress:
 
 # --------------------------------------------------------------------------- lockstep
 def _generate_batch(policy: Policy, requests: Sequence[GenerationRequest]) -> list[Completion]:
-    """One batched call.  If it raises, every request is retried on its own (as the reference
-    runner does), so one bad request fails only its own episode."""
-    def call(batch: Sequence[GenerationRequest]) -> list[Completion]:
-        out = policy.generate(list(batch))
-        if len(out) != len(batch) or not all(isinstance(c, Completion) for c in out):
-            raise RuntimeError(f"policy returned {len(out)} items for {len(batch)} requests, not Completions")
-        return out
-
-    try:
-        return call(requests)
-    except Exception:
-        return [_single(call, r) for r in requests]
-
-
-def _single(call: Callable[[Sequence[GenerationRequest]], list[Completion]], request: GenerationRequest) -> Completion:
-    try:
-        return call([request])[0]
-    except Exception as exc:
-        return Completion.failed(exc)
+    """One batched call; a failure is retried request by request (:func:`batch_or_each`)."""
+    return batch_or_each(policy.generate, requests, lambda request, exc: Completion.failed(exc))
 
 
 def _run_lockstep(ctx: _Context, jobs: Sequence[Job], batch_size: int, pool: ThreadPoolExecutor) -> None:
@@ -276,7 +267,7 @@ def _run_lockstep(ctx: _Context, jobs: Sequence[Job], batch_size: int, pool: Thr
         live = _settle(ctx, envs, list(enumerate(episodes)))
         while live:
             t = time.perf_counter()
-            completions = _generate_batch(ctx.policy, [ep.request for _, ep in live])
+            completions = _generate_batch(ctx.policy, [ep.next_request() for _, ep in live])
             for _, ep in live:
                 ep.generation_s.append(time.perf_counter() - t)
             list(pool.map(_Episode.advance, [ep for _, ep in live], completions))

@@ -1,7 +1,7 @@
 """Token trajectories out of records: one training sequence per episode (docs/rl.md#token-trajectories).
 
 A record of a run with ``token_trajectories=True`` holds its episode as the engine saw it (see
-:mod:`agent_envs.trajectory`).  :func:`episode_tokens` turns it into what an RL trainer consumes:
+:mod:`agent_envs.core.trajectory`).  :func:`episode_tokens` turns it into what an RL trainer consumes:
 the whole sequence, a loss mask that is 1 exactly on the tokens the engine sampled (0 on the
 prompt, on observations and on scripted turns), the log-probabilities aligned with it, where each
 turn starts and ends, and the episode's reward (its score).  :func:`export_tokens` writes them as
@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from agent_envs.atomic import atomic_write
-from agent_envs.trajectory import segments, sequence
+from agent_envs.core.atomic import atomic_write
+from agent_envs.core.trajectory import segments, sequence
 
 from .records import EpisodeRecord, as_row, dumps_line
 

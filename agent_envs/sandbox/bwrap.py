@@ -26,6 +26,7 @@ import stat
 import subprocess
 import time
 import weakref
+from typing import Any, Callable
 
 import pexpect
 import ptyprocess
@@ -33,8 +34,8 @@ import ptyprocess
 from agent_envs.sandbox import _procs
 from agent_envs.sandbox._bwrap_layout import (command_prefix, find_bwrap, layout_args, set_rlimits,
                                               with_ulimit)
-from agent_envs.sandbox._capture import PendingWrite, StreamReader, captured, drain, pump
-from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig, remove_folders, staged_mounts
+from agent_envs.sandbox.capture import PendingWrite, Source, StreamReader, captured, drain, pump
+from agent_envs.sandbox.base import PID_NAMESPACE, PROCESSES, ExecResult, Sandbox, SandboxConfig, remove_folders, staged_mounts
 
 #: fixed fd numbers of the driver's pipes inside the sandbox
 FD_PTY, FD_CMD, FD_OUT, FD_ERR, FD_USERNS = 59, 60, 61, 62, 63
@@ -95,7 +96,7 @@ class _Layout:
                 *program]
 
     def popen(self, program: list[str], options: tuple[str, ...] = (), pass_fds: tuple[int, ...] = (),
-              stdin: int = subprocess.PIPE) -> subprocess.Popen:
+              stdin: int = subprocess.PIPE) -> subprocess.Popen[bytes]:
         """``program`` in a new sandbox of this layout, stdout/stderr piped, in its own session."""
         fd = self.userns.fd if self.userns is not None else -1
         limits = self.limits
@@ -174,14 +175,14 @@ class _PtyStatus:
         self.buf = self.buf[-64:]
 
 
-class _Spawn(pexpect.spawn):
+class _Spawn(pexpect.spawn):  # type: ignore[misc]  # pexpect has no type information
     """pexpect.spawn that can hand extra file descriptors to the child."""
 
-    def __init__(self, *args, pass_fds: tuple[int, ...] = (), **kwargs) -> None:
+    def __init__(self, *args: Any, pass_fds: tuple[int, ...] = (), **kwargs: Any) -> None:
         self._pass_fds = pass_fds
         super().__init__(*args, **kwargs)
 
-    def _spawnpty(self, args, **kwargs):
+    def _spawnpty(self, args: list[str], **kwargs: Any) -> Any:
         return ptyprocess.PtyProcess.spawn(args, pass_fds=self._pass_fds, **kwargs)
 
 
@@ -279,14 +280,14 @@ class _Shell:
         self._drain_cmd()
         writer = PendingWrite(self.cmd_w, nonce.encode() + payload + b"\0")
         writer.on_ready()
-        sources = [out, err, status]
+        sources: list[Source] = [out, err, status]
 
         def complete() -> bool:
             return (status.rc is not None and out.done and err.done) or status.done
 
         timed_out = not pump(sources, complete, started + timeout, writer)
         if timed_out:
-            self._abort(sources, complete)
+            self._abort(out, err, sources, complete)
         if status.done and status.rc is None:  # the sandbox died (kill -9 $$, exec, ...)
             drain(out, err, time.monotonic() + ABORT_GRACE_S)
             rc = self._reap()
@@ -297,7 +298,7 @@ class _Shell:
         return ExecResult(returncode=124 if timed_out else rc, timed_out=timed_out, **captured(out, err),
                           duration_s=time.monotonic() - started, timeout_s=timeout)
 
-    def _abort(self, sources: list, complete) -> None:
+    def _abort(self, out: StreamReader, err: StreamReader, sources: list[Source], complete: Callable[[], bool]) -> None:
         """Timeout: kill the command's processes; if the shell itself is busy, SIGUSR2 re-execs it."""
         deadline = time.monotonic() + ABORT_GRACE_S
         _procs.kill_all(self.others())
@@ -309,7 +310,7 @@ class _Shell:
             if pump(sources, complete, min(deadline, time.monotonic() + 0.1)):
                 return
         self.close()  # the shell ignores us (trapped USR2?): rebuild on the next command
-        drain(sources[0], sources[1], time.monotonic() + ABORT_GRACE_S)
+        drain(out, err, time.monotonic() + ABORT_GRACE_S)
 
     def _reap(self) -> int:
         self.close()
@@ -334,7 +335,7 @@ class _Shell:
                 pass
 
 
-def _finalize(state: dict) -> None:
+def _finalize(state: dict[str, Any]) -> None:
     shell = state.pop("shell", None)
     if shell is not None:
         shell.close()
@@ -346,11 +347,13 @@ def _finalize(state: dict) -> None:
 class BwrapSandbox(Sandbox):
     """Commands in bubblewrap; see the module docstring for the two modes."""
 
+    capabilities = frozenset({PROCESSES, PID_NAMESPACE})
+
     def __init__(self, config: SandboxConfig) -> None:
         if config.mode not in ("persistent", "fresh"):
             raise ValueError(f"unknown bwrap mode {config.mode!r}; expected 'persistent' or 'fresh'")
         self.config = config
-        self._state: dict = {"layout": _Layout(config)}
+        self._state: dict[str, Any] = {"layout": _Layout(config)}
         self._finalizer = weakref.finalize(self, _finalize, self._state)
 
     def run(self, command: str, timeout: float | None = None) -> ExecResult:
@@ -370,20 +373,25 @@ class BwrapSandbox(Sandbox):
             return _launch_error(str(exc), started)
         return shell.run(payload, limit, self.config.limits.capture_keep)
 
-    def popen(self, program: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    def popen(self, program: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
         """Start a long-lived tool process (e.g. the python tool's interpreter) in a new sandbox
         with this episode's layout and limits; stdin/stdout/stderr are pipes.  End it with
         :meth:`stop`."""
-        layout = self._state.get("layout")
+        layout: _Layout | None = self._state.get("layout")
         if layout is None:
             raise OSError("sandbox is closed")
         return layout.popen(program, pass_fds=pass_fds)
 
     @staticmethod
-    def stop(proc: subprocess.Popen) -> None:
+    def stop(proc: subprocess.Popen[bytes]) -> None:
         """Kill everything ``proc``'s sandbox runs and reap it."""
         _procs.teardown(proc.pid)
         proc.wait()
+
+    @staticmethod
+    def process_ids(proc: subprocess.Popen[bytes]) -> list[int]:
+        """Host pids of ``proc`` and every process below it."""
+        return [proc.pid, *_procs.descendants(proc.pid)]
 
     def processes(self) -> list[int]:
         """Host pids of this sandbox's processes (bwrap monitor included); empty when none runs."""

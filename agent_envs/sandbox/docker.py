@@ -21,7 +21,7 @@ import subprocess
 import time
 
 from agent_envs.sandbox._bwrap_layout import with_ulimit
-from agent_envs.sandbox._capture import StreamReader, captured, drain
+from agent_envs.sandbox.capture import StreamReader, captured, drain
 from agent_envs.sandbox.base import (BASE_ENV, ExecResult, Sandbox, SandboxConfig, SandboxUnavailable,
                                      remove_folders, staged_mounts)
 
@@ -61,7 +61,7 @@ def _remove_leftovers() -> None:
     _LIVE.clear()
 
 
-def _docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -166,6 +166,7 @@ class DockerSandbox(Sandbox):
         except (OSError, ValueError) as exc:
             return ExecResult(returncode=126, launch_error=str(exc), timeout_s=limit)
         with proc:
+            assert proc.stdout is not None and proc.stderr is not None
             out = StreamReader(proc.stdout.fileno(), keep)
             err = StreamReader(proc.stderr.fileno(), keep)
             expired = not drain(out, err, start + limit + HOST_GRACE_S)

@@ -56,8 +56,8 @@ def _threads():
 def _execute(code, scope):
     """Run one block like a notebook cell: the value of a final bare expression is printed."""
     tree = compile(code, "<python>", "exec", _ast.PyCF_ONLY_AST)
-    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], _ast.Expr) else None
-    exec(compile(tree, "<python>", "exec"), scope)
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], _ast.Expr) else None  # type: ignore[attr-defined]
+    exec(compile(tree, "<python>", "exec"), scope)  # type: ignore[call-overload]
     if last is not None:
         exec(compile(_ast.Interactive([last]), "<python>", "single"), scope)
 
@@ -105,7 +105,7 @@ def main():
             os._exit(rc)
         for stream in (sys.__stdout__, sys.__stderr__):
             try:
-                stream.flush()
+                stream.flush()  # type: ignore[union-attr]
             except (OSError, ValueError):
                 pass
         if sweep:

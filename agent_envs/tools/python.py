@@ -4,8 +4,9 @@ Variables, imports and function definitions persist across calls, so a step cost
 trip instead of an interpreter start-up.  The interpreter runs ``_py_driver.py`` in a sandbox of
 its own (``Sandbox.popen``: bubblewrap with the shell's namespaces, mounts, uid and rlimits, or
 the unsandboxed ``"none"`` backend); it does not share the bash tool's ``/workspace``, and the
-shell's ``mode`` does not apply (the interpreter lives for the episode by definition).  The
-docker backend is not supported yet (``SandboxUnavailable``).
+shell's ``mode`` does not apply (the interpreter lives for the episode by definition).  It needs
+the sandbox capability :data:`~agent_envs.sandbox.base.PROCESSES`, which the docker backend does
+not have yet (an environment offering the tool refuses that backend when it is made).
 
 Per call the guarantees match the bash tool's: output is captured in head/tail windows and
 framed by :func:`agent_envs.sandbox.output.format_observation`; every process the code started
@@ -22,11 +23,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from agent_envs.sandbox import _procs
-from agent_envs.sandbox._capture import PendingWrite, StreamReader, captured, drain, pump
-from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig, SandboxUnavailable
+from agent_envs.core.spec import Framing, ToolSpec
+from agent_envs.sandbox.base import PID_NAMESPACE, PROCESSES, ExecResult, Sandbox, SandboxConfig, SandboxUnavailable
+from agent_envs.sandbox.capture import PendingWrite, StreamReader, captured, drain, pump
 from agent_envs.sandbox.factory import make_sandbox
-from agent_envs.core.spec import Framing
 from agent_envs.sandbox.output import format_observation
 
 DRIVER = (Path(__file__).with_name("_py_driver.py")).read_text(encoding="utf-8")
@@ -70,7 +70,7 @@ class _Interpreter:
         self.sandbox = sandbox
         status_r, status_w = os.pipe()
         try:
-            self.proc: subprocess.Popen = sandbox.popen(  # type: ignore[attr-defined]
+            self.proc: subprocess.Popen[bytes] = sandbox.popen(
                 ["python3", "-u", "-c", DRIVER, str(status_w), "1" if sweep else "0"],
                 pass_fds=(status_w,))
         except BaseException:
@@ -121,7 +121,7 @@ class _Interpreter:
             why = _exit_reason(self.proc.returncode)
         else:
             if not self.sweep:
-                self.sandbox.sweep(self.proc)  # type: ignore[attr-defined]
+                self.sandbox.sweep(self.proc)
             if self.status.kind == "X":
                 self.close()
                 why = "the code left the interpreter unusable (see above)"
@@ -130,13 +130,13 @@ class _Interpreter:
                           duration_s=time.monotonic() - started, timeout_s=timeout), why
 
     def processes(self) -> list[int]:
-        return [] if self.dead else [self.proc.pid, *_procs.descendants(self.proc.pid)]
+        return [] if self.dead else self.sandbox.process_ids(self.proc)
 
     def close(self) -> None:
         if self.dead:
             return
         self.dead = True
-        self.sandbox.stop(self.proc)  # type: ignore[attr-defined]
+        self.sandbox.stop(self.proc)
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 try:
@@ -165,11 +165,12 @@ class PythonTool:
     def __init__(self, sandbox: SandboxConfig | str | dict | None = None) -> None:
         self._sandbox = make_sandbox(sandbox)
         self.config = self._sandbox.config
-        if not hasattr(self._sandbox, "popen"):
+        if PROCESSES not in self._sandbox.capabilities:
             self._sandbox.close()
             raise SandboxUnavailable(f"the python tool cannot run on the {self.config.backend!r} backend "
                                      "yet; use 'bwrap' or 'none'")
-        self._sweep = self.config.backend == "bwrap"
+        #: the interpreter kills what each call started itself, inside its own pid namespace
+        self._sweep = PID_NAMESPACE in self._sandbox.capabilities
         self._interp: _Interpreter | None = None
         self.restarts = 0
 
@@ -231,3 +232,8 @@ class PythonObserver:
 
     def close(self) -> None:
         self.tool.close()
+
+
+#: the declaration: ``{"code": "<python code>"}``, one persistent interpreter per episode
+PYTHON = ToolSpec("python", PythonObserver, argument="code", framing=Framing(label="Python", translate_newlines=True),
+                  needs=frozenset({PROCESSES}))

@@ -1,7 +1,7 @@
 """The ``view`` tool: a region of an image bound into the sandbox, shown to the model as an image
 (docs/protocol.md#view-tool).
 
-Its input is the action's whole ``arguments`` object: ``{}`` is the whole image, ``{"box": [x0, y0,
+Its input is the action's whole ``arguments`` object, as data: ``{}`` is the whole image, ``{"box": [x0, y0,
 x1, y1]}`` a region in the image's pixels (``x1``/``y1`` exclusive, as in PIL's ``crop``),
 ``"zoom": z`` scales it.  The result is never larger than ``max_pixels``; a larger one is scaled
 down and the observation says so.  Bad arguments give a warning text and no image, never an
@@ -13,11 +13,12 @@ import hashlib
 import io
 import json
 import math
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from agent_envs.core.observation import Observation, Shown, shown
-from agent_envs.core.spec import Framing
+from agent_envs.core.spec import Framing, ToolSpec
 from agent_envs.core.types import error_text
 from agent_envs.sandbox.base import SandboxConfig
 
@@ -112,7 +113,7 @@ class ViewTool:
         self._image: Any = None
         self._digest = ""
 
-    def run(self, arguments: str) -> str | Observation:
+    def run(self, arguments: dict[str, Any]) -> str | Observation:
         if self._image is None:
             try:
                 self._image, self._digest = load_page(self.source)
@@ -120,11 +121,8 @@ class ViewTool:
                 return f"[ERROR] The image cannot be read: {error_text(exc)}"
         image = self._image
         try:
-            parsed = json.loads(arguments)
-            if not isinstance(parsed, dict):
-                raise ViewError("arguments must be a JSON object")
-            box, zoom = parse_view(parsed, image.width, image.height, self.max_zoom)
-        except ValueError as exc:  # ViewError, or JSON that does not decode
+            box, zoom = parse_view(arguments, image.width, image.height, self.max_zoom)
+        except ViewError as exc:
             return (f"Invalid view arguments: {exc}. No image is shown. Use {{}} for the whole "
                     f"{image.width}x{image.height} image, or {{\"box\": [x0, y0, x1, y1]}} in its pixels, "
                     f"optionally with \"zoom\": z (0 < z <= {self.max_zoom:g}).")
@@ -133,3 +131,9 @@ class ViewTool:
 
     def close(self) -> None:
         self._image = None
+
+
+def view_tool(target: str, max_pixels: int = MAX_PIXELS) -> ToolSpec:
+    """The declaration of a view tool over the image mounted at ``target``, showing at most
+    ``max_pixels`` per image: ``{"box": [x0, y0, x1, y1], "zoom": z}``, the arguments object itself."""
+    return ToolSpec("view", partial(ViewTool, target=target, max_pixels=max_pixels), argument=None)

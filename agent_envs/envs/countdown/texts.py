@@ -14,7 +14,6 @@ FORMAT_WARNING = (
 )
 #: single-turn mode: no tools, so the only valid reply is the final answer
 SINGLE_TURN_FORMAT_WARNING = "No final answer was found. End your reply with: Final answer: \\boxed{<expression>}"
-UNKNOWN_ACTION = "Unknown action '{name}'. Available actions are python and bash."
 NO_INPUT = "No code or command was provided."
 BLOCKED = "Blocked unsafe or interactive desktop command in the Countdown sandbox."
 
@@ -23,7 +22,6 @@ NATIVE_TOOL_REQUIRED = ("You must call the python or bash tool before answering.
                         "Check your expression with a tool, then provide Final answer.")
 NATIVE_FORMAT_WARNING = ("No tool call was found. Call the python or bash tool, or finish after using one with: "
                          "Final answer: \\boxed{<expression>}")
-NATIVE_UNKNOWN_TOOL = "Unknown tool '{name}'. The available tools are python and bash."
 PYTHON_DESCRIPTION = ("Run Python code in an interpreter that keeps its variables and imports between calls; "
                       "returns what it prints.")
 PYTHON_CODE = "The Python code to run; print what you want to see."

@@ -20,8 +20,8 @@ from typing import Any
 from PIL import Image, UnidentifiedImageError
 from pydantic import ValidationError
 
-from agent_envs.atomic import atomic_write
-from agent_envs.data.jsonl import jsonl_rows
+from agent_envs.core.atomic import atomic_write
+from agent_envs.core.jsonl import jsonl_rows
 from agent_envs.envs.docvqa.task import DocTask
 
 HF_REPO = "lmms-lab/DocVQA"

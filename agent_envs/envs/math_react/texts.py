@@ -21,6 +21,5 @@ NATIVE_TOOL_REQUIRED = ("You must call the bash tool before answering. "
                         "Use command-line Python to compute or verify the solution, then provide Final answer.")
 NATIVE_FORMAT_WARNING = ("No tool call was found. Call the bash tool, or finish after using it with: "
                          "Final answer: \\boxed{<answer>}")
-NATIVE_UNKNOWN_TOOL = "Unknown tool '{name}'. The available tool is bash."
 BASH_DESCRIPTION = "Run a shell command in an isolated workspace and return its output and exit code."
 BASH_COMMAND = "The shell command, for example python3 -c \"print(2**10)\"."

@@ -1,9 +1,8 @@
 """``Countdown-Tools-v0``: the Countdown environment with native tool calls (docs/protocol.md#native-tool-calls)."""
 from __future__ import annotations
 
-from typing import Any
-
-from agent_envs.envs.countdown.env import CountdownReActEnv
+from agent_envs.core.spec import EnvSpec
+from agent_envs.envs.countdown.env import CountdownOptions, CountdownReActEnv
 from agent_envs.envs.countdown.native.spec import SPEC
 
 
@@ -12,10 +11,10 @@ class CountdownToolsEnv(CountdownReActEnv):
 
     env_spec = SPEC
 
-    def __init__(self, **kwargs: Any):
-        if kwargs.get("single_turn"):
+    def _spec_for(self, options: CountdownOptions) -> EnvSpec:
+        if options.single_turn:
             raise ValueError("Countdown-Tools-v0 has no single_turn mode; use Countdown-ReAct-v0 with single_turn=True")
-        super().__init__(**kwargs)
+        return self.env_spec
 
 
 Env = CountdownToolsEnv

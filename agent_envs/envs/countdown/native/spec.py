@@ -6,14 +6,13 @@ from __future__ import annotations
 from agent_envs.core.spec import ParserSpec, Rules
 from agent_envs.envs.countdown import texts
 from agent_envs.envs.countdown.spec import SPEC as REACT
-from agent_envs.envs.countdown.spec import TOOLS
 from agent_envs.envs.native import native_variant
 from agent_envs.protocol.native import function_schema
 
 SCHEMAS = (function_schema("python", "code", texts.PYTHON_DESCRIPTION, texts.PYTHON_CODE),
            function_schema("bash", "command", texts.BASH_DESCRIPTION, texts.BASH_COMMAND))
 RULES = Rules(ParserSpec(native_tool_calls=True), texts.NATIVE_TOOL_REQUIRED, texts.NATIVE_FORMAT_WARNING,
-              tools=TOOLS, unknown_action=texts.NATIVE_UNKNOWN_TOOL, no_input=texts.NO_INPUT, tool_schemas=SCHEMAS)
+              no_input=texts.NO_INPUT, tool_schemas=SCHEMAS)
 
 SPEC = native_variant(
     REACT, id="Countdown-Tools-v0", entry_point="agent_envs.envs.countdown.native.env:Env", rules=RULES,

@@ -10,7 +10,6 @@ from agent_envs.envs.native import native_variant
 from agent_envs.protocol.native import function_schema
 
 RULES = Rules(ParserSpec(native_tool_calls=True), texts.NATIVE_TOOL_REQUIRED, texts.NATIVE_FORMAT_WARNING,
-              unknown_action=texts.NATIVE_UNKNOWN_TOOL,
               tool_schemas=(function_schema("bash", "command", texts.BASH_DESCRIPTION, texts.BASH_COMMAND),))
 
 SPEC = native_variant(

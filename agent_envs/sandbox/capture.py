@@ -1,4 +1,5 @@
-"""Streaming capture shared by the sandboxes: bounded memory whatever a command prints.
+"""Streaming capture shared by the sandboxes and the tools that drive sandboxed processes: bounded
+memory whatever a command prints.
 
 A :class:`Window` keeps the first and last ``keep`` bytes of a stream and counts what fell in
 between, so ``yes`` or ``cat /dev/urandom`` for 20 s costs 2*keep bytes, not gigabytes.

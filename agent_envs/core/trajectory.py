@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 from agent_envs.core.content import Message, has_images
 from agent_envs.core.types import Completion
-from agent_envs.tokens import TokenCounter
+from agent_envs.core.tokens import TokenCounter
 
 #: the assistant content whose rendering marks where a reply's closing markup starts
 REPLY_MARKER = "agentenvsreplymarker"
@@ -36,7 +36,7 @@ def continuation_ids(counter: TokenCounter, head: Sequence[Message], observation
     """What the chat template puts after an assistant reply's content when ``observations`` follow
     it: the reply's closing markup, the messages and the generation prompt, as token ids.
 
-    ``head`` (the opening messages) stands in for the history, as in :class:`~agent_envs.tokens.PromptTally`;
+    ``head`` (the opening messages) stands in for the history, as in :class:`~agent_envs.core.tokens.PromptTally`;
     the text after the marker starts at a special token in every chat template we know, so it is
     tokenised on its own."""
     if has_images(observations):
@@ -52,7 +52,7 @@ def kept_ids(counter: TokenCounter, ids: list[int], text: str) -> list[int]:
     """The sampled ids less those past the point where a stop string cut the text: when the ids
     decode to ``text`` and more, the longest prefix that decodes to a prefix of ``text``; otherwise
     (nothing was cut) all of them."""
-    decode = counter.tokenizer.decode
+    decode = _tokenizer(counter).decode
     full = decode(ids, skip_special_tokens=True)
     if full == text or not full.startswith(text):
         return list(ids)
@@ -60,6 +60,13 @@ def kept_ids(counter: TokenCounter, ids: list[int], text: str) -> list[int]:
         if text.startswith(decode(ids[:keep], skip_special_tokens=True)):
             return list(ids[:keep])
     return []
+
+
+def _tokenizer(counter: TokenCounter) -> Any:
+    """The counter's tokenizer (a trajectory is only started with one)."""
+    if counter.tokenizer is None:
+        raise ValueError("token trajectories need a tokenizer")
+    return counter.tokenizer
 
 
 def _finite_or_none(values: Sequence[float] | None) -> list[float | None] | None:
@@ -127,7 +134,7 @@ class TokenTrajectory:
             self.broken = f"turn {len(self.turns)}: {exc}"
             return
         last = self.turns[-1]["completion_ids"]
-        if last and added and last[-1] == added[0] and added[0] in set(self.counter.tokenizer.all_special_ids):
+        if last and added and last[-1] == added[0] and added[0] in set(_tokenizer(self.counter).all_special_ids):
             added = added[1:]  # the completion already ended its turn with this token
         self.turns[-1]["observation_ids"] = added
         self.ids += added
