@@ -13,7 +13,8 @@ tokens each (``ignore_eos``), and the same token workload goes through:
   async with ``--tail-concurrency`` episodes in flight;
 * logprobs on: the lockstep and async rollouts again with ``token_trajectories=True`` (every
   request asks for the sampled tokens' log-probabilities and carries its prompt as token ids; the
-  records keep them), the workload an RL trainer runs.  The default rows above keep them off.
+  records keep them), the workload an RL trainer runs, and a raw replay of that lockstep row's
+  engine calls (what the engine itself pays for logprobs).  The default rows above keep them off.
 
 The two engines run one after the other, each with the whole GPU (``--gpu-memory-utilization``):
 the offline ``LLM`` is built with its engine core in a child process so shutting it down frees the
@@ -189,6 +190,24 @@ def check_trajectories(name: str, records: list) -> None:
             raise SystemExit(f"{name}: episode {record.key} has an incomplete token trajectory")
 
 
+def raw_replay(name: str, llm: Any, sampling: SamplingConfig, groups: list) -> dict[str, Any]:
+    """The exact engine calls of a rollout again, straight to ``llm.generate`` (no environment)."""
+    from agent_envs.policy.vllm import sampling_params, tokens_prompt
+
+    llm.reset_prefix_cache()
+    gc_before, full_before = GC.seconds, GC.full
+    start = time.perf_counter()
+    tokens = 0
+    for group in groups:
+        outs = llm.generate([tokens_prompt(p) for p in group], [sampling_params(sampling, p) for p in group],
+                            use_tqdm=False)
+        tokens += sum(len(o.outputs[0].token_ids) for o in outs)
+    wall = time.perf_counter() - start
+    out = row(f"{name} ({len(groups)} calls)", wall, tokens, None, wall)
+    out["gc_s"], out["gc_full"] = GC.seconds - gc_before, GC.full - full_before
+    return out
+
+
 def warm_rollout(policy: Policy, mode: str) -> None:
     """A short rollout before the clock starts: one-off process costs (the scorer's imports, template
     compilation, tokenizer checks) are paid once per process, not per rollout, and would otherwise
@@ -275,23 +294,16 @@ def main() -> None:
     policy.calls.clear()
     rows.append(rollout("lockstep, VLLMPolicy defaults", policy, "lockstep", uniform, args, args.episodes))
     calls = list(policy.calls)
-    policy.llm.reset_prefix_cache()
-    gc_before, full_before = GC.seconds, GC.full
-    start = time.perf_counter()
-    raw_tokens = 0
-    for group in calls:
-        outs = policy.llm.generate([tokens_prompt(p) for p in group], [sampling_params(sampling, p) for p in group],
-                                   use_tqdm=False)
-        raw_tokens += sum(len(o.outputs[0].token_ids) for o in outs)
-    wall = time.perf_counter() - start
-    rows.insert(0, row(f"raw llm.generate ({len(calls)} calls)", wall, raw_tokens, None, wall))
-    rows[0]["gc_s"], rows[0]["gc_full"] = GC.seconds - gc_before, GC.full - full_before
+    rows.insert(0, raw_replay("raw llm.generate", policy.llm, sampling, calls))
     if not args.skip_tail:
         policy.llm.reset_prefix_cache()
         rows.append(rollout("long tail: lockstep", policy, "lockstep", tail_tasks, args, args.tail_concurrency, tail))
     policy.llm.reset_prefix_cache()
+    policy.calls.clear()
     rows.append(rollout("lockstep, logprobs on (token trajectories)", policy, "lockstep", uniform, args,
                         args.episodes, logprobs=True))
+    # the same engine calls (ids in, logprobs asked) without the environments: what vLLM itself costs
+    rows.append(raw_replay("raw llm.generate, logprobs on", policy.llm, sampling, list(policy.calls)))
     policy.close()
     del policy
     if not args.cpu:
@@ -355,6 +367,9 @@ def main() -> None:
     for mode, default in (("lockstep", lock["tok_s"]), ("async", asynchronous)):
         on = by[f"{mode}, logprobs on (token trajectories)"]["tok_s"]
         print(f"{mode} with logprobs on: {on / raw:.1%} of raw, {on / default:.1%} of {mode} with them off")
+    raw_on = next(r for r in rows if r["variant"].startswith("raw llm.generate, logprobs on"))["tok_s"]
+    print(f"raw llm.generate with logprobs on: {raw_on / raw:.1%} of raw with them off; lockstep with logprobs on "
+          f"{by['lockstep, logprobs on (token trajectories)']['tok_s'] / raw_on:.1%} of it")
     if not args.skip_async_raw:
         print(f"async {asynchronous / by['raw AsyncLLM (same prompts)']['tok_s']:.1%} of raw generation on its own engine")
     if not args.skip_tail:
