@@ -42,6 +42,14 @@ class GenerationRequest(BaseModel):
     #: route job ``row_index * samples + sample_index`` like the protocol's engine assignment (4.7)
     row_index: int | None = None
     sample_index: int | None = None
+    #: the exact prompt: engines send these ids instead of rendering ``messages`` (token-in,
+    #: token-out: the environment's token trajectory, docs/rl.md#token-trajectories)
+    prompt_token_ids: list[int] | None = None
+    #: return the log-probability of each sampled token (off by default: it costs throughput)
+    logprobs: bool = False
+    #: tool schemas (OpenAI ``tools`` entries) the chat template renders into the prompt
+    #: (docs/protocol.md#native-tool-calls); None: no tools are shown
+    tools: list[dict[str, Any]] | None = None
 
 
 class Completion(BaseModel):
@@ -60,6 +68,12 @@ class Completion(BaseModel):
     error_message: str | None = None
     #: which engine or endpoint produced it
     engine: str | None = None
+    #: with ``request.logprobs``: the sampled tokens' log-probabilities, aligned with ``token_ids``
+    logprobs: list[float] | None = None
+    #: with ``request.logprobs``: the prompt ids as the engine reports having seen them
+    prompt_token_ids: list[int] | None = None
+    #: tool calls a server parsed out of the text (OpenAI ``message.tool_calls`` entries)
+    tool_calls: list[dict[str, Any]] | None = None
 
     @property
     def ok(self) -> bool:
