@@ -118,9 +118,11 @@ def history_config(history: Sequence[Record]) -> Record:
 
 def replay_is_exact(history: Sequence[Record]) -> bool:
     """Whether a replay rebuilds the trained weights bit for bit: only if training reverted each
-    member exactly.  In-place revert leaves a rounding residue per member, which a replay (updates
-    alone) does not repeat, so its weights and checksum differ slightly from the trained ones."""
-    return bool(history_config(history).get("exact_revert", False))
+    member exactly, or never perturbed the weights (low-rank members are adapters).  In-place
+    revert leaves a rounding residue per member, which a replay (updates alone) does not repeat, so
+    its weights and checksum differ slightly from the trained ones."""
+    config = history_config(history)
+    return bool(config.get("exact_revert", False)) or config.get("perturbation") == "lowrank"
 
 
 def is_update_record(record: Record) -> bool:
@@ -166,8 +168,20 @@ def replay(
     generations: int | None = None,
     tp_size: int = 1,
 ) -> int:
-    """Re-apply the first ``generations`` updates onto ``backend``; return how many were applied."""
+    """Re-apply the first ``generations`` updates onto ``backend``; return how many were applied.
+    A low-rank history (docs/protocol.md#low-rank-es) replays only onto a low-rank backend, with
+    each record's sigma, and a full-rank one only onto a full-rank backend."""
     check_tp_size(history, tp_size)
+    kind, wanted = str(history_config(history).get("perturbation", "full")), getattr(backend, "perturbation_kind", "full")
+    if kind != wanted:
+        raise ValueError(f"the history was trained with {kind} noise; refusing to replay it onto a {wanted} backend")
+    if kind == "lowrank":
+        from .lowrank import lowrank_updates
+
+        updates = lowrank_updates(history, generations, seed, population)
+        for update in updates:
+            backend.update(update["seeds"], update["weights"], update["alpha"], update["sigma"])  # type: ignore[call-arg]
+        return len(updates)
     records = update_records(history, generations)
     check_seed_sequence([r["seeds"] for r in records], seed, population)
     for record in records:
