@@ -17,6 +17,8 @@ Examples::
     AGENT_ENVS_ES_CPU_PLAIN_LINEAR=1 python examples/es_train.py --model ~/.cache/agent-envs/smollm2-hf ...
     # continuous rollouts: AsyncVLLMPolicy (engine core in its own process, perturbed by name)
     python examples/es_train.py --mode async ...
+    # low-rank population batching: every member a rank-4 LoRA adapter, all served at once by one engine
+    python examples/es_train.py --perturbation lowrank --rank 4 ... (docs/protocol.md#low-rank-es)
     # fitness = 0.7 * outcome + 0.3 * mean step score from a judge served on 127.0.0.1:8001
     python examples/es_train.py ... --step-scorer judge --judge-url http://127.0.0.1:8001/v1 \
         --judge-model Qwen/Qwen3-8B --process-weight 0.3 --process-aggregation mean
@@ -24,10 +26,13 @@ Examples::
 Options (see ``--help``): --env, --model, --train, --eval, --eval-limit, --generations,
 --population, --case-batch, --sigma-start/--sigma-end/--sigma-schedule/--sigma-warmup/
 --sigma-total-steps, --alpha, --normalization/--ddof/--eps, --scope, --seed, --eval-interval,
---history, --resume (+ --resume-generations), --exact-revert, --max-turns, --max-tokens,
+--eval-samples, --eval-out (held-out records before and after, for ``agent-envs compare``), --env-arg,
+--history, --resume (+ --resume-generations), --exact-revert, --perturbation full|lowrank with --rank
+and --adapter-dir, --max-turns, --max-tokens,
 --sandbox, --mode, --toy-reward, process rewards (--step-scorer judge|vlm-prm with --judge-url/--judge-model/
 --judge-prompt or --prm-base/--prm-adapter, --process-weight, --process-aggregation:
 docs/protocol.md#fitness-combiner), engine settings (--dtype, --max-model-len, --gpu-memory-utilization,
+--engine-arg,
 --load-format, --rollout-token-budget), --engines N and --ray-address (an engine per GPU as Ray
 actors; docs/scaling.md).
 """
@@ -38,23 +43,30 @@ import hashlib
 import os
 import statistics
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights live in this process's worker
 
-from agent_envs.core.registry import ENV_IDS
-from agent_envs.envs.docvqa.data import load_docvqa_tasks
-from agent_envs.envs.math_react.data import load_math_tasks
-from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
+from agent_envs.cli import _key_value as key_value
+from agent_envs.core.registry import ENV_IDS, spec
+from agent_envs.es.batched import LowRankESTrainer
 from agent_envs.es.history import ESConfig, load_history, replay_is_exact, resume
+from agent_envs.es.lowrank import lora_rank_slot
 from agent_envs.es.normalize import NORMALIZATIONS
 from agent_envs.es.population import ESTrainer, evaluate_member
 from agent_envs.es.schedule import SCHEDULES
-from agent_envs.es.worker import EXTENSION, VLLMPerturbation
+from agent_envs.es.worker import EXTENSION, VLLMLowRank, VLLMPerturbation
+from agent_envs.policy.adapter import AdapterPolicy
 from agent_envs.policy.sampling import SamplingConfig
 from agent_envs.policy.vllm import AsyncVLLMPolicy, VLLMPolicy
+from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
 from agent_envs.rewards.combine import FitnessCombiner
-from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
+from agent_envs.rewards.options import (
+    add_scorer_arguments,
+    scorer_from_args,
+    scorer_settings,
+)
 from agent_envs.rewards.step import AGGREGATIONS, StepScorer
 from agent_envs.rollout import es_summary, run_episodes
 
@@ -81,10 +93,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scope", default="full", choices=["full", "all_linear"])
     p.add_argument("--seed", type=int, default=DEFAULT_BASE_SEED)
     p.add_argument("--eval-interval", type=int, default=10, help="0: only after the last generation")
+    p.add_argument("--eval-samples", type=int, default=1, help="samples per held-out task")
+    p.add_argument("--eval-out", default=None,
+                   help="keep the held-out records as run folders (DIR/before, DIR/after-g<G>) for `agent-envs "
+                        "compare`: evaluates once more before training, every evaluation with base seed --seed "
+                        "(the same sampling seeds before and after) and all episodes at once")
+    p.add_argument("--env-arg", action="append", default=[], type=key_value, metavar="KEY=VALUE",
+                   help="extra environment keyword (value parsed as JSON), e.g. single_turn=true")
     p.add_argument("--history", required=True, help="history.json path (rewritten every generation)")
     p.add_argument("--resume", default=None, help="history to replay before training")
     p.add_argument("--resume-generations", type=int, default=None, help="replay only the first K updates")
     p.add_argument("--exact-revert", action="store_true", help="restore weights bit-exactly after each member")
+    p.add_argument("--perturbation", default="full", choices=["full", "lowrank"],
+                   help="full: the reference's per-element noise, members one after another; lowrank: a rank-R "
+                        "product per weight, every member a LoRA adapter, all served at once (async mode)")
+    p.add_argument("--rank", type=int, default=4, help="--perturbation lowrank: the rank R of each member's noise")
+    p.add_argument("--adapter-dir", default=None,
+                   help="--perturbation lowrank: where each generation's adapters are written (default /dev/shm)")
     p.add_argument("--max-turns", type=int, default=50)
     p.add_argument("--max-tokens", type=int, default=None, help="per-turn tokens (env default: 4096 / 512)")
     p.add_argument("--sandbox", default="bwrap", choices=["bwrap", "none", "docker"])
@@ -92,10 +117,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=32768)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--load-format", default="auto", help='"dummy" gives random weights (smoke runs)')
+    p.add_argument("--engine-arg", action="append", default=[], type=key_value, metavar="KEY=VALUE",
+                   help="extra engine keyword (value parsed as JSON), e.g. max_num_batched_tokens=32768")
     p.add_argument("--rollout-token-budget", type=int, default=0,
                    help="lockstep microbatch size; 0: a whole turn per engine call, 131072: the reference's")
-    p.add_argument("--mode", default="lockstep", choices=["lockstep", "async"],
-                   help="lockstep: vllm.LLM, one batch per turn (reference); async: AsyncVLLMPolicy, continuous")
+    p.add_argument("--mode", default=None, choices=["lockstep", "async"],
+                   help="lockstep: vllm.LLM, one batch per turn (reference; the default for --perturbation full); "
+                        "async: AsyncVLLMPolicy, continuous (the default, and the only mode, for lowrank)")
     p.add_argument("--toy-reward", action="store_true",
                    help="reward = a hash of each episode's last completion in [0, 1): smoke runs on random "
                         "weights, whose real scores are all 0")
@@ -107,7 +135,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="fitness = (1 - w) * outcome + w * process score (0: outcome only)")
     p.add_argument("--process-aggregation", default=None, choices=list(AGGREGATIONS),
                    help="how step scores become the process score (default: the scorer's own)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    check_perturbation_args(p, args)
+    return args
+
+
+def check_perturbation_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Low-rank members share one engine at once, so they need the async engine and one engine."""
+    if args.perturbation == "full":
+        args.mode = args.mode or "lockstep"
+        return
+    if args.mode == "lockstep":
+        parser.error("--perturbation lowrank runs every member at once on one AsyncLLM: use --mode async")
+    if args.engines > 1 or args.ray_address:
+        parser.error("--perturbation lowrank serves the whole population from one engine; drop --engines/--ray-address")
+    if args.exact_revert:
+        parser.error("--exact-revert does not apply to --perturbation lowrank: its base weights are never perturbed")
+    try:
+        lora_rank_slot(args.rank)
+    except ValueError as exc:
+        parser.error(f"--rank: {exc}")
+    args.mode = "async"
 
 
 def build_process_reward(args: argparse.Namespace) -> tuple[StepScorer | None, FitnessCombiner | None]:
@@ -126,9 +174,8 @@ def build_process_reward(args: argparse.Namespace) -> tuple[StepScorer | None, F
 
 
 def load_tasks(env_id: str, path: str, limit: int | None = None) -> list[Any]:
-    if env_id == "MATH-ReAct-v0":
-        return load_math_tasks(path, limit=limit)
-    return load_docvqa_tasks(path, limit=limit)
+    """Tasks through the environment's own loader (a file, or a name such as ``builtin``)."""
+    return list(spec(env_id).load_tasks(path, limit=limit))
 
 
 def toy_reward(rows: Sequence[dict[str, Any]]) -> float:
@@ -164,12 +211,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         max_turns=args.max_turns, max_tokens=args.max_tokens, max_model_len=args.max_model_len,
         dtype=args.dtype, load_format=args.load_format, exact_revert=args.exact_revert,
         **({"fitness": {**scorer_settings(args), **combiner.model_dump()}} if combiner else {}),
+        **({"perturbation": "lowrank", "rank": args.rank} if args.perturbation == "lowrank" else {}),
     )
     # enable_prefix_caching stays on: the backend resets the prefix cache after every weight change.
     engine_kwargs = dict(worker_extension_cls=EXTENSION, dtype=args.dtype, max_model_len=args.max_model_len,
                          gpu_memory_utilization=args.gpu_memory_utilization, load_format=args.load_format,
                          enforce_eager=True, seed=args.seed, trust_remote_code=True)
-    env_kwargs: dict[str, Any] = {"max_turns": args.max_turns, "sandbox": args.sandbox}
+    engine_kwargs.update(dict(args.engine_arg))
+    if args.perturbation == "lowrank":  # one adapter slot per member, all in one batch
+        engine_kwargs.update(enable_lora=True, max_loras=args.population, max_cpu_loras=args.population,
+                             max_lora_rank=lora_rank_slot(args.rank))
+    env_kwargs: dict[str, Any] = {"max_turns": args.max_turns, "sandbox": args.sandbox, **dict(args.env_arg)}
     if args.max_tokens is not None:
         env_kwargs["max_tokens_per_turn"] = args.max_tokens
     if args.engines > 1 or args.ray_address:
@@ -180,7 +232,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             print("[es] --engines: each engine runs its members in lockstep mode", file=sys.stderr)
         return train_on_pool(args, config, train, held_out, engine_kwargs, env_kwargs)
     policy, engine = build_policy(args, engine_kwargs)
-    backend = VLLMPerturbation(engine, scope=args.scope, exact_revert=args.exact_revert)
+    if args.perturbation == "lowrank":
+        backend: Any = VLLMLowRank(engine, args.rank)
+        config.lowrank_targets = [t.as_list() for t in backend.targets]
+        config.base_checksum = backend.base_checksum
+    else:
+        backend = VLLMPerturbation(engine, scope=args.scope, exact_revert=args.exact_revert)
     config.tp_size = backend.tp_size
 
     head, start = None, 0
@@ -192,9 +249,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                   "weights carry rounding residue the replay does not repeat; checksums match only for runs "
                   "trained with --exact-revert", file=sys.stderr)
 
-    def evaluate(batch: Sequence[Any], seed: int, generation: int, member: int):
-        result = evaluate_member(policy, args.env, batch, seed, generation=generation, member=member,
-                                 env_kwargs=env_kwargs, concurrency=16, mode=args.mode, step_scorer=scorer,
+    def evaluate(batch: Sequence[Any], seed: int, generation: int, member: int, adapter: str | None = None):
+        # through its adapter a member's episodes all run at once, beside every other member's
+        member_policy, concurrency = (policy, 16) if adapter is None else (AdapterPolicy(policy, adapter), len(batch))
+        result = evaluate_member(member_policy, args.env, batch, seed, generation=generation, member=member,
+                                 env_kwargs=env_kwargs, concurrency=concurrency, mode=args.mode, step_scorer=scorer,
                                  combiner=combiner)
         if args.toy_reward:
             result = result.model_copy(update={"reward": toy_reward(result.rows)})
@@ -204,21 +263,41 @@ def main(argv: Sequence[str] | None = None) -> None:
     def interval_eval(generation: int) -> dict[str, Any] | None:
         if not held_out:
             return None
-        rows = run_episodes(args.env, held_out, policy, samples=1, mode=args.mode, base_seed=args.seed + generation + 1,
-                            env_kwargs=env_kwargs, concurrency=16, progress=False)
-        return eval_summary(rows, generation)
+        kept = eval_out_kwargs(args, generation, len(held_out))
+        rows = run_episodes(args.env, held_out, policy, samples=args.eval_samples, mode=args.mode,
+                            env_kwargs=env_kwargs, progress=False,
+                            **(kept or {"base_seed": args.seed + generation + 1, "concurrency": 16}))
+        return eval_summary(rows, generation, args.eval_samples)
 
-    trainer = ESTrainer(config, backend, train, evaluate, args.history, history=head, start_generation=start,
-                        eval_hook=interval_eval)
+    if args.perturbation == "lowrank":
+        trainer: ESTrainer = LowRankESTrainer(config, backend, policy, train, evaluate, args.history,
+                                              adapter_dir=args.adapter_dir, history=head, start_generation=start,
+                                              eval_hook=interval_eval)
+    else:
+        trainer = ESTrainer(config, backend, train, evaluate, args.history, history=head, start_generation=start,
+                            eval_hook=interval_eval)
+    if args.eval_out and held_out and not args.resume:
+        trainer.history.append({"generation": -1, "eval": interval_eval(-1)})
     report(trainer.run(), args.history, backend.checksum()[0])
     policy.close()
     if scorer is not None:
         scorer.close()
 
 
-def eval_summary(rows: Sequence[Any], generation: int) -> dict[str, Any]:
-    summary = es_summary(rows, samples=1)
-    print(f"[es] eval after generation {generation}: mean_score={summary['mean_score']:.4f} "
+def eval_out_kwargs(args: argparse.Namespace, generation: int, tasks: int) -> dict[str, Any] | None:
+    """``--eval-out``: where this evaluation's records go (DIR/before for generation -1), one base
+    seed for every evaluation, and all episodes in flight; None without it."""
+    if not args.eval_out:
+        return None
+    folder = Path(args.eval_out) / ("before" if generation < 0 else f"after-g{generation}")
+    folder.mkdir(parents=True, exist_ok=True)
+    return {"out_path": folder / "records.jsonl", "base_seed": args.seed, "concurrency": tasks * args.eval_samples}
+
+
+def eval_summary(rows: Sequence[Any], generation: int, samples: int = 1) -> dict[str, Any]:
+    summary = es_summary(rows, samples=samples)
+    when = "before training" if generation < 0 else f"after generation {generation}"
+    print(f"[es] eval {when}: mean_score={summary['mean_score']:.4f} "
           f"({summary['count']} rows, errors {summary['error_count']})")
     return summary
 
