@@ -14,11 +14,8 @@ from agent_envs.policy.hf import smollm2_tokenizer as load_tokenizer
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    try:
-        return load_tokenizer()
-    except FileNotFoundError as exc:
-        pytest.skip(f"no SmolLM2 tokenizer: {exc}")
+def smollm2_tokenizer():
+    return load_tokenizer()  # the embedded model's (scripts/install.sh installs it)
 
 
 class AdapterEngine(BatchedEnginePolicy):
@@ -39,22 +36,22 @@ def request(key: str, adapter: str | None = None) -> GenerationRequest:
     return GenerationRequest(messages=[{"role": "user", "content": "hi"}], seed=7, key=key, adapter=adapter)
 
 
-def test_engine_policy_serves_registered_adapters_and_refuses_unknown_ones(tokenizer) -> None:
-    engine = AdapterEngine(tokenizer)
+def test_engine_policy_serves_registered_adapters_and_refuses_unknown_ones(smollm2_tokenizer) -> None:
+    engine = AdapterEngine(smollm2_tokenizer)
     engine.adapters["member-0"] = object()
     out = engine.generate([request("a", "member-0"), request("b"), request("c", "member-9")])
     assert [c.text for c in out[:2]] == ["member-0", "None"]
     assert out[2].error == REQUEST_ERROR and "no adapter named 'member-9' (member-0)" in out[2].error_message
     assert [s[0] for s in engine.seen] == ["member-0", None]  # the unknown one never reached the engine
-    empty = AdapterEngine(tokenizer).generate([request("d", "x")])[0]
+    empty = AdapterEngine(smollm2_tokenizer).generate([request("d", "x")])[0]
     assert "none registered" in empty.error_message
 
 
-def test_adapter_view_routes_every_request_and_keeps_members_apart(tokenizer) -> None:
-    engine = AdapterEngine(tokenizer)
+def test_adapter_view_routes_every_request_and_keeps_members_apart(smollm2_tokenizer) -> None:
+    engine = AdapterEngine(smollm2_tokenizer)
     engine.adapters.update({"m0": object(), "m1": object()})
     views = [AdapterPolicy(engine, "m0"), AdapterPolicy(engine, "m1")]
-    assert views[0].tokenizer is tokenizer and views[0].max_model_len == 4096 and views[0].name == engine.name
+    assert views[0].tokenizer is smollm2_tokenizer and views[0].max_model_len == 4096 and views[0].name == engine.name
     assert views[1].describe()["adapter"] == "m1"
     views[0].warm(request("ep"))
     assert [c.text for c in views[0].generate([request("ep")])] == ["m0"]

@@ -7,7 +7,8 @@ entry.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .base import Completion, GenerationRequest, Policy
 
