@@ -41,26 +41,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from agent_envs.policy.base import Completion, GenerationRequest, Policy  # noqa: E402
 from agent_envs.policy.sampling import SamplingConfig  # noqa: E402
+from gpu_engine import QWEN3_4B, TINY_QWEN3 as TINY, dense_qwen3 as build_model  # noqa: E402
 
-QWEN3_4B = dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
-                head_dim=128, intermediate_size=9728)
-TINY = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-            intermediate_size=512)
-
-
-def build_model(tokenizer_dir: Path, shape: dict[str, int], out: Path) -> Path:
-    """A Qwen3 config of the given shape + the tokenizer: enough for ``load_format="dummy"``."""
-    from transformers import AutoTokenizer, Qwen3Config
-
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    Qwen3Config(vocab_size=len(tok), max_position_embeddings=40960, rope_theta=1_000_000, rms_norm_eps=1e-6,
-                tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                torch_dtype="bfloat16", architectures=["Qwen3ForCausalLM"], **shape).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 class Metered(Policy):

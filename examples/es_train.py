@@ -27,46 +27,51 @@ Options (see ``--help``): --env, --model, --train, --eval, --eval-limit, --gener
 --population, --case-batch, --sigma-start/--sigma-end/--sigma-schedule/--sigma-warmup/
 --sigma-total-steps, --alpha, --normalization/--ddof/--eps, --scope, --seed, --eval-interval,
 --eval-samples, --eval-out (held-out records before and after, for ``agent-envs compare``), --env-arg,
---history, --resume (+ --resume-generations), --exact-revert, --perturbation full|lowrank with --rank
-and --adapter-dir, --max-turns, --max-tokens,
---sandbox, --mode, --toy-reward, process rewards (--step-scorer judge|vlm-prm with --judge-url/--judge-model/
---judge-prompt or --prm-base/--prm-adapter, --process-weight, --process-aggregation:
+--history, --resume (+ --resume-generations), --exact-revert (+ --revert-copy), --perturbation
+full|lowrank (+ --rank, --adapter-dir), --max-turns, --max-tokens,
+--sandbox, --mode, --concurrency, --toy-reward, process rewards (--step-scorer judge|vlm-prm with
+--judge-url/--judge-model/--judge-prompt or --prm-base/--prm-adapter, --process-weight, --process-aggregation:
 docs/protocol.md#fitness-combiner), engine settings (--dtype, --max-model-len, --gpu-memory-utilization,
---engine-arg,
---load-format, --rollout-token-budget), --engines N and --ray-address (an engine per GPU as Ray
-actors; docs/scaling.md).
+--load-format, --rollout-token-budget, --enforce-eager, --engine-arg), --engines N, --engines-per-gpu K, --mps and
+--ray-address (engines as Ray actors; docs/scaling.md), --sha256-each-generation.
+
+Speed (docs/scaling.md#es-at-the-engines-speed): engines run with CUDA graphs (``--enforce-eager`` for
+eager), an exact revert keeps its copy on the GPU when it has room, a member's episodes all run at
+once, and every generation records a cheap weights fingerprint that ``--resume`` checks generation
+by generation.  The path before those changes stays reachable: ``--enforce-eager --exact-revert
+--revert-copy host --concurrency 16``.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
+import contextlib
 import os
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights live in this process's worker
 
 from agent_envs.cli import _key_value as key_value
 from agent_envs.core.registry import ENV_IDS, spec
+from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
 from agent_envs.es.batched import LowRankESTrainer
-from agent_envs.es.history import ESConfig, load_history, replay_is_exact, resume
+from agent_envs.es.fingerprint import combine_checksums
+from agent_envs.es.history import ESConfig, ReplayMismatch, checked_generations, load_history, replay_is_exact, resume
 from agent_envs.es.lowrank import lora_rank_slot
 from agent_envs.es.normalize import NORMALIZATIONS
-from agent_envs.es.population import ESTrainer, evaluate_member
+from agent_envs.es.population import ESTrainer, evaluate_member, member_concurrency, toy_reward
+from agent_envs.es.revert_copy import LOCATIONS
 from agent_envs.es.schedule import SCHEDULES
 from agent_envs.es.worker import EXTENSION, VLLMLowRank, VLLMPerturbation
 from agent_envs.policy.adapter import AdapterPolicy
 from agent_envs.policy.sampling import SamplingConfig
-from agent_envs.policy.vllm import AsyncVLLMPolicy, VLLMPolicy
-from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
+from agent_envs.policy.vllm import DEFAULT_ROLLOUT_TOKEN_BUDGET, REFERENCE_TOKEN_BUDGET, AsyncVLLMPolicy, VLLMPolicy
+from agent_envs.scale.mps import MODES as MPS_MODES
 from agent_envs.rewards.combine import FitnessCombiner
-from agent_envs.rewards.options import (
-    add_scorer_arguments,
-    scorer_from_args,
-    scorer_settings,
-)
+from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
 from agent_envs.rewards.step import AGGREGATIONS, StepScorer
 from agent_envs.rollout import es_summary, run_episodes
 
@@ -97,19 +102,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-out", default=None,
                    help="keep the held-out records as run folders (DIR/before, DIR/after-g<G>) for `agent-envs "
                         "compare`: evaluates once more before training, every evaluation with base seed --seed "
-                        "(the same sampling seeds before and after) and all episodes at once")
+                        "(the same sampling seeds before and after) and all episodes at once (one engine only)")
     p.add_argument("--env-arg", action="append", default=[], type=key_value, metavar="KEY=VALUE",
                    help="extra environment keyword (value parsed as JSON), e.g. single_turn=true")
     p.add_argument("--history", required=True, help="history.json path (rewritten every generation)")
     p.add_argument("--resume", default=None, help="history to replay before training")
     p.add_argument("--resume-generations", type=int, default=None, help="replay only the first K updates")
     p.add_argument("--exact-revert", action="store_true", help="restore weights bit-exactly after each member")
+    p.add_argument("--revert-copy", default="auto", choices=LOCATIONS,
+                   help="where --exact-revert (and the pool, which always reverts exactly) keeps the weights: auto = "
+                        "on the GPU when it has room, else on the host with the reason printed; host = as before")
     p.add_argument("--perturbation", default="full", choices=["full", "lowrank"],
                    help="full: the reference's per-element noise, members one after another; lowrank: a rank-R "
                         "product per weight, every member a LoRA adapter, all served at once (async mode)")
     p.add_argument("--rank", type=int, default=4, help="--perturbation lowrank: the rank R of each member's noise")
     p.add_argument("--adapter-dir", default=None,
                    help="--perturbation lowrank: where each generation's adapters are written (default /dev/shm)")
+    p.add_argument("--sha256-each-generation", action="store_true",
+                   help="also record the full SHA-256 of the weights every generation (seconds each; the cheap "
+                        "fingerprint is always recorded, the SHA-256 always printed at the end)")
     p.add_argument("--max-turns", type=int, default=50)
     p.add_argument("--max-tokens", type=int, default=None, help="per-turn tokens (env default: 4096 / 512)")
     p.add_argument("--sandbox", default="bwrap", choices=["bwrap", "none", "docker"])
@@ -117,18 +128,30 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=32768)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--load-format", default="auto", help='"dummy" gives random weights (smoke runs)')
+    p.add_argument("--rollout-token-budget", type=int, default=DEFAULT_ROLLOUT_TOKEN_BUDGET,
+                   help=f"lockstep microbatch size; 0: a whole turn per engine call, {REFERENCE_TOKEN_BUDGET}: the "
+                        "reference's")
     p.add_argument("--engine-arg", action="append", default=[], type=key_value, metavar="KEY=VALUE",
                    help="extra engine keyword (value parsed as JSON), e.g. max_num_batched_tokens=32768")
-    p.add_argument("--rollout-token-budget", type=int, default=0,
-                   help="lockstep microbatch size; 0: a whole turn per engine call, 131072: the reference's")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="no CUDA graphs (faster engine start, about 5x slower small-batch decoding)")
+    p.add_argument("--concurrency", type=int, default=None,
+                   help="a member's episodes in flight (default: case batch x samples, all of them at once)")
     p.add_argument("--mode", default=None, choices=["lockstep", "async"],
                    help="lockstep: vllm.LLM, one batch per turn (reference; the default for --perturbation full); "
                         "async: AsyncVLLMPolicy, continuous (the default, and the only mode, for lowrank)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="keep generating past the end-of-sequence token: fixed-length turns (benchmarks)")
     p.add_argument("--toy-reward", action="store_true",
                    help="reward = a hash of each episode's last completion in [0, 1): smoke runs on random "
                         "weights, whose real scores are all 0")
     p.add_argument("--engines", type=int, default=1,
                    help="engines as Ray actors, one GPU each; members go to idle engines (docs/scaling.md)")
+    p.add_argument("--engines-per-gpu", type=int, default=1,
+                   help="pack K engines on each GPU (1/K of a GPU and of --gpu-memory-utilization each; started one "
+                        "after another); --engines counts all of them")
+    p.add_argument("--mps", default="auto", choices=MPS_MODES,
+                   help="engines sharing a GPU run under CUDA MPS when the host offers it (auto) or never (off)")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster (multi-node) instead of a local one")
     add_scorer_arguments(p)
     p.add_argument("--process-weight", type=float, default=0.0,
@@ -142,12 +165,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def check_perturbation_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Low-rank members share one engine at once, so they need the async engine and one engine."""
+    pool = args.engines > 1 or args.engines_per_gpu > 1 or args.ray_address
+    if args.eval_out and pool:
+        parser.error("--eval-out keeps the records of one engine's evaluations; drop --engines/--ray-address")
     if args.perturbation == "full":
         args.mode = args.mode or "lockstep"
         return
     if args.mode == "lockstep":
         parser.error("--perturbation lowrank runs every member at once on one AsyncLLM: use --mode async")
-    if args.engines > 1 or args.ray_address:
+    if pool:
         parser.error("--perturbation lowrank serves the whole population from one engine; drop --engines/--ray-address")
     if args.exact_revert:
         parser.error("--exact-revert does not apply to --perturbation lowrank: its base weights are never perturbed")
@@ -178,30 +204,21 @@ def load_tasks(env_id: str, path: str, limit: int | None = None) -> list[Any]:
     return list(spec(env_id).load_tasks(path, limit=limit))
 
 
-def toy_reward(rows: Sequence[dict[str, Any]]) -> float:
-    """Mean over episodes of sha256(last completion) read as a number in [0, 1)."""
-    values = [int(hashlib.sha256(str(r.get("response", "")).encode()).hexdigest()[:8], 16) / 2**32 for r in rows]
-    return sum(values) / max(1, len(values))
-
-
 def build_policy(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> tuple[Any, Any]:
     """(policy, engine handle for VLLMPerturbation): the offline LLM, or the AsyncLLM's policy."""
+    sampling = SamplingConfig(ignore_eos=args.ignore_eos)
     if args.mode == "async":
-        policy = AsyncVLLMPolicy(args.model, sampling=SamplingConfig(), **engine_kwargs)
+        policy = AsyncVLLMPolicy(args.model, sampling=sampling, **engine_kwargs)
         return policy, policy
     from vllm import LLM
 
     llm = LLM(model=args.model, **engine_kwargs)
-    return VLLMPolicy(llm=llm, sampling=SamplingConfig(), max_model_len=args.max_model_len,
+    return VLLMPolicy(llm=llm, sampling=sampling, max_model_len=args.max_model_len,
                       rollout_token_budget=args.rollout_token_budget), llm
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(argv)
-    scorer, combiner = build_process_reward(args)
-    train = load_tasks(args.env, args.train)
-    held_out = load_tasks(args.env, args.eval, args.eval_limit) if args.eval else []
-    config = ESConfig(
+def make_config(args: argparse.Namespace, combiner: FitnessCombiner | None) -> ESConfig:
+    return ESConfig(
         env_id=args.env, model=args.model, generations=args.generations, population=args.population,
         case_batch_size=args.case_batch, sigma_start=args.sigma_start, sigma_end=args.sigma_end,
         sigma_schedule=args.sigma_schedule, sigma_warmup_steps=args.sigma_warmup,
@@ -210,78 +227,153 @@ def main(argv: Sequence[str] | None = None) -> None:
         seed=args.seed, eval_seed=args.seed, eval_interval=args.eval_interval, history_file=args.history,
         max_turns=args.max_turns, max_tokens=args.max_tokens, max_model_len=args.max_model_len,
         dtype=args.dtype, load_format=args.load_format, exact_revert=args.exact_revert,
+        concurrency=args.concurrency or member_concurrency(args.case_batch),
+        **({"ignore_eos": True} if args.ignore_eos else {}),
         **({"fitness": {**scorer_settings(args), **combiner.model_dump()}} if combiner else {}),
         **({"perturbation": "lowrank", "rank": args.rank} if args.perturbation == "lowrank" else {}),
     )
-    # enable_prefix_caching stays on: the backend resets the prefix cache after every weight change.
-    engine_kwargs = dict(worker_extension_cls=EXTENSION, dtype=args.dtype, max_model_len=args.max_model_len,
-                         gpu_memory_utilization=args.gpu_memory_utilization, load_format=args.load_format,
-                         enforce_eager=True, seed=args.seed, trust_remote_code=True)
-    engine_kwargs.update(dict(args.engine_arg))
-    if args.perturbation == "lowrank":  # one adapter slot per member, all in one batch
-        engine_kwargs.update(enable_lora=True, max_loras=args.population, max_cpu_loras=args.population,
-                             max_lora_rank=lora_rank_slot(args.rank))
+
+
+def make_engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """``vllm.LLM`` keywords of every engine: CUDA graphs unless --enforce-eager; prefix caching stays on
+    (the backend resets the prefix cache after every weight change); --engine-arg on top; low-rank
+    engines get one LoRA slot per member."""
+    kwargs = dict(worker_extension_cls=EXTENSION, dtype=args.dtype, max_model_len=args.max_model_len,
+                  gpu_memory_utilization=args.gpu_memory_utilization, load_format=args.load_format,
+                  enforce_eager=args.enforce_eager, seed=args.seed, trust_remote_code=True, **dict(args.engine_arg))
+    if args.perturbation == "lowrank":
+        kwargs.update(enable_lora=True, max_loras=args.population, max_cpu_loras=args.population,
+                      max_lora_rank=lora_rank_slot(args.rank))
+    return kwargs
+
+
+def make_env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     env_kwargs: dict[str, Any] = {"max_turns": args.max_turns, "sandbox": args.sandbox, **dict(args.env_arg)}
     if args.max_tokens is not None:
         env_kwargs["max_tokens_per_turn"] = args.max_tokens
-    if args.engines > 1 or args.ray_address:
-        if args.toy_reward or scorer is not None:
-            raise SystemExit("--toy-reward and --step-scorer run on a single engine (the pool's actors score "
-                             "episodes themselves)")
-        if args.mode == "async":
-            print("[es] --engines: each engine runs its members in lockstep mode", file=sys.stderr)
-        return train_on_pool(args, config, train, held_out, engine_kwargs, env_kwargs)
-    policy, engine = build_policy(args, engine_kwargs)
-    if args.perturbation == "lowrank":
-        backend: Any = VLLMLowRank(engine, args.rank)
-        config.lowrank_targets = [t.as_list() for t in backend.targets]
-        config.base_checksum = backend.base_checksum
-    else:
-        backend = VLLMPerturbation(engine, scope=args.scope, exact_revert=args.exact_revert)
-    config.tp_size = backend.tp_size
+    return env_kwargs
 
-    head, start = None, 0
-    if args.resume:
+
+@dataclass
+class ESRun:
+    """A trainer with its engines open; ``checksum()`` is the full SHA-256 of the weights (on request:
+    it copies them to the host).  ``pool`` or ``policy`` is what the members run on."""
+
+    trainer: ESTrainer
+    checksum: Callable[[], str]
+    policy: Any = None
+    pool: Any = None
+
+
+@contextlib.contextmanager
+def open_run(args: argparse.Namespace) -> Iterator[ESRun]:
+    """Everything ``main`` trains with, built from the flags, engines started (one engine in this
+    process, or a Ray pool); closed on exit.  Benchmarks drive the same objects."""
+    scorer, combiner = build_process_reward(args)
+    try:
+        train = load_tasks(args.env, args.train)
+        held_out = load_tasks(args.env, args.eval, args.eval_limit) if args.eval else []
+        config = make_config(args, combiner)
+        if args.engines > 1 or args.engines_per_gpu > 1 or args.ray_address:
+            if scorer is not None:
+                raise SystemExit("--step-scorer runs on a single engine (the pool's actors score episodes themselves)")
+            if args.mode == "async":
+                print("[es] --engines: each engine runs its members in lockstep mode", file=sys.stderr)
+            with pool_run(args, config, train, held_out) as run:
+                yield run
+        else:
+            with single_engine_run(args, config, train, held_out, scorer, combiner) as run:
+                yield run
+    finally:
+        if scorer is not None:
+            scorer.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    with open_run(args) as run:
+        history = run.trainer.run()
+        report(history, args.history, run.checksum())
+
+
+def replay_source(args: argparse.Namespace, config: ESConfig, backend: Any) -> tuple[list[dict[str, Any]] | None, int]:
+    """``--resume``: replay the history onto ``backend``, checking its fingerprints as it goes."""
+    if not args.resume:
+        return None, 0
+    source = load_history(args.resume)
+    try:
         head, start = resume(args.resume, config, backend, args.resume_generations)
-        print(f"[es] replayed {start} generations from {args.resume}; checksum {backend.checksum()[0][:16]}")
-        if not replay_is_exact(load_history(args.resume)):
-            print("[es] note: that run reverted members in place (the reference's default), so its trained "
-                  "weights carry rounding residue the replay does not repeat; checksums match only for runs "
-                  "trained with --exact-revert", file=sys.stderr)
+    except ReplayMismatch as exc:
+        raise SystemExit(f"[es] --resume {args.resume}: {exc}") from None
+    checked = checked_generations(source, start)
+    print(f"[es] replayed {start} generations from {args.resume}; weights {backend.fingerprint()} "
+          f"({checked} of {start} checked against the history's fingerprints)")
+    if not replay_is_exact(source):
+        print("[es] note: that run reverted members in place (the reference's default), so its trained "
+              "weights carry rounding residue the replay does not repeat; its fingerprints can be checked, and "
+              "checksums match, only for runs trained with --exact-revert", file=sys.stderr)
+    return head, start
 
-    def evaluate(batch: Sequence[Any], seed: int, generation: int, member: int, adapter: str | None = None):
-        # through its adapter a member's episodes all run at once, beside every other member's
-        member_policy, concurrency = (policy, 16) if adapter is None else (AdapterPolicy(policy, adapter), len(batch))
-        result = evaluate_member(member_policy, args.env, batch, seed, generation=generation, member=member,
-                                 env_kwargs=env_kwargs, concurrency=concurrency, mode=args.mode, step_scorer=scorer,
-                                 combiner=combiner)
-        if args.toy_reward:
-            result = result.model_copy(update={"reward": toy_reward(result.rows)})
-        print(f"[es]   generation={generation} member={member} seed={seed} reward={result.reward:.4f}")
-        return result
 
-    def interval_eval(generation: int) -> dict[str, Any] | None:
-        if not held_out:
-            return None
-        kept = eval_out_kwargs(args, generation, len(held_out))
-        rows = run_episodes(args.env, held_out, policy, samples=args.eval_samples, mode=args.mode,
-                            env_kwargs=env_kwargs, progress=False,
-                            **(kept or {"base_seed": args.seed + generation + 1, "concurrency": 16}))
-        return eval_summary(rows, generation, args.eval_samples)
+def describe_start(backend: Any, config: ESConfig) -> None:
+    copies = sorted({str(s.get("revert_copy_reason") or "") for s in backend.status()} - {""})
+    print(f"[es] weights {backend.fingerprint()}; exact revert: {'; '.join(copies) if copies else 'off'}; "
+          f"{config.concurrency} episodes in flight per member", file=sys.stderr)
 
-    if args.perturbation == "lowrank":
-        trainer: ESTrainer = LowRankESTrainer(config, backend, policy, train, evaluate, args.history,
-                                              adapter_dir=args.adapter_dir, history=head, start_generation=start,
-                                              eval_hook=interval_eval)
-    else:
-        trainer = ESTrainer(config, backend, train, evaluate, args.history, history=head, start_generation=start,
-                            eval_hook=interval_eval)
-    if args.eval_out and held_out and not args.resume:
-        trainer.history.append({"generation": -1, "eval": interval_eval(-1)})
-    report(trainer.run(), args.history, backend.checksum()[0])
-    policy.close()
-    if scorer is not None:
-        scorer.close()
+
+@contextlib.contextmanager
+def single_engine_run(args: argparse.Namespace, config: ESConfig, train: list[Any], held_out: list[Any],
+                      scorer: StepScorer | None, combiner: FitnessCombiner | None) -> Iterator[ESRun]:
+    env_kwargs = make_env_kwargs(args)
+    policy, engine = build_policy(args, make_engine_kwargs(args))
+    try:
+        lowrank = args.perturbation == "lowrank"
+        if lowrank:
+            backend: Any = VLLMLowRank(engine, args.rank)
+            config.lowrank_targets = [t.as_list() for t in backend.targets]
+            config.base_checksum = backend.base_checksum
+            print(f"[es] low-rank: {len(backend.targets)} weights, rank {args.rank}, every member an adapter; "
+                  f"weights {backend.fingerprint()}", file=sys.stderr)
+        else:
+            backend = VLLMPerturbation(engine, scope=args.scope, exact_revert=args.exact_revert,
+                                       revert_copy=args.revert_copy)
+            describe_start(backend, config)
+        config.tp_size = backend.tp_size
+        head, start = replay_source(args, config, backend)
+
+        def evaluate(batch: Sequence[Any], seed: int, generation: int, member: int, adapter: str | None = None):
+            # through its adapter a member's episodes run beside every other member's, on one engine
+            member_policy = policy if adapter is None else AdapterPolicy(policy, adapter)
+            result = evaluate_member(member_policy, args.env, batch, seed, generation=generation, member=member,
+                                     env_kwargs=env_kwargs, concurrency=args.concurrency, mode=args.mode,
+                                     step_scorer=scorer, combiner=combiner)
+            if args.toy_reward:
+                result = result.model_copy(update={"reward": toy_reward(result.rows)})
+            print(f"[es]   generation={generation} member={member} seed={seed} reward={result.reward:.4f}")
+            return result
+
+        def interval_eval(generation: int) -> dict[str, Any] | None:
+            if not held_out:
+                return None
+            kept = eval_out_kwargs(args, generation, len(held_out))
+            rows = run_episodes(args.env, held_out, policy, samples=args.eval_samples, mode=args.mode,
+                                env_kwargs=env_kwargs, progress=False,
+                                **(kept or {"base_seed": args.seed + generation + 1, "concurrency": 16}))
+            return eval_summary(rows, generation, args.eval_samples)
+
+        if lowrank:
+            trainer: ESTrainer = LowRankESTrainer(config, backend, policy, train, evaluate, args.history,
+                                                  adapter_dir=args.adapter_dir, history=head, start_generation=start,
+                                                  eval_hook=interval_eval)
+        else:
+            trainer = ESTrainer(config, backend, train, evaluate, args.history, history=head, start_generation=start,
+                                eval_hook=interval_eval)
+        trainer.sha256_each_generation = args.sha256_each_generation
+        if args.eval_out and held_out and not args.resume:
+            trainer.history.append({"generation": -1, "eval": interval_eval(-1)})
+        yield ESRun(trainer, lambda: combine_checksums(backend.checksum()), policy=policy)
+    finally:
+        policy.close()
 
 
 def eval_out_kwargs(args: argparse.Namespace, generation: int, tasks: int) -> dict[str, Any] | None:
@@ -310,20 +402,23 @@ def report(history: list[dict[str, Any]], path: str, checksum: str) -> None:
     print(f"[es] final weights checksum {checksum}")
 
 
-def train_on_pool(args: argparse.Namespace, config: ESConfig, train: list[Any], held_out: list[Any],
-                  engine_kwargs: dict[str, Any], env_kwargs: dict[str, Any]) -> None:
-    """``--engines N``: one vLLM engine per Ray actor; members run on idle engines, every update on all
-    engines (checksums compared each generation), held-out episodes spread over the engines."""
+@contextlib.contextmanager
+def pool_run(args: argparse.Namespace, config: ESConfig, train: list[Any], held_out: list[Any]) -> Iterator[ESRun]:
+    """``--engines N`` (and ``--engines-per-gpu K``): one vLLM engine per Ray actor; members run on idle
+    engines, every update on all engines (fingerprints compared each generation), held-out episodes
+    spread over the engines."""
     from agent_envs.scale.engines import vllm_spec
     from agent_envs.scale.es import PoolBackend, PoolESTrainer
     from agent_envs.scale.pool import EnginePool
     from agent_envs.scale.rollout import pool_run_episodes
 
-    spec = vllm_spec(args.model, engine_kwargs, rollout_token_budget=args.rollout_token_budget)
-    with EnginePool(spec, args.engines, ray_address=args.ray_address) as pool:
-        backend = PoolBackend(pool, scope=args.scope)
+    env_kwargs = make_env_kwargs(args)
+    spec = vllm_spec(args.model, make_engine_kwargs(args), sampling={"ignore_eos": args.ignore_eos},
+                     rollout_token_budget=args.rollout_token_budget, engines_per_gpu=args.engines_per_gpu)
+    with EnginePool(spec, args.engines, ray_address=args.ray_address, mps=args.mps) as pool:
+        backend = PoolBackend(pool, scope=args.scope, revert_copy=args.revert_copy)
         config.tp_size, config.exact_revert = backend.tp_size, True  # the pool always reverts exactly
-        head, start = resume(args.resume, config, backend, args.resume_generations) if args.resume else (None, 0)
+        head, start = replay_source(args, config, backend)
 
         def interval_eval(generation: int) -> dict[str, Any] | None:
             if not held_out:
@@ -333,8 +428,10 @@ def train_on_pool(args: argparse.Namespace, config: ESConfig, train: list[Any], 
             return eval_summary(rows, generation)
 
         trainer = PoolESTrainer(config, backend, train, args.history, history=head, start_generation=start,
-                                eval_hook=interval_eval, rollout_kwargs={"env_kwargs": env_kwargs, "concurrency": 16})
-        report(trainer.run(), args.history, backend.checksum())
+                                eval_hook=interval_eval,
+                                rollout_kwargs={"env_kwargs": env_kwargs, "concurrency": args.concurrency})
+        trainer.sha256_each_generation, trainer.toy_reward = args.sha256_each_generation, args.toy_reward
+        yield ESRun(trainer, backend.checksum, pool=pool)
 
 
 if __name__ == "__main__":

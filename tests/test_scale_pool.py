@@ -1,10 +1,11 @@
 """Engines on Ray: an ES population and an evaluation spread over 2 engines give what 1 engine gives,
-also when an engine is killed mid-run.
+also when an engine is killed mid-run, and also when the 2 engines share one GPU.
 
 Real parts: a local Ray session (two actors on this 2-core machine), real MATH-ReAct episodes with
 bwrap sandboxes inside the actors, and a tiny torch model per actor whose weights the real
 SeededPerturber perturbs and updates; the policy's answers depend on those weights, so equal
-records mean equal weights, and the checksums are of real tensors.
+records mean equal weights, and the checksums are of real tensors.  The session declares one GPU
+(``num_gpus=1``, no real GPU): Ray schedules fractional-GPU engines on it as on a GPU host.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e .[
 
 from agent_envs.cli import main as cli_main  # noqa: E402
 from agent_envs.envs.math_react.task import MathTask  # noqa: E402
-from agent_envs.es.history import ESConfig, load_history  # noqa: E402
+from agent_envs.es.history import ESConfig, load_history, replay  # noqa: E402
 from agent_envs.es.population import ESTrainer, evaluate_member  # noqa: E402
 from agent_envs.rollout import load_records, run_episodes  # noqa: E402
 from agent_envs.scale.engines import EngineSpec  # noqa: E402
@@ -41,7 +42,7 @@ def ray_session():
     root = tempfile.mkdtemp(prefix="aeray-")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("RAY_TMPDIR", root)
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=root)
+        ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=root)
         try:
             yield
         finally:
@@ -77,12 +78,14 @@ def _killer(engine: int, on_dispatch: int) -> tuple[dict[str, Any], Any]:
     return state, monitor
 
 
-def _es(engines: int, path, monitor=None, state=None) -> tuple[list[dict], str, list[int]]:
-    with EnginePool(SPEC, engines, monitor=monitor) as pool:
+def _es(engines: int, path, monitor=None, state=None, spec=SPEC, **pool_kwargs) -> tuple[list[dict], str, list[int]]:
+    with EnginePool(spec, engines, monitor=monitor, **pool_kwargs) as pool:
         if state is not None:
             state["pool"] = pool
         backend = PoolBackend(pool, log=lambda _: None)
         history = PoolESTrainer(CONFIG, backend, TASKS, str(path), rollout_kwargs=ROLLOUT, log=lambda _: None).run()
+        if state is not None:
+            state.update(info=pool.info, mps=pool.mps.describe(), fingerprint=backend.fingerprint())
         return history, backend.checksum(), list(pool.lost)
 
 
@@ -107,8 +110,12 @@ def test_es_one_engine_run_trains_real_weights(one_engine):
     generations = [r for r in history if "rewards" in r]
     assert len(generations) == CONFIG.generations and lost == []
     assert all(len(set(g["rewards"])) > 1 for g in generations), "members must differ for the update to move"
-    assert len({g["updates"][0]["weights_checksum"] for g in generations}) == CONFIG.generations
-    assert generations[-1]["updates"][0]["weights_checksum"] == checksum
+    assert len({g["weights_fingerprint"] for g in generations}) == CONFIG.generations
+    engine = TorchToyEngine()
+    engine.es_init()
+    assert history[0]["config"]["start_fingerprint"] == engine.fingerprint()
+    replay(history, engine.es, CONFIG.seed, CONFIG.population)  # checks every generation's fingerprint
+    assert engine.checksum() == checksum and engine.fingerprint() == generations[-1]["weights_fingerprint"]
 
 
 def test_es_pool_of_one_equals_in_process_trainer(one_engine, tmp_path):
@@ -133,6 +140,23 @@ def test_es_two_engines_equal_one_engine(one_engine, tmp_path):
     assert _without_placement(history) == _without_placement(one_engine[0])
     assert checksum == one_engine[1]
     assert load_history(tmp_path / "history.json") == history
+
+
+def test_es_two_engines_sharing_a_gpu_start_in_turn_and_equal_one_engine(one_engine, tmp_path):
+    """k engines per GPU (fractional bundles, as 8 engines on 4 GPUs at 0.5 each): Ray puts both on
+    the one declared GPU, they build one after another (each build takes 0.5 s here, like a real
+    engine's memory profiling), and the ES history is the one-engine history."""
+    spec = EngineSpec(factory="agent_envs.scale.toy:TorchToyEngine", gpus=0.5, kwargs={"start_seconds": 0.5})
+    state: dict[str, Any] = {}
+    history, checksum, lost = _es(2, tmp_path / "history.json", state=state, spec=spec,
+                                  start_lock_dir=str(tmp_path))
+    assert lost == [] and [i["gpus"] for i in state["info"]] == [["0"], ["0"]]
+    (a0, a1), (b0, b1) = sorted(tuple(i["build_span"]) for i in state["info"])
+    assert a1 - a0 >= 0.5 and b1 - b0 >= 0.5 and b0 >= a1  # the second build began after the first ended
+    assert state["mps"].startswith("CUDA MPS off: ")  # no MPS on this host, and the pool says so
+    assert {s["engine_index"] for r in history for s in r.get("samples", [])} == {0, 1}
+    assert _without_placement(history) == _without_placement(one_engine[0])
+    assert checksum == one_engine[1]
 
 
 def test_es_killed_engine_loses_and_duplicates_nothing(one_engine, tmp_path):

@@ -82,7 +82,6 @@ class LowRankESTrainer(ESTrainer):
         return self.backend.update(seeds, weights, self.config.alpha, sigma)
 
     def step(self, generation: int) -> Record:
-        started = time.perf_counter()
         record = super().step(generation)
-        record["timing"] = {**self._timing, "generation_s": time.perf_counter() - started}
+        self.last_timing.update(self._timing)  # writing the adapters, every member's rollouts
         return record

@@ -3,6 +3,9 @@
 The history is a JSON list of records, rewritten atomically after every generation.  Replay never
 trusts stored weights: it regenerates the seed stream, recomputes each update's weights from the
 stored rewards with that record's normalisation settings, and re-applies the updates in order.
+It checks itself as it goes: the weights it starts from must have the run's ``start_fingerprint``,
+and, for a run whose members were reverted exactly, the weights after each replayed update must
+have that generation's ``weights_fingerprint``; the first difference stops it (:class:`ReplayMismatch`).
 """
 from __future__ import annotations
 
@@ -47,8 +50,10 @@ class ESConfig(BaseModel):
     eval_seed: int = DEFAULT_BASE_SEED
     eval_interval: int = 10
     tp_size: int = 1
-    #: members restored from a host copy instead of by subtraction (see :func:`replay_is_exact`)
+    #: members restored from a saved copy instead of by subtraction (see :func:`replay_is_exact`)
     exact_revert: bool = False
+    #: weights fingerprint before the first update (:mod:`agent_envs.es.fingerprint`)
+    start_fingerprint: str | None = None
     history_file: str = ""
     backend: str = "vllm"
 
@@ -93,10 +98,17 @@ class GenerationRecord(BaseModel):
     samples: list[dict[str, Any]] = Field(default_factory=list)
     updates: list[Any] = Field(default_factory=list)
     update_applied: bool = True
+    #: weights fingerprint after this generation's update
+    weights_fingerprint: str | None = None
 
 
 class UpdateBackend(Protocol):
     def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> Any: ...
+    def fingerprint(self) -> str: ...
+
+
+class ReplayMismatch(ValueError):
+    """Replayed weights differ from the ones the history recorded."""
 
 
 def write_history(path: str | os.PathLike[str], records: Sequence[Record]) -> None:
@@ -153,6 +165,21 @@ def history_prefix(history: Sequence[Record], updates: int) -> list[Record]:
     return list(history[:stop])
 
 
+def record_weights(record: Record) -> list[float]:
+    """An update record's weights, recomputed from its raw rewards with its normalisation settings."""
+    return normalize_rewards(record["rewards"], record.get("reward_normalization", "zscore"),
+                             int(record.get("reward_normalization_ddof", 0)),
+                             float(record.get("reward_normalization_eps", 1e-8)))
+
+
+def check_perturbation_kind(history: Sequence[Record], backend: Any) -> bool:
+    """The history's noise must be the backend's (full-rank or low-rank); True for low-rank."""
+    kind, wanted = str(history_config(history).get("perturbation", "full")), getattr(backend, "perturbation_kind", "full")
+    if kind != wanted:
+        raise ValueError(f"the history was trained with {kind} noise; refusing to replay it onto a {wanted} backend")
+    return kind == "lowrank"
+
+
 def check_tp_size(history: Sequence[Record], tp_size: int) -> None:
     """Rank-salted noise depends on the TP size, so a history only replays on the same one."""
     stored = int(history_config(history).get("tp_size", 1))
@@ -169,30 +196,42 @@ def replay(
     tp_size: int = 1,
 ) -> int:
     """Re-apply the first ``generations`` updates onto ``backend``; return how many were applied.
-    A low-rank history (docs/protocol.md#low-rank-es) replays only onto a low-rank backend, with
-    each record's sigma, and a full-rank one only onto a full-rank backend."""
-    check_tp_size(history, tp_size)
-    kind, wanted = str(history_config(history).get("perturbation", "full")), getattr(backend, "perturbation_kind", "full")
-    if kind != wanted:
-        raise ValueError(f"the history was trained with {kind} noise; refusing to replay it onto a {wanted} backend")
-    if kind == "lowrank":
-        from .lowrank import lowrank_updates
+    A low-rank history (docs/protocol.md#low-rank-es) replays only onto a low-rank backend, each
+    update with its record's sigma, and a full-rank one only onto a full-rank backend.
 
-        updates = lowrank_updates(history, generations, seed, population)
-        for update in updates:
-            backend.update(update["seeds"], update["weights"], update["alpha"], update["sigma"])  # type: ignore[call-arg]
-        return len(updates)
+    Raises :class:`ReplayMismatch` at the first weights that differ from the history's record (see
+    the module docstring); :func:`checked_generations` says how many generations a history lets it check."""
+    check_tp_size(history, tp_size)
+    lowrank = check_perturbation_kind(history, backend)
     records = update_records(history, generations)
     check_seed_sequence([r["seeds"] for r in records], seed, population)
+    expected = history_config(history).get("start_fingerprint")
+    if expected:
+        _check_fingerprint(backend, expected, "the weights the replay starts from",
+                           "a different model, dtype, load format or parameter scope")
+    exact = replay_is_exact(history)
     for record in records:
-        weights = normalize_rewards(
-            record["rewards"],
-            record.get("reward_normalization", "zscore"),
-            int(record.get("reward_normalization_ddof", 0)),
-            float(record.get("reward_normalization_eps", 1e-8)),
-        )
-        backend.update(record["seeds"], weights, float(record["alpha"]))
+        sigma = (float(record["sigma"]),) if lowrank else ()
+        backend.update(record["seeds"], record_weights(record), float(record["alpha"]), *sigma)
+        if exact and record.get("weights_fingerprint"):
+            _check_fingerprint(backend, record["weights_fingerprint"],
+                               f"generation {record['generation']}'s replayed weights",
+                               "a different engine build or tensor-parallel layout, or an edited history")
     return len(records)
+
+
+def _check_fingerprint(backend: UpdateBackend, expected: str, what: str, causes: str) -> None:
+    got = backend.fingerprint()
+    if got != expected:
+        raise ReplayMismatch(f"{what} have fingerprint {got}, the history recorded {expected} ({causes}?); "
+                             "stopping the replay here")
+
+
+def checked_generations(history: Sequence[Record], generations: int | None = None) -> int:
+    """How many replayed generations :func:`replay` compares with the history's fingerprints."""
+    if not replay_is_exact(history):
+        return 0
+    return sum(1 for r in update_records(history, generations) if r.get("weights_fingerprint"))
 
 
 def resume(
@@ -203,8 +242,10 @@ def resume(
 ) -> tuple[list[Record], int]:
     """Replay ``source`` onto ``backend``; return the new history's head and the next generation."""
     history = load_history(source)
+    start = backend.fingerprint()
     done = replay(history, backend, config.seed, config.population, generations, config.tp_size)
     kept = [r for r in history_prefix(history, done) if "config" not in r]
-    head = [{"config": config.model_dump()}, *kept,
-            {"resume": {"source": str(source), "replayed_generations": done}}]
+    head = [{"config": config.model_copy(update={"start_fingerprint": start}).model_dump()}, *kept,
+            {"resume": {"source": str(source), "replayed_generations": done,
+                        "fingerprints_checked": checked_generations(history, done)}}]
     return head, done

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .normalize import normalize_rewards
+from .fingerprint import fingerprint
 from .perturb import tensor_seed
 
 PERTURBATION = "lowrank"
@@ -202,6 +202,10 @@ class LowRankPerturber:
     def checksum(self) -> str:
         return targets_checksum((s.target.name, s.rows()) for s in self.slots)
 
+    def fingerprint(self) -> str:
+        """The cheap exact fingerprint of the targeted weights, in target order (on their device)."""
+        return fingerprint((s.target.name, s.rows()) for s in self.slots)
+
     def _check_unmerged(self, what: str) -> None:
         if self.merged is not None:
             raise RuntimeError(f"refusing to {what} while member {self.merged} is merged; revert it first")
@@ -288,12 +292,10 @@ def history_perturbation(history: Sequence[dict[str, Any]]) -> tuple[str, int | 
     return kind, check_rank(config.get("rank"))
 
 
-def lowrank_updates(history: Sequence[dict[str, Any]], generations: int | None = None, seed: int | None = None,
-                    population: int | None = None) -> list[dict[str, Any]]:
+def lowrank_updates(history: Sequence[dict[str, Any]], generations: int | None = None) -> list[dict[str, Any]]:
     """The history's updates as ``{seeds, weights, alpha, sigma}``, weights recomputed from the
-    stored rewards (docs/protocol.md#history), seeds checked against the seed stream of ``seed``
-    and ``population`` (default: the history's own)."""
-    from .history import history_config, update_records
+    stored rewards (docs/protocol.md#history), seeds checked against the history's seed stream."""
+    from .history import history_config, record_weights, update_records
     from .seeds import check_seed_sequence
 
     kind, _ = history_perturbation(history)
@@ -301,13 +303,9 @@ def lowrank_updates(history: Sequence[dict[str, Any]], generations: int | None =
         raise ValueError("this history was trained with full-rank noise; replay it with agent_envs.es.history.replay")
     config = history_config(history)
     records = update_records(history, generations)
-    check_seed_sequence([r["seeds"] for r in records], int(config["seed"] if seed is None else seed),
-                        int(config["population"] if population is None else population))
+    check_seed_sequence([r["seeds"] for r in records], int(config["seed"]), int(config["population"]))
     return [{"seeds": [int(s) for s in r["seeds"]], "alpha": float(r["alpha"]), "sigma": float(r["sigma"]),
-             "weights": normalize_rewards(r["rewards"], r.get("reward_normalization", "zscore"),
-                                          int(r.get("reward_normalization_ddof", 0)),
-                                          float(r.get("reward_normalization_eps", 1e-8)))}
-            for r in records]
+             "weights": record_weights(r)} for r in records]
 
 
 def history_targets(history: Sequence[dict[str, Any]]) -> list[Target]:

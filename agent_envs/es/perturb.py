@@ -9,19 +9,24 @@ updates accumulate ``(alpha/N) * w_i * noise_i`` in float32 per chunk, cast once
 
 Subtracting the noise again does not restore the weights bit for bit (each add rounds), so a
 trained model drifts from "base + updates", which is what a replay rebuilds.  ``exact_revert``
-keeps a host copy of the selected tensors while perturbed and restores it instead, which makes the
-trained weights and their replay identical at the cost of one host copy of the weights.
+keeps a copy of the selected tensors while perturbed and restores it instead, which makes the
+trained weights and their replay identical: on the tensors' own device when it has room, else on
+the host (:mod:`agent_envs.es.revert_copy`).  :meth:`SeededPerturber.fingerprint` identifies the
+weights cheaply after every generation (:mod:`agent_envs.es.fingerprint`).
 """
 from __future__ import annotations
 
 import hashlib
 import math
+import time
 from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
 
+from . import fingerprint as weights_fingerprint
 from .normalize import check_rewards, normalize_rewards
+from .revert_copy import RevertCopy
 
 CHUNK = 2**23
 SCOPES = ("full", "all_linear", "lora")
@@ -103,6 +108,7 @@ class SeededPerturber:
         rank: int = 0,
         tp_size: int = 1,
         exact_revert: bool = False,
+        revert_copy: str = "auto",
     ) -> None:
         if int(chunk) < 1:
             raise ValueError(f"chunk must be >= 1, got {chunk!r}")
@@ -112,8 +118,8 @@ class SeededPerturber:
         self.params: list[tuple[str, torch.Tensor]] = []
         self.updates: list[dict[str, Any]] = []
         self.perturbation: dict[str, Any] | None = None
-        self.exact_revert = bool(exact_revert)
-        self._saved: list[torch.Tensor] = []
+        self.exact_revert, self.revert_copy = bool(exact_revert), revert_copy
+        self._copy: RevertCopy | None = None
         self._snapshot: list[torch.Tensor] = []
         self.init(scope, target_modules)
 
@@ -127,9 +133,18 @@ class SeededPerturber:
         strided = [n for n, p in params if not p.is_contiguous()]
         if strided:
             raise ValueError(f"in-place chunked noise needs contiguous tensors; not contiguous: {strided[:5]}")
+        self.release()
         self.params = params
         self.scope, self.target_modules = scope, list(target_modules or [])
+        self._devices = sorted({p.device for _, p in params if p.device.type == "cuda"}, key=str)
+        self._copy = RevertCopy([p for _, p in params], self.revert_copy) if self.exact_revert else None
         return {**self._shape(), "ok": True, "reverted_updates": reverted}
+
+    def release(self) -> None:
+        """Free the exact-revert copy (before this perturber is replaced by another)."""
+        if self._copy is not None:
+            self._copy.release()
+            self._copy = None
 
     def _shape(self) -> dict[str, Any]:
         return {
@@ -148,6 +163,7 @@ class SeededPerturber:
             "rank": self.rank,
             "tp_size": self.tp_size,
             "exact_revert": self.exact_revert,
+            **(self._copy.describe() if self._copy else {}),
         }
 
     def coverage(self) -> dict[str, Any]:
@@ -167,6 +183,10 @@ class SeededPerturber:
             digest.update(name.encode("utf-8"))
             digest.update(_raw_bytes(param))
         return digest.hexdigest()
+
+    def fingerprint(self) -> str:
+        """The cheap on-device fingerprint of the selected tensors (bit-exact, order-independent)."""
+        return weights_fingerprint.fingerprint(self.params)
 
     def tensor_checksums(self) -> dict[str, str]:
         """SHA-256 (16 hex digits) of each selected tensor: says which tensors differ between engines."""
@@ -217,24 +237,30 @@ class SeededPerturber:
         seed, sigma = _check_seed(seed), _finite("sigma", sigma)
         if self.perturbation is not None:
             raise RuntimeError(f"a perturbation is already applied ({self.perturbation}); revert it first")
-        self._saved = [p.detach().to("cpu", copy=True) for _, p in self.params] if self.exact_revert else []
+        start = time.perf_counter()
         done = 0
-        try:
-            with torch.no_grad():
+        with torch.no_grad():
+            if self._copy is not None:
+                self._copy.save()
+            try:
                 for name, param in self.params:
                     self._add_noise(name, param, seed, sigma)
                     done += 1
-        except BaseException:
-            with torch.no_grad():  # leave no half-perturbed model behind
-                for index, (name, param) in enumerate(self.params[:done]):
-                    if self._saved:
-                        param.data.copy_(self._saved[index])
-                    else:
+            except BaseException:  # leave no half-perturbed model behind
+                if self._copy is not None:
+                    self._copy.restore(done)
+                else:
+                    for name, param in self.params[:done]:
                         self._add_noise(name, param, seed, -sigma)
-            self._saved = []
-            raise
+                raise
         self.perturbation = {"seed": seed, "sigma": sigma}
-        return {"ok": True, "seed": seed, "sigma": sigma, "n_tensors": len(self.params)}
+        return {"ok": True, "seed": seed, "sigma": sigma, "n_tensors": len(self.params), "seconds": self._since(start)}
+
+    def _since(self, start: float) -> float:
+        """Seconds since ``start`` once the device has finished the queued work (honest timings)."""
+        for device in self._devices:
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start
 
     def revert(self, seed: int, sigma: float) -> dict[str, Any]:
         """theta -= sigma * eps(seed); must name the active perturbation.  No-op when none is active."""
@@ -243,15 +269,15 @@ class SeededPerturber:
             return {"ok": True, "reverted": False}
         if self.perturbation != {"seed": seed, "sigma": sigma}:
             raise ValueError(f"revert({seed}, {sigma}) does not match the active perturbation {self.perturbation}")
+        start = time.perf_counter()
         with torch.no_grad():
-            for index, (name, param) in enumerate(self.params):
-                if self._saved:
-                    param.data.copy_(self._saved[index])
-                else:
+            if self._copy is not None:
+                self._copy.restore()
+            else:
+                for name, param in self.params:
                     self._add_noise(name, param, seed, -sigma)
-        self._saved = []
         self.perturbation = None
-        return {"ok": True, "reverted": True, "seed": seed, "sigma": sigma}
+        return {"ok": True, "reverted": True, "seed": seed, "sigma": sigma, "seconds": self._since(start)}
 
     def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> dict[str, Any]:
         """theta += (alpha/N) * sum_i w_i * eps(seed_i); no 1/sigma.  Refused while perturbed."""

@@ -2,17 +2,23 @@
 
 A member is evaluated on the positive perturbation only (no antithetic pairs); its rollouts use
 the member seed as base seed, so every trajectory seed follows from the history.  The weights are
-always restored in a ``finally`` block, whatever the rollout does.
+always restored in a ``finally`` block, whatever the rollout does.  A member's episodes all run at
+once by default (concurrency = case batch x samples).  After every update the weights fingerprint
+(:mod:`agent_envs.es.fingerprint`) goes into the generation's record, so a replay can check itself
+against the run it replays generation by generation.
 """
 from __future__ import annotations
 
+import hashlib
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from agent_envs.data.tasks import task_id
 
+from .fingerprint import combine_checksums
 from .history import ESConfig, GenerationRecord, Record, write_history
 from .normalize import normalize_rewards, population_std
 from .schedule import sigma_at_step
@@ -39,6 +45,12 @@ class Backend(Protocol):
     def apply(self, seed: int, sigma: float) -> Any: ...
     def revert(self, seed: int, sigma: float) -> Any: ...
     def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> Any: ...
+    def fingerprint(self) -> str: ...
+
+
+def full_checksum(backend: Any) -> str:
+    """SHA-256 of the backend's weights (one string; tensor-parallel ranks combined)."""
+    return combine_checksums(backend.checksum())
 
 
 class MemberResult(BaseModel):
@@ -50,10 +62,39 @@ class MemberResult(BaseModel):
     reward: float
     rows: list[dict[str, Any]]
     engine_index: int = 0
+    #: seconds the engine spent applying and reverting this member's perturbation (not in the history)
+    perturb_s: float | None = None
 
 
 #: kept in the history's rows when present (runs with a step scorer / a fitness combiner)
 PROCESS_KEYS = ("process_score", "fitness")
+
+
+def op_seconds(result: Any) -> float:
+    """Seconds a weight operation reported: one worker's dict, or the slowest of a list of them."""
+    if isinstance(result, dict):
+        return float(result.get("seconds") or 0.0)
+    if isinstance(result, (list, tuple)):
+        return max((op_seconds(r) for r in result), default=0.0)
+    return 0.0
+
+
+def toy_reward(rows: Sequence[dict[str, Any]]) -> float:
+    """Mean over episodes of sha256(last completion) read as a number in [0, 1): a reward that moves
+    the weights on random (dummy) weights, whose real scores are all 0, for smoke runs and benchmarks."""
+    values = [int(hashlib.sha256(str(r.get("response", "")).encode()).hexdigest()[:8], 16) / 2**32 for r in rows]
+    return sum(values) / max(1, len(values))
+
+
+def run_perturbed(backend: Backend, seed: int, sigma: float, evaluate: Callable[[], MemberResult]) -> MemberResult:
+    """Apply the member's perturbation, evaluate, revert whatever happened; the result carries the
+    apply + revert seconds."""
+    applied = backend.apply(seed, sigma)
+    try:
+        result = evaluate()
+    finally:
+        reverted = backend.revert(seed, sigma)
+    return result.model_copy(update={"perturb_s": op_seconds(applied) + op_seconds(reverted)})
 
 
 def compact_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -80,8 +121,9 @@ def evaluate_member(
     (outcome + process, written into the rows as ``fitness``; docs/protocol.md#fitness-combiner).
 
     ``rollout`` defaults to :func:`agent_envs.rollout.run_episodes` in lockstep mode (one policy
-    call per turn, as the reference trainer).  A job the runner returned no row for counts as a 0
-    in the denominator, like a failed rollout.
+    call per turn, as the reference trainer) with every episode of the member in flight at once
+    (``concurrency`` = tasks x samples unless given).  A job the runner returned no row for counts
+    as a 0 in the denominator, like a failed rollout.
     """
     from agent_envs.rollout.metrics import clamped_score
     from agent_envs.rollout.records import as_row
@@ -91,7 +133,9 @@ def evaluate_member(
         from agent_envs.rollout import run_episodes
 
         rollout = run_episodes
-        rollout_kwargs = {"mode": "lockstep", "progress": False, "tags": tags, **rollout_kwargs}
+        concurrency = rollout_kwargs.pop("concurrency", None) or member_concurrency(len(tasks), samples)
+        rollout_kwargs = {"mode": "lockstep", "progress": False, "tags": tags, "concurrency": concurrency,
+                          **rollout_kwargs}
     rows = rollout(env_id, list(tasks), policy, samples=samples, base_seed=member_seed, **rollout_kwargs)
     tagged = [{**as_row(row), **tags} for row in rows]
     if combiner is not None:
@@ -101,6 +145,11 @@ def evaluate_member(
     reward = sum(fitness(r) for r in tagged) / expected if expected else 0.0
     return MemberResult(generation=generation, member=member, seed=member_seed, reward=reward,
                         rows=tagged, engine_index=engine_index)
+
+
+def member_concurrency(tasks: int, samples: int = 1) -> int:
+    """Episodes in flight for one member by default: all of them (case batch x samples)."""
+    return max(1, int(tasks) * int(samples))
 
 
 def map_endpoint_serial(items: Sequence[T], endpoints: Sequence[Any], fn: Callable[[Any, T], R]) -> list[R]:
@@ -150,9 +199,17 @@ class ESTrainer:
             raise ValueError("the training task list is empty")
         self.config, self.backend, self.tasks = config, backend, list(tasks)
         self.evaluate, self.history_path, self.eval_hook, self.log = evaluate, history_path, eval_hook, log
-        self.history = history if history is not None else [{"config": config.model_dump()}]
+        if history is None:
+            if config.start_fingerprint is None:
+                self.config = config = config.model_copy(update={"start_fingerprint": backend.fingerprint()})
+            history = [{"config": config.model_dump()}]
+        self.history = history
         self.start_generation = start_generation
         self.seeds = SeedStream(config.seed, config.population, start_generation)
+        #: also record the full SHA-256 of the weights in every generation (seconds each, on the host)
+        self.sha256_each_generation = False
+        #: the last step's timings: wall, members, update, fingerprint, per-member apply + revert seconds
+        self.last_timing: dict[str, Any] = {}
 
     def sigma(self, generation: int) -> float:
         c = self.config
@@ -160,13 +217,10 @@ class ESTrainer:
                              c.sigma_schedule, c.sigma_warmup_steps)
 
     def run_member(self, tasks: Sequence[Any], seed: int, sigma: float, generation: int, member: int) -> MemberResult:
-        if self.evaluate is None:
+        evaluate = self.evaluate
+        if evaluate is None:
             raise RuntimeError("this trainer has no member evaluator; override evaluate_population")
-        self.backend.apply(seed, sigma)
-        try:
-            return self.evaluate(tasks, seed, generation, member)
-        finally:
-            self.backend.revert(seed, sigma)
+        return run_perturbed(self.backend, seed, sigma, lambda: evaluate(tasks, seed, generation, member))
 
     def evaluate_population(self, batch: Sequence[Any], seeds: Sequence[int], sigma: float,
                             generation: int) -> list[MemberResult]:
@@ -182,11 +236,17 @@ class ESTrainer:
         seeds = self.seeds.next_generation()
         sigma = self.sigma(generation)
         batch = case_batch(self.tasks, generation, c.case_batch_size)
+        start = time.perf_counter()
         members = self.evaluate_population(batch, seeds, sigma, generation)
         rewards = [m.reward for m in members]
         weights = normalize_rewards(rewards, c.reward_normalization, c.reward_normalization_ddof,
                                     c.reward_normalization_eps)
+        members_done = time.perf_counter()
         update = self.apply_update(seeds, weights, sigma)
+        updated = time.perf_counter()
+        fingerprint = self.backend.fingerprint()
+        fingerprinted = time.perf_counter()
+        extra = {"weights_sha256": full_checksum(self.backend)} if self.sha256_each_generation else {}
         record = GenerationRecord(
             generation=generation, case_batch=[task_id(t) for t in batch], sigma=sigma,
             sigma_start=c.sigma_start, sigma_end=c.sigma_end, sigma_schedule=c.sigma_schedule,
@@ -198,10 +258,14 @@ class ESTrainer:
             tp_size=self.backend.tp_size,
             samples=[{"engine_index": m.engine_index, "seed": m.seed, "reward": m.reward,
                       "result": [compact_row(r) for r in m.rows]} for m in members],
-            updates=[update],
+            updates=[update], weights_fingerprint=fingerprint, **extra,
         ).model_dump()
+        self.last_timing = {"wall_s": time.perf_counter() - start, "members_s": members_done - start,
+                            "update_s": updated - members_done, "fingerprint_s": fingerprinted - updated,
+                            "perturb_s": [m.perturb_s for m in members]}
         self.log(f"[es] generation={generation} sigma={sigma:.6g} reward_mean={record['reward_mean']:.4f} "
-                 f"reward_std={record['reward_std']:.4f}")
+                 f"reward_std={record['reward_std']:.4f} weights {fingerprint} "
+                 f"(fingerprint {self.last_timing['fingerprint_s']:.3f} s)")
         return record
 
     def run(self) -> list[Record]:

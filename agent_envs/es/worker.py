@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .fingerprint import combine as combine_fingerprints
 from .lowrank import LowRankPerturber, Target
 from .perturb import CHUNK, SeededPerturber
 
@@ -66,13 +67,19 @@ class ESWorkerExtension:
         return state
 
     def es_init(self, scope: str = "full", target_modules: Sequence[str] | None = None,
-                chunk: int = CHUNK, exact_revert: bool = False) -> dict[str, Any]:
-        """Select parameters; an earlier initialisation's updates are undone first."""
+                chunk: int = CHUNK, exact_revert: bool = False, revert_copy: str = "auto") -> dict[str, Any]:
+        """Select parameters; an earlier initialisation's updates are undone first (and its
+        exact-revert copy freed before the new one is allocated)."""
         old = getattr(self, "_es_perturber", None)
-        reverted = old.init(old.scope, old.target_modules)["reverted_updates"] if old else 0
+        reverted = 0
+        if old is not None:
+            reverted = old.reset()["reverted_updates"]
+            old.release()
+            self._es_perturber = None
         rank, size = _tp_rank_and_size()
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        self._es_perturber = SeededPerturber(model, scope, target_modules, chunk, rank, size, exact_revert)
+        self._es_perturber = SeededPerturber(model, scope, target_modules, chunk, rank, size, exact_revert,
+                                             revert_copy)
         return {**self._es_perturber.status(), "reverted_updates": reverted,
                 "cpu_plain_linear": CPU_PLAIN_LINEAR}
 
@@ -97,6 +104,9 @@ class ESWorkerExtension:
 
     def es_checksum(self) -> str:
         return self._es_state().checksum()
+
+    def es_fingerprint(self) -> str:
+        return self._es_state().fingerprint()
 
     def es_tensor_checksums(self) -> dict[str, str]:
         return self._es_state().tensor_checksums()
@@ -141,6 +151,9 @@ class ESWorkerExtension:
     def es_lowrank_checksum(self) -> str:
         return self._es_lowrank_state().checksum()
 
+    def es_lowrank_fingerprint(self) -> str:
+        return self._es_lowrank_state().fingerprint()
+
 
 class _WorkerCalls:
     """Calls of :class:`ESWorkerExtension` methods on every worker (a list, one entry per worker);
@@ -168,9 +181,10 @@ class VLLMPerturbation(_WorkerCalls):
     """
 
     def __init__(self, llm: Any, scope: str = "full", target_modules: Sequence[str] | None = None,
-                 chunk: int = CHUNK, exact_revert: bool = False, allow_empty: bool = False) -> None:
+                 chunk: int = CHUNK, exact_revert: bool = False, allow_empty: bool = False,
+                 revert_copy: str = "auto") -> None:
         self.llm = llm
-        self.init_result = self._call("es_init", scope, list(target_modules or []), chunk, exact_revert)
+        self.init_result = self._call("es_init", scope, list(target_modules or []), chunk, exact_revert, revert_copy)
         self.tp_size = int(self.init_result[0]["tp_size"])
         if not allow_empty:
             self.check_coverage()
@@ -206,7 +220,12 @@ class VLLMPerturbation(_WorkerCalls):
         return self._call("es_coverage")
 
     def checksum(self) -> list[str]:
+        """SHA-256 per worker (copies the weights to the host: seconds for billions of parameters)."""
         return self._call("es_checksum")
+
+    def fingerprint(self) -> str:
+        """The engine's weights fingerprint, every rank's combined (milliseconds, on the device)."""
+        return combine_fingerprints(self._call("es_fingerprint"))
 
     def tensor_checksums(self) -> list[dict[str, str]]:
         return self._call("es_tensor_checksums")
@@ -249,4 +268,9 @@ class VLLMLowRank(_WorkerCalls):
         return self._changed("es_lowrank_revert")
 
     def checksum(self) -> list[str]:
+        """SHA-256 of the targeted weights (``targets_checksum``: comparable with :func:`replay_onto`)."""
         return self._call("es_lowrank_checksum")
+
+    def fingerprint(self) -> str:
+        """The targeted weights' fingerprint (:mod:`agent_envs.es.fingerprint`, on the device)."""
+        return self._call("es_lowrank_fingerprint")[0]

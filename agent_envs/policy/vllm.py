@@ -35,8 +35,12 @@ from .batching import BatchedEnginePolicy, EnginePolicy, Prepared
 from .sampling import SamplingConfig, token_cap
 
 #: the reference harness's microbatch size (prompt + max_tokens per group); pass it as
-#: ``rollout_token_budget`` for scheduling parity with it.  0 (the default) sends a whole turn at once.
+#: ``rollout_token_budget`` for scheduling parity with it.
 REFERENCE_TOKEN_BUDGET = 131072
+#: the one default of every vLLM rollout path (``VLLMPolicy``, the engine pool's ``VLLMEngine``,
+#: ``examples/es_train.py``): 0 sends a whole lockstep turn in one engine call, so vLLM's scheduler
+#: fills the KV cache itself (docs/protocol.md#differences-and-parity-switches)
+DEFAULT_ROLLOUT_TOKEN_BUDGET = 0
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
@@ -158,14 +162,14 @@ class VLLMPolicy(_LoRAAdapters, BatchedEnginePolicy):
     ``seed``, ``worker_extension_cls`` ...), or an ``llm`` the caller owns, e.g. an ES trainer that
     perturbs the weights between calls.
 
-    ``rollout_token_budget=0`` (default) gives the engine every request of a turn in one call;
+    ``rollout_token_budget=0`` (:data:`DEFAULT_ROLLOUT_TOKEN_BUDGET`) gives the engine every request of a turn in one call;
     :data:`REFERENCE_TOKEN_BUDGET` reproduces the reference harness's microbatches, which leave the
     GPU idle between groups (about two thirds of raw throughput on an H200)."""
 
     name = "vllm"
 
     def __init__(self, model: str | None = None, llm: Any = None, *, tokenizer: Any = None,
-                 sampling: SamplingConfig | None = None, rollout_token_budget: int = 0,
+                 sampling: SamplingConfig | None = None, rollout_token_budget: int = DEFAULT_ROLLOUT_TOKEN_BUDGET,
                  max_model_len: int | None = None, processor: Any = None, **engine_kwargs: Any):
         if (model is None) == (llm is None):
             raise ValueError("VLLMPolicy needs exactly one of model= (to build an engine) or llm= (to wrap one)")

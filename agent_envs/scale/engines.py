@@ -6,13 +6,14 @@ arguments (:class:`EngineSpec`) because each Ray actor builds its own in its own
 """
 from __future__ import annotations
 
-import hashlib
 import importlib
 from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent_envs.es.fingerprint import combine_checksums
 from agent_envs.policy.base import Policy
+from agent_envs.policy.vllm import DEFAULT_ROLLOUT_TOKEN_BUDGET
 
 
 class EngineSpec(BaseModel):
@@ -22,8 +23,9 @@ class EngineSpec(BaseModel):
 
     factory: str = Field(description='"module:callable" returning an Engine, called with kwargs')
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    #: GPUs of one engine (its tensor-parallel group, always on one node); 0 for CPU engines
-    gpus: int = 0
+    #: GPUs of one engine (its tensor-parallel group, always on one node); 0 for CPU engines; a
+    #: fraction (1/k) packs k engines on one GPU, started one after another (agent_envs.scale.pool)
+    gpus: float = 0
     cpus: float = 1.0
 
     def build(self) -> "Engine":
@@ -36,15 +38,6 @@ class EngineSpec(BaseModel):
         return engine
 
 
-def combine_checksums(per_rank: str | Sequence[str]) -> str:
-    """One checksum for an engine, whose weights may be sharded over tensor-parallel ranks."""
-    if isinstance(per_rank, str):
-        return per_rank
-    if len(per_rank) == 1:
-        return per_rank[0]
-    return hashlib.sha256("|".join(per_rank).encode()).hexdigest()
-
-
 class Engine:
     """A policy; engines with weights set ``es`` (a SeededPerturber-like backend) in ``es_init``."""
 
@@ -52,7 +45,7 @@ class Engine:
     tp_size: int = 1
     es: Any = None
 
-    def es_init(self, scope: str = "full", exact_revert: bool = False) -> None:
+    def es_init(self, scope: str = "full", exact_revert: bool = False, revert_copy: str = "auto") -> None:
         raise RuntimeError(f"{type(self).__name__} has no weights to perturb; ES needs a weight-backed engine")
 
     def _backend(self) -> Any:
@@ -71,6 +64,9 @@ class Engine:
 
     def checksum(self) -> str:
         return combine_checksums(self._backend().checksum())
+
+    def fingerprint(self) -> str:
+        return self._backend().fingerprint()
 
     def close(self) -> None:
         self.policy.close()
@@ -95,8 +91,8 @@ class VLLMEngine(Engine):
     """``vllm.LLM`` with the ES worker extension; ES methods are called by name on every worker
     (``collective_rpc``), so they work in-process and with multiprocess / tensor-parallel workers."""
 
-    def __init__(self, model: str, sampling: dict[str, Any] | None = None, rollout_token_budget: int = 131072,
-                 **engine_kwargs: Any) -> None:
+    def __init__(self, model: str, sampling: dict[str, Any] | None = None,
+                 rollout_token_budget: int = DEFAULT_ROLLOUT_TOKEN_BUDGET, **engine_kwargs: Any) -> None:
         from agent_envs.es.worker import EXTENSION
         from agent_envs.policy.sampling import SamplingConfig
         from agent_envs.policy.vllm import VLLMPolicy
@@ -108,16 +104,26 @@ class VLLMEngine(Engine):
         self.policy = VLLMPolicy(model, sampling=SamplingConfig(**(sampling or {})),
                                  rollout_token_budget=rollout_token_budget, **engine_kwargs)
 
-    def es_init(self, scope: str = "full", exact_revert: bool = False) -> None:
+    def es_init(self, scope: str = "full", exact_revert: bool = False, revert_copy: str = "auto") -> None:
         from agent_envs.es.worker import VLLMPerturbation
 
-        self.es = VLLMPerturbation(self.policy.llm, scope=scope, exact_revert=exact_revert)
+        self.es = VLLMPerturbation(self.policy.llm, scope=scope, exact_revert=exact_revert, revert_copy=revert_copy)
 
 
 def vllm_spec(model: str, engine_kwargs: dict[str, Any], sampling: dict[str, Any] | None = None,
-              rollout_token_budget: int = 131072) -> EngineSpec:
+              rollout_token_budget: int = DEFAULT_ROLLOUT_TOKEN_BUDGET, engines_per_gpu: int = 1) -> EngineSpec:
     """A :class:`VLLMEngine` per actor from the same keyword arguments ``vllm.LLM`` takes;
-    ``tensor_parallel_size`` GPUs per engine, on one node."""
-    return EngineSpec(factory=f"{__name__}:VLLMEngine", gpus=int(engine_kwargs.get("tensor_parallel_size") or 1),
+    ``tensor_parallel_size`` GPUs per engine, on one node.  ``engines_per_gpu=k`` packs k single-GPU
+    engines on each GPU: each asks Ray for 1/k of a GPU and gets 1/k of ``gpu_memory_utilization``."""
+    tp = int(engine_kwargs.get("tensor_parallel_size") or 1)
+    k = int(engines_per_gpu)
+    if k < 1:
+        raise ValueError(f"engines_per_gpu must be >= 1, got {engines_per_gpu!r}")
+    kwargs = dict(engine_kwargs)
+    if k > 1:
+        if tp > 1:
+            raise ValueError(f"engines_per_gpu={k} needs single-GPU engines; tensor_parallel_size is {tp}")
+        kwargs["gpu_memory_utilization"] = float(kwargs.get("gpu_memory_utilization", 0.9)) / k
+    return EngineSpec(factory=f"{__name__}:VLLMEngine", gpus=tp / k,
                       kwargs={"model": model, "sampling": sampling, "rollout_token_budget": rollout_token_budget,
-                              **engine_kwargs})
+                              **kwargs})

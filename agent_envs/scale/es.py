@@ -2,11 +2,12 @@
 
 All engines start from the same weights and apply the same seeded updates, so no weights travel.
 Reverting a perturbation by subtracting the noise leaves a rounding residue that depends on which
-members an engine ran, so the pool always reverts exactly (a host copy of the weights while
-perturbed): only then are the engines, and a 1-engine and an N-engine run, bit for bit the same.
-After ``es_init`` and after every update each engine reports a checksum of its weights; unless all
-agree the run stops with :class:`WeightsDiverged`.  The agreed checksum is stored in the
-generation's update record, so a history also says which weights it produced.
+members an engine ran, so the pool always reverts exactly (a copy of the weights while perturbed,
+on the GPU when it has room): only then are the engines, and a 1-engine and an N-engine run, bit
+for bit the same.  After ``es_init`` and after every update each engine reports its weights
+fingerprint (milliseconds, on the device); unless all agree the run stops with
+:class:`WeightsDiverged`.  The agreed fingerprint is the generation's ``weights_fingerprint``, so a
+history also says which weights it produced; the full SHA-256 is taken at the end (``checksum``).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any, Callable, Sequence
 from pydantic import BaseModel, ConfigDict
 
 from agent_envs.es.history import ESConfig, Record
-from agent_envs.es.population import ESTrainer, MemberResult, evaluate_member
+from agent_envs.es.population import ESTrainer, MemberResult, evaluate_member, run_perturbed, toy_reward
 from agent_envs.rewards.combine import FitnessCombiner
 
 from .engines import Engine
@@ -37,35 +38,44 @@ class MemberJob(BaseModel):
     rollout_kwargs: dict[str, Any] = {}
     #: outcome + process -> fitness (None: the outcome alone)
     combiner: FitnessCombiner | None = None
+    #: reward = :func:`~agent_envs.es.population.toy_reward` of the rows (smoke runs on random weights)
+    toy_reward: bool = False
 
 
 def run_member_on(engine: Engine, job: MemberJob, engine_index: int) -> MemberResult:
     """On the actor: the member's episodes run here (their sandboxes on this node)."""
-    engine.apply(job.seed, job.sigma)
-    try:
-        return evaluate_member(engine.policy, job.env_id, job.tasks, job.seed, generation=job.generation,
-                               member=job.member, samples=job.samples, engine_index=engine_index,
-                               combiner=job.combiner, **job.rollout_kwargs)
-    finally:
-        engine.revert(job.seed, job.sigma)
+    def evaluate() -> MemberResult:
+        result = evaluate_member(engine.policy, job.env_id, job.tasks, job.seed, generation=job.generation,
+                                 member=job.member, samples=job.samples, engine_index=engine_index,
+                                 combiner=job.combiner, **job.rollout_kwargs)
+        return result.model_copy(update={"reward": toy_reward(result.rows)}) if job.toy_reward else result
+
+    return run_perturbed(engine, job.seed, job.sigma, evaluate)
 
 
 class PoolBackend:
-    """The trainer's update backend over every engine of a pool, with the checksum check."""
+    """The trainer's update backend over every engine of a pool, with the fingerprint check.
+    ``revert_copy`` says where each engine keeps its exact-revert copy (:mod:`agent_envs.es.revert_copy`)."""
 
-    def __init__(self, pool: EnginePool, scope: str = "full", log: Callable[[str], None] = print) -> None:
+    def __init__(self, pool: EnginePool, scope: str = "full", log: Callable[[str], None] = print,
+                 revert_copy: str = "auto") -> None:
         self.pool, self.log = pool, log
         self.tp_size = int(pool.info[0]["tp_size"])
-        start = pool.agree(pool.broadcast("es_init", scope, True), "after loading")
-        log(f"[es] {len(pool.live)} engine(s) start from weights {start[:16]}")
+        started = pool.broadcast("es_init", scope, True, revert_copy)
+        start = pool.agree({i: r["fingerprint"] for i, r in started.items()}, "after loading")
+        copies = sorted({r["revert_copy"] for r in started.values()})
+        log(f"[es] {len(pool.live)} engine(s) start from weights {start}; exact-revert copies: {', '.join(copies)}")
 
-    def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> dict[str, Any]:
+    def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> Any:
         out = self.pool.broadcast("es_update", [int(s) for s in seeds], [float(w) for w in weights], float(alpha))
-        checksum = self.pool.agree({i: r["checksum"] for i, r in out.items()}, "after an update")
-        self.log(f"[es] weights {checksum[:16]} on engines {sorted(out)}")
-        return {"update": out[min(out)]["update"], "weights_checksum": checksum}
+        return out[min(out)]
+
+    def fingerprint(self) -> str:
+        """Every engine's fingerprint; they must agree (:class:`~agent_envs.scale.pool.WeightsDiverged`)."""
+        return self.pool.agree(self.pool.broadcast("fingerprint"), "")
 
     def checksum(self) -> str:
+        """The engines' agreed SHA-256 (seconds: the weights go to the host)."""
         return self.pool.agree(self.pool.broadcast("checksum"), "")
 
 
@@ -83,12 +93,14 @@ class PoolESTrainer(ESTrainer):
         self.combiner = combiner
         #: engines that evaluate members (default: all); updates always run on every engine
         self.member_engines: list[int] | None = None
+        #: score members with :func:`~agent_envs.es.population.toy_reward` (smoke runs on random weights)
+        self.toy_reward = False
 
     def evaluate_population(self, batch: Sequence[Any], seeds: Sequence[int], sigma: float,
                             generation: int) -> list[MemberResult]:
         jobs = [MemberJob(env_id=self.config.env_id, tasks=list(batch), seed=s, sigma=sigma, generation=generation,
                           member=i, samples=self.config.train_samples, rollout_kwargs=self.rollout_kwargs,
-                          combiner=self.combiner)
+                          combiner=self.combiner, toy_reward=self.toy_reward)
                 for i, s in enumerate(seeds)]
 
         def report(_: int, r: MemberResult) -> None:

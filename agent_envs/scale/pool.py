@@ -5,16 +5,30 @@ spans nodes, so a tensor-parallel group stays on one node, and Ray sets the acto
 ``CUDA_VISIBLE_DEVICES`` to exactly its GPUs.  Work is handed to whichever engine is idle; an
 engine that dies is dropped and the job it held goes back to the queue, so every job's result is
 collected exactly once.  ``broadcast`` runs a call on every live engine (ES updates).
+
+A bundle of ``{"GPU": 1/k}`` packs k engines on one GPU.  Engines that share a GPU build one after
+another (a lock file per GPU on the node, held for the whole engine start): vLLM's memory
+profiling measures the free memory while it starts, and engines starting at once on one GPU
+disturb each other's measurement.  Engines on different GPUs still start in parallel.  Engines
+sharing a GPU run under CUDA MPS when the host offers it (:mod:`agent_envs.scale.mps`).
 """
 from __future__ import annotations
 
 import collections
+import contextlib
+import fcntl
+import importlib
+import math
 import os
 import socket
 import sys
-from typing import Any, Callable, Sequence
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
 
 from .engines import EngineSpec
+from .mps import MPS, start_mps
 
 Monitor = Callable[[str, dict[str, Any]], None]
 
@@ -27,28 +41,60 @@ class WeightsDiverged(RuntimeError):
     """Engines that must hold identical weights report different checksums."""
 
 
+@contextlib.contextmanager
+def gpu_start_lock(gpus: Sequence[str], folder: str | None = None) -> Iterator[None]:
+    """Hold an exclusive lock per GPU (a file in ``folder``, default the node's temp folder), taken
+    in a fixed order, so engines that share a GPU start one at a time."""
+    with contextlib.ExitStack() as stack:
+        for gpu in sorted(set(gpus)):
+            path = Path(folder or tempfile.gettempdir()) / f"agent-envs-engine-start-gpu-{gpu}.lock"
+            handle = stack.enter_context(open(path, "a+"))
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            stack.callback(fcntl.flock, handle, fcntl.LOCK_UN)
+        yield
+
+
 class EngineHost:
-    """The actor: builds its engine in its own process and runs jobs on it."""
+    """The actor: builds its engine in its own process (one engine per GPU at a time) and runs jobs on it."""
 
-    def __init__(self, spec: dict[str, Any], index: int) -> None:
-        self.index = index
-        self.engine = EngineSpec.model_validate(spec).build()
-
-    def ready(self) -> dict[str, Any]:
+    def __init__(self, spec: dict[str, Any], index: int, start_lock_dir: str | None = None) -> None:
         import ray
 
-        return {"index": self.index, "host": socket.gethostname(), "pid": os.getpid(),
-                "gpus": [str(g) for g in ray.get_gpu_ids()], "tp_size": self.engine.tp_size}
+        self.index = index
+        self.gpus = [str(g) for g in ray.get_gpu_ids()]
+        with gpu_start_lock(self.gpus, start_lock_dir):
+            started = time.time()
+            self.engine = EngineSpec.model_validate(spec).build()
+            #: wall-clock start and end of the engine's build (engines sharing a GPU never overlap)
+            self.build_span = (started, time.time())
 
-    def es_init(self, scope: str, exact_revert: bool) -> str:
-        self.engine.es_init(scope, exact_revert)
-        return self.engine.checksum()
+    def ready(self) -> dict[str, Any]:
+        return {"index": self.index, "host": socket.gethostname(), "pid": os.getpid(), "gpus": self.gpus,
+                "tp_size": self.engine.tp_size, "build_span": self.build_span,
+                "start_s": round(self.build_span[1] - self.build_span[0], 3)}
 
-    def es_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> dict[str, Any]:
-        return {"update": self.engine.update(seeds, weights, alpha), "checksum": self.engine.checksum()}
+    def es_init(self, scope: str, exact_revert: bool, revert_copy: str = "auto") -> dict[str, Any]:
+        self.engine.es_init(scope, exact_revert, revert_copy)
+        status = self.engine.es.status()
+        copies = {str(s.get("revert_copy", "none")) for s in (status if isinstance(status, list) else [status])}
+        return {"fingerprint": self.engine.fingerprint(), "revert_copy": "/".join(sorted(copies))}
+
+    def es_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> Any:
+        return self.engine.update(seeds, weights, alpha)
+
+    def fingerprint(self) -> str:
+        return self.engine.fingerprint()
 
     def checksum(self) -> str:
         return self.engine.checksum()
+
+    def call(self, target: str, *args: Any) -> Any:
+        """``module:function(engine, *args)`` on this actor: diagnostics and benchmarks that need the
+        engine itself (its policy, its weights) without a method of their own here."""
+        module, sep, name = target.partition(":")
+        if not sep:
+            raise ValueError(f"target must look like 'module:function', got {target!r}")
+        return getattr(importlib.import_module(module), name)(self.engine, *args)
 
     def run_member(self, job: Any, engine_index: int) -> Any:
         from .es import run_member_on
@@ -76,7 +122,8 @@ class EnginePool:
 
     def __init__(self, spec: EngineSpec, engines: int, *, ray_address: str | None = None,
                  start_timeout_s: float | None = None, monitor: Monitor | None = None,
-                 ray_init: dict[str, Any] | None = None) -> None:
+                 ray_init: dict[str, Any] | None = None, mps: str = "auto",
+                 start_lock_dir: str | None = None) -> None:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -84,23 +131,31 @@ class EnginePool:
         if engines < 1:
             raise ValueError(f"an engine pool needs at least one engine, got {engines}")
         self.spec, self.monitor = spec, monitor or _stderr
+        #: engines packed on one GPU (1/gpus of a GPU each); they start one after another
+        self.engines_per_gpu = math.floor(1 / spec.gpus + 1e-9) if 0 < spec.gpus < 1 else 1
         self.owns_ray = not ray.is_initialized()
-        if self.owns_ray:
-            ray.init(address=ray_address, include_dashboard=False, **(ray_init or {}))
         self.actors: list[Any] = []
         self.groups: list[Any] = []
         self.lost: list[int] = []
+        self.mps = MPS(False, "engines do not share GPUs")
+        if self.owns_ray:
+            ray.init(address=ray_address, include_dashboard=False, **(ray_init or {}))
         try:
             self._check_resources(ray.cluster_resources(), engines)
+            if self.engines_per_gpu > 1:
+                self.mps = start_mps(mps)
+            print(f"[pool] {engines} engine(s), {self.engines_per_gpu} per GPU; {self.mps.describe()}",
+                  file=sys.stderr, flush=True)
             bundle = {"CPU": spec.cpus, **({"GPU": spec.gpus} if spec.gpus else {})}
-            timeout = start_timeout_s or (900.0 if spec.gpus > 1 else 600.0)
+            timeout = (start_timeout_s or (900.0 if spec.gpus > 1 else 600.0)) * self.engines_per_gpu
             self.groups = [placement_group([bundle], strategy="STRICT_PACK") for _ in range(engines)]
             ray.get([g.ready() for g in self.groups], timeout=timeout)
             host = ray.remote(EngineHost)
+            extra = {"runtime_env": {"env_vars": self.mps.env}} if self.mps.env else {}
             self.actors = [
-                host.options(num_cpus=spec.cpus, num_gpus=spec.gpus, max_restarts=0,
+                host.options(num_cpus=spec.cpus, num_gpus=spec.gpus, max_restarts=0, **extra,
                              scheduling_strategy=PlacementGroupSchedulingStrategy(g, placement_group_bundle_index=0))
-                .remote(spec.model_dump(), i)
+                .remote(spec.model_dump(), i, start_lock_dir)
                 for i, g in enumerate(self.groups)]
             self.info = ray.get([a.ready.remote() for a in self.actors], timeout=timeout)
         except BaseException:
@@ -180,6 +235,12 @@ class EnginePool:
             raise EnginesLost(f"every engine of the pool was lost ({self.lost})")
         return out
 
+    def call(self, index: int, target: str, *args: Any) -> Any:
+        """``module:function(engine, *args)`` on engine ``index``'s actor (:meth:`EngineHost.call`)."""
+        import ray
+
+        return ray.get(self.actors[index].call.remote(target, *args))
+
     @staticmethod
     def agree(checksums: dict[int, str], what: str) -> str:
         """The one checksum every engine reports, or :class:`WeightsDiverged` naming them all."""
@@ -205,6 +266,7 @@ class EnginePool:
         for group in self.groups:
             remove_placement_group(group)
         self.actors, self.groups = [], []
+        self.mps.stop()
         if self.owns_ray and ray.is_initialized():
             ray.shutdown()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Sequence
 
 import torch
@@ -49,12 +50,17 @@ class WeightChoicePolicy(Policy):
 
 
 class TorchToyEngine(Engine):
-    """A float32 two-layer network (seeded init) behind :class:`WeightChoicePolicy`."""
+    """A float32 two-layer network (seeded init) behind :class:`WeightChoicePolicy`.
 
-    def __init__(self, choices: int = 4, features: int = 8, hidden: int = 16, init_seed: int = 0) -> None:
+    ``start_seconds`` makes building it take that long, as a real engine's start does (its memory
+    profiling), so tests can see whether engines sharing a GPU start one after another."""
+
+    def __init__(self, choices: int = 4, features: int = 8, hidden: int = 16, init_seed: int = 0,
+                 start_seconds: float = 0.0) -> None:
         torch.manual_seed(init_seed)
         self.model = nn.Sequential(nn.Linear(features, hidden), nn.Tanh(), nn.Linear(hidden, choices))
         self.policy = WeightChoicePolicy(self.model, features)
+        time.sleep(start_seconds)
 
-    def es_init(self, scope: str = "full", exact_revert: bool = False) -> None:
-        self.es = SeededPerturber(self.model, scope, exact_revert=exact_revert)
+    def es_init(self, scope: str = "full", exact_revert: bool = False, revert_copy: str = "auto") -> None:
+        self.es = SeededPerturber(self.model, scope, exact_revert=exact_revert, revert_copy=revert_copy)
