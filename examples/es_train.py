@@ -26,7 +26,7 @@ Examples::
 Options (see ``--help``): --env, --model, --train, --eval, --eval-limit, --generations,
 --population, --case-batch, --sigma-start/--sigma-end/--sigma-schedule/--sigma-warmup/
 --sigma-total-steps, --alpha, --normalization/--ddof/--eps, --scope, --seed, --eval-interval,
---eval-samples, --eval-out (held-out records before and after, for ``agent-envs compare``), --env-arg,
+--eval-samples, --eval-out (held-out records before and after, for ``agent-envs compare``), --env-arg, --sampling,
 --history, --resume (+ --resume-generations), --exact-revert (+ --revert-copy), --perturbation
 full|lowrank (+ --rank, --adapter-dir), --max-turns, --max-tokens,
 --sandbox, --mode, --concurrency, --toy-reward, process rewards (--step-scorer judge|vlm-prm with
@@ -51,6 +51,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
+
+from pydantic import ValidationError
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights live in this process's worker
 
@@ -140,6 +142,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", default=None, choices=["lockstep", "async"],
                    help="lockstep: vllm.LLM, one batch per turn (reference; the default for --perturbation full); "
                         "async: AsyncVLLMPolicy, continuous (the default, and the only mode, for lowrank)")
+    p.add_argument("--sampling", action="append", default=[], type=key_value, metavar="KEY=VALUE",
+                   help="a sampling setting instead of the protocol's (agent_envs.policy.sampling.SamplingConfig), "
+                        "e.g. temperature=0.7; recorded in the history's config")
     p.add_argument("--ignore-eos", action="store_true",
                    help="keep generating past the end-of-sequence token: fixed-length turns (benchmarks)")
     p.add_argument("--toy-reward", action="store_true",
@@ -206,7 +211,7 @@ def load_tasks(env_id: str, path: str, limit: int | None = None) -> list[Any]:
 
 def build_policy(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> tuple[Any, Any]:
     """(policy, engine handle for VLLMPerturbation): the offline LLM, or the AsyncLLM's policy."""
-    sampling = SamplingConfig(ignore_eos=args.ignore_eos)
+    sampling = SamplingConfig(**sampling_settings(args))
     if args.mode == "async":
         policy = AsyncVLLMPolicy(args.model, sampling=sampling, **engine_kwargs)
         return policy, policy
@@ -215,6 +220,17 @@ def build_policy(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> tup
     llm = LLM(model=args.model, **engine_kwargs)
     return VLLMPolicy(llm=llm, sampling=sampling, max_model_len=args.max_model_len,
                       rollout_token_budget=args.rollout_token_budget), llm
+
+
+def sampling_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """``--sampling`` over the protocol's settings (and ``--ignore-eos``); a bad one is refused by name."""
+    settings = {**dict(args.sampling), "ignore_eos": args.ignore_eos}
+    try:
+        SamplingConfig(**settings)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise SystemExit(f"--sampling {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    return settings
 
 
 def make_config(args: argparse.Namespace, combiner: FitnessCombiner | None) -> ESConfig:
@@ -231,6 +247,7 @@ def make_config(args: argparse.Namespace, combiner: FitnessCombiner | None) -> E
         **({"ignore_eos": True} if args.ignore_eos else {}),
         **({"fitness": {**scorer_settings(args), **combiner.model_dump()}} if combiner else {}),
         **({"perturbation": "lowrank", "rank": args.rank} if args.perturbation == "lowrank" else {}),
+        **({"sampling": dict(args.sampling)} if args.sampling else {}),
     )
 
 
@@ -413,7 +430,7 @@ def pool_run(args: argparse.Namespace, config: ESConfig, train: list[Any], held_
     from agent_envs.scale.rollout import pool_run_episodes
 
     env_kwargs = make_env_kwargs(args)
-    spec = vllm_spec(args.model, make_engine_kwargs(args), sampling={"ignore_eos": args.ignore_eos},
+    spec = vllm_spec(args.model, make_engine_kwargs(args), sampling=sampling_settings(args),
                      rollout_token_budget=args.rollout_token_budget, engines_per_gpu=args.engines_per_gpu)
     with EnginePool(spec, args.engines, ray_address=args.ray_address, mps=args.mps) as pool:
         backend = PoolBackend(pool, scope=args.scope, revert_copy=args.revert_copy)
