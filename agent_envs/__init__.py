@@ -1,10 +1,10 @@
 """agent-envs: Gymnasium environments for multi-turn LLM tool use.
 
-Importing the package registers every environment of :mod:`agent_envs.core.registry` with Gymnasium.
+Importing the package registers every environment of :mod:`agent_envs.envs.registry` with Gymnasium.
 """
 from __future__ import annotations
 
-from agent_envs.core.registry import ENV_IDS, register_all
+from agent_envs.envs.registry import ENV_IDS, register_all
 
 __version__ = "0.1.0"
 

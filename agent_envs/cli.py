@@ -10,26 +10,35 @@ episode ended in an error (e.g. the server is down), so there is no result; 130 
 from __future__ import annotations
 
 import argparse
-import importlib
+import contextlib
 import os
 import tempfile
 import json
-import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from agent_envs.core import registry
-from agent_envs.core.registry import ENV_IDS
-from agent_envs.atomic import atomic_write
-from agent_envs.rollout.metrics import ANLS_KEY, group_metrics, paired_bootstrap, summarize
+from agent_envs.core.atomic import atomic_write
+from agent_envs.core.spec import EnvSpec, Metric
+from agent_envs.envs import registry
+from agent_envs.envs.registry import ENV_IDS
+from agent_envs.policy.base import Policy
+from agent_envs.policy.factory import BACKENDS, POLICIES, PolicySettings, build_policy
+from agent_envs.policy.sampling import SamplingConfig
+from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
+from agent_envs.rollout.metrics import group_metrics, paired_bootstrap, summarize
+from agent_envs.core.tasks import task_id
 from agent_envs.rollout.records import ERROR_TERMINATIONS, load_records
+from agent_envs.rollout.resume import DamagedRecords, read_records
+from agent_envs.rollout.runlock import RunFolderBusy, RunLock
 from agent_envs.rollout.runner import DEFAULT_BASE_SEED, MODES, run_episodes
 from agent_envs.rollout.tracelog import write_trace_logs
-from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
+from agent_envs.sandbox.factory import BACKENDS as SANDBOX_BACKENDS
 
-POLICIES = ("cpu", "transformers", "vllm", "openai", "scripted")
+if TYPE_CHECKING:
+    from agent_envs.scale.pool import EnginePool
+
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "repetition_penalty")
 #: the embedded CPU default: a few tasks, short turns (a 135M model rarely finishes on its own)
 CPU_DEFAULTS = {"limit": 3, "max_turns": 3, "max_tokens_per_turn": 192}
@@ -86,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--engines", type=int, default=1,
                     help="run N engines as Ray actors (vllm: one GPU or TP group each; docs/scaling.md)")
     ev.add_argument("--ray-address", default=None, help="join this Ray cluster (multi-node) instead of a local one")
-    ev.add_argument("--sandbox", choices=("bwrap", "none", "docker"), default="bwrap")
+    ev.add_argument("--sandbox", choices=SANDBOX_BACKENDS, default="bwrap")
     ev.add_argument("--max-turns", type=int, default=None)
     ev.add_argument("--max-tokens-per-turn", type=int, default=None)
     ev.add_argument("--out", type=Path, default=None, help="run directory (default runs/<env>-<time>)")
@@ -127,52 +136,44 @@ def _policy_kind(args: argparse.Namespace) -> str:
     return "transformers" if args.model else "cpu"
 
 
-def _policy_attr(name: str) -> Any:
-    try:
-        return getattr(importlib.import_module("agent_envs.policy"), name)
-    except (ImportError, AttributeError) as exc:
-        raise UsageError(f"this installation cannot provide agent_envs.policy.{name} ({exc})") from exc
+def _sampling(args: argparse.Namespace) -> SamplingConfig:
+    return SamplingConfig(**{f: getattr(args, f) for f in SAMPLING_FLAGS if getattr(args, f) is not None})
 
 
-def baseline_script(env_id: str) -> Callable[[Any], str]:
-    """The ``scripted`` policy: one real tool call, then an answer read off its output.  A floor
-    baseline and a model-free smoke test of the whole pipeline (sandbox, scoring, records)."""
-    baseline = registry.spec(env_id).report.baseline
+def _check_policy_flags(kind: str, args: argparse.Namespace) -> None:
+    """What the backend's row of the factory table needs, as flags."""
+    backend = BACKENDS[kind]
+    if backend.needs_model and not args.model:
+        raise UsageError(f"--policy {kind} needs --model")
+    if backend.needs_endpoint and not args.base_urls:
+        raise UsageError(f"--policy {kind} needs at least one --base-url")
+
+
+def _baseline(env_id: str) -> Callable[[Any], str]:
+    """The environment's ``scripted`` answer: one real tool call, then an answer read off its output."""
+    baseline = registry.spec(env_id).baseline
     if baseline is None:
         raise UsageError(f"{env_id} has no scripted baseline")
     return baseline
 
 
-def _sampling(args: argparse.Namespace) -> Any:
-    overrides = {f: getattr(args, f) for f in SAMPLING_FLAGS if getattr(args, f) is not None}
-    return _policy_attr("SamplingConfig")(**overrides)
-
-
-def make_policy(kind: str, args: argparse.Namespace, env_id: str) -> Any:
-    """Build the policy; vLLM gets its async engine in async mode (continuous batching)."""
-    if kind == "scripted":
-        return _policy_attr("ScriptedPolicy")(baseline_script(env_id))
-    sampling = _sampling(args)
-    if kind in ("transformers", "vllm", "openai") and not args.model:
-        raise UsageError(f"--policy {kind} needs --model")
-    if kind == "cpu":
-        return _policy_attr("default_cpu_policy")(sampling=sampling)
-    if kind == "transformers":
-        return _policy_attr("TransformersPolicy")(args.model, sampling=sampling)
-    if kind == "vllm":
-        cls = _policy_attr("AsyncVLLMPolicy" if args.mode == "async" else "VLLMPolicy")
-        return cls(args.model, sampling=sampling, **dict(args.engine_arg))
-    if not args.base_urls:
-        raise UsageError("--policy openai needs at least one --base-url")
-    http = {k: v for k, v in (("timeout_s", args.request_timeout), ("max_retries", args.request_retries))
-            if v is not None}
-    return _policy_attr("OpenAIPolicy")(args.base_urls, args.model, sampling=sampling, samples_per_row=args.samples,
-                                        **http)
+def make_policy(kind: str, args: argparse.Namespace, env_id: str) -> Policy:
+    """Build the policy from the factory table; vLLM gets its async engine in async mode."""
+    _check_policy_flags(kind, args)
+    settings = PolicySettings(
+        model=args.model, base_urls=args.base_urls, sampling=_sampling(args), engine_args=dict(args.engine_arg),
+        mode=args.mode, samples_per_row=args.samples, timeout_s=args.request_timeout,
+        max_retries=args.request_retries, script=_baseline(env_id) if kind == "scripted" else None)
+    try:
+        return build_policy(kind, settings)
+    except ImportError as exc:
+        raise UsageError(f"this installation cannot build the {kind} policy ({exc})") from exc
 
 
 def _check_request_flags(kind: str, args: argparse.Namespace) -> None:
     if kind != "openai" and (args.request_timeout is not None or args.request_retries is not None):
-        raise UsageError("--request-timeout and --request-retries apply to --policy openai only")
+        raise UsageError("--request-timeout and --request-retries apply to --policy openai only "
+                         "(the judge's are --judge-timeout and --judge-retries)")
     if args.request_timeout is not None and not args.request_timeout > 0:
         raise UsageError(f"--request-timeout must be > 0, got {args.request_timeout}")
     if args.request_retries is not None and args.request_retries < 0:
@@ -212,14 +213,13 @@ def _error_warning(records: Sequence[Any]) -> str | None:
             f"first: {first}); 'mean' scores them 0, 'mean_non_err' leaves them out")
 
 
-def make_pool(kind: str, args: argparse.Namespace) -> Any:
+def make_pool(kind: str, args: argparse.Namespace) -> EnginePool:
     """``--engines N`` / ``--ray-address``: one engine per Ray actor, built from the same engine args."""
     if args.engines < 1:
         raise UsageError("--engines must be >= 1")
     if kind not in ("vllm", "scripted"):
         raise UsageError(f"--engines runs --policy vllm or scripted, not {kind}")
-    if kind == "vllm" and not args.model:
-        raise UsageError("--policy vllm needs --model")
+    _check_policy_flags(kind, args)
     try:
         from agent_envs.scale.engines import EngineSpec, vllm_spec
         from agent_envs.scale.pool import EnginePool
@@ -240,7 +240,7 @@ def _load_tasks(env_id: str, data: str, env_args: dict[str, Any], limit: int | N
     except (TypeError, ValueError) as exc:
         raise UsageError(f"invalid settings for {env_id}: {exc}") from exc
     try:
-        tasks = list(env.unwrapped.tasks)
+        tasks = list(env.get_wrapper_attr("tasks"))
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot load --data {data!r} for {env_id}: {exc}") from exc
     finally:
@@ -249,16 +249,54 @@ def _load_tasks(env_id: str, data: str, env_args: dict[str, Any], limit: int | N
 
 
 def _check_resume(path: Path, config: dict[str, Any]) -> None:
+    """The run's config matches the one being resumed, and its records can be resumed (one-line
+    errors naming the file and line, before any model loads)."""
+    records = path.parent / "records.jsonl"
+    try:
+        if records.exists():
+            read_records(records)
+    except DamagedRecords as exc:
+        raise UsageError(f"cannot resume: {exc}") from None
     if not path.exists():
         return
-    before = json.loads(path.read_text())
+    try:
+        before = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UsageError(f"cannot resume: {path} is not readable JSON ({exc})") from None
+    if not isinstance(before, dict):
+        raise UsageError(f"cannot resume: {path} holds a JSON {type(before).__name__}, not a run configuration")
     changed = [k for k in RESUME_IDENTITY if before.get(k) != config.get(k)]
     if changed:
         detail = "; ".join(f"{k}: {before.get(k)!r} -> {config.get(k)!r}" for k in changed)
         raise UsageError(f"cannot resume {path.parent}: the configuration changed ({detail})")
 
 
+def _unique_ids(tasks: Sequence[Any], data: str) -> None:
+    """Records are keyed by task id: a dataset that repeats one is refused before any model loads."""
+    rows: dict[str, list[int]] = {}
+    for row, task in enumerate(tasks, 1):
+        rows.setdefault(task_id(task), []).append(row)
+    repeated = next(((t, r) for t, r in rows.items() if len(r) > 1), None)
+    if repeated is not None:
+        where = ", ".join(map(str, repeated[1][:5]))
+        raise UsageError(f"--data {data}: task id {repeated[0]!r} is used by rows {where}; ids must be unique "
+                         "(records are keyed by '<task_id>:sampleNN')")
+
+
+def _run_lock(out: Path) -> RunLock:
+    try:
+        return RunLock(out).acquire()
+    except RunFolderBusy as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
+    """``eval``; the run folder is locked from before anything is written in it to the end."""
+    with contextlib.ExitStack() as hold:
+        return _eval(args, hold)
+
+
+def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
     kind = _policy_kind(args)
     defaults = CPU_DEFAULTS if kind == "cpu" else {}
     def pick(name: str) -> Any:
@@ -271,6 +309,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _check_request_flags(kind, args)
     out: Path = args.out or Path("runs") / f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}"
     records_path = out / "records.jsonl"
+    _check_out(out)
+    hold.callback(_run_lock(out).release)
     if records_path.exists() and records_path.stat().st_size and not args.resume:
         raise UsageError(f"{records_path} already has records: pass --resume to continue, or choose another --out")
     env_args = dict(args.env_arg)
@@ -285,7 +325,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "seed": args.seed, "mode": args.mode, "sandbox": args.sandbox, "max_turns": max_turns,
         "max_tokens_per_turn": max_tokens, "limit": limit, "env_args": env_args, "argv": sys.argv[1:],
     }
-    _check_out(out)
     pooled = args.engines > 1 or args.ray_address is not None
     if pooled and kind == "vllm" and args.mode == "async":  # each actor drives the offline engine
         print("[agent-envs] --engines with vllm runs each engine in lockstep mode", file=sys.stderr)
@@ -298,6 +337,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.resume:
         _check_resume(out / "config.json", config)
     tasks = _load_tasks(args.env, args.data, env_kwargs, limit)
+    _unique_ids(tasks, args.data)
     if kind == "cpu":
         print(f"[agent-envs] embedded default: {len(tasks)} task(s) of {args.data!r} with the small CPU model, "
               f"max_turns={max_turns}, max_tokens_per_turn={max_tokens}", file=sys.stderr)
@@ -305,7 +345,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         scorer = scorer_from_args(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    policy = make_pool(kind, args) if pooled else make_policy(kind, args, args.env)
+    policy: Policy | EnginePool = make_pool(kind, args) if pooled else make_policy(kind, args, args.env)
     concurrency = args.concurrency or (16 if args.mode == "lockstep" else 64)
     run = dict(samples=args.samples, mode=args.mode, base_seed=args.seed, env_kwargs=env_kwargs,
                concurrency=concurrency, tool_workers=args.tool_workers, out_path=records_path, resume=args.resume,
@@ -313,15 +353,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
                **({"step_scorer": scorer} if scorer is not None else {}))
     started = time.perf_counter()
     try:
-        config["policy_info"] = policy.spec.model_dump() if pooled else policy.describe()
+        config["policy_info"] = policy.describe() if isinstance(policy, Policy) else policy.spec.model_dump()
         # read by --resume
         atomic_write(out / "config.json", [(json.dumps(config, indent=2, default=str) + "\n").encode()])
-        if pooled:
+        if isinstance(policy, Policy):
+            records = run_episodes(args.env, tasks, policy, **run)
+        else:
             from agent_envs.scale.rollout import pool_run_episodes
 
             records = pool_run_episodes(policy, args.env, tasks, **run)
-        else:
-            records = run_episodes(args.env, tasks, policy, **run)
     except KeyboardInterrupt:
         done = len(load_records(records_path)) if records_path.exists() else 0
         print(f"\n[agent-envs] interrupted: {done} record(s) saved in {records_path}; "
@@ -335,13 +375,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if scorer is not None:
             scorer.close()
     wall = time.perf_counter() - started
-    summary = summarize(records, args.samples, items=len(tasks))
+    env_spec = registry.spec(args.env)
+    summary = summarize(records, args.samples, items=len(tasks), spec=env_spec)
     summary["run"] = {"dir": str(out), "wall_s": wall, "episodes": len(records),
                       "episodes_per_s": len(records) / wall if wall > 0 else None}
     try:
         atomic_write(out / "summary.json", [(json.dumps(summary, indent=2) + "\n").encode()])
         if args.trace_logs:
-            write_trace_logs(records, out / "trace_logs")
+            write_trace_logs(records, out / "trace_logs", env_spec.report)
     except OSError as exc:
         _raise_if_output(exc, out)
         raise
@@ -359,14 +400,30 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- summarize / compare
-def _run_records(run: Path) -> tuple[list[Any], int]:
+def _run_records(run: Path) -> tuple[list[Any], int, EnvSpec | None]:
+    """A run's records, its sample count and the spec of the environment that wrote them."""
     path = run / "records.jsonl" if run.is_dir() else run
     if not path.exists():
         raise UsageError(f"no records at {path}")
     records = load_records(path)
     config_path = path.parent / "config.json"
     samples = json.loads(config_path.read_text()).get("samples") if config_path.exists() else None
-    return records, int(samples or 1 + max((r.sample_index for r in records), default=0))
+    spec = registry.spec_of(r.row() for r in records)
+    return records, int(samples or 1 + max((r.sample_index for r in records), default=0)), spec
+
+
+def table_metrics() -> list[tuple[str, Metric]]:
+    """The environments' own table columns (every registered one, so the table keeps one layout):
+    ``(summary key of the block, metric)``, each column once."""
+    seen: set[str] = set()
+    out = []
+    for spec in registry.SPECS.values():
+        own = spec.metrics
+        for metric in own.shown if own is not None else ():
+            if own is not None and metric.column is not None and metric.column not in seen:
+                seen.add(metric.column)
+                out.append((own.key, metric))
+    return out
 
 
 def format_table(rows: Sequence[tuple[str, dict[str, Any]]], samples: int) -> str:
@@ -374,17 +431,18 @@ def format_table(rows: Sequence[tuple[str, dict[str, Any]]], samples: int) -> st
     def num(v: Any, fmt: str = "{:.4f}") -> str:
         return "-" if v is None else fmt.format(v)
 
-    header = ["run", "records", "errors", "mean", "mean_non_err", f"max@{samples}", f"pass@{samples}", "anls_mean",
-              "acc_mean", "acc_pass", "tool_call", "turns", "latency_s"]
+    own = table_metrics()
+    header = ["run", "records", "errors", "mean", "mean_non_err", f"max@{samples}", f"pass@{samples}",
+              *(str(m.column) for _, m in own), "tool_call", "turns", "latency_s"]
     lines = [header]
     for name, s in rows:
-        es, doc = s["es"], s.get(ANLS_KEY) or {}
+        es = s["es"]
         n = es["samples"]
         lines.append([
             name, str(es["count"]), str(es["error_count"]), num(es["mean_score"]),
             num((s.get("non_error") or {}).get("mean_score")), num(es.get(f"max@{n}")),
-            num(es.get(f"pass@{n}")), num(doc.get(f"anls_mean{n}")), num(doc.get(f"acc_mean{n}")),
-            num(doc.get(f"acc_pass{n}")), num(s.get("tool_call_rate"), "{:.2f}"),
+            num(es.get(f"pass@{n}")), *(num(m.value(s.get(key) or {}, n)) for key, m in own),
+            num(s.get("tool_call_rate"), "{:.2f}"),
             num((s.get("turns") or {}).get("mean"), "{:.2f}"), num((s.get("latency_s") or {}).get("mean"), "{:.2f}"),
         ])
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
@@ -394,10 +452,10 @@ def format_table(rows: Sequence[tuple[str, dict[str, Any]]], samples: int) -> st
 def cmd_summarize(args: argparse.Namespace) -> int:
     results = []
     for run in args.runs:
-        records, samples = _run_records(run)
-        summary = summarize(records, samples)
+        records, samples, spec = _run_records(run)
+        summary = summarize(records, samples, spec=spec)
         if args.group:
-            summary["groups"] = group_metrics(records, args.group)
+            summary["groups"] = group_metrics(records, args.group, spec=spec)
         results.append((str(run), summary, samples))
     if args.json:
         print(json.dumps({name: s for name, s, _ in results}, indent=2))
@@ -412,8 +470,8 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    before, _ = _run_records(args.run_a)
-    after, _ = _run_records(args.run_b)
+    before, _, _ = _run_records(args.run_a)
+    after, _, _ = _run_records(args.run_b)
     try:
         result = paired_bootstrap(before, after, samples=args.bootstrap_samples)
     except ValueError as exc:

@@ -18,7 +18,7 @@ import torch
 
 from agent_envs.policy import GenerationRequest, SamplingConfig
 from agent_envs.policy.hf import TransformersPolicy, default_cpu_policy
-from agent_envs.prompts import load_prompt
+from agent_envs.core.prompts import load_prompt
 
 QUESTIONS = [
     "What is the remainder when 60^865 is divided by 1009?",

@@ -18,7 +18,7 @@ import gymnasium as gym
 import agent_envs  # noqa: F401  (registers the environments)
 from agent_envs.policy.base import Completion
 from agent_envs.policy.hf import smollm2_tokenizer
-from agent_envs.tokens import TokenCounter
+from agent_envs.core.tokens import TokenCounter
 
 SENTENCE = "Let me compute the value step by step: x = 12 * 7 = 84, so the total is 84 plus 16. "
 

@@ -135,7 +135,7 @@ def generation_row(name: str, engines: int, trainer: Any, record: dict[str, Any]
 def raw_row(name: str, result: dict[str, Any]) -> dict[str, Any]:
     return {"variant": name, "engines": 1, "wall_s": result["seconds"], "tokens": result["tokens"],
             "tok_s": result["tokens"] / result["seconds"], "perturb_s": None, "fingerprint_s": None,
-            "note": f"batch {result['batch']}"}
+            "note": f"batch {result['batch']}; wall of the replayed calls"}
 
 
 def failed_row(name: str, exc: BaseException) -> dict[str, Any]:
@@ -179,7 +179,8 @@ class Bench:
     def pool_rows(self) -> None:
         a, k = self.args, self.args.engines_per_gpu
         started = time.perf_counter()
-        with self.es_train.open_run(self.flags("pool", "--engines", str(k), "--engines-per-gpu", str(k))) as run:
+        flags = self.flags("pool", "--engines", str(k), "--engines-per-gpu", str(k), "--mps", a.mps)
+        with self.es_train.open_run(flags) as run:
             pool, trainer = run.pool, run.trainer
             self.notes.append(f"pool of {k} engines on one GPU started in {time.perf_counter() - started:.0f} s "
                               f"(builds {', '.join(str(i['start_s']) for i in pool.info)} s, one after another); "
@@ -210,7 +211,6 @@ class Bench:
                 trip = pool.call(0, f"{HERE}:engine_roundtrip")
                 self.notes.append("perturbation round trip on engine 0 (agent_envs.es.roundtrip): " + json.dumps(trip))
                 self.check_ok = trip["ok"]
-            self.notes.append(f"pool run's full SHA-256 {run.checksum()}")
         wait_for_free_gpu(a.gpu_memory_utilization)
 
     def lowrank_rows(self) -> None:
@@ -272,6 +272,20 @@ class Bench:
                  "toy rewards, sandbox none")
         return "\n".join([title, *(f"# {n}" for n in self.notes), *lines])
 
+    def report(self) -> str:
+        lines = [f"# {line}" for line in self.verdicts()]
+        if self.check_ok is not None:
+            lines.append(f"# perturbation round trip under the engine's graphs: {'PASS' if self.check_ok else 'FAIL'}")
+        return "\n".join([*lines, self.table()])
+
+    def save(self, folder: Path | None) -> None:
+        if folder is None:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        measured = {"rows": self.rows, "raw": self.raw, "notes": self.notes, "check_ok": self.check_ok}
+        (folder / "rows.json").write_text(json.dumps(measured, indent=1))
+        (folder / "table.md").write_text(self.report() + "\n")
+
     def verdicts(self) -> list[str]:
         by = {r["variant"].split(" (")[0]: r for r in self.rows if r["tok_s"] is not None}
         out = []
@@ -310,11 +324,20 @@ def main() -> int:
     ap.add_argument("--old-members", type=int, default=None, help="members the old path runs (4; --cpu 2)")
     ap.add_argument("--raw-members", type=int, default=2, help="members whose turns the raw batch-B row replays")
     ap.add_argument("--rank", type=int, default=4, help="the low-rank row's rank")
+    ap.add_argument("--mps", default="auto", choices=["auto", "off"],
+                    help="CUDA MPS for the k engines (es_train --mps)")
     ap.add_argument("--variants", default="pool,lowrank,old", help="comma-separated subset of pool,lowrank,old")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="split over the pool's engines")
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--no-check", dest="check", action="store_false", help="skip the perturbation round trip")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="also write the table (table.md) and the rows (rows.json) here after every variant, so a run "
+                         "stopped by a time limit keeps what it measured")
+    ap.add_argument("--merge", type=Path, default=None,
+                    help="a rows.json of an earlier run on the same GPU (e.g. --variants pool): its rows, raw "
+                         "rates and notes join this run's table, which says so (for hosts whose command time limit "
+                         "is shorter than the whole benchmark)")
     args = ap.parse_args()
     small = {"population": 4, "case_batch": 4, "tokens": 16, "old_members": 2}
     large = {"population": 16, "case_batch": 16, "tokens": 256, "old_members": 4}
@@ -337,8 +360,12 @@ def main() -> int:
     from gpu_engine import QWEN3_4B, TINY_QWEN3, dense_qwen3
 
     work = Path(tempfile.mkdtemp(prefix="bench-es-"))
+    earlier = json.loads(args.merge.read_text()) if args.merge else None
     bench = Bench(args, es_train, dense_qwen3(args.tokenizer.expanduser(), TINY_QWEN3 if args.cpu else QWEN3_4B,
                                               work / "model"), work)
+    if earlier:
+        bench.rows, bench.raw, bench.check_ok = list(earlier["rows"]), dict(earlier["raw"]), earlier.get("check_ok")
+        bench.notes += [*earlier["notes"], f"rows above this run's were measured by an earlier run ({args.merge})"]
     import ray
 
     ray.init(include_dashboard=False, log_to_driver=False, _temp_dir=str(work / "ray"),
@@ -352,15 +379,13 @@ def main() -> int:
                     step()
                 except Exception as exc:  # one variant's failure must not lose the others' rows
                     bench.rows.append(failed_row(name, exc))
+                bench.save(args.out)
     finally:
         ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\n# vLLM {vllm.__version__}")
-    for line in bench.verdicts():
-        print(f"# {line}")
-    if bench.check_ok is not None:
-        print(f"# perturbation round trip under the engine's graphs: {'PASS' if bench.check_ok else 'FAIL'}")
-    print(bench.table())
+    bench.notes.insert(0, f"vLLM {vllm.__version__}")
+    bench.save(args.out)
+    print("\n" + bench.report())
     return 0
 
 

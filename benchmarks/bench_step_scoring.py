@@ -18,7 +18,7 @@ import time
 from bench_rollout import scripted_reply
 
 from agent_envs.policy.scripted import SimulatedPolicy
-from agent_envs.rewards.step import StepScore, StepScorer
+from agent_envs.core.steps import StepScore, StepScorer
 from agent_envs.rollout.runner import run_episodes
 
 

@@ -21,7 +21,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent_envs.policy.hf import smollm2_tokenizer  # noqa: E402
-from agent_envs.tokens import TokenCounter  # noqa: E402
+from agent_envs.core.tokens import TokenCounter  # noqa: E402
 
 
 def timed(fn: Callable[[str], object], texts: list[str], threads: int) -> float:

@@ -57,7 +57,7 @@ from pydantic import ValidationError
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights live in this process's worker
 
 from agent_envs.cli import _key_value as key_value
-from agent_envs.core.registry import ENV_IDS, spec
+from agent_envs.envs.registry import ENV_IDS, spec
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
 from agent_envs.es.batched import LowRankESTrainer
 from agent_envs.es.fingerprint import combine_checksums
@@ -68,13 +68,15 @@ from agent_envs.es.population import ESTrainer, evaluate_member, member_concurre
 from agent_envs.es.revert_copy import LOCATIONS
 from agent_envs.es.schedule import SCHEDULES
 from agent_envs.es.worker import EXTENSION, VLLMLowRank, VLLMPerturbation
+from agent_envs.policy import factory
 from agent_envs.policy.adapter import AdapterPolicy
 from agent_envs.policy.sampling import SamplingConfig
-from agent_envs.policy.vllm import DEFAULT_ROLLOUT_TOKEN_BUDGET, REFERENCE_TOKEN_BUDGET, AsyncVLLMPolicy, VLLMPolicy
+from agent_envs.policy.vllm import DEFAULT_ROLLOUT_TOKEN_BUDGET, REFERENCE_TOKEN_BUDGET
 from agent_envs.scale.mps import MODES as MPS_MODES
 from agent_envs.rewards.combine import FitnessCombiner
 from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
-from agent_envs.rewards.step import AGGREGATIONS, StepScorer
+from agent_envs.core.steps import StepScorer
+from agent_envs.scoring.process import AGGREGATIONS
 from agent_envs.rollout import es_summary, run_episodes
 
 
@@ -206,20 +208,19 @@ def build_process_reward(args: argparse.Namespace) -> tuple[StepScorer | None, F
 
 def load_tasks(env_id: str, path: str, limit: int | None = None) -> list[Any]:
     """Tasks through the environment's own loader (a file, or a name such as ``builtin``)."""
-    return list(spec(env_id).load_tasks(path, limit=limit))
+    loader = spec(env_id).load_tasks
+    if loader is None:
+        raise SystemExit(f"{env_id} has no task loader; ES needs one (its spec's load_tasks)")
+    return list(loader(path, limit=limit))
 
 
 def build_policy(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> tuple[Any, Any]:
-    """(policy, engine handle for VLLMPerturbation): the offline LLM, or the AsyncLLM's policy."""
-    sampling = SamplingConfig(**sampling_settings(args))
-    if args.mode == "async":
-        policy = AsyncVLLMPolicy(args.model, sampling=sampling, **engine_kwargs)
-        return policy, policy
-    from vllm import LLM
-
-    llm = LLM(model=args.model, **engine_kwargs)
-    return VLLMPolicy(llm=llm, sampling=sampling, max_model_len=args.max_model_len,
-                      rollout_token_budget=args.rollout_token_budget), llm
+    """(policy, engine handle for VLLMPerturbation): the offline LLM, or the AsyncLLM's policy,
+    built by the policy factory's vllm row (the CLI's and the engine pool's too)."""
+    policy = factory.build_policy("vllm", factory.PolicySettings(
+        model=args.model, mode=args.mode, sampling=SamplingConfig(**sampling_settings(args)),
+        rollout_token_budget=args.rollout_token_budget, engine_args=engine_kwargs))
+    return policy, policy if args.mode == "async" else policy.llm
 
 
 def sampling_settings(args: argparse.Namespace) -> dict[str, Any]:

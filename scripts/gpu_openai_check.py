@@ -117,10 +117,10 @@ class CountingPolicy(OpenAIPolicy):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.posts = 0
-        self._client.event_hooks["request"].append(self._count)
 
-    def _count(self, request: httpx.Request) -> None:
-        self.posts += request.url.path.endswith("/chat/completions")
+    async def _send(self, method: str, url: str, body: dict | None = None) -> httpx.Response:
+        self.posts += url.endswith("/chat/completions")
+        return await super()._send(method, url, body)
 
 
 def long_request(words: int, max_tokens: int) -> GenerationRequest:

@@ -38,7 +38,7 @@ from agent_envs.policy.base import GenerationRequest  # noqa: E402
 from agent_envs.policy.sampling import SamplingConfig  # noqa: E402
 from agent_envs.policy.scripted import RecordingPolicy, ScriptedOpening  # noqa: E402
 from agent_envs.policy.tiny_vlm import build_tiny_vlm  # noqa: E402
-from agent_envs.tokens import TokenCounter  # noqa: E402
+from agent_envs.core.tokens import TokenCounter  # noqa: E402
 
 VIEW_TOP = 'Action: {"name": "view", "arguments": {"box": [0, 0, 850, 550]}}'
 PATHS = ("offline", "async", "server")

@@ -37,7 +37,7 @@ def _run(args: list[str], url: str) -> str:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # its own session: the browser and its helpers only
         proc.communicate()
-        raise AssertionError(f"chromium did not finish within {TIMEOUT_S} s")
+        raise AssertionError(f"chromium did not finish within {TIMEOUT_S} s") from None
     finally:
         shutil.rmtree(profile, ignore_errors=True)
     assert proc.returncode == 0, f"chromium exited with {proc.returncode}: {err.decode(errors='replace')[-2000:]}"

@@ -113,6 +113,24 @@ def describe(pid: int) -> str:
         return "gone"
 
 
+def live_descendants() -> set[int]:
+    """Live (non-zombie) processes below this one."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parents[int(entry)] = int(fields[1])
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
 def host_processes_matching(token: bytes) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):

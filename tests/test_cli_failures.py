@@ -112,7 +112,7 @@ def test_request_timeout_and_retries_reach_the_openai_policy(tmp_path, capsys):
         conn.close()
     assert rc == 3
     rows, _ = read_jsonl(tmp_path / "run" / "records.jsonl")
-    assert rows[0]["react_error"].startswith("ReadTimeout") and len(accepted) == 2  # 1 attempt + 1 retry
+    assert rows[0]["react_error"].startswith("AttemptDeadline: no complete answer") and len(accepted) == 2  # 1 attempt + 1 retry
 
 
 @pytest.mark.parametrize("flags,message", [

@@ -9,19 +9,23 @@ process or temp folder behind.
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 
 import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import agent_envs  # noqa: F401  (registers the environments)
-from agent_envs.core import registry
+from agent_envs.core.spec import ToolSpec
+from agent_envs.envs import registry
 from agent_envs.policy.scripted import ScriptedPolicy
+from agent_envs.rollout.records import EpisodeRecord, dumps_line
 from agent_envs.rollout.runner import run_episodes, strip_timings
-from sandbox_backends import temp_dirs
+from model_text import completion, known_breakers
+from sandbox_backends import live_descendants as _descendants, temp_dirs
 from test_process_rewards import HashScorer
 
 ENV_IDS = registry.ENV_IDS
@@ -36,10 +40,7 @@ def _make(env_id: str, **kwargs) -> gym.Env:
 
 def _adversarial(env_id: str) -> list[str]:
     """Completions aimed at the parser, the tools and the scorer."""
-    tools = registry.spec(env_id).tools
-    rules = registry.spec(env_id).rules["es"]
-    args = rules.tool_args
-    acts = [f"Action: {json.dumps({'name': t, 'arguments': {args[t]: 'echo hi; exit 3'}})}" for t in tools]
+    acts = [_act(tool, "echo hi; exit 3") for tool in registry.spec(env_id).tools]
     return [
         "", " ", "\0", "Final answer:", "Final answer: \\boxed{", "Answer: 1/0", "<think>",
         "<think>Final answer: 1</think>", 'Action: {"name": "bash"', "Action: {}", "Action: []",
@@ -52,28 +53,16 @@ def _adversarial(env_id: str) -> list[str]:
     ]
 
 
+def _act(tool: ToolSpec, text: str) -> str:
+    """An action of ``tool`` carrying ``text`` as its input (a tool of the whole arguments object
+    gets it under a key of its own)."""
+    return f"Action: {json.dumps({'name': tool.name, 'arguments': {tool.argument or 'input': text}})}"
+
+
 def _random(seed: int, n: int) -> list[str]:
     rng = random.Random(seed)
     alphabet = 'Action:{}[]"\':,\\\n finalswerbxodpyth0123456789+-*/()<>'
     return ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 120))) for _ in range(n)]
-
-
-def _descendants() -> set[int]:
-    """Live (non-zombie) processes below this one."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                parents[int(entry)] = int(fields[1])
-    found, frontier = set(), {os.getpid()}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - found
-        found |= frontier
-    return found
 
 
 @pytest.mark.parametrize("env_id", ENV_IDS)
@@ -105,9 +94,63 @@ def test_random_and_adversarial_completions_never_raise(env_id):
     assert ended > 0
 
 
+#: the totality test's sandbox: real bwrap, persistent, with a short command timeout so that a
+#: generated command that blocks costs seconds, not the default 20
+TOTALITY_SANDBOX = {"backend": "bwrap", "mode": "persistent", "limits": {"timeout_s": 3.0}}
+
+
+class _Totality:
+    """One env kept across hypothesis examples (reset only when an episode ends), so that the
+    sandboxes it starts are shared by many examples."""
+
+    def __init__(self, env_id: str) -> None:
+        self.env = _make(env_id, sandbox=TOTALITY_SANDBOX)
+        self.tools = registry.spec(env_id).rules["es"].tool_args
+        self.running = False
+        self.seed = 0
+
+    def step(self, text: str) -> None:
+        if not self.running:
+            self.seed += 1
+            self.env.reset(seed=self.seed)
+            self.running = True
+        _, reward, terminated, truncated, info = self.env.step(text)
+        assert isinstance(reward, float) and 0.0 <= reward <= 1.0
+        if terminated or truncated:
+            self.running = False
+            record = info["episode"]
+            assert record["termination_reason"] in TERMINATIONS, record["react_error"]
+            EpisodeRecord.model_validate(record)  # what the runner keeps, and writes:
+            json.loads(dumps_line(record))
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_step_is_total_over_the_action_grammar(env_id):
+    """docs/reliability.md#model-text: whatever the model writes (every tool and unknown ones, any
+    arguments, nesting past the recursion limit, numbers at every extreme) ``step`` returns, and an
+    ending episode has a protocol termination reason (never INVALID_OUTPUT, the backstop for what
+    this test has not found) and a record the runner can validate and write."""
+    state = _Totality(env_id)
+
+    @settings(max_examples=40, deadline=None, database=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(st.lists(completion(state.tools), min_size=1, max_size=3))
+    def check(texts):
+        for text in texts:
+            state.step(text)
+
+    try:
+        for text in known_breakers(state.tools):  # after a tool call, so a final answer can follow
+            state.step(text)
+            state.step("Final answer: 1")
+        check()
+    finally:
+        state.env.close()
+
+
 def _records(env_id: str, mode: str, base_seed: int = 11, **kwargs) -> list[dict]:
     tasks = _make(env_id).unwrapped.tasks[:2]
-    policy = ScriptedPolicy(registry.spec(env_id).report.baseline)
+    policy = ScriptedPolicy(registry.spec(env_id).baseline)
     recs = run_episodes(env_id, tasks, policy, samples=2, mode=mode, base_seed=base_seed,
                         env_kwargs=ENV_KWARGS, concurrency=3, progress=False, **kwargs)
     return [strip_timings(r) for r in recs]
@@ -153,13 +196,12 @@ def test_reset_and_close_leave_nothing_behind(env_id):
     before_procs, before_dirs = _descendants(), temp_dirs()
     env = _make(env_id)
     spec = registry.spec(env_id)
-    args = spec.rules["es"].tool_args
     env.reset(seed=0)
-    for name in spec.tools:  # start every tool, then reset mid-episode
-        env.step(f"Action: {json.dumps({'name': name, 'arguments': {args[name]: 'sleep 30 &'}})}")
+    for tool in spec.tools:  # start every tool, then reset mid-episode
+        env.step(_act(tool, "sleep 30 &"))
     env.reset(seed=1)
-    for name in spec.tools:
-        env.step(f"Action: {json.dumps({'name': name, 'arguments': {args[name]: 'echo x > /tmp/f'}})}")
+    for tool in spec.tools:
+        env.step(_act(tool, "echo x > /tmp/f"))
     env.close()
     assert _descendants() - before_procs == set()
     assert temp_dirs() - before_dirs == set()

@@ -11,7 +11,7 @@ from agent_envs.envs.countdown.data import generate, load
 from agent_envs.envs.countdown.scoring import evaluate, score
 from agent_envs.envs.countdown.solver import solve
 from agent_envs.envs.countdown.task import CountdownTask
-from agent_envs.prompts import load_prompt
+from agent_envs.core.prompts import load_prompt
 
 
 @pytest.mark.parametrize("nums,target", [((25, 5, 4, 3), 83), ((1, 3, 3, 3), 10), ((8, 3, 3, 8), 24),

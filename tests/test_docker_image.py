@@ -7,7 +7,6 @@ model-free ``scripted`` policy on the built-in MATH tasks: what is under test is
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys

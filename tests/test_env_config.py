@@ -75,3 +75,50 @@ def _re(text: str) -> str:
     import re
 
     return re.escape(text)
+
+
+# ----------------------------------------------------------------- each environment's options model
+@pytest.mark.parametrize("env_id,kwargs,field", [
+    ("MATH-ReAct-v0", {"scorer": "fuzzy"}, "invalid MATH-ReAct-v0 argument: scorer='fuzzy'"),
+    ("MATH-ReAct-v0", {"blocklist": 1}, "invalid MATH-ReAct-v0 argument: blocklist=1"),
+    ("MATH-ReAct-v0", {"score_timeout_s": 0}, "invalid MATH-ReAct-v0 argument: score_timeout_s=0"),
+    ("DocVQA-CLI-v0", {"anls_variant": "loose"}, "invalid DocVQA-CLI-v0 argument: anls_variant='loose'"),
+    ("DocVQA-VL-v0", {"max_view_pixels": 0}, "invalid DocVQA-VL-v0 argument: max_view_pixels=0"),
+    ("DocVQA-VL-v0", {"page_in_prompt": "yes"}, "invalid DocVQA-VL-v0 argument: page_in_prompt='yes'"),
+    ("Countdown-ReAct-v0", {"single_turn": 1}, "invalid Countdown-ReAct-v0 argument: single_turn=1"),
+    ("Countdown-ReAct-v0", {"anls_variant": "protocol"}, "invalid Countdown-ReAct-v0 argument: anls_variant="),
+])
+def test_each_environment_checks_its_own_options_with_one_model(env_id, kwargs, field):
+    with pytest.raises(ValueError, match=_re(field)):
+        gym.make(env_id, **kwargs)
+
+
+def test_options_feed_the_config_hash_except_those_excluded_from_it():
+    def digest(**kwargs):
+        return gym.make("MATH-ReAct-v0", **kwargs).unwrapped.config_hash
+
+    assert digest() == digest(scorer="auto") != digest(scorer="exact")
+    assert digest(blocklist=False) != digest()
+    assert digest(score_timeout_s=3.0) == digest()  # a time limit is not part of the outcome's identity
+    env = gym.make("DocVQA-VL-v0", page_in_prompt=True, max_view_pixels=4096).unwrapped
+    assert env.options.model_dump() == {"anls_variant": "protocol", "page_in_prompt": True, "max_view_pixels": 4096}
+
+
+# ----------------------------------------------------------------- tools' sandbox needs, checked at make
+def test_a_tool_needing_a_capability_the_backend_lacks_is_refused_at_make(monkeypatch):
+    from dataclasses import replace
+
+    from agent_envs.envs.math_react.env import MathReActEnv
+    from agent_envs.envs.math_react.spec import SPEC
+    from agent_envs.sandbox.base import PID_NAMESPACE, PROCESSES
+    from agent_envs.sandbox.factory import backend_class, backends_with
+
+    assert PROCESSES in backend_class("bwrap").capabilities and PID_NAMESPACE in backend_class("bwrap").capabilities
+    assert backend_class("none").capabilities == {PROCESSES} and backend_class("docker").capabilities == frozenset()
+    assert backends_with(frozenset({PROCESSES})) == ["bwrap", "none"]
+    needy = replace(SPEC, tools=(SPEC.tools[0].with_(needs=frozenset({PID_NAMESPACE})),))
+    monkeypatch.setattr(MathReActEnv, "env_spec", needy)
+    with pytest.raises(ValueError, match='MATH-ReAct-v0: the bash tool cannot run on the "none" sandbox backend, '
+                                         'which lacks pid_namespace; use "bwrap"'):
+        MathReActEnv(sandbox="none")
+    MathReActEnv(sandbox="bwrap").close()

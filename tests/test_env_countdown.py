@@ -17,7 +17,7 @@ from agent_envs.envs.countdown.baseline import SEARCH
 from agent_envs.envs.countdown.data import generate
 from agent_envs.envs.countdown.solver import solve
 from agent_envs.envs.countdown.task import CountdownTask
-from agent_envs.prompts import load_prompt
+from agent_envs.core.prompts import load_prompt
 
 REPO = Path(__file__).resolve().parent.parent
 TASK = CountdownTask(id="t1", nums=(25, 5, 4, 3), target=83)  # (25 - 5) * 4 + 3
@@ -150,3 +150,24 @@ def test_loader_takes_public_nums_target_rows(tmp_path):
 def test_docker_backend_is_refused_at_make_not_mid_episode():
     with pytest.raises(ValueError, match="python tool cannot run on the \"docker\" sandbox backend"):
         gym.make("Countdown-ReAct-v0", sandbox="docker")
+
+
+def test_its_own_metrics_summarise_its_records():
+    """The valid-expression rate and target distance come from the environment's folder, through its
+    spec; real episodes of the scripted baseline solve every built-in task exactly."""
+    from agent_envs.envs.registry import spec
+    from agent_envs.policy.scripted import ScriptedPolicy
+    from agent_envs.rollout.metrics import summarize
+    from agent_envs.rollout.runner import run_episodes
+
+    countdown = spec("Countdown-ReAct-v0")
+    rows = [{"task_id": "a", "sample_index": 0, "score": 1.0, "target": 24, "value": "24"},
+            {"task_id": "b", "sample_index": 0, "score": 0.0, "target": 10, "value": "21/2"},
+            {"task_id": "c", "sample_index": 0, "score": 0.0, "target": 5, "value": None}]
+    assert summarize(rows, 1, spec=countdown)["countdown"] == {"valid_expression_rate": 2 / 3,
+                                                                "mean_target_distance": 0.25}
+    assert "countdown" not in summarize(rows, 1)  # the block is the environment's, through its spec
+    records = run_episodes("Countdown-ReAct-v0", generate(2, seed=3), ScriptedPolicy(countdown.baseline),
+                           mode="lockstep", env_kwargs={"sandbox": "bwrap"}, progress=False)
+    assert summarize(records, 1, spec=countdown)["countdown"] == {"valid_expression_rate": 1.0,
+                                                                   "mean_target_distance": 0.0}

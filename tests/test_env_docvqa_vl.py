@@ -106,6 +106,10 @@ BAD = [
     ({"box": [0, 0, 10.5, 10]}, "box[2] must be a whole number of pixels, got 10.5"),
     ({"box": [True, 0, 10, 10]}, "box[0] must be a whole number of pixels, got true"),
     ({"box": [0, 0, 10 ** 9, 10]}, "is outside the"),
+    ({"box": [0, 0, 10 ** 400, 10]}, "box [0, 0, 1000000000000"),  # once OverflowError (int -> float)
+    ({"box": [0, 0, 1e300, 10]}, "is outside the"),
+    ({"box": [0, 0, float("inf"), 10]}, "box[2] must be a whole number of pixels, got Infinity"),
+    ({"zoom": 10 ** 400}, "zoom must be a number above 0 and at most 4, got 1000000000"),
     ({"box": [-1, 0, 10, 10]}, "is outside the"),
     ({"box": [10, 10, 10, 50]}, "has no area"),
     ({"box": [0, 50, 10, 20]}, "has no area"),
@@ -215,7 +219,7 @@ def test_max_view_pixels_sets_the_cap_of_views_and_of_the_page_in_the_prompt(rea
             assert 190_000 < image.width * image.height <= 200_000
         assert same_pixels(region, page.crop((0, 0, 1000, 1000)).resize(region.size, Image.Resampling.LANCZOS))
         assert "to stay within 200000 pixels" in messages[-1]["content"][0]["text"]
-        assert gym.make("DocVQA-VL-v0").unwrapped.env_spec.tools["view"] is not env.unwrapped.env_spec.tools["view"]
+        assert gym.make("DocVQA-VL-v0").unwrapped.env_spec.tool("view") != env.unwrapped.env_spec.tool("view")
     finally:
         env.close()
 
@@ -224,7 +228,7 @@ def test_without_a_processor_image_counts_are_estimates(real_tasks):
     """With only a tokenizer the text is exact, each image costs ceil(w/28)*ceil(h/28) tokens, and the
     record says the counts are estimates (docs/protocol.md#image-token-counts)."""
     from agent_envs.policy.hf import smollm2_tokenizer
-    from agent_envs.tokens import TokenCounter
+    from agent_envs.core.tokens import TokenCounter
 
     tokenizer = smollm2_tokenizer()
     env = gym.make("DocVQA-VL-v0", dataset=real_tasks, tokenizer=tokenizer)

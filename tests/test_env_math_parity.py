@@ -57,7 +57,7 @@ def test_blocklist_can_be_switched_off_in_a_sandbox_only():
         env.close()
     with pytest.raises(ValueError, match='blocklist=False needs a sandbox: with sandbox="none"'):
         gym.make("MATH-ReAct-v0", sandbox="none", blocklist=False)
-    with pytest.raises(TypeError, match="blocklist must be True or False"):
+    with pytest.raises(ValueError, match="invalid MATH-ReAct-v0 argument: blocklist='no'"):
         gym.make("MATH-ReAct-v0", blocklist="no")
 
 

@@ -195,10 +195,12 @@ def test_member_reward_counts_missing_rows_as_zero() -> None:
 
 
 def test_config_rejects_bad_shape() -> None:
-    with pytest.raises(ValueError):
-        ESConfig(population=0)
-    with pytest.raises(ValueError):
-        ESConfig(reward_normalization="softmax")
+    with pytest.raises(ValueError, match="population"):
+        ESConfig(env_id="toy", population=0)
+    with pytest.raises(ValueError, match="reward_normalization"):
+        ESConfig(env_id="toy", reward_normalization="softmax")
+    with pytest.raises(ValueError, match="env_id"):
+        ESConfig()
 
 
 def test_subtractive_revert_drifts_only_by_rounding(tmp_path: Path) -> None:

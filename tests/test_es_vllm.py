@@ -74,31 +74,61 @@ def test_perturbation_on_vllm_worker() -> None:
 
 @pytest.mark.parametrize("mode", ["lockstep", "async"])
 def test_two_generation_es_loop_with_rollouts(tmp_path: Path, mode: str) -> None:
-    """examples/es_train.py end to end on the CPU engine: real envs, real bwrap, history written,
-    replayable onto a fresh engine with the same checksum.  ``async``: AsyncVLLMPolicy with its
-    engine core in another process, one ``run_episodes`` call per member, perturbed by name."""
+    """examples/es_train.py end to end on the CPU engine (compiled, the CPU's counterpart of CUDA
+    graphs): real envs, real bwrap, history written with a weights fingerprint per generation,
+    replayable onto a fresh engine that checks every generation's fingerprint and ends with the same
+    checksum.  ``async``: AsyncVLLMPolicy with its engine core in another process, one
+    ``run_episodes`` call per member, perturbed by name.  ``lockstep`` also replays an edited
+    history, which must stop at the edited generation."""
     python, model = vllm_python(), smollm2()
     env = script_env(VLLM_ENABLE_V1_MULTIPROCESSING="0", AGENT_ENVS_ES_CPU_PLAIN_LINEAR="1")
     common = [str(REPO / "examples" / "es_train.py"), "--model", str(model), "--train", "builtin",
               "--population", "2", "--case-batch", "2", "--max-turns", "2", "--max-tokens", "24",
               "--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.2",
-              "--exact-revert", "--sandbox", "bwrap", "--generations", "2", "--mode", mode]
-    if mode == "async":
-        common.append("--toy-reward")  # SmolLM2 scores 0 on every task; the update must really move weights
+              "--exact-revert", "--sandbox", "bwrap", "--generations", "2", "--mode", mode,
+              "--toy-reward"]  # SmolLM2 scores 0 on every task; the update must really move weights
     history = tmp_path / "history.json"
     train = subprocess.run([python, *common, "--history", str(history)], capture_output=True, text=True,
                            env=env, timeout=1500)
     assert train.returncode == 0, train.stderr[-4000:]
-    records = [r for r in json.loads(history.read_text()) if "rewards" in r]
+    written = json.loads(history.read_text())
+    records = [r for r in written if "rewards" in r]
     assert [r["generation"] for r in records] == [0, 1]
+    assert written[0]["config"]["start_fingerprint"].startswith("wf1:") and written[0]["config"]["concurrency"] == 2
+    assert all(r["weights_fingerprint"].startswith("wf1:") for r in records)
     assert all(len(r["seeds"]) == 2 and len(r["samples"][0]["result"]) == 2 for r in records)
     rows = [row for r in records for sample in r["samples"] for row in sample["result"]]
     assert all(row["termination_reason"] != "request_error" for row in rows)
-    if mode == "async":
-        assert all(len(set(r["rewards"])) == 2 for r in records)  # toy rewards differ between members
-    trained = [l for l in train.stdout.splitlines() if "final weights checksum" in l][-1].split()[-1]
+    assert all(len(set(r["rewards"])) == 2 for r in records)  # toy rewards differ between members
+    assert len({r["weights_fingerprint"] for r in records}) == 2  # so every update moved the weights
+    trained = [line for line in train.stdout.splitlines() if "final weights checksum" in line][-1].split()[-1]
     replay = subprocess.run([python, *common, "--resume", str(history), "--history", str(tmp_path / "r.json")],
                             capture_output=True, text=True, env=env, timeout=1500)
     assert replay.returncode == 0, replay.stderr[-4000:]
     assert "reverted members in place" not in replay.stderr  # an --exact-revert history replays bit for bit
-    assert [l for l in replay.stdout.splitlines() if "final weights checksum" in l][-1].split()[-1] == trained
+    assert "replayed 2 generations" in replay.stdout and "(2 of 2 checked against the history's fingerprints)" in \
+        replay.stdout
+    assert [line for line in replay.stdout.splitlines() if "final weights checksum" in line][-1].split()[-1] == trained
+    if mode == "async":
+        return
+    edited = tmp_path / "edited.json"
+    written[-1]["rewards"] = [written[-1]["rewards"][1], written[-1]["rewards"][0]]  # another update in generation 1
+    edited.write_text(json.dumps(written))
+    bad = subprocess.run([python, *common, "--resume", str(edited), "--history", str(tmp_path / "b.json")],
+                         capture_output=True, text=True, env=env, timeout=1500)
+    assert bad.returncode != 0 and "generation 1's replayed weights have fingerprint" in bad.stderr, bad.stderr[-3000:]
+
+
+def test_perturbation_round_trip_on_a_compiled_engine() -> None:
+    """scripts/gpu_es_check.py --cpu: the CPU engine compiles its model (its counterpart of CUDA
+    graphs); an in-place perturbation must change greedy and fixed-seed outputs, and the in-place
+    and exact reverts must restore them token for token (the exact one with the same fingerprint)."""
+    script = REPO / "scripts" / "gpu_es_check.py"
+    out, proc = run_result([str(script), "--cpu", "--tiny", "--tokenizer", str(smollm2())], timeout=1200)
+    trip = out["roundtrip"]
+    assert trip["graph_mode"]["enforce_eager"] is False and trip["repeatable"] and trip["ok"], proc.stdout[-2000:]
+    for label in ("in_place_revert", "exact_revert"):
+        assert trip[label]["tokens_changed_by_perturbation"] > 0 and trip[label]["restored_token_for_token"]
+    assert trip["exact_revert"]["fingerprint_restored"] and trip["exact_revert"]["revert_copy"] == ["device"]
+    assert not trip["in_place_revert"]["fingerprint_restored"]  # subtraction leaves a rounding residue
+    assert out["update_while_perturbed"].startswith("refused")

@@ -8,16 +8,11 @@ import random
 
 import pytest
 
-from agent_envs.rollout.metrics import (
-    diagnostics,
-    es_summary,
-    group_metrics,
-    max_at_k,
-    mean_valid,
-    paired_bootstrap,
-    pass_at_k,
-    summarize,
-)
+from agent_envs.envs.registry import spec
+from agent_envs.rollout.metrics import diagnostics, es_summary, group_metrics, paired_bootstrap, summarize
+from agent_envs.scoring.metrics import max_at_k, mean_valid, pass_at_k
+
+DOCVQA = spec("DocVQA-CLI-v0")
 
 
 def _row(task: str, sample: int, score: float, **extra) -> dict:
@@ -106,12 +101,20 @@ def test_anls_metrics_distinguish_acc_and_exact_pass():
         _row("q2", 0, 1.0, anls=1.0, acc=1.0), _row("q2", 1, 0.5, anls=0.5, acc=0.0),
         _row("q3", 0, 0.0, anls=0.0, acc=0.0), _row("q3", 1, 0.5, anls=0.5, acc=0.0),
     ]
-    d = summarize(rows, samples=2)["docvqa"]
+    summary = summarize(rows, samples=2, spec=DOCVQA)
+    d = summary["docvqa"]
+    assert summary["at_k"]["acc_pass@2"] == pytest.approx(2 / 3)
     assert d["anls_mean2"] == pytest.approx(3.0 / 6)
     assert d["anls_pass2"] == pytest.approx((0.75 + 1.0 + 0.5) / 3)
     assert d["acc_mean2"] == pytest.approx(2 / 6)  # 0.5 is not > 0.5
     assert d["acc_pass2"] == pytest.approx(2 / 3)
     assert d["exact_pass@2"] == pytest.approx(1 / 3)
+    # the block is the environment's: it comes with its spec, and only for records carrying ANLS
+    plain = summarize(rows, samples=2)
+    assert "docvqa" not in plain and "acc_pass@2" not in plain["at_k"]
+    assert group_metrics(rows, 1, spec=DOCVQA)["groups"][0]["anls_mean1"] == pytest.approx(1.75 / 3)
+    unscored = [{k: v for k, v in r.items() if k not in ("anls", "acc")} for r in rows]
+    assert "docvqa" not in summarize(unscored, samples=2, spec=DOCVQA)
 
 
 def test_group_metrics_split_a_16_sample_run_into_four_groups():

@@ -18,7 +18,7 @@ def echo(request: GenerationRequest) -> Completion:
 
 @pytest.fixture
 def servers():
-    pair = [PolicyServer(ScriptedPolicy(echo), model="m", max_model_len=256).start() for _ in range(2)]
+    pair = [PolicyServer(ScriptedPolicy(echo), model="m", max_model_len=256, record=64).start() for _ in range(2)]
     yield pair
     for s in pair:
         s.close()
@@ -93,7 +93,7 @@ def test_timeouts_retry_then_fail(servers) -> None:
     servers[0].delay_next(1.0, times=2)
     policy = client(servers[0].url, timeout_s=0.2, max_retries=1)
     out = policy.generate([req()])[0]
-    assert out.error == "request_error" and out.error_message.startswith("ReadTimeout")
+    assert out.error == "request_error" and out.error_message.startswith("AttemptDeadline: no complete answer")
     servers[0].delay_next(1.0, times=1)
     assert client(servers[0].url, timeout_s=0.2, max_retries=2).generate([req()])[0].ok
 
@@ -156,3 +156,21 @@ def test_real_model_behind_the_server() -> None:
         assert over_http.token_ids == local.generate([request])[0].token_ids
         assert over_http.prompt_tokens == local.counter.prompt_tokens(request.messages)
         remote.close()
+
+
+@pytest.mark.parametrize("phase", ["head", "body"])
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_a_server_trickling_a_byte_at_a_time_hits_the_per_attempt_deadline(phase, path) -> None:
+    """docs/reliability.md#deadlines: ``timeout_s`` bounds each attempt from connection to last byte.
+    The server sends a byte every 0.5 s (its head, or a 20 kB body), so httpx's per-read timeout
+    never fires: two attempts of 2 s must end in about 4 s, not in hours."""
+    from slow_servers import TrickleServer, run_bounded
+
+    with TrickleServer(phase=phase) as server:
+        policy = client(server.url, timeout_s=2.0, max_retries=1, max_model_len=4096)
+        call = (lambda: policy.generate([req()])[0]) if path == "sync" else (lambda: asyncio.run(policy.agenerate(req())))
+        finished, out, seconds = run_bounded(call, 30)
+        assert finished, f"still waiting after {seconds:.0f}s"
+        assert out.error == "request_error" and out.error_message.startswith("AttemptDeadline: no complete answer")
+        assert 4.0 <= seconds < 10.0 and server.accepted == 2
+    policy.close()

@@ -79,3 +79,27 @@ def test_engine_gets_the_offline_scheduler_defaults(result: dict) -> None:
     """vLLM gives an engine a fraction of the offline ``LLM``'s batched tokens per step unless told
     who calls it; rollouts are offline work and must get the ``LLM`` sizes."""
     assert result["scheduler"] == result["offline_defaults"]
+
+
+CLOSE_SCRIPT = r'''
+import json, sys
+from agent_envs.policy.base import GenerationRequest
+from agent_envs.policy.vllm import AsyncVLLMPolicy
+
+policy = AsyncVLLMPolicy(sys.argv[1], dtype="float32", max_model_len=512, enforce_eager=True, seed=0)
+request = GenerationRequest(messages=[{"role": "user", "content": "Name a prime number."}], seed=3, max_tokens=4)
+ids = policy.generate([request])[0].token_ids
+policy.close()
+policy.close()  # twice is fine
+print("RESULT " + json.dumps({"ids": ids, "engine": policy.engine is None}), flush=True)
+'''
+
+
+def test_close_leaves_nothing_for_the_engines_finaliser_at_exit(vllm_tmpdir) -> None:
+    """A script that calls ``close()`` and exits: vLLM's ``AsyncLLM.__del__`` shuts the engine down
+    once more, which during interpreter teardown (module globals gone) printed ``Exception ignored
+    in: <function AsyncLLM.__del__ ...> TypeError``; a user reads that as a crash."""
+    env = script_env(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING=None)
+    result, proc = run_result(["-c", CLOSE_SCRIPT, str(smollm2())], env=env, timeout=900)
+    assert result["ids"] and result["engine"]
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-4000:]

@@ -91,7 +91,7 @@ def server(model_dir: Path, greedy: TransformersPolicy):
     from agent_envs.policy.server import PolicyServer
 
     sampled = TransformersPolicy(model_dir, model=greedy.model, processor=greedy.processor)
-    with PolicyServer(sampled, model="tiny-vlm") as running:
+    with PolicyServer(sampled, model="tiny-vlm", record=8) as running:
         yield running
 
 

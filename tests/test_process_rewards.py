@@ -12,10 +12,10 @@ from typing import Sequence
 import gymnasium as gym
 import pytest
 
-import agent_envs.core.registry as registry
+import agent_envs.envs.registry as registry
 from agent_envs.policy.base import Completion, GenerationRequest
-from agent_envs.rewards.step import (BatchStepScorer, StepContext, StepScore, StepScorer, aggregate,
-                                     process_fields)
+from agent_envs.core.steps import BatchStepScorer, StepContext, StepScore, StepScorer
+from agent_envs.scoring.process import aggregate, process_fields
 from agent_envs.rollout.metrics import summarize
 from agent_envs.rollout.runner import run_episodes, strip_timings
 from test_runner import TASKS, SeededMathPolicy

@@ -63,3 +63,11 @@ def test_no_citations_of_the_outside_document():
 def test_anchor_rules():
     assert anchors("# A b\n## HTTP-evaluator compatibility\n```\n# not a heading\n```\n## A b\n") == {
         "a-b", "http-evaluator-compatibility", "a-b-1"}
+
+
+def test_every_cited_reliability_anchor_exists():
+    """docs/reliability.md states the package's promises; code and tests cite its sections."""
+    known = anchors((REPO / "docs" / "reliability.md").read_text(encoding="utf-8"))
+    cited = {(name, str(p.relative_to(REPO))) for p in source_files()
+             for name in re.findall(r"reliability\.md#([\w-]+)", p.read_text(encoding="utf-8", errors="replace"))}
+    assert len(cited) > 5 and not {c for c in cited if c[0] not in known}, sorted(c for c in cited if c[0] not in known)

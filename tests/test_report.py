@@ -218,3 +218,20 @@ def test_records_carry_per_turn_facts(math_run):
         assert row["turn_tool_s"][0] > 0 and row["turn_tool_s"][1] == 0
         assert row["tool_seconds"] == sum(row["turn_tool_s"])
         assert len(row["turn_generation_s"]) == row["turns"]
+
+
+def test_countdown_report_shows_its_numbers_target_and_a_gold_solution(tmp_path):
+    from agent_envs.envs.countdown.scoring import score
+    from agent_envs.envs.countdown.task import CountdownTask
+
+    out = tmp_path / "countdown"
+    _eval(out, "--env", "Countdown-ReAct-v0", "--limit", "2")
+    html = (out / "report.html").read_text()
+    rows, _ = read_jsonl(out / "records.jsonl")
+    golds = re.findall(r'<span class="label">gold</span> <code>(.*?)</code>', html)
+    assert len(golds) == len(rows) == 2
+    for row in rows:
+        task = CountdownTask(id=row["task_id"], nums=tuple(row["nums"]), target=row["target"])
+        assert f"Numbers: {', '.join(map(str, task.nums))}; target: {task.target}" in html
+        # the gold is a solution: an expression the scorer accepts for exactly this task
+        assert any(score(g.replace("&#39;", "'"), task).correct for g in golds)

@@ -8,7 +8,7 @@ import pytest
 
 import browser
 from agent_envs.report import build_report
-from agent_envs.rewards.step import BatchStepScorer, StepScore
+from agent_envs.core.steps import BatchStepScorer, StepScore
 from agent_envs.rollout.records import read_jsonl
 from agent_envs.rollout.runner import run_episodes
 from test_process_rewards import ENV_KWARGS, HashScorer

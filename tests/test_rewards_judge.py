@@ -10,9 +10,9 @@ from PIL import Image
 from agent_envs.core.content import images_of
 from agent_envs.policy.base import Completion
 from agent_envs.policy.scripted import ScriptedPolicy
-from agent_envs.prompts import load_prompt
+from agent_envs.core.prompts import load_prompt
 from agent_envs.rewards.judge import LLMJudgeScorer, fill_template, parse_score
-from agent_envs.rewards.step import StepContext, StepScore
+from agent_envs.core.steps import StepContext, StepScore
 from agent_envs.rollout.runner import run_episodes
 from test_process_rewards import ENV_KWARGS
 from test_runner import TASKS, SeededMathPolicy
@@ -161,3 +161,27 @@ def test_eval_cli_scores_steps_with_a_judge_served_on_localhost(tmp_path, capsys
     assert main(["eval", "--policy", "scripted", "--limit", "1", "--out", str(tmp_path / "bad"),
                  "--step-scorer", "judge"]) == 2
     assert "--step-scorer judge needs --judge-url and --judge-model" in capsys.readouterr().err
+
+
+def test_a_judge_trickling_a_byte_at_a_time_costs_the_eval_its_deadline_not_forever(tmp_path, capsys):
+    """docs/reliability.md#deadlines: ``--judge-timeout``/``--judge-retries`` bound a stuck judge (a
+    server sending a byte every 0.5 s never trips a per-read timeout); the step's score is a
+    recorded error and the run ends."""
+    from agent_envs.cli import main
+    from agent_envs.rollout.records import read_jsonl
+    from slow_servers import TrickleServer, run_bounded
+
+    out = tmp_path / "run"
+    argv = ["eval", "--policy", "scripted", "--limit", "1", "--out", str(out), "--no-progress", "--no-report",
+            "--step-scorer", "judge", "--judge-model", "judge", "--judge-timeout", "1.5", "--judge-retries", "1"]
+    with TrickleServer() as server:
+        finished, code, seconds = run_bounded(lambda: main([*argv, "--judge-url", server.url]), 60)
+        assert finished, f"eval still running after {seconds:.0f}s"
+        assert server.accepted == 2  # one attempt and one retry, each cut at 1.5 s
+    assert code == 0, capsys.readouterr().err
+    [row] = read_jsonl(out / "records.jsonl")[0]
+    assert row["step_scores"] == [None]
+    assert row["step_score_errors"][0].startswith("judge request failed: AttemptDeadline: no complete answer")
+    bad = [a if a != str(out) else str(tmp_path / "bad") for a in argv[:-4]]
+    assert main([*bad, "--judge-url", "http://127.0.0.1:9/v1", "--judge-timeout", "0"]) == 2
+    assert "--judge-timeout must be > 0" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from agent_envs.policy.scripted import ScriptedPolicy
-from agent_envs.rewards.step import StepContext
+from agent_envs.core.steps import StepContext
 from agent_envs.rollout.runner import run_episodes
 
 peft = pytest.importorskip("peft", reason="peft is installed by the 'rewards' extra (scripts/install.sh --test)")
@@ -113,7 +113,7 @@ def test_docvqa_episodes_scored_by_product(scorer, docvqa_dir):
                              "Final answer: unknown"])
     records = run_episodes("DocVQA-CLI-v0", tasks, policy, mode="lockstep", env_kwargs={"sandbox": "bwrap"},
                            progress=False, step_scorer=scorer)
-    for record, task in zip(records, tasks):
+    for record in records:
         assert record.termination_reason == "final_answer" and len(record.step_scores) == 2
         assert all(0 < s < 1 for s in record.step_scores) and record.step_score_errors == [None, None]
         assert record.process_aggregation == "product"

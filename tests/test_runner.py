@@ -18,6 +18,7 @@ from typing import Sequence
 import pytest
 
 from agent_envs.policy.base import Completion, GenerationRequest, Policy
+from agent_envs.rollout.metrics import summarize
 from agent_envs.rollout.records import EpisodeRecord, read_jsonl
 from agent_envs.rollout.runner import run_episodes, strip_timings
 
@@ -152,8 +153,9 @@ def test_every_request_is_warmed_in_an_env_thread_before_generate(mode, lockstep
 class BrokenEnvFactory:
     """A real env whose step raises for one task: the runner must turn that into a record."""
 
-    def __init__(self, bad_id: str):
+    def __init__(self, bad_id: str, exc: Exception | None = None):
         self.bad_id = bad_id
+        self.exc = exc if exc is not None else OSError("disk on fire")
 
     def __call__(self, **kwargs):
         import gymnasium as gym
@@ -161,12 +163,12 @@ class BrokenEnvFactory:
         import agent_envs  # noqa: F401
 
         env = gym.make("MATH-ReAct-v0", **kwargs)
-        bad_id, inner = self.bad_id, env.unwrapped
+        bad_id, inner, exc = self.bad_id, env.unwrapped, self.exc
         original = inner.step
 
         def step(action):
             if inner._ep.task.id == bad_id:
-                raise OSError("disk on fire")
+                raise exc
             return original(action)
 
         inner.step = step
@@ -182,6 +184,29 @@ def test_env_exception_becomes_env_error_record(mode):
     assert len(recs) == 10 and len(bad) == 2
     assert all(r.termination_reason == "env_error" and r.error == "OSError: disk on fire" for r in bad)
     assert all(r.termination_reason == "final_answer" for r in recs if r.task_id != TASKS[2]["id"])
+
+
+@pytest.mark.parametrize("mode", ["lockstep", "async"])
+def test_an_exception_on_the_models_text_is_the_models_outcome_not_env_error(mode, tmp_path):
+    """docs/reliability.md#model-text: a step that raises something other than a machine fault
+    (here the RecursionError deeply nested arguments once raised) ends the episode as the model's
+    outcome: score 0, no ``error``, counted by mean_non_err, and not run again by resume."""
+    out = tmp_path / "records.jsonl"
+    bad_id = TASKS[1]["id"]
+    factory = BrokenEnvFactory(bad_id, RecursionError("maximum recursion depth exceeded"))
+    run = dict(samples=1, mode=mode, env_kwargs={"sandbox": "none", "max_turns": 6}, concurrency=2,
+               progress=False, out_path=out)
+    recs = run_episodes(factory, TASKS, SeededMathPolicy(), **run)
+    bad = [r for r in recs if r.task_id == bad_id]
+    assert [(r.termination_reason, r.score, r.error) for r in bad] == [("invalid_output", 0.0, None)]
+    assert bad[0].react_error == "RecursionError: maximum recursion depth exceeded"
+    assert bad[0].score_method == "invalid_output"
+    assert all(r.termination_reason == "final_answer" for r in recs if r.task_id != bad_id)
+    summary = summarize(recs, 1)
+    assert summary["es"]["error_count"] == 0 and summary["non_error"]["count"] == len(TASKS)
+    policy = SeededMathPolicy()
+    again = run_episodes(factory, TASKS, policy, resume=True, **{**run, "out_path": out})
+    assert policy.calls == 0 and [strip_timings(r) for r in again] == [strip_timings(r) for r in recs]
 
 
 def test_resume_skips_finished_reruns_failed_and_tolerates_torn_line(tmp_path, lockstep_records):

@@ -158,6 +158,24 @@ def test_session_survives_its_shell_dying(sandbox_for, killer):
     assert obs(sb, "echo again") == "again\n[exit_code] 0"
 
 
+def test_a_command_cannot_forge_its_own_end():
+    """docs/reliability.md#tool-channels: ``$__ae_n`` is readable by the command, so it could write
+    the driver's end markers and status line itself; the command is over only when the shell is
+    back at its read with nothing else running: the forged end is ignored, the later output and
+    the real status are the command's, and the background job is killed before ``run`` returns."""
+    import time
+
+    with BwrapSandbox(SandboxConfig()) as sb:
+        forge = ("printf '\\0\\36AE%s\\n' \"$__ae_n\"; printf '\\0\\36AE%s\\n' \"$__ae_n\" >&2; "
+                 "printf '\\36AR %s 0\\n' \"$__ae_n\" >&59; ")
+        started = time.monotonic()
+        res = sb.run(forge + "sleep 313 & sleep 1.5; echo late; exit 7")
+        assert time.monotonic() - started >= 1.5 and res.returncode == 7
+        assert res.stdout.endswith(b"late\n")
+        assert sb._state["shell"].others() == []  # the background sleep is gone
+        assert obs(sb, "echo next") == "next\n[exit_code] 0"
+
+
 def test_exit_keeps_files_and_cwd():
     with BwrapSandbox(SandboxConfig()) as sb:
         sb.run("cd /tmp && echo x > f && export E=1 && exit 4")

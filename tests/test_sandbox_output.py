@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_envs.sandbox._capture import Window
+from agent_envs.sandbox.capture import Window
 from agent_envs.sandbox.base import ExecResult
 from protocol_specs import format_observation
 

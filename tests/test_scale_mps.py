@@ -22,7 +22,9 @@ def fake_control(folder: Path, daemon_exit: int = 0, list_exit: int = 1) -> Path
     log = folder / "calls.log"
     script = folder / "nvidia-cuda-mps-control"
     script.write_text(f"""#!/bin/sh
-if [ "$1" = "-d" ]; then echo "daemon $CUDA_MPS_PIPE_DIRECTORY" >> {log}; echo "cannot start" >&2; exit {daemon_exit}; fi
+if [ "$1" = "-d" ]; then
+  echo "daemon $CUDA_MPS_PIPE_DIRECTORY" >> {log}; echo "cannot start" >&2; exit {daemon_exit}
+fi
 read line; echo "$line" >> {log}
 case "$line" in get_server_list) exit {list_exit};; *) exit 0;; esac
 """)

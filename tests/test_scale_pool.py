@@ -201,3 +201,16 @@ def test_cli_eval_engines_two_equals_one(tmp_path):
     assert len(one) == 8
     assert sorted((comparable(r) for r in two), key=lambda r: r["key"]) == \
         sorted((comparable(r) for r in one), key=lambda r: r["key"])
+
+
+def test_vllm_spec_packs_k_engines_per_gpu():
+    from agent_envs.policy.vllm import DEFAULT_ROLLOUT_TOKEN_BUDGET
+    from agent_envs.scale.engines import vllm_spec
+
+    whole = vllm_spec("m", {"gpu_memory_utilization": 0.8})
+    half = vllm_spec("m", {"gpu_memory_utilization": 0.8}, engines_per_gpu=2)
+    assert whole.gpus == 1 and whole.kwargs["gpu_memory_utilization"] == 0.8
+    assert half.gpus == 0.5 and half.kwargs["gpu_memory_utilization"] == 0.4
+    assert whole.kwargs["rollout_token_budget"] == DEFAULT_ROLLOUT_TOKEN_BUDGET == 0  # one default everywhere
+    with pytest.raises(ValueError, match="single-GPU engines"):
+        vllm_spec("m", {"tensor_parallel_size": 2}, engines_per_gpu=2)

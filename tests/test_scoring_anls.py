@@ -82,19 +82,19 @@ def test_docvqa_prediction_fallbacks():
 def test_docvqa_score_with_tool_use():
     # docs/protocol.md#reward-cases (3) and the stage-1 smoke of #other-cases
     got = docvqa_score("Final answer: invoice 123", ANSWERS, termination_reason="final_answer", used_bash=True)
-    assert (got.score, got.anls, got.acc, got.method) == (1.0, 1.0, 1.0, "anls")
+    assert (got.score, got.extras["anls"], got.extras["acc"], got.method) == (1.0, 1.0, 1.0, "anls")
     assert got.label == "docvqa_paper_react_cli_anls"
     assert (got.prediction, got.answer_status, got.status) == ("invoice 123", "answered", "ok")
     smoke = docvqa_score("Final answer: smoke", ["smoke"], termination_reason="final_answer", used_bash=True)
-    assert (smoke.prediction, smoke.anls) == ("smoke", 1.0)
+    assert (smoke.prediction, smoke.extras["anls"]) == ("smoke", 1.0)
     partial = docvqa_score("Final answer: abcd", ["abce"], termination_reason="final_answer", used_bash=True)
-    assert (partial.score, partial.anls, partial.acc) == (0.75, 0.75, 1.0)  # #reward-cases (6)
+    assert (partial.score, partial.extras["anls"], partial.extras["acc"]) == (0.75, 0.75, 1.0)  # #reward-cases (6)
 
 
 def test_docvqa_score_without_tool_use_is_zero_on_an_empty_prediction():
     # docs/protocol.md#reward-cases (4) adapted: no bash -> score, acc and anls all 0
     got = docvqa_score("Final answer: invoice 123", ANSWERS, termination_reason="final_answer", used_bash=False)
-    assert (got.score, got.acc, got.anls) == (0.0, 0.0, 0.0)
+    assert (got.score, got.extras["acc"], got.extras["anls"]) == (0.0, 0.0, 0.0)
     assert (got.method, got.label) == ("no_tool_use", "docvqa_paper_react_cli_no_tool_use")
     assert (got.prediction, got.answer_status) == ("", "missing_final_answer")
 
@@ -103,7 +103,7 @@ def test_docvqa_score_without_tool_use_is_zero_on_an_empty_prediction():
 def test_zeroing_terminations_keep_the_raw_anls(reason):
     got = docvqa_score("Final answer: invoice 123", ANSWERS, termination_reason=reason, used_bash=True)
     assert (got.score, got.method, got.label) == (0.0, reason, "docvqa_paper_react_cli_" + reason)
-    assert (got.anls, got.acc) == (1.0, 1.0)
+    assert (got.extras["anls"], got.extras["acc"]) == (1.0, 1.0)
 
 
 def test_budget_terminations_score_the_last_line():
@@ -142,4 +142,4 @@ def test_levenshtein_is_a_metric(a, b, c):
 def test_docvqa_score_never_raises(completion, answers, used_bash, reason):
     got = docvqa_score(completion, answers, termination_reason=reason, used_bash=used_bash)
     assert got.label.startswith("docvqa_paper_react_cli_")
-    assert 0.0 <= got.score <= got.anls <= 1.0
+    assert 0.0 <= got.score <= got.extras["anls"] <= 1.0

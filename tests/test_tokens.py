@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from agent_envs.policy.hf import smollm2_tokenizer
-from agent_envs.tokens import TokenCounter, estimate_tokens
+from agent_envs.core.tokens import TokenCounter, estimate_tokens
 
 MESSAGES = [{"role": "system", "content": "You solve math."}, {"role": "user", "content": "What is 2+2?"}]
 
@@ -115,7 +115,7 @@ def test_policy_prompt_cache_matches_full_rendering_per_episode_key(counter) -> 
     rendering it, also when a key is reused by a different episode or the chat is edited."""
     import random
 
-    from agent_envs.tokens import PromptCache
+    from agent_envs.core.tokens import PromptCache
 
     cache, rng = PromptCache(counter, size=2), random.Random(3)
     chats = {key: [{"role": "system", "content": "Solve."}, {"role": "user", "content": f"Task {key}"}]

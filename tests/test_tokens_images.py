@@ -14,7 +14,7 @@ import agent_envs  # noqa: F401
 from agent_envs.core.content import image_part, text_part
 from agent_envs.envs.docvqa.data import load_docvqa_tasks
 from agent_envs.policy.tiny_vlm import build_tiny_vlm
-from agent_envs.tokens import IMAGE_TILE, PromptTally, TokenCounter, estimate_image_tokens, estimate_tokens
+from agent_envs.core.tokens import IMAGE_TILE, PromptTally, TokenCounter, estimate_image_tokens, estimate_tokens
 
 
 @pytest.fixture(scope="module")

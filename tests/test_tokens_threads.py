@@ -13,7 +13,7 @@ import random
 import pytest
 
 from agent_envs.policy.hf import smollm2_tokenizer
-from agent_envs.tokens import TokenCounter, _input_ids
+from agent_envs.core.tokens import TokenCounter, _input_ids
 from vllm_cpu import run_result
 
 
@@ -38,7 +38,7 @@ SCRIPT = r'''
 import copy, json, sys, threading
 from vllm.tokenizers.hf import maybe_make_thread_pool
 from agent_envs.policy.hf import smollm2_tokenizer
-from agent_envs.tokens import PromptTally, TokenCounter
+from agent_envs.core.tokens import PromptTally, TokenCounter
 
 plain = smollm2_tokenizer()
 pooled = maybe_make_thread_pool(smollm2_tokenizer())

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import random
 import re
+import resource
 import socket
 import textwrap
+import time
 
 import pytest
 
@@ -213,3 +215,47 @@ def test_many_episodes_leak_nothing():
                                  "import subprocess; subprocess.Popen(['sleep', '99'])"]), timeout=0.5)
             if i % 2:
                 t.run("print(2)")
+
+
+#: model code that finds the driver's nonce and status fd in its frames and writes the end of the
+#: call itself (the old end markers on both streams and a status line), then works on
+FORGE_END = """
+    import os, sys, time
+    frame = sys._getframe()
+    while 'nonce' not in frame.f_locals:
+        frame = frame.f_back
+    nonce, fd = frame.f_locals['nonce'], frame.f_locals['status_fd']
+    for stream in (1, 2):
+        os.write(stream, b'\\0\\x1eAE' + nonce + b'\\n')
+    os.write(fd, nonce + b' R 0\\n')
+"""
+
+
+def test_code_cannot_forge_the_end_of_a_call(tool):
+    """docs/reliability.md#tool-channels: a call is over when the interpreter is idle, not when a
+    status line says so: the forged end is ignored, the call lasts until the code is done, and
+    its later output and real exit status are the call's."""
+    tag = str(random.randint(10**8, 10**9))
+    started = time.monotonic()
+    result = tool.run(textwrap.dedent(FORGE_END + f"""
+    import subprocess
+    subprocess.Popen(['sleep', '{tag}'])
+    time.sleep(1.5)
+    print('late')
+    raise ValueError('the real end')"""))
+    assert time.monotonic() - started >= 1.5, result
+    assert b"late" in result.stdout and b"ValueError: the real end" in result.stderr and result.returncode == 1
+    assert host_processes_matching(tag.encode()) == []
+    assert _obs(tool, "print(6 * 7)") == "42\n\n[exit_code] 0" and tool.restarts == 0
+
+
+def test_a_status_fd_flood_without_newlines_costs_the_host_little(tool):
+    """Model code writing 32 MiB to the status fd with no newline: the host reads it in bounded,
+    linear steps (it once re-split its whole buffer on every 4 KiB read, seconds of CPU in the
+    runner outside every sandbox limit)."""
+    code = "import os, sys\nchunk = b'x' * 65536\nfor _ in range(512):\n    os.write(int(sys.argv[1]), chunk)\nprint('ok')"
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    out = _obs(tool, code)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    host_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert out == "ok\n\n[exit_code] 0" and host_cpu < 1.0, host_cpu

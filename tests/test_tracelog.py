@@ -3,14 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from agent_envs.envs.docvqa.report import render_docvqa
-from agent_envs.envs.math_react.report import render_math
-from agent_envs.rollout.tracelog import (
-    safe_task_id,
-    trace_filename,
-    training_prefix,
-    write_trace_log,
-)
+from agent_envs.envs.registry import spec
+from agent_envs.rollout.tracelog import render, safe_task_id, trace_filename, training_prefix, write_trace_log
+
+DOC = spec("DocVQA-CLI-v0").report
+MATH = spec("MATH-ReAct-v0").report
 
 STEPS = [
     {"turn": 1, "assistant": "  Look first.\nAction: {...}  \n",
@@ -47,16 +44,16 @@ def _math_row(score: float, **extra) -> dict:
 
 @pytest.mark.parametrize("score,outcome", [(0.8, "SUCCEED"), (0.5, "FAILED"), (0.51, "SUCCEED")])
 def test_docvqa_outcome_is_score_above_half(score, outcome):
-    assert trace_filename(_doc_row(score)) == f"docvqa_agent_docvqa_18831_sample00_{outcome}.md"
+    assert trace_filename(_doc_row(score), DOC) == f"docvqa_agent_docvqa_18831_sample00_{outcome}.md"
 
 
 @pytest.mark.parametrize("score,outcome", [(1.0, "SUCCEED"), (0.9, "FAILED"), (0.0, "FAILED")])
 def test_math_outcome_needs_full_score(score, outcome):
-    assert trace_filename(_math_row(score)) == f"math_agent_dapo_1_x_sample03_{outcome}.md"
+    assert trace_filename(_math_row(score), MATH) == f"math_agent_dapo_1_x_sample03_{outcome}.md"
 
 
 def test_training_prefix_matches_the_logged_example():
-    name = trace_filename(_doc_row(1.0), prefix=training_prefix(36, 0, 989551694))
+    name = trace_filename(_doc_row(1.0), DOC, prefix=training_prefix(36, 0, 989551694))
     assert name == "docvqa_agent_gen036_candidate00_seed989551694_docvqa_18831_sample00_SUCCEED.md"
 
 
@@ -82,17 +79,17 @@ def test_docvqa_body_byte_format():
         "### Observation\n\n```text\nInvoice n° 123\n[exit_code] 0\n```\n\n"
         "## Final prediction\n\ninvoice 123\n\n---\n\n## RESULT\nFAILED\n"
     )
-    assert render_docvqa(_doc_row(0.5)) == expected
+    assert render(_doc_row(0.5), DOC) == expected
 
 
 def test_docvqa_success_has_empty_failure_reason_and_react_error_wins():
-    assert "\nFailure reason: \n" in render_docvqa(_doc_row(1.0))
-    text = render_docvqa(_doc_row(0.0, react_error="max_react_turns_exceeded"))
+    assert "\nFailure reason: \n" in render(_doc_row(1.0), DOC)
+    text = render(_doc_row(0.0, react_error="max_react_turns_exceeded"), DOC)
     assert "\nFailure reason: max_react_turns_exceeded\n" in text
 
 
 def test_math_body_format():
-    text = render_math(_math_row(0.0))
+    text = render(_math_row(0.0), MATH)
     assert text.startswith(
         "# Chat History math_reasoning_dapo_1/x\n\nTask ID: dapo_1/x\nSetting: math_reasoning\nSample index: 3\n"
         "Score: 0.0\nScore method: math_paper_react_cli_exact_fallback\nOutcome: FAILED\n"
@@ -106,7 +103,7 @@ def test_math_body_format():
 
 def test_write_uses_utf8_with_replacement(tmp_path):
     row = _math_row(1.0, prediction="bad \ud800 surrogate")
-    path = write_trace_log(row, tmp_path / "logs")
+    path = write_trace_log(row, tmp_path / "logs", MATH)
     assert path.name == "math_agent_dapo_1_x_sample03_SUCCEED.md"
     data = path.read_bytes().decode("utf-8")
     assert "bad ? surrogate" in data

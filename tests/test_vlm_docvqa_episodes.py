@@ -13,7 +13,7 @@ from agent_envs.policy.hf import TransformersPolicy
 from agent_envs.policy.scripted import RecordingPolicy, ScriptedOpening
 from agent_envs.policy.tiny_vlm import build_tiny_vlm
 from agent_envs.rollout import run_episodes
-from agent_envs.tokens import TokenCounter
+from agent_envs.core.tokens import TokenCounter
 
 VIEW_TOP = 'Action: {"name": "view", "arguments": {"box": [0, 0, 600, 300]}}'
 TURNS = 3

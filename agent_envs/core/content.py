@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import re
 from typing import Any, Sequence
 
 Part = dict[str, Any]
@@ -69,16 +70,44 @@ def has_images(messages: Sequence[Message]) -> bool:
                for m in messages)
 
 
-def decode_image_url(url: str) -> Any:
-    """The PIL image of a ``data:image/...;base64,`` URL (other URLs are refused: nothing is fetched)."""
+class ImageTooLarge(ValueError):
+    """An image over Pillow's decompression-bomb limit (docs/reliability.md#limits)."""
+
+
+def pixel_limit() -> int | None:
+    """The largest image decoded, in pixels: twice ``PIL.Image.MAX_IMAGE_PIXELS`` (178,956,970 by
+    default; Pillow warns from half of it), where Pillow refuses an image as a possible
+    decompression bomb.  Set ``PIL.Image.MAX_IMAGE_PIXELS`` to change it (None: no limit)."""
     from PIL import Image
 
+    return None if Image.MAX_IMAGE_PIXELS is None else 2 * int(Image.MAX_IMAGE_PIXELS)
+
+
+def open_image(source: Any, where: str) -> Any:
+    """``PIL.Image.open(source)`` (lazy: only the header is read), with an image over
+    :func:`pixel_limit` refused as :class:`ImageTooLarge` naming ``where``: one error, with the
+    limit, wherever a page or an image is opened."""
+    from PIL import Image
+
+    try:
+        return Image.open(source)
+    except Image.DecompressionBombError as exc:
+        size = re.search(r"\((\d+) pixels\)", str(exc))
+        pixels = f"{int(size.group(1)):,} pixels" if size else "too many pixels"
+        raise ImageTooLarge(f"{where} has {pixels}, over the limit of {pixel_limit():,} (Pillow's "
+                            "decompression-bomb guard, 2 x PIL.Image.MAX_IMAGE_PIXELS)") from None
+
+
+def decode_image_url(url: str) -> Any:
+    """The PIL image of a ``data:image/...;base64,`` URL (other URLs are refused: nothing is fetched)."""
     if not url.startswith(_DATA_PREFIX) or ";base64," not in url:
         raise ValueError(f"only base64 data URLs are accepted for images, got {url[:40]!r}")
     try:
         raw = base64.b64decode(url.split(";base64,", 1)[1], validate=True)
-        image = Image.open(io.BytesIO(raw))
+        image = open_image(io.BytesIO(raw), "the image data URL")
         image.load()
+    except ImageTooLarge:
+        raise
     except (binascii.Error, OSError, ValueError) as exc:
         raise ValueError(f"image data URL does not decode: {exc}") from exc
     return image

@@ -1,13 +1,18 @@
 """An environment's protocol as data: everything the shared layers need to know about it.
 
-``protocol/``, ``sandbox/``, ``rollout/`` and the CLI read these frozen records instead of
-branching on environment names; a new environment declares one :class:`EnvSpec` in its own
-folder and adds it to :mod:`agent_envs.core.registry`.
+``protocol/``, ``sandbox/``, ``rollout/``, ``report/`` and the CLI read these frozen records instead
+of branching on environment names; a new environment declares one :class:`EnvSpec` in its own
+folder and adds it to :mod:`agent_envs.envs.registry`.  Each tool is declared once in ``tools/``
+(a :class:`ToolSpec`) and offered by listing it in the specs that use it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+from pydantic import BaseModel
+
+from agent_envs.core.observation import Observation
 
 Row = dict[str, Any]
 
@@ -27,17 +32,14 @@ class ParserSpec:
     require_bash_command: bool = False
 
 
-#: a ``Rules.tools`` entry whose tool takes the action's whole ``arguments`` object (JSON text)
-ALL_ARGUMENTS = "*"
-
-
 @dataclass(frozen=True)
 class Rules:
     """How one harness reacts to a completion: parser, warning texts, tools (docs/protocol.md#decision-order).
 
-    ``tools`` maps each action name to the argument holding its input (:data:`ALL_ARGUMENTS`: the
-    whole ``arguments`` object, as JSON); any of them counts as the tool use that
-    ``tool_required`` asks for before a final answer.
+    ``tools`` maps each action name to the argument holding its input (None: the tool takes the
+    action's whole ``arguments`` object); any of them counts as the tool use that
+    ``tool_required`` asks for before a final answer.  An environment's rules get ``tools`` and
+    ``unknown_action`` from its tool declarations (:func:`agent_envs.protocol.decision.with_tools`).
     """
 
     parser: ParserSpec
@@ -45,14 +47,14 @@ class Rules:
     format_warning: str
     #: text of the first-turn rule (docs/protocol.md#first-turn-rule); None: the rule is off
     first_turn: str | None = None
-    tools: tuple[tuple[str, str], ...] = (("bash", "command"),)
+    tools: tuple[tuple[str, str | None], ...] = (("bash", "command"),)
     unknown_action: str = "Unknown action '{name}'. Available action is bash."
     no_input: str = "No shell command was provided."
     #: a final answer needs a tool call first (off in single-turn setups)
     require_tool: bool = True
 
     @property
-    def tool_args(self) -> Mapping[str, str]:
+    def tool_args(self) -> Mapping[str, str | None]:
         return dict(self.tools)
 
 
@@ -79,6 +81,56 @@ class Mount:
     read_only: bool = True
 
 
+class Tool(Protocol):
+    """One episode's instance of a tool: its input in (the text of its argument, or the whole
+    ``arguments`` object), the observation out (never raising for anything the model wrote)."""
+
+    def run(self, tool_input: Any) -> str | Observation: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool the model can call, declared once in ``tools/``; a spec offers it by listing it (with
+    its own framing or blocklist text through :meth:`with_`).
+
+    ``build(sandbox_config, framing, max_output_chars)`` gives the episode's :class:`Tool`.  The
+    observation is its text, or an :class:`~agent_envs.core.observation.Observation` when it
+    carries images.
+    """
+
+    name: str
+    build: Callable[[Any, Framing, int], Tool]
+    #: the action argument holding the tool's input text; None: the whole ``arguments`` object
+    argument: str | None = "command"
+    framing: Framing = Framing()
+    #: observation refusing a blocklisted command without running it (None: no blocklist)
+    blocked: str | None = None
+    #: sandbox capabilities the tool needs (:data:`agent_envs.sandbox.base.PROCESSES`, ...); an
+    #: environment whose sandbox lacks one is refused when it is made
+    needs: frozenset[str] = frozenset()
+
+    def with_(self, **changes: Any) -> ToolSpec:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class ReportFields:
+    """What a report shows of one record's task: the question as asked, the gold answer, the page."""
+
+    question: str = ""
+    gold: str | None = None
+    #: host path of an image to show beside the episode (a document page)
+    image: str | None = None
+    #: shown beside the score, e.g. the raw value a zeroed score came from
+    score_note: str | None = None
+
+
+def no_fields(row: Row) -> ReportFields:
+    return ReportFields()
+
+
 @dataclass(frozen=True)
 class ReportSpec:
     """What reports, trace logs and the CLI show for this environment."""
@@ -88,30 +140,54 @@ class ReportSpec:
     #: a record counts as a success when ``score >= success_at`` (``score > success_at`` when strict)
     success_at: float = 1.0
     success_strict: bool = False
-    #: the trace-log markdown of one record (docs/protocol.md#trace-logs)
-    render_trace: Callable[[Row], str] | None = None
-    #: the answer the CLI's ``scripted`` baseline gives: ``request -> completion``
-    baseline: Callable[[Any], str] | None = None
+    #: the trace-log markdown of one record and its outcome (docs/protocol.md#trace-logs)
+    render_trace: Callable[[Row, str], str] | None = None
+    #: question, gold answer and page image of a record, for the HTML report
+    fields: Callable[[Row], ReportFields] = no_fields
 
     def succeeded(self, score: float) -> bool:
         return score > self.success_at if self.success_strict else score >= self.success_at
 
+    def outcome(self, row: Row) -> str:
+        """``SUCCEED`` or ``FAILED``: the trace logs' word for the record's score."""
+        return "SUCCEED" if self.succeeded(float(row.get("score") or 0.0)) else "FAILED"
+
 
 @dataclass(frozen=True)
-class ToolSpec:
-    """A tool the model can call: ``build(sandbox, framing, max_output_chars)`` gives an object
-    with ``run(text) -> observation`` and ``close()``, one per episode.  The observation is its
-    text, or a :class:`agent_envs.core.observation.Observation` when it carries images."""
+class Metric:
+    """One number of an environment's summary block, as the CLI table and the report name it."""
 
-    build: Callable[[Any, Framing, int], Any]
-    framing: Framing = Framing()
-    #: observation refusing a blocklisted command without running it (None: no blocklist)
-    blocked: str | None = None
+    #: key in the block; ``{n}`` stands for the run's sample count (``"anls_mean{n}"``)
+    key: str
+    #: column of the CLI's table (None: not in the table)
+    column: str | None = None
+    #: row label in the HTML report (None: not in the report)
+    label: str | None = None
+
+    def value(self, block: Row, samples: int) -> Any:
+        return block.get(self.key.replace("{n}", str(samples)))
+
+
+@dataclass(frozen=True)
+class MetricsSpec:
+    """An environment's own metrics (docs/protocol.md#metrics), computed from its records by
+    functions in its folder; the shared summary only places them."""
+
+    #: summary.json key of the block (a published layout)
+    key: str
+    #: ``(rows, samples) -> block``, None when the rows do not carry the fields it needs
+    block: Callable[[Sequence[Row], int], Row | None]
+    #: ``(rows, scores per task, k) -> entries`` added to ``at_k`` for each k
+    at_k: Callable[[Sequence[Row], Sequence[Sequence[float]], int], Row] | None = None
+    #: numbers of the block that the CLI table and the report show
+    shown: tuple[Metric, ...] = ()
+    #: report labels of the ``at_k`` entries this spec adds, by key prefix (``"acc_pass@"``)
+    at_k_labels: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class EnvSpec:
-    """One environment's protocol: budgets, prompts, tasks, rules, tools, mounts, report.
+    """One environment's protocol: budgets, prompts, tasks, rules, tools, mounts, scoring, report.
 
     The class at ``entry_point`` adds only its own options and its scorer.
     """
@@ -121,7 +197,7 @@ class EnvSpec:
     entry_point: str
     #: rules by ``compat`` (``"es"``: the ES runner; ``"http_eval"``: the HTTP evaluator)
     rules: Mapping[str, Rules]
-    tools: Mapping[str, ToolSpec]
+    tools: tuple[ToolSpec, ...]
     report: ReportSpec
     system_prompt: str
     user_prompt: str
@@ -133,7 +209,7 @@ class EnvSpec:
     #: ``(spec, **kwargs) -> tasks``: the configured dataset ("builtin", a path, rows)
     load_tasks: Callable[..., list[Any]] | None = None
     #: the pydantic task model a ``reset(options={"task": ...})`` payload is validated with
-    task_model: type | None = None
+    task_model: type[BaseModel] | None = None
     #: sandbox mounts an episode needs, built from its task
     mounts: Callable[[Any], list[Mount]] = lambda task: []
     #: ``(template, task) -> first user message``; None: ``{question}`` filled with ``task.question``
@@ -141,4 +217,22 @@ class EnvSpec:
     #: host paths of the images a step scorer is shown with every step of a task
     #: (docs/protocol.md#process-rewards)
     step_images: Callable[[Any], list[str]] = lambda task: []
+    #: fields of the task every record repeats at its top level, before its score fields
+    task_fields: Callable[[Any], Row] = lambda task: {}
+    #: the environment's own summary metrics (None: only the shared ones)
+    metrics: MetricsSpec | None = None
+    #: the ``scripted`` policy's answer, ``request -> completion``: one real tool call, then an
+    #: answer read off its output (a floor baseline and a model-free smoke test)
+    baseline: Callable[[Any], str] | None = None
     description: str = ""
+
+    def tool(self, name: str) -> ToolSpec:
+        """The declaration of the tool ``name`` (a KeyError names the tools this spec offers)."""
+        for tool in self.tools:
+            if tool.name == name:
+                return tool
+        raise KeyError(f"{self.id} has no tool {name!r}; its tools: {', '.join(self.tool_names)}")
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tools)

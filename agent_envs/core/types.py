@@ -14,6 +14,19 @@ from agent_envs.core.content import Message  # noqa: F401  (string or content pa
 
 REQUEST_ERROR = "request_error"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+#: termination reason of an episode whose model text the environment could not handle (an
+#: exception that was not a machine fault): the model's outcome, scored 0, never re-run
+INVALID_OUTPUT = "invalid_output"
+
+
+class InfrastructureError(RuntimeError):
+    """A fault of the machine (a sandbox that cannot start), never of anything a model wrote."""
+
+
+#: exceptions that count as the machine's fault when they leave an environment's ``step``: they
+#: become ``env_error`` records (re-run by ``--resume``); every other exception raised while a
+#: model's text is handled is the model's outcome (:data:`INVALID_OUTPUT`, docs/reliability.md)
+MACHINE_FAULTS: tuple[type[Exception], ...] = (OSError, MemoryError, InfrastructureError)
 
 
 class GenerationRequest(BaseModel):

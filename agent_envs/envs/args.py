@@ -5,22 +5,31 @@ refused with a ValueError naming it, instead of being coerced or surfacing turns
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agent_envs.validation import ChatProcessor, WholeNumber, invalid
+from agent_envs.core.validation import ChatProcessor, WholeNumber, invalid
+
+
+C = TypeVar("C", bound="Checked")
 
 
 class Checked(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     @classmethod
-    def checked(cls, what: str, values: dict[str, Any]):
+    def checked(cls: type[C], what: str, values: dict[str, Any]) -> C:
         try:
             return cls.model_validate(values)
         except ValidationError as exc:
             raise invalid(what, exc) from None
+
+
+class EnvOptions(Checked):
+    """An environment's own arguments (none here): each environment subclasses it with its
+    fields, which ``gym.make`` validates and the config hash includes (``Field(exclude=True)``
+    keeps a field out of the hash: it cannot change an outcome's identity)."""
 
 
 class EnvArgs(Checked):

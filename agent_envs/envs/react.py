@@ -2,9 +2,9 @@
 
 One environment instance is one trajectory at a time.  Everything environment-specific (budgets,
 prompts, tasks, rules, tools, mounts) is read from the class's :class:`EnvSpec`; a subclass adds
-its own options and its scorer.  Everything a model writes is handled here without raising:
-malformed completions become warnings, failed generations end the episode with a termination
-reason.
+its own options (a pydantic model) and its scorer.  Everything a model writes is handled here
+without raising: malformed completions become warnings, failed generations end the episode with a
+termination reason.  What to generate next travels one way, :meth:`ReActEnv.generation_request`.
 """
 from __future__ import annotations
 
@@ -20,24 +20,24 @@ import gymnasium as gym
 
 from agent_envs.core.content import copy_message, text_of, text_part, transcript
 from agent_envs.core.observation import Observation, Shown, split
-from agent_envs.core.spec import EnvSpec, Rules
-from agent_envs.core.types import Completion, GenerationRequest
-from agent_envs.data.tasks import episode_key
-from agent_envs.envs.args import EnvArgs, ResetOptions
-from agent_envs.envs.spaces import CompletionText, Conversation
+from agent_envs.core.prompts import fill, load_prompt, sha256
+from agent_envs.core.spec import EnvSpec, Rules, Tool
+from agent_envs.core.steps import StepContext, StepScore, StepScorer
+from agent_envs.core.tasks import episode_key
+from agent_envs.core.tokens import PromptTally, TokenCounter
+from agent_envs.core.types import INVALID_OUTPUT, MACHINE_FAULTS, Completion, GenerationRequest, error_text
+from agent_envs.envs.args import EnvArgs, EnvOptions, ResetOptions
+from agent_envs.envs.spaces import Chat, CompletionText, Conversation
 from agent_envs.protocol import messages as msgs
 from agent_envs.protocol.blocklist import is_blocked
-from agent_envs.protocol.decision import decide
+from agent_envs.protocol.budget import exceeds_context
+from agent_envs.protocol.decision import decide, with_tools
 from agent_envs.protocol.messages import STOP
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED, TURN_STRIDE, trajectory_seed
-from agent_envs.prompts import fill, load_prompt, sha256
-from agent_envs.rewards.step import StepContext, StepScore, StepScorer, process_fields
 from agent_envs.sandbox.base import SandboxConfig
-from agent_envs.sandbox.factory import resolve_config
-from agent_envs.tokens import PromptTally, TokenCounter
-
-#: score fields copied from the final record to the top level of the last ``info``
-_SUMMARY_FIELDS = ("score", "score_method", "score_status", "answer_status", "prediction", "anls", "acc")
+from agent_envs.sandbox.factory import backends_with, missing_capabilities, resolve_config
+from agent_envs.scoring.process import process_fields
+from agent_envs.scoring.result import ScoreResult
 
 
 @dataclass
@@ -50,6 +50,8 @@ class EpisodeState:
     base_seed: int
     seed_base: int
     messages: list[dict[str, Any]]
+    #: prompt-token count of ``messages``, kept up to date message by message
+    tally: PromptTally
     turn: int = 0
     steps: list[dict[str, Any]] = field(default_factory=list)
     generated_tokens: int = 0
@@ -57,8 +59,6 @@ class EpisodeState:
     #: the last trajectory count tried against the cap (above ``trajectory_tokens`` only when an
     #: observation crossed the cap and was not counted)
     attempted_trajectory_tokens: int = 0
-    #: prompt-token count of ``messages``, kept up to date message by message
-    tally: PromptTally | None = None
     max_context_tokens: int = 0
     last_completion: str = ""
     termination_reason: str | None = None
@@ -87,13 +87,15 @@ class EpisodeState:
         return self.seed_base + TURN_STRIDE * self.turn
 
 
-class ReActEnv(gym.Env[list, str], abc.ABC):
+class ReActEnv(gym.Env[Chat, str], abc.ABC):
     """Text-in, text-out ReAct environment: observations are the chat, actions are completions."""
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
     #: the environment's protocol as data (set by each subclass)
     env_spec: EnvSpec
+    #: the environment's own arguments (each subclass sets its model)
+    Options: type[EnvOptions] = EnvOptions
 
     @property
     def env_id(self) -> str:
@@ -119,8 +121,10 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         render_mode: str | None = None,
         dataset_kwargs: dict[str, Any] | None = None,
         step_scorer: StepScorer | None = None,
+        **options: Any,
     ):
-        es = self.env_spec
+        self.options = self.Options.checked(f"{self.env_spec.id} argument", options)
+        self.env_spec = es = self._spec_for(self.options)
         args = EnvArgs.checked(f"{self.env_id} argument", {
             "max_turns": es.max_turns if max_turns is None else max_turns,
             "max_tokens_per_turn": es.max_tokens_per_turn if max_tokens_per_turn is None
@@ -142,21 +146,26 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         self.counter = TokenCounter(tokenizer, enable_thinking=enable_thinking, processor=processor)
         self.compat = compat
         self.sandbox_config: SandboxConfig = resolve_config(sandbox)
-        self.rules: Rules = es.rules[compat]
+        self._check_sandbox()
+        self.rules: Rules = with_tools(es.rules[compat], es.tools)
         self.system_prompt = self._system_prompt(system_prompt, prompt_file, skill)
         self.user_template = load_prompt(es.user_prompt)
         self._dataset_spec = dataset if tasks is None else list(tasks)
         self._dataset_kwargs = dict(dataset_kwargs or {})
         self._tasks: list[Any] | None = None
-        self._tools: dict[str, Any] = {}
+        self._tools: dict[str, Tool] = {}
         self._ep: EpisodeState | None = None
         self.observation_space = Conversation(max_messages=2 + 2 * self.max_turns)
         self.action_space = CompletionText()
 
     # ----- subclass hooks -------------------------------------------------------------------------
     @abc.abstractmethod
-    def _score(self, ep: EpisodeState) -> dict[str, Any]:
-        """Score fields of the final record (score, score_method, score_status, prediction, ...)."""
+    def _score(self, ep: EpisodeState) -> ScoreResult:
+        """The episode's score; its :meth:`~ScoreResult.record_fields` go into the final record."""
+
+    def _spec_for(self, options: Any) -> EnvSpec:
+        """The spec these options select (default: the class's own)."""
+        return self.env_spec
 
     def _load_tasks(self, spec: Any, **kwargs: Any) -> list[Any]:
         """Load the configured dataset (called lazily, once)."""
@@ -181,13 +190,13 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         """Images that follow the task text in the first user message (none by default)."""
         return ()
 
-    def _screen(self, tool: str, command: str, runner: Any) -> str | None:
-        """Observation body refusing ``command`` without running it, or None to run it."""
-        text = self.env_spec.tools[tool].blocked
-        return text if text is not None and is_blocked(command) else None
+    def _screen(self, tool: str, tool_input: Any, runner: Any) -> str | None:
+        """Observation body refusing ``tool_input`` without running it, or None to run it."""
+        text = self.env_spec.tool(tool).blocked
+        return text if text is not None and isinstance(tool_input, str) and is_blocked(tool_input) else None
 
     # ----- Gymnasium API --------------------------------------------------------------------------
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Chat, dict[str, Any]]:
         super().reset(seed=seed)
         self._close_sandbox()
         opts = ResetOptions.checked("reset options", dict(options or {}))
@@ -209,7 +218,7 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         self._check_task(task)
         user = self._user_message(task)
         images = self._prompt_images(task)
-        messages = [
+        messages: Chat = [
             {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": [text_part(user), *(i.part for i in images)] if images else user},
         ]
@@ -225,9 +234,17 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         )
         return _copy_chat(messages), self._info()
 
-    def step(self, action: str | Completion | dict):
+    def step(self, action: str | Completion | dict[str, Any]) -> tuple[Chat, float, bool, bool, dict[str, Any]]:
         ep = self._require_running()
         completion = _as_completion(action)
+        try:
+            return self._step(ep, completion)
+        except MACHINE_FAULTS:
+            raise
+        except Exception as exc:  # docs/reliability.md#model-text: the text's outcome, not the machine's
+            return self._finish(INVALID_OUTPUT, error_text(exc), scored=False)
+
+    def _step(self, ep: EpisodeState, completion: Completion) -> tuple[Chat, float, bool, bool, dict[str, Any]]:
         ep.step_info = {}
         if completion.error is not None:
             reason = (
@@ -263,14 +280,16 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             return self._finish("final_answer", None)
         step: dict[str, Any] = {"turn": ep.turn, "assistant": text}
         body, name = decision.observation, decision.observation_name
+        assert name is not None  # every decision but a final answer names its observation
         images: tuple[Shown, ...] = ()
         if decision.kind == "act":
             step["action"] = decision.action
-            if decision.command is not None:
+            if decision.act_kind == "run":
                 started = time.perf_counter()
-                body, images = split(self._run_command(name, decision.command))
+                body, images = split(self._run_tool(name, decision.tool_input))
                 ep.turn_tool_s[-1] = time.perf_counter() - started
                 ep.tool_calls += 1
+        assert body is not None  # a tool's output, or the decision's warning text
         step["observation"] = body
         if images:
             step["images"] = [i.facts for i in images]
@@ -352,12 +371,9 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             "system_prompt_sha256": sha256(self.system_prompt),
             "user_template_sha256": sha256(self.user_template),
             "compat": self.compat,
-            **self._extra_config(),
+            **self.options.model_dump(mode="json"),
         }
         return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
-
-    def _extra_config(self) -> dict[str, Any]:
-        return {}
 
     # ----- internals ------------------------------------------------------------------------------
     def _system_prompt(self, text: str | None, prompt_file: str | None, skill: str | None) -> str:
@@ -382,42 +398,53 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             )
         return self._ep
 
-    def _run_command(self, name: str, command: str) -> str | Observation:
-        """Run ``command`` with tool ``name`` (built on first use, one per episode)."""
+    def _run_tool(self, name: str, tool_input: Any) -> str | Observation:
+        """Run tool ``name`` on ``tool_input`` (the tool is built on first use, one per episode)."""
         ep = self._ep
         assert ep is not None
         tool = self._tools.get(name)
         if tool is None:
-            spec = self.env_spec.tools[name]
+            spec = self.env_spec.tool(name)
             tool = spec.build(self._sandbox_config_for(ep.task), spec.framing,
                               self.sandbox_config.limits.max_output_chars)
             self._tools[name] = tool
-        refusal = self._screen(name, command, tool)
-        return refusal if refusal is not None else tool.run(command)
+        refusal = self._screen(name, tool_input, tool)
+        return refusal if refusal is not None else tool.run(tool_input)
+
+    def _check_sandbox(self) -> None:
+        """Refuse, when the environment is made, a sandbox backend that lacks what a tool needs."""
+        for tool in self.env_spec.tools:
+            missing = missing_capabilities(self.sandbox_config, tool.needs)
+            if missing:
+                usable = ", ".join(f'"{b}"' for b in backends_with(tool.needs))
+                raise ValueError(f'{self.env_id}: the {tool.name} tool cannot run on the "{self.sandbox_config.backend}" '
+                                 f"sandbox backend, which lacks {', '.join(missing)}; use {usable}")
 
     def _next_prompt_fits(self) -> bool:
         ep = self._ep
         assert ep is not None
         if self.max_model_len is None or not self.counter.exact_for(ep.messages):
             return True
-        reserve = self.max_tokens_per_turn if self.max_tokens_per_turn > 0 else 1
-        return ep.tally.prompt_tokens() + reserve <= self.max_model_len
+        return not exceeds_context(ep.tally.prompt_tokens(), self.max_tokens_per_turn, self.max_model_len)
 
-    def _finish(self, reason: str, react_error: str | None):
+    def _finish(self, reason: str, react_error: str | None,
+                scored: bool = True) -> tuple[Chat, float, bool, bool, dict[str, Any]]:
+        """End the episode; ``scored=False`` (text that could not be handled) skips the scorer: 0."""
         ep = self._ep
         assert ep is not None
         ep.termination_reason = reason
         ep.react_error = react_error
         self._close_sandbox()
-        record = self._record(ep)
+        result = self._score(ep) if scored else _UNHANDLED
+        record = self._record(ep, result)
         info = self._info()
-        info.update({k: record[k] for k in _SUMMARY_FIELDS if k in record})
+        info.update(result.record_fields())
         info["episode"] = record
         reward = float(record["score"])
         terminated = reason == "final_answer"
         return _copy_chat(ep.messages), reward, terminated, not terminated, info
 
-    def _record(self, ep: EpisodeState) -> dict[str, Any]:
+    def _record(self, ep: EpisodeState, result: ScoreResult) -> dict[str, Any]:
         task = ep.task
         record: dict[str, Any] = {
             "key": self._key(ep),
@@ -451,7 +478,8 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         }
         if ep.prompt_images:
             record["prompt_images"] = copy.deepcopy(ep.prompt_images)
-        record.update(self._score(ep))
+        record.update(self.env_spec.task_fields(task))
+        record.update(result.record_fields())
         if self.step_scorer is not None:
             record.update(process_fields(ep.step_scores, self.step_scorer.aggregation))
         return record
@@ -471,8 +499,6 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
             "generated_tokens": ep.generated_tokens,
             "trajectory_tokens": ep.trajectory_tokens,
             "termination_reason": ep.termination_reason,
-            "max_tokens": self.max_tokens_per_turn,
-            "stop": list(STOP),
             **ep.step_info,
         }
 
@@ -484,6 +510,12 @@ class ReActEnv(gym.Env[list, str], abc.ABC):
         tools, self._tools = self._tools, {}
         for tool in tools.values():
             tool.close()
+
+
+#: the score of an episode whose text could not be handled (docs/reliability.md#model-text): the
+#: scorer does not look at text that already made the environment fail
+_UNHANDLED = ScoreResult(score=0.0, method=INVALID_OUTPUT, label=INVALID_OUTPUT, status="skipped",
+                         answer_status="missing_final_answer", prediction="")
 
 
 def _copy_chat(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

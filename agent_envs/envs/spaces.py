@@ -9,10 +9,11 @@ from gymnasium.spaces import Space
 from agent_envs.core.types import Completion
 
 ROLES = ("system", "user", "assistant")
+Chat = list[dict[str, Any]]
 _WORDS = ("Action:", "Final answer:", "ls", "echo", "python3", "{", "}", '"bash"', "\\boxed{1}", "hi", "\n")
 
 
-class Conversation(Space[list]):
+class Conversation(Space[Chat]):
     """A list of ``{"role", "content"}`` messages; roles from :data:`ROLES`, content a string or a
     list of text and image content parts (:mod:`agent_envs.core.content`)."""
 
@@ -31,7 +32,7 @@ class Conversation(Space[list]):
             and all(isinstance(m, dict) and m.get("role") in ROLES and _content_ok(m.get("content")) for m in x)
         )
 
-    def sample(self, mask: Any = None, probability: Any = None) -> list:
+    def sample(self, mask: Any = None, probability: Any = None) -> Chat:
         n = int(self.np_random.integers(2, 5))
         msgs = [{"role": "system", "content": _text(self.np_random)}]
         for i in range(1, n):

@@ -16,7 +16,7 @@ from typing import Any, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..atomic import atomic_write
+from ..core.atomic import atomic_write
 from ..protocol.seeds import DEFAULT_BASE_SEED
 from .normalize import normalize_method, normalize_rewards
 from .schedule import normalize_schedule
@@ -30,7 +30,8 @@ class ESConfig(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    env_id: str = "MATH-ReAct-v0"
+    #: the environment the run trains on (no default: a run names its environment)
+    env_id: str
     model: str = ""
     generations: int = 25
     population: int = 16

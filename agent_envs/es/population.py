@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from agent_envs.data.tasks import task_id
+from agent_envs.core.tasks import task_id
+from agent_envs.rollout.records import as_row
+from agent_envs.rollout.runner import run_episodes
+from agent_envs.scoring.metrics import clamped_score
 
 from .fingerprint import combine_checksums
 from .history import ESConfig, GenerationRecord, Record, write_history
@@ -125,13 +128,8 @@ def evaluate_member(
     (``concurrency`` = tasks x samples unless given).  A job the runner returned no row for counts
     as a 0 in the denominator, like a failed rollout.
     """
-    from agent_envs.rollout.metrics import clamped_score
-    from agent_envs.rollout.records import as_row
-
     tags = {"generation": generation, "member": member, "member_seed": member_seed, "engine_index": engine_index}
     if rollout is None:
-        from agent_envs.rollout import run_episodes
-
         rollout = run_episodes
         concurrency = rollout_kwargs.pop("concurrency", None) or member_concurrency(len(tasks), samples)
         rollout_kwargs = {"mode": "lockstep", "progress": False, "tags": tags, "concurrency": concurrency,
@@ -263,9 +261,11 @@ class ESTrainer:
         self.last_timing = {"wall_s": time.perf_counter() - start, "members_s": members_done - start,
                             "update_s": updated - members_done, "fingerprint_s": fingerprinted - updated,
                             "perturb_s": [m.perturb_s for m in members]}
+        perturb = [t for t in self.last_timing["perturb_s"] if t is not None]
         self.log(f"[es] generation={generation} sigma={sigma:.6g} reward_mean={record['reward_mean']:.4f} "
                  f"reward_std={record['reward_std']:.4f} weights {fingerprint} "
-                 f"(fingerprint {self.last_timing['fingerprint_s']:.3f} s)")
+                 f"({self.last_timing['wall_s']:.1f} s; apply + revert {max(perturb, default=0.0):.3f} s per member "
+                 f"at most, fingerprint {self.last_timing['fingerprint_s']:.3f} s)")
         return record
 
     def run(self) -> list[Record]:

@@ -35,8 +35,9 @@ def choose_location(requested: str, need: dict[str, int], free: dict[str, int | 
         raise ValueError(f"revert copy must be one of {', '.join(LOCATIONS)}, got {requested!r}")
     if requested == "host":
         return "host", "a host copy was asked for (revert_copy='host')"
-    short = [f"{dev} needs {n / _GIB:.2f} GiB + {margin / _GIB:.2f} GiB margin, has {free[dev] / _GIB:.2f} GiB free"
-             for dev, n in need.items() if free.get(dev) is not None and free[dev] < n + margin]  # type: ignore[operator]
+    checked = {dev: (n, room) for dev, n in need.items() if (room := free.get(dev)) is not None}
+    short = [f"{dev} needs {n / _GIB:.2f} GiB + {margin / _GIB:.2f} GiB margin, has {room / _GIB:.2f} GiB free"
+             for dev, (n, room) in checked.items() if room < n + margin]
     if not short:
         where = ", ".join(f"{dev} {n / _GIB:.2f} GiB" for dev, n in need.items())
         return "device", f"a copy on the tensors' device ({where})"

@@ -8,16 +8,18 @@ its episode with the matching termination reason rather than raising.
 from __future__ import annotations
 
 import abc
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
+from agent_envs.core.content import Message  # noqa: F401  (re-exported: the policy API)
 from agent_envs.core.types import (  # noqa: F401  (re-exported: the policy API)
     CONTEXT_LENGTH_EXCEEDED,
     REQUEST_ERROR,
     Completion,
     GenerationRequest,
-    Message,
     error_text,
 )
+
+T = TypeVar("T")
 
 
 class Policy(abc.ABC):
@@ -55,3 +57,27 @@ class Policy(abc.ABC):
     def describe(self) -> dict[str, Any]:
         """Identity for records (model, engine, endpoint)."""
         return {"policy": self.name}
+
+
+def batch_or_each(call: Callable[[list[T]], list[Completion]], items: Sequence[T],
+                  failed: Callable[[T, Exception], Completion]) -> list[Completion]:
+    """``call(items)``; if it raises, or answers with anything but one :class:`Completion` per item,
+    every item is tried on its own, and one that fails alone becomes ``failed(item, exc)``.  So one
+    bad request fails only its own episode (the reference runner's retry); the runner applies this
+    to a policy's batch, an engine policy to each engine call."""
+    def checked(batch: list[T]) -> list[Completion]:
+        out = call(batch)
+        if len(out) != len(batch) or not all(isinstance(c, Completion) for c in out):
+            raise RuntimeError(f"{len(out)} results for {len(batch)} requests, not one Completion each")
+        return out
+
+    try:
+        return checked(list(items))
+    except Exception:
+        results = []
+        for item in items:
+            try:
+                results.append(checked([item])[0])
+            except Exception as exc:
+                results.append(failed(item, exc))
+        return results

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..core.content import has_images
-from ..tokens import PromptCache, TokenCounter
-from ..vision import ImagePrompt, ProcessorRenderer
-from .base import REQUEST_ERROR, Completion, GenerationRequest, Policy
-from .sampling import SamplingConfig, context_overflow, generation_reserve
+from ..core.tokens import PromptCache, TokenCounter
+from .vision import ImagePrompt, ProcessorRenderer
+from .base import REQUEST_ERROR, Completion, GenerationRequest, Policy, batch_or_each
+from ..protocol.budget import generation_reserve
+from .sampling import SamplingConfig, context_overflow
 
 
 def microbatch(sizes: Sequence[int], budget: int) -> list[list[int]]:
@@ -135,16 +136,6 @@ class BatchedEnginePolicy(EnginePolicy):
         return [r for r in results if r is not None]
 
     def _run_group(self, group: list[Prepared]) -> list[Completion]:
-        try:
-            out = self._generate_group(group)
-            if len(out) != len(group):
-                raise RuntimeError(f"engine returned {len(out)} outputs for {len(group)} prompts")
-            return out
-        except Exception:
-            return [self._run_single(p) for p in group]
-
-    def _run_single(self, prepared: Prepared) -> Completion:
-        try:
-            return self._generate_group([prepared])[0]
-        except Exception as exc:  # the protocol records the failure instead of raising
-            return Completion.failed(exc, prompt_tokens=len(prepared.prompt_ids), engine=self.name)
+        """One engine call; a failure is retried prompt by prompt and recorded, never raised."""
+        return batch_or_each(self._generate_group, group, lambda prepared, exc: Completion.failed(
+            exc, prompt_tokens=len(prepared.prompt_ids), engine=self.name))

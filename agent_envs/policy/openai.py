@@ -3,6 +3,10 @@
 Failure handling follows the protocol's HTTP evaluator (2.4): up to ``max_retries`` extra attempts on
 5xx and transport errors with backoff ``min(backoff_base * (attempt + 1), backoff_cap)`` seconds,
 other 4xx at once, and a context-length 400 becomes ``context_length_exceeded`` instead of an error.
+``timeout_s`` is a total deadline per attempt, connection to last byte (httpx's own timeouts are per
+read, so a server trickling a byte a second never trips them): an attempt still unanswered then is
+abandoned as :class:`AttemptDeadline`, a transport error, retried like one.  The synchronous path
+runs the same coroutines on an event loop of its worker thread, so both paths share one deadline.
 Recent vLLM servers no longer send that 400 when the prompt fits but ``max_tokens`` does not: they
 shorten the generation.  The protocol's context check (prompt + ``max_tokens`` within the window) is
 then applied to the reply, with the window that ``GET /models`` reports.
@@ -17,20 +21,24 @@ import asyncio
 import itertools
 import json
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 import httpx
 
 from ..core.content import has_images
-from ..tokens import TokenCounter
+from ..core.tokens import TokenCounter
 from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy
-from .sampling import SamplingConfig, context_overflow, token_cap
+from ..protocol.budget import token_cap
+from .sampling import SamplingConfig, context_overflow
 
 
 class ContextLengthError(Exception):
     pass
+
+
+class AttemptDeadline(httpx.TimeoutException):
+    """An attempt that had no complete answer within ``timeout_s`` (retried like a transport error)."""
 
 
 #: ``error.param`` of vLLM's context-length 400s: too many prompt tokens, or (checked before
@@ -77,10 +85,14 @@ class OpenAIPolicy(Policy):
         self.max_retries, self.backoff_base_s, self.backoff_cap_s = max_retries, backoff_base_s, backoff_cap_s
         self.samples_per_row = samples_per_row
         self.request_token_ids = request_token_ids
-        self._timeout = httpx.Timeout(timeout_s)
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.timeout_s = timeout_s
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(timeout=self._timeout, headers=self._headers)
         self._aclients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+        #: event loops of the sync path's worker threads (one each, closed by ``close``)
+        self._thread_loops = threading.local()
+        self._loops: list[asyncio.AbstractEventLoop] = []
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency)
         self._round_robin = itertools.count()
         self._rr_lock = threading.Lock()
@@ -130,14 +142,25 @@ class OpenAIPolicy(Policy):
             return Completion.failed(exc, engine=self.name)
         return context_overflow(prompt, request.max_tokens, self.max_model_len, self.name)
 
+    async def _send(self, method: str, url: str, body: dict[str, Any] | None = None) -> httpx.Response:
+        """One attempt, abandoned at the per-attempt deadline (:class:`AttemptDeadline`)."""
+        try:
+            return await asyncio.wait_for(self._aclient().request(method, url, json=body), self.timeout_s)
+        except asyncio.TimeoutError:
+            raise AttemptDeadline(f"no complete answer from {url} within {self.timeout_s:g}s") from None
+
     def window(self, endpoint: str) -> int | None:
         """The context window: ``max_model_len``, else the ``max_model_len`` that ``GET /models`` lists for
         this model (vLLM and ``agent-envs serve`` do), asked once per endpoint; None when unknown."""
+        return self._on_thread_loop(self.awindow(endpoint))
+
+    async def awindow(self, endpoint: str) -> int | None:
+        """:meth:`window` for a running event loop."""
         if self.max_model_len is not None:
             return self.max_model_len
         if endpoint not in self._windows:
             try:
-                response = self._client.get(f"{endpoint}/models")
+                response = await self._send("GET", f"{endpoint}/models")
                 response.raise_for_status()
                 cards = response.json().get("data") or []
             except httpx.TransportError:
@@ -182,20 +205,15 @@ class OpenAIPolicy(Policy):
 
     # ------------------------------------------------------------------ sync and async paths
     def complete(self, request: GenerationRequest) -> Completion:
-        early = self._too_long(request)
-        if early is not None:
-            return early
-        endpoint, body = self.endpoint_for(request), self.body(request)
-        for attempt in itertools.count():
-            try:
-                completion = self._parse(self._client.post(f"{endpoint}/chat/completions", json=body), endpoint)
-            except Exception as exc:  # every failure becomes a record, never an exception
-                verdict = self._after_failure(exc, attempt, endpoint)
-                if isinstance(verdict, Completion):
-                    return verdict
-                time.sleep(verdict)
-            else:
-                return self._fit(completion, request, self.window(endpoint))
+        """:meth:`agenerate` on this thread's own event loop (call it from a thread running none)."""
+        return self._on_thread_loop(self.agenerate(request))
+
+    def _on_thread_loop(self, coroutine: Any) -> Any:
+        loop = getattr(self._thread_loops, "loop", None)
+        if loop is None:
+            loop = self._thread_loops.loop = asyncio.new_event_loop()
+            self._loops.append(loop)
+        return loop.run_until_complete(coroutine)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         return list(self._pool.map(self.complete, requests))
@@ -203,29 +221,33 @@ class OpenAIPolicy(Policy):
     def _aclient(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
         if loop not in self._aclients:  # an AsyncClient's connections belong to one event loop
-            self._aclients[loop] = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
+            # no httpx timeouts: they count per read; the deadline in ``_send`` is the total
+            self._aclients[loop] = httpx.AsyncClient(timeout=httpx.Timeout(None), headers=self._headers)
         return self._aclients[loop]
 
-    async def agenerate(self, request: GenerationRequest) -> Completion:
+    async def agenerate(self, request: GenerationRequest) -> Completion:  # type: ignore[return]  # the loop returns
         early = self._too_long(request)
         if early is not None:
             return early
-        endpoint, body, client = self.endpoint_for(request), self.body(request), self._aclient()
+        endpoint, body = self.endpoint_for(request), self.body(request)
         for attempt in itertools.count():
             try:
-                completion = self._parse(await client.post(f"{endpoint}/chat/completions", json=body), endpoint)
-            except Exception as exc:
+                completion = self._parse(await self._send("POST", f"{endpoint}/chat/completions", body), endpoint)
+            except Exception as exc:  # every failure becomes a record, never an exception
                 verdict = self._after_failure(exc, attempt, endpoint)
                 if isinstance(verdict, Completion):
                     return verdict
                 await asyncio.sleep(verdict)
             else:
-                return self._fit(completion, request, await asyncio.to_thread(self.window, endpoint))
+                return self._fit(completion, request, await self.awindow(endpoint))
 
     def close(self) -> None:
-        self._client.close()
         self._pool.shutdown(wait=False)
         for loop, client in list(self._aclients.items()):
             if not loop.is_closed() and not loop.is_running():
                 loop.run_until_complete(client.aclose())
         self._aclients.clear()
+        for loop in self._loops:
+            if not loop.is_running():  # a request still in flight ends at its deadline
+                loop.close()
+        self._loops.clear()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..protocol.budget import exceeds_context
 from ..protocol.messages import STOP
 from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest
 
@@ -32,21 +33,6 @@ class SamplingConfig(BaseModel):
 
     def stop_for(self, request: GenerationRequest) -> list[str]:
         return list(request.stop) if request.stop else list(self.stop)
-
-
-def token_cap(max_tokens: int | None) -> int | None:
-    """The generation cap a request's ``max_tokens`` sets: None when it is None, zero or negative."""
-    return max_tokens if max_tokens is not None and max_tokens > 0 else None
-
-
-def generation_reserve(max_tokens: int | None) -> int:
-    """Tokens the context must leave free: ``max_tokens``, or 1 when uncapped (protocol 2.4 step 1)."""
-    return token_cap(max_tokens) or 1
-
-
-def exceeds_context(prompt_tokens: int, max_tokens: int | None, max_model_len: int | None) -> bool:
-    """True when the prompt leaves less than the generation reserve free (unknown window: fits)."""
-    return max_model_len is not None and prompt_tokens + generation_reserve(max_tokens) > max_model_len
 
 
 def context_overflow(prompt_tokens: int, max_tokens: int | None, max_model_len: int | None,

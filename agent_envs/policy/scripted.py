@@ -11,7 +11,8 @@ from collections import defaultdict
 from typing import Callable, Mapping, Sequence
 
 from .base import Completion, GenerationRequest, Policy
-from .sampling import cut_at_stop, token_cap
+from ..protocol.budget import token_cap
+from .sampling import cut_at_stop
 
 Reply = str | Completion
 Script = Sequence[str] | Mapping[str, Sequence[str]] | Callable[[GenerationRequest], Reply]

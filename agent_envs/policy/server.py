@@ -4,15 +4,22 @@
 ids on request, context-length 400s with ``param="input_tokens"``).  Message content may be a
 string or OpenAI content parts; image parts must be base64 data URLs (nothing is fetched) and reach
 a policy that has a processor (a vision-language model), counted exactly with it.  Tests use its failure injection
-(``fail_next``, ``delay_next``) to exercise client retries against real sockets.
+(``fail_next``, ``delay_next``) to exercise client retries against real sockets, and ``record=N`` to
+keep the last N request bodies (none by default: a server keeps no request it answered).
+
+Limits (docs/reliability.md#deadlines): a body over ``max_body_bytes`` gets a 413 unread; a request
+whose head and body are not in within ``read_timeout_s`` (a half-open or trickling client) is cut
+off, so it cannot pin a thread; a bad ``Content-Length`` and any body the API would refuse get a 400
+naming the problem.
 
     python -m agent_envs.policy.server --policy cpu --port 8000      # or: agent-envs serve ...
 """
 from __future__ import annotations
 
 import argparse
-import sys
 import json
+import socket
+import sys
 import threading
 import time
 import uuid
@@ -21,9 +28,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
 from ..core.content import decode_image_url
-from ..tokens import TokenCounter
+from ..core.tokens import TokenCounter
 from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy, error_text
-from .sampling import exceeds_context
+from ..protocol.budget import exceeds_context
+
+
+#: default cap on a request body (a chat with a few base64 page images fits many times over)
+MAX_BODY_BYTES = 64 << 20
+#: default time a client has to send a whole request (head and body)
+READ_TIMEOUT_S = 30.0
+#: seeds and token counts an engine takes (vLLM's limits for them: a signed 64-bit integer)
+INT64 = range(-(1 << 63), 1 << 63)
+
+
+class ClientError(ValueError):
+    """A request the server refuses with a 400 and this message."""
 
 
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
@@ -35,14 +54,16 @@ class PolicyServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, policy: Policy, *, model: str = "agent-envs", host: str = "127.0.0.1", port: int = 0,
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, record: int = 0, max_body_bytes: int = MAX_BODY_BYTES,
+                 read_timeout_s: float = READ_TIMEOUT_S):
         super().__init__((host, port), _Handler)
         self.policy = policy
         self.model = model
         self.max_model_len = max_model_len or policy.max_model_len
         self.counter = TokenCounter(policy.tokenizer, processor=policy.processor)
-        #: every chat request body received, in arrival order (tests check what clients sent)
-        self.received: list[dict[str, Any]] = []
+        self.max_body_bytes, self.read_timeout_s = max_body_bytes, read_timeout_s
+        #: the last ``record`` chat request bodies, in arrival order (tests check what clients sent)
+        self.received: deque[dict[str, Any]] = deque(maxlen=record)
         self._faults: deque[tuple[int | None, float]] = deque()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -50,7 +71,7 @@ class PolicyServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        return f"http://{str(host)}:{port}/v1"
 
     def fail_next(self, status: int, times: int = 1) -> None:
         """Answer the next ``times`` chat requests with HTTP ``status``."""
@@ -89,7 +110,7 @@ class PolicyServer(ThreadingHTTPServer):
         self.close()
 
     # ------------------------------------------------------------------ request handling
-    def chat(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def chat(self, body: Any) -> tuple[int, dict[str, Any]]:
         with self._lock:
             self.received.append(body)
         status, delay = self._take_fault()
@@ -97,14 +118,12 @@ class PolicyServer(ThreadingHTTPServer):
             time.sleep(delay)  # injected slowness: the client under test must time out
         if status is not None:
             return status, error_body(f"injected failure {status}", status)
-        if body.get("stream"):
-            return 400, error_body("streaming is not supported by this server", 400, "stream")
         try:
             request = to_request(body)
         except (KeyError, TypeError, ValueError) as exc:
-            return 400, error_body(f"invalid request: {exc}", 400)
+            return 400, error_body(f"invalid request: {error_text(exc) if isinstance(exc, KeyError) else exc}", 400)
         prompt_tokens = self.counter.prompt_tokens(request.messages)
-        if exceeds_context(prompt_tokens, request.max_tokens, self.max_model_len):
+        if self.max_model_len is not None and exceeds_context(prompt_tokens, request.max_tokens, self.max_model_len):
             return 400, context_error(self.max_model_len, prompt_tokens)
         completion = self.policy.generate([request])[0]
         if completion.error == CONTEXT_LENGTH_EXCEEDED:
@@ -138,12 +157,34 @@ def context_error(max_model_len: int, prompt_tokens: int) -> dict[str, Any]:
                       f"(parameter=input_tokens, value={prompt_tokens})", 400, "input_tokens")
 
 
-def to_request(body: dict[str, Any]) -> GenerationRequest:
+def to_request(body: Any) -> GenerationRequest:
+    """The request a chat body asks for; :class:`ClientError` (a 400) says what is wrong with it."""
+    if not isinstance(body, dict):
+        raise ClientError(f"the body must be a JSON object, got {type(body).__name__}")
+    if body.get("stream"):
+        raise ClientError("streaming is not supported by this server")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise ClientError("'messages' must be a list of message objects")
+    seed = _whole(body, "seed", INT64)
+    max_tokens = _whole(body, "max_completion_tokens", range(1, INT64.stop)) or _whole(
+        body, "max_tokens", range(1, INT64.stop))
     stop = body.get("stop") or []
     return GenerationRequest(
-        messages=[{"role": m["role"], "content": checked_content(m["content"])} for m in body["messages"]],
-        seed=body.get("seed"), max_tokens=body.get("max_completion_tokens") or body.get("max_tokens"),
-        stop=[stop] if isinstance(stop, str) else list(stop))
+        messages=[{"role": m["role"], "content": checked_content(m["content"])} for m in messages],
+        seed=seed, max_tokens=max_tokens, stop=[stop] if isinstance(stop, str) else list(stop))
+
+
+def _whole(body: dict[str, Any], name: str, allowed: range) -> int | None:
+    """``body[name]``: absent/null, or a whole number in ``allowed`` (else a :class:`ClientError`)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
+        shown = str(value)[:40] if isinstance(value, (int, float)) else type(value).__name__
+        raise ClientError(f"'{name}' must be a whole number from {allowed.start} to {allowed.stop - 1}, "
+                          f"got {shown}")
+    return value
 
 
 def checked_content(content: Any) -> Any:
@@ -171,29 +212,79 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # quiet: tests and evals own stdout
         pass
 
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.read_timeout_s)  # a silent client: each read
+
+    def handle_one_request(self) -> None:
+        """One request, cut off if its head and body are not in within ``read_timeout_s`` (a client
+        trickling bytes passes every per-read timeout); generating the answer is not limited."""
+        self._watchdog = threading.Timer(self.server.read_timeout_s, self._hang_up)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+        try:
+            super().handle_one_request()
+        finally:
+            self._watchdog.cancel()
+
+    def _hang_up(self) -> None:
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)  # wakes the blocked read with end-of-file
+        except OSError:
+            pass
+
     def _send(self, status: int, payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(data)
 
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer before reading the body, then close (the unread body cannot start a request)."""
+        self.close_connection = True
+        self._send(status, error_body(message, status))
+
     def do_GET(self) -> None:
+        self._watchdog.cancel()
         if self.path.rstrip("/") == "/v1/models":
             self._send(200, self.server.models())
         else:
             self._send(404, error_body(f"no route {self.path}", 404))
 
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
+    def _body(self) -> bytes | None:
+        """The request body, or None once a refusal has been sent (or the client is gone)."""
+        if self.headers.get("Transfer-Encoding"):
+            self._refuse(411, "send the body with a Content-Length (no Transfer-Encoding)")
+            return None
+        declared = (self.headers.get("Content-Length") or "0").strip()
+        if not (declared.isascii() and declared.isdigit()):
+            self._refuse(400, f"Content-Length must be a whole number of bytes, got {declared[:40]!r}")
+            return None
+        length = int(declared)
+        if length > self.server.max_body_bytes:
+            self._refuse(413, f"the body has {length} bytes; this server takes at most {self.server.max_body_bytes}")
+            return None
         raw = self.rfile.read(length)
+        self._watchdog.cancel()
+        if len(raw) < length:  # cut off at the read deadline, or the client hung up
+            self.close_connection = True
+            return None
+        return raw
+
+    def do_POST(self) -> None:
+        raw = self._body()
+        if raw is None:
+            return
         if self.path.rstrip("/") != "/v1/chat/completions":
             self._send(404, error_body(f"no route {self.path}", 404))
             return
         try:
             body = json.loads(raw)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             self._send(400, error_body(f"body is not JSON: {exc}", 400))
             return
         try:
@@ -211,7 +302,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--served-model-name", default="agent-envs")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--max-body-mib", type=float, default=MAX_BODY_BYTES / (1 << 20),
+                        help="refuse (413) request bodies larger than this")
+    parser.add_argument("--read-timeout", type=float, default=READ_TIMEOUT_S, metavar="SECONDS",
+                        help="time a client has to send a whole request")
     args = parser.parse_args(argv)
+    if not (args.max_body_mib > 0 and args.read_timeout > 0):
+        parser.error("--max-body-mib and --read-timeout must be > 0")
     from .hf import TransformersPolicy, default_cpu_policy
 
     if args.policy == "transformers":
@@ -220,7 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         policy: Policy = TransformersPolicy(args.model)
     else:
         policy = default_cpu_policy()
-    server = PolicyServer(policy, model=args.served_model_name, port=args.port, max_model_len=args.max_model_len)
+    server = PolicyServer(policy, model=args.served_model_name, port=args.port, max_model_len=args.max_model_len,
+                          max_body_bytes=int(args.max_body_mib * (1 << 20)), read_timeout_s=args.read_timeout)
     print(f"serving {args.served_model_name} at {server.url}", flush=True)
     try:
         server.serve_forever()

@@ -30,9 +30,11 @@ from concurrent.futures import Future
 from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 from ..core.content import has_images
+from ..protocol.budget import token_cap
 from .base import Completion, GenerationRequest
 from .batching import BatchedEnginePolicy, EnginePolicy, Prepared
-from .sampling import SamplingConfig, token_cap
+from .sampling import SamplingConfig
+from .vision import load_processor
 
 #: the reference harness's microbatch size (prompt + max_tokens per group); pass it as
 #: ``rollout_token_budget`` for scheduling parity with it.
@@ -138,8 +140,6 @@ def model_processor(model: Any, processor: Any) -> Any:
     a hub name: pass its processor explicitly)."""
     if processor is not None or not isinstance(model, (str, os.PathLike)) or not os.path.isdir(model):
         return processor
-    from ..vision import load_processor
-
     return load_processor(str(model))
 
 
@@ -162,7 +162,8 @@ class VLLMPolicy(_LoRAAdapters, BatchedEnginePolicy):
     ``seed``, ``worker_extension_cls`` ...), or an ``llm`` the caller owns, e.g. an ES trainer that
     perturbs the weights between calls.
 
-    ``rollout_token_budget=0`` (:data:`DEFAULT_ROLLOUT_TOKEN_BUDGET`) gives the engine every request of a turn in one call;
+    ``rollout_token_budget=0`` (:data:`DEFAULT_ROLLOUT_TOKEN_BUDGET`) gives the engine every request of
+    a turn in one call;
     :data:`REFERENCE_TOKEN_BUDGET` reproduces the reference harness's microbatches, which leave the
     GPU idle between groups (about two thirds of raw throughput on an H200)."""
 
@@ -179,6 +180,8 @@ class VLLMPolicy(_LoRAAdapters, BatchedEnginePolicy):
 
             if isinstance(tokenizer, (str, os.PathLike)):  # a tokenizer folder (``--engine-arg tokenizer=``)
                 engine_kwargs["tokenizer"], tokenizer = str(tokenizer), None
+            if max_model_len is not None:  # the policy's window is the engine's it builds
+                engine_kwargs.setdefault("max_model_len", max_model_len)
             prepare_engine_env(engine_kwargs)
             llm = vllm.LLM(model=model, **engine_kwargs)
         self.llm = llm
@@ -235,6 +238,11 @@ def _drop_vllm_env_cache() -> None:
         vllm.envs.disable_envs_cache()
 
 
+async def _resolved(value: Any) -> Any:
+    """``value``, awaited when it is awaitable."""
+    return await value if inspect.isawaitable(value) else value
+
+
 class _EngineThread:
     """One event loop on a daemon thread, for the whole life of an ``AsyncLLM``.
 
@@ -270,8 +278,10 @@ class _EngineThread:
             raise RuntimeError("AsyncVLLMPolicy: blocking call from the engine's own event loop")
 
         async def run() -> Any:
-            result = fn(*args, **kwargs)
-            return await result if inspect.isawaitable(result) else result
+            # no local holds the result: a frame captured while ``fn`` runs (vLLM's engine start
+            # does) would otherwise keep it, e.g. the engine past ``stop()`` until interpreter
+            # teardown, where ``AsyncLLM.__del__`` fails ("Exception ignored in ... TypeError")
+            return await _resolved(fn(*args, **kwargs))
 
         return self.submit(run()).result()
 
@@ -317,6 +327,8 @@ class AsyncVLLMPolicy(_LoRAAdapters, EnginePolicy):
             raise ValueError("AsyncVLLMPolicy needs exactly one of model= or engine= (an AsyncLLM)")
         if engine is None and isinstance(tokenizer, (str, os.PathLike)):  # a folder: the engine's tokenizer
             engine_kwargs["tokenizer"], tokenizer = str(tokenizer), None
+        if engine is None and max_model_len is not None:  # the policy's window is the engine's it builds
+            engine_kwargs.setdefault("max_model_len", max_model_len)
         self._thread = _EngineThread()
         self._thread.owns_engine = engine is None
         try:

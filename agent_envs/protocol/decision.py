@@ -6,11 +6,10 @@ the environment's job.
 """
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Sequence
 
-from agent_envs.core.spec import ALL_ARGUMENTS, Rules
+from agent_envs.core.spec import Rules, ToolSpec
 from agent_envs.protocol import messages as msg
 from agent_envs.protocol.parsing import final_answer_line, is_single_bash_action, parse_action, strip_think
 
@@ -21,9 +20,11 @@ ActKind = Literal["run", "unknown_action", "empty_command"]
 class Decision:
     """One of: ``final`` (episode ends), ``warn`` (format_check observation), ``act``.
 
-    For ``act``: ``act_kind`` is ``run`` (execute ``command`` with tool ``observation_name``;
-    counts as tool use), ``unknown_action`` or ``empty_command`` (reply with ``observation``; no
-    tool use).  ``observation_name`` is the name to put in ``Observation from <name>:``.
+    For ``act``: ``act_kind`` is ``run`` (run tool ``observation_name`` on ``tool_input``; counts
+    as tool use), ``unknown_action`` or ``empty_command`` (reply with ``observation``; no tool
+    use).  ``observation_name`` is the name to put in ``Observation from <name>:``.  The tool's
+    input is ``command`` (the text of its argument), or ``arguments`` for a tool that takes the
+    action's whole ``arguments`` object.
     """
 
     kind: Literal["final", "warn", "act"]
@@ -31,8 +32,14 @@ class Decision:
     action: dict[str, Any] | None = None
     act_kind: ActKind | None = None
     command: str | None = None
+    arguments: dict[str, Any] | None = None
     observation_name: str | None = None
     observation: str | None = None
+
+    @property
+    def tool_input(self) -> str | dict[str, Any] | None:
+        """What the tool runs on: its argument's text, or the whole arguments object."""
+        return self.command if self.command is not None else self.arguments
 
     def observation_message(self) -> dict[str, str] | None:
         """The user message to append, when the decision already knows its body."""
@@ -47,19 +54,28 @@ def _warn(body: str) -> Decision:
 
 def _act(action: dict[str, Any], rules: Rules) -> Decision:
     name = action["name"]
-    key = rules.tool_args.get(name)
-    if key is None:
+    tools = rules.tool_args
+    if name not in tools:
         return Decision("act", action=action, act_kind="unknown_action",
                         observation_name=name, observation=msg.unknown_action(name, rules.unknown_action))
-    if key == ALL_ARGUMENTS:  # the tool reads the whole object; {} is a valid input
+    key = tools[name]
+    if key is None:  # the tool reads the whole object, as data; {} is a valid input
         return Decision("act", action=action, act_kind="run", observation_name=name,
-                        command=json.dumps(action["arguments"], ensure_ascii=False))
+                        arguments=action["arguments"])
     # The ES runner stringifies whatever ``command`` holds (so a number is a command).
     command = str(action["arguments"].get(key, ""))
     if not command.strip():
         return Decision("act", action=action, act_kind="empty_command",
                         observation_name=name, observation=rules.no_input)
     return Decision("act", action=action, act_kind="run", command=command, observation_name=name)
+
+
+def with_tools(rules: Rules, tools: Sequence[ToolSpec]) -> Rules:
+    """``rules`` for an environment offering ``tools``: their names and argument keys, and the
+    unknown-action text naming them (docs/protocol.md#warning-and-observation-texts)."""
+    names = [t.name for t in tools]
+    return replace(rules, tools=tuple((t.name, t.argument) for t in tools),
+                   unknown_action=msg.unknown_action_template(names))
 
 
 def decide(completion: str, *, used_bash: bool, flavour: Rules) -> Decision:

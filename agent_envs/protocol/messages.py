@@ -24,6 +24,14 @@ def unknown_action(name: str, template: str = "Unknown action '{name}'. Availabl
     return template.replace("{name}", name)
 
 
+def unknown_action_template(tools: Sequence[str]) -> str:
+    """The unknown-action text for an environment offering ``tools``, in their order:
+    ``Available action is bash.``, ``Available actions are python and bash.``."""
+    if len(tools) == 1:
+        return f"Unknown action '{{name}}'. Available action is {tools[0]}."
+    return f"Unknown action '{{name}}'. Available actions are {', '.join(tools[:-1])} and {tools[-1]}."
+
+
 def observation_message(name: str, body: str, images: Sequence[Part] = ()) -> Message:
     """The user message that carries a tool observation or a ``format_check`` warning (docs/protocol.md#conversation);
     with images, its content is the same text as a part followed by the image parts

@@ -80,7 +80,7 @@ def _decode_relaxed_string(raw: str) -> str:
     """Decode a captured command string: quote-escaped JSON, then plain JSON, then by hand."""
     for attempt in (raw.replace('"', '\\"'), raw):
         try:
-            return json.loads(f'"{attempt}"')
+            return str(json.loads(f'"{attempt}"'))
         except (ValueError, RecursionError):
             continue
     for escaped, plain in _MANUAL_UNESCAPES:

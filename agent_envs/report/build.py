@@ -5,10 +5,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from agent_envs.atomic import atomic_write
+from agent_envs.core.atomic import atomic_write
 
 from . import plots, views
-from .load import Run, load_run
+from .load import Run, RunError, load_run
 
 
 def default_output(run_dirs: Sequence[str | Path]) -> Path:
@@ -47,21 +47,36 @@ def render(runs: list[Run]) -> str:
     title = "agent-envs report: " + (" vs " if comparison else " + ").join(r.name for r in runs)
     images: dict[str, str | None] = {}
     groups = views.episode_groups(runs, images)
+    notes = [(r.name, [*filter(None, [views.unjudged(r)]), *r.notes]) for r in runs]
     return env.get_template("report.html.j2").render(
         title=title, runs=runs, colours=plots.COLOURS, generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         metrics=views.metric_rows(runs), plots=plots.all_plots(runs),
         task_rows=[views.task_rows(r) for r in runs], groups=groups,
         images={path: url for path, url in images.items() if url},
-        comparison=comparison, has_process=any("process" in r.metrics for r in runs),
+        comparison=comparison, has_process=any("process" in r.metrics for r in runs), notes=notes,
     )
+
+
+def check_output(path: Path) -> None:
+    """A :class:`RunError` naming the problem when the report cannot be written at ``path``
+    (checked before the runs are read and rendered)."""
+    if path.is_dir():
+        raise RunError(f"--out {path} is a directory; name a file, e.g. {path / 'report.html'}")
+    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise RunError(f"--out {path}: {blocker} is a file, not a directory")
 
 
 def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
     """Write the self-contained HTML report of one run, or of two runs side by side."""
     if not run_dirs:
         raise ValueError("give at least one run folder")
+    path = Path(out) if out is not None else default_output(run_dirs)
+    check_output(path)
     runs = [load_run(p) for p in run_dirs]
     _unique_names(runs)
-    path = Path(out) if out is not None else default_output(run_dirs)
-    atomic_write(path, [render(runs).encode("utf-8", "replace")])
+    try:
+        atomic_write(path, [render(runs).encode("utf-8", "replace")])
+    except OSError as exc:  # a read-only mount, a full disk, no permission
+        raise RunError(f"cannot write the report to {path}: {exc.strerror or exc}") from None
     return path

@@ -9,19 +9,21 @@ import os
 from pathlib import Path
 from typing import Any
 
+from agent_envs.core.content import open_image
+
 #: page images wider than this are downscaled before embedding (keeps the report small)
 MAX_IMAGE_WIDTH = 900
 
 
 def image_data_url(path: str | Path, max_width: int = MAX_IMAGE_WIDTH) -> str | None:
     """A ``data:`` URL of the image, or None when it cannot be read (moved, deleted, not an image)."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import UnidentifiedImageError
 
     try:
-        with Image.open(path) as img:
+        with open_image(path, f"the page {path}") as img:
             img.load()
             return _jpeg_url(img, max_width)
-    except (OSError, UnidentifiedImageError, ValueError):
+    except (OSError, UnidentifiedImageError, ValueError):  # ImageTooLarge too
         return None
 
 
@@ -29,7 +31,7 @@ def _jpeg_url(img, max_width: int) -> str:
     from PIL import Image
 
     if img.width > max_width:
-        img = img.resize((max_width, round(img.height * max_width / img.width)), Image.LANCZOS)
+        img = img.resize((max_width, round(img.height * max_width / img.width)), Image.Resampling.LANCZOS)
     if img.mode not in ("RGB", "L"):
         img = img.convert("RGB")
     buf = io.BytesIO()

@@ -1,7 +1,8 @@
 """What the template shows, computed from records: metric rows, per-task rows, episodes and turns.
 
-Nothing here names an environment: columns appear when the records carry their fields (``anls``,
-``acc``, ``image``, ``answers``/``answer``, ``turn_log``)."""
+Nothing here names an environment: each run's environment spec says what its own metrics are
+called and gives each record's question, gold answer and page image; other columns appear when
+the records carry their fields (``turn_log``, step scores)."""
 from __future__ import annotations
 
 import json
@@ -10,10 +11,11 @@ import statistics
 from collections import Counter
 from typing import Any, Sequence
 
-from agent_envs.rollout.metrics import ANLS_KEY, by_task, clamped_score, paired_bootstrap
+from agent_envs.core.spec import MetricsSpec
+from agent_envs.rollout.metrics import paired_bootstrap
 from agent_envs.rollout.records import ERROR_TERMINATIONS
-from agent_envs.rollout.tracelog import succeeded
 from agent_envs.sandbox.output import MARKER
+from agent_envs.scoring.metrics import by_task, clamped_score
 
 from .load import Run
 from .media import image_data_url, shown_image
@@ -32,6 +34,37 @@ def _fmt(value: Any, digits: int = 4) -> str:
 
 def _is_error(row: Row) -> bool:
     return bool(row.get("error")) or row.get("termination_reason") in ERROR_TERMINATIONS
+
+
+def _succeeded(run: Run, row: Row) -> bool:
+    return run.report.succeeded(float(row.get("score") or 0.0))
+
+
+def unjudged(run: Run) -> str | None:
+    """The note for records of an environment this version does not know (or older records that
+    do not say): they are shown with the plain rule, success at score 1."""
+    if run.spec is not None or not run.rows:
+        return None
+    ids = sorted({str(r.get("env_id") or "(none)") for r in run.rows})
+    return (f"{len(run.rows)} record(s) with env_id {', '.join(ids)}: not an environment registered here, "
+            "so success is read as score >= 1")
+
+
+def _own_metrics(runs: Sequence[Run]) -> list[MetricsSpec]:
+    """The environments' own metric specs of these runs, each once, in run order."""
+    out: list[MetricsSpec] = []
+    for run in runs:
+        own = run.spec.metrics if run.spec is not None else None
+        if own is not None and all(m.key != own.key for m in out):
+            out.append(own)
+    return out
+
+
+def _at_k_label(key: str, runs: Sequence[Run]) -> str:
+    for own in _own_metrics(runs):
+        for prefix, label in own.at_k_labels.items():
+            key = key.replace(prefix, label)
+    return key.replace("mean@", "Mean@").replace("pass@", "Pass@")
 
 
 def metric_rows(runs: Sequence[Run]) -> list[tuple[str, list[str]]]:
@@ -56,7 +89,7 @@ def metric_rows(runs: Sequence[Run]) -> list[tuple[str, list[str]]]:
                     for r in runs]),
         ("episodes (expected)", [f"{len(r.rows)} ({r.metrics['es']['expected_count']})" for r in runs]),
         ("errors (infrastructure, not the model)", [str(sum(_is_error(x) for x in r.rows)) for r in runs]),
-        ("model failures (ran, scored as failed)", [str(sum(not _is_error(x) and not succeeded(x) for x in r.rows))
+        ("model failures (ran, scored as failed)", [str(sum(not _is_error(x) and not _succeeded(r, x) for x in r.rows))
                                                     for r in runs]),
         ("mean score", [_fmt(r.metrics["es"]["mean_score"]) for r in runs]),
     ]
@@ -64,9 +97,7 @@ def metric_rows(runs: Sequence[Run]) -> list[tuple[str, list[str]]]:
     for run in runs:
         keys += [k for k in run.metrics.get("at_k", {}) if k not in keys]
     for key in keys:
-        label = key.replace("acc_pass@", "accuracy Pass@").replace("mean@", "Mean@").replace("pass@", "Pass@")
-        rows.append((label,
-                     [_fmt(r.metrics["at_k"].get(key)) for r in runs]))
+        rows.append((_at_k_label(key, runs), [_fmt(r.metrics["at_k"].get(key)) for r in runs]))
     if any("process" in r.metrics for r in runs):
         def process(run: Run, key: str) -> str:
             value = (run.metrics.get("process") or {}).get(key)
@@ -76,10 +107,10 @@ def metric_rows(runs: Sequence[Run]) -> list[tuple[str, list[str]]]:
                  ("mean process score", [process(r, "mean_process_score") for r in runs]),
                  ("process aggregation", [process(r, "aggregations") for r in runs]),
                  ("step-score errors", [process(r, "step_score_errors") for r in runs])]
-    if any(ANLS_KEY in r.metrics for r in runs):
-        for key, label in (("anls_mean", "ANLS mean"), ("anls_pass", "ANLS pass (best sample)"),
-                           ("acc_mean", "accuracy (ANLS > 0.5)"), ("acc_pass", "accuracy pass")):
-            rows.append((label, [_fmt((r.metrics.get(ANLS_KEY) or {}).get(f"{key}{r.samples}")) for r in runs]))
+    for own in _own_metrics(runs):
+        if any(own.key in r.metrics for r in runs):
+            rows += [(m.label, [_fmt(m.value(r.metrics.get(own.key) or {}, r.samples)) for r in runs])
+                     for m in own.shown if m.label is not None]
     rows += [
         ("termination reasons", [reasons(r) for r in runs]),
         ("tool-call rate", [_fmt(r.metrics.get("tool_call_rate"), 2) for r in runs]),
@@ -103,27 +134,13 @@ def task_rows(run: Run) -> list[Row]:
             "task": task, "samples": len(group), "best": max(scores), "mean": statistics.fmean(scores),
             "turns": statistics.fmean(float(r.get("turns") or 0) for r in group),
             "reasons": ", ".join(sorted({str(r.get("termination_reason")) for r in group})),
-            "question": _question(group[0]), "anchor": anchor(run, group[0]["key"]),
+            "question": run.report.fields(group[0]).question, "anchor": anchor(run, group[0]["key"]),
         })
     return out
 
 
 def anchor(run: Run, key: str) -> str:
     return "ep-" + re.sub(r"[^A-Za-z0-9_-]+", "-", f"{run.name}-{key}")
-
-
-def _question(row: Row) -> str:
-    task = row.get("task") if isinstance(row.get("task"), dict) else {}
-    return str(row.get("question") or task.get("question") or "")
-
-
-def _gold(row: Row) -> str | None:
-    task = row.get("task") if isinstance(row.get("task"), dict) else {}
-    answers = row.get("answers", task.get("answers"))
-    if answers:
-        return " | ".join(str(a) for a in answers)
-    answer = row.get("answer", task.get("answer"))
-    return None if answer is None else str(answer)
 
 
 def _action_text(action: Any) -> str | None:
@@ -208,19 +225,20 @@ def _step_scores(row: Row, react_steps: Sequence[Row]) -> dict[int, tuple[float 
 
 
 def episode(run: Run, row: Row, images: dict[str, str | None]) -> Row:
-    """One episode; its page image (when the record names one) is embedded once per report in
+    """One episode; its page image (when the environment names one) is embedded once per report in
     ``images`` and referred to by its path."""
-    image = row.get("image")
+    fields = run.report.fields(row)
+    image = fields.image
     if image and image not in images:
         images[image] = image_data_url(image)
     return {
         "run": run.name, "anchor": anchor(run, row["key"]), "key": row["key"], "task": row["task_id"],
         "sample": row.get("sample_index"), "seed": row.get("seed"), "score": clamped_score(row),
-        "success": succeeded(row), "is_error": _is_error(row), "reason": row.get("termination_reason"),
+        "success": _succeeded(run, row), "is_error": _is_error(row), "reason": row.get("termination_reason"),
         "react_error": row.get("react_error"), "error": row.get("error"), "latency": row.get("latency_s"),
         "tokens": row.get("generated_tokens"), "tool_s": row.get("tool_seconds"),
-        "prediction": row.get("prediction"), "gold": _gold(row), "question": _question(row),
-        "anls": row.get("anls"), "process_score": row.get("process_score"),
+        "prediction": row.get("prediction"), "gold": fields.gold, "question": fields.question,
+        "score_note": fields.score_note, "process_score": row.get("process_score"),
         "process_aggregation": row.get("process_aggregation"),
         "image_path": image, "image_ok": bool(image and images.get(image)),
         "prompt_images": _shown(row.get("prompt_images"), images),
@@ -239,10 +257,27 @@ def episode_groups(runs: Sequence[Run], images: dict[str, str | None]) -> list[R
         keys += [k for k in index if k not in keys]
     groups = []
     for key in keys:
-        columns = [{**episode(run, idx[key], images), "colour": i}
+        columns = [{**shown_episode(run, idx[key], images), "colour": i}
                    for i, (run, idx) in enumerate(zip(runs, by_key)) if key in idx]
         groups.append({"key": key, "task": columns[0]["task"], "columns": columns})
     return groups
+
+
+def shown_episode(run: Run, row: Row, images: dict[str, str | None]) -> Row:
+    """:func:`episode`, or for a record whose fields do not fit (a damaged or foreign record) its
+    identity and score with the reason it cannot be shown in full."""
+    try:
+        return episode(run, row, images)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        note = f"{row['key']}: turns not shown ({type(exc).__name__}: {exc})"
+        run.notes.append(note)
+        return {"run": run.name, "anchor": anchor(run, row["key"]), "key": row["key"], "task": row["task_id"],
+                "sample": row["sample_index"], "seed": row.get("seed"), "score": clamped_score(row),
+                "success": None, "is_error": _is_error(row), "reason": row.get("termination_reason"),
+                "react_error": row.get("react_error"), "error": row.get("error"), "latency": row.get("latency_s"),
+                "tokens": row.get("generated_tokens"), "tool_s": None, "prediction": str(row.get("prediction")),
+                "gold": None, "question": "", "score_note": None, "process_score": None, "process_aggregation": None,
+                "image_path": None, "image_ok": False, "prompt_images": [], "turns": [], "problem": note}
 
 
 def comparison(a: Run, b: Run) -> Row:

@@ -11,9 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent_envs.rollout.metrics import clamped_score
-
-from .step import Aggregation, aggregate
+from agent_envs.core.steps import Aggregation
+from agent_envs.scoring.metrics import clamped_score
+from agent_envs.scoring.process import aggregate
 
 
 class FitnessCombiner(BaseModel):

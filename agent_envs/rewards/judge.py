@@ -11,11 +11,11 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from agent_envs.core.content import image_part, text_of, text_part, transcript
+from agent_envs.core.content import image_part, open_image, text_of, text_part, transcript
 from agent_envs.policy.base import GenerationRequest, Policy
-from agent_envs.prompts import load_prompt
+from agent_envs.core.prompts import load_prompt
 
-from .step import Aggregation, BatchStepScorer, StepContext, StepScore
+from agent_envs.core.steps import Aggregation, BatchStepScorer, StepContext, StepScore
 
 DEFAULT_TEMPLATE = "judges/step"
 PLACEHOLDERS = ("question", "conversation", "action", "observation", "turn")
@@ -31,11 +31,9 @@ def render_conversation(messages: Sequence[dict[str, Any]]) -> str:
 
 def load_images(paths: Sequence[str]) -> list[Any]:
     """The images at ``paths`` as RGB PIL images (files closed)."""
-    from PIL import Image
-
     out = []
     for path in paths:
-        with Image.open(path) as img:
+        with open_image(path, f"the image {path}") as img:
             out.append(img.convert("RGB"))
     return out
 

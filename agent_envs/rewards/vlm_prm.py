@@ -17,10 +17,10 @@ import threading
 from pathlib import Path
 from typing import Any, Sequence
 
-from agent_envs.prompts import load_prompt
+from agent_envs.core.prompts import load_prompt
 
 from .judge import fill_template, load_images
-from .step import Aggregation, BatchStepScorer, StepContext, StepScore
+from agent_envs.core.steps import Aggregation, BatchStepScorer, StepContext, StepScore
 
 DEFAULT_TEMPLATE = "judges/prm_step"
 

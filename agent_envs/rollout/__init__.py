@@ -1,5 +1,7 @@
 """Rollouts: run episodes (lockstep or async), write records, compute metrics, write trace logs."""
-from .metrics import diagnostics, es_summary, group_metrics, max_at_k, paired_bootstrap, pass_at_k, summarize
+from agent_envs.scoring.metrics import max_at_k, pass_at_k
+
+from .metrics import diagnostics, es_summary, group_metrics, paired_bootstrap, summarize
 from .records import EpisodeRecord, JsonlWriter, load_records
 from .resume import prepare_resume
 from .runner import make_jobs, run_episodes, strip_timings

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..atomic import atomic_write, write_all
+from ..core.atomic import atomic_write, write_all
 
 #: termination reasons that make a row an error row (ES ``error_count``; re-run on resume when
 #: the row also carries ``error``)

@@ -4,19 +4,53 @@
   ``<stem>.request_errors.jsonl`` and their keys run again.
 * For duplicate keys the last successful row wins.
 * A truncated last line (the previous run was SIGKILLed mid-write) is dropped.
+* Anything else that is not a record (a line that is not JSON, a row without ``task_id``, a key
+  that is not a string) is a :class:`DamagedRecords` error naming the file and line, raised before
+  the file is touched: resuming would silently run those episodes again, or lose them.
 
 The records file is then rewritten atomically with exactly one row per finished key, so the
 run that follows can append to a clean file.
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
-from .records import EpisodeRecord, JsonlWriter, read_jsonl, write_jsonl
+from pydantic import ValidationError
+
+from .records import EpisodeRecord, JsonlWriter, write_jsonl
 
 Row = dict[str, Any]
+
+
+class DamagedRecords(ValueError):
+    """A records file that cannot be resumed; the message names the file and line."""
+
+
+def read_records(path: str | os.PathLike[str]) -> tuple[list[tuple[Row, EpisodeRecord]], int]:
+    """Every row of a records file with its validated record, and 1 if a torn last line was
+    dropped (else 0); :class:`DamagedRecords` for any other line that is not a record."""
+    lines = [(n, raw) for n, raw in enumerate(Path(path).read_bytes().splitlines(), 1) if raw.strip()]
+    out: list[tuple[Row, EpisodeRecord]] = []
+    for i, (number, raw) in enumerate(lines):
+        try:
+            row = json.loads(raw.decode("utf-8", "replace"))
+        except (ValueError, RecursionError) as exc:
+            if i == len(lines) - 1:
+                return out, 1  # the line a killed run was writing
+            raise DamagedRecords(f"{path}: line {number} is not JSON ({exc}); remove or repair it to resume") from None
+        if not isinstance(row, dict):
+            raise DamagedRecords(f"{path}: line {number} is a JSON {type(row).__name__}, not a record")
+        try:
+            out.append((row, EpisodeRecord.model_validate(row)))
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(map(str, first["loc"])) or "record"
+            raise DamagedRecords(f"{path}: line {number} is not a record ({where}: {first['msg']}); "
+                                 "remove or repair it to resume") from None
+    return out, 0
 
 
 def archive_path(records_path: str | os.PathLike[str]) -> Path:
@@ -42,21 +76,18 @@ def prepare_resume(records_path: str | os.PathLike[str]) -> ResumeState:
     path = Path(records_path)
     if not path.exists():
         return ResumeState({}, 0, 0)
-    rows, dropped = read_jsonl(path)
-    finished: dict[str, Row] = {}
+    rows, dropped = read_records(path)
+    finished: dict[str, tuple[Row, EpisodeRecord]] = {}
     errors: list[Row] = []
-    for row in rows:
-        if "key" not in row:
-            dropped += 1
-        elif row.get("error"):
+    for row, record in rows:
+        if record.error:
             errors.append(row)
         else:
-            finished.pop(row["key"], None)  # re-insert so file order follows the winning row
-            finished[row["key"]] = row
+            finished.pop(record.key, None)  # re-insert so file order follows the winning row
+            finished[record.key] = (row, record)
     if errors:
         with JsonlWriter(archive_path(path)) as archive:
             for row in errors:
                 archive.write(row)
-    write_jsonl(path, finished.values())
-    records = {k: EpisodeRecord.model_validate(v) for k, v in finished.items()}
-    return ResumeState(records, len(errors), dropped)
+    write_jsonl(path, (row for row, _ in finished.values()))
+    return ResumeState({k: record for k, (_, record) in finished.items()}, len(errors), dropped)

@@ -25,12 +25,15 @@ from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 
-from agent_envs.data.tasks import episode_key, task_id
-from agent_envs.policy.base import Completion, GenerationRequest, Policy, error_text
+from agent_envs.core.flight import episodes_in_flight
+from agent_envs.core.tasks import episode_key, task_id
+from agent_envs.core.types import INVALID_OUTPUT, MACHINE_FAULTS
+from agent_envs.policy.base import Completion, GenerationRequest, Policy, batch_or_each, error_text
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
-from agent_envs.rewards.gather import ScoreGatherer
-from agent_envs.rewards.step import StepContext, StepScore, StepScorer, process_fields
+from agent_envs.core.steps import StepContext, StepScore, StepScorer
+from agent_envs.scoring.process import process_fields
 
+from .gather import ScoreGatherer
 from .records import EpisodeRecord, JsonlWriter, as_row
 from .resume import prepare_resume
 
@@ -81,12 +84,21 @@ class _Episode:
     new_contexts: list[StepContext] = field(default_factory=list)
     step_scores: list[StepScore] = field(default_factory=list)
 
+    #: set when ``env.step`` raised on the model's text (not a machine fault): ``<ExcType>: <msg>``
+    invalid_output: str | None = None
+
     @property
     def done(self) -> bool:
-        return self.episode is not None or self.error is not None
+        return self.episode is not None or self.error is not None or self.invalid_output is not None
+
+    def next_request(self) -> GenerationRequest:
+        """The request of a live episode (one that has not ended always has its next request)."""
+        assert self.request is not None
+        return self.request
 
     def start(self) -> None:
         """Reset the env for this job and fetch the first request (worker thread)."""
+        assert self.env is not None
         t = time.perf_counter()
         try:
             self.env.reset(options={
@@ -103,6 +115,7 @@ class _Episode:
 
     def advance(self, completion: Completion) -> None:
         """Feed one completion; then either the episode is over or ``request`` is the next one."""
+        assert self.env is not None
         t = time.perf_counter()
         self.new_contexts = []
         self.policy_calls += 1
@@ -112,6 +125,19 @@ class _Episode:
             self.prompt_tokens = None if reported is None else self.prompt_tokens + reported
         try:
             _, _, terminated, truncated, info = self.env.step(completion)
+        except MACHINE_FAULTS as exc:
+            self._fail(exc)
+        except Exception as exc:  # raised by what the model wrote: its outcome (docs/reliability.md)
+            self.invalid_output = error_text(exc)
+            self.finished = time.perf_counter()
+        else:
+            self._after_step(terminated, truncated, info)
+        self.env_seconds += time.perf_counter() - t
+        self._warm()
+
+    def _after_step(self, terminated: bool, truncated: bool, info: dict[str, Any]) -> None:
+        assert self.env is not None
+        try:
             if self.score_steps:
                 self.new_contexts = self.env.get_wrapper_attr("step_contexts")(self.steps_taken)
                 self.steps_taken += len(self.new_contexts)
@@ -122,8 +148,6 @@ class _Episode:
                 self.request = self.env.get_wrapper_attr("generation_request")()
         except Exception as exc:
             self._fail(exc)
-        self.env_seconds += time.perf_counter() - t
-        self._warm()
 
     def _warm(self) -> None:
         """Let the policy prepare the next request here, in the worker thread (not env time)."""
@@ -143,8 +167,10 @@ class _Context:
 
     def __init__(self, make_env: Callable[[], gym.Env], policy: Policy, base_seed: int,
                  tags: dict[str, Any], writer: JsonlWriter | None, progress: "_Progress",
-                 scorer: StepScorer | None = None):
+                 scorer: StepScorer | None = None, env_id: str | None = None):
         self.make_env = make_env
+        #: the registered id, for the records of episodes whose environment raised
+        self.env_id = env_id
         self.scorer = scorer
         self.policy = policy
         self.base_seed = base_seed
@@ -181,12 +207,13 @@ class _Context:
     def _record(self, ep: _Episode) -> EpisodeRecord:
         job = ep.job
         row: dict[str, Any] = dict(ep.episode or {})
-        if ep.episode is None:  # the environment itself failed
+        if ep.episode is None:  # the environment raised: on the model's text, or the machine failed
+            reason = "env_error" if ep.invalid_output is None else INVALID_OUTPUT
             row.update({
                 "key": job.key, "task_id": job.task_id, "row_index": job.row_index,
                 "sample_index": job.sample_index, "base_seed": self.base_seed, "score": 0.0,
-                "termination_reason": "env_error", "react_error": ep.error,
-                "score_method": "env_error",
+                "termination_reason": reason, "react_error": ep.error or ep.invalid_output,
+                "score_method": reason, "env_id": self.env_id,
             })
         error = ep.error
         if row.get("termination_reason") == "request_error":
@@ -244,25 +271,8 @@ class _Progress:
 
 # --------------------------------------------------------------------------- lockstep
 def _generate_batch(policy: Policy, requests: Sequence[GenerationRequest]) -> list[Completion]:
-    """One batched call.  If it raises, every request is retried on its own (as the reference
-    runner does), so one bad request fails only its own episode."""
-    def call(batch: Sequence[GenerationRequest]) -> list[Completion]:
-        out = policy.generate(list(batch))
-        if len(out) != len(batch) or not all(isinstance(c, Completion) for c in out):
-            raise RuntimeError(f"policy returned {len(out)} items for {len(batch)} requests, not Completions")
-        return out
-
-    try:
-        return call(requests)
-    except Exception:
-        return [_single(call, r) for r in requests]
-
-
-def _single(call: Callable[[Sequence[GenerationRequest]], list[Completion]], request: GenerationRequest) -> Completion:
-    try:
-        return call([request])[0]
-    except Exception as exc:
-        return Completion.failed(exc)
+    """One batched call; a failure is retried request by request (:func:`batch_or_each`)."""
+    return batch_or_each(policy.generate, requests, lambda request, exc: Completion.failed(exc))
 
 
 def _run_lockstep(ctx: _Context, jobs: Sequence[Job], batch_size: int, pool: ThreadPoolExecutor) -> None:
@@ -276,7 +286,7 @@ def _run_lockstep(ctx: _Context, jobs: Sequence[Job], batch_size: int, pool: Thr
         live = _settle(ctx, envs, list(enumerate(episodes)))
         while live:
             t = time.perf_counter()
-            completions = _generate_batch(ctx.policy, [ep.request for _, ep in live])
+            completions = _generate_batch(ctx.policy, [ep.next_request() for _, ep in live])
             for _, ep in live:
                 ep.generation_s.append(time.perf_counter() - t)
             list(pool.map(_Episode.advance, [ep for _, ep in live], completions))
@@ -305,8 +315,8 @@ def _settle(ctx: _Context, envs: list[gym.Env | None], live: list[tuple[int, _Ep
 
 
 def _retire(ep: _Episode, env: gym.Env | None) -> gym.Env | None:
-    """Keep the env for the next job unless it failed (then close it and build a fresh one)."""
-    if ep.error is not None and env is not None:
+    """Keep the env for the next job unless it raised (then close it and build a fresh one)."""
+    if ep.episode is None and env is not None:
         _close_quietly(env)
         return None
     return env
@@ -450,15 +460,17 @@ def run_episodes(
     make_env = _env_factory(env_id_or_factory, policy, env_kwargs)
     bar = _Progress(len(todo), progress, desc=f"{mode}")
     writer = JsonlWriter(out_path) if out_path is not None else None
-    ctx = _Context(make_env, policy, base_seed, dict(tags or {}), writer, bar, step_scorer)
+    ctx = _Context(make_env, policy, base_seed, dict(tags or {}), writer, bar, step_scorer,
+                   env_id_or_factory if isinstance(env_id_or_factory, str) else None)
     pool = ThreadPoolExecutor(max_workers=tool_workers or concurrency, thread_name_prefix="agent-envs-env")
     try:
-        if todo:
-            ctx.prepare()
-        if mode == "lockstep":
-            _run_lockstep(ctx, todo, concurrency, pool)
-        else:
-            asyncio.run(_run_async(ctx, todo, concurrency, pool))
+        with episodes_in_flight(min(concurrency, len(todo))):  # they share the sandboxes' tmpfs budget
+            if todo:
+                ctx.prepare()
+            if mode == "lockstep":
+                _run_lockstep(ctx, todo, concurrency, pool)
+            else:
+                asyncio.run(_run_async(ctx, todo, concurrency, pool))
     finally:
         _shutdown(ctx, pool)
         bar.close()

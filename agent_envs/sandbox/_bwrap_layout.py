@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from agent_envs.core.spec import Mount
-from agent_envs.sandbox.base import BASE_ENV, SandboxConfig, SandboxLimits, SandboxUnavailable
+from agent_envs.sandbox.base import BASE_ENV, SandboxConfig, SandboxLimits, SandboxUnavailable, tmpfs_mib
 
 SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/usr/local", "/etc/alternatives")
 #: the uid/gid a command has inside the sandbox
@@ -155,7 +155,7 @@ def environment(config: SandboxConfig, prefixes: list[str]) -> dict[str, str]:
 
 
 def _tmpfs(path: str, perms: str, limits: SandboxLimits) -> list[str]:
-    size = ["--size", str(limits.workspace_mib * 1024 * 1024)] if supports_size() else []
+    size = ["--size", str(tmpfs_mib(limits) * 1024 * 1024)] if supports_size() else []
     return ["--perms", perms, *size, "--tmpfs", path]
 
 

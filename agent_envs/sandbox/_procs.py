@@ -1,14 +1,136 @@
-"""Host-side process bookkeeping for sandboxes: user namespaces, descendants, teardown."""
+"""Host-side process bookkeeping for sandboxes: launching, user namespaces, descendants, teardown."""
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import os
+import queue
 import select
 import signal
 import subprocess
+import threading
 from pathlib import Path
+from typing import Any, Callable, TypeVar, cast
 
 from agent_envs.sandbox._bwrap_layout import HOST_UID_WHEN_ROOT, SANDBOX_UID
+from agent_envs.sandbox.base import SandboxUnavailable
+
+
+T = TypeVar("T")
+#: a fork to run on the launcher thread and where its outcome goes: (True, result) or (False, exception)
+_Job = tuple[Callable[[], Any], "queue.SimpleQueue[tuple[bool, Any]]"]
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)  # resolved here: a forked child only calls it
+
+
+def die_with_runner(runner: int) -> None:
+    """In a forked child before exec: be SIGKILLed when the runner dies, however it dies
+    (docs/reliability.md#containment).  Exits at once if the runner is already gone (it died
+    between the fork and this call, so the signal would never come)."""
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != runner:
+        os._exit(70)
+
+
+class _Launcher:
+    """One thread, alive as long as the process, that forks every sandbox.
+
+    The kernel sends a child's parent-death signal when the *thread* that forked it ends, not the
+    process; forking from pool threads (which come and go) would kill sandboxes while they are in
+    use.  Forks are fast, so one thread for all of them costs nothing noticeable."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def run(self, fork: Callable[[], T]) -> T:
+        """``fork()`` (which starts a process, with :func:`die_with_runner` before its exec) on
+        the launcher thread; its result, or its exception raised here."""
+        with self._lock:  # a forked child of this process starts without the thread: make a new one
+            if self._thread is None or self._pid != os.getpid():
+                self._jobs, self._pid = queue.SimpleQueue(), os.getpid()
+                self._thread = threading.Thread(target=self._serve, args=(self._jobs,), daemon=True,
+                                                name="agent-envs-launcher")
+                self._thread.start()
+            jobs = self._jobs
+        done: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
+        jobs.put((fork, done))
+        ok, value = done.get()
+        if not ok:
+            raise value
+        return cast(T, value)
+
+    @staticmethod
+    def _serve(jobs: "queue.SimpleQueue[_Job]") -> None:
+        while True:
+            fork, done = jobs.get()
+            try:
+                done.put((True, fork()))
+            except BaseException as exc:  # handed to the caller's thread
+                done.put((False, exc))
+
+
+_launcher = _Launcher()
+
+
+def launch(fork: Callable[[], T]) -> T:
+    """Start a sandbox process from the launcher thread (see :class:`_Launcher`)."""
+    return _launcher.run(fork)
+
+
+#: a no-op bwrap option naming the runner (pid and start time) in each sandbox's command line, so
+#: that a later run can tell a sandbox whose runner died (see :func:`reap_orphans`)
+_MARK = "AGENT_ENVS_RUNNER_"
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (with the pid, it names one process)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def runner_mark() -> list[str]:
+    """bwrap arguments that mark a sandbox as this process's (``--unsetenv`` of a variable the
+    cleared environment never has: nothing changes inside)."""
+    return ["--unsetenv", _mark(os.getpid())]
+
+
+@functools.lru_cache(maxsize=None)
+def _mark(pid: int) -> str:
+    return f"{_MARK}{pid}_{start_time(pid)}"
+
+
+def reap_orphans() -> list[int]:
+    """SIGKILL every sandbox process whose runner is gone; their pids.
+
+    A runner SIGKILLed while a sandbox starts can leave the sandbox's pid-namespace init behind
+    (its parent-death signal is set only once it runs; it ignores SIGTERM), so each run clears
+    what killed runs left (docs/reliability.md#containment).  Killing an init ends its namespace.
+    """
+    killed = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        marks = [a for a in argv if a.startswith(_MARK.encode())]
+        if not marks:
+            continue
+        pid, _, started = marks[0].decode()[len(_MARK):].partition("_")
+        if pid.isdigit() and str(start_time(int(pid))) != started:  # that runner is gone
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+                killed.append(int(entry))
+            except (ProcessLookupError, PermissionError):
+                continue
+    return killed
 
 
 #: the namespace helper: report, wait for the uid map, re-exec (to gain the namespace's
@@ -37,14 +159,14 @@ class UserNamespace:
         try:
             assert helper.stdout is not None and helper.stdin is not None
             if helper.stdout.readline() != b"\n":
-                raise RuntimeError("could not create a user namespace (unshare --user failed)")
+                raise SandboxUnavailable("could not create a user namespace (unshare --user failed)")
             mapping = f"0 0 1\n{SANDBOX_UID} {HOST_UID_WHEN_ROOT} 1\n"
             for name in ("uid_map", "gid_map"):
                 Path(f"/proc/{helper.pid}/{name}").write_text(mapping)
             helper.stdin.write(b"\n")
             helper.stdin.flush()
             if helper.stdout.readline() != b"limited\n":
-                raise RuntimeError("could not forbid nested user namespaces in the sandbox "
+                raise SandboxUnavailable("could not forbid nested user namespaces in the sandbox "
                                    "(writing user.max_user_namespaces failed)")
             self.fd = os.open(f"/proc/{helper.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
         finally:
@@ -82,6 +204,48 @@ def descendants(pid: int) -> list[int]:
         out.append(p)
         todo += children(p)
     return out
+
+
+#: number of the ``read`` system call in ``/proc/PID/syscall``, by machine
+_READ_SYSCALL = {"x86_64": 0, "aarch64": 63, "riscv64": 63, "ppc64le": 3, "s390x": 3}
+
+
+def pipe_inode(fd: int) -> int:
+    """The inode that names the pipe behind ``fd`` (``pipe:[N]`` in ``/proc/PID/fd``)."""
+    return os.fstat(fd).st_ino
+
+
+def blocked_reading(pid: int, inode: int) -> bool:
+    """Whether ``pid`` is one thread blocked in ``read`` on the pipe ``inode``: how the host tells
+    that a tool's driver has finished a call and waits for the next.  Unlike a status line, which
+    code running in the driver's process can write too, this cannot be forged while any of that
+    code still runs (docs/reliability.md#tool-channels)."""
+    try:
+        call = Path(f"/proc/{pid}/syscall").read_text().split()
+        if len(call) < 2 or not call[0].isdigit():
+            return False  # running ("running" instead of a call number)
+        expected = _READ_SYSCALL.get(os.uname().machine)
+        if expected is not None and int(call[0]) != expected:
+            return False
+        if os.readlink(f"/proc/{pid}/fd/{int(call[1], 16)}") != f"pipe:[{inode}]":
+            return False
+        threads = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[17]
+    except (OSError, ValueError, IndexError):
+        return False
+    return threads == "1"
+
+
+def running(pids: set[int] | list[int]) -> set[int]:
+    """The ``pids`` that are alive (not zombies: those have exited and run nothing)."""
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
 
 
 def kill_all(pids: list[int], sig: int = signal.SIGKILL) -> None:

@@ -7,15 +7,26 @@ status; turning them into the protocol's observation text is a pure function
 from __future__ import annotations
 
 import abc
+import os
 import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_envs.core.spec import Mount
-from agent_envs.validation import WholeNumber
+from agent_envs.core.flight import in_flight
+from agent_envs.core.types import InfrastructureError
+from agent_envs.core.validation import WholeNumber
+
+#: capability: long-lived processes with pipes beside ``run`` (:meth:`Sandbox.popen`, ``sweep``, ``stop``)
+PROCESSES = "processes"
+#: capability: each process :meth:`Sandbox.popen` starts has a pid namespace of its own, so it can
+#: kill everything it started by itself (no :meth:`Sandbox.sweep` from outside)
+PID_NAMESPACE = "pid_namespace"
 
 #: environment every sandbox backend sets: home and temp on the tmpfs, no pip index, and
 #: single-threaded numeric libraries (tesseract is ~4x faster on 2 cores with one OpenMP thread)
@@ -46,7 +57,7 @@ class ExecResult:
     duration_s: float = 0.0
     #: the limit that was applied (the timeout text quotes it)
     timeout_s: float | None = None
-    meta: dict = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 #: smallest address-space cap that still starts ``python3 -c "import numpy, sympy"`` (measured:
@@ -82,6 +93,32 @@ class SandboxLimits(BaseModel):
         return max(self.capture_window_bytes, 4 * self.max_output_chars + 64)
 
 
+#: share of the host's RAM that the tmpfs mounts of one process's sandboxes may pin together
+TMPFS_BUDGET_FRACTION = 0.5
+#: tmpfs mounts one episode can hold: two sandboxes (Countdown's python and bash), two mounts each
+MOUNTS_PER_EPISODE = 4
+
+
+def tmpfs_budget_mib() -> int:
+    """The tmpfs budget: ``$AGENT_ENVS_TMPFS_BUDGET_MIB``, else half the host's RAM."""
+    override = os.environ.get("AGENT_ENVS_TMPFS_BUDGET_MIB")
+    if override:
+        return max(1, int(override))
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 1 << 20  # unknown: 1 TiB, no cap in practice
+    return max(1, int(pages * size * TMPFS_BUDGET_FRACTION) >> 20)
+
+
+def tmpfs_mib(limits: SandboxLimits) -> int:
+    """Size of each writable tmpfs (``/tmp``, ``/workspace``) of a new sandbox: ``workspace_mib``,
+    or less, so that the mounts of every episode a runner has in flight fit the budget together
+    (docs/reliability.md#limits).  Their files live in RAM: 64 Countdown episodes could otherwise
+    pin 64 x 4 GiB."""
+    return max(1, min(limits.workspace_mib, tmpfs_budget_mib() // (MOUNTS_PER_EPISODE * in_flight())))
+
+
 class SandboxConfig(BaseModel):
     """How to build an episode's sandbox.  Passed through ``gym.make(..., sandbox=...)``."""
 
@@ -101,9 +138,19 @@ class SandboxConfig(BaseModel):
 
 
 class Sandbox(abc.ABC):
-    """One episode's sandbox.  ``run`` never raises for anything a command does."""
+    """One episode's sandbox.  ``run`` never raises for anything a command does.
+
+    Beyond ``run``, a backend declares its ``capabilities``; tools that need one say so in their
+    declaration (:attr:`agent_envs.core.spec.ToolSpec.needs`) and an environment checks them when
+    it is made, so a missing one is refused there, by name.
+    """
 
     config: SandboxConfig
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+
+    @abc.abstractmethod
+    def __init__(self, config: SandboxConfig) -> None:
+        """Every backend is built from its config alone (:func:`agent_envs.sandbox.factory.make_sandbox`)."""
 
     @abc.abstractmethod
     def run(self, command: str, timeout: float | None = None) -> ExecResult:
@@ -113,18 +160,35 @@ class Sandbox(abc.ABC):
     def close(self) -> None:
         """Kill everything the episode started and remove every trace.  Idempotent."""
 
+    def popen(self, program: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
+        """Start a long-lived tool process (capability :data:`PROCESSES`) with the sandbox's mounts
+        and limits; stdin, stdout and stderr are pipes.  End it with :meth:`stop`."""
+        raise SandboxUnavailable(f"the {self.config.backend!r} sandbox backend cannot start long-lived processes")
+
+    def sweep(self, proc: subprocess.Popen[bytes]) -> None:
+        """Kill every process ``proc`` started, which lives on (backends without :data:`PID_NAMESPACE`)."""
+        raise SandboxUnavailable(f"the {self.config.backend!r} sandbox backend cannot sweep a process")
+
+    def stop(self, proc: subprocess.Popen[bytes]) -> None:
+        """Kill ``proc`` and everything it started, and reap it."""
+        raise SandboxUnavailable(f"the {self.config.backend!r} sandbox backend cannot stop a process")
+
+    def process_ids(self, proc: subprocess.Popen[bytes]) -> list[int]:
+        """Host pids of ``proc`` (started by :meth:`popen`) and every process below it."""
+        raise SandboxUnavailable(f"the {self.config.backend!r} sandbox backend cannot list a process's tree")
+
     def __enter__(self) -> "Sandbox":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(InfrastructureError):
     """The requested backend cannot run on this machine (message says what to install)."""
 
 
-def staged_mounts(config: SandboxConfig, needs_copy) -> tuple[list[Mount], list[str]]:
+def staged_mounts(config: SandboxConfig, needs_copy: Callable[[Path], bool]) -> tuple[list[Mount], list[str]]:
     """The config's mounts with existing, absolute host paths, and the staging folders made.
 
     A read-only file for which ``needs_copy(path)`` holds (the sandbox uid could not read it) is

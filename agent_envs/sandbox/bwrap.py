@@ -7,9 +7,12 @@
   shell runs a one-line driver loop (``bash -c``) that reads each command from a pipe (NUL-
   terminated, prefixed by a random 16-hex nonce), ``eval``s it with stdout/stderr on two more
   pipes, then SIGKILLs every other process of the sandbox (``kill -9 -1`` spares only itself and
-  the namespace's init) and writes end markers carrying the nonce: one into each output pipe and
-  a status line on the pty that pexpect spawned.  The host reads all three with ``poll`` and
-  keeps head/tail windows, so unbounded or binary output never accumulates anywhere.
+  the namespace's init) and writes a status line carrying the nonce on the pty that pexpect
+  spawned.  The host reads all three with ``poll`` and keeps head/tail windows, so unbounded or
+  binary output never accumulates anywhere.  The command can read the nonce and write a status
+  line itself, so a line only says when to look: the command is over once the shell is blocked
+  reading the command pipe and no other process is left (docs/reliability.md#tool-channels); the
+  output pipes are then read to their end.
   Files, cwd and shell variables persist across commands; processes do not.  ``exit`` (or a
   timeout the host aborts with SIGUSR2) re-execs a fresh bash in place: files, cwd and exported
   variables survive, plain shell variables do not.  If the shell dies anyway (``kill -9 $$``,
@@ -18,6 +21,7 @@
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import re
 import secrets
@@ -26,6 +30,7 @@ import stat
 import subprocess
 import time
 import weakref
+from typing import Any, Callable
 
 import pexpect
 import ptyprocess
@@ -33,8 +38,8 @@ import ptyprocess
 from agent_envs.sandbox import _procs
 from agent_envs.sandbox._bwrap_layout import (command_prefix, find_bwrap, layout_args, set_rlimits,
                                               with_ulimit)
-from agent_envs.sandbox._capture import PendingWrite, StreamReader, captured, drain, pump
-from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig, remove_folders, staged_mounts
+from agent_envs.sandbox.capture import PendingWrite, Source, StreamReader, captured, drain, pump, settle
+from agent_envs.sandbox.base import PID_NAMESPACE, PROCESSES, ExecResult, Sandbox, SandboxConfig, remove_folders, staged_mounts
 
 #: fixed fd numbers of the driver's pipes inside the sandbox
 FD_PTY, FD_CMD, FD_OUT, FD_ERR, FD_USERNS = 59, 60, 61, 62, 63
@@ -49,7 +54,6 @@ DRIVER = (
     "exec 59>&1 0</dev/null; "
     "__ae_m() { __ae_i=0; while builtin kill -9 -1 2>/dev/null && ((__ae_i++ < 100000)); do "
     "builtin wait 2>/dev/null; done; { builtin wait; builtin jobs; } >/dev/null 2>&1; "
-    "builtin printf '\\0\\36AE%s\\n' \"$__ae_n\" >&61; builtin printf '\\0\\36AE%s\\n' \"$__ae_n\" >&62; "
     "builtin printf '\\36A%s %s %s\\n' \"$1\" \"$__ae_n\" \"$2\" >&59; }; "
     "__ae_x() { trap - EXIT USR2; __ae_m X \"$1\"; "
     "exec /bin/bash --noprofile --norc -c \"$BASH_EXECUTION_STRING\" 0</dev/null 1>&59 2>&59; }; "
@@ -72,11 +76,18 @@ def _encode(command: str) -> bytes:
     return command.encode("utf-8", errors="surrogateescape")
 
 
+@functools.lru_cache(maxsize=None)
+def _reap_once(pid: int) -> None:
+    """A process's first sandbox clears what killed runners left (once per process ``pid``)."""
+    _procs.reap_orphans()
+
+
 class _Layout:
     """The per-sandbox parts that outlive single commands: user namespace, staged mounts."""
 
     def __init__(self, config: SandboxConfig) -> None:
         self.bwrap = find_bwrap()
+        _reap_once(os.getpid())
         self.as_root = os.geteuid() == 0
         # as root, the sandbox's host uid could read only world-readable files
         mounts, self.staged = staged_mounts(
@@ -91,17 +102,22 @@ class _Layout:
                   "--unshare-uts", "--unshare-cgroup-try", "--cap-add", "CAP_SETUID,CAP_SETGID"]
         else:
             ns = ["--unshare-all", "--unshare-user", "--disable-userns", "--uid", "1000", "--gid", "1000"]
-        return [self.bwrap, *ns, *options, *self.layout, *command_prefix(self.limits, self.as_root),
-                *program]
+        return [self.bwrap, *ns, *_procs.runner_mark(), *options, *self.layout,
+                *command_prefix(self.limits, self.as_root), *program]
 
     def popen(self, program: list[str], options: tuple[str, ...] = (), pass_fds: tuple[int, ...] = (),
-              stdin: int = subprocess.PIPE) -> subprocess.Popen:
+              stdin: int = subprocess.PIPE) -> subprocess.Popen[bytes]:
         """``program`` in a new sandbox of this layout, stdout/stderr piped, in its own session."""
         fd = self.userns.fd if self.userns is not None else -1
-        limits = self.limits
-        return subprocess.Popen(self.argv(fd, program, options), stdin=stdin, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, pass_fds=(*pass_fds, fd) if fd >= 0 else pass_fds,
-                                preexec_fn=lambda: set_rlimits(limits), start_new_session=True)
+        limits, runner = self.limits, os.getpid()
+
+        def child_setup() -> None:
+            _procs.die_with_runner(runner)
+            set_rlimits(limits)
+
+        return _procs.launch(lambda: subprocess.Popen(
+            self.argv(fd, program, options), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            pass_fds=(*pass_fds, fd) if fd >= 0 else pass_fds, preexec_fn=child_setup, start_new_session=True))
 
     def close(self) -> None:
         if self.userns is not None:
@@ -157,31 +173,38 @@ class _PtyStatus:
     def fileno(self) -> int:
         return self.fd
 
-    def on_ready(self) -> None:
+    def on_ready(self) -> bool:
+        """Read once; False when nothing was there or at EOF."""
         try:
             data = os.read(self.fd, 4096)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             data = b""
         if not data:
             self.done = True
-            return
+            return False
         self.buf += data
         for m in _STATUS.finditer(self.buf):
             if m.group(2) == self.nonce:
                 self.kind, self.rc = m.group(1), int(m.group(3))
         self.buf = self.buf[-64:]
+        return True
+
+    def read_available(self) -> None:
+        """Every line already written: once the shell is idle, its own (last) line is among them."""
+        while not self.done and self.on_ready():
+            pass
 
 
-class _Spawn(pexpect.spawn):
+class _Spawn(pexpect.spawn):  # type: ignore[misc]  # pexpect has no type information
     """pexpect.spawn that can hand extra file descriptors to the child."""
 
-    def __init__(self, *args, pass_fds: tuple[int, ...] = (), **kwargs) -> None:
+    def __init__(self, *args: Any, pass_fds: tuple[int, ...] = (), **kwargs: Any) -> None:
         self._pass_fds = pass_fds
         super().__init__(*args, **kwargs)
 
-    def _spawnpty(self, args, **kwargs):
+    def _spawnpty(self, args: list[str], **kwargs: Any) -> Any:
         return ptyprocess.PtyProcess.spawn(args, pass_fds=self._pass_fds, **kwargs)
 
 
@@ -207,17 +230,18 @@ class _Shell:
         mapping = {cmd_r: FD_CMD, out_w: FD_OUT, err_w: FD_ERR}
         if layout.userns is not None:
             mapping[layout.userns.fd] = FD_USERNS
-        limits = layout.limits
+        limits, runner = layout.limits, os.getpid()
 
         def child_setup() -> None:
+            _procs.die_with_runner(runner)
             _place_fds(mapping)
             set_rlimits(limits)
 
         argv = layout.argv(FD_USERNS, ["/bin/bash", "--noprofile", "--norc", "-c", DRIVER])
         try:
-            self.child = _Spawn(argv[0], argv[1:], pass_fds=tuple(mapping), echo=False, timeout=None,
-                                maxread=4096, searchwindowsize=4096, preexec_fn=child_setup,
-                                env={"PATH": "/usr/bin:/bin"})
+            self.child = _procs.launch(lambda: _Spawn(
+                argv[0], argv[1:], pass_fds=tuple(mapping), echo=False, timeout=None, maxread=4096,
+                searchwindowsize=4096, preexec_fn=child_setup, env={"PATH": "/usr/bin:/bin"}))
         except BaseException:
             for fd in (cmd_r, self.cmd_w, self.out_r, self.err_r):
                 os.close(fd)
@@ -238,6 +262,7 @@ class _Shell:
             os.set_blocking(fd, False)
         self._wait_boot()
         self.shell_pid = self._find_shell()
+        self.commands = _procs.pipe_inode(self.cmd_w)
 
     def _wait_boot(self) -> None:
         booted = _PtyStatus(self.child.child_fd, "")
@@ -250,14 +275,18 @@ class _Shell:
     def _find_shell(self) -> int:
         init = _procs.sandbox_init(self.child.pid)
         kids = _procs.children(init) if init is not None else []
-        if not kids:
+        if init is None or not kids:
             raise OSError("bwrap sandbox started but its shell is missing")
+        self.init: int = init
         return kids[0]
 
     def others(self) -> list[int]:
         """Host pids of every sandbox process except the shell and init."""
-        init = _procs.sandbox_init(self.child.pid)
-        return [p for p in _procs.descendants(init) if p != self.shell_pid] if init else []
+        return [p for p in _procs.descendants(self.init) if p != self.shell_pid]
+
+    def idle(self) -> bool:
+        """The shell waits for its next command with nothing else running: the command is over."""
+        return _procs.blocked_reading(self.shell_pid, self.commands) and not _procs.running(self.others())
 
     def processes(self) -> list[int]:
         return [self.child.pid, *_procs.descendants(self.child.pid)]
@@ -271,45 +300,46 @@ class _Shell:
 
     def run(self, payload: bytes, timeout: float, keep: int) -> ExecResult:
         started = time.monotonic()
-        nonce = secrets.token_hex(8)
-        end = b"\0\x1eAE" + nonce.encode() + b"\n"
-        out = StreamReader(self.out_r, keep, end)
-        err = StreamReader(self.err_r, keep, end)
+        nonce = secrets.token_hex(8)  # matches status lines to commands; not a secret
+        out = StreamReader(self.out_r, keep)
+        err = StreamReader(self.err_r, keep)
         status = _PtyStatus(self.child.child_fd, nonce)
         self._drain_cmd()
         writer = PendingWrite(self.cmd_w, nonce.encode() + payload + b"\0")
         writer.on_ready()
-        sources = [out, err, status]
+        sources: list[Source] = [out, err, status]
 
         def complete() -> bool:
-            return (status.rc is not None and out.done and err.done) or status.done
+            return status.done or (status.rc is not None and writer.done and self.idle())
 
-        timed_out = not pump(sources, complete, started + timeout, writer)
+        timed_out = not settle(sources, complete, started + timeout, writer, pending=lambda: status.rc is not None or status.done)
         if timed_out:
-            self._abort(sources, complete)
-        if status.done and status.rc is None:  # the sandbox died (kill -9 $$, exec, ...)
+            self._abort(out, err, sources, complete)
+        if status.done:  # the sandbox died (kill -9 $$, exec, ...)
             drain(out, err, time.monotonic() + ABORT_GRACE_S)
             rc = self._reap()
         else:
+            for source in (out, err, status):
+                source.read_available()
             rc = status.rc if status.rc is not None else 124
             if out.eof or err.eof:  # the command closed the driver's pipes: rebuild next time
                 self.close()
         return ExecResult(returncode=124 if timed_out else rc, timed_out=timed_out, **captured(out, err),
                           duration_s=time.monotonic() - started, timeout_s=timeout)
 
-    def _abort(self, sources: list, complete) -> None:
+    def _abort(self, out: StreamReader, err: StreamReader, sources: list[Source], complete: Callable[[], bool]) -> None:
         """Timeout: kill the command's processes; if the shell itself is busy, SIGUSR2 re-execs it."""
         deadline = time.monotonic() + ABORT_GRACE_S
         _procs.kill_all(self.others())
-        if pump(sources, complete, min(deadline, time.monotonic() + 0.25)):
+        if settle(sources, complete, min(deadline, time.monotonic() + 0.25)):
             return
         _procs.kill_all([self.shell_pid], signal.SIGUSR2)
         while time.monotonic() < deadline:
             _procs.kill_all(self.others())  # a loop may keep starting children
-            if pump(sources, complete, min(deadline, time.monotonic() + 0.1)):
+            if settle(sources, complete, min(deadline, time.monotonic() + 0.1)):
                 return
         self.close()  # the shell ignores us (trapped USR2?): rebuild on the next command
-        drain(sources[0], sources[1], time.monotonic() + ABORT_GRACE_S)
+        drain(out, err, time.monotonic() + ABORT_GRACE_S)
 
     def _reap(self) -> int:
         self.close()
@@ -334,7 +364,7 @@ class _Shell:
                 pass
 
 
-def _finalize(state: dict) -> None:
+def _finalize(state: dict[str, Any]) -> None:
     shell = state.pop("shell", None)
     if shell is not None:
         shell.close()
@@ -346,11 +376,13 @@ def _finalize(state: dict) -> None:
 class BwrapSandbox(Sandbox):
     """Commands in bubblewrap; see the module docstring for the two modes."""
 
+    capabilities = frozenset({PROCESSES, PID_NAMESPACE})
+
     def __init__(self, config: SandboxConfig) -> None:
         if config.mode not in ("persistent", "fresh"):
             raise ValueError(f"unknown bwrap mode {config.mode!r}; expected 'persistent' or 'fresh'")
         self.config = config
-        self._state: dict = {"layout": _Layout(config)}
+        self._state: dict[str, Any] = {"layout": _Layout(config)}
         self._finalizer = weakref.finalize(self, _finalize, self._state)
 
     def run(self, command: str, timeout: float | None = None) -> ExecResult:
@@ -370,20 +402,25 @@ class BwrapSandbox(Sandbox):
             return _launch_error(str(exc), started)
         return shell.run(payload, limit, self.config.limits.capture_keep)
 
-    def popen(self, program: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    def popen(self, program: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
         """Start a long-lived tool process (e.g. the python tool's interpreter) in a new sandbox
         with this episode's layout and limits; stdin/stdout/stderr are pipes.  End it with
         :meth:`stop`."""
-        layout = self._state.get("layout")
+        layout: _Layout | None = self._state.get("layout")
         if layout is None:
             raise OSError("sandbox is closed")
         return layout.popen(program, pass_fds=pass_fds)
 
     @staticmethod
-    def stop(proc: subprocess.Popen) -> None:
+    def stop(proc: subprocess.Popen[bytes]) -> None:
         """Kill everything ``proc``'s sandbox runs and reap it."""
         _procs.teardown(proc.pid)
         proc.wait()
+
+    @staticmethod
+    def process_ids(proc: subprocess.Popen[bytes]) -> list[int]:
+        """Host pids of ``proc`` and every process below it."""
+        return [proc.pid, *_procs.descendants(proc.pid)]
 
     def processes(self) -> list[int]:
         """Host pids of this sandbox's processes (bwrap monitor included); empty when none runs."""

@@ -21,8 +21,8 @@ import subprocess
 import time
 
 from agent_envs.sandbox._bwrap_layout import with_ulimit
-from agent_envs.sandbox._capture import StreamReader, captured, drain
-from agent_envs.sandbox.base import (BASE_ENV, ExecResult, Sandbox, SandboxConfig, SandboxUnavailable,
+from agent_envs.sandbox.capture import StreamReader, captured, drain
+from agent_envs.sandbox.base import (BASE_ENV, ExecResult, Sandbox, SandboxConfig, SandboxUnavailable, tmpfs_mib,
                                      remove_folders, staged_mounts)
 
 LABEL = "agent-envs.sandbox"
@@ -61,7 +61,7 @@ def _remove_leftovers() -> None:
     _LIVE.clear()
 
 
-def _docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -88,8 +88,8 @@ class DockerSandbox(Sandbox):
                 # workdir "/": docker would create /workspace with mode 755 under the tmpfs
                 "--user", f"{KEEPALIVE_UID}:{KEEPALIVE_UID}", "--workdir", "/",
                 "--pids-limit", str(lim.max_processes),
-                "--tmpfs", f"{WORKSPACE}:rw,exec,size={lim.workspace_mib}m,mode=1777",
-                "--tmpfs", f"/tmp:rw,exec,size={lim.workspace_mib}m,mode=1777",
+                "--tmpfs", f"{WORKSPACE}:rw,exec,size={tmpfs_mib(lim)}m,mode=1777",
+                "--tmpfs", f"/tmp:rw,exec,size={tmpfs_mib(lim)}m,mode=1777",
                 "--ulimit", f"nofile={lim.max_open_files}:{lim.max_open_files}",
                 "--ulimit", f"fsize={lim.max_file_size_mib * 1024 * 1024}:{lim.max_file_size_mib * 1024 * 1024}",
                 "--ulimit", f"cpu={lim.cpu_seconds}:{lim.cpu_seconds}",
@@ -166,6 +166,7 @@ class DockerSandbox(Sandbox):
         except (OSError, ValueError) as exc:
             return ExecResult(returncode=126, launch_error=str(exc), timeout_s=limit)
         with proc:
+            assert proc.stdout is not None and proc.stderr is not None
             out = StreamReader(proc.stdout.fileno(), keep)
             err = StreamReader(proc.stderr.fileno(), keep)
             expired = not drain(out, err, start + limit + HOST_GRACE_S)

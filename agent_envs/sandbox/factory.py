@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from agent_envs.sandbox._bwrap_layout import bwrap_usable
 from agent_envs.sandbox.base import Sandbox, SandboxConfig
-from agent_envs.validation import invalid
+from agent_envs.core.validation import invalid
 
 BACKENDS = ("bwrap", "none", "docker")
 MODES = ("persistent", "fresh")
@@ -65,18 +65,40 @@ def _container_is_boundary() -> bool:
     return not usable
 
 
-def make_sandbox(spec: SandboxConfig | str | dict[str, Any] | None) -> Sandbox:
-    config = resolve_config(spec)
+def effective(config: SandboxConfig) -> SandboxConfig:
+    """``config`` as it will run: bwrap becomes "none" where the container is the boundary."""
     if config.backend == "bwrap" and _container_is_boundary():
-        config = config.model_copy(update={"backend": "none"})
-    if config.backend == "bwrap":
+        return config.model_copy(update={"backend": "none"})
+    return config
+
+
+def backend_class(backend: str) -> type[Sandbox]:
+    """The class of a backend, imported on first use (each pulls in what only it needs)."""
+    if backend == "bwrap":
         from agent_envs.sandbox.bwrap import BwrapSandbox
 
-        return BwrapSandbox(config)
-    if config.backend == "none":
+        return BwrapSandbox
+    if backend == "none":
         from agent_envs.sandbox.local import LocalSandbox
 
-        return LocalSandbox(config)
-    from agent_envs.sandbox.docker import DockerSandbox
+        return LocalSandbox
+    if backend == "docker":
+        from agent_envs.sandbox.docker import DockerSandbox
 
-    return DockerSandbox(config)
+        return DockerSandbox
+    raise ValueError(f"unknown sandbox backend {backend!r}; expected one of {BACKENDS}")
+
+
+def missing_capabilities(config: SandboxConfig, needs: frozenset[str]) -> list[str]:
+    """Which of ``needs`` the backend ``config`` runs on lacks (sorted; empty when it has them all)."""
+    return sorted(needs - backend_class(effective(config).backend).capabilities)
+
+
+def backends_with(needs: frozenset[str]) -> list[str]:
+    """The backends that have every capability in ``needs``, in :data:`BACKENDS` order."""
+    return [b for b in BACKENDS if needs <= backend_class(b).capabilities]
+
+
+def make_sandbox(spec: SandboxConfig | str | dict[str, Any] | None) -> Sandbox:
+    config = effective(resolve_config(spec))
+    return backend_class(config.backend)(config)

@@ -17,8 +17,8 @@ import weakref
 
 from agent_envs.sandbox import _procs
 from agent_envs.sandbox._bwrap_layout import set_rlimits, with_ulimit
-from agent_envs.sandbox._capture import StreamReader, captured, drain
-from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig
+from agent_envs.sandbox.capture import StreamReader, captured, drain
+from agent_envs.sandbox.base import PROCESSES, ExecResult, Sandbox, SandboxConfig
 
 _DROPPED_ENV = ("DISPLAY", "WAYLAND_DISPLAY", "DBUS_SESSION_BUS_ADDRESS")
 
@@ -31,6 +31,8 @@ def _killpg(pid: int) -> None:
 
 
 class LocalSandbox(Sandbox):
+    capabilities = frozenset({PROCESSES})
+
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config
         self.workdir: str | None = tempfile.mkdtemp(prefix="ae-local-")
@@ -46,10 +48,12 @@ class LocalSandbox(Sandbox):
         if self.workdir is None:
             return ExecResult(returncode=126, launch_error="sandbox is closed")
         script = with_ulimit(self.config.limits, command)
+        runner = os.getpid()
         try:
-            proc = subprocess.Popen(["/bin/bash", "-c", script], cwd=self.workdir, env=self.env,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True)
+            proc = _procs.launch(lambda: subprocess.Popen(
+                ["/bin/bash", "-c", script], cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                preexec_fn=lambda: _procs.die_with_runner(runner)))
         except (OSError, ValueError) as exc:
             return ExecResult(returncode=126, launch_error=str(exc),
                               duration_s=time.monotonic() - started)
@@ -68,18 +72,23 @@ class LocalSandbox(Sandbox):
         return ExecResult(returncode=rc if finished else 124, timed_out=not finished,
                           **captured(out, err), duration_s=time.monotonic() - started, timeout_s=limit)
 
-    def popen(self, program: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    def popen(self, program: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
         """Start a long-lived tool process in the working directory, under the sandbox's rlimits,
         in its own session; stdin/stdout/stderr are pipes.  End it with :meth:`stop`."""
         if self.workdir is None:
             raise OSError("sandbox is closed")
-        limits = self.config.limits
-        return subprocess.Popen(program, cwd=self.workdir, env=self.env, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=pass_fds,
-                                preexec_fn=lambda: set_rlimits(limits), start_new_session=True)
+        limits, runner = self.config.limits, os.getpid()
+
+        def child_setup() -> None:
+            _procs.die_with_runner(runner)
+            set_rlimits(limits)
+
+        return _procs.launch(lambda: subprocess.Popen(
+            program, cwd=self.workdir, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, pass_fds=pass_fds, preexec_fn=child_setup, start_new_session=True))
 
     @staticmethod
-    def sweep(proc: subprocess.Popen) -> None:
+    def sweep(proc: subprocess.Popen[bytes]) -> None:
         """Kill every descendant of ``proc`` and wait until each has exited (``proc`` lives on;
         it should be a child subreaper, so that double-forked orphans stay its descendants)."""
         seen: set[int] = set()
@@ -90,7 +99,7 @@ class LocalSandbox(Sandbox):
             seen |= new
 
     @classmethod
-    def stop(cls, proc: subprocess.Popen) -> None:
+    def stop(cls, proc: subprocess.Popen[bytes]) -> None:
         """Kill ``proc``, its descendants and its process group, and reap it."""
         cls.sweep(proc)
         _killpg(proc.pid)
@@ -108,12 +117,17 @@ class LocalSandbox(Sandbox):
         except (OSError, UnicodeError):
             pass
 
+    @staticmethod
+    def process_ids(proc: subprocess.Popen[bytes]) -> list[int]:
+        """Host pids of ``proc`` and every process below it."""
+        return [proc.pid, *_procs.descendants(proc.pid)]
+
     def close(self) -> None:
         self._remove()
         self.workdir = None
 
 
-def _wait(proc: subprocess.Popen, deadline: float) -> bool:
+def _wait(proc: subprocess.Popen[bytes], deadline: float) -> bool:
     try:
         proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         return True

@@ -11,9 +11,13 @@ from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent_envs.envs import registry
 from agent_envs.es.fingerprint import combine_checksums
+from agent_envs.es.worker import EXTENSION, VLLMPerturbation
 from agent_envs.policy.base import Policy
-from agent_envs.policy.vllm import DEFAULT_ROLLOUT_TOKEN_BUDGET
+from agent_envs.policy.factory import PolicySettings, build_policy
+from agent_envs.policy.sampling import SamplingConfig
+from agent_envs.policy.vllm import DEFAULT_ROLLOUT_TOKEN_BUDGET, VLLMPolicy
 
 
 class EngineSpec(BaseModel):
@@ -80,11 +84,8 @@ class PolicyEngine(Engine):
 
 
 def scripted_engine(env_id: str) -> PolicyEngine:
-    """The CLI's model-free ``scripted`` baseline (one tool call, then an answer)."""
-    from agent_envs.cli import baseline_script
-    from agent_envs.policy.scripted import ScriptedPolicy
-
-    return PolicyEngine(ScriptedPolicy(baseline_script(env_id)))
+    """The environment's model-free ``scripted`` baseline (one tool call, then an answer)."""
+    return PolicyEngine(build_policy("scripted", PolicySettings(script=registry.spec(env_id).baseline)))
 
 
 class VLLMEngine(Engine):
@@ -93,20 +94,17 @@ class VLLMEngine(Engine):
 
     def __init__(self, model: str, sampling: dict[str, Any] | None = None,
                  rollout_token_budget: int = DEFAULT_ROLLOUT_TOKEN_BUDGET, **engine_kwargs: Any) -> None:
-        from agent_envs.es.worker import EXTENSION
-        from agent_envs.policy.sampling import SamplingConfig
-        from agent_envs.policy.vllm import VLLMPolicy
-
         engine_kwargs.setdefault("worker_extension_cls", EXTENSION)
         self.tp_size = int(engine_kwargs.get("tensor_parallel_size", 1))
         if self.tp_size > 1:  # one process per rank on this node, not vLLM's own Ray executor
             engine_kwargs.setdefault("distributed_executor_backend", "mp")
-        self.policy = VLLMPolicy(model, sampling=SamplingConfig(**(sampling or {})),
-                                 rollout_token_budget=rollout_token_budget, **engine_kwargs)
+        self.policy = build_policy("vllm", PolicySettings(
+            model=model, mode="lockstep", sampling=SamplingConfig(**(sampling or {})),
+            rollout_token_budget=rollout_token_budget, engine_args=engine_kwargs))
 
     def es_init(self, scope: str = "full", exact_revert: bool = False, revert_copy: str = "auto") -> None:
-        from agent_envs.es.worker import VLLMPerturbation
-
+        if not isinstance(self.policy, VLLMPolicy):
+            raise TypeError(f"ES needs the offline vLLM engine, not {type(self.policy).__name__}")
         self.es = VLLMPerturbation(self.policy.llm, scope=scope, exact_revert=exact_revert, revert_copy=revert_copy)
 
 

@@ -11,12 +11,12 @@ history also says which weights it produced; the full SHA-256 is taken at the en
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from pydantic import BaseModel, ConfigDict
 
 from agent_envs.es.history import ESConfig, Record
-from agent_envs.es.population import ESTrainer, MemberResult, evaluate_member, run_perturbed, toy_reward
+from agent_envs.es.population import Backend, ESTrainer, MemberResult, evaluate_member, run_perturbed, toy_reward
 from agent_envs.rewards.combine import FitnessCombiner
 
 from .engines import Engine
@@ -87,7 +87,9 @@ class PoolESTrainer(ESTrainer):
                  rollout_kwargs: dict[str, Any] | None = None, history: list[Record] | None = None,
                  start_generation: int = 0, eval_hook: Callable[[int], dict[str, Any] | None] | None = None,
                  log: Callable[[str], None] = print, combiner: FitnessCombiner | None = None) -> None:
-        super().__init__(config, backend, tasks, None, history_path, history, start_generation, eval_hook, log)
+        # members are perturbed on the engines (run_member_on), so the trainer only updates through it
+        super().__init__(config, cast(Backend, backend), tasks, None, history_path, history, start_generation,
+                         eval_hook, log)
         self.pool = backend.pool
         self.rollout_kwargs = dict(rollout_kwargs or {})
         self.combiner = combiner
@@ -107,4 +109,4 @@ class PoolESTrainer(ESTrainer):
             self.log(f"[es]   generation={generation} member={r.member} seed={r.seed} reward={r.reward:.4f} "
                      f"engine={r.engine_index}")
 
-        return self.pool.map("run_member", jobs, report, self.member_engines)
+        return self.pool.map(f"{__name__}:run_member_on", jobs, report, self.member_engines)

@@ -4,7 +4,9 @@ Each engine gets its own placement group of one bundle, ``{"GPU": tp, "CPU": c}`
 spans nodes, so a tensor-parallel group stays on one node, and Ray sets the actor's
 ``CUDA_VISIBLE_DEVICES`` to exactly its GPUs.  Work is handed to whichever engine is idle; an
 engine that dies is dropped and the job it held goes back to the queue, so every job's result is
-collected exactly once.  ``broadcast`` runs a call on every live engine (ES updates).
+collected exactly once.  A job names the function that runs it on the engine by its dotted path
+(``"module:function"``), so the pool knows nothing of what its jobs do.  ``broadcast`` runs a call
+on every live engine (ES updates).
 
 A bundle of ``{"GPU": 1/k}`` packs k engines on one GPU.  Engines that share a GPU build one after
 another (a lock file per GPU on the node, held for the whole engine start): vLLM's memory
@@ -54,6 +56,14 @@ def gpu_start_lock(gpus: Sequence[str], folder: str | None = None) -> Iterator[N
         yield
 
 
+def _function(target: str) -> Callable[..., Any]:
+    """The function a ``"module:name"`` string names."""
+    module, sep, name = target.partition(":")
+    if not sep:
+        raise ValueError(f"a job's function must look like 'module:name', got {target!r}")
+    return getattr(importlib.import_module(module), name)
+
+
 class EngineHost:
     """The actor: builds its engine in its own process (one engine per GPU at a time) and runs jobs on it."""
 
@@ -91,20 +101,11 @@ class EngineHost:
     def call(self, target: str, *args: Any) -> Any:
         """``module:function(engine, *args)`` on this actor: diagnostics and benchmarks that need the
         engine itself (its policy, its weights) without a method of their own here."""
-        module, sep, name = target.partition(":")
-        if not sep:
-            raise ValueError(f"target must look like 'module:function', got {target!r}")
-        return getattr(importlib.import_module(module), name)(self.engine, *args)
+        return _function(target)(self.engine, *args)
 
-    def run_member(self, job: Any, engine_index: int) -> Any:
-        from .es import run_member_on
-
-        return run_member_on(self.engine, job, engine_index)
-
-    def run_rows(self, job: Any, engine_index: int) -> list[dict[str, Any]]:
-        from .rollout import run_rows_on
-
-        return run_rows_on(self.engine, job, engine_index)
+    def run(self, function: str, job: Any, engine_index: int) -> Any:
+        """``function(engine, job, engine_index)``, ``function`` given as ``"module:name"``."""
+        return _function(function)(self.engine, job, engine_index)
 
     def close(self) -> None:
         self.engine.close()
@@ -180,10 +181,10 @@ class EnginePool:
             self.lost.append(index)
             self.monitor("lost", {"engine": index, "error": f"{type(exc).__name__}: {exc}"[:300]})
 
-    def map(self, method: str, jobs: Sequence[Any], on_result: Callable[[int, Any], None] | None = None,
+    def map(self, function: str, jobs: Sequence[Any], on_result: Callable[[int, Any], None] | None = None,
             engines: Sequence[int] | None = None) -> list[Any]:
-        """Run ``method(job, engine_index)`` for every job on whichever engine is idle (of ``engines``,
-        default all); results in job order.  A job whose engine dies is queued again; an exception
+        """Run ``function(engine, job, engine_index)`` (``"module:name"``) for every job on whichever
+        engine is idle (of ``engines``, default all); results in job order.  A job whose engine dies is queued again; an exception
         raised by the job itself is re-raised here (after the other running jobs finished)."""
         import ray
 
@@ -196,7 +197,7 @@ class EnginePool:
             while queue and idle and failure is None:
                 engine, job = idle.pop(0), queue.popleft()
                 self.monitor("dispatch", {"engine": engine, "job": job})
-                running[getattr(self.actors[engine], method).remote(jobs[job], engine)] = (engine, job)
+                running[self.actors[engine].run.remote(function, jobs[job], engine)] = (engine, job)
             if not running:
                 raise EnginesLost(f"every engine of the pool was lost ({self.lost}); {len(queue)} jobs not run")
             [ref], _ = ray.wait(list(running), num_returns=1)

@@ -78,7 +78,7 @@ def pool_run_episodes(pool: EnginePool, env_id: str, tasks: Sequence[Any], *, sa
                   file=sys.stderr, flush=True)
 
     try:
-        pool.map("run_rows", jobs, collect)
+        pool.map(f"{__name__}:run_rows_on", jobs, collect)
     finally:
         if writer is not None:
             writer.close()

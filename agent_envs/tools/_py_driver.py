@@ -3,10 +3,12 @@
 Run as ``python3 -u -c <this source> STATUS_FD SWEEP``.  Each block arrives on stdin as
 ``<16-hex nonce> <byte length>\\n<utf-8 code>``.  Its output goes to the inherited stdout and
 stderr; afterwards the driver (with ``SWEEP`` = 1, only inside a private pid namespace) SIGKILLs
-every other process it can see, then writes an end marker carrying the nonce to both streams and
-``<nonce> <kind> <rc>\\n`` to the status fd.  Kind ``R``: the interpreter lives on; ``X``: it exits
-right after (``MemoryError``, or a thread left running, which Python cannot stop).
-``sys.exit``, ``os._exit`` and signals end the process without a status line.
+every other process it can see, then writes ``<nonce> <kind> <rc>\\n`` to the status fd and
+blocks reading the next block.  Kind ``R``: the interpreter lives on; ``X``: it exits right after
+(``MemoryError``, or a thread left running, which Python cannot stop).  ``sys.exit``,
+``os._exit`` and signals end the process without a status line.  The code runs in this process,
+so it could write a status line too: the host takes one as a call's end only once this process
+is blocked reading its commands with nothing else left running (tools/python.py).
 """
 import _ast  # the builtin node classes: importing ``ast`` would double the start-up time
 import os
@@ -56,8 +58,8 @@ def _threads():
 def _execute(code, scope):
     """Run one block like a notebook cell: the value of a final bare expression is printed."""
     tree = compile(code, "<python>", "exec", _ast.PyCF_ONLY_AST)
-    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], _ast.Expr) else None
-    exec(compile(tree, "<python>", "exec"), scope)
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], _ast.Expr) else None  # type: ignore[attr-defined]
+    exec(compile(tree, "<python>", "exec"), scope)  # type: ignore[call-overload]
     if last is not None:
         exec(compile(_ast.Interactive([last]), "<python>", "single"), scope)
 
@@ -105,7 +107,7 @@ def main():
             os._exit(rc)
         for stream in (sys.__stdout__, sys.__stderr__):
             try:
-                stream.flush()
+                stream.flush()  # type: ignore[union-attr]
             except (OSError, ValueError):
                 pass
         if sweep:
@@ -114,10 +116,8 @@ def main():
             os.write(2, b"python: a thread was still running after the code finished; threads "
                         b"cannot outlive a call, so the interpreter restarts.\n")
             kind = "X"
-        end = b"\0\x1eAE" + nonce + b"\n"
-        os.write(1, end)
-        os.write(2, end)
-        os.write(status_fd, b"%s %s %d\n" % (nonce, kind.encode(), rc))
+        # the leading newline ends whatever the code may have written to this fd
+        os.write(status_fd, b"\n%s %s %d\n" % (nonce, kind.encode(), rc))
         if kind == "X":
             os._exit(rc)
 

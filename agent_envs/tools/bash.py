@@ -1,7 +1,7 @@
 """The ``bash`` tool: one shell command per call in the episode's sandbox, framed as an observation."""
 from __future__ import annotations
 
-from agent_envs.core.spec import Framing
+from agent_envs.core.spec import Framing, ToolSpec
 from agent_envs.core.types import error_text
 from agent_envs.sandbox.base import Sandbox, SandboxConfig
 from agent_envs.sandbox.factory import make_sandbox
@@ -38,3 +38,8 @@ class BashTool:
         if self.sandbox is not None:
             sandbox, self.sandbox = self.sandbox, None
             sandbox.close()
+
+
+#: the declaration: ``{"command": "<shell command>"}``; an environment sets its own framing and
+#: blocklist text with ``BASH.with_(framing=..., blocked=...)``
+BASH = ToolSpec("bash", BashTool, argument="command")

@@ -4,8 +4,9 @@ Variables, imports and function definitions persist across calls, so a step cost
 trip instead of an interpreter start-up.  The interpreter runs ``_py_driver.py`` in a sandbox of
 its own (``Sandbox.popen``: bubblewrap with the shell's namespaces, mounts, uid and rlimits, or
 the unsandboxed ``"none"`` backend); it does not share the bash tool's ``/workspace``, and the
-shell's ``mode`` does not apply (the interpreter lives for the episode by definition).  The
-docker backend is not supported yet (``SandboxUnavailable``).
+shell's ``mode`` does not apply (the interpreter lives for the episode by definition).  It needs
+the sandbox capability :data:`~agent_envs.sandbox.base.PROCESSES`, which the docker backend does
+not have yet (an environment offering the tool refuses that backend when it is made).
 
 Per call the guarantees match the bash tool's: output is captured in head/tail windows and
 framed by :func:`agent_envs.sandbox.output.format_observation`; every process the code started
@@ -22,11 +23,11 @@ import subprocess
 import time
 from pathlib import Path
 
+from agent_envs.core.spec import Framing, ToolSpec
 from agent_envs.sandbox import _procs
-from agent_envs.sandbox._capture import PendingWrite, StreamReader, captured, drain, pump
-from agent_envs.sandbox.base import ExecResult, Sandbox, SandboxConfig, SandboxUnavailable
+from agent_envs.sandbox.base import PID_NAMESPACE, PROCESSES, ExecResult, Sandbox, SandboxConfig, SandboxUnavailable
+from agent_envs.sandbox.capture import PendingWrite, StreamReader, captured, drain, pump, settle
 from agent_envs.sandbox.factory import make_sandbox
-from agent_envs.core.spec import Framing
 from agent_envs.sandbox.output import format_observation
 
 DRIVER = (Path(__file__).with_name("_py_driver.py")).read_text(encoding="utf-8")
@@ -36,8 +37,16 @@ BOOT_GRACE_S = 30.0
 EXIT_GRACE_S = 3.0
 
 
+#: longest status line kept (``<16-hex nonce> <kind> <rc>``); anything longer is not one
+STATUS_LINE_MAX = 64
+
+
 class _Status:
-    """Reads the driver's status pipe and picks out the line for one nonce."""
+    """Reads the driver's status pipe and picks out the line for one nonce.
+
+    Code in the interpreter can write to this pipe too: the buffer is bounded and each byte is
+    looked at once, and a line is only a claim (the host checks the driver's state, see
+    :meth:`_Interpreter.idle`)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -50,17 +59,28 @@ class _Status:
     def fileno(self) -> int:
         return self.fd
 
-    def on_ready(self) -> None:
-        data = os.read(self.fd, 4096)
+    def on_ready(self) -> bool:
+        """Read once; False when nothing was there (the pipe is non-blocking) or at EOF."""
+        try:
+            data = os.read(self.fd, 65536)
+        except BlockingIOError:
+            return False
         if not data:
             self.done = True
-            return
-        self.buf += data
-        for line in self.buf.split(b"\n")[:-1]:
+            return False
+        *lines, rest = (self.buf + data).split(b"\n")
+        for line in lines:
             parts = line.split()
-            if len(parts) == 3 and parts[0] == self.nonce:
+            if len(parts) == 3 and parts[0] == self.nonce and parts[1] in (b"B", b"R", b"X") \
+                    and parts[2].lstrip(b"-").isdigit() and len(line) <= STATUS_LINE_MAX:
                 self.kind, self.rc = parts[1].decode(), int(parts[2])
-        self.buf = self.buf.rsplit(b"\n", 1)[-1]
+        self.buf = rest[-STATUS_LINE_MAX:]
+        return True
+
+    def read_available(self) -> None:
+        """Every line already written: once the driver is idle, its own (last) line is among them."""
+        while not self.done and self.on_ready():
+            pass
 
 
 class _Interpreter:
@@ -70,7 +90,7 @@ class _Interpreter:
         self.sandbox = sandbox
         status_r, status_w = os.pipe()
         try:
-            self.proc: subprocess.Popen = sandbox.popen(  # type: ignore[attr-defined]
+            self.proc: subprocess.Popen[bytes] = sandbox.popen(
                 ["python3", "-u", "-c", DRIVER, str(status_w), "1" if sweep else "0"],
                 pass_fds=(status_w,))
         except BaseException:
@@ -82,7 +102,9 @@ class _Interpreter:
         self.sweep = sweep
         self.dead = False
         assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
-        os.set_blocking(self.proc.stdin.fileno(), False)
+        for fd in (self.proc.stdin.fileno(), self.proc.stdout.fileno(), self.proc.stderr.fileno(), status_r):
+            os.set_blocking(fd, False)
+        self.commands = _procs.pipe_inode(self.proc.stdin.fileno())
         # wait for the driver's ready line, so that start-up is not charged to the first call
         self.status.nonce = b"boot"
         pump([self.status], lambda: self.status.kind is not None or self.status.done,
@@ -94,34 +116,52 @@ class _Interpreter:
             self.close()
             text = (out.window.data() + err.window.data()).decode("utf-8", "replace").strip()
             raise OSError(f"the python interpreter did not start: {text or 'no output'}")
+        #: host pids of the interpreter and of what else its sandbox keeps (bwrap's namespace init)
+        self.driver, self.keep = self.proc.pid, {self.proc.pid}
+        if sweep:
+            init = _procs.sandbox_init(self.proc.pid)
+            kids = _procs.children(init) if init is not None else []
+            if init is None or len(kids) != 1:
+                self.close()
+                raise OSError("the python interpreter's sandbox started without it")
+            self.driver, self.keep = kids[0], {init, kids[0]}
+
+    def idle(self) -> bool:
+        """The call is over: the interpreter is one thread blocked reading its next block, and no
+        other process of its sandbox is left.  Status lines only say when to look (code in the
+        interpreter can write them and run on); this state it cannot fake while it runs."""
+        if not self.sweep:
+            self.sandbox.sweep(self.proc)
+        return _procs.blocked_reading(self.driver, self.commands) and not _procs.running(
+            set(_procs.descendants(self.proc.pid)) - self.keep)
 
     def run(self, code: bytes, timeout: float, keep: int) -> tuple[ExecResult, str | None]:
         """The call's result and, when the interpreter ended, why (for the notice)."""
         started = time.monotonic()
         assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
-        nonce = secrets.token_hex(8).encode()
-        end = b"\0\x1eAE" + nonce + b"\n"
-        out = StreamReader(self.proc.stdout.fileno(), keep, end)
-        err = StreamReader(self.proc.stderr.fileno(), keep, end)
+        nonce = secrets.token_hex(8).encode()  # matches status lines to calls; not a secret
+        out = StreamReader(self.proc.stdout.fileno(), keep)
+        err = StreamReader(self.proc.stderr.fileno(), keep)
         self.status.nonce, self.status.kind = nonce, None
         writer = PendingWrite(self.proc.stdin.fileno(), b"%s %d\n" % (nonce, len(code)) + code)
         deadline = started + timeout
 
         def complete() -> bool:
-            return (self.status.kind is not None and out.done and err.done) or self.status.done
+            return self.status.done or (self.status.kind is not None and writer.done and self.idle())
 
-        finished = pump([out, err, self.status], complete, deadline, writer)
+        finished = settle([out, err, self.status], complete, deadline, writer,
+                          pending=lambda: self.status.kind is not None or self.status.done)
         why = None
         if not finished:
             why = f"the call timed out after {timeout:.1f}s"
             self.close()
-        elif self.status.kind is None:  # the interpreter died mid-call
+        elif self.status.kind is None or (self.status.done and self.status.kind != "X"):  # died mid-call
             drain(out, err, time.monotonic() + EXIT_GRACE_S)
             self.close()
             why = _exit_reason(self.proc.returncode)
         else:
-            if not self.sweep:
-                self.sandbox.sweep(self.proc)  # type: ignore[attr-defined]
+            for source in (out, err, self.status):
+                source.read_available()
             if self.status.kind == "X":
                 self.close()
                 why = "the code left the interpreter unusable (see above)"
@@ -130,13 +170,13 @@ class _Interpreter:
                           duration_s=time.monotonic() - started, timeout_s=timeout), why
 
     def processes(self) -> list[int]:
-        return [] if self.dead else [self.proc.pid, *_procs.descendants(self.proc.pid)]
+        return [] if self.dead else self.sandbox.process_ids(self.proc)
 
     def close(self) -> None:
         if self.dead:
             return
         self.dead = True
-        self.sandbox.stop(self.proc)  # type: ignore[attr-defined]
+        self.sandbox.stop(self.proc)
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 try:
@@ -165,11 +205,12 @@ class PythonTool:
     def __init__(self, sandbox: SandboxConfig | str | dict | None = None) -> None:
         self._sandbox = make_sandbox(sandbox)
         self.config = self._sandbox.config
-        if not hasattr(self._sandbox, "popen"):
+        if PROCESSES not in self._sandbox.capabilities:
             self._sandbox.close()
             raise SandboxUnavailable(f"the python tool cannot run on the {self.config.backend!r} backend "
                                      "yet; use 'bwrap' or 'none'")
-        self._sweep = self.config.backend == "bwrap"
+        #: the interpreter kills what each call started itself, inside its own pid namespace
+        self._sweep = PID_NAMESPACE in self._sandbox.capabilities
         self._interp: _Interpreter | None = None
         self.restarts = 0
 
@@ -231,3 +272,8 @@ class PythonObserver:
 
     def close(self) -> None:
         self.tool.close()
+
+
+#: the declaration: ``{"code": "<python code>"}``, one persistent interpreter per episode
+PYTHON = ToolSpec("python", PythonObserver, argument="code", framing=Framing(label="Python", translate_newlines=True),
+                  needs=frozenset({PROCESSES}))

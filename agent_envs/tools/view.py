@@ -1,7 +1,7 @@
 """The ``view`` tool: a region of an image bound into the sandbox, shown to the model as an image
 (docs/protocol.md#view-tool).
 
-Its input is the action's whole ``arguments`` object: ``{}`` is the whole image, ``{"box": [x0, y0,
+Its input is the action's whole ``arguments`` object, as data: ``{}`` is the whole image, ``{"box": [x0, y0,
 x1, y1]}`` a region in the image's pixels (``x1``/``y1`` exclusive, as in PIL's ``crop``),
 ``"zoom": z`` scales it.  The result is never larger than ``max_pixels``; a larger one is scaled
 down and the observation says so.  Bad arguments give a warning text and no image, never an
@@ -13,11 +13,13 @@ import hashlib
 import io
 import json
 import math
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from agent_envs.core.content import ImageTooLarge, open_image
 from agent_envs.core.observation import Observation, Shown, shown
-from agent_envs.core.spec import Framing
+from agent_envs.core.spec import Framing, ToolSpec
 from agent_envs.core.types import error_text
 from agent_envs.sandbox.base import SandboxConfig
 
@@ -35,20 +37,31 @@ def load_page(path: str) -> tuple[Any, str]:
     """The image at ``path`` as PIL ``L`` or ``RGB`` (other modes are converted to RGB) and the
     sha256 of the very bytes it was decoded from (lets a report tell that a page changed after
     the run).  The file is read once."""
-    from PIL import Image
-
     data = Path(path).read_bytes()
-    with Image.open(io.BytesIO(data)) as img:
+    with open_image(io.BytesIO(data), f"the image {path}") as img:
         img.load()
         image = img if img.mode in ("L", "RGB") else img.convert("RGB")
     return image, hashlib.sha256(data).hexdigest()
 
 
 def _integer(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value != int(value):
-        raise ViewError(f"{what} must be a whole number of pixels, got {json.dumps(value)}")
+    """A whole number; ints are taken as they are (``math.isfinite`` of a huge int overflows)."""
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole:
+        raise ViewError(f"{what} must be a whole number of pixels, got {_shown_value(value)}")
     return int(value)
+
+
+def _shown_value(value: Any) -> str:
+    """``value`` as JSON for a warning, cut short (a model may send anything)."""
+    try:
+        return _capped(json.dumps(value))
+    except (ValueError, RecursionError):  # a 4,301-digit int or deep nesting
+        return f"a {type(value).__name__}"
+
+
+def _capped(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def parse_view(arguments: dict[str, Any], width: int, height: int,
@@ -56,19 +69,19 @@ def parse_view(arguments: dict[str, Any], width: int, height: int,
     """The (box, zoom) a view action asks for; :class:`ViewError` says what is wrong."""
     unknown = sorted(set(arguments) - {"box", "zoom"})
     if unknown:
-        raise ViewError(f"unknown argument(s) {', '.join(map(repr, unknown))}; only 'box' and 'zoom' are accepted")
+        raise ViewError(f"unknown argument(s) {_capped(', '.join(map(repr, unknown)))}; only 'box' and 'zoom' are accepted")
     box = arguments.get("box", [0, 0, width, height])
     if not isinstance(box, list) or len(box) != 4:
-        raise ViewError(f"box must be a list of 4 numbers [x0, y0, x1, y1], got {json.dumps(box)}")
+        raise ViewError(f"box must be a list of 4 numbers [x0, y0, x1, y1], got {_shown_value(box)}")
     x0, y0, x1, y1 = (_integer(v, f"box[{i}]") for i, v in enumerate(box))
     if x0 >= x1 or y0 >= y1:
-        raise ViewError(f"box {[x0, y0, x1, y1]} has no area; need x0 < x1 and y0 < y1")
+        raise ViewError(f"box {_shown_value([x0, y0, x1, y1])} has no area; need x0 < x1 and y0 < y1")
     if x0 < 0 or y0 < 0 or x1 > width or y1 > height:
-        raise ViewError(f"box {[x0, y0, x1, y1]} is outside the {width}x{height} image; "
+        raise ViewError(f"box {_shown_value([x0, y0, x1, y1])} is outside the {width}x{height} image; "
                         f"need 0 <= x0 < x1 <= {width} and 0 <= y0 < y1 <= {height}")
     zoom = arguments.get("zoom", 1)
     if isinstance(zoom, bool) or not isinstance(zoom, (int, float)) or not 0 < zoom <= max_zoom:
-        raise ViewError(f"zoom must be a number above 0 and at most {max_zoom:g}, got {json.dumps(zoom)}")
+        raise ViewError(f"zoom must be a number above 0 and at most {max_zoom:g}, got {_shown_value(zoom)}")
     return (x0, y0, x1, y1), float(zoom)
 
 
@@ -112,19 +125,16 @@ class ViewTool:
         self._image: Any = None
         self._digest = ""
 
-    def run(self, arguments: str) -> str | Observation:
+    def run(self, arguments: dict[str, Any]) -> str | Observation:
         if self._image is None:
             try:
                 self._image, self._digest = load_page(self.source)
-            except OSError as exc:  # the page vanished mid-episode: the episode goes on
+            except (OSError, ImageTooLarge) as exc:  # the page vanished or changed mid-episode: the episode goes on
                 return f"[ERROR] The image cannot be read: {error_text(exc)}"
         image = self._image
         try:
-            parsed = json.loads(arguments)
-            if not isinstance(parsed, dict):
-                raise ViewError("arguments must be a JSON object")
-            box, zoom = parse_view(parsed, image.width, image.height, self.max_zoom)
-        except ValueError as exc:  # ViewError, or JSON that does not decode
+            box, zoom = parse_view(arguments, image.width, image.height, self.max_zoom)
+        except ViewError as exc:
             return (f"Invalid view arguments: {exc}. No image is shown. Use {{}} for the whole "
                     f"{image.width}x{image.height} image, or {{\"box\": [x0, y0, x1, y1]}} in its pixels, "
                     f"optionally with \"zoom\": z (0 < z <= {self.max_zoom:g}).")
@@ -133,3 +143,9 @@ class ViewTool:
 
     def close(self) -> None:
         self._image = None
+
+
+def view_tool(target: str, max_pixels: int = MAX_PIXELS) -> ToolSpec:
+    """The declaration of a view tool over the image mounted at ``target``, showing at most
+    ``max_pixels`` per image: ``{"box": [x0, y0, x1, y1], "zoom": z}``, the arguments object itself."""
+    return ToolSpec("view", partial(ViewTool, target=target, max_pixels=max_pixels), argument=None)

@@ -17,14 +17,18 @@ from __future__ import annotations
 import ast
 import re
 from fractions import Fraction
-from typing import Sequence
+from typing import Callable, Sequence
 
 from pydantic import BaseModel
 
 from agent_envs.envs.countdown.task import CountdownTask
+from agent_envs.protocol.parsing import answer_status, final_answer_line, strip_think
+from agent_envs.scoring.result import ScoreResult
+
+SCORE_METHOD = "countdown_exact"
 
 MAX_CHARS = 300
-_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
+_OPS: dict[type[ast.operator], Callable[[Fraction, Fraction], Fraction]] = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
         ast.Mult: lambda a, b: a * b, ast.Div: lambda a, b: a / b}
 _BOXED = re.compile(r"^\\boxed\s*\{(.*)\}$", re.S)
 _RHS = re.compile(r"=\s*-?\d+(?:\.\d+)?\s*$")
@@ -35,6 +39,8 @@ class ExpressionError(ValueError):
 
 
 class CountdownScore(BaseModel):
+    """The verdict on one answer expression (:func:`score`)."""
+
     reward: float
     correct: bool
     #: the exact value as "p" or "p/q", when the expression was valid
@@ -102,3 +108,18 @@ def score(answer: str | None, task: CountdownTask) -> CountdownScore:
     reason = _multiset_error(used, task.nums) or (
         "" if value == task.target else f"value {shown} is not the target {task.target}")
     return CountdownScore(reward=0.0 if reason else 1.0, correct=not reason, value=shown, reason=reason)
+
+
+def countdown_score(last_completion: str, task: CountdownTask, *, termination_reason: str | None) -> ScoreResult:
+    """The episode's score: 1.0 only for an episode that ended with a final answer that
+    :func:`score` accepts; the expression is parsed with ``ast`` and never executed.  The extras
+    say why (``score_reason``) and what the expression came to (``value``)."""
+    answer = final_answer_line(strip_think(last_completion))
+    verdict = score(answer, task) if termination_reason == "final_answer" else None
+    return ScoreResult(
+        score=verdict.reward if verdict else 0.0, method=SCORE_METHOD, label=SCORE_METHOD,
+        status="ok" if verdict else "skipped", answer_status=answer_status(last_completion),
+        prediction=answer or "",
+        extras={"score_reason": verdict.reason if verdict else f"episode ended with {termination_reason}",
+                "value": verdict.value if verdict else None},
+    )

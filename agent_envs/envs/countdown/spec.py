@@ -3,28 +3,28 @@ Math-style action grammar with Countdown's texts, the built-in seeded generator 
 (docs/protocol.md#countdown)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agent_envs.core.spec import EnvSpec, Framing, ParserSpec, ReportSpec, Rules, ToolSpec
+from agent_envs.core.spec import EnvSpec, Framing, ParserSpec, ReportSpec, Rules
 from agent_envs.envs.countdown import texts
 from agent_envs.envs.countdown.baseline import baseline
 from agent_envs.envs.countdown.data import generate, load
-from agent_envs.envs.countdown.report import render_countdown
+from agent_envs.envs.countdown.metrics import METRICS
+from agent_envs.envs.countdown.report import render_countdown, report_fields
 from agent_envs.envs.countdown.task import CountdownTask
-from agent_envs.tools.bash import BashTool
-from agent_envs.tools.python import PythonObserver
+from agent_envs.tools.bash import BASH
+from agent_envs.tools.python import PYTHON
 
 #: size of the built-in dataset (``dataset="builtin"``); ``dataset_kwargs`` may change n and seed
 BUILTIN_SIZE = 200
 
 PARSER = ParserSpec(truncated_and_relaxed=True)
-TOOLS = (("python", "code"), ("bash", "command"))
-RULES = Rules(PARSER, texts.TOOL_REQUIRED, texts.FORMAT_WARNING, tools=TOOLS,
-              unknown_action=texts.UNKNOWN_ACTION, no_input=texts.NO_INPUT)
+RULES = Rules(PARSER, texts.TOOL_REQUIRED, texts.FORMAT_WARNING, no_input=texts.NO_INPUT)
 #: single-turn mode: one reply, no tool required, the final answer is scored as is
-RULES_SINGLE_TURN = Rules(PARSER, texts.TOOL_REQUIRED, texts.SINGLE_TURN_FORMAT_WARNING, tools=TOOLS,
-                          unknown_action=texts.UNKNOWN_ACTION, no_input=texts.NO_INPUT, require_tool=False)
+RULES_SINGLE_TURN = Rules(PARSER, texts.TOOL_REQUIRED, texts.SINGLE_TURN_FORMAT_WARNING, no_input=texts.NO_INPUT,
+                          require_tool=False)
 
 
 def load_tasks(spec: Any = "builtin", *, n: int = BUILTIN_SIZE, seed: int = 0,
@@ -42,12 +42,8 @@ SPEC = EnvSpec(
     id="Countdown-ReAct-v0",
     entry_point="agent_envs.envs.countdown.env:Env",
     rules={"es": RULES, "http_eval": RULES},
-    tools={
-        "python": ToolSpec(PythonObserver, Framing(label="Python", translate_newlines=True)),
-        "bash": ToolSpec(BashTool, Framing(translate_newlines=True), blocked=texts.BLOCKED),
-    },
-    report=ReportSpec(trace_prefix="countdown", success_at=1.0, render_trace=render_countdown,
-                      baseline=baseline),
+    tools=(PYTHON, BASH.with_(framing=Framing(translate_newlines=True), blocked=texts.BLOCKED)),
+    report=ReportSpec(trace_prefix="countdown", success_at=1.0, render_trace=render_countdown, fields=report_fields),
     system_prompt="countdown/system",
     user_prompt="countdown/user",
     skill_separator="\n\nAdditional skill instructions:\n",
@@ -57,5 +53,12 @@ SPEC = EnvSpec(
     load_tasks=load_tasks,
     task_model=CountdownTask,
     user_message=lambda template, task: task.fill(template),
+    task_fields=lambda task: {"target": task.target, "nums": list(task.nums)},
+    metrics=METRICS,
+    baseline=baseline,
     description="Reach a target from 3-4 numbers with + - * /, each used once; python and bash tools.",
 )
+
+#: ``single_turn=True``, the common single-turn ES setup: one reply, no tool required, its own prompt
+SINGLE_TURN_SPEC = replace(SPEC, rules={"es": RULES_SINGLE_TURN, "http_eval": RULES_SINGLE_TURN}, max_turns=1,
+                           system_prompt="countdown/system_single_turn")

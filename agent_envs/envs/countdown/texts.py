@@ -14,6 +14,5 @@ FORMAT_WARNING = (
 )
 #: single-turn mode: no tools, so the only valid reply is the final answer
 SINGLE_TURN_FORMAT_WARNING = "No final answer was found. End your reply with: Final answer: \\boxed{<expression>}"
-UNKNOWN_ACTION = "Unknown action '{name}'. Available actions are python and bash."
 NO_INPUT = "No code or command was provided."
 BLOCKED = "Blocked unsafe or interactive desktop command in the Countdown sandbox."

@@ -20,8 +20,9 @@ from typing import Any
 from PIL import Image, UnidentifiedImageError
 from pydantic import ValidationError
 
-from agent_envs.atomic import atomic_write
-from agent_envs.data.jsonl import jsonl_rows
+from agent_envs.core.atomic import atomic_write
+from agent_envs.core.content import ImageTooLarge, open_image
+from agent_envs.core.jsonl import jsonl_rows
 from agent_envs.envs.docvqa.task import DocTask
 
 HF_REPO = "lmms-lab/DocVQA"
@@ -200,9 +201,10 @@ def _image_path(
         image, Mapping
     ):  # HF Image feature with decoding off: {"bytes", "path"}
         image = image.get("bytes") or image.get("path")
-    if isinstance(image, (str, Path)):
-        return resolve_image_path(str(image), data_file, where)
-    return write_png(image, cache / "docvqa_images" / f"{stem}.png", where)
+    path = (resolve_image_path(str(image), data_file, where) if isinstance(image, (str, Path))
+            else write_png(image, cache / "docvqa_images" / f"{stem}.png", where))
+    check_pixels(path, where)
+    return path
 
 
 def resolve_image_path(raw: str, data_file: Path | None, where: str = "row") -> Path:
@@ -254,11 +256,22 @@ def check_image(path: str | Path, where: str) -> None:
 def _decode_problem(path: str, size: int, mtime_ns: int) -> str | None:
     """Why the whole image does not decode, or None (size and mtime key the cache: edits are re-checked)."""
     try:
-        with Image.open(path) as img:
+        with open_image(path, "the page") as img:
             img.load()
     except Exception as exc:  # noqa: BLE001 - Pillow raises many types for bad data; all mean "not an image"
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def check_pixels(path: Path, where: str) -> None:
+    """Refuse a page over the image size limit when the data is loaded (only its header is read),
+    so an eval stops before any model loads instead of failing every episode of it."""
+    try:
+        open_image(path, f"{where}: the page {path}").close()
+    except ImageTooLarge as exc:
+        raise DocDataError(str(exc)) from None
+    except OSError:  # not an image at all: reset says so (check_image), with the decoder's words
+        pass
 
 
 def write_png(image: Any, target: Path, where: str = "row") -> Path:
@@ -269,9 +282,11 @@ def write_png(image: Any, target: Path, where: str = "row") -> Path:
         data = bytes(image)
     else:
         try:
-            pil = image if isinstance(image, Image.Image) else Image.open(io.BytesIO(bytes(image)))
+            pil = image if isinstance(image, Image.Image) else open_image(io.BytesIO(bytes(image)), where)
             buffer = io.BytesIO()
             pil.save(buffer, format="PNG")
+        except ImageTooLarge as exc:
+            raise DocDataError(str(exc)) from None
         except (TypeError, OSError, UnidentifiedImageError) as exc:
             raise DocDataError(f"{where}: image is neither a path nor decodable image data") from exc
         data = buffer.getvalue()

@@ -1,14 +1,14 @@
-"""DocVQA trace logs in the reference byte format (docs/protocol.md#trace-logs)."""
+"""DocVQA's trace logs in the reference byte format (docs/protocol.md#trace-logs) and its report fields."""
 from __future__ import annotations
 
 import json
 
-from agent_envs.rollout.tracelog import Row, outcome, rounds, task_of
+from agent_envs.core.spec import ReportFields, Row
+from agent_envs.protocol.tracelog import rounds, task_of
 
 
-def render_docvqa(row: Row) -> str:
+def render_docvqa(row: Row, result: str) -> str:
     task = task_of(row)
-    result = outcome(row)
     question = str(row.get("question", task.get("question", "")))
     answers = row.get("answers", task.get("answers", []))
     failure = row.get("react_error") or ("ANLS did not exceed 0.5." if result == "FAILED" else "")
@@ -47,3 +47,14 @@ def render_docvqa(row: Row) -> str:
         result,
     ]
     return "\n".join(lines) + "\n"
+
+
+def report_fields(row: Row) -> ReportFields:
+    """The question, every gold answer (``a | b``) and the page image of a DocVQA record."""
+    task = task_of(row)
+    answers = row.get("answers", task.get("answers"))
+    anls = row.get("anls")
+    return ReportFields(question=str(row.get("question") or task.get("question") or ""),
+                        gold=" | ".join(str(a) for a in answers) if answers else None,
+                        image=row.get("image") or None,
+                        score_note=f"ANLS {anls:.4f}" if isinstance(anls, (int, float)) else None)

@@ -8,13 +8,6 @@ from agent_envs.protocol.parsing import answer_status, final_answer_line, strip_
 from agent_envs.scoring.result import ZEROING_TERMINATIONS, ScoreResult
 
 
-class DocVQAScore(ScoreResult):
-    """Adds the raw ANLS (kept even when ``score`` is zeroed) and its accuracy [ANLS > 0.5]."""
-
-    anls: float
-    acc: float
-
-
 AnlsVariant = Literal["protocol", "official"]
 ANLS_VARIANTS: tuple[str, ...] = get_args(AnlsVariant)
 LABEL_PREFIX = "docvqa_paper_react_cli_"
@@ -95,11 +88,13 @@ def docvqa_score(
     termination_reason: str | None,
     used_bash: bool,
     variant: AnlsVariant = "protocol",
-) -> DocVQAScore:
+) -> ScoreResult:
     """ES-runner DocVQA score of an episode from its last completion.
 
     A trajectory without bash use is scored on the empty string. Trajectories cut by the turn or
-    token budget are still scored on their last completion, as the published runs were.
+    token budget are still scored on their last completion, as the published runs were.  The
+    extras keep the raw ANLS (also when ``score`` is zeroed) as ``anls`` and, as the reference's
+    records do, again as ``vlns``, and its accuracy [ANLS > 0.5] as ``acc``.
     """
     text = last_completion if used_bash else ""
     prediction = docvqa_prediction(text)
@@ -110,7 +105,8 @@ def docvqa_score(
         score, method = 0.0, "no_tool_use"
     else:
         score, method = raw, "anls"
-    return DocVQAScore(
+    return ScoreResult(
         score=score, method=method, label=LABEL_PREFIX + method, status="ok",
-        answer_status=answer_status(text), prediction=prediction, anls=raw, acc=anls_accuracy(raw),
+        answer_status=answer_status(text), prediction=prediction,
+        extras={"anls": raw, "vlns": raw, "acc": anls_accuracy(raw)},
     )

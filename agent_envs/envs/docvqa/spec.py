@@ -1,16 +1,18 @@
 """``DocVQA-CLI-v0`` as data: 50 turns, 512 tokens per turn, a 32,768-token trajectory cap, the bash
-tool with DocVQA's framing, the page image mounted read-only at ``/workspace/document.png``."""
+tool with DocVQA's framing, the page image mounted read-only at ``/workspace/document.png``, its
+ANLS metrics and report fields."""
 from __future__ import annotations
 
 from typing import Any
 
-from agent_envs.core.spec import EnvSpec, Framing, Mount, ParserSpec, ReportSpec, Rules, ToolSpec
+from agent_envs.core.spec import EnvSpec, Framing, Mount, ParserSpec, ReportSpec, Row, Rules
 from agent_envs.envs.docvqa import texts
 from agent_envs.envs.docvqa.baseline import baseline
 from agent_envs.envs.docvqa.data import load_docvqa_tasks
-from agent_envs.envs.docvqa.report import render_docvqa
+from agent_envs.envs.docvqa.metrics import METRICS
+from agent_envs.envs.docvqa.report import render_docvqa, report_fields
 from agent_envs.envs.docvqa.task import DocTask
-from agent_envs.tools.bash import BashTool
+from agent_envs.tools.bash import BASH
 
 #: where the task's page image appears inside every sandbox (read-only)
 DOCUMENT_PATH = "/workspace/document.png"
@@ -26,13 +28,18 @@ def mounts(task: Any) -> list[Mount]:
     return [Mount(str(task.image), DOCUMENT_PATH, read_only=True)]
 
 
+def task_fields(task: Any) -> Row:
+    """The gold answers and the page (its host path and where the tools see it), as records list them."""
+    return {"answers": list(task.answers), "image": task.image, "tool_image": DOCUMENT_PATH}
+
+
 SPEC = EnvSpec(
     id="DocVQA-CLI-v0",
     entry_point="agent_envs.envs.docvqa.env:Env",
     rules={"es": RULES_ES, "http_eval": RULES_HTTP},
-    tools={"bash": ToolSpec(BashTool, FRAMING)},
+    tools=(BASH.with_(framing=FRAMING),),
     report=ReportSpec(trace_prefix="docvqa", success_at=0.5, success_strict=True, render_trace=render_docvqa,
-                      baseline=baseline),
+                      fields=report_fields),
     system_prompt="docvqa/system",
     user_prompt="docvqa/user",
     skill_separator=texts.DOCVQA_SKILL_SUFFIX,
@@ -43,5 +50,8 @@ SPEC = EnvSpec(
     task_model=DocTask,
     mounts=mounts,
     step_images=lambda task: [str(task.image)],
+    task_fields=task_fields,
+    metrics=METRICS,
+    baseline=baseline,
     description="Answer a question about a page image through shell and OCR commands only.",
 )

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
@@ -644,7 +645,7 @@ def difficulty_label(score: float) -> str:
 # ---------------------------------------------------------------- generation pipeline
 
 
-def _page_job(args: tuple[int, int, str]) -> tuple[list[dict], int]:
+def _page_job(args: tuple[int, int, str]) -> tuple[list[dict[str, Any]], int]:
     """Draw, degrade, save and OCR page ``index``; return (kept task rows, dropped count)."""
     seed, index, out_dir = args
     rng = random.Random(f"synth_docs:{seed}:{index}")
@@ -700,7 +701,8 @@ def generate_docvqa_tasks(
         )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    started, rows, dropped, pages = time.perf_counter(), [], 0, 0
+    rows: list[dict[str, Any]] = []
+    started, dropped, pages = time.perf_counter(), 0, 0
     with multiprocessing.get_context("spawn").Pool(WORKERS) as pool:
         while len(rows) < n_questions:
             if pages > 50 + n_questions:  # every page keeps some questions in practice

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agent_envs.data.jsonl import jsonl_rows
+from agent_envs.core.jsonl import jsonl_rows
 from agent_envs.envs.math_react.task import MathTask
 
 BUILTIN_SIZE = 200

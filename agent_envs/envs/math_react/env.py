@@ -3,14 +3,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent_envs.envs.math_react.scoring import SCORERS, math_score
+from pydantic import Field
+
+from agent_envs.envs.args import EnvOptions
+from agent_envs.envs.math_react.scoring import Scorer, math_score
 from agent_envs.envs.math_react.spec import SPEC
 from agent_envs.envs.react import EpisodeState, ReActEnv
 from agent_envs.protocol.blocklist import is_blocked
 from agent_envs.sandbox.local import LocalSandbox
+from agent_envs.scoring.result import ScoreResult
 
 #: the reference runner's command log, kept in the workspace of the unsandboxed parity runner
 COMMAND_LOG = ".math_tool_commands.log"
+
+
+class MathOptions(EnvOptions):
+    scorer: Scorer = "auto"
+    #: wall-clock limit of one math-verify call; not part of the config hash
+    score_timeout_s: float = Field(default=10.0, gt=0, strict=True, exclude=True)
+    blocklist: bool = Field(default=True, strict=True)
 
 
 class MathReActEnv(ReActEnv):
@@ -24,25 +35,16 @@ class MathReActEnv(ReActEnv):
     """
 
     env_spec = SPEC
+    Options = MathOptions
+    options: MathOptions
 
-    def __init__(self, *, scorer: str = "auto", score_timeout_s: float = 10.0, blocklist: bool = True,
-                 **kwargs: Any):
-        if scorer not in SCORERS:
-            raise ValueError(f"scorer must be one of {SCORERS}, got {scorer!r}")
-        if not isinstance(blocklist, bool):
-            raise TypeError(f"blocklist must be True or False, got {blocklist!r}")
-        self.scorer = scorer
-        self.score_timeout_s = score_timeout_s
-        self.blocklist = blocklist
+    def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
-        if not blocklist and self.sandbox_config.backend == "none":
+        if not self.options.blocklist and self.sandbox_config.backend == "none":
             raise ValueError('blocklist=False needs a sandbox: with sandbox="none" commands run on the host, '
                              "where the blocklist is always on")
 
-    def _extra_config(self) -> dict[str, Any]:
-        return {"scorer": self.scorer, "blocklist": self.blocklist}
-
-    def _screen(self, tool: str, command: str, runner: Any) -> str | None:
+    def _screen(self, tool: str, command: Any, runner: Any) -> str | None:
         """The reference runner logged every command, then refused blocked ones without running them.
 
         Only the unsandboxed parity runner keeps the log: it is a file the model can see there.
@@ -51,27 +53,14 @@ class MathReActEnv(ReActEnv):
         on_host = isinstance(sandbox, LocalSandbox)
         if on_host:
             sandbox.log_command(COMMAND_LOG, command)
-        if (self.blocklist or on_host) and is_blocked(command):
-            return self.env_spec.tools[tool].blocked
+        if (self.options.blocklist or on_host) and is_blocked(command):
+            return self.env_spec.tool(tool).blocked
         return None
 
-    def _score(self, ep: EpisodeState) -> dict[str, Any]:
-        result = math_score(
-            ep.last_completion,
-            ep.task.answer,
-            scorer=self.scorer,
-            termination_reason=ep.termination_reason,
-            used_bash=ep.used_bash,
-            timeout_s=self.score_timeout_s,
-        )
-        return {
-            "answer": ep.task.answer,
-            "score": result.score,
-            "score_method": result.label,
-            "score_status": result.status,
-            "answer_status": result.answer_status,
-            "prediction": result.prediction,
-        }
+    def _score(self, ep: EpisodeState) -> ScoreResult:
+        return math_score(ep.last_completion, ep.task.answer, scorer=self.options.scorer,
+                          termination_reason=ep.termination_reason, used_bash=ep.used_bash,
+                          timeout_s=self.options.score_timeout_s)
 
 
 Env = MathReActEnv

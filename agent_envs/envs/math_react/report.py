@@ -1,13 +1,13 @@
-"""Math trace logs in the reference byte format (docs/protocol.md#trace-logs)."""
+"""Math trace logs in the reference byte format (docs/protocol.md#trace-logs) and its report fields."""
 from __future__ import annotations
 
-from agent_envs.rollout.tracelog import Row, outcome, rounds, task_of
+from agent_envs.core.spec import ReportFields, Row
+from agent_envs.protocol.tracelog import rounds, task_of
 
 
-def render_math(row: Row) -> str:
+def render_math(row: Row, result: str) -> str:
     """docs/protocol.md#trace-logs, read literally: the Math ``## Problem`` and ``## Prediction`` have no blank line after."""
     task = task_of(row)
-    result = outcome(row)
     score = float(row.get("score") or 0.0)
     failure = row.get("react_error") or ("Score was 0." if score < 1.0 else "")
     lines = [
@@ -35,3 +35,11 @@ def render_math(row: Row) -> str:
         result,
     ]
     return "\n".join(lines) + "\n"
+
+
+def report_fields(row: Row) -> ReportFields:
+    """The problem and its gold answer."""
+    task = task_of(row)
+    answer = row.get("answer", task.get("answer"))
+    return ReportFields(question=str(row.get("question") or task.get("question") or ""),
+                        gold=None if answer is None else str(answer))

@@ -46,7 +46,7 @@ def math_prediction(text: str) -> str:
     cleaned = strip_think(text)
     numbers = _NUMBER.findall(cleaned.replace(",", ""))
     if numbers:
-        return numbers[-1]
+        return str(numbers[-1])
     return cleaned.splitlines()[-1].strip() if cleaned else ""
 
 

@@ -2,13 +2,13 @@
 Math's framing and blocklist text, two rule sets (ES runner, HTTP evaluator)."""
 from __future__ import annotations
 
-from agent_envs.core.spec import EnvSpec, Framing, ParserSpec, ReportSpec, Rules, ToolSpec
+from agent_envs.core.spec import EnvSpec, Framing, ParserSpec, ReportSpec, Rules
 from agent_envs.envs.math_react import texts
 from agent_envs.envs.math_react.baseline import baseline
 from agent_envs.envs.math_react.data import load_math_tasks
-from agent_envs.envs.math_react.report import render_math
+from agent_envs.envs.math_react.report import render_math, report_fields
 from agent_envs.envs.math_react.task import MathTask
-from agent_envs.tools.bash import BashTool
+from agent_envs.tools.bash import BASH
 
 PARSER_ES = ParserSpec(truncated_and_relaxed=True)
 PARSER_HTTP = ParserSpec(require_bash_command=True)  # repo-react-v1
@@ -24,8 +24,8 @@ SPEC = EnvSpec(
     id="MATH-ReAct-v0",
     entry_point="agent_envs.envs.math_react.env:Env",
     rules={"es": RULES_ES, "http_eval": RULES_HTTP},
-    tools={"bash": ToolSpec(BashTool, FRAMING, blocked=texts.MATH_BLOCKED)},
-    report=ReportSpec(trace_prefix="math", success_at=1.0, render_trace=render_math, baseline=baseline),
+    tools=(BASH.with_(framing=FRAMING, blocked=texts.MATH_BLOCKED),),
+    report=ReportSpec(trace_prefix="math", success_at=1.0, render_trace=render_math, fields=report_fields),
     system_prompt="math_react/system",
     user_prompt="math_react/user",
     skill_separator=texts.MATH_SKILL_SUFFIX,
@@ -34,5 +34,7 @@ SPEC = EnvSpec(
     max_trajectory_tokens=None,
     load_tasks=load_math_tasks,
     task_model=MathTask,
+    task_fields=lambda task: {"answer": task.answer},
+    baseline=baseline,
     description="Solve a math problem with a sandboxed bash tool; score 0/1 on the boxed answer.",
 )

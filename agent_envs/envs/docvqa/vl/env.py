@@ -5,48 +5,43 @@ The same tasks, sandbox, budgets and ANLS scorer; ``page_in_prompt=True`` also p
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from pydantic import Field
 
 from agent_envs.core.observation import Shown
-from agent_envs.envs.args import Checked
-from agent_envs.envs.docvqa.env import DocVQACLIEnv
+from agent_envs.core.spec import EnvSpec
+from agent_envs.core.validation import WholeNumber
+from agent_envs.envs.docvqa.env import DocVQACLIEnv, DocVQAOptions
 from agent_envs.envs.docvqa.spec import DOCUMENT_PATH
-from agent_envs.envs.docvqa.vl.spec import MAX_VIEW_PIXELS, SPEC, view_tool
+from agent_envs.envs.docvqa.vl.spec import MAX_VIEW_PIXELS, SPEC, with_view_pixels
 from agent_envs.tools.view import load_page, view
-from agent_envs.validation import WholeNumber
 
 
-class VLArgs(Checked):
-    page_in_prompt: bool = Field(strict=True)
+class VLOptions(DocVQAOptions):
+    page_in_prompt: bool = Field(default=False, strict=True)
     #: the largest image (pixels) the view tool and the page in the prompt show
-    max_view_pixels: WholeNumber = Field(ge=1)
+    max_view_pixels: WholeNumber = Field(default=MAX_VIEW_PIXELS, ge=1)
 
 
 class DocVQAVLEnv(DocVQACLIEnv):
     """DocVQA with bash and ``view``; image observations are OpenAI content parts."""
 
     env_spec = SPEC
+    Options = VLOptions
+    options: VLOptions
 
-    def __init__(self, *, page_in_prompt: bool = False, max_view_pixels: int = MAX_VIEW_PIXELS, **kwargs: Any):
-        args = VLArgs.checked("DocVQA-VL-v0 argument", {"page_in_prompt": page_in_prompt,
-                                                        "max_view_pixels": max_view_pixels})
-        self.page_in_prompt, self.max_view_pixels = args.page_in_prompt, args.max_view_pixels
-        if self.max_view_pixels != MAX_VIEW_PIXELS:  # this instance's view tool shows larger or smaller images
-            self.env_spec = replace(SPEC, tools={**SPEC.tools, "view": view_tool(self.max_view_pixels)})
-        super().__init__(**kwargs)
-
-    def _extra_config(self) -> dict[str, Any]:
-        return {**super()._extra_config(), "page_in_prompt": self.page_in_prompt,
-                "max_view_pixels": self.max_view_pixels}
+    def _spec_for(self, options: VLOptions) -> EnvSpec:
+        """This instance's view tool shows larger or smaller images when ``max_view_pixels`` says so."""
+        if options.max_view_pixels == MAX_VIEW_PIXELS:
+            return self.env_spec
+        return with_view_pixels(self.env_spec, options.max_view_pixels)
 
     def _prompt_images(self, task: Any) -> tuple[Shown, ...]:
-        if not self.page_in_prompt:
+        if not self.options.page_in_prompt:
             return ()
         page, digest = load_page(task.image)
-        return view(page, (0, 0, page.width, page.height), 1.0, self.max_view_pixels,
+        return view(page, (0, 0, page.width, page.height), 1.0, self.options.max_view_pixels,
                     source=task.image, source_sha256=digest, target=DOCUMENT_PATH).images
 
 

@@ -4,30 +4,26 @@ The OCR tools stay: bash runs in the same sandbox with the page at ``/workspace/
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
-from agent_envs.core.spec import ALL_ARGUMENTS, EnvSpec, ReportSpec, Rules, ToolSpec
+from agent_envs.core.content import open_image
+from agent_envs.core.prompts import fill
+from agent_envs.core.spec import EnvSpec, Rules, ToolSpec
 from agent_envs.envs.docvqa import spec as cli
 from agent_envs.envs.docvqa.vl import texts
 from agent_envs.envs.docvqa.vl.baseline import baseline
-from agent_envs.prompts import fill
-from agent_envs.tools.view import MAX_PIXELS, ViewTool
+from agent_envs.tools.view import MAX_PIXELS, view_tool
 
 #: largest image the view tool (and the page in the prompt) shows, in pixels
 MAX_VIEW_PIXELS = MAX_PIXELS
-TOOLS = (("bash", "command"), ("view", ALL_ARGUMENTS))
-RULES_ES = Rules(cli.PARSER_ES, texts.TOOL_REQUIRED, texts.FORMAT_WARNING_ES, tools=TOOLS,
-                 unknown_action=texts.UNKNOWN_ACTION)
-RULES_HTTP = Rules(cli.PARSER_HTTP, texts.TOOL_REQUIRED, texts.FORMAT_WARNING_HTTP, tools=TOOLS,
-                   unknown_action=texts.UNKNOWN_ACTION)
+RULES_ES = Rules(cli.PARSER_ES, texts.TOOL_REQUIRED, texts.FORMAT_WARNING_ES)
+RULES_HTTP = Rules(cli.PARSER_HTTP, texts.TOOL_REQUIRED, texts.FORMAT_WARNING_HTTP)
 
 
 def page_size(path: str) -> tuple[int, int]:
-    from PIL import Image
-
-    with Image.open(path) as img:
-        return img.size
+    with open_image(path, f"the page {path}") as img:
+        width, height = img.size
+        return int(width), int(height)
 
 
 def user_message(template: str, task: Any) -> str:
@@ -36,9 +32,14 @@ def user_message(template: str, task: Any) -> str:
     return fill(template.replace("{page_size}", f"{width}x{height}"), task.question)
 
 
-def view_tool(max_pixels: int = MAX_VIEW_PIXELS) -> ToolSpec:
+def page_view(max_pixels: int = MAX_VIEW_PIXELS) -> ToolSpec:
     """The view tool of the page mount, showing at most ``max_pixels`` per image."""
-    return ToolSpec(partial(ViewTool, target=cli.DOCUMENT_PATH, max_pixels=max_pixels))
+    return view_tool(cli.DOCUMENT_PATH, max_pixels)
+
+
+def with_view_pixels(spec: EnvSpec, max_pixels: int) -> EnvSpec:
+    """``spec`` whose view tool shows at most ``max_pixels`` per image."""
+    return replace(spec, tools=tuple(page_view(max_pixels) if t.name == "view" else t for t in spec.tools))
 
 
 SPEC = replace(
@@ -46,12 +47,12 @@ SPEC = replace(
     id="DocVQA-VL-v0",
     entry_point="agent_envs.envs.docvqa.vl.env:Env",
     rules={"es": RULES_ES, "http_eval": RULES_HTTP},
-    tools={**cli.SPEC.tools, "view": view_tool()},
-    report=ReportSpec(trace_prefix="docvqa_vl", success_at=0.5, success_strict=True,
-                      render_trace=cli.SPEC.report.render_trace, baseline=baseline),
+    tools=(*cli.SPEC.tools, page_view()),
+    report=replace(cli.SPEC.report, trace_prefix="docvqa_vl"),
     system_prompt="docvqa_vl/system",
     user_prompt="docvqa_vl/user",
     skill_separator=texts.SKILL_SUFFIX,
     user_message=user_message,
+    baseline=baseline,
     description="Answer a question about a page image with OCR commands and a view tool that shows page regions.",
 )

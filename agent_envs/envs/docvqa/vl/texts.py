@@ -17,7 +17,6 @@ FORMAT_WARNING_HTTP = (
     f"No valid action was parsed. Use exactly one of:\n{ACTION_BLOCKS}\n"
     "or finish after tool use with: Final answer: <short answer>"
 )
-UNKNOWN_ACTION = "Unknown action '{name}'. Available actions are bash and view."
 #: placed between the system prompt and a stripped, non-empty skill text
 SKILL_SUFFIX = (
     "\n\nUse the following distilled skill instructions while solving the task. "

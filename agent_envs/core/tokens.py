@@ -30,8 +30,8 @@ from array import array
 from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
-from agent_envs.core.content import (Message, copy_message, has_images, image_part, image_urls, images_of, text_of,
-                                     text_part)
+from agent_envs.core.content import (Message, copy_message, has_images, image_part, image_urls, images_of,
+                                     open_image, text_of, text_part)
 
 #: side in pixels of the tile one image token stands for when no processor is given (a 14-pixel
 #: patch merged 2x2, the rate of the Qwen2-VL family)
@@ -59,18 +59,17 @@ def _text_only(messages: Sequence[Message]) -> list[Message]:
 def processor_inputs(processor: Any, text: str, images: list[Any], return_tensors: str | None = None) -> Any:
     """A processor's inputs for a rendered chat (``text``, one placeholder per image) and its images:
     ``input_ids`` holds every image expanded to its image tokens.  The one place both the counts
-    (:class:`TokenCounter`) and the policies (:mod:`agent_envs.vision`) get image prompts from."""
+    (:class:`TokenCounter`) and the policies (:mod:`agent_envs.policy.vision`) get image prompts from."""
     return processor(text=[text], images=[images] if images else None, return_tensors=return_tensors,
                      add_special_tokens=False)
 
 
 def image_size(url: str) -> tuple[int, int]:
     """(width, height) of an image data URL, read from its header."""
-    from PIL import Image
-
     raw = base64.b64decode(url.split(";base64,", 1)[1])
-    with Image.open(io.BytesIO(raw)) as img:
-        return img.size
+    with open_image(io.BytesIO(raw), "the image data URL") as img:
+        width, height = img.size
+        return width, height
 
 
 def estimate_image_tokens(width: int, height: int) -> int:
@@ -116,11 +115,13 @@ class TokenCounter:
             parts = [f"<|{m['role']}|>\n{text_of(m['content'])}" for m in messages]
             return "\n".join(parts) + ("\n<|assistant|>\n" if generation_prompt else "")
         if self.processor is not None:
-            return self.processor.apply_chat_template(
+            text: str = self.processor.apply_chat_template(
                 [copy_message(m) for m in messages], tokenize=False, add_generation_prompt=generation_prompt,
                 **self._template_kwargs())
-        return self._template(_text_only(messages), tokenize=False, add_generation_prompt=generation_prompt,
-                              enable_thinking=self.enable_thinking)
+            return text
+        text = self._apply_template(_text_only(messages), tokenize=False, add_generation_prompt=generation_prompt,
+                                    enable_thinking=self.enable_thinking)
+        return text
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         if self.tokenizer is None:
@@ -134,8 +135,13 @@ class TokenCounter:
     def _text_prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         if self._encode is not None:  # verified equal to the template's own tokenising
             return self._encode(self.render(_text_only(messages)))
-        return _input_ids(self._template(_text_only(messages), tokenize=True, add_generation_prompt=True,
-                                         enable_thinking=self.enable_thinking))
+        return _input_ids(self._apply_template(_text_only(messages), tokenize=True, add_generation_prompt=True,
+                                               enable_thinking=self.enable_thinking))
+
+    def _apply_template(self, messages: Sequence[Message], **kwargs: Any) -> Any:
+        """The tokenizer's chat template (set whenever a tokenizer is)."""
+        assert self._template is not None
+        return self._template(messages, **kwargs)
 
     def prompt_tokens(self, messages: Sequence[Message]) -> int:
         if self.tokenizer is None:
@@ -232,7 +238,7 @@ class SharedMemo:
                 self._items.popitem(last=False)
 
 
-def _memo_key(head: str, messages: Sequence[Message]) -> tuple | None:
+def _memo_key(head: str, messages: Sequence[Message]) -> tuple[Any, ...] | None:
     """A hashable key for rendering ``messages`` behind ``head``; None when a message carries parts."""
     if any(not isinstance(m.get("content"), str) or len(m) != 2 for m in messages):
         return None
@@ -430,8 +436,10 @@ def _unpooled(tokenizer: Any, method: str) -> Callable[..., Any]:
     if any(c.__name__ == "ThreadSafeHFTokenizerMixin" for c in cls.__mro__):
         base = next(c for c in cls.__mro__[1:] if hasattr(c, method)
                     and c.__name__ != "ThreadSafeHFTokenizerMixin")
-        return getattr(base, method).__get__(tokenizer, base)
-    return getattr(tokenizer, method)
+        bound: Callable[..., Any] = getattr(base, method).__get__(tokenizer, base)
+        return bound
+    found: Callable[..., Any] = getattr(tokenizer, method)
+    return found
 
 
 def _direct_encoder(tokenizer: Any) -> Callable[[str], list[int]] | None:
@@ -448,7 +456,8 @@ def _direct_encoder(tokenizer: Any) -> Callable[[str], list[int]] | None:
         return None
 
     def encode(text: str) -> list[int]:
-        return backend.encode_batch([text], add_special_tokens=False)[0].ids
+        ids: list[int] = backend.encode_batch([text], add_special_tokens=False)[0].ids
+        return ids
 
     state = _state_of(tokenizer)
     if state.direct is not None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from agent_envs.core.content import Message, images_of
-from agent_envs.tokens import TokenCounter, processor_inputs
+from agent_envs.core.tokens import TokenCounter, processor_inputs
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from .step import StepContext, StepScore, StepScorer, score_safely
+from agent_envs.core.steps import StepContext, StepScore, StepScorer, score_safely
 
 
 class ScoreGatherer:

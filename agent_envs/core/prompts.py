@@ -25,7 +25,7 @@ def load_prompt(name_or_path: str | Path) -> str:
     try:
         return _read(Path(str(resources.files("agent_envs._prompts").joinpath(f"{name_or_path}.txt"))))
     except (ModuleNotFoundError, FileNotFoundError):
-        repo = Path(__file__).resolve().parent.parent / "prompts" / f"{name_or_path}.txt"
+        repo = Path(__file__).resolve().parents[2] / "prompts" / f"{name_or_path}.txt"
         if repo.is_file():
             return _read(repo)
         raise FileNotFoundError(f"no shipped prompt named {name_or_path!r}") from None

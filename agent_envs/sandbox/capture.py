@@ -1,4 +1,5 @@
-"""Streaming capture shared by the sandboxes: bounded memory whatever a command prints.
+"""Streaming capture shared by the sandboxes and the tools that drive sandboxed processes: bounded
+memory whatever a command prints.
 
 A :class:`Window` keeps the first and last ``keep`` bytes of a stream and counts what fell in
 between, so ``yes`` or ``cat /dev/urandom`` for 20 s costs 2*keep bytes, not gigabytes.
@@ -47,50 +48,46 @@ class Source(Protocol):
 
     def fileno(self) -> int: ...
 
-    def on_ready(self) -> None: ...
+    def on_ready(self) -> bool | None: ...
 
 
 class StreamReader:
-    """Reads one pipe into a :class:`Window`; finishes at EOF or at an in-band ``marker``."""
+    """Reads one pipe into a :class:`Window`; finishes at EOF.
 
-    def __init__(self, fd: int, keep: int, marker: bytes | None = None) -> None:
+    There is no in-band end marker: code under test can write any bytes, so the end of a call is
+    told by the driver's state instead, and then :meth:`read_available` takes what is left.
+    """
+
+    def __init__(self, fd: int, keep: int) -> None:
         self.fd = fd
         self.window = Window(keep)
-        self.marker = marker
-        self.carry = b""
         self.done = False
         self.eof = False
 
     def fileno(self) -> int:
         return self.fd
 
-    def on_ready(self) -> None:
+    def on_ready(self) -> bool:
+        """Read once; False when nothing was there (the pipe must be non-blocking then)."""
         try:
             data = os.read(self.fd, CHUNK)
         except BlockingIOError:
-            return
+            return False
         except OSError as exc:
             if exc.errno != errno.EIO:
                 raise
             data = b""
         if not data:
-            self.window.feed(self.carry)
-            self.carry = b""
             self.done = self.eof = True
-            return
-        if self.marker is None:
-            self.window.feed(data)
-            return
-        buf = self.carry + data
-        at = buf.find(self.marker)
-        if at >= 0:
-            self.window.feed(buf[:at])
-            self.carry = b""
-            self.done = True
-            return
-        keep = len(self.marker) - 1
-        self.window.feed(buf[:-keep])
-        self.carry = buf[-keep:]
+            return False
+        self.window.feed(data)
+        return True
+
+    def read_available(self) -> None:
+        """Everything already in the (non-blocking) pipe: once its writers are idle, the rest of
+        the call's output."""
+        while not self.done and self.on_ready():
+            pass
 
 
 class PendingWrite:
@@ -137,6 +134,29 @@ def pump(sources: list[Source], until: Callable[[], bool], deadline: float,
             return until()
         for fd, _ in poller.poll(wait * 1000):
             registered[fd].on_ready()  # type: ignore[attr-defined]
+
+
+def settle(sources: list[Source], until: Callable[[], bool], deadline: float,
+           writer: PendingWrite | None = None, pending: Callable[[], bool] = lambda: True) -> bool:
+    """:func:`pump` for a condition no pipe announces (a driver that has written its status line
+    and is about to block on its next read): ``until()`` is asked whenever ``pending()`` holds
+    (``until()`` must imply it), every few milliseconds.  False when ``deadline`` passed first."""
+    wait = 0.0001
+    while True:
+        if not pending():
+            wait = 0.0001
+            pump(sources, pending, deadline, writer)  # back here as soon as pending() turns true
+        elif until():
+            return True
+        elif wait < 0.001:  # the driver is usually there within microseconds: look again soon
+            time.sleep(wait)
+            wait *= 2
+        else:
+            if pump(sources, until, min(deadline, time.monotonic() + wait), writer):
+                return True
+            wait = min(wait * 2, 0.05)
+        if time.monotonic() >= deadline:
+            return until()
 
 
 def drain(out: StreamReader, err: StreamReader, deadline: float) -> bool:

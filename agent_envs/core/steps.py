@@ -1,4 +1,4 @@
-"""The step-scorer interface (docs/protocol.md#process-rewards).
+"""The step-scorer contract (docs/protocol.md#process-rewards), below environments and rewards alike.
 
 A scorer sees one :class:`StepContext` per step (a ``react_steps`` entry: an action or a warning,
 with its observation) and returns a :class:`StepScore` in [0, 1].  Scoring is batched and async;
@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import math
-import statistics
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Coroutine, Literal, Sequence, TypeVar
 
 from agent_envs.core.types import error_text
 
+T = TypeVar("T")
+
+#: how an episode's step scores become one number (:func:`agent_envs.scoring.process.aggregate`)
 Aggregation = Literal["product", "mean", "min"]
-AGGREGATIONS: dict[str, Callable[[list[float]], float]] = {"product": math.prod, "mean": statistics.fmean,
-                                                           "min": min}
 
 
 @dataclass(frozen=True)
@@ -117,7 +116,7 @@ async def score_safely(scorer: StepScorer, contexts: Sequence[StepContext]) -> l
     return [checked(s) for s in out]
 
 
-def run_sync(coro: Any) -> Any:
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine to completion from synchronous code, also when this thread runs a loop."""
     try:
         asyncio.get_running_loop()
@@ -125,22 +124,3 @@ def run_sync(coro: Any) -> Any:
         return asyncio.run(coro)
     with ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(asyncio.run, coro).result()
-
-
-def aggregate(scores: Sequence[float | None], how: str) -> float | None:
-    """One number for an episode's step scores; failed steps (None) are left out, None if none scored."""
-    if how not in AGGREGATIONS:
-        raise ValueError(f"unknown aggregation {how!r}; expected one of {', '.join(AGGREGATIONS)}")
-    values = [float(s) for s in scores if s is not None]
-    return AGGREGATIONS[how](values) if values else None
-
-
-def process_fields(scores: Sequence[StepScore], aggregation: str) -> dict[str, Any]:
-    """The record fields of an episode's step scores, aligned with ``react_steps``."""
-    values = [s.score for s in scores]
-    return {
-        "step_scores": values,
-        "step_score_errors": [s.error for s in scores],
-        "process_score": aggregate(values, aggregation),
-        "process_aggregation": aggregation,
-    }

@@ -1,2 +1,0 @@
-"""Data helpers every environment shares (JSONL reading, episode keys); loaders and task models
-live in each environment's folder under ``agent_envs/envs/``."""

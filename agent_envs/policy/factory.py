@@ -1,0 +1,106 @@
+"""One table of policy backends: the CLI, ``examples/es_train.py`` and the engine pools all build
+their policies here, so a backend is added as a module in ``policy/`` and one row below.
+
+A row says what the backend needs (a model, an endpoint) and builds it from :class:`PolicySettings`;
+the engine-backed modules import their heavy dependencies (torch, vLLM) only when a policy is built.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .base import Policy
+from .hf import TransformersPolicy, default_cpu_policy
+from .openai import OpenAIPolicy
+from .sampling import SamplingConfig
+from .scripted import ScriptedPolicy
+from .vllm import AsyncVLLMPolicy, VLLMPolicy
+
+
+class PolicySettings(BaseModel):
+    """Everything a backend may be built from; each uses the fields it needs."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    #: a model folder or id (transformers, vllm) or the served model's name (openai)
+    model: str | None = None
+    #: OpenAI-compatible API roots (openai)
+    base_urls: list[str] = Field(default_factory=list)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    #: passed to ``vllm.LLM`` / ``AsyncLLM`` untouched (vllm)
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    #: vllm: "async" is the ``AsyncLLM`` (continuous batching), "lockstep" the offline ``LLM``
+    mode: Literal["async", "lockstep"] = "async"
+    #: vllm lockstep: prompt + max_tokens per engine call (None: the policy's default)
+    rollout_token_budget: int | None = None
+    #: openai: samples per task row (routes a row's samples to one endpoint); per-attempt limit, retries
+    samples_per_row: int = 1
+    timeout_s: float | None = None
+    max_retries: int | None = None
+    #: scripted: ``request -> completion``, e.g. an environment's baseline
+    script: Callable[[Any], Any] | None = None
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One row of the table."""
+
+    build: Callable[[PolicySettings], Policy]
+    #: the backend needs ``model``
+    needs_model: bool = False
+    #: the backend needs at least one of ``base_urls``
+    needs_endpoint: bool = False
+    description: str = ""
+
+
+def _scripted(s: PolicySettings) -> Policy:
+    if s.script is None:
+        raise ValueError("the scripted policy needs a script (an environment's baseline, or a list of replies)")
+    return ScriptedPolicy(s.script)
+
+
+def _vllm(s: PolicySettings) -> Policy:
+    if s.mode == "async":
+        return AsyncVLLMPolicy(s.model, sampling=s.sampling, **s.engine_args)
+    budget = {} if s.rollout_token_budget is None else {"rollout_token_budget": s.rollout_token_budget}
+    return VLLMPolicy(s.model, sampling=s.sampling, **budget, **s.engine_args)
+
+
+def _openai(s: PolicySettings) -> Policy:
+    http: dict[str, Any] = {k: v for k, v in (("timeout_s", s.timeout_s), ("max_retries", s.max_retries))
+                            if v is not None}
+    assert s.model is not None
+    return OpenAIPolicy(s.base_urls, s.model, sampling=s.sampling, samples_per_row=s.samples_per_row, **http)
+
+
+def _transformers(s: PolicySettings) -> Policy:
+    assert s.model is not None
+    return TransformersPolicy(s.model, sampling=s.sampling)
+
+
+BACKENDS: dict[str, Backend] = {
+    "cpu": Backend(lambda s: default_cpu_policy(sampling=s.sampling),
+                   description="the embedded SmolLM2-135M-Instruct on the CPU"),
+    "transformers": Backend(_transformers, needs_model=True, description="a Hugging Face model in-process"),
+    "vllm": Backend(_vllm, needs_model=True, description="a vLLM engine in-process (offline LLM or AsyncLLM)"),
+    "openai": Backend(_openai, needs_model=True, needs_endpoint=True,
+                      description="OpenAI-compatible chat completion servers"),
+    "scripted": Backend(_scripted, description="scripted replies: an environment's model-free baseline"),
+}
+POLICIES: tuple[str, ...] = tuple(BACKENDS)
+
+
+def build_policy(kind: str, settings: PolicySettings | None = None) -> Policy:
+    """The ``kind`` backend built from ``settings``; an unknown kind or a missing requirement is a
+    ValueError naming it."""
+    backend = BACKENDS.get(kind)
+    if backend is None:
+        raise ValueError(f"unknown policy {kind!r}; expected one of {', '.join(POLICIES)}")
+    settings = settings or PolicySettings()
+    if backend.needs_model and not settings.model:
+        raise ValueError(f"the {kind} policy needs a model")
+    if backend.needs_endpoint and not settings.base_urls:
+        raise ValueError(f"the {kind} policy needs at least one base URL")
+    return backend.build(settings)
