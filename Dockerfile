@@ -14,6 +14,7 @@ FROM ${BASE}
 
 RUN apt-get update \
  && apt-get install -y --no-install-recommends tesseract-ocr tesseract-ocr-eng bubblewrap procps \
+    fonts-dejavu-core fonts-dejavu-extra fonts-liberation \
  && rm -rf /var/lib/apt/lists/*
 
 # pip is removed at the end: sandboxed commands must not install anything (docs/protocol.md#tool-sandbox)

@@ -14,12 +14,14 @@ import contextlib
 import os
 import tempfile
 import json
+import re
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from agent_envs.core.atomic import atomic_write
+from agent_envs.core.prompts import read_skill
 from agent_envs.core.spec import EnvSpec, Metric
 from agent_envs.envs import registry
 from agent_envs.envs.registry import ENV_IDS
@@ -46,7 +48,7 @@ CPU_DEFAULTS = {"limit": 3, "max_turns": 3, "max_tokens_per_turn": 192}
 #: exit status of ``eval`` when every episode ended in an error (no result to report)
 EXIT_ALL_ERRORED = 3
 RESUME_IDENTITY = ("env", "data", "seed", "policy", "model", "base_urls", "engine_args", "sampling",
-                   "max_turns", "max_tokens_per_turn", "env_args", "sandbox", "step_scorer")
+                   "max_turns", "max_tokens_per_turn", "env_args", "sandbox", "step_scorer", "skill_sha256")
 
 
 class UsageError(Exception):
@@ -70,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="run episodes and write records, summary and trace logs")
     ev.add_argument("--env", choices=ENV_IDS, default=ENV_IDS[0])
-    ev.add_argument("--data", default="builtin",
-                    help="dataset spec for the env's loader (builtin, a JSONL path, dapo, aime, ...)")
+    ev.add_argument("--data", action="append", default=None, metavar="[NAME=]SPEC",
+                    help="dataset spec for the env's loader (builtin, a JSONL path, dapo, aime, ...); repeat it "
+                         "to run each set into OUT/NAME and print their card (docs/cards.md)")
     ev.add_argument("--policy", choices=POLICIES,
                     help="default: openai with --base-url, transformers with --model, else cpu")
     ev.add_argument("--model", help="model path or id (transformers, vllm, openai)")
@@ -86,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--env-arg", action="append", default=[], type=_key_value, metavar="KEY=VALUE",
                     help="extra environment keyword (value parsed as JSON), e.g. scorer=\"exact\"")
     ev.add_argument("--samples", type=int, default=1)
+    ev.add_argument("--skill-file", type=Path, default=None,
+                    help="skill text appended to the system prompt (docs/protocol.md#skill-injection)")
     for flag in SAMPLING_FLAGS:
         ev.add_argument("--" + flag.replace("_", "-"), type=int if flag == "top_k" else float, default=None)
     ev.add_argument("--seed", type=int, default=DEFAULT_BASE_SEED, help="base seed of the trajectory seeds")
@@ -110,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     sm = sub.add_parser("summarize", help="print the metrics of one or more run directories")
     sm.add_argument("runs", nargs="+", type=Path)
     sm.add_argument("--group", type=int, default=None, metavar="K", help="also metrics per group of K samples")
+    sm.add_argument("--best-by", default="mean_score", metavar="METRIC",
+                    help="with --group: the metric that picks the best group (e.g. anls_mean4)")
+    sm.add_argument("--card", action="store_true", help="print the card-style summary of the runs (docs/cards.md)")
     sm.add_argument("--json", action="store_true")
 
     cp = sub.add_parser("compare", help="paired bootstrap of two runs on the same tasks (B vs A)")
@@ -121,6 +129,22 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
     rp.add_argument("--out", type=Path, default=None,
                     help="output file (default RUN_DIR/report.html, or RUN_A/report-vs-B.html)")
+
+    ex = sub.add_parser("export-checkpoint", help="replay an ES history on a fresh engine and save it, with "
+                                                  "manifest.json and verification.json (docs/scaling.md)")
+    ex.add_argument("--history", required=True, type=Path)
+    ex.add_argument("--model", required=True, help="the base model the history was trained from")
+    ex.add_argument("--tp", type=int, default=1, help="tensor_parallel_size of the engine and the saved state")
+    ex.add_argument("--out", required=True, type=Path)
+    ex.add_argument("--generations", type=int, default=None, help="replay only the first N updates")
+    ex.add_argument("--format", choices=("sharded_state", "safetensors"), default=None,
+                    help="default: sharded_state for --tp > 1, safetensors for --tp 1")
+    vc = sub.add_parser("verify-checkpoint", help="re-check an exported folder on a fresh engine")
+    vc.add_argument("folder", type=Path)
+    vc.add_argument("--tp", type=int, default=None, help="load with this tensor_parallel_size (the manifest's)")
+    for checkpoint_parser in (ex, vc):
+        checkpoint_parser.add_argument("--engine-arg", action="append", default=[], type=_key_value,
+                                       metavar="KEY=VALUE", help="passed to vllm.LLM, e.g. dtype=float32")
 
     # listed for --help only: main() hands everything after "serve" to the server's own parser
     sub.add_parser("serve", help="serve a policy over HTTP (agent-envs serve --help)")
@@ -168,6 +192,16 @@ def make_policy(kind: str, args: argparse.Namespace, env_id: str) -> Policy:
         return build_policy(kind, settings)
     except ImportError as exc:
         raise UsageError(f"this installation cannot build the {kind} policy ({exc})") from exc
+
+
+def _check_checkpoint_tp(model: str, engine_args: dict[str, Any]) -> None:
+    """An exported checkpoint loads only with the TP size its manifest names."""
+    from agent_envs.es.checkpoint import CheckpointError, check_tp
+
+    try:
+        check_tp(model, engine_args.get("tensor_parallel_size"))
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _check_request_flags(kind: str, args: argparse.Namespace) -> None:
@@ -232,7 +266,9 @@ def make_pool(kind: str, args: argparse.Namespace) -> EnginePool:
     return EnginePool(spec, args.engines, ray_address=args.ray_address)
 
 
-def _load_tasks(env_id: str, data: str, env_args: dict[str, Any], limit: int | None) -> list[Any]:
+def _load_tasks(env_id: str, data: str, env_args: dict[str, Any],
+                limit: int | None) -> tuple[list[Any], dict[str, Any]]:
+    """The run's tasks and the environment's outcome-relevant settings (``env_settings``)."""
     import gymnasium as gym
 
     try:  # the run's own settings, so a bad one is reported before any model loads
@@ -245,7 +281,7 @@ def _load_tasks(env_id: str, data: str, env_args: dict[str, Any], limit: int | N
         raise UsageError(f"cannot load --data {data!r} for {env_id}: {exc}") from exc
     finally:
         env.close()
-    return tasks if limit is None else tasks[:limit]
+    return (tasks if limit is None else tasks[:limit]), dict(env.get_wrapper_attr("env_settings"))
 
 
 def _check_resume(path: Path, config: dict[str, Any]) -> None:
@@ -291,7 +327,12 @@ def _run_lock(out: Path) -> RunLock:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """``eval``; the run folder is locked from before anything is written in it to the end."""
+    """``eval``: several ``--data`` sets give one run folder each and their card; a run folder is locked
+    from before anything is written in it to the end."""
+    sets = data_sets(args.data or ["builtin"])
+    if len(sets) > 1:
+        return _eval_sets(args, sets)
+    args.data = sets[0][1]
     with contextlib.ExitStack() as hold:
         return _eval(args, hold)
 
@@ -315,6 +356,12 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
         raise UsageError(f"{records_path} already has records: pass --resume to continue, or choose another --out")
     env_args = dict(args.env_arg)
     env_kwargs = {"sandbox": args.sandbox, **env_args}
+    skill_sha256 = None
+    if args.skill_file is not None:
+        try:
+            env_kwargs["skill"], skill_sha256 = read_skill(args.skill_file)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     if max_turns is not None:
         env_kwargs["max_turns"] = max_turns
     if max_tokens is not None:
@@ -324,6 +371,7 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
         "engine_args": dict(args.engine_arg), "sampling": _sampling(args).model_dump(), "samples": args.samples,
         "seed": args.seed, "mode": args.mode, "sandbox": args.sandbox, "max_turns": max_turns,
         "max_tokens_per_turn": max_tokens, "limit": limit, "env_args": env_args, "argv": sys.argv[1:],
+        "skill_file": None if args.skill_file is None else str(args.skill_file), "skill_sha256": skill_sha256,
     }
     pooled = args.engines > 1 or args.ray_address is not None
     if pooled and kind == "vllm" and args.mode == "async":  # each actor drives the offline engine
@@ -336,7 +384,7 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
         config["step_scorer"] = scorer_settings(args)
     if args.resume:
         _check_resume(out / "config.json", config)
-    tasks = _load_tasks(args.env, args.data, env_kwargs, limit)
+    tasks, config["env_settings"] = _load_tasks(args.env, args.data, env_kwargs, limit)
     _unique_ids(tasks, args.data)
     if kind == "cpu":
         print(f"[agent-envs] embedded default: {len(tasks)} task(s) of {args.data!r} with the small CPU model, "
@@ -345,6 +393,8 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
         scorer = scorer_from_args(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if kind == "vllm" and args.model:
+        _check_checkpoint_tp(args.model, dict(args.engine_arg))
     policy: Policy | EnginePool = make_pool(kind, args) if pooled else make_policy(kind, args, args.env)
     concurrency = args.concurrency or (16 if args.mode == "lockstep" else 64)
     run = dict(samples=args.samples, mode=args.mode, base_seed=args.seed, env_kwargs=env_kwargs,
@@ -399,6 +449,52 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
     return 0
 
 
+def data_sets(specs: Sequence[str]) -> list[tuple[str, str]]:
+    """``[NAME=]SPEC`` values as (name, spec); a name defaults to the file stem or the spec."""
+    sets = []
+    for text in specs:
+        name, sep, spec = text.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            name, spec = Path(text).stem or text, text
+        sets.append((name, spec))
+    names = [n for n, _ in sets]
+    if len(set(names)) < len(names):
+        raise UsageError(f"--data names must differ (got {', '.join(names)}); name them NAME=SPEC")
+    return sets
+
+
+def _eval_sets(args: argparse.Namespace, sets: Sequence[tuple[str, str]]) -> int:
+    """One run folder per data set under OUT, then their card (OUT/card.txt, OUT/card.json)."""
+    out: Path = args.out or Path("runs") / f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}"
+    status = 0
+    for name, spec in sets:
+        print(f"[agent-envs] data set {name}: {spec}", file=sys.stderr)
+        code = cmd_eval(argparse.Namespace(**{**vars(args), "data": [spec], "out": out / name}))
+        if code == 130:
+            return code
+        status = status or code
+    print(_write_card([out / name for name, _ in sets], out))
+    return status
+
+
+def _write_card(runs: Sequence[Path], out: Path | None = None) -> str:
+    """The card of ``runs`` (one data set each, named by its folder); also written under ``out``."""
+    from agent_envs.rollout.card import dataset_card, format_card
+
+    cards = {}
+    for run in runs:
+        records, samples, spec = _run_records(run)
+        config_path = (run if run.is_dir() else run.parent) / "config.json"
+        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        cards[run.name if run.is_dir() else run.stem] = dataset_card(records, samples, spec=spec,
+                                                                     settings=config.get("env_settings"))
+    text = format_card(cards)
+    if out is not None:
+        atomic_write(out / "card.json", [(json.dumps(cards, indent=2) + "\n").encode()])
+        atomic_write(out / "card.txt", [(text + "\n").encode()])
+    return text
+
+
 # --------------------------------------------------------------------------- summarize / compare
 def _run_records(run: Path) -> tuple[list[Any], int, EnvSpec | None]:
     """A run's records, its sample count and the spec of the environment that wrote them."""
@@ -450,12 +546,20 @@ def format_table(rows: Sequence[tuple[str, dict[str, Any]]], samples: int) -> st
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
+    from agent_envs.rollout.card import format_groups
+
+    if args.card:
+        print(_write_card(args.runs))
+        return 0
     results = []
     for run in args.runs:
         records, samples, spec = _run_records(run)
         summary = summarize(records, samples, spec=spec)
         if args.group:
-            summary["groups"] = group_metrics(records, args.group, spec=spec)
+            try:
+                summary["groups"] = group_metrics(records, args.group, spec=spec, best_by=args.best_by)
+            except ValueError as exc:
+                raise UsageError(f"{run}: {exc}") from None
         results.append((str(run), summary, samples))
     if args.json:
         print(json.dumps({name: s for name, s, _ in results}, indent=2))
@@ -463,9 +567,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
         for name, s, samples in results:
             print(format_table([(name, s)], samples))
             if "groups" in s:
-                for g in s["groups"]["groups"]:
-                    print(f"  group {g['group']} samples {g['sample_indices']}: mean={g['mean_score']:.4f}")
-                print(f"  best group: {s['groups']['best_group']}")
+                print(format_groups(s["groups"]))
     return 0
 
 
@@ -496,6 +598,36 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def cmd_export_checkpoint(args: argparse.Namespace) -> int:
+    from agent_envs.es.checkpoint import CheckpointError, export_checkpoint
+
+    try:
+        manifest, verification = export_checkpoint(args.history, args.model, args.out, tp=args.tp,
+                                                   generations=args.generations, load_format=args.format,
+                                                   engine_args=dict(args.engine_arg), log=_progress)
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from None
+    print(json.dumps({"out": str(args.out), "generations_replayed": manifest["generations_replayed"],
+                      "load_format": manifest["load_format"], "tensor_parallel_size": manifest["tensor_parallel_size"],
+                      "shards": [s["file"] for s in manifest["shards"]], "passed": verification["passed"]}, indent=2))
+    return 0 if verification["passed"] else 1
+
+
+def cmd_verify_checkpoint(args: argparse.Namespace) -> int:
+    from agent_envs.es.checkpoint import CheckpointError, verify_checkpoint
+
+    try:
+        result = verify_checkpoint(args.folder, tp=args.tp, engine_args=dict(args.engine_arg), log=_progress)
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from None
+    print(json.dumps(result, indent=2, default=str))
+    return 0 if result["passed"] else 1
+
+
 def cmd_serve(argv: Sequence[str]) -> int:
     from agent_envs.policy.server import main as serve  # imported on demand: the other commands do not need it
 
@@ -507,7 +639,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["serve"]:
         return cmd_serve(argv[1:])
     args = build_parser().parse_args(argv)
-    handler = {"eval": cmd_eval, "summarize": cmd_summarize, "compare": cmd_compare, "report": cmd_report}[args.command]
+    handler = {"eval": cmd_eval, "summarize": cmd_summarize, "compare": cmd_compare, "report": cmd_report,
+               "export-checkpoint": cmd_export_checkpoint, "verify-checkpoint": cmd_verify_checkpoint}[args.command]
     try:
         return handler(args)
     except UsageError as exc:

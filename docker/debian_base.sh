@@ -34,8 +34,12 @@ certs=(/usr/local/share/ca-certificates/*.crt)
 key="$(cat "$0" ${certs[@]+"${certs[@]}"} | sha256sum | cut -c1-16)"
 tarball="$cache/debian-bookworm-base-$key.tar.gz"
 
+mkdir -p "$cache"
+# one builder at a time (agent_envs/core/cache.py's rule: a lock file beside what is built, the result
+# renamed into place complete); a second caller waits, then finds the tarball made
+exec {lock}>"$cache/debian-bookworm-base.lock"
+flock "$lock"
 if [ ! -s "$tarball" ]; then
-  mkdir -p "$cache"
   work="$(mktemp -d /tmp/ae-debootstrap-XXXXXX)"
   trap 'rm -rf --one-file-system "$work"' EXIT
   root="$work/rootfs"
@@ -58,6 +62,7 @@ if [ ! -s "$tarball" ]; then
   echo "[debian_base] cached $tarball ($(du -h "$tarball" | cut -f1))"
   find "$cache" -maxdepth 1 -name 'debian-bookworm-base-*.tar.gz' ! -name "${tarball##*/}" -delete  # stale keys
 fi
+flock -u "$lock"
 
 docker import \
   --change 'ENV PATH=/opt/python/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \

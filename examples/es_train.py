@@ -19,11 +19,19 @@ Examples::
     python examples/es_train.py --mode async ...
     # low-rank population batching: every member a rank-4 LoRA adapter, all served at once by one engine
     python examples/es_train.py --perturbation lowrank --rank 4 ... (docs/protocol.md#low-rank-es)
+    # the cards' evaluation modes on a trained history, no training (docs/scaling.md#es-evaluation):
+    # "interval25" (replay 25 updates, 1 sample) and "final4" (replay 25, 4 samples, the final seeds)
+    python examples/es_train.py --model M --eval-only --resume history.json --eval dapo=dapo_test.jsonl \
+        --eval aime=aime_2026.jsonl --eval-generations 25 --history runs/interval25.json
+    python examples/es_train.py --model M --eval-only --resume history.json --eval dapo=dapo_test.jsonl \
+        --eval aime=aime_2026.jsonl --final-eval --final-eval-samples 4 --history runs/final4.json
     # fitness = 0.7 * outcome + 0.3 * mean step score from a judge served on 127.0.0.1:8001
     python examples/es_train.py ... --step-scorer judge --judge-url http://127.0.0.1:8001/v1 \
         --judge-model Qwen/Qwen3-8B --process-weight 0.3 --process-aggregation mean
 
-Options (see ``--help``): --env, --model, --train, --eval, --eval-limit, --generations,
+Options (see ``--help``): --env, --model, --train, held-out evaluation (--eval NAME=PATH, --eval-limit,
+--eval-samples, --initial-eval, --final-eval/--final-eval-samples, --eval-only/--eval-generations,
+--eval-key-seed-file, --skill-file, --write-trace-logs), --generations,
 --population, --case-batch, --sigma-start/--sigma-end/--sigma-schedule/--sigma-warmup/
 --sigma-total-steps, --alpha, --normalization/--ddof/--eps, --scope, --seed, --eval-interval,
 --eval-samples, --eval-out (held-out records before and after, for ``agent-envs compare``), --env-arg, --sampling,
@@ -49,7 +57,6 @@ import os
 import statistics
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from pydantic import ValidationError
@@ -57,9 +64,11 @@ from pydantic import ValidationError
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights live in this process's worker
 
 from agent_envs.cli import _key_value as key_value
-from agent_envs.envs.registry import ENV_IDS, spec
+from agent_envs.envs import registry
+from agent_envs.envs.registry import ENV_IDS
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
 from agent_envs.es.batched import LowRankESTrainer
+from agent_envs.es.evaluation import EvalSetup, Evaluator, add_evaluation_arguments, eval_only, evaluation_setup
 from agent_envs.es.fingerprint import combine_checksums
 from agent_envs.es.history import ESConfig, ReplayMismatch, checked_generations, load_history, replay_is_exact, resume
 from agent_envs.es.lowrank import lora_rank_slot
@@ -77,16 +86,14 @@ from agent_envs.rewards.combine import FitnessCombiner
 from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
 from agent_envs.core.steps import StepScorer
 from agent_envs.scoring.process import AGGREGATIONS
-from agent_envs.rollout import es_summary, run_episodes
+from agent_envs.rollout import run_episodes
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--env", default="MATH-ReAct-v0", choices=ENV_IDS)
     p.add_argument("--model", required=True, help="any vLLM model path or name")
-    p.add_argument("--train", required=True, help="training tasks (JSONL / official DocVQA JSON)")
-    p.add_argument("--eval", default=None, help="held-out tasks for interval evaluation")
-    p.add_argument("--eval-limit", type=int, default=None, help="evaluate only the first N held-out tasks")
+    p.add_argument("--train", default=None, help="training tasks (JSONL / official DocVQA JSON); not with --eval-only")
     p.add_argument("--generations", type=int, default=25)
     p.add_argument("--population", type=int, default=16)
     p.add_argument("--case-batch", type=int, default=16)
@@ -102,11 +109,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scope", default="full", choices=["full", "all_linear"])
     p.add_argument("--seed", type=int, default=DEFAULT_BASE_SEED)
     p.add_argument("--eval-interval", type=int, default=10, help="0: only after the last generation")
-    p.add_argument("--eval-samples", type=int, default=1, help="samples per held-out task")
-    p.add_argument("--eval-out", default=None,
-                   help="keep the held-out records as run folders (DIR/before, DIR/after-g<G>) for `agent-envs "
-                        "compare`: evaluates once more before training, every evaluation with base seed --seed "
-                        "(the same sampling seeds before and after) and all episodes at once (one engine only)")
+    p.add_argument("--eval-concurrency", type=int, default=16, help="held-out episodes in flight")
     p.add_argument("--env-arg", action="append", default=[], type=key_value, metavar="KEY=VALUE",
                    help="extra environment keyword (value parsed as JSON), e.g. single_turn=true")
     p.add_argument("--history", required=True, help="history.json path (rewritten every generation)")
@@ -161,6 +164,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="engines sharing a GPU run under CUDA MPS when the host offers it (auto) or never (off)")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster (multi-node) instead of a local one")
     add_scorer_arguments(p)
+    add_evaluation_arguments(p)  # held-out sets, initial/final/eval-only, key-seed map, skill, trace logs
     p.add_argument("--process-weight", type=float, default=0.0,
                    help="fitness = (1 - w) * outcome + w * process score (0: outcome only)")
     p.add_argument("--process-aggregation", default=None, choices=list(AGGREGATIONS),
@@ -173,8 +177,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def check_perturbation_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Low-rank members share one engine at once, so they need the async engine and one engine."""
     pool = args.engines > 1 or args.engines_per_gpu > 1 or args.ray_address
-    if args.eval_out and pool:
-        parser.error("--eval-out keeps the records of one engine's evaluations; drop --engines/--ray-address")
     if args.perturbation == "full":
         args.mode = args.mode or "lockstep"
         return
@@ -208,7 +210,7 @@ def build_process_reward(args: argparse.Namespace) -> tuple[StepScorer | None, F
 
 def load_tasks(env_id: str, path: str, limit: int | None = None) -> list[Any]:
     """Tasks through the environment's own loader (a file, or a name such as ``builtin``)."""
-    loader = spec(env_id).load_tasks
+    loader = registry.spec(env_id).load_tasks
     if loader is None:
         raise SystemExit(f"{env_id} has no task loader; ES needs one (its spec's load_tasks)")
     return list(loader(path, limit=limit))
@@ -265,8 +267,9 @@ def make_engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return kwargs
 
 
-def make_env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    env_kwargs: dict[str, Any] = {"max_turns": args.max_turns, "sandbox": args.sandbox, **dict(args.env_arg)}
+def make_env_kwargs(args: argparse.Namespace, skill: str | None = None) -> dict[str, Any]:
+    env_kwargs: dict[str, Any] = {"max_turns": args.max_turns, "sandbox": args.sandbox, "skill": skill,
+                                  **dict(args.env_arg)}
     if args.max_tokens is not None:
         env_kwargs["max_tokens_per_turn"] = args.max_tokens
     return env_kwargs
@@ -275,12 +278,17 @@ def make_env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 @dataclass
 class ESRun:
     """A trainer with its engines open; ``checksum()`` is the full SHA-256 of the weights (on request:
-    it copies them to the host).  ``pool`` or ``policy`` is what the members run on."""
+    it copies them to the host).  ``pool`` or ``policy`` is what the members run on.  With
+    ``--eval-only`` there is no trainer: ``evaluator`` runs on ``backend``'s replayed weights."""
 
-    trainer: ESTrainer
+    trainer: ESTrainer | None
     checksum: Callable[[], str]
     policy: Any = None
     pool: Any = None
+    evaluator: Evaluator | None = None
+    backend: Any = None
+    setup: EvalSetup | None = None
+    config: ESConfig | None = None
 
 
 @contextlib.contextmanager
@@ -289,18 +297,23 @@ def open_run(args: argparse.Namespace) -> Iterator[ESRun]:
     process, or a Ray pool); closed on exit.  Benchmarks drive the same objects."""
     scorer, combiner = build_process_reward(args)
     try:
-        train = load_tasks(args.env, args.train)
-        held_out = load_tasks(args.env, args.eval, args.eval_limit) if args.eval else []
-        config = make_config(args, combiner)
+        if (args.train is None) != args.eval_only:
+            raise SystemExit("give --train to train, or --eval-only (no training) without it")
+        try:
+            setup = evaluation_setup(args, lambda path: load_tasks(args.env, path, args.eval_limit))
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
+        train = load_tasks(args.env, args.train) if args.train else []
+        config = make_config(args, combiner).model_copy(update=setup.config)
         if args.engines > 1 or args.engines_per_gpu > 1 or args.ray_address:
             if scorer is not None:
                 raise SystemExit("--step-scorer runs on a single engine (the pool's actors score episodes themselves)")
             if args.mode == "async":
                 print("[es] --engines: each engine runs its members in lockstep mode", file=sys.stderr)
-            with pool_run(args, config, train, held_out) as run:
+            with pool_run(args, config, train, setup) as run:
                 yield run
         else:
-            with single_engine_run(args, config, train, held_out, scorer, combiner) as run:
+            with single_engine_run(args, config, train, setup, scorer, combiner) as run:
                 yield run
     finally:
         if scorer is not None:
@@ -310,8 +323,19 @@ def open_run(args: argparse.Namespace) -> Iterator[ESRun]:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     with open_run(args) as run:
-        history = run.trainer.run()
+        assert run.setup is not None and run.evaluator is not None
+        if run.trainer is None:  # --eval-only: replay --resume's updates step by step and evaluate
+            history = eval_only(run.config, run.backend, run.evaluator, args.history, source=args.resume,
+                                replay_updates=args.resume_generations, marks=args.eval_generations,
+                                final=args.final_eval, facts=budgets(args))
+        else:
+            history = run.setup.train(run.trainer, run.evaluator, budgets(args))
         report(history, args.history, run.checksum())
+
+
+def budgets(args: argparse.Namespace) -> dict[str, Any]:
+    """The episode budgets a final evaluation record states."""
+    return {"max_turns": args.max_turns, "max_tokens": args.max_tokens}
 
 
 def replay_source(args: argparse.Namespace, config: ESConfig, backend: Any) -> tuple[list[dict[str, Any]] | None, int]:
@@ -340,9 +364,9 @@ def describe_start(backend: Any, config: ESConfig) -> None:
 
 
 @contextlib.contextmanager
-def single_engine_run(args: argparse.Namespace, config: ESConfig, train: list[Any], held_out: list[Any],
+def single_engine_run(args: argparse.Namespace, config: ESConfig, train: list[Any], setup: EvalSetup,
                       scorer: StepScorer | None, combiner: FitnessCombiner | None) -> Iterator[ESRun]:
-    env_kwargs = make_env_kwargs(args)
+    env_kwargs = make_env_kwargs(args, setup.skill)
     policy, engine = build_policy(args, make_engine_kwargs(args))
     try:
         lowrank = args.perturbation == "lowrank"
@@ -357,6 +381,20 @@ def single_engine_run(args: argparse.Namespace, config: ESConfig, train: list[An
                                        revert_copy=args.revert_copy)
             describe_start(backend, config)
         config.tp_size = backend.tp_size
+
+        def held_out(tasks: Sequence[Any], samples: int, seed: int, key_seeds: Any) -> Sequence[Any]:
+            return run_episodes(args.env, tasks, policy, samples=samples, mode=args.mode, base_seed=seed,
+                                env_kwargs=env_kwargs, concurrency=args.eval_concurrency, progress=False,
+                                key_seeds=key_seeds)
+
+        evaluator = setup.evaluator(held_out, seed=args.seed, spec=registry.spec(args.env))
+
+        def checksum() -> str:
+            return combine_checksums(backend.checksum())
+
+        if args.eval_only:
+            yield ESRun(None, checksum, policy=policy, evaluator=evaluator, backend=backend, setup=setup, config=config)
+            return
         head, start = replay_source(args, config, backend)
 
         def evaluate(batch: Sequence[Any], seed: int, generation: int, member: int, adapter: str | None = None):
@@ -370,46 +408,19 @@ def single_engine_run(args: argparse.Namespace, config: ESConfig, train: list[An
             print(f"[es]   generation={generation} member={member} seed={seed} reward={result.reward:.4f}")
             return result
 
-        def interval_eval(generation: int) -> dict[str, Any] | None:
-            if not held_out:
-                return None
-            kept = eval_out_kwargs(args, generation, len(held_out))
-            rows = run_episodes(args.env, held_out, policy, samples=args.eval_samples, mode=args.mode,
-                                env_kwargs=env_kwargs, progress=False,
-                                **(kept or {"base_seed": args.seed + generation + 1, "concurrency": 16}))
-            return eval_summary(rows, generation, args.eval_samples)
-
+        history = setup.head(evaluator, config, head, start)
+        hook = setup.hook(evaluator)
         if lowrank:
             trainer: ESTrainer = LowRankESTrainer(config, backend, policy, train, evaluate, args.history,
-                                                  adapter_dir=args.adapter_dir, history=head, start_generation=start,
-                                                  eval_hook=interval_eval)
+                                                  adapter_dir=args.adapter_dir, history=history,
+                                                  start_generation=start, eval_hook=hook)
         else:
-            trainer = ESTrainer(config, backend, train, evaluate, args.history, history=head, start_generation=start,
-                                eval_hook=interval_eval)
+            trainer = ESTrainer(config, backend, train, evaluate, args.history, history=history,
+                                start_generation=start, eval_hook=hook)
         trainer.sha256_each_generation = args.sha256_each_generation
-        if args.eval_out and held_out and not args.resume:
-            trainer.history.append({"generation": -1, "eval": interval_eval(-1)})
-        yield ESRun(trainer, lambda: combine_checksums(backend.checksum()), policy=policy)
+        yield ESRun(trainer, checksum, policy=policy, evaluator=evaluator, backend=backend, setup=setup, config=config)
     finally:
         policy.close()
-
-
-def eval_out_kwargs(args: argparse.Namespace, generation: int, tasks: int) -> dict[str, Any] | None:
-    """``--eval-out``: where this evaluation's records go (DIR/before for generation -1), one base
-    seed for every evaluation, and all episodes in flight; None without it."""
-    if not args.eval_out:
-        return None
-    folder = Path(args.eval_out) / ("before" if generation < 0 else f"after-g{generation}")
-    folder.mkdir(parents=True, exist_ok=True)
-    return {"out_path": folder / "records.jsonl", "base_seed": args.seed, "concurrency": tasks * args.eval_samples}
-
-
-def eval_summary(rows: Sequence[Any], generation: int, samples: int = 1) -> dict[str, Any]:
-    summary = es_summary(rows, samples=samples)
-    when = "before training" if generation < 0 else f"after generation {generation}"
-    print(f"[es] eval {when}: mean_score={summary['mean_score']:.4f} "
-          f"({summary['count']} rows, errors {summary['error_count']})")
-    return summary
 
 
 def report(history: list[dict[str, Any]], path: str, checksum: str) -> None:
@@ -421,7 +432,7 @@ def report(history: list[dict[str, Any]], path: str, checksum: str) -> None:
 
 
 @contextlib.contextmanager
-def pool_run(args: argparse.Namespace, config: ESConfig, train: list[Any], held_out: list[Any]) -> Iterator[ESRun]:
+def pool_run(args: argparse.Namespace, config: ESConfig, train: list[Any], setup: EvalSetup) -> Iterator[ESRun]:
     """``--engines N`` (and ``--engines-per-gpu K``): one vLLM engine per Ray actor; members run on idle
     engines, every update on all engines (fingerprints compared each generation), held-out episodes
     spread over the engines."""
@@ -430,26 +441,30 @@ def pool_run(args: argparse.Namespace, config: ESConfig, train: list[Any], held_
     from agent_envs.scale.pool import EnginePool
     from agent_envs.scale.rollout import pool_run_episodes
 
-    env_kwargs = make_env_kwargs(args)
+    env_kwargs = make_env_kwargs(args, setup.skill)
     spec = vllm_spec(args.model, make_engine_kwargs(args), sampling=sampling_settings(args),
                      rollout_token_budget=args.rollout_token_budget, engines_per_gpu=args.engines_per_gpu)
     with EnginePool(spec, args.engines, ray_address=args.ray_address, mps=args.mps) as pool:
         backend = PoolBackend(pool, scope=args.scope, revert_copy=args.revert_copy)
         config.tp_size, config.exact_revert = backend.tp_size, True  # the pool always reverts exactly
+
+        def held_out(tasks: Sequence[Any], samples: int, seed: int, key_seeds: Any) -> Sequence[Any]:
+            return pool_run_episodes(pool, args.env, tasks, samples=samples, mode="lockstep", base_seed=seed,
+                                     env_kwargs=env_kwargs, concurrency=args.eval_concurrency, progress=False,
+                                     key_seeds=key_seeds)
+
+        evaluator = setup.evaluator(held_out, seed=args.seed, spec=registry.spec(args.env))
+        if args.eval_only:
+            yield ESRun(None, backend.checksum, pool=pool, evaluator=evaluator, backend=backend, setup=setup,
+                        config=config)
+            return
         head, start = replay_source(args, config, backend)
-
-        def interval_eval(generation: int) -> dict[str, Any] | None:
-            if not held_out:
-                return None
-            rows = pool_run_episodes(pool, args.env, held_out, mode="lockstep", base_seed=args.seed + generation + 1,
-                                     env_kwargs=env_kwargs, concurrency=16, progress=False)
-            return eval_summary(rows, generation)
-
-        trainer = PoolESTrainer(config, backend, train, args.history, history=head, start_generation=start,
-                                eval_hook=interval_eval,
+        trainer = PoolESTrainer(config, backend, train, args.history, start_generation=start,
+                                history=setup.head(evaluator, config, head, start), eval_hook=setup.hook(evaluator),
                                 rollout_kwargs={"env_kwargs": env_kwargs, "concurrency": args.concurrency})
         trainer.sha256_each_generation, trainer.toy_reward = args.sha256_each_generation, args.toy_reward
-        yield ESRun(trainer, backend.checksum, pool=pool)
+        yield ESRun(trainer, backend.checksum, pool=pool, evaluator=evaluator, backend=backend, setup=setup,
+                    config=config)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,8 @@ def engine_kwargs(args: argparse.Namespace, max_model_len: int, **overrides: Any
     """bf16, eager unless asked otherwise, the ES worker extension, a modest share of GPU memory."""
     from agent_envs.es.worker import EXTENSION
 
-    kwargs = dict(load_format=args.load_format, dtype="bfloat16", enforce_eager=args.enforce_eager,
+    # scripts without add_engine_args (gpu_tp_check, gpu_checkpoint_check) run eager
+    kwargs = dict(load_format=args.load_format, dtype="bfloat16", enforce_eager=getattr(args, "enforce_eager", True),
                   worker_extension_cls=EXTENSION,
                   max_model_len=max_model_len, gpu_memory_utilization=0.3, seed=0, tensor_parallel_size=args.tp,
                   disable_custom_all_reduce=args.no_custom_all_reduce)
@@ -68,6 +69,14 @@ def make_llm(args: argparse.Namespace, max_model_len: int, **overrides: Any) -> 
     kwargs = engine_kwargs(args, max_model_len, **overrides)
     prepare_engine_env(kwargs)  # TP > 1: multiprocess engine, long start-up limit
     return LLM(model=kwargs.pop("model", args.model), **kwargs)
+
+
+def print_result(out: dict[str, Any], passed: bool) -> int:
+    """Every check's value, then the ``RESULT {json}`` line the callers read; the exit status."""
+    for key, value in out.items():
+        print(f"{key:32} {value}")
+    print("RESULT " + json.dumps({**out, "passed": passed}, default=str))
+    return 0 if passed else 1
 
 
 def tiny_moe_config(tokenizer_dir: str | Path, out: str | Path, hidden: int = 256, layers: int = 4,

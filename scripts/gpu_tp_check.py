@@ -17,8 +17,6 @@ Exit status 0 only when every check passes; the last line is ``RESULT {json}``.
 from __future__ import annotations
 
 import argparse
-import gc
-import json
 import shutil
 import sys
 import time
@@ -27,9 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from agent_envs.es.checkpoint import shutdown  # noqa: E402
 from agent_envs.es.history import resume  # noqa: E402
 from agent_envs.es.worker import VLLMPerturbation  # noqa: E402
-from gpu_engine import make_llm, tiny_moe_config  # noqa: E402
+from gpu_engine import make_llm, print_result, tiny_moe_config  # noqa: E402
 from gpu_es_replay_check import toy_config, toy_train  # noqa: E402
 
 PROMPTS = ["The weather today is", "def fibonacci(n):", "Once upon a time", "The capital of France is"]
@@ -57,21 +56,6 @@ def save_sharded(llm, path: Path, config_dir: Path) -> list[str]:
         llm.collective_rpc("save_sharded_state", kwargs={"path": str(path), "pattern": None, "max_size": None})
     shutil.copy(config_dir / "config.json", path / "config.json")
     return sorted(p.name for p in path.iterdir())
-
-
-def shutdown(llm) -> None:
-    core = getattr(llm.llm_engine, "engine_core", None)
-    if core is not None and hasattr(core, "shutdown"):
-        core.shutdown()
-    del llm
-    gc.collect()
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except ImportError:
-        pass
 
 
 def timed_llm(args, out: dict, key: str, **overrides):
@@ -148,10 +132,7 @@ def main() -> int:
     checks = ["perturbed_generation_differs", "rewards_vary", "training_changed_weights", "loaded_checksum_equal",
               "loaded_tokens_equal", "replay_checksum_equal", "replay_tokens_equal"]
     passed = all(out[c] for c in checks) and out["exact_revert_max_abs_diff"] == 0.0
-    for key, value in out.items():
-        print(f"{key:32} {value}")
-    print("RESULT " + json.dumps({**out, "passed": passed}, default=str))
-    return 0 if passed else 1
+    return print_result(out, passed)
 
 
 if __name__ == "__main__":

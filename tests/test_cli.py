@@ -102,7 +102,7 @@ def test_summarize_and_compare(math_run, capsys):
     assert summary["es"]["count"] == 6
     assert main(["summarize", str(math_run), "--group", "1"]) == 0
     text = capsys.readouterr().out
-    assert "group 0 samples [0]" in text and "group 1 samples [1]" in text
+    assert "\n0      0-0" in text and "\n1      1-1" in text and "best group by mean_score: 0" in text
     assert main(["compare", str(math_run), str(math_run)]) == 0
     out = capsys.readouterr().out
     result = json.loads(out[: out.rindex("}") + 1])

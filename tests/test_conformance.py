@@ -8,7 +8,10 @@ process or temp folder behind.
 """
 from __future__ import annotations
 
+import copy
 import json
+import os
+import pickle
 import random
 from pathlib import Path
 
@@ -30,6 +33,9 @@ from test_process_rewards import HashScorer
 
 ENV_IDS = registry.ENV_IDS
 TERMINATIONS = {"final_answer", "max_turns", "max_response_tokens_exceeded", "context_length_exceeded"}
+#: nesting depths of an action's extra argument: decodable (400, and 500 where copying a record
+#: recursed past the limit), beyond the decoder (1,000) and far beyond it (100,000)
+DEEP_NESTING = (400, 500, 1_000, 100_000)
 #: small budgets keep the suite cheap; every code path is still reached
 ENV_KWARGS = {"max_turns": 4, "sandbox": "bwrap"}
 
@@ -50,6 +56,8 @@ def _adversarial(env_id: str) -> list[str]:
         "Action: " + "{" * 5000, "x" * 20000, "Final answer: __import__('os').system('echo pwned')",
         "Final answer: \\boxed{" + "(" * 400 + "1" + ")" * 400 + "}", "Final answer: 9" + "9" * 400,
         "\ud800 Final answer: \udfff",
+        *[a.replace('"echo hi; exit 3"}', '"echo deep", "x": ' + "[" * d + "]" * d + "}") for a in acts
+          for d in DEEP_NESTING],
     ]
 
 
@@ -88,6 +96,8 @@ def test_random_and_adversarial_completions_never_raise(env_id):
                 ended += 1
                 record = info["episode"]
                 assert record["termination_reason"] in TERMINATIONS and 0.0 <= record["score"] <= 1.0
+                # a record crosses processes and files: copy, pickle and JSON must all take it
+                assert pickle.loads(pickle.dumps(copy.deepcopy(record))) == json.loads(json.dumps(record))
                 env.reset(seed=i)
     finally:
         env.close()

@@ -129,6 +129,28 @@ def test_group_metrics_split_a_16_sample_run_into_four_groups():
         group_metrics(rows, 5)
 
 
+def _doc(task: str, sample: int, score: float) -> dict:
+    return _row(task, sample, score, anls=score, acc=1.0 if score > 0.5 else 0.0)
+
+
+def test_groups_of_four_report_anls_and_exact_match_accuracy_and_pick_the_best_by_name():
+    """summarize --group 4: ANLS Mean4/Pass4 and the cards' exact-match Accuracy Mean4/Pass4 per
+    group (acc = ANLS > 0.5 stays apart), the best group by any of them."""
+    scores = {"q1": [1.0, 0.8, 0.0, 0.0, 0.9, 0.9, 0.9, 0.9], "q2": [0.0, 0.0, 0.0, 0.0, 0.6, 0.6, 0.6, 1.0]}
+    rows = [_doc(t, i, s) for t, ss in scores.items() for i, s in enumerate(ss)]
+    g = group_metrics(rows, 4, spec=DOCVQA, best_by="anls_mean4")
+    first, second = g["groups"]
+    assert first["anls_mean4"] == pytest.approx(1.8 / 8) and second["anls_mean4"] == pytest.approx(6.4 / 8)
+    assert first["anls_pass4"] == pytest.approx(0.5) and second["anls_pass4"] == pytest.approx(0.95)
+    assert first["exact_mean4"] == pytest.approx(1 / 8) and first["exact_pass4"] == pytest.approx(1 / 2)
+    assert second["exact_mean4"] == pytest.approx(1 / 8) and second["exact_pass4"] == pytest.approx(1 / 2)
+    assert first["acc_mean4"] == pytest.approx(2 / 8) and second["acc_mean4"] == pytest.approx(1.0)
+    assert (g["best_by"], g["best_group"]) == ("anls_mean4", 1)
+    assert group_metrics(rows, 4, spec=DOCVQA, best_by="exact_pass4")["best_group"] == 0  # a tie: the first
+    with pytest.raises(ValueError, match="cannot choose the best group by 'acc@4'.*anls_mean4"):
+        group_metrics(rows, 4, spec=DOCVQA, best_by="acc@4")
+
+
 # ----------------------------------------------------------- docs/protocol.md#diagnostics-cases
 def test_diagnostics_5_6_1():
     rows = [

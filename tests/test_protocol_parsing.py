@@ -8,7 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent_envs.protocol.nesting import bounded_copy, json_text, nesting_depth
 from agent_envs.protocol.parsing import (
+    MAX_ACTION_NESTING,
     answer_status,
     final_answer_line,
     is_single_bash_action,
@@ -244,3 +246,48 @@ def test_single_final_answer_line_returns_its_stripped_value(value):
     # the space after the colon already satisfies "at least one character", so even an empty
     # value yields "" (not None), as upstream does
     assert final_answer_line(f"Final answer: {value}") == value.strip()
+
+
+# --- untrusted nesting depth (docs/protocol.md#differences-and-parity-switches) ---------------------
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    max_leaves=30,
+)
+
+
+def _nested(depth: int) -> str:
+    return '{"name": "bash", "arguments": {"command": "echo deep", "x": ' + "[" * depth + "]" * depth + "}}"
+
+
+def _at_stack_depth(frames: int, fn):
+    """``fn()`` called ``frames`` Python frames below here (a deep caller, such as a thread pool)."""
+    return fn() if frames == 0 else _at_stack_depth(frames - 1, fn)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=_json, bound=st.integers(1, 4))
+def test_json_text_and_bounded_copy_agree_with_the_standard_library(value, bound):
+    assert json_text(value) == json.dumps(value, ensure_ascii=False)
+    assert bounded_copy(value, 100) == value
+    kept = bounded_copy(value, bound)
+    assert nesting_depth(kept) <= bound
+
+
+def test_deep_values_are_walked_without_recursion():
+    deep = json.loads("[" * 900 + "]" * 900)
+    assert nesting_depth(deep) == 900
+    assert json_text(deep) == "[" * 900 + "]" * 900
+    kept = bounded_copy({"x": deep}, 3)
+    assert kept == {"x": [["[" * 898 + "]" * 898]]}  # two lists kept below the dict, the rest as its JSON text
+
+
+def test_action_nesting_bound_is_the_same_from_every_stack_depth():
+    """Up to MAX_ACTION_NESTING levels an action parses; beyond, it is undecodable, wherever the
+    caller's stack is (the decoder alone would fail earlier the deeper its caller)."""
+    for frames in (0, 300):
+        ok = _at_stack_depth(frames, lambda: parse_action("Action: " + _nested(MAX_ACTION_NESTING - 2), "docvqa_es"))
+        assert ok is not None and ok["arguments"]["command"] == "echo deep"
+        assert _at_stack_depth(frames, lambda: parse_action("Action: " + _nested(MAX_ACTION_NESTING - 1),
+                                                            "docvqa_es")) is None

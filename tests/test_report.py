@@ -13,6 +13,7 @@ import pytest
 
 import browser
 from agent_envs.cli import main
+from agent_envs.report import views
 from agent_envs.report.views import split_think, turns
 from agent_envs.rollout.metrics import paired_bootstrap
 from agent_envs.rollout.records import read_jsonl
@@ -164,6 +165,66 @@ def test_report_of_a_run_killed_midway(math_run, tmp_path):
     assert sorted(_check(killed / "report.html", "")["keys"]) == _keys(killed)
 
 
+def _as_policy(run: Path, folder: Path, **config: object) -> Path:
+    """A copy of ``run`` whose config.json says another policy ran it (the records stay real)."""
+    shutil.copytree(run, folder)
+    saved = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**saved, **config}))
+    return folder
+
+
+def _section(html: str, section: str) -> str:
+    return html.split(f'<section id="{section}">', 1)[1].split("</section>", 1)[0]
+
+
+def test_first_section_says_what_each_run_is_and_how_to_run_a_real_model(math_run, tmp_path):
+    run, _ = math_run
+    tiny = _as_policy(run, tmp_path / "tiny", policy="cpu", max_turns=3, max_tokens_per_turn=128)
+    real = _as_policy(run, tmp_path / "real", policy="vllm", model="Qwen/Qwen3-4B")
+    assert main(["report", str(run), str(tiny), str(real), "--out", str(tmp_path / "three.html")]) == 0
+    html = (tmp_path / "three.html").read_text()
+    assert html.index('id="about"') < html.index('id="summary"')  # the first thing under the title
+    assert "<title>agent-envs report: 3 runs of MATH-ReAct-v0</title>" in html
+    about = _section(html, "about")
+    assert all(name in about for name in ("math", "tiny", "real"))
+    assert "scripted reference policy (no model)" in about and views.POLICY_WORDS["scripted"] in about
+    assert "SmolLM2-135M-Instruct (embedded, CPU)" in about and views.POLICY_WORDS["cpu"] in about
+    assert "Qwen/Qwen3-4B" in about and "at most 3 turns, 128 tokens per turn" in about
+    assert "--env MATH-ReAct-v0 --policy vllm --model" in about and "--base-url http://127.0.0.1:8000/v1" in about
+    # a real model alone: nothing to tell the reader about running one
+    assert main(["report", str(real), "--out", str(tmp_path / "real.html")]) == 0
+    alone = _section((tmp_path / "real.html").read_text(), "about")
+    assert "Qwen/Qwen3-4B" in alone and "--base-url" not in alone
+
+
+def test_plots_carry_no_legend_and_one_colour_key_names_every_run(math_run, tmp_path):
+    """A legend drawn inside each small figure covered its title; the key above the plots replaces it."""
+    import base64
+
+    run, _ = math_run
+    copies = [_as_policy(run, tmp_path / f"copy{i}") for i in range(5)]
+    assert main(["report", str(run), *map(str, copies), "--out", str(tmp_path / "six.html")]) == 0
+    section = _section((tmp_path / "six.html").read_text(), "plots")
+    svgs = [base64.b64decode(src).decode() for src in re.findall(r'src="data:image/svg\+xml;base64,([^"]+)"', section)]
+    assert len(svgs) == 5 and not any("legend" in svg for svg in svgs)
+    key = section.split('<p class="key">', 1)[1].split("</p>", 1)[0]
+    assert all(f">{name}</span>" in key for name in ["math", *(c.name for c in copies)])
+    assert len(set(re.findall(r"--c: (#[0-9a-f]{6})", key))) == 6  # six runs, six colours
+
+
+@needs_browser
+def test_the_explanation_is_on_the_first_screen(math_run, tmp_path):
+    run, _ = math_run
+    tiny = _as_policy(run, tmp_path / "tiny", policy="cpu")
+    assert main(["report", str(run), str(tiny), "--out", str(tmp_path / "two.html")]) == 0
+    found = browser.check_page(tmp_path / "two.html", """function () {
+      var hint = document.querySelector('pre.hint').getBoundingClientRect();
+      return {hint_bottom: hint.bottom, width: window.innerWidth};
+    }""")
+    # Chromium's headless window is 780 px wide: even so narrow, it all fits in the first 1000 px
+    assert found["errors"] == [] and 0 < found["result"]["hint_bottom"] <= 1000, found
+
+
 def test_report_of_a_folder_without_records_is_a_usage_error(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "no records at" in capsys.readouterr().err
@@ -203,6 +264,17 @@ def test_turns_fold_think_blocks_mark_truncation_and_keep_the_final_turn():
     old = {k: v for k, v in row.items() if k not in ("turn_log", "turn_tool_s")}
     assert [t["decision"] for t in turns(old)] == ["run", "warn", "final"]
     assert split_think("<think>unclosed") == [("think", "unclosed")]
+
+
+def test_a_tool_call_is_shown_as_written():
+    """A shell command as a shell line; the python tool's code with its own lines; anything else as JSON."""
+    def shown(action):
+        return turns({"react_steps": [{"turn": 1, "assistant": "", "action": action, "observation": "ok"}],
+                      "termination_reason": "max_turns"})[0]["action"]
+
+    assert shown({"name": "bash", "arguments": {"command": "ls -l"}}) == "bash$ ls -l"
+    assert shown({"name": "python", "arguments": {"code": "x = 6\nprint(x * 7)"}}) == "python (code):\nx = 6\nprint(x * 7)"
+    assert shown({"name": "view", "arguments": {"box": [0, 0, 9, 9]}}) == '{"name": "view", "arguments": {"box": [0, 0, 9, 9]}}'
 
 
 def test_records_carry_per_turn_facts(math_run):

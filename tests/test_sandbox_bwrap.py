@@ -76,7 +76,8 @@ def test_repo_invisible_and_tcp_blocked(sandbox_for):  # #sandbox-cases 5 (a loc
         srv.setblocking(False)
         with pytest.raises(BlockingIOError):
             srv.accept()
-    assert "network-blocked" in out and "agent-envs" not in out
+    # neither file's text (the clone's folder may well be named agent-envs: the path proves nothing)
+    assert "network-blocked" in out and "[build-system]" not in out and "Gymnasium environments" not in out
 
 
 def test_truncation_80(sandbox_for):  # #sandbox-cases 6
@@ -221,3 +222,16 @@ def test_factory_and_local_backend():
     finally:
         sb.close()
     assert workdir is not None and not os.path.exists(workdir)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the pre-made user namespace is made only when running as root")
+def test_a_read_only_proc_sys_is_an_error_not_a_hang():
+    """Where the limit cannot be written (under bwrap: no_new_privs keeps the helper's re-exec from
+    gaining the namespace's capabilities; some containers), capping nested user namespaces fails:
+    that must be a clear error at once, not a wait for a line that never comes."""
+    import subprocess
+
+    code = "from agent_envs.sandbox._procs import UserNamespace; UserNamespace()"
+    proc = subprocess.run(["bwrap", "--dev-bind", "/", "/", "--proc", "/proc", "--unshare-pid", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode != 0 and "user.max_user_namespaces was refused" in proc.stderr, proc.stderr[-2000:]

@@ -1,13 +1,16 @@
 """Observation framing (docs/protocol.md#output-framing), including head/tail windows of huge streams."""
 from __future__ import annotations
 
+import json
 import math
 
+import gymnasium as gym
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_envs.sandbox.capture import Window
+import agent_envs  # noqa: F401  (registers the environments)
+from agent_envs.sandbox.capture import SPACE_CHARS, Window, window_fields
 from agent_envs.sandbox.base import ExecResult
 from protocol_specs import format_observation
 
@@ -64,11 +67,22 @@ def test_unknown_style_is_a_clear_error():
         format_observation(R(b"x"), "html")  # type: ignore[arg-type]
 
 
-def _windowed(data: bytes, keep: int) -> tuple[bytes, int]:
+def _window(data: bytes, keep: int, step: int = 7919) -> Window:
     w = Window(keep)
-    for i in range(0, len(data), 7919):
-        w.feed(data[i:i + 7919])
+    for i in range(0, len(data), step):
+        w.feed(data[i:i + step])
+    return w
+
+
+def _windowed(data: bytes, keep: int) -> tuple[bytes, int]:
+    w = _window(data, keep)
     return w.data(), w.dropped
+
+
+def _captured(out: bytes, err: bytes, rc: int, keep: int, step: int = 7919) -> ExecResult:
+    """What a sandbox returns for these streams: windows, and the windows of their stripped form."""
+    return ExecResult(returncode=rc, **window_fields(_window(out, keep, step), "stdout"),
+                      **window_fields(_window(err, keep, step), "stderr"))
 
 
 _chunks = st.lists(st.sampled_from(["a", "é", "€", "\n", "\r", "\r\n", " ", "\U0001f600", "\ufffd"]), min_size=1, max_size=40)
@@ -83,8 +97,52 @@ def test_windows_equal_full_capture(out_unit, err_unit, out_reps, err_reps, junk
     out = ("".join(out_unit) * out_reps).encode() + junk
     err = junk + ("".join(err_unit) * err_reps).encode()
     full = format_observation(R(out, err, rc), style, limit)
-    (o, od), (e, ed) = _windowed(out, keep), _windowed(err, keep)
-    assert format_observation(R(o, e, rc, stdout_dropped=od, stderr_dropped=ed), style, limit) == full
+    assert format_observation(_captured(out, err, rc, keep), style, limit) == full
+
+
+_blanks = st.lists(st.sampled_from([" ", "\n", "\t", "\r\n", "\u3000", "\xa0", "\u2003", "\x1c"]), min_size=1, max_size=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(out_unit=_chunks, blank=_blanks, out_reps=st.integers(0, 900), blank_reps=st.integers(0, 3000),
+       err_unit=_chunks, err_reps=st.integers(0, 200), err_blank_reps=st.integers(0, 3000),
+       junk=st.binary(max_size=4), step=st.integers(1, 9000), rc=st.integers(0, 255))
+def test_trailing_whitespace_longer_than_a_window_frames_like_the_whole_stream(
+        out_unit, blank, out_reps, blank_reps, err_unit, err_reps, err_blank_reps, junk, step, rc):
+    """docs/protocol.md#output-framing: DocVQA strips the body's trailing whitespace, which may be
+    far longer than the tail window (the window then holds blanks only)."""
+    limit, keep = 600, 4096
+    blanks = "".join(blank)
+    out = ("".join(out_unit) * out_reps).encode() + junk + (blanks * blank_reps).encode()
+    err = ("".join(err_unit) * err_reps + blanks * err_blank_reps).encode()
+    full = format_observation(R(out, err, rc), "docvqa", limit)
+    assert format_observation(_captured(out, err, rc, keep, step), "docvqa", limit) == full
+
+
+def test_issue_repro_200k_characters_then_100k_spaces():
+    out = b"x" * 200_000 + b" " * 100_000
+    framed = format_observation(_captured(out, b"", 0, 65536, 65536), "docvqa")
+    assert framed == format_observation(R(out), "docvqa")
+    assert framed == "x" * 2990 + MARK + "x" * 2977 + "\n[exit_code] 0"
+
+
+@pytest.mark.parametrize("mode", ["persistent", "fresh"])
+def test_real_sandbox_frames_trailing_blanks_like_the_whole_stream(mode):
+    """The issue's command through the DocVQA bash tool in real bubblewrap."""
+    env = gym.make("DocVQA-CLI-v0", sandbox={"backend": "bwrap", "mode": mode})
+    try:
+        env.reset(seed=0)
+        command = "python3 -c \"import sys; sys.stdout.write('x'*200000+' '*100000)\""
+        messages, *_ = env.step("Action: " + json.dumps({"name": "bash", "arguments": {"command": command}}))
+    finally:
+        env.close()
+    body = messages[-1]["content"].removeprefix("Observation from bash:\n")
+    assert body == format_observation(R(b"x" * 200_000 + b" " * 100_000), "docvqa")
+    assert body == "x" * 2990 + MARK + "x" * 2977 + "\n[exit_code] 0"  # 6,000 characters, as the reference
+
+
+def test_space_chars_are_what_rstrip_removes():
+    assert SPACE_CHARS == "".join(c for c in map(chr, range(0x110000)) if c.isspace())
 
 
 def test_window_keeps_ends_and_counts_dropped():

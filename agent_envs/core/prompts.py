@@ -37,3 +37,12 @@ def fill(template: str, question: str) -> str:
 
 def sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def read_skill(path: str | Path) -> tuple[str, str]:
+    """A skill file's text (docs/protocol.md#skill-injection) and the SHA-256 of its bytes."""
+    try:
+        data = Path(path).read_bytes()
+        return data.decode("utf-8"), hashlib.sha256(data).hexdigest()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"skill file {path}: {exc}") from None

@@ -51,3 +51,5 @@ class ResetOptions(Checked):
     row_index: WholeNumber | None = Field(default=None, ge=0)
     sample_index: WholeNumber = Field(default=0, ge=0)
     base_seed: WholeNumber | None = None
+    #: the trajectory seed itself, instead of the formula (a frozen key-to-seed map)
+    seed_base: WholeNumber | None = None

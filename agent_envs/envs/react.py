@@ -9,7 +9,6 @@ termination reason.  What to generate next travels one way, :meth:`ReActEnv.gene
 from __future__ import annotations
 
 import abc
-import copy
 import hashlib
 import json
 import time
@@ -33,6 +32,7 @@ from agent_envs.protocol.blocklist import is_blocked
 from agent_envs.protocol.budget import exceeds_context
 from agent_envs.protocol.decision import decide, with_tools
 from agent_envs.protocol.messages import STOP
+from agent_envs.protocol.nesting import bounded_copy
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED, TURN_STRIDE, trajectory_seed
 from agent_envs.sandbox.base import SandboxConfig
 from agent_envs.sandbox.factory import backends_with, missing_capabilities, resolve_config
@@ -227,7 +227,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             row_index=row_index,
             sample_index=sample_index,
             base_seed=base_seed,
-            seed_base=trajectory_seed(base_seed, row_index, sample_index),
+            seed_base=trajectory_seed(base_seed, row_index, sample_index) if opts.seed_base is None else opts.seed_base,
             messages=messages,
             tally=PromptTally(self.counter, messages),
             prompt_images=[i.facts for i in images],
@@ -283,7 +283,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         assert name is not None  # every decision but a final answer names its observation
         images: tuple[Shown, ...] = ()
         if decision.kind == "act":
-            step["action"] = decision.action
+            step["action"] = bounded_copy(decision.action)  # the model decides how deep it nests
             if decision.act_kind == "run":
                 started = time.perf_counter()
                 body, images = split(self._run_tool(name, decision.tool_input))
@@ -375,6 +375,12 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         }
         return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
 
+    @property
+    def env_settings(self) -> dict[str, Any]:
+        """The environment's own options that change outcomes (e.g. Math's ``scorer``): what a run
+        records so that its card can say how it was scored."""
+        return self.options.model_dump(mode="json")
+
     # ----- internals ------------------------------------------------------------------------------
     def _system_prompt(self, text: str | None, prompt_file: str | None, skill: str | None) -> str:
         if text is not None and prompt_file is not None:
@@ -465,11 +471,11 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             "generated_tokens": ep.generated_tokens,
             "trajectory_tokens": ep.trajectory_tokens,
             "attempted_trajectory_tokens": ep.attempted_trajectory_tokens,
-            "react_steps": copy.deepcopy(ep.steps),
+            "react_steps": [_copy_step(s) for s in ep.steps],
             "trace_rounds": len(ep.steps),
             "turns": ep.turn,
             "tool_calls": ep.tool_calls,
-            "turn_log": copy.deepcopy(ep.turn_log),
+            "turn_log": [dict(t) for t in ep.turn_log],
             "turn_tool_s": list(ep.turn_tool_s),
             "tool_seconds": sum(ep.turn_tool_s),
             "token_counts_exact": self.counter.exact_for(ep.messages),
@@ -477,7 +483,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             "env_config_hash": self.config_hash,
         }
         if ep.prompt_images:
-            record["prompt_images"] = copy.deepcopy(ep.prompt_images)
+            record["prompt_images"] = bounded_copy(ep.prompt_images)
         record.update(self.env_spec.task_fields(task))
         record.update(result.record_fields())
         if self.step_scorer is not None:
@@ -521,6 +527,15 @@ _UNHANDLED = ScoreResult(score=0.0, method=INVALID_OUTPUT, label=INVALID_OUTPUT,
 def _copy_chat(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A copy the caller may change freely (image part lists are copied too)."""
     return [copy_message(m) for m in messages]
+
+
+def _copy_step(step: dict[str, Any]) -> dict[str, Any]:
+    """A step the record owns: its action and image facts copied, its strings shared."""
+    copied = dict(step)
+    for key in ("action", "images"):
+        if key in step:
+            copied[key] = bounded_copy(step[key])
+    return copied
 
 
 def _as_completion(action: Any) -> Completion:

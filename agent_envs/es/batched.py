@@ -62,24 +62,27 @@ class LowRankESTrainer(ESTrainer):
     def __init__(self, config: Any, backend: Any, policy: Any, tasks: Sequence[Any], evaluate: AdapterEvaluate,
                  history_path: str, adapter_dir: str | Path | None = None, **kwargs: Any) -> None:
         super().__init__(config, backend, tasks, evaluate, history_path, **kwargs)
+        #: the trainer's backend and evaluate, with the low-rank signatures
+        self.lowrank: Any = backend
+        self.evaluate_through: AdapterEvaluate = evaluate
         self.policy, self.adapter_dir = policy, adapter_dir
         self._timing: dict[str, float] = {}
 
     def evaluate_population(self, batch: Sequence[Any], seeds: Sequence[int], sigma: float,
                             generation: int) -> list[MemberResult]:
         start = time.perf_counter()
-        with member_adapters(self.policy, self.backend.targets, seeds, sigma, self.backend.rank, generation,
+        with member_adapters(self.policy, self.lowrank.targets, seeds, sigma, self.lowrank.rank, generation,
                              self.adapter_dir) as names:
             written = time.perf_counter()
             with ThreadPoolExecutor(max_workers=len(seeds), thread_name_prefix="es-member") as pool:
-                futures = [pool.submit(self.evaluate, batch, seed, generation, member, adapter=name)
+                futures = [pool.submit(self.evaluate_through, batch, seed, generation, member, adapter=name)
                            for member, (seed, name) in enumerate(zip(seeds, names))]
                 results = [f.result() for f in futures]
         self._timing = {"adapters_s": written - start, "rollouts_s": time.perf_counter() - written}
         return results
 
     def apply_update(self, seeds: Sequence[int], weights: Sequence[float], sigma: float) -> Any:
-        return self.backend.update(seeds, weights, self.config.alpha, sigma)
+        return self.lowrank.update(seeds, weights, self.config.alpha, sigma)
 
     def step(self, generation: int) -> Record:
         record = super().step(generation)

@@ -195,8 +195,10 @@ def replay(
     population: int,
     generations: int | None = None,
     tp_size: int = 1,
+    start: int = 0,
 ) -> int:
-    """Re-apply the first ``generations`` updates onto ``backend``; return how many were applied.
+    """Re-apply the first ``generations`` updates onto ``backend``, skipping the first ``start``
+    (already applied: an evaluation-only run replays step by step); return how many are applied.
     A low-rank history (docs/protocol.md#low-rank-es) replays only onto a low-rank backend, each
     update with its record's sigma, and a full-rank one only onto a full-rank backend.
 
@@ -207,11 +209,11 @@ def replay(
     records = update_records(history, generations)
     check_seed_sequence([r["seeds"] for r in records], seed, population)
     expected = history_config(history).get("start_fingerprint")
-    if expected:
+    if expected and start == 0:
         _check_fingerprint(backend, expected, "the weights the replay starts from",
                            "a different model, dtype, load format or parameter scope")
     exact = replay_is_exact(history)
-    for record in records:
+    for record in records[start:]:
         sigma = (float(record["sigma"]),) if lowrank else ()
         backend.update(record["seeds"], record_weights(record), float(record["alpha"]), *sigma)
         if exact and record.get("weights_fingerprint"):

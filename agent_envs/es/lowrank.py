@@ -331,8 +331,8 @@ def replay_onto(model_dir: str | os.PathLike[str], history: Sequence[dict[str, A
 
     records = load_history(history) if isinstance(history, (str, os.PathLike)) else list(history)
     config = history_config(records)
-    _, rank = history_perturbation(records)
-    updates = lowrank_updates(records, generations)
+    updates = lowrank_updates(records, generations)  # refuses a full-rank history
+    rank = check_rank(config.get("rank"))
     targets = history_targets(records)
     source, out = Path(model_dir), Path(out_dir)
     torch_dtype = getattr(torch, dtype or str(config.get("dtype", "float32")))

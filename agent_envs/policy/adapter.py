@@ -24,11 +24,11 @@ class AdapterPolicy(Policy):
         self.name = policy.name
 
     @property
-    def tokenizer(self) -> Any:  # type: ignore[override]
+    def tokenizer(self) -> Any:
         return self.policy.tokenizer
 
     @property
-    def processor(self) -> Any:  # type: ignore[override]
+    def processor(self) -> Any:
         return self.policy.processor
 
     @property

@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ..core.cache import build_once
 from ..protocol.budget import token_cap
 from .base import Completion
 from .batching import BatchedEnginePolicy, Prepared
@@ -222,30 +223,24 @@ def find_smollm2_gguf() -> Path:
 
 
 def smollm2_hf_dir(target: Path = SMOLLM2_HF_DIR) -> Path:
-    """A plain Hugging Face copy of the GGUF (dequantised once; vLLM and fast reloads need it)."""
-    if (target / "config.json").exists():
-        return target
-    import shutil
-    import tempfile
+    """A plain Hugging Face copy of the GGUF (dequantised once; vLLM and fast reloads need it).
+    Any number of processes may ask at once: :func:`agent_envs.core.cache.build_once` converts it once."""
+    build_once(target, _convert_smollm2)
+    return target
 
+
+def _convert_smollm2(out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = find_smollm2_gguf()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
-    try:
-        AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(staging)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-        # the GGUF loader leaves plain float tensors behind but still marks the model as quantised
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(staging)
-        staging.rename(target)  # atomic: a concurrent converter either wins or finds it done
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # the GGUF loader leaves plain float tensors behind but still marks the model as quantised
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out)
 
 
 def default_cpu_policy(sampling: SamplingConfig | None = None, **kwargs: Any) -> TransformersPolicy:

@@ -10,6 +10,7 @@ import re
 from typing import Any, Literal
 
 from agent_envs.core.spec import ParserSpec
+from agent_envs.protocol.nesting import nesting_depth
 
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 # `\s*` after the colon may cross a newline, so "Final answer:\n5" yields "5" (docs/protocol.md#final-answer-grammar).
@@ -20,6 +21,10 @@ _SINGLE_ACTION = re.compile(r"\s*(?:<think>\s*</think>\s*)?Action:\s*(\{.*\})\s*
 _RELAXED_NAME = re.compile(r"""["']name["']\s*:\s*["']bash["']""", re.IGNORECASE)
 _RELAXED_COMMAND = re.compile(r"""["']command["']\s*:\s*(["'])""", re.IGNORECASE)
 _MANUAL_UNESCAPES = (("\\\\", "\\"), ('\\"', '"'), ("\\'", "'"), ("\\n", "\n"), ("\\t", "\t"))
+#: action JSON nested deeper counts as undecodable.  Python's decoder gives up where the caller's
+#: stack meets the recursion limit (about 990 levels from a shallow stack); a fixed bound below
+#: it makes the outcome the same from every call site (docs/protocol.md#differences-and-parity-switches)
+MAX_ACTION_NESTING = 512
 
 
 def strip_think(text: str) -> str:
@@ -104,11 +109,13 @@ def parse_relaxed_bash(raw: str) -> dict[str, Any] | None:
 
 
 def _decode_first_value(candidate: str) -> tuple[bool, Any]:
-    """(ok, value) of the first JSON value in ``candidate``; trailing text is ignored."""
+    """(ok, value) of the first JSON value in ``candidate``; trailing text is ignored.  A value
+    nested more than :data:`MAX_ACTION_NESTING` levels deep is not ok."""
     try:
-        return True, json.JSONDecoder().raw_decode(candidate)[0]
+        value = json.JSONDecoder().raw_decode(candidate)[0]
     except (ValueError, RecursionError):
         return False, None
+    return (True, value) if nesting_depth(value) <= MAX_ACTION_NESTING else (False, None)
 
 
 def _bash_command(arguments: Any) -> str | None:

@@ -44,7 +44,11 @@ def render(runs: list[Run]) -> str:
     env = jinja2.Environment(loader=jinja2.PackageLoader("agent_envs.report", "templates"),
                              autoescape=True, undefined=jinja2.StrictUndefined)
     comparison = views.comparison(runs[0], runs[1]) if len(runs) == 2 and _shared_tasks(*runs) else None
-    title = "agent-envs report: " + (" vs " if comparison else " + ").join(r.name for r in runs)
+    if len(runs) <= 2:
+        title = "agent-envs report: " + (" vs " if comparison else " + ").join(r.name for r in runs)
+    else:  # the runs are listed under the title; a title naming six of them fills the first screen
+        envs = list(dict.fromkeys(views.env_id(r) for r in runs))
+        title = f"agent-envs report: {len(runs)} runs of {', '.join(envs)}"
     images: dict[str, str | None] = {}
     groups = views.episode_groups(runs, images)
     notes = [(r.name, [*filter(None, [views.unjudged(r)]), *r.notes]) for r in runs]
@@ -54,6 +58,7 @@ def render(runs: list[Run]) -> str:
         task_rows=[views.task_rows(r) for r in runs], groups=groups,
         images={path: url for path, url in images.items() if url},
         comparison=comparison, has_process=any("process" in r.metrics for r in runs), notes=notes,
+        about=views.about(runs),
     )
 
 

@@ -1,6 +1,8 @@
 """The report's figures, drawn by matplotlib's SVG backend (no display, no network).
 
 Every figure overlays the runs being reported, one colour per run, so two runs compare at a glance.
+The figures carry no legend of their own: the page shows one colour key above them all, which
+stays readable for any number of runs (a legend drawn inside each small figure covered its title).
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any, Sequence
 from .load import Run
 from .media import svg_data_url
 
-COLOURS = ("#2563eb", "#ea580c", "#16a34a", "#9333ea")
+COLOURS = ("#2563eb", "#ea580c", "#16a34a", "#9333ea", "#0891b2", "#be123c", "#65a30d", "#a16207")
 
 
 def _figure(height: float = 2.6) -> tuple[Any, Any]:
@@ -25,15 +27,12 @@ def _figure(height: float = 2.6) -> tuple[Any, Any]:
     return plt.subplots(figsize=(4.6, height), dpi=100)
 
 
-def _finish(fig: Any, ax: Any, title: str, xlabel: str, ylabel: str, legend: bool) -> str:
+def _finish(fig: Any, ax: Any, title: str, xlabel: str, ylabel: str) -> str:
     import matplotlib.pyplot as plt
 
     ax.set_title(title, fontsize=10, loc="left")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    if legend:
-        # above the axes, right of the title: never on top of the data
-        ax.legend(frameon=False, fontsize=8, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, borderaxespad=0)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="svg", metadata={"Date": None})
@@ -41,37 +40,36 @@ def _finish(fig: Any, ax: Any, title: str, xlabel: str, ylabel: str, legend: boo
     return svg_data_url(buf.getvalue())
 
 
-def histogram(runs: Sequence[Run], values: Sequence[Sequence[float]], title: str, xlabel: str, ylabel: str,
-              bins: Any = 20) -> str | None:
-    """Overlaid histograms, one per run; None when no run has a value."""
+def histogram(values: Sequence[Sequence[float]], title: str, xlabel: str, ylabel: str, bins: Any = 20) -> str | None:
+    """Overlaid histograms, one per run (``values[i]`` is run ``i``'s); None when no run has a value."""
     if not any(values):
         return None
     fig, ax = _figure()
-    used = [(run, vs, COLOURS[i % len(COLOURS)]) for i, (run, vs) in enumerate(zip(runs, values)) if vs]
+    used = [(vs, COLOURS[i % len(COLOURS)]) for i, vs in enumerate(values) if vs]  # a run's colour by its index
     # several runs: bars side by side within each bin (overlaid translucent bars mix colours)
-    ax.hist([vs for _, vs, _ in used], bins=bins, color=[c for _, _, c in used], label=[r.name for r, _, _ in used],
+    ax.hist([vs for vs, _ in used], bins=bins, color=[c for _, c in used],
             edgecolor="white", linewidth=0.5)
     ax.yaxis.get_major_locator().set_params(integer=True)
-    return _finish(fig, ax, title, xlabel, ylabel, len(runs) > 1)
+    return _finish(fig, ax, title, xlabel, ylabel)
 
 
-def counts(runs: Sequence[Run], values: Sequence[Sequence[int]], title: str, xlabel: str) -> str | None:
+def counts(values: Sequence[Sequence[int]], title: str, xlabel: str) -> str | None:
     """Bars for small integer values (turns per episode), side by side per run."""
     if not any(values):
         return None
     fig, ax = _figure()
-    width = 0.8 / len(runs)
-    for i, (run, vs) in enumerate(zip(runs, values)):
+    width = 0.8 / len(values)
+    for i, vs in enumerate(values):
         c = Counter(vs)
         xs = sorted(c)
-        ax.bar([x + (i - (len(runs) - 1) / 2) * width for x in xs], [c[x] for x in xs], width=width,
-               color=COLOURS[i % len(COLOURS)], label=run.name)
+        ax.bar([x + (i - (len(values) - 1) / 2) * width for x in xs], [c[x] for x in xs], width=width,
+               color=COLOURS[i % len(COLOURS)])
     seen = [v for vs in values for v in vs]
     ax.set_xlim(min(seen) - 0.7, max(seen) + 0.7)
     step = max(1, (max(seen) - min(seen)) // 10 + 1)
     ax.set_xticks(range(min(seen), max(seen) + 1, step))
     ax.yaxis.get_major_locator().set_params(integer=True)
-    return _finish(fig, ax, title, xlabel, "episodes", len(runs) > 1)
+    return _finish(fig, ax, title, xlabel, "episodes")
 
 
 def reasons(runs: Sequence[Run]) -> str | None:
@@ -82,13 +80,13 @@ def reasons(runs: Sequence[Run]) -> str | None:
         return None
     fig, ax = _figure(height=max(1.8, 0.8 + 0.4 * len(labels) * max(1, len(runs) * 0.7)))
     height = 0.8 / len(runs)
-    for i, (run, c) in enumerate(zip(runs, counts)):
+    for i, c in enumerate(counts):
         ys = [j + i * height for j in range(len(labels))]
-        ax.barh(ys, [c[k] for k in labels], height=height, color=COLOURS[i % len(COLOURS)], label=run.name)
+        ax.barh(ys, [c[k] for k in labels], height=height, color=COLOURS[i % len(COLOURS)])
     ax.set_yticks([j + height * (len(runs) - 1) / 2 for j in range(len(labels))], labels)
     ax.invert_yaxis()
     ax.xaxis.get_major_locator().set_params(integer=True)
-    return _finish(fig, ax, "Termination reasons", "episodes", "", len(runs) > 1)
+    return _finish(fig, ax, "Termination reasons", "episodes", "")
 
 
 def all_plots(runs: Sequence[Run]) -> list[dict[str, str]]:
@@ -108,16 +106,16 @@ def all_plots(runs: Sequence[Run]) -> list[dict[str, str]]:
         return [float(v) for r in run.rows for v in r.get("step_scores") or [] if v is not None]
 
     figures = [
-        ("Score distribution", histogram(runs, [[float(r.get("score") or 0.0) for r in run.rows] for run in runs],
+        ("Score distribution", histogram([[float(r.get("score") or 0.0) for r in run.rows] for run in runs],
                                          "Score per episode", "score", "episodes", bins=[i / 10 for i in range(11)])),
-        ("Turns per episode", counts(runs, [[int(r.get("turns") or 0) for r in run.rows] for run in runs],
+        ("Turns per episode", counts([[int(r.get("turns") or 0) for r in run.rows] for run in runs],
                                      "Turns per episode", "turns")),
-        ("Tokens per turn", histogram(runs, [per_turn(run, "tokens") for run in runs],
+        ("Tokens per turn", histogram([per_turn(run, "tokens") for run in runs],
                                       "Generated tokens per turn", "tokens in one turn", "turns")),
-        ("Tool-call latency", histogram(runs, [[s * 1000 for s in per_turn(run, "turn_tool_s", True)] for run in runs],
+        ("Tool-call latency", histogram([[s * 1000 for s in per_turn(run, "turn_tool_s", True)] for run in runs],
                                         "Sandbox time per tool call", "milliseconds", "tool calls")),
         ("Termination reasons", reasons(runs)),
-        ("Step scores", histogram(runs, [step_scores(run) for run in runs], "Process reward per step", "step score",
+        ("Step scores", histogram([step_scores(run) for run in runs], "Process reward per step", "step score",
                                   "steps", bins=[i / 10 for i in range(11)])),
     ]
     return [{"title": title, "src": src} for title, src in figures if src]

@@ -67,6 +67,53 @@ def _at_k_label(key: str, runs: Sequence[Run]) -> str:
     return key.replace("mean@", "Mean@").replace("pass@", "Pass@")
 
 
+#: what each ``agent-envs eval --policy`` kind (config.json's ``policy``) is, in words for a first-time
+#: reader; other kinds are described by their model
+POLICY_WORDS = {
+    "cpu": ("a 135M-parameter model shipped with the package and run on this CPU, so that nothing needs a "
+            "GPU. A model this small seldom follows the tool protocol: expect warnings rather than answers."),
+    "scripted": ("a fixed script, not a model. It makes one real tool call and answers from what the tool "
+                 "printed, to show the tools, the sandbox and the scoring at work; its score is a floor, not "
+                 "a target."),
+}
+#: policy kinds whose runs make the page say how to evaluate a real model instead
+NOT_A_REAL_MODEL = ("cpu", "scripted")
+
+
+def env_id(run: Run) -> str:
+    return str(run.config.get("env") or (run.rows[0].get("env_id") if run.rows else None) or "?")
+
+
+def model_name(run: Run) -> str:
+    kind = run.config.get("policy")
+    if kind == "cpu":
+        return "SmolLM2-135M-Instruct (embedded, CPU)"
+    if kind == "scripted":
+        return "scripted reference policy (no model)"
+    return str(run.config.get("model") or (run.config.get("policy_info") or {}).get("model") or "–")
+
+
+def about(runs: Sequence[Run]) -> Row:
+    """The page's first words: one line per run (environment, policy, tasks, budget), what each kind
+    of policy is, and, when no run is of a real model, how to evaluate one."""
+    described: list[Row] = []
+    policies: dict[str, str] = {}
+    for i, run in enumerate(runs):
+        c, kind = run.config, str(run.config.get("policy"))
+        budget = ", ".join(part for part in (
+            f"at most {c['max_turns']} turns" if c.get("max_turns") else "",
+            f"{c['max_tokens_per_turn']} tokens per turn" if c.get("max_tokens_per_turn") else "") if part)
+        described.append({"name": run.name, "colour": i, "env": env_id(run), "policy": model_name(run),
+                          "tasks": len({r["task_id"] for r in run.rows}), "episodes": len(run.rows),
+                          "budget": budget or "the environment's own"})
+        if kind in POLICY_WORDS:
+            policies.setdefault(model_name(run), POLICY_WORDS[kind])
+    parents = {run.path.resolve().parent for run in runs}
+    return {"runs": described, "policies": policies, "example_env": env_id(runs[0]) if runs else "MATH-ReAct-v0",
+            "folder": str(parents.pop()) if len(parents) == 1 else None,
+            "hint": any(run.config.get("policy") in NOT_A_REAL_MODEL for run in runs)}
+
+
 def metric_rows(runs: Sequence[Run]) -> list[tuple[str, list[str]]]:
     """The summary table: one row per metric, one column per run; rows no run has are left out."""
     def stat(run: Run, key: str, field: str = "mean", digits: int = 1) -> str:
@@ -82,8 +129,8 @@ def metric_rows(runs: Sequence[Run]) -> list[tuple[str, list[str]]]:
         return ", ".join(f"{k} {v}" for k, v in counts.most_common())
 
     rows: list[tuple[str, list[str]]] = [
-        ("model", [str(r.config.get("model") or (r.config.get("policy_info") or {}).get("model") or "–")
-                   for r in runs]),
+        ("environment", [env_id(r) for r in runs]),
+        ("model", [model_name(r) for r in runs]),
         ("status", [("complete" if r.complete else "incomplete: no summary.json (run stopped early)")
                     + (f"; {r.unreadable_lines} unreadable line(s) skipped" if r.unreadable_lines else "")
                     for r in runs]),
@@ -144,12 +191,15 @@ def anchor(run: Run, key: str) -> str:
 
 
 def _action_text(action: Any) -> str | None:
-    """A parsed tool call as a shell line (``$ command``) when it is one, else compact JSON."""
+    """A parsed tool call as a shell line (``name$ command``), a tool's one text argument as the
+    text itself (``name (code):`` and the code, its lines as written), else compact JSON."""
     if not action:
         return None
     args = action.get("arguments") if isinstance(action, dict) else None
-    if isinstance(args, dict) and set(args) == {"command"} and isinstance(args["command"], str):
-        return f"{action.get('name')}$ {args['command']}"
+    if isinstance(args, dict) and len(args) == 1:
+        ((key, value),) = args.items()
+        if isinstance(value, str):
+            return f"{action.get('name')}$ {value}" if key == "command" else f"{action.get('name')} ({key}):\n{value}"
     return json.dumps(action, ensure_ascii=False)
 
 

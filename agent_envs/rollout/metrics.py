@@ -123,10 +123,10 @@ def process_metrics(rows: Sequence[Row]) -> Row:
     }
 
 
-def group_metrics(records: Records, k: int, *, spec: EnvSpec | None = None) -> Row:
+def group_metrics(records: Records, k: int, *, spec: EnvSpec | None = None, best_by: str = "mean_score") -> Row:
     """Metrics per consecutive group of k sample indices (0..k-1, k..2k-1, ...) of an n-sample
-    run (with the environment's own block, from ``spec``), and the group with the best mean
-    score (first on ties)."""
+    run (with the environment's own block, from ``spec``), and the group with the highest
+    ``best_by`` (a metric name of the groups, e.g. ``anls_mean4``; first on ties)."""
     rows = _rows(records)
     n = 1 + max((int(r["sample_index"]) for r in rows), default=-1)
     if k <= 0 or n % k:
@@ -147,8 +147,13 @@ def group_metrics(records: Records, k: int, *, spec: EnvSpec | None = None) -> R
         if block is not None:
             entry.update(block)
         groups.append(entry)
-    best = max(groups, key=lambda e: e["mean_score"], default=None)
-    return {"k": k, "samples": n, "groups": groups, "best_group": best["group"] if best else None}
+    named = sorted({key for e in groups for key, v in e.items() if isinstance(v, (int, float)) and key != "group"})
+    if groups and best_by not in named:
+        raise ValueError(f"cannot choose the best group by {best_by!r}: the groups have {', '.join(named)}")
+    ranked = [e for e in groups if e.get(best_by) is not None]
+    best = max(ranked, key=lambda e: e[best_by], default=None)
+    return {"k": k, "samples": n, "best_by": best_by, "groups": groups,
+            "best_group": best["group"] if best else None}
 
 
 # --------------------------------------------------------------------------- diagnostics

@@ -16,12 +16,13 @@ with an ``error`` (re-run by ``resume=True``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import gymnasium as gym
 
@@ -48,6 +49,8 @@ class Job:
     row_index: int
     sample_index: int
     task: Any
+    #: the trajectory seed, when a frozen key-to-seed map gives it (None: the seed formula)
+    seed_base: int | None = None
 
     @property
     def task_id(self) -> str:
@@ -106,6 +109,7 @@ class _Episode:
                 "row_index": self.job.row_index,
                 "sample_index": self.job.sample_index,
                 "base_seed": self.base_seed,
+                **({} if self.job.seed_base is None else {"seed_base": self.job.seed_base}),
             })
             self.request = self.env.get_wrapper_attr("generation_request")()
         except Exception as exc:
@@ -212,6 +216,7 @@ class _Context:
             row.update({
                 "key": job.key, "task_id": job.task_id, "row_index": job.row_index,
                 "sample_index": job.sample_index, "base_seed": self.base_seed, "score": 0.0,
+                **({} if job.seed_base is None else {"seed": job.seed_base}),
                 "termination_reason": reason, "react_error": ep.error or ep.invalid_output,
                 "score_method": reason, "env_id": self.env_id,
             })
@@ -416,6 +421,15 @@ def make_jobs(tasks: Sequence[Any], samples: int, row_indices: Sequence[int] | N
     return [Job(row, sample, task) for row, task in zip(rows, tasks) for sample in range(samples)]
 
 
+def with_key_seeds(jobs: Sequence[Job], key_seeds: Mapping[str, int]) -> list[Job]:
+    """The jobs with their trajectory seeds from a frozen key-to-seed map, which must cover them."""
+    missing = [j.key for j in jobs if j.key not in key_seeds]
+    if missing:
+        raise ValueError(f"the key-to-seed map has no seed for {len(missing)} of {len(jobs)} episodes "
+                         f"(e.g. {', '.join(missing[:3])})")
+    return [dataclasses.replace(j, seed_base=int(key_seeds[j.key])) for j in jobs]
+
+
 def run_episodes(
     env_id_or_factory: EnvSource,
     tasks: Sequence[Any],
@@ -433,6 +447,7 @@ def run_episodes(
     tags: dict[str, Any] | None = None,
     row_indices: Sequence[int] | None = None,
     step_scorer: StepScorer | None = None,
+    key_seeds: Mapping[str, int] | None = None,
 ) -> list[EpisodeRecord]:
     """Run ``samples`` episodes of every task and return their records in (row, sample) order.
 
@@ -443,6 +458,8 @@ def run_episodes(
     tasks' rows in the full list (default ``0..len(tasks)-1``), for a slice run on another engine.
     ``step_scorer`` scores every step (docs/protocol.md#process-rewards), batched across episodes:
     one call per turn in lockstep mode, gathered calls beside generation in async mode.
+    ``key_seeds``: each episode's trajectory seed by record key (a frozen map for formal
+    evaluations), instead of ``base_seed + sample*1_000_003 + row``.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -451,6 +468,8 @@ def run_episodes(
     if samples < 1 or concurrency < 1:
         raise ValueError(f"samples and concurrency must be >= 1 (got {samples}, {concurrency})")
     jobs = make_jobs(tasks, samples, row_indices)
+    if key_seeds is not None:
+        jobs = with_key_seeds(jobs, key_seeds)
     done = finished_records(out_path, resume)
     todo = [j for j in jobs if j.key not in done]
     keys = [j.key for j in jobs]

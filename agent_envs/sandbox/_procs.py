@@ -135,8 +135,9 @@ def reap_orphans() -> list[int]:
 
 #: the namespace helper: report, wait for the uid map, re-exec (to gain the namespace's
 #: capabilities), cap nested user namespaces at 0, report again, then hold the namespace open
+#: (a refused write must still answer: the caller waits for a line, and ``cat`` would never send one)
 _NO_NESTED_USERNS = ("echo; read _; exec /bin/sh -c "
-                     "'echo 0 >/proc/sys/user/max_user_namespaces && echo limited; exec cat'")
+                     "'echo 0 >/proc/sys/user/max_user_namespaces && echo limited || echo refused; exec cat'")
 
 
 class UserNamespace:
@@ -166,8 +167,10 @@ class UserNamespace:
             helper.stdin.write(b"\n")
             helper.stdin.flush()
             if helper.stdout.readline() != b"limited\n":
-                raise SandboxUnavailable("could not forbid nested user namespaces in the sandbox "
-                                   "(writing user.max_user_namespaces failed)")
+                raise SandboxUnavailable("could not forbid nested user namespaces in the sandbox: writing "
+                                         "user.max_user_namespaces was refused (a read-only /proc/sys, or this "
+                                         "process runs with no_new_privs, as inside bwrap or a container started "
+                                         "with no-new-privileges)")
             self.fd = os.open(f"/proc/{helper.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
         finally:
             if helper.stdin is not None:

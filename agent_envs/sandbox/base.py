@@ -42,7 +42,9 @@ class ExecResult:
     """What one command did.  ``stdout``/``stderr`` may be head+tail windows of a huge stream.
 
     When ``stdout_dropped`` (``stderr_dropped``) is > 0 the stream holds two windows of equal
-    length, head then tail, and the dropped bytes sat exactly at ``len(stdout) // 2``.
+    length, head then tail, and the dropped bytes sat exactly at ``len(stdout) // 2``; then
+    ``stdout_stripped`` holds the stream without its trailing whitespace in the same layout (its
+    tail window may be far from the stream's: the blanks at the end can outgrow a window).
     """
 
     returncode: int
@@ -54,6 +56,11 @@ class ExecResult:
     #: bytes that were dropped from the middle of each stream (0 when captured whole)
     stdout_dropped: int = 0
     stderr_dropped: int = 0
+    #: the stream minus its trailing whitespace, and what that dropped (None: not captured apart)
+    stdout_stripped: bytes | None = None
+    stdout_stripped_dropped: int = 0
+    stderr_stripped: bytes | None = None
+    stderr_stripped_dropped: int = 0
     duration_s: float = 0.0
     #: the limit that was applied (the timeout text quotes it)
     timeout_s: float | None = None

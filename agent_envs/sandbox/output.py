@@ -14,7 +14,9 @@ Pure and backend-independent, so every sandbox frames output byte for byte like 
 
 Huge streams arrive as head/tail windows (``*_dropped > 0``).  Such a text is far longer than
 the limit, so only its first and last few thousand characters matter; they are taken from the
-windows and the result equals what capturing everything would have given.
+windows and the result equals what capturing everything would have given.  ``rstrip`` of a
+windowed stream uses the capture's own view of the stream without its trailing whitespace
+(``*_stripped``), because the blanks can fill the whole tail window.
 """
 from __future__ import annotations
 
@@ -36,17 +38,21 @@ def _decode(data: bytes, newlines: bool) -> str:
 class _Text:
     """A text known completely, or only by a prefix and a suffix around a dropped middle."""
 
-    def __init__(self, head: str, tail: str | None = None) -> None:
+    def __init__(self, head: str, tail: str | None = None, stripped: "_Text | None" = None) -> None:
         self.head = head
         self.tail = tail  # None: the text is exactly ``head``
+        self.stripped = stripped  # this text without its trailing whitespace, when known apart
 
     @classmethod
-    def of_stream(cls, data: bytes, dropped: int, newlines: bool) -> "_Text":
-        """``newlines``: translate CR and CRLF to LF, as a text-mode pipe does."""
+    def of_stream(cls, data: bytes, dropped: int, newlines: bool,
+                  stripped: tuple[bytes | None, int] = (None, 0)) -> "_Text":
+        """``newlines``: translate CR and CRLF to LF, as a text-mode pipe does.  ``stripped``: the
+        stream without its trailing whitespace, ``(data, dropped)`` (data None: not captured)."""
         if dropped <= 0:
             return cls(_decode(data, newlines))
         half = len(data) // 2
-        return cls(_decode(data[:half], newlines), _decode(data[half:], newlines)[_RESYNC_CHARS:])
+        rest = None if stripped[0] is None else cls.of_stream(stripped[0], stripped[1], newlines)
+        return cls(_decode(data[:half], newlines), _decode(data[half:], newlines)[_RESYNC_CHARS:], rest)
 
     def __add__(self, other: "_Text") -> "_Text":
         if self.tail is None and other.tail is None:
@@ -63,6 +69,8 @@ class _Text:
     def rstrip(self) -> "_Text":
         if self.tail is None:
             return _Text(self.head.rstrip())
+        if self.stripped is not None:
+            return self.stripped.rstrip()
         return _Text(self.head, self.tail.rstrip())
 
     def first(self, n: int) -> str:
@@ -101,12 +109,17 @@ def format_observation(result: ExecResult, framing: Framing, limit: int = 6000) 
     if result.timed_out:
         return truncate(_Text(timeout_text(result.timeout_s or 0.0, framing.label)), framing, limit)
     newlines = framing.translate_newlines
-    body = _Text.of_stream(result.stdout, result.stdout_dropped, newlines)
-    err = _Text.of_stream(result.stderr, result.stderr_dropped, newlines)
-    if not err.empty():
-        body = body + _Text("[stderr]\n" if body.empty() else "\n[stderr]\n") + err
-    if body.empty():
+    out = _Text.of_stream(result.stdout, result.stdout_dropped, newlines,
+                          (result.stdout_stripped, result.stdout_stripped_dropped))
+    err = _Text.of_stream(result.stderr, result.stderr_dropped, newlines,
+                          (result.stderr_stripped, result.stderr_stripped_dropped))
+    if out.empty() and err.empty():
         return truncate(_Text(f"{framing.label} exited with code {result.returncode} and no output."), framing, limit)
-    if framing.rstrip:
-        body = body.rstrip()
+    separator = "[stderr]\n" if out.empty() else "\n[stderr]\n"
+    if err.empty():
+        body = out.rstrip() if framing.rstrip else out
+    elif framing.rstrip and err.rstrip().empty():  # the blanks end inside the separator
+        body = out + _Text(separator.rstrip())
+    else:
+        body = out + _Text(separator) + (err.rstrip() if framing.rstrip else err)
     return truncate(body + _Text(f"\n[exit_code] {result.returncode}"), framing, limit)

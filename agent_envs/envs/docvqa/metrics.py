@@ -2,7 +2,8 @@
 
 They are computed from the ES reward ``score`` (= ANLS unless the episode failed or never used
 bash), because that is what the published Mean4 (0.50426) and max@4 are; the shared diagnostics
-use the raw ``anls``/``acc`` fields, as upstream does.  Accuracy is ANLS > 0.5.
+use the raw ``anls``/``acc`` fields, as upstream does.  ``acc`` is ANLS > 0.5; the cards' "Accuracy"
+is exact match (``exact_mean``/``exact_pass``: the normalised prediction equals a gold answer, score 1).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def has_anls(rows: Sequence[Row]) -> bool:
 
 
 def anls_metrics(rows: Sequence[Row], samples: int) -> Row | None:
-    """The README's ANLS Mean/Pass and Acc Mean/Pass, plus ES exact pass (None without ``anls``)."""
+    """The README's ANLS Mean/Pass and Acc Mean/Pass, ES exact pass, and the cards' exact-match
+    accuracy Mean/Pass (None without ``anls``)."""
     if not has_anls(rows):
         return None
     groups = [[clamped_score(r) for r in g] for g in by_task(rows).values()]
@@ -33,6 +35,8 @@ def anls_metrics(rows: Sequence[Row], samples: int) -> Row | None:
         f"acc_mean{n}": mean([1.0 if s > 0.5 else 0.0 for s in flat]),
         f"acc_pass{n}": mean([1.0 if max(g) > 0.5 else 0.0 for g in groups]),
         f"exact_pass@{n}": mean([1.0 if max(g) >= 1.0 else 0.0 for g in groups]),
+        f"exact_mean{n}": mean([1.0 if s >= 1.0 else 0.0 for s in flat]),
+        f"exact_pass{n}": mean([1.0 if max(g) >= 1.0 else 0.0 for g in groups]),
     }
 
 
@@ -52,6 +56,8 @@ METRICS = MetricsSpec(
         Metric("anls_pass{n}", label="ANLS pass (best sample)"),
         Metric("acc_mean{n}", column="acc_mean", label="accuracy (ANLS > 0.5)"),
         Metric("acc_pass{n}", column="acc_pass", label="accuracy pass"),
+        Metric("exact_mean{n}", label="exact-match accuracy (the cards' Accuracy)"),
+        Metric("exact_pass{n}", label="exact-match accuracy pass"),
     ),
     at_k_labels={"acc_pass@": "accuracy Pass@"},
 )

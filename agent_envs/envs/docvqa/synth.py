@@ -19,7 +19,6 @@ import os
 import random
 import shutil
 import subprocess
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
+from agent_envs.core.cache import MARKER, build_once, is_complete
 from agent_envs.envs.docvqa.task import DocTask
 from agent_envs.envs.docvqa.scoring import anls, normalize
 
@@ -114,7 +114,7 @@ def _font(name: str, size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
             return ImageFont.truetype(str(directory / name), size)
     warnings.warn(
         f"font {name} not found under {', '.join(map(str, FONT_DIRS))}; using Pillow's default "
-        "font (install fonts-dejavu-core and fonts-liberation for the reference look)",
+        "font (install fonts-dejavu-core, fonts-dejavu-extra and fonts-liberation for the reference look)",
         stacklevel=2,
     )
     return ImageFont.load_default(size=size)
@@ -749,42 +749,20 @@ def builtin_cache_dir(n_questions: int, seed: int, cache_root: Path) -> Path:
     return cache_root / "synthetic_docs" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def _is_complete(folder: Path) -> bool:
-    if (
-        not (folder / "manifest.json").is_file()
-        or not (folder / "tasks.jsonl").is_file()
-    ):
-        return False
+def _pages_missing(folder: Path) -> bool:
     with (folder / "tasks.jsonl").open(encoding="utf-8") as fh:
-        return all(
-            (folder / json.loads(line)["image"]).is_file()
-            for line in fh
-            if line.strip()
-        )
+        return not all((folder / json.loads(line)["image"]).is_file() for line in fh if line.strip())
 
 
 def builtin_tasks_file(n_questions: int, seed: int, cache_root: Path) -> Path:
-    """Path of the cached set's tasks.jsonl, generating the set first if it is not complete.
+    """Path of the cached set's tasks.jsonl, generating the set first if it is not finished.
 
-    Generation happens in a temporary sibling folder renamed into place, so a crash never
-    leaves a half-written set that later looks complete.
+    Generated once however many processes ask at the same time, and never seen half-written
+    (:func:`agent_envs.core.cache.build_once`).  A finished set whose pages were deleted by hand loses
+    its marker and is generated again.
     """
     target = builtin_cache_dir(n_questions, seed, cache_root)
-    if _is_complete(target):
-        return target / "tasks.jsonl"
-    shutil.rmtree(
-        target, ignore_errors=True
-    )  # a damaged copy (e.g. images deleted by hand)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    staging.chmod(0o755)  # mkdtemp's 0700 would hide the pages from a sandbox user
-    try:
-        generate_docvqa_tasks(n_questions, seed, staging)
-        try:
-            staging.rename(target)
-        except OSError:  # another process finished first; its copy is equally valid
-            if not (target / "manifest.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    if is_complete(target) and _pages_missing(target):
+        (target / MARKER).unlink(missing_ok=True)
+    build_once(target, lambda out: generate_docvqa_tasks(n_questions, seed, out))
     return target / "tasks.jsonl"

@@ -1,0 +1,198 @@
+"""The main job's evaluation (``scripts/run_main.sh`` installs, then runs this): every text
+environment with a model (the embedded SmolLM2-135M unless told otherwise) and, beside it, the
+environment's scripted reference policy, then one HTML report over all of them.
+
+    python3 scripts/main_job.py [--out DIR] [--limit N] [--install-s S] [EVAL ARGS ...]
+
+Arguments it does not know go to the model's ``agent-envs eval`` calls (``--policy vllm --model M``
+or ``--base-url URL --model NAME`` evaluates a real model in the embedded one's place); the
+reference runs always use ``--policy scripted`` on the same tasks.  It prints which evaluation is
+where while they run, the time of each phase, and last the report's path.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from agent_envs.envs.registry import ENV_IDS, spec  # noqa: E402  (after the path insert)
+
+#: the tool whose observations are page images: an environment offering it needs a vision-language model
+IMAGE_TOOL = "view"
+#: every registered environment whose tools answer in text and that has a scripted reference policy
+ENVS = tuple(e for e in ENV_IDS if IMAGE_TOOL not in spec(e).tool_names and spec(e).baseline is not None)
+REFERENCE = "scripted-reference"
+#: a progress line at least this often, and whenever an evaluation finishes an episode
+PROGRESS_EVERY_S = 15.0
+#: the embedded model's budget here (arguments given to the job override it): a second turn shows it
+#: answering the protocol's warning; 2 x 128 tokens need about 125 CPU-seconds for all three
+#: environments (3 x 128: 187), about a minute on an idle 2-core machine
+EMBEDDED = ["--max-turns", "2", "--max-tokens-per-turn", "128"]
+
+
+@dataclass
+class Job:
+    env: str
+    label: str
+    out: Path
+    argv: list[str]
+    expected: int
+    process: subprocess.Popen | None = None
+    log: Path | None = None
+
+    @property
+    def done(self) -> int:
+        try:
+            with (self.out / "records.jsonl").open("rb") as fh:
+                return sum(1 for line in fh if line.endswith(b"\n"))
+        except FileNotFoundError:
+            return 0
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=None, help="folder of the runs and the report (default runs/main-<time>)")
+    p.add_argument("--limit", type=int, default=2, help="tasks per environment (default 2)")
+    p.add_argument("--install-s", type=float, default=None, help="seconds the installation took (printed with the rest)")
+    return p.parse_known_args(argv)
+
+
+def embedded(extra: list[str]) -> bool:
+    """Whether the model runs use the embedded CPU model (no other policy or model was asked for)."""
+    return not any(flag in extra for flag in ("--policy", "--model", "--base-url"))
+
+
+def model_label(extra: list[str]) -> str:
+    """The model runs' folder suffix: the embedded model's name, or the given model's last path part."""
+    if "--model" in extra[:-1]:
+        return Path(extra[extra.index("--model") + 1].rstrip("/")).name or "model"
+    return "smollm2-135m"
+
+
+def jobs(out: Path, limit: int, extra: list[str]) -> list[Job]:
+    cli = [sys.executable, "-m", "agent_envs.cli", "eval", "--limit", str(limit), "--no-progress", "--no-report"]
+    label = model_label(extra)
+    extra = (EMBEDDED if embedded(extra) else []) + extra
+    found = []
+    for env in ENVS:
+        # lockstep + one padded batch per turn: a run's episodes decode together, the same way every run
+        found.append(Job(env, label, out / f"{env}.{label}",
+                         [*cli, "--env", env, "--mode", "lockstep", "--out", str(out / f"{env}.{label}"), *extra], limit))
+        found.append(Job(env, REFERENCE, out / f"{env}.{REFERENCE}",
+                         [*cli, "--env", env, "--policy", "scripted", "--out", str(out / f"{env}.{REFERENCE}")], limit))
+    return found
+
+
+def prepare_caches(extra: list[str]) -> float:
+    """What the first run builds (the converted embedded model, the synthetic DocVQA pages), once, before
+    the clock of the evaluation starts; returns the seconds it took."""
+    from agent_envs.core.cache import is_complete
+    from agent_envs.envs.docvqa.data import default_cache_dir, load_docvqa_tasks
+    from agent_envs.policy.hf import SMOLLM2_HF_DIR, smollm2_hf_dir
+
+    started = time.perf_counter()
+    if embedded(extra) and not is_complete(SMOLLM2_HF_DIR):
+        say(f"converting the embedded model once into {SMOLLM2_HF_DIR} (about a minute on 2 cores) ...")
+        smollm2_hf_dir()
+    before = {p.name for p in (default_cache_dir() / "synthetic_docs").glob("*")}
+    load_docvqa_tasks("builtin")
+    if {p.name for p in (default_cache_dir() / "synthetic_docs").glob("*")} - before:
+        say(f"generated the built-in DocVQA pages once into {default_cache_dir() / 'synthetic_docs'}")
+    return time.perf_counter() - started
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def say(text: str) -> None:
+    print(f"[main] {text}", flush=True)
+
+
+def clock(seconds: float) -> str:
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
+
+
+def progress_line(all_jobs: list[Job], elapsed: float) -> str:
+    parts = []
+    for env in ENVS:
+        mine = [j for j in all_jobs if j.env == env]
+        parts.append(f"{env} " + ", ".join(f"{'reference' if j.label == REFERENCE else j.label} {j.done}/{j.expected}"
+                                           + ("" if j.process is None or j.process.poll() is None else " done")
+                                           for j in mine))
+    return f"{clock(elapsed)}  " + " | ".join(parts)
+
+
+def run_all(all_jobs: list[Job]) -> list[Job]:
+    """Start every evaluation at once (one torch thread each) and report progress until all ended;
+    returns the jobs that failed."""
+    started = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "AGENT_ENVS_BATCH_DECODE": "1", "AGENT_ENVS_TORCH_THREADS": os.environ.get("AGENT_ENVS_TORCH_THREADS", "1")}
+    for job in all_jobs:
+        job.out.parent.mkdir(parents=True, exist_ok=True)
+        job.log = job.out.parent / f"{job.out.name}.log"
+        with job.log.open("wb") as log:
+            job.process = subprocess.Popen(job.argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    last, shown = 0.0, None
+    while any(j.process.poll() is None for j in all_jobs):
+        time.sleep(0.5)
+        now = time.perf_counter() - started
+        state = [(j.done, j.process.poll() is None) for j in all_jobs]
+        if state != shown or now - last >= PROGRESS_EVERY_S:
+            say(progress_line(all_jobs, now))
+            last, shown = now, state
+    return [j for j in all_jobs if j.process.returncode != 0]
+
+
+def summary_table(all_jobs: list[Job]) -> str:
+    from agent_envs.cli import format_table
+
+    rows = [(job.out.name, json.loads((job.out / "summary.json").read_text())) for job in all_jobs]
+    return format_table(rows, 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parse_args(sys.argv[1:] if argv is None else argv)
+    out = args.out or REPO / "runs" / f"main-{time.strftime('%Y%m%d-%H%M%S')}"
+    caches_s = prepare_caches(extra)
+    all_jobs = jobs(out, args.limit, extra)
+    say(f"evaluating {', '.join(ENVS)} on {args.limit} built-in task(s) each: "
+        f"{all_jobs[0].label} and the scripted reference policy (logs: {out}/*.log)")
+    started, cpu_before, load_before = time.perf_counter(), children_cpu_s(), os.getloadavg()[0]
+    failed = run_all(all_jobs)
+    eval_s, eval_cpu_s = time.perf_counter() - started, children_cpu_s() - cpu_before
+    for job in failed:
+        say(f"{job.out.name} failed (exit {job.process.returncode}); the end of {job.log}:")
+        print("\n".join(job.log.read_text(errors="replace").splitlines()[-25:]), flush=True)
+    if failed:
+        return 1
+    print(summary_table(all_jobs), flush=True)
+    report_started = time.perf_counter()
+    from agent_envs.report import build_report
+
+    report = build_report([job.out for job in all_jobs], out / "report.html").resolve()
+    report_s = time.perf_counter() - report_started
+    phases = ([("install", args.install_s)] if args.install_s is not None else []) + [
+        ("caches (first run only)", caches_s), ("evaluation", eval_s), ("report", report_s)]
+    say("time: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in phases)
+        + f"; total {sum(s for _, s in phases):.0f} s")
+    # wall time on a shared machine grows with the load; the CPU seconds are what the job itself needs
+    say(f"the evaluation used {eval_cpu_s:.0f} CPU-seconds on {os.cpu_count()} cores; load average "
+        f"{load_before:.1f} when it started, {os.getloadavg()[0]:.1f} at the end")
+    say(f"report: {report}  (open it: xdg-open {report}, or copy the one file anywhere)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

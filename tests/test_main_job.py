@@ -1,0 +1,82 @@
+"""``bash scripts/run_main.sh``, the README's first command, end to end on an empty model cache: it
+installs, converts the embedded model, evaluates every text environment with it and with the
+scripted reference, and writes one report in which every environment shows real tool calls.
+
+The installation runs into a virtual environment made here on top of this interpreter's packages,
+so ``pip install -e .`` never re-points the machine's own installation at this checkout."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import venv
+from html import unescape
+from pathlib import Path
+
+import pytest
+
+from agent_envs.core.cache import is_complete
+
+REPO = Path(__file__).resolve().parent.parent
+#: what each environment's scripted reference runs, as the report prints the parsed action
+TOOL_CALLS = {"MATH-ReAct-v0": "bash$ python3 -c", "DocVQA-CLI-v0": "bash$ tesseract /workspace/document.png",
+              "Countdown-ReAct-v0": "python (code):\nN = ["}
+
+
+def main_job_envs() -> tuple[str, ...]:
+    import runpy
+
+    return runpy.run_path(str(REPO / "scripts" / "main_job.py"), run_name="main_job_envs")["ENVS"]
+
+
+def test_the_main_job_covers_every_text_environment():
+    assert main_job_envs() == ("MATH-ReAct-v0", "DocVQA-CLI-v0", "Countdown-ReAct-v0")
+
+
+def episodes(html: str) -> dict[str, str]:
+    """The report's episode articles by their heading (``run · key``), HTML entities decoded."""
+    found = {}
+    for article in html.split('<article class="episode"')[1:]:
+        heading = re.search(r"<h3>(.*?)</h3>", article, re.S)
+        found[unescape(heading.group(1))] = unescape(article.split("</article>", 1)[0])
+    return found
+
+
+@pytest.mark.slow
+def test_run_main_on_an_empty_model_cache(tmp_path: Path, smollm2_gguf: Path):
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, system_site_packages=True, with_pip=True)
+    model = tmp_path / "empty-cache" / "smollm2-hf"
+    out = tmp_path / "main"
+    env = {**os.environ, "PYTHON": str(env_dir / "bin" / "python"), "AGENT_ENVS_SMOLLM2_HF": str(model),
+           "AGENT_ENVS_MAIN_OUT": str(out), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(["bash", "scripts/run_main.sh"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-6000:]
+    assert is_complete(model)  # converted into the new cache, once
+
+    envs = main_job_envs()
+    lines = proc.stdout.splitlines()
+    assert any(line.startswith("[main] installed in ") for line in lines), log[-3000:]
+    progress = [line for line in lines if re.match(r"\[main\] \d+:\d\d  ", line)]
+    assert progress and all(e in progress[-1] for e in envs) and "reference 2/2" in progress[-1]
+    timing = next(line for line in lines if line.startswith("[main] time: "))
+    assert all(phase in timing for phase in ("install", "caches", "evaluation", "report", "total"))
+    report = (out / "report.html").resolve()
+    assert lines[-1].startswith(f"[main] report: {report}") and f"xdg-open {report}" in lines[-1]
+
+    html = report.read_text()
+    about = html.split('<section id="about">', 1)[1].split("</section>", 1)[0]
+    shown = episodes(html)
+    for env_id in envs:
+        for policy in ("smollm2-135m", "scripted-reference"):
+            run = f"{env_id}.{policy}"
+            assert f">{run}</span>" in about, run
+            assert sum(heading.startswith(f"{run} · ") for heading in shown) == 2, run
+        calls = [body for heading, body in shown.items() if heading.startswith(f"{env_id}.")
+                 and '<pre class="action">' in body and '<pre class="obs">' in body]
+        assert any(TOOL_CALLS[env_id] in body for body in calls), f"no {TOOL_CALLS[env_id]} tool call for {env_id}"
+    assert "SmolLM2-135M-Instruct (embedded, CPU)" in about and "scripted reference policy (no model)" in about
+    assert "--policy vllm --model" in about and "--base-url" in about
