@@ -48,7 +48,8 @@ CPU_DEFAULTS = {"limit": 3, "max_turns": 3, "max_tokens_per_turn": 192}
 #: exit status of ``eval`` when every episode ended in an error (no result to report)
 EXIT_ALL_ERRORED = 3
 RESUME_IDENTITY = ("env", "data", "seed", "policy", "model", "base_urls", "engine_args", "sampling",
-                   "max_turns", "max_tokens_per_turn", "env_args", "sandbox", "step_scorer", "skill_sha256")
+                   "max_turns", "max_tokens_per_turn", "env_args", "sandbox", "step_scorer", "skill_sha256",
+                   "token_trajectories")
 
 
 class UsageError(Exception):
@@ -110,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--trace-logs", action=argparse.BooleanOptionalAction, default=True)
     ev.add_argument("--no-progress", action="store_true")
     ev.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
+    ev.add_argument("--token-trajectories", action="store_true",
+                    help="record each episode's token ids and log-probabilities (docs/rl.md; records grow)")
     add_scorer_arguments(ev)
 
     sm = sub.add_parser("summarize", help="print the metrics of one or more run directories")
@@ -145,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     for checkpoint_parser in (ex, vc):
         checkpoint_parser.add_argument("--engine-arg", action="append", default=[], type=_key_value,
                                        metavar="KEY=VALUE", help="passed to vllm.LLM, e.g. dtype=float32")
+    tk = sub.add_parser("export", help="write a run's episodes for a trainer (token sequences, masks, rewards)")
+    tk.add_argument("run", type=Path, metavar="RUN_DIR")
+    tk.add_argument("--format", choices=("tokens",), required=True)
+    tk.add_argument("--out", type=Path, default=None, help="output file (default RUN_DIR/tokens.jsonl)")
 
     # listed for --help only: main() hands everything after "serve" to the server's own parser
     sub.add_parser("serve", help="serve a policy over HTTP (agent-envs serve --help)")
@@ -326,6 +333,18 @@ def _run_lock(out: Path) -> RunLock:
         raise UsageError(str(exc)) from None
 
 
+def _trajectory_tokenizer(kind: str, args: argparse.Namespace) -> Any:
+    """``--token-trajectories`` with a policy that has no tokenizer: the one of ``--model`` (the
+    environment renders the prompts as ids itself)."""
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(args.model)
+    except Exception as exc:
+        raise UsageError(f"--token-trajectories needs the model's tokenizer; --policy {kind} has none and "
+                         f"--model {args.model!r} does not load one ({type(exc).__name__}: {exc})") from None
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """``eval``: several ``--data`` sets give one run folder each and their card; a run folder is locked
     from before anything is written in it to the end."""
@@ -362,6 +381,8 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
             env_kwargs["skill"], skill_sha256 = read_skill(args.skill_file)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+    if args.token_trajectories:
+        env_kwargs["token_trajectories"] = True
     if max_turns is not None:
         env_kwargs["max_turns"] = max_turns
     if max_tokens is not None:
@@ -378,6 +399,8 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
         print("[agent-envs] --engines with vllm runs each engine in lockstep mode", file=sys.stderr)
         config["mode"] = args.mode = "lockstep"
     config["engines"] = args.engines
+    if args.token_trajectories:  # only when on: older run folders resume as before
+        config["token_trajectories"] = True
     if args.step_scorer is not None:
         if pooled:
             raise UsageError("--step-scorer runs with one engine (not with --engines or --ray-address)")
@@ -396,6 +419,8 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
     if kind == "vllm" and args.model:
         _check_checkpoint_tp(args.model, dict(args.engine_arg))
     policy: Policy | EnginePool = make_pool(kind, args) if pooled else make_policy(kind, args, args.env)
+    if args.token_trajectories and isinstance(policy, Policy) and policy.tokenizer is None:
+        policy.tokenizer = _trajectory_tokenizer(kind, args)
     concurrency = args.concurrency or (16 if args.mode == "lockstep" else 64)
     run = dict(samples=args.samples, mode=args.mode, base_seed=args.seed, env_kwargs=env_kwargs,
                concurrency=concurrency, tool_workers=args.tool_workers, out_path=records_path, resume=args.resume,
@@ -628,6 +653,18 @@ def cmd_verify_checkpoint(args: argparse.Namespace) -> int:
     return 0 if result["passed"] else 1
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from agent_envs.rollout.trajectories import export_tokens
+
+    records, _, _ = _run_records(args.run)
+    out = args.out or (args.run if args.run.is_dir() else args.run.parent) / "tokens.jsonl"
+    summary = export_tokens(records, out)
+    print(f"[agent-envs] exported {summary.line()}")
+    if not summary.exported:
+        raise UsageError(f"no episode of {args.run} has a token trajectory to export")
+    return 0
+
+
 def cmd_serve(argv: Sequence[str]) -> int:
     from agent_envs.policy.server import main as serve  # imported on demand: the other commands do not need it
 
@@ -640,7 +677,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_serve(argv[1:])
     args = build_parser().parse_args(argv)
     handler = {"eval": cmd_eval, "summarize": cmd_summarize, "compare": cmd_compare, "report": cmd_report,
-               "export-checkpoint": cmd_export_checkpoint, "verify-checkpoint": cmd_verify_checkpoint}[args.command]
+               "export-checkpoint": cmd_export_checkpoint, "verify-checkpoint": cmd_verify_checkpoint,
+               "export": cmd_export}[args.command]
     try:
         return handler(args)
     except UsageError as exc:

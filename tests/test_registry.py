@@ -44,6 +44,8 @@ UNKNOWN_ACTION = {
     "DocVQA-CLI-v0": "Unknown action '{name}'. Available action is bash.",
     "Countdown-ReAct-v0": "Unknown action '{name}'. Available actions are python and bash.",
     "DocVQA-VL-v0": "Unknown action '{name}'. Available actions are bash and view.",
+    "MATH-Tools-v0": "Unknown action '{name}'. Available action is bash.",
+    "Countdown-Tools-v0": "Unknown action '{name}'. Available actions are python and bash.",
 }
 
 

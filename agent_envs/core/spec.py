@@ -21,7 +21,8 @@ Row = dict[str, Any]
 class ParserSpec:
     """Which passes the action parser runs and what it accepts (docs/protocol.md#action-parsers).
 
-    All start at the first ``Action: {``: a strict and a greedy pass always run.
+    All start at the first ``Action: {``: a strict and a greedy pass always run.  The native
+    variant reads the model's own tool-call format instead (docs/protocol.md#native-tool-calls).
     """
 
     #: a third pass for JSON cut off by the token limit, then the relaxed near-JSON bash parser
@@ -30,6 +31,10 @@ class ParserSpec:
     require_arguments: bool = False
     #: only ``bash`` with a non-blank string ``command`` is an action
     require_bash_command: bool = False
+    #: native tool calls (``<tool_call>`` blocks, or a server's ``tool_calls``) instead of ``Action:``
+    native_tool_calls: bool = False
+    #: native: calls run per turn, in order; later ones are answered without running
+    max_calls: int = 8
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,8 @@ class Rules:
     no_input: str = "No shell command was provided."
     #: a final answer needs a tool call first (off in single-turn setups)
     require_tool: bool = True
+    #: native tool calls: the OpenAI ``tools`` entries the chat template shows the model
+    tool_schemas: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def tool_args(self) -> Mapping[str, str | None]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import json
 import math
 import threading
 import weakref
@@ -78,10 +79,19 @@ def estimate_image_tokens(width: int, height: int) -> int:
 
 
 class TokenCounter:
-    def __init__(self, tokenizer: Any = None, enable_thinking: bool = False, processor: Any = None):
+    """``tools``: OpenAI-style tool schemas the chat template renders into every prompt
+    (docs/protocol.md#native-tool-calls); None renders no tools, as the protocol does."""
+
+    def __init__(self, tokenizer: Any = None, enable_thinking: bool = False, processor: Any = None,
+                 tools: Sequence[dict[str, Any]] | None = None):
         self.processor = processor
         self.tokenizer = tokenizer if tokenizer is not None else getattr(processor, "tokenizer", None)
         self.enable_thinking = enable_thinking
+        self.tools = [dict(t) for t in tools] if tools else None
+        #: what memos and verdicts are kept under: the thinking flag, and the tools when given
+        self._variant: Any = self.enable_thinking if self.tools is None else (
+            self.enable_thinking, json.dumps(self.tools, sort_keys=True))
+        self._plain: TokenCounter | None = None
         self._image_costs: OrderedDict[str, int] = OrderedDict()
         self._image_lock = threading.Lock()
         self._template: Callable[..., Any] | None = None
@@ -104,10 +114,11 @@ class TokenCounter:
 
     def _template_kwargs(self) -> dict[str, Any]:
         """``enable_thinking`` for the template; a processor gets it only when its template reads it
-        (a processor hands unknown keywords to its tokeniser call instead)."""
+        (a processor hands unknown keywords to its tokeniser call instead).  Tools when given."""
+        tools = {} if self.tools is None else {"tools": self.tools}
         if self.processor is None or "enable_thinking" in str(getattr(self.processor, "chat_template", "")):
-            return {"enable_thinking": self.enable_thinking}
-        return {}
+            return {"enable_thinking": self.enable_thinking, **tools}
+        return tools
 
     def render(self, messages: Sequence[Message], generation_prompt: bool = True) -> str:
         """The prompt text the policy sees (chat template + generation prompt)."""
@@ -120,7 +131,7 @@ class TokenCounter:
                 **self._template_kwargs())
             return text
         text = self._apply_template(_text_only(messages), tokenize=False, add_generation_prompt=generation_prompt,
-                                    enable_thinking=self.enable_thinking)
+                                    **self._template_kwargs())
         return text
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
@@ -136,7 +147,7 @@ class TokenCounter:
         if self._encode is not None:  # verified equal to the template's own tokenising
             return self._encode(self.render(_text_only(messages)))
         return _input_ids(self._apply_template(_text_only(messages), tokenize=True, add_generation_prompt=True,
-                                               enable_thinking=self.enable_thinking))
+                                               **self._template_kwargs()))
 
     def _apply_template(self, messages: Sequence[Message], **kwargs: Any) -> Any:
         """The tokenizer's chat template (set whenever a tokenizer is)."""
@@ -151,8 +162,17 @@ class TokenCounter:
         return len(self.prompt_ids(messages))
 
     def message_tokens(self, message: Message) -> int:
-        """Cost of one appended observation: the template applied to ``[message]`` alone (protocol 2.4)."""
+        """Cost of one appended observation: the template applied to ``[message]`` alone (protocol 2.4);
+        without the tools, which a template renders into a chat's opening, not into each message."""
+        if self.tools is not None:
+            return self.without_tools().prompt_tokens([message])
         return self.prompt_tokens([message])
+
+    def without_tools(self) -> "TokenCounter":
+        """This counter rendering no tools (same tokenizer, processor and thinking flag)."""
+        if self._plain is None:
+            self._plain = TokenCounter(self.tokenizer, self.enable_thinking, self.processor)
+        return self._plain
 
     def text_tokens(self, text: str) -> int:
         if self.tokenizer is None:
@@ -192,7 +212,7 @@ class TokenCounter:
         """The memo of this counter's template (tokenizer or processor, thinking flag)."""
         if self._memo is None:
             with _STATES_LOCK:
-                self._memo = self._state.memos.setdefault(self.enable_thinking, SharedMemo())
+                self._memo = self._state.memos.setdefault(self._variant, SharedMemo())
         return self._memo
 
     @property
@@ -202,9 +222,9 @@ class TokenCounter:
             return False
         verified = self._state.incremental
         with _VERIFY_LOCK:
-            if self.enable_thinking not in verified:
-                verified[self.enable_thinking] = _prefix_stable(self)
-            return verified[self.enable_thinking]
+            if self._variant not in verified:
+                verified[self._variant] = _prefix_stable(self)
+            return verified[self._variant]
 
 
 class SharedMemo:
@@ -352,13 +372,13 @@ _PROBE = [
 
 class _TemplateState:
     """What is learnt once per tokenizer or processor object and shared by all counters built on
-    it: whether its chats count incrementally (per thinking flag), whether its Rust encoder may be
-    called directly, and its count memos (per thinking flag)."""
+    it: whether its chats count incrementally (per thinking flag and tools), whether its Rust
+    encoder may be called directly, and its count memos (per thinking flag and tools)."""
 
     def __init__(self) -> None:
-        self.incremental: dict[bool, bool] = {}
+        self.incremental: dict[Any, bool] = {}
         self.direct: bool | None = None
-        self.memos: dict[bool, SharedMemo] = {}
+        self.memos: dict[Any, SharedMemo] = {}
 
 
 _STATES: "weakref.WeakKeyDictionary[Any, _TemplateState]" = weakref.WeakKeyDictionary()

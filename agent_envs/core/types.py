@@ -45,6 +45,14 @@ class GenerationRequest(BaseModel):
     #: generate through this named adapter (e.g. a LoRA the policy registered); None: the base weights.
     #: A policy that does not know the name answers with a ``request_error``, never the base model.
     adapter: str | None = None
+    #: the exact prompt: engines send these ids instead of rendering ``messages`` (token-in,
+    #: token-out: the environment's token trajectory, docs/rl.md#token-trajectories)
+    prompt_token_ids: list[int] | None = None
+    #: return the log-probability of each sampled token (off by default: it costs throughput)
+    logprobs: bool = False
+    #: tool schemas (OpenAI ``tools`` entries) the chat template renders into the prompt
+    #: (docs/protocol.md#native-tool-calls); None: no tools are shown
+    tools: list[dict[str, Any]] | None = None
 
 
 class Completion(BaseModel):
@@ -63,6 +71,12 @@ class Completion(BaseModel):
     error_message: str | None = None
     #: which engine or endpoint produced it
     engine: str | None = None
+    #: with ``request.logprobs``: the sampled tokens' log-probabilities, aligned with ``token_ids``
+    logprobs: list[float] | None = None
+    #: with ``request.logprobs``: the prompt ids as the engine reports having seen them
+    prompt_token_ids: list[int] | None = None
+    #: tool calls a server parsed out of the text (OpenAI ``message.tool_calls`` entries)
+    tool_calls: list[dict[str, Any]] | None = None
 
     @property
     def ok(self) -> bool:

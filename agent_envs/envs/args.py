@@ -44,6 +44,8 @@ class EnvArgs(Checked):
     render_mode: Literal["ansi"] | None
     #: counts image tokens exactly (docs/protocol.md#image-token-counts)
     processor: ChatProcessor = None
+    #: keep the episode as token ids and send them as the prompt (docs/rl.md#token-trajectories)
+    token_trajectories: bool = Field(default=False, strict=True)
 
 
 class ResetOptions(Checked):

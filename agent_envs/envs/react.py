@@ -24,13 +24,15 @@ from agent_envs.core.spec import EnvSpec, Rules, Tool
 from agent_envs.core.steps import StepContext, StepScore, StepScorer
 from agent_envs.core.tasks import episode_key
 from agent_envs.core.tokens import PromptTally, TokenCounter
+from agent_envs.core.trajectory import TokenTrajectory, first_drift
 from agent_envs.core.types import INVALID_OUTPUT, MACHINE_FAULTS, Completion, GenerationRequest, error_text
 from agent_envs.envs.args import EnvArgs, EnvOptions, ResetOptions
 from agent_envs.envs.spaces import Chat, CompletionText, Conversation
 from agent_envs.protocol import messages as msgs
+from agent_envs.protocol import native
 from agent_envs.protocol.blocklist import is_blocked
 from agent_envs.protocol.budget import exceeds_context
-from agent_envs.protocol.decision import decide, with_tools
+from agent_envs.protocol.decision import Decision, decide_turn, with_tools
 from agent_envs.protocol.messages import STOP
 from agent_envs.protocol.nesting import bounded_copy
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED, TURN_STRIDE, trajectory_seed
@@ -75,6 +77,8 @@ class EpisodeState:
     step_scores: list[StepScore] = field(default_factory=list)
     #: what this ``step`` call adds to ``info`` (the step's score)
     step_info: dict[str, Any] = field(default_factory=dict)
+    #: the conversation as token ids, with ``token_trajectories=True`` (docs/rl.md#token-trajectories)
+    trajectory: TokenTrajectory | None = None
 
     @property
     def used_bash(self) -> bool:
@@ -121,6 +125,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         render_mode: str | None = None,
         dataset_kwargs: dict[str, Any] | None = None,
         step_scorer: StepScorer | None = None,
+        token_trajectories: bool = False,
         **options: Any,
     ):
         self.options = self.Options.checked(f"{self.env_spec.id} argument", options)
@@ -132,7 +137,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             "max_trajectory_tokens": es.max_trajectory_tokens if max_trajectory_tokens == "default"
             else max_trajectory_tokens,
             "max_model_len": max_model_len, "enable_thinking": enable_thinking, "compat": compat,
-            "render_mode": render_mode, "processor": processor,
+            "render_mode": render_mode, "processor": processor, "token_trajectories": token_trajectories,
         })
         self.render_mode = render_mode
         if step_scorer is not None and not isinstance(step_scorer, StepScorer):
@@ -143,11 +148,17 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         self.max_tokens_per_turn = args.max_tokens_per_turn
         self.max_trajectory_tokens = args.max_trajectory_tokens or None
         self.max_model_len = args.max_model_len
-        self.counter = TokenCounter(tokenizer, enable_thinking=enable_thinking, processor=processor)
         self.compat = compat
         self.sandbox_config: SandboxConfig = resolve_config(sandbox)
         self._check_sandbox()
         self.rules: Rules = with_tools(es.rules[compat], es.tools)
+        #: tool schemas the chat template shows the model (native tool calls only)
+        self.tool_schemas = [dict(t) for t in self.rules.tool_schemas] or None
+        self.counter = TokenCounter(tokenizer, enable_thinking=enable_thinking, processor=processor,
+                                    tools=self.tool_schemas)
+        #: keep each episode as the token ids the engine sees and samples (records grow by them);
+        #: ``reset`` refuses it without a tokenizer
+        self.token_trajectories = args.token_trajectories
         self.system_prompt = self._system_prompt(system_prompt, prompt_file, skill)
         self.user_template = load_prompt(es.user_prompt)
         self._dataset_spec = dataset if tasks is None else list(tasks)
@@ -155,7 +166,8 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         self._tasks: list[Any] | None = None
         self._tools: dict[str, Tool] = {}
         self._ep: EpisodeState | None = None
-        self.observation_space = Conversation(max_messages=2 + 2 * self.max_turns)
+        per_turn = 1 + (self.rules.parser.max_calls if self.rules.parser.native_tool_calls else 1)
+        self.observation_space = Conversation(max_messages=2 + per_turn * self.max_turns)
         self.action_space = CompletionText()
 
     # ----- subclass hooks -------------------------------------------------------------------------
@@ -231,6 +243,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             messages=messages,
             tally=PromptTally(self.counter, messages),
             prompt_images=[i.facts for i in images],
+            trajectory=TokenTrajectory.start(self.counter, messages) if self.token_trajectories else None,
         )
         return _copy_chat(messages), self._info()
 
@@ -269,40 +282,29 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         ep.trajectory_tokens += n
         ep.attempted_trajectory_tokens = ep.trajectory_tokens
         ep.last_completion = text
-        ep.messages.append({"role": "assistant", "content": text})
+        reply: dict[str, Any] = {"role": "assistant", "content": text}
+        if completion.tool_calls and self.rules.parser.native_tool_calls:  # a server's calls, as it sent them
+            reply["tool_calls"] = [dict(c) for c in completion.tool_calls]
+        ep.messages.append(reply)
+        if ep.trajectory is not None:
+            ep.trajectory.add_completion(completion)
         cap = self.max_trajectory_tokens
         if cap is not None and ep.trajectory_tokens >= cap:
             return self._finish("max_response_tokens_exceeded", "max_response_tokens_exceeded")
 
-        decision = decide(text, used_bash=ep.used_bash, flavour=self.rules)
-        turn_info["decision"] = decision.act_kind or decision.kind
-        if decision.kind == "final":
+        decisions = decide_turn(text, used_bash=ep.used_bash, flavour=self.rules, tool_calls=completion.tool_calls)
+        turn_info["decision"] = ",".join(d.act_kind or d.kind for d in decisions)
+        if decisions[0].kind == "final":
             return self._finish("final_answer", None)
-        step: dict[str, Any] = {"turn": ep.turn, "assistant": text}
-        body, name = decision.observation, decision.observation_name
-        assert name is not None  # every decision but a final answer names its observation
-        images: tuple[Shown, ...] = ()
-        if decision.kind == "act":
-            step["action"] = bounded_copy(decision.action)  # the model decides how deep it nests
-            if decision.act_kind == "run":
-                started = time.perf_counter()
-                body, images = split(self._run_tool(name, decision.tool_input))
-                ep.turn_tool_s[-1] = time.perf_counter() - started
-                ep.tool_calls += 1
-        assert body is not None  # a tool's output, or the decision's warning text
-        step["observation"] = body
-        if images:
-            step["images"] = [i.facts for i in images]
-        ep.steps.append(step)
-        obs_message = msgs.observation_message(name, body, [i.part for i in images])
-        ep.messages.append(obs_message)
-        ep.step_ends.append(len(ep.messages))
+        new_messages = [self._act(ep, text, d) for d in decisions]
+        if ep.trajectory is not None:
+            ep.trajectory.add_observations(ep.messages[:2], new_messages)
         if self.step_scorer is not None:
-            score = self.step_scorer.score_sync(self.step_contexts(len(ep.step_scores)))[0]
-            ep.step_scores.append(score)
-            ep.step_info = {"step_score": score.score, "step_score_error": score.error}
+            scores = self.step_scorer.score_sync(self.step_contexts(len(ep.step_scores)))
+            ep.step_scores += scores
+            ep.step_info = {"step_score": scores[-1].score, "step_score_error": scores[-1].error}
         if cap is not None:
-            attempted = ep.trajectory_tokens + self.counter.message_tokens(obs_message)
+            attempted = ep.trajectory_tokens + sum(self.counter.message_tokens(m) for m in new_messages)
             ep.attempted_trajectory_tokens = attempted
             if attempted >= cap:
                 return self._finish("max_response_tokens_exceeded", "max_response_tokens_exceeded")
@@ -314,8 +316,15 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         return _copy_chat(ep.messages), 0.0, False, False, self._info()
 
     def generation_request(self) -> GenerationRequest:
-        """What to generate next: the chat, the turn's seed, the token budget and the stop string."""
+        """What to generate next: the chat, the turn's seed, the token budget and the stop string;
+        with token trajectories also the exact prompt ids and a request for log-probabilities."""
         ep = self._require_running()
+        trajectory = ep.trajectory if ep.trajectory is not None and ep.trajectory.active else None
+        extra: dict[str, Any] = {} if trajectory is None else {"prompt_token_ids": list(trajectory.ids)}
+        if ep.trajectory is not None:
+            extra["logprobs"] = True
+        if self.tool_schemas is not None:
+            extra["tools"] = [dict(t) for t in self.tool_schemas]
         return GenerationRequest(
             messages=_copy_chat(ep.messages),
             seed=ep.turn_seed,
@@ -324,6 +333,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             key=self._key(ep),
             row_index=ep.row_index,
             sample_index=ep.sample_index,
+            **extra,
         )
 
     def step_contexts(self, start: int = 0) -> list[StepContext]:
@@ -371,6 +381,8 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             "system_prompt_sha256": sha256(self.system_prompt),
             "user_template_sha256": sha256(self.user_template),
             "compat": self.compat,
+            # the engine sees the token history instead of the re-rendered chat (docs/rl.md#token-trajectories)
+            **({"token_trajectories": True} if self.token_trajectories else {}),
             **self.options.model_dump(mode="json"),
         }
         return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
@@ -404,6 +416,36 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             )
         return self._ep
 
+    def _act(self, ep: EpisodeState, text: str, decision: Decision) -> dict[str, Any]:
+        """Carry out one decision of this turn (run its tool, if it says so), record it as a react
+        step and append its observation message, which is returned."""
+        step: dict[str, Any] = {"turn": ep.turn, "assistant": text}
+        body, name = decision.observation, decision.observation_name
+        assert name is not None  # every decision but a final answer names its observation
+        images: tuple[Shown, ...] = ()
+        if decision.kind == "act":
+            step["action"] = bounded_copy(decision.action)  # the model decides how deep it nests
+            if decision.act_kind == "run":
+                started = time.perf_counter()
+                body, images = split(self._run_tool(name, decision.tool_input))
+                ep.turn_tool_s[-1] += time.perf_counter() - started
+                ep.tool_calls += 1
+        assert body is not None  # a tool's output, or the decision's warning text
+        step["observation"] = body
+        if images:
+            step["images"] = [i.facts for i in images]
+        ep.steps.append(step)
+        parts = [i.part for i in images]
+        if decision.call is not None:
+            message = native.tool_message(decision.call, body)
+            if parts:
+                message["content"] = [text_part(body), *parts]
+        else:
+            message = msgs.observation_message(name, body, parts)
+        ep.messages.append(message)
+        ep.step_ends.append(len(ep.messages))
+        return message
+
     def _run_tool(self, name: str, tool_input: Any) -> str | Observation:
         """Run tool ``name`` on ``tool_input`` (the tool is built on first use, one per episode)."""
         ep = self._ep
@@ -429,7 +471,11 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
     def _next_prompt_fits(self) -> bool:
         ep = self._ep
         assert ep is not None
-        if self.max_model_len is None or not self.counter.exact_for(ep.messages):
+        if self.max_model_len is None:
+            return True
+        if ep.trajectory is not None and ep.trajectory.active:  # the ids the next request sends
+            return not exceeds_context(len(ep.trajectory.ids), self.max_tokens_per_turn, self.max_model_len)
+        if not self.counter.exact_for(ep.messages):
             return True
         return not exceeds_context(ep.tally.prompt_tokens(), self.max_tokens_per_turn, self.max_model_len)
 
@@ -484,11 +530,25 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         }
         if ep.prompt_images:
             record["prompt_images"] = bounded_copy(ep.prompt_images)
+        if ep.trajectory is not None:
+            record["token_trajectory"] = self._trajectory_record(ep)
         record.update(self.env_spec.task_fields(task))
         record.update(result.record_fields())
         if self.step_scorer is not None:
             record.update(process_fields(ep.step_scores, self.step_scorer.aggregation))
         return record
+
+    def _trajectory_record(self, ep: EpisodeState) -> dict[str, Any]:
+        """The episode's token trajectory and where a re-rendered chat first departs from it."""
+        trajectory = ep.trajectory
+        assert trajectory is not None
+        drift = None
+        if trajectory.active:
+            try:
+                drift = first_drift(self.counter, ep.messages, trajectory.as_record(None))
+            except Exception as exc:  # a template that cannot render the chat: say so, do not fail the episode
+                drift = {"position": None, "error": f"{type(exc).__name__}: {exc}"}
+        return trajectory.as_record(drift)
 
     def _info(self) -> dict[str, Any]:
         ep = self._ep

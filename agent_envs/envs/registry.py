@@ -10,12 +10,15 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from agent_envs.core.spec import EnvSpec
+from agent_envs.envs.countdown.native.spec import SPEC as COUNTDOWN_TOOLS
 from agent_envs.envs.countdown.spec import SPEC as COUNTDOWN
 from agent_envs.envs.docvqa.spec import SPEC as DOCVQA
 from agent_envs.envs.docvqa.vl.spec import SPEC as DOCVQA_VL
+from agent_envs.envs.math_react.native.spec import SPEC as MATH_TOOLS
 from agent_envs.envs.math_react.spec import SPEC as MATH
 
-SPECS: dict[str, EnvSpec] = {s.id: s for s in (MATH, DOCVQA, COUNTDOWN, DOCVQA_VL)}
+#: the ReAct environments, then their native-tool-call variants (docs/protocol.md#native-tool-calls)
+SPECS: dict[str, EnvSpec] = {s.id: s for s in (MATH, DOCVQA, COUNTDOWN, DOCVQA_VL, MATH_TOOLS, COUNTDOWN_TOOLS)}
 
 ENV_IDS: tuple[str, ...] = tuple(SPECS)
 

@@ -8,7 +8,8 @@ from gymnasium.spaces import Space
 
 from agent_envs.core.types import Completion
 
-ROLES = ("system", "user", "assistant")
+#: ``tool`` carries an observation under native tool calls (docs/protocol.md#native-tool-calls)
+ROLES = ("system", "user", "assistant", "tool")
 Chat = list[dict[str, Any]]
 _WORDS = ("Action:", "Final answer:", "ls", "echo", "python3", "{", "}", '"bash"', "\\boxed{1}", "hi", "\n")
 

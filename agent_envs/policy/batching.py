@@ -7,6 +7,7 @@ retried one request at a time so one bad prompt cannot fail its neighbours.
 from __future__ import annotations
 
 import abc
+import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -70,6 +71,8 @@ class EnginePolicy(Policy):
         self.sampling = sampling or SamplingConfig()
         self.counter = TokenCounter(tokenizer, enable_thinking=self.sampling.enable_thinking)
         self.prompts = PromptCache(self.counter)
+        #: prompt caches of requests that carry tool schemas, by their schemas
+        self._tool_prompts: dict[str, PromptCache] = {}
         self.max_model_len = max_model_len
         self.processor = processor
         self.renderer = ProcessorRenderer(processor, self.sampling.enable_thinking) if processor is not None else None
@@ -79,20 +82,37 @@ class EnginePolicy(Policy):
     def warm(self, request: GenerationRequest) -> None:
         """Tokenise the prompt into the episode's cache (thread-safe across episodes; the fast
         tokenizer releases the interpreter lock), so :meth:`prepare` finds it done.  Chats with
-        images are rendered in :meth:`prepare` alone."""
-        if not has_images(request.messages):
-            self.prompts.prompt_ids(request.key, request.messages)
+        images are rendered in :meth:`prepare` alone; a request with its own ids needs nothing."""
+        if request.prompt_token_ids is None and not has_images(request.messages):
+            self._prompts_for(request).prompt_ids(request.key, request.messages)
+
+    def _prompts_for(self, request: GenerationRequest) -> PromptCache:
+        """The prompt cache rendering the request's tool schemas (the plain one without tools)."""
+        if not request.tools:
+            return self.prompts
+        key = json.dumps(request.tools, sort_keys=True)
+        cache = self._tool_prompts.get(key)
+        if cache is None:
+            counter = TokenCounter(self.tokenizer, enable_thinking=self.sampling.enable_thinking, tools=request.tools)
+            cache = self._tool_prompts.setdefault(key, PromptCache(counter))
+        return cache
 
     def prepare(self, request: GenerationRequest) -> Prepared | Completion:
         """Render the prompt (an episode's next turn costs only its new messages; a chat with images
-        goes through the processor); a prompt that cannot fit becomes a ``context_length_exceeded``
-        record, a request naming an adapter this policy does not hold a ``request_error``."""
+        goes through the processor), or take the request's own ``prompt_token_ids`` as they are; a
+        prompt that cannot fit becomes a ``context_length_exceeded`` record, a request naming an
+        adapter this policy does not hold a ``request_error``."""
         if request.adapter is not None and request.adapter not in self.adapters:
             known = ", ".join(sorted(self.adapters)) or "none registered"
             return Completion(error=REQUEST_ERROR, engine=self.name, error_message=(
                 f"ValueError: the {self.name} policy has no adapter named {request.adapter!r} ({known})"))
         image = None
-        if has_images(request.messages):
+        refusal = _unsupported(request, self.name)
+        if refusal is not None:
+            return refusal
+        if request.prompt_token_ids is not None:
+            ids = list(request.prompt_token_ids)
+        elif has_images(request.messages):
             if self.renderer is None:
                 return Completion(error=REQUEST_ERROR, engine=self.name, error_message=(
                     f"ValueError: the request has image parts but the {self.name} policy has no image "
@@ -103,9 +123,24 @@ class EnginePolicy(Policy):
                 return Completion.failed(exc, engine=self.name)
             ids = image.ids
         else:
-            ids = self.prompts.prompt_ids(request.key, request.messages)
+            ids = self._prompts_for(request).prompt_ids(request.key, request.messages)
         overflow = context_overflow(len(ids), request.max_tokens, self.max_model_len, self.name)
         return overflow if overflow is not None else Prepared(request, ids, self.sampling.stop_for(request), image)
+
+
+def _unsupported(request: GenerationRequest, engine: str) -> Completion | None:
+    """A ``request_error`` for what an engine cannot do with a chat that has images: take its
+    prompt as token ids (the images would be lost) or render tool schemas into it."""
+    if not has_images(request.messages):
+        return None
+    if request.prompt_token_ids is not None:
+        what = "prompt_token_ids (token trajectories cover text chats only)"
+    elif request.tools:
+        what = "tool schemas (native tool calls cover text chats only)"
+    else:
+        return None
+    return Completion(error=REQUEST_ERROR, engine=engine,
+                      error_message=f"ValueError: a chat with images cannot take {what}")
 
 
 class BatchedEnginePolicy(EnginePolicy):

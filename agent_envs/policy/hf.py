@@ -168,6 +168,8 @@ class _Row:
         self.prompt = torch.tensor(prepared.prompt_ids, device=policy.device)
         self.policy, self.prepared = policy, prepared
         self.output: list[int] = []
+        #: the model's log-probability of each sampled token, when the request asks for them
+        self.logprobs: list[float] | None = [] if request.logprobs else None
         self.finish = "length"
         self.stopped = False
         # a stop string that first appears ends inside the newest token, so it lies within the
@@ -182,6 +184,8 @@ class _Row:
         probs = process_logits(logits, self.prompt, output, self.policy.sampling).softmax(-1)
         token = int(torch.multinomial(probs, 1, generator=self.generator))
         self.output.append(token)
+        if self.logprobs is not None:  # before penalties, temperature and filters, as vLLM's default
+            self.logprobs.append(float(logits.float().log_softmax(-1)[token]))
         if token in self.policy._eos:
             self.finish, self.done = "stop", True
         elif self.prepared.stop and self._stop_in(self._decode(self.output[-self.window:])):
@@ -200,8 +204,10 @@ class _Row:
         text = self._decode(self.output)
         if self.stopped:
             text, _ = cut_at_stop(text, self.prepared.stop)
+        extra = {} if self.logprobs is None else {"logprobs": self.logprobs,
+                                                  "prompt_token_ids": list(self.prepared.prompt_ids)}
         return Completion(text=text, token_ids=self.output, finish_reason=self.finish,
-                          prompt_tokens=len(self.prepared.prompt_ids), engine=self.policy.name)
+                          prompt_tokens=len(self.prepared.prompt_ids), engine=self.policy.name, **extra)
 
 
 def _as_list(value: Any) -> list[int]:

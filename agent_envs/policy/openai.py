@@ -14,6 +14,14 @@ then applied to the reply, with the window that ``GET /models`` reports.
 Image content parts travel as they are (``image_url`` parts holding data URLs, the format these
 servers take); a ``processor`` makes the local context check exact for them, and without one a
 chat with images is left to the server to check.
+
+A request that carries its own ``prompt_token_ids`` (an environment's token trajectory) goes to
+``/completions`` with the ids as its prompt, which vLLM and SGLang take as they are; every other
+request goes to ``/chat/completions``.  ``request.logprobs`` asks either route for the sampled
+tokens' log-probabilities, and ``request.tools`` sends the tool schemas for the chat template with
+``tool_choice`` (``"none"`` by default: vLLM then renders the tools but leaves the calls in the text,
+where the native parser reads them, outside thinking; ``"auto"`` asks a server started with a tool
+parser for its ``tool_calls``; vLLM refuses ``"auto"`` without one).
 """
 from __future__ import annotations
 
@@ -62,6 +70,18 @@ def is_context_length_error(status: int, body: str) -> bool:
             and "context length" in str(error.get("message", "")).lower())
 
 
+def response_logprobs(choice: dict[str, Any]) -> list[float] | None:
+    """The sampled tokens' log-probabilities of a chat choice (``logprobs.content[].logprob``) or a
+    completions choice (``logprobs.token_logprobs``); None when the server sent none."""
+    block = choice.get("logprobs")
+    if not isinstance(block, dict):
+        return None
+    if block.get("content") is not None:
+        return [float(entry["logprob"]) for entry in block["content"]]
+    values = block.get("token_logprobs")
+    return None if values is None else [float("nan") if v is None else float(v) for v in values]
+
+
 class OpenAIPolicy(Policy):
     """``base_urls`` are API roots such as ``http://127.0.0.1:8000/v1``."""
 
@@ -71,7 +91,7 @@ class OpenAIPolicy(Policy):
                  timeout_s: float = 600.0, max_retries: int = 3, backoff_base_s: float = 2.0,
                  backoff_cap_s: float = 10.0, tokenizer: Any = None, sampling: SamplingConfig | None = None,
                  max_model_len: int | None = None, samples_per_row: int = 1, max_concurrency: int = 64,
-                 request_token_ids: bool = True, processor: Any = None):
+                 request_token_ids: bool = True, processor: Any = None, tool_choice: str = "none"):
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
             raise ValueError("OpenAIPolicy needs at least one base URL")
@@ -88,6 +108,7 @@ class OpenAIPolicy(Policy):
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.timeout_s = timeout_s
+        self.tool_choice = tool_choice
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._aclients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
         #: event loops of the sync path's worker threads (one each, closed by ``close``)
@@ -113,25 +134,46 @@ class OpenAIPolicy(Policy):
                 job = next(self._round_robin)
         return self.endpoints[job % len(self.endpoints)]
 
+    @staticmethod
+    def route(request: GenerationRequest) -> str:
+        """``completions`` for a request with its own prompt ids, else ``chat/completions``."""
+        return "chat/completions" if request.prompt_token_ids is None else "completions"
+
     def body(self, request: GenerationRequest) -> dict[str, Any]:
         s = self.sampling
-        body: dict[str, Any] = {
-            "model": self.model, "messages": request.messages, "temperature": s.temperature, "top_p": s.top_p,
+        prompt = request.prompt_token_ids
+        tokens_in = prompt is not None
+        body: dict[str, Any] = {"model": self.model}
+        if prompt is not None:
+            body["prompt"] = list(prompt)
+        else:
+            body["messages"] = request.messages
+        body.update({
+            "temperature": s.temperature, "top_p": s.top_p,
             "top_k": s.top_k, "min_p": s.min_p, "presence_penalty": s.presence_penalty,
             "repetition_penalty": s.repetition_penalty, "stop": s.stop_for(request),
-            "chat_template_kwargs": {"enable_thinking": s.enable_thinking},
-        }
+        })
+        if not tokens_in:
+            body["chat_template_kwargs"] = {"enable_thinking": s.enable_thinking}
         if request.seed is not None:
             body["seed"] = request.seed
         if (cap := token_cap(request.max_tokens)) is not None:
             body["max_tokens"] = cap
-        if self.request_token_ids:
+        elif tokens_in:  # the completions route otherwise stops after 16 tokens
+            body["max_tokens"] = None
+        if self.request_token_ids or tokens_in:
             body["return_token_ids"] = True
+        if request.logprobs:  # the sampled token's own log-probability (top 0 alternatives)
+            body["logprobs"] = 0 if tokens_in else True
+        if request.tools and not tokens_in:
+            body["tools"], body["tool_choice"] = request.tools, self.tool_choice
         return body
 
     def _too_long(self, request: GenerationRequest) -> Completion | None:
         """Check locally when the tokenizer (and, for images, the processor) and the window are
-        known (saves a round trip)."""
+        known (saves a round trip); a request with its own prompt ids needs only the window."""
+        if request.prompt_token_ids is not None and self.max_model_len is not None:
+            return context_overflow(len(request.prompt_token_ids), request.max_tokens, self.max_model_len, self.name)
         if self.tokenizer is None or self.max_model_len is None:
             return None
         if self.processor is None and has_images(request.messages):
@@ -179,7 +221,7 @@ class OpenAIPolicy(Policy):
         overflow = context_overflow(completion.prompt_tokens, request.max_tokens, window, completion.engine or self.name)
         return overflow if overflow is not None else completion
 
-    def _parse(self, response: httpx.Response, endpoint: str) -> Completion:
+    def _parse(self, response: httpx.Response, endpoint: str, request: GenerationRequest) -> Completion:
         if is_context_length_error(response.status_code, response.text):
             raise ContextLengthError(response.text[:500])
         response.raise_for_status()
@@ -187,9 +229,18 @@ class OpenAIPolicy(Policy):
         choice = data["choices"][0]
         usage = data.get("usage") or {}
         ids = choice.get("token_ids")
-        return Completion(text=choice["message"].get("content") or "", token_ids=ids,
+        message = choice.get("message")
+        extra: dict[str, Any] = {}
+        if message is not None and message.get("tool_calls"):
+            extra["tool_calls"] = list(message["tool_calls"])
+        if request.logprobs:
+            extra["logprobs"] = response_logprobs(choice)
+            prompt = choice.get("prompt_token_ids") or data.get("prompt_token_ids")
+            extra["prompt_token_ids"] = list(prompt) if prompt is not None else None
+        text = choice.get("text") if message is None else message.get("content")
+        return Completion(text=text or "", token_ids=ids,
                           completion_tokens=usage.get("completion_tokens"), finish_reason=choice.get("finish_reason"),
-                          prompt_tokens=usage.get("prompt_tokens"), engine=endpoint)
+                          prompt_tokens=usage.get("prompt_tokens"), engine=endpoint, **extra)
 
     def _after_failure(self, exc: Exception, attempt: int, endpoint: str) -> Completion | float:
         """The record a failed attempt ends with, or the backoff (seconds) before the next attempt."""
@@ -232,7 +283,8 @@ class OpenAIPolicy(Policy):
         endpoint, body = self.endpoint_for(request), self.body(request)
         for attempt in itertools.count():
             try:
-                completion = self._parse(await self._send("POST", f"{endpoint}/chat/completions", body), endpoint)
+                completion = self._parse(await self._send("POST", f"{endpoint}/{self.route(request)}", body),
+                                         endpoint, request)
             except Exception as exc:  # every failure becomes a record, never an exception
                 verdict = self._after_failure(exc, attempt, endpoint)
                 if isinstance(verdict, Completion):

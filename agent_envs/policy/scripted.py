@@ -117,9 +117,10 @@ class ScriptedOpening(WrappedPolicy):
     A small or randomly initialised model rarely calls a tool by itself; opening its episodes with
     scripted tool calls puts real tool observations (a ``view`` image, command output) into the
     chats it then continues, so a plumbing run covers them.  The turn is the number of assistant
-    messages already in the chat."""
+    messages already in the chat; a reply may be ``fn(request) -> str`` (e.g. an environment's
+    scripted baseline, whose first reply is a tool call for the task at hand)."""
 
-    def __init__(self, opening: Sequence[str], policy: Policy):
+    def __init__(self, opening: Sequence[str | Callable[[GenerationRequest], str]], policy: Policy):
         super().__init__(policy)
         self.opening = list(opening)
 
@@ -127,7 +128,8 @@ class ScriptedOpening(WrappedPolicy):
         turn = sum(m.get("role") == "assistant" for m in request.messages)
         if turn >= len(self.opening):
             return None
-        text, _ = cut_at_stop(self.opening[turn], request.stop)
+        reply = self.opening[turn]
+        text, _ = cut_at_stop(reply(request) if callable(reply) else reply, request.stop)
         return Completion(text=text, finish_reason="stop", engine="scripted")
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:

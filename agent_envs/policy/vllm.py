@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import inspect
 import itertools
@@ -67,13 +68,23 @@ def sampling_params(sampling: SamplingConfig, prepared: Prepared, *, final_only:
     from vllm.sampling_params import RequestOutputKind
 
     request = prepared.request
-    extra = {"output_kind": RequestOutputKind.FINAL_ONLY} if final_only else {}
+    extra: dict[str, Any] = {"output_kind": RequestOutputKind.FINAL_ONLY} if final_only else {}
+    if request.logprobs:  # the sampled token's own log-probability only, in vLLM's flat container
+        extra["logprobs"] = 0
+        if "flat_logprobs" in _sampling_fields(SamplingParams):  # a few lists per request, not a dict per token
+            extra["flat_logprobs"] = True
     return SamplingParams(
         n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
         min_p=sampling.min_p, presence_penalty=sampling.presence_penalty,
         repetition_penalty=sampling.repetition_penalty, seed=request.seed,
         max_tokens=token_cap(request.max_tokens), ignore_eos=sampling.ignore_eos,
         stop=prepared.stop or None, include_stop_str_in_output=False, **extra)
+
+
+@functools.lru_cache(maxsize=None)
+def _sampling_fields(cls: type) -> frozenset[str]:
+    """The fields this vLLM's ``SamplingParams`` takes (newer ones add options such as ``flat_logprobs``)."""
+    return frozenset(getattr(cls, "__struct_fields__", ()))
 
 
 def tokens_prompt(prepared: Prepared) -> Any:
@@ -128,11 +139,32 @@ class _LoRAAdapters:
 
 def to_completion(output: Any, prepared: Prepared, engine: str) -> Completion:
     """``RequestOutput`` -> :class:`Completion` (first and only sample); the prompt length is the
-    engine's own (images expanded) where it reports the prompt."""
+    engine's own (images expanded) where it reports the prompt.  A request that asked for logprobs
+    also gets the sampled tokens' log-probabilities and the prompt ids the engine saw."""
     sample = output.outputs[0]
     prompt = getattr(output, "prompt_token_ids", None)
-    return Completion(text=sample.text, token_ids=list(sample.token_ids), finish_reason=sample.finish_reason,
-                      prompt_tokens=len(prompt) if prompt is not None else len(prepared.prompt_ids), engine=engine)
+    ids = list(sample.token_ids)
+    extra: dict[str, Any] = {}
+    if prepared.request.logprobs:
+        extra = {"logprobs": sampled_logprobs(sample.logprobs, ids),
+                 "prompt_token_ids": list(prompt) if prompt is not None else list(prepared.prompt_ids)}
+    return Completion(text=sample.text, token_ids=ids, finish_reason=sample.finish_reason,
+                      prompt_tokens=len(prompt) if prompt is not None else len(prepared.prompt_ids), engine=engine,
+                      **extra)
+
+
+def sampled_logprobs(positions: Any, ids: list[int]) -> list[float] | None:
+    """The sampled token's log-probability at each position (vLLM reports it even when it is not
+    among the top ones); None when the engine returned none.  From a ``FlatLogprobs`` it is read off
+    the flat lists (the sampled token comes first at each position) without building a dict per token."""
+    if positions is None:
+        return None
+    starts = getattr(positions, "start_indices", None)
+    if starts is not None:
+        flat_ids, values, ends = positions.token_ids, positions.logprobs, positions.end_indices
+        return [float(values[next((i for i in range(start, end) if flat_ids[i] == token), start)])
+                for start, end, token in zip(starts, ends, ids)]
+    return [float(lp[token].logprob) for lp, token in zip(positions, ids)]
 
 
 def model_processor(model: Any, processor: Any) -> Any:

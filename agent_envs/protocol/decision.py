@@ -11,9 +11,10 @@ from typing import Any, Literal, Sequence
 
 from agent_envs.core.spec import Rules, ToolSpec
 from agent_envs.protocol import messages as msg
+from agent_envs.protocol import native
 from agent_envs.protocol.parsing import final_answer_line, is_single_bash_action, parse_action, strip_think
 
-ActKind = Literal["run", "unknown_action", "empty_command"]
+ActKind = Literal["run", "unknown_action", "empty_command", "malformed_call", "skipped_call"]
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,8 @@ class Decision:
     as tool use), ``unknown_action`` or ``empty_command`` (reply with ``observation``; no tool
     use).  ``observation_name`` is the name to put in ``Observation from <name>:``.  The tool's
     input is ``command`` (the text of its argument), or ``arguments`` for a tool that takes the
-    action's whole ``arguments`` object.
+    action's whole ``arguments`` object.  Under a native parser also ``malformed_call`` and
+    ``skipped_call`` (reply, no tool use), and ``call`` is the tool call the decision answers.
     """
 
     kind: Literal["final", "warn", "act"]
@@ -35,6 +37,7 @@ class Decision:
     arguments: dict[str, Any] | None = None
     observation_name: str | None = None
     observation: str | None = None
+    call: native.Call | None = None
 
     @property
     def tool_input(self) -> str | dict[str, Any] | None:
@@ -95,3 +98,31 @@ def decide(completion: str, *, used_bash: bool, flavour: Rules) -> Decision:
     if action is None:
         return _warn(flavour.format_warning)
     return _act(action, flavour)
+
+
+def decide_turn(completion: str, *, used_bash: bool, flavour: Rules,
+                tool_calls: Sequence[Any] | None = None) -> list[Decision]:
+    """Every decision one completion calls for: the one of :func:`decide` under a ReAct parser;
+    under a native parser one per tool call, in order (docs/protocol.md#native-tool-calls).
+
+    ``tool_calls``: the calls a server parsed out of the text (OpenAI shape), read instead of it."""
+    if not flavour.parser.native_tool_calls:
+        return [decide(completion, used_bash=used_bash, flavour=flavour)]
+    calls = native.parse_server_calls(tool_calls, completion) if tool_calls else native.parse_text_calls(completion)
+    if not calls:
+        final = final_answer_line(native.without_calls(completion).strip())
+        if final is None:
+            return [_warn(flavour.format_warning)]
+        done = used_bash or not flavour.require_tool
+        return [Decision("final", final_answer=final) if done else _warn(flavour.tool_required)]
+    limit = flavour.parser.max_calls
+    return [_native_act(call, flavour) if i < limit else Decision(
+        "act", act_kind="skipped_call", observation_name=call.name or msg.FORMAT_CHECK,
+        observation=native.SKIPPED_CALL.format(limit=limit), call=call) for i, call in enumerate(calls)]
+
+
+def _native_act(call: native.Call, rules: Rules) -> Decision:
+    if call.error is not None or call.name is None or call.arguments is None:
+        return Decision("act", act_kind="malformed_call", observation_name=call.name or msg.FORMAT_CHECK,
+                        observation=call.error or native.MALFORMED_CALL, call=call)
+    return replace(_act({"name": call.name, "arguments": call.arguments}, rules), call=call)

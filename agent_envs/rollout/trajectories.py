@@ -1,0 +1,141 @@
+"""Token trajectories out of records: one training sequence per episode (docs/rl.md#token-trajectories).
+
+A record of a run with ``token_trajectories=True`` holds its episode as the engine saw it (see
+:mod:`agent_envs.core.trajectory`).  :func:`episode_tokens` turns it into what an RL trainer consumes:
+the whole sequence, a loss mask that is 1 exactly on the tokens the engine sampled (0 on the
+prompt, on observations and on scripted turns), the log-probabilities aligned with it, where each
+turn starts and ends, and the episode's reward (its score).  :func:`export_tokens` writes them as
+JSONL (``agent-envs export RUN --format tokens``) and :func:`load_token_export` reads them back.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from agent_envs.core.atomic import atomic_write
+from agent_envs.core.trajectory import segments, sequence
+
+from .records import EpisodeRecord, as_row, dumps_line
+
+FORMAT = "agent-envs.tokens/1"
+
+
+@dataclass
+class EpisodeTokens:
+    """One episode as a training sequence; ``loss_mask`` and ``logprobs`` align with ``tokens``."""
+
+    key: str
+    task_id: str
+    row_index: int
+    sample_index: int
+    reward: float
+    termination_reason: str | None
+    tokens: list[int]
+    #: 1 on the tokens the engine sampled, 0 on the prompt, observations and scripted turns
+    loss_mask: list[int]
+    #: the sampled tokens' log-probabilities (None where the engine could not give one), 0.0 where
+    #: the mask is 0; None when some sampled turn came without them
+    logprobs: list[float | None] | None
+    #: tokens before the first completion
+    prompt_length: int
+    #: per turn: ``completion`` and ``observation`` as ``[start, end)`` positions, ``sampled``, ``finish_reason``
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    #: where the re-rendered chat first differs from ``tokens`` (None: it does not)
+    drift: dict[str, Any] | None = None
+    format: str = FORMAT
+
+    @property
+    def model_tokens(self) -> list[int]:
+        return [t for t, m in zip(self.tokens, self.loss_mask) if m]
+
+
+def skip_reason(row: dict[str, Any]) -> str | None:
+    """Why a record yields no training sequence, or None when it does."""
+    trajectory = row.get("token_trajectory")
+    if trajectory is None:
+        return "no token trajectory (run with --token-trajectories)"
+    if row.get("error"):
+        return "episode failed"
+    if trajectory.get("broken"):
+        return "trajectory broken"
+    if not trajectory.get("exact", False):
+        return "engine prompt differs from the trajectory"
+    return None
+
+
+def episode_tokens(record: EpisodeRecord | dict[str, Any]) -> EpisodeTokens:
+    """The training sequence of one record; ValueError (naming the record) when it has none."""
+    row = as_row(record)
+    reason = skip_reason(row)
+    if reason is not None:
+        raise ValueError(f"record {row.get('key')!r}: {reason}")
+    trajectory = row["token_trajectory"]
+    tokens = sequence(trajectory)
+    mask = [0] * len(tokens)
+    logprobs: list[float | None] | None = [0.0] * len(tokens)
+    turns = []
+    for turn, (start, end, stop) in zip(trajectory["turns"], segments(trajectory)):
+        if turn["sampled"]:
+            mask[start:end] = [1] * (end - start)
+            if turn["logprobs"] is None or logprobs is None:
+                logprobs = None
+            else:
+                logprobs[start:end] = turn["logprobs"]
+        turns.append({"completion": [start, end], "observation": [end, stop], "sampled": turn["sampled"],
+                      "finish_reason": turn["finish_reason"]})
+    return EpisodeTokens(key=row["key"], task_id=row["task_id"], row_index=row["row_index"],
+                         sample_index=row["sample_index"], reward=float(row.get("score") or 0.0),
+                         termination_reason=row.get("termination_reason"), tokens=tokens, loss_mask=mask,
+                         logprobs=logprobs, prompt_length=len(trajectory["prompt_ids"]), turns=turns,
+                         drift=trajectory.get("drift"))
+
+
+@dataclass
+class ExportSummary:
+    path: Path
+    exported: int
+    skipped: dict[str, int]
+    #: exported episodes whose re-rendered chat differs from their tokens
+    drifting: int
+
+    def line(self) -> str:
+        skipped = ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items())) or "none"
+        return (f"{self.exported} episode(s) -> {self.path}; skipped: {skipped}; "
+                f"re-rendered chat differs in {self.drifting} of {self.exported}")
+
+
+def export_tokens(records: Iterable[EpisodeRecord | dict[str, Any]], path: str | os.PathLike[str]) -> ExportSummary:
+    """Write one JSON line per exportable episode to ``path`` (atomically); the others are counted
+    by reason."""
+    out: list[EpisodeTokens] = []
+    skipped: Counter[str] = Counter()
+    for record in records:
+        row = as_row(record)
+        reason = skip_reason(row)
+        if reason is None:
+            out.append(episode_tokens(row))
+        else:
+            skipped[reason] += 1
+    atomic_write(path, (dumps_line(asdict(e)) for e in out))
+    return ExportSummary(Path(path), len(out), dict(skipped), sum(e.drift is not None for e in out))
+
+
+def load_token_export(path: str | os.PathLike[str]) -> list[EpisodeTokens]:
+    """The episodes of an export; an unknown format or a bad line is an error naming the line."""
+    episodes = []
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+                if data.get("format") != FORMAT:
+                    raise ValueError(f"format {data.get('format')!r}, expected {FORMAT!r}")
+                episodes.append(EpisodeTokens(**data))
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{path}:{number}: not a token-trajectory line ({exc})") from None
+    return episodes

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""GRPO with TRL on an agent-envs environment: episodes through the runner, rewards from the
+environment's scorer, the trainer fed the engine's exact ids, log-probabilities and masks (docs/rl.md).
+
+On the CPU with the embedded SmolLM2 (a scripted first tool call gives a 135M model something to
+continue; every later turn is the model's):
+    python examples/grpo_trl.py --env MATH-ReAct-v0 --model ~/.cache/agent-envs/smollm2-hf --cpu \\
+        --steps 2 --tasks 4 --generations 4 --max-turns 3 --max-tokens-per-turn 48 --scripted-opening
+On one GPU (bf16; the trainer's model generates through transformers, or TRL's colocated vLLM
+engine with --use-vllm):
+    python examples/grpo_trl.py --env MATH-ReAct-v0 --model Qwen/Qwen3-0.6B --data dapo --tasks 64 \\
+        --steps 20 --generations 8 --batch 4 --max-turns 4 --max-tokens-per-turn 512
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--env", default="MATH-ReAct-v0")
+    ap.add_argument("--model", required=True, help="model folder or id (trained in place)")
+    ap.add_argument("--data", default="builtin", help="the environment's dataset spec (builtin, a JSONL path, dapo, ...)")
+    ap.add_argument("--tasks", type=int, default=8, help="first N tasks")
+    ap.add_argument("--steps", type=int, default=2, help="optimiser steps")
+    ap.add_argument("--generations", type=int, default=4, help="episodes per task per step (GRPO's group size)")
+    ap.add_argument("--batch", type=int, default=1, help="tasks per step")
+    ap.add_argument("--max-turns", type=int, default=3)
+    ap.add_argument("--max-tokens-per-turn", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--sandbox", default="bwrap", choices=("bwrap", "none", "docker"))
+    ap.add_argument("--scripted-opening", action="store_true",
+                    help="the first turn is the environment's scripted baseline call (context, not trained on)")
+    ap.add_argument("--cpu", action="store_true", help="train on the CPU in float32, one torch thread")
+    ap.add_argument("--use-vllm", action="store_true", help="generate on TRL's colocated vLLM engine (GPU)")
+    ap.add_argument("--out", type=Path, default=Path("runs/grpo-trl"))
+    ap.add_argument("--save", action="store_true", help="save the trained model to OUT/model")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from agent_envs.envs import registry
+    from agent_envs.policy.scripted import ScriptedOpening
+    from agent_envs.rl.trl_rollout import GRPOEnvironment, sampling_from, trainer_policy
+
+    if args.cpu:
+        torch.set_num_threads(1)  # a small model decodes faster on one thread than on several busy ones
+    model_path = str(Path(args.model).expanduser()) if Path(args.model).expanduser().exists() else args.model
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32 if args.cpu else torch.bfloat16)
+
+    def policy(trainer):
+        inner = trainer_policy(trainer, sampling_from(trainer.args))
+        baseline = registry.spec(args.env).baseline
+        return ScriptedOpening([baseline], inner) if args.scripted_opening else inner
+
+    env = GRPOEnvironment(args.env, dataset=args.data, limit=args.tasks, policy=policy,
+                          env_kwargs={"max_turns": args.max_turns, "max_tokens_per_turn": args.max_tokens_per_turn,
+                                      "sandbox": args.sandbox})
+    config = GRPOConfig(
+        output_dir=str(args.out), report_to="none", use_cpu=args.cpu, bf16=not args.cpu, max_steps=args.steps,
+        per_device_train_batch_size=args.batch * args.generations, num_generations=args.generations,
+        learning_rate=args.lr, temperature=args.temperature, logging_steps=1, save_strategy="no",
+        gradient_checkpointing=False, seed=args.seed, use_vllm=args.use_vllm,
+        **({"vllm_mode": "colocate"} if args.use_vllm else {}))
+    trainer = GRPOTrainer(model=model, reward_funcs=env.reward, args=config, train_dataset=env.dataset(),
+                          processing_class=tokenizer, rollout_func=env)
+    started = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - started
+    steps = [{k: h[k] for k in ("step", "reward", "reward_std", "loss", "completions/mean_length") if k in h}
+             for h in trainer.state.log_history if "reward" in h]
+    summary = {"env": args.env, "model": args.model, "steps": trainer.state.global_step, "wall_s": round(wall, 1),
+               "per_step": steps, "last_episodes": [{"key": r.key, "score": r.score, "turns": r.turns,
+                                                    "termination_reason": r.termination_reason} for r in env.records]}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if args.save:
+        trainer.save_model(str(args.out / "model"))
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
