@@ -218,7 +218,8 @@ def adapter_reward(registry: AdapterRegistry, seen: list[tuple[int, str]]):
 
 
 def lowrank_config(targets: list[Target], **extra: Any) -> ESConfig:
-    return ESConfig(generations=3, population=4, case_batch_size=2, sigma_start=0.01, sigma_end=0.005,
+    return ESConfig(env_id="MATH-ReAct-v0", generations=3, population=4, case_batch_size=2, sigma_start=0.01,
+                    sigma_end=0.005,
                     alpha=0.002, seed=20260627, perturbation="lowrank", rank=2,
                     lowrank_targets=[t.as_list() for t in targets], dtype="float32", **extra)
 
@@ -259,7 +260,7 @@ def test_replay_refuses_the_other_kind_of_backend(tmp_path: Path) -> None:
     _, _, history, _ = train_toy(tmp_path)
     with pytest.raises(ValueError, match="lowrank noise; refusing to replay it onto a full backend"):
         replay(load_history(history), SeededPerturber(tiny_llama()), 20260627, 4)
-    full_history = [{"config": ESConfig().model_dump()}]
+    full_history = [{"config": ESConfig(env_id="MATH-ReAct-v0").model_dump()}]
     with pytest.raises(ValueError, match="full noise; refusing to replay it onto a lowrank backend"):
         replay(full_history, LowRankPerturber(tiny_llama(), 2), 20260627, 16)
     with pytest.raises(ValueError, match="seed stream"):
