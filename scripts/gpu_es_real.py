@@ -216,12 +216,18 @@ def train_path(kind: str, args: argparse.Namespace, model: Path, tasks: tuple[Pa
     return {"kind": kind, "wall_s": round(wall, 1), "sigma": sigma, "alpha": alpha,
             "reward_mean": [r["reward_mean"] for r in updates], "reward_std": [r["reward_std"] for r in updates],
             "weights_fingerprint": [r.get("weights_fingerprint") for r in updates],
-            "eval": {str(r["generation"]): r[f"{HELD_OUT}_eval"]["mean_score"] for r in history
-                     if r.get(f"{HELD_OUT}_eval")},
+            "eval": {str(r["generation"]): held_out_summary(r)["mean_score"] for r in history if held_out_summary(r)},
             "final_checksum": final[-1] if final else None,
             "base_checksum": history[0]["config"].get("base_checksum"),
             "compare": compare(folder / "eval" / f"{HELD_OUT}_eval",
                                folder / "eval" / f"{HELD_OUT}_eval_after_{generations:03d}", folder)}
+
+
+def held_out_summary(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The held-out summary of a history record: the initial one at its top level, an interval one
+    under ``eval``."""
+    key = f"{HELD_OUT}_eval"
+    return record.get(key) or (record.get("eval") or {}).get(key)
 
 
 def compare(before: Path, after: Path, folder: Path) -> dict[str, Any]:
