@@ -64,6 +64,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--alpha-full", type=float, default=None, help="the reference's alpha (no 1/sigma)")
     ap.add_argument("--alpha-lowrank", type=float, default=None, help="low-rank alpha (its update divides by sigma)")
     ap.add_argument("--eager", action="store_true", help="enforce_eager=True on the GPU (no CUDA graphs)")
+    ap.add_argument("--sampling", action="append", default=[], metavar="KEY=VALUE",
+                    help="passed to es_train.py --sampling on both paths (e.g. temperature=0.3); default: the protocol's")
     args = ap.parse_args()
     if not args.out and not args.plot:
         ap.error("--out is required (or --plot SUMMARY to draw a run's curves)")
@@ -199,6 +201,8 @@ def train_path(kind: str, args: argparse.Namespace, model: Path, tasks: tuple[Pa
         argv += ["--dtype", "float32", "--engine-arg", "max_num_batched_tokens=65536"]
     else:
         argv += ["--gpu-memory-utilization", "0.3", *(["--enforce-eager"] if args.eager else [])]
+    for setting in args.sampling:
+        argv += ["--sampling", setting]
     if kind == "lowrank":
         argv += ["--perturbation", "lowrank", "--rank", str(args.rank)]
     else:
