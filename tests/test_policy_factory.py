@@ -49,7 +49,7 @@ def test_the_cli_builds_openai_with_its_request_flags():
     policy = cli.make_policy("openai", args, "MATH-ReAct-v0")
     try:
         assert isinstance(policy, OpenAIPolicy)
-        assert (policy._timeout.read, policy.max_retries, policy.samples_per_row) == (7.0, 0, 4)
+        assert (policy.timeout_s, policy.max_retries, policy.samples_per_row) == (7.0, 0, 4)
         assert policy.sampling.temperature == 0.5
     finally:
         policy.close()
