@@ -139,3 +139,16 @@ def test_the_tmpfs_mounts_of_all_episodes_in_flight_fit_the_budget(monkeypatch):
         observation = record.react_steps[0]["observation"]
         assert observation.split()[:2] == [str(size_kib)] * 2 and "No space left on device" in observation
         assert "rc=1" in observation
+
+
+def test_runners_side_by_side_in_one_process_share_one_tmpfs_budget(monkeypatch):
+    """ES runs one runner per endpoint on threads of one process: their episodes add up."""
+    from agent_envs.core.flight import episodes_in_flight
+    from agent_envs.sandbox.base import MOUNTS_PER_EPISODE, SandboxLimits, tmpfs_mib
+
+    monkeypatch.setenv("AGENT_ENVS_TMPFS_BUDGET_MIB", "960")
+    with episodes_in_flight(6):
+        assert tmpfs_mib(SandboxLimits()) == 960 // (MOUNTS_PER_EPISODE * 6)
+        with episodes_in_flight(6):  # a second runner, started while the first still runs
+            assert tmpfs_mib(SandboxLimits()) == 960 // (MOUNTS_PER_EPISODE * 12)
+        assert tmpfs_mib(SandboxLimits()) == 960 // (MOUNTS_PER_EPISODE * 6)

@@ -20,5 +20,6 @@ def episodes_in_flight(n: int) -> Iterator[None]:
 
 
 def in_flight() -> int:
-    """The most episodes any running runner declared, else 1 (an environment used on its own)."""
-    return max(_declared, default=1)
+    """The episodes all running runners of this process declared together (ES endpoints run
+    runners side by side), else 1 (an environment used on its own)."""
+    return max(1, sum(_declared))

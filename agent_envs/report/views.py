@@ -12,6 +12,7 @@ from collections import Counter
 from typing import Any, Sequence
 
 from agent_envs.core.spec import MetricsSpec
+from agent_envs.envs.registry import ENV_IDS
 from agent_envs.rollout.metrics import paired_bootstrap
 from agent_envs.rollout.records import ERROR_TERMINATIONS
 from agent_envs.sandbox.output import MARKER
@@ -109,7 +110,7 @@ def about(runs: Sequence[Run]) -> Row:
         if kind in POLICY_WORDS:
             policies.setdefault(model_name(run), POLICY_WORDS[kind])
     parents = {run.path.resolve().parent for run in runs}
-    return {"runs": described, "policies": policies, "example_env": env_id(runs[0]) if runs else "MATH-ReAct-v0",
+    return {"runs": described, "policies": policies, "example_env": env_id(runs[0]) if runs else ENV_IDS[0],
             "folder": str(parents.pop()) if len(parents) == 1 else None,
             "hint": any(run.config.get("policy") in NOT_A_REAL_MODEL for run in runs)}
 
