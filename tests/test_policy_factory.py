@@ -3,6 +3,7 @@ policy through ``agent_envs.policy.factory``, so a backend is one module and one
 from __future__ import annotations
 
 import argparse
+import sys
 
 import pytest
 
@@ -48,7 +49,7 @@ def test_the_cli_builds_openai_with_its_request_flags():
     policy = cli.make_policy("openai", args, "MATH-ReAct-v0")
     try:
         assert isinstance(policy, OpenAIPolicy)
-        assert (policy._timeout.read, policy.max_retries, policy.samples_per_row) == (7.0, 0, 4)
+        assert (policy.timeout_s, policy.max_retries, policy.samples_per_row) == (7.0, 0, 4)
         assert policy.sampling.temperature == 0.5
     finally:
         policy.close()
@@ -99,6 +100,7 @@ def test_es_train_builds_its_policy_from_the_same_row(monkeypatch):
     monkeypatch.setitem(BACKENDS, "vllm", Backend(record, needs_model=True))
     loaded = importlib.util.spec_from_file_location("es_train", REPO / "examples" / "es_train.py")
     es_train = importlib.util.module_from_spec(loaded)
+    monkeypatch.setitem(sys.modules, "es_train", es_train)  # its dataclass resolves annotations there
     loaded.loader.exec_module(es_train)
     for mode in ("lockstep", "async"):
         args = es_train.parse_args(["--model", "m", "--mode", mode, "--rollout-token-budget", "8192", "--train", "t.jsonl",
