@@ -366,10 +366,12 @@ def main() -> int:
     if earlier:
         bench.rows, bench.raw, bench.check_ok = list(earlier["rows"]), dict(earlier["raw"]), earlier.get("check_ok")
         bench.notes += [*earlier["notes"], f"rows above this run's were measured by an earlier run ({args.merge})"]
-    import ray
+    ray = None
+    if "pool" in variants:  # only the pool's rows need Ray (the low-rank and old rows run in this process)
+        import ray
 
-    ray.init(include_dashboard=False, log_to_driver=False, _temp_dir=str(work / "ray"),
-             **({"num_gpus": 1, "num_cpus": 4} if args.cpu else {}))  # --cpu: a declared GPU, as on a GPU host
+        ray.init(include_dashboard=False, log_to_driver=False, _temp_dir=str(work / "ray"),
+                 **({"num_gpus": 1, "num_cpus": 4} if args.cpu else {}))  # --cpu: a declared GPU, as on a GPU host
     steps: list[tuple[str, Callable[[], None]]] = [("pool", bench.pool_rows), ("lowrank", bench.lowrank_rows),
                                                    ("old", bench.old_rows)]
     try:
@@ -381,7 +383,8 @@ def main() -> int:
                     bench.rows.append(failed_row(name, exc))
                 bench.save(args.out)
     finally:
-        ray.shutdown()
+        if ray is not None:
+            ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
     bench.notes.insert(0, f"vLLM {vllm.__version__}")
     bench.save(args.out)

@@ -17,6 +17,8 @@ Examples::
     AGENT_ENVS_ES_CPU_PLAIN_LINEAR=1 python examples/es_train.py --model ~/.cache/agent-envs/smollm2-hf ...
     # continuous rollouts: AsyncVLLMPolicy (engine core in its own process, perturbed by name)
     python examples/es_train.py --mode async ...
+    # low-rank population batching: every member a rank-4 LoRA adapter, all served at once by one engine
+    python examples/es_train.py --perturbation lowrank --rank 4 ... (docs/protocol.md#low-rank-es)
     # the cards' evaluation modes on a trained history, no training (docs/scaling.md#es-evaluation):
     # "interval25" (replay 25 updates, 1 sample) and "final4" (replay 25, 4 samples, the final seeds)
     python examples/es_train.py --model M --eval-only --resume history.json --eval dapo=dapo_test.jsonl \
@@ -32,11 +34,13 @@ Options (see ``--help``): --env, --model, --train, held-out evaluation (--eval N
 --eval-key-seed-file, --skill-file, --write-trace-logs), --generations,
 --population, --case-batch, --sigma-start/--sigma-end/--sigma-schedule/--sigma-warmup/
 --sigma-total-steps, --alpha, --normalization/--ddof/--eps, --scope, --seed, --eval-interval,
---history, --resume (+ --resume-generations), --exact-revert (+ --revert-copy), --max-turns, --max-tokens,
+--eval-samples, --eval-out (held-out records before and after, for ``agent-envs compare``), --env-arg, --sampling,
+--history, --resume (+ --resume-generations), --exact-revert (+ --revert-copy), --perturbation
+full|lowrank (+ --rank, --adapter-dir), --max-turns, --max-tokens,
 --sandbox, --mode, --concurrency, --toy-reward, process rewards (--step-scorer judge|vlm-prm with
 --judge-url/--judge-model/--judge-prompt or --prm-base/--prm-adapter, --process-weight, --process-aggregation:
 docs/protocol.md#fitness-combiner), engine settings (--dtype, --max-model-len, --gpu-memory-utilization,
---load-format, --rollout-token-budget, --enforce-eager), --engines N, --engines-per-gpu K, --mps and
+--load-format, --rollout-token-budget, --enforce-eager, --engine-arg), --engines N, --engines-per-gpu K, --mps and
 --ray-address (engines as Ray actors; docs/scaling.md), --sha256-each-generation.
 
 Speed (docs/scaling.md#es-at-the-engines-speed): engines run with CUDA graphs (``--enforce-eager`` for
@@ -55,23 +59,27 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
+from pydantic import ValidationError
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights live in this process's worker
 
+from agent_envs.cli import _key_value as key_value
 from agent_envs.envs import registry
 from agent_envs.envs.registry import ENV_IDS
-from agent_envs.envs.docvqa.data import load_docvqa_tasks
-from agent_envs.envs.math_react.data import load_math_tasks
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
+from agent_envs.es.batched import LowRankESTrainer
 from agent_envs.es.evaluation import (EvalSetup, Evaluator, add_evaluation_arguments, eval_only, eval_only_plan,
                                      evaluation_setup)
 from agent_envs.es.fingerprint import combine_checksums
 from agent_envs.es.history import ESConfig, ReplayMismatch, checked_generations, load_history, replay_is_exact, resume
+from agent_envs.es.lowrank import lora_rank_slot
 from agent_envs.es.normalize import NORMALIZATIONS
 from agent_envs.es.population import ESTrainer, evaluate_member, member_concurrency, toy_reward
 from agent_envs.es.revert_copy import LOCATIONS
 from agent_envs.es.schedule import SCHEDULES
-from agent_envs.es.worker import EXTENSION, VLLMPerturbation
+from agent_envs.es.worker import EXTENSION, VLLMLowRank, VLLMPerturbation
 from agent_envs.policy import factory
+from agent_envs.policy.adapter import AdapterPolicy
 from agent_envs.policy.sampling import SamplingConfig
 from agent_envs.policy.vllm import DEFAULT_ROLLOUT_TOKEN_BUDGET, REFERENCE_TOKEN_BUDGET
 from agent_envs.scale.mps import MODES as MPS_MODES
@@ -102,6 +110,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scope", default="full", choices=["full", "all_linear"])
     p.add_argument("--seed", type=int, default=DEFAULT_BASE_SEED)
     p.add_argument("--eval-interval", type=int, default=10, help="0: only after the last generation")
+    p.add_argument("--eval-concurrency", type=int, default=16, help="held-out episodes in flight")
+    p.add_argument("--env-arg", action="append", default=[], type=key_value, metavar="KEY=VALUE",
+                   help="extra environment keyword (value parsed as JSON), e.g. single_turn=true")
     p.add_argument("--history", required=True, help="history.json path (rewritten every generation)")
     p.add_argument("--resume", default=None, help="history to replay before training")
     p.add_argument("--resume-generations", type=int, default=None, help="replay only the first K updates")
@@ -109,6 +120,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--revert-copy", default="auto", choices=LOCATIONS,
                    help="where --exact-revert (and the pool, which always reverts exactly) keeps the weights: auto = "
                         "on the GPU when it has room, else on the host with the reason printed; host = as before")
+    p.add_argument("--perturbation", default="full", choices=["full", "lowrank"],
+                   help="full: the reference's per-element noise, members one after another; lowrank: a rank-R "
+                        "product per weight, every member a LoRA adapter, all served at once (async mode)")
+    p.add_argument("--rank", type=int, default=4, help="--perturbation lowrank: the rank R of each member's noise")
+    p.add_argument("--adapter-dir", default=None,
+                   help="--perturbation lowrank: where each generation's adapters are written (default /dev/shm)")
     p.add_argument("--sha256-each-generation", action="store_true",
                    help="also record the full SHA-256 of the weights every generation (seconds each; the cheap "
                         "fingerprint is always recorded, the SHA-256 always printed at the end)")
@@ -122,12 +139,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rollout-token-budget", type=int, default=DEFAULT_ROLLOUT_TOKEN_BUDGET,
                    help=f"lockstep microbatch size; 0: a whole turn per engine call, {REFERENCE_TOKEN_BUDGET}: the "
                         "reference's")
+    p.add_argument("--engine-arg", action="append", default=[], type=key_value, metavar="KEY=VALUE",
+                   help="extra engine keyword (value parsed as JSON), e.g. max_num_batched_tokens=32768")
     p.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs (faster engine start, about 5x slower small-batch decoding)")
     p.add_argument("--concurrency", type=int, default=None,
                    help="a member's episodes in flight (default: case batch x samples, all of them at once)")
-    p.add_argument("--mode", default="lockstep", choices=["lockstep", "async"],
-                   help="lockstep: vllm.LLM, one batch per turn (reference); async: AsyncVLLMPolicy, continuous")
+    p.add_argument("--mode", default=None, choices=["lockstep", "async"],
+                   help="lockstep: vllm.LLM, one batch per turn (reference; the default for --perturbation full); "
+                        "async: AsyncVLLMPolicy, continuous (the default, and the only mode, for lowrank)")
+    p.add_argument("--sampling", action="append", default=[], type=key_value, metavar="KEY=VALUE",
+                   help="a sampling setting instead of the protocol's (agent_envs.policy.sampling.SamplingConfig), "
+                        "e.g. temperature=0.7; recorded in the history's config")
     p.add_argument("--ignore-eos", action="store_true",
                    help="keep generating past the end-of-sequence token: fixed-length turns (benchmarks)")
     p.add_argument("--toy-reward", action="store_true",
@@ -147,7 +170,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="fitness = (1 - w) * outcome + w * process score (0: outcome only)")
     p.add_argument("--process-aggregation", default=None, choices=list(AGGREGATIONS),
                    help="how step scores become the process score (default: the scorer's own)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    check_perturbation_args(p, args)
+    return args
+
+
+def check_perturbation_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Low-rank members share one engine at once, so they need the async engine and one engine."""
+    pool = args.engines > 1 or args.engines_per_gpu > 1 or args.ray_address
+    if args.perturbation == "full":
+        args.mode = args.mode or "lockstep"
+        return
+    if args.mode == "lockstep":
+        parser.error("--perturbation lowrank runs every member at once on one AsyncLLM: use --mode async")
+    if pool:
+        parser.error("--perturbation lowrank serves the whole population from one engine; drop --engines/--ray-address")
+    if args.exact_revert:
+        parser.error("--exact-revert does not apply to --perturbation lowrank: its base weights are never perturbed")
+    try:
+        lora_rank_slot(args.rank)
+    except ValueError as exc:
+        parser.error(f"--rank: {exc}")
+    args.mode = "async"
 
 
 def build_process_reward(args: argparse.Namespace) -> tuple[StepScorer | None, FitnessCombiner | None]:
@@ -166,18 +210,31 @@ def build_process_reward(args: argparse.Namespace) -> tuple[StepScorer | None, F
 
 
 def load_tasks(env_id: str, path: str, limit: int | None = None) -> list[Any]:
-    if env_id == "MATH-ReAct-v0":
-        return load_math_tasks(path, limit=limit)
-    return load_docvqa_tasks(path, limit=limit)
+    """Tasks through the environment's own loader (a file, or a name such as ``builtin``)."""
+    loader = registry.spec(env_id).load_tasks
+    if loader is None:
+        raise SystemExit(f"{env_id} has no task loader; ES needs one (its spec's load_tasks)")
+    return list(loader(path, limit=limit))
 
 
 def build_policy(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> tuple[Any, Any]:
     """(policy, engine handle for VLLMPerturbation): the offline LLM, or the AsyncLLM's policy,
     built by the policy factory's vllm row (the CLI's and the engine pool's too)."""
     policy = factory.build_policy("vllm", factory.PolicySettings(
-        model=args.model, mode=args.mode, sampling=SamplingConfig(ignore_eos=args.ignore_eos),
+        model=args.model, mode=args.mode, sampling=SamplingConfig(**sampling_settings(args)),
         rollout_token_budget=args.rollout_token_budget, engine_args=engine_kwargs))
     return policy, policy if args.mode == "async" else policy.llm
+
+
+def sampling_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """``--sampling`` over the protocol's settings (and ``--ignore-eos``); a bad one is refused by name."""
+    settings = {**dict(args.sampling), "ignore_eos": args.ignore_eos}
+    try:
+        SamplingConfig(**settings)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise SystemExit(f"--sampling {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    return settings
 
 
 def make_config(args: argparse.Namespace, combiner: FitnessCombiner | None) -> ESConfig:
@@ -193,19 +250,27 @@ def make_config(args: argparse.Namespace, combiner: FitnessCombiner | None) -> E
         concurrency=args.concurrency or member_concurrency(args.case_batch),
         **({"ignore_eos": True} if args.ignore_eos else {}),
         **({"fitness": {**scorer_settings(args), **combiner.model_dump()}} if combiner else {}),
+        **({"perturbation": "lowrank", "rank": args.rank} if args.perturbation == "lowrank" else {}),
+        **({"sampling": dict(args.sampling)} if args.sampling else {}),
     )
 
 
 def make_engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """``vllm.LLM`` keywords of every engine: CUDA graphs unless --enforce-eager; prefix caching stays on
-    (the backend resets the prefix cache after every weight change)."""
-    return dict(worker_extension_cls=EXTENSION, dtype=args.dtype, max_model_len=args.max_model_len,
-                gpu_memory_utilization=args.gpu_memory_utilization, load_format=args.load_format,
-                enforce_eager=args.enforce_eager, seed=args.seed, trust_remote_code=True)
+    (the backend resets the prefix cache after every weight change); --engine-arg on top; low-rank
+    engines get one LoRA slot per member."""
+    kwargs = dict(worker_extension_cls=EXTENSION, dtype=args.dtype, max_model_len=args.max_model_len,
+                  gpu_memory_utilization=args.gpu_memory_utilization, load_format=args.load_format,
+                  enforce_eager=args.enforce_eager, seed=args.seed, trust_remote_code=True, **dict(args.engine_arg))
+    if args.perturbation == "lowrank":
+        kwargs.update(enable_lora=True, max_loras=args.population, max_cpu_loras=args.population,
+                      max_lora_rank=lora_rank_slot(args.rank))
+    return kwargs
 
 
 def make_env_kwargs(args: argparse.Namespace, skill: str | None = None) -> dict[str, Any]:
-    env_kwargs: dict[str, Any] = {"max_turns": args.max_turns, "sandbox": args.sandbox, "skill": skill}
+    env_kwargs: dict[str, Any] = {"max_turns": args.max_turns, "sandbox": args.sandbox, "skill": skill,
+                                  **dict(args.env_arg)}
     if args.max_tokens is not None:
         env_kwargs["max_tokens_per_turn"] = args.max_tokens
     return env_kwargs
@@ -314,14 +379,23 @@ def single_engine_run(args: argparse.Namespace, config: ESConfig, train: list[An
     env_kwargs = make_env_kwargs(args, setup.skill)
     policy, engine = build_policy(args, make_engine_kwargs(args))
     try:
-        backend = VLLMPerturbation(engine, scope=args.scope, exact_revert=args.exact_revert,
-                                   revert_copy=args.revert_copy)
+        lowrank = args.perturbation == "lowrank"
+        if lowrank:
+            backend: Any = VLLMLowRank(engine, args.rank)
+            config.lowrank_targets = [t.as_list() for t in backend.targets]
+            config.base_checksum = backend.base_checksum
+            print(f"[es] low-rank: {len(backend.targets)} weights, rank {args.rank}, every member an adapter; "
+                  f"weights {backend.fingerprint()}", file=sys.stderr)
+        else:
+            backend = VLLMPerturbation(engine, scope=args.scope, exact_revert=args.exact_revert,
+                                       revert_copy=args.revert_copy)
+            describe_start(backend, config)
         config.tp_size = backend.tp_size
-        describe_start(backend, config)
 
         def held_out(tasks: Sequence[Any], samples: int, seed: int, key_seeds: Any) -> Sequence[Any]:
             return run_episodes(args.env, tasks, policy, samples=samples, mode=args.mode, base_seed=seed,
-                                env_kwargs=env_kwargs, concurrency=16, progress=False, key_seeds=key_seeds)
+                                env_kwargs=env_kwargs, concurrency=args.eval_concurrency, progress=False,
+                                key_seeds=key_seeds)
 
         evaluator = setup.evaluator(held_out, seed=args.seed, spec=registry.spec(args.env))
 
@@ -333,8 +407,10 @@ def single_engine_run(args: argparse.Namespace, config: ESConfig, train: list[An
             return
         head, start = replay_source(args, config, backend)
 
-        def evaluate(batch: Sequence[Any], seed: int, generation: int, member: int):
-            result = evaluate_member(policy, args.env, batch, seed, generation=generation, member=member,
+        def evaluate(batch: Sequence[Any], seed: int, generation: int, member: int, adapter: str | None = None):
+            # through its adapter a member's episodes run beside every other member's, on one engine
+            member_policy = policy if adapter is None else AdapterPolicy(policy, adapter)
+            result = evaluate_member(member_policy, args.env, batch, seed, generation=generation, member=member,
                                      env_kwargs=env_kwargs, concurrency=args.concurrency, mode=args.mode,
                                      step_scorer=scorer, combiner=combiner)
             if args.toy_reward:
@@ -342,8 +418,15 @@ def single_engine_run(args: argparse.Namespace, config: ESConfig, train: list[An
             print(f"[es]   generation={generation} member={member} seed={seed} reward={result.reward:.4f}")
             return result
 
-        trainer = ESTrainer(config, backend, train, evaluate, args.history, start_generation=start,
-                            history=setup.head(evaluator, config, head, start), eval_hook=setup.hook(evaluator))
+        history = setup.head(evaluator, config, head, start)
+        hook = setup.hook(evaluator)
+        if lowrank:
+            trainer: ESTrainer = LowRankESTrainer(config, backend, policy, train, evaluate, args.history,
+                                                  adapter_dir=args.adapter_dir, history=history,
+                                                  start_generation=start, eval_hook=hook)
+        else:
+            trainer = ESTrainer(config, backend, train, evaluate, args.history, history=history,
+                                start_generation=start, eval_hook=hook)
         trainer.sha256_each_generation = args.sha256_each_generation
         yield ESRun(trainer, checksum, policy=policy, evaluator=evaluator, backend=backend, setup=setup, config=config)
     finally:
@@ -369,7 +452,7 @@ def pool_run(args: argparse.Namespace, config: ESConfig, train: list[Any], setup
     from agent_envs.scale.rollout import pool_run_episodes
 
     env_kwargs = make_env_kwargs(args, setup.skill)
-    spec = vllm_spec(args.model, make_engine_kwargs(args), sampling={"ignore_eos": args.ignore_eos},
+    spec = vllm_spec(args.model, make_engine_kwargs(args), sampling=sampling_settings(args),
                      rollout_token_budget=args.rollout_token_budget, engines_per_gpu=args.engines_per_gpu)
     with EnginePool(spec, args.engines, ray_address=args.ray_address, mps=args.mps) as pool:
         backend = PoolBackend(pool, scope=args.scope, revert_copy=args.revert_copy)
@@ -377,7 +460,8 @@ def pool_run(args: argparse.Namespace, config: ESConfig, train: list[Any], setup
 
         def held_out(tasks: Sequence[Any], samples: int, seed: int, key_seeds: Any) -> Sequence[Any]:
             return pool_run_episodes(pool, args.env, tasks, samples=samples, mode="lockstep", base_seed=seed,
-                                     env_kwargs=env_kwargs, concurrency=16, progress=False, key_seeds=key_seeds)
+                                     env_kwargs=env_kwargs, concurrency=args.eval_concurrency, progress=False,
+                                     key_seeds=key_seeds)
 
         evaluator = setup.evaluator(held_out, seed=args.seed, spec=registry.spec(args.env))
         if args.eval_only:

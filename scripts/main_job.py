@@ -28,8 +28,18 @@ from agent_envs.envs.registry import ENV_IDS, spec  # noqa: E402  (after the pat
 
 #: the tool whose observations are page images: an environment offering it needs a vision-language model
 IMAGE_TOOL = "view"
+
+
+def native_variant(env_id: str) -> bool:
+    """Whether the environment is a native-tool-call variant of another (the same tasks and tools,
+    the model's own tool-call format: docs/protocol.md#native-tool-calls); the main job shows each
+    environment once, in its ReAct form."""
+    return any(rules.parser.native_tool_calls for rules in spec(env_id).rules.values())
+
+
 #: every registered environment whose tools answer in text and that has a scripted reference policy
-ENVS = tuple(e for e in ENV_IDS if IMAGE_TOOL not in spec(e).tool_names and spec(e).baseline is not None)
+ENVS = tuple(e for e in ENV_IDS if IMAGE_TOOL not in spec(e).tool_names and spec(e).baseline is not None
+             and not native_variant(e))
 REFERENCE = "scripted-reference"
 #: a progress line at least this often, and whenever an evaluation finishes an episode
 PROGRESS_EVERY_S = 15.0

@@ -242,3 +242,20 @@ def test_a_key_seed_map_must_cover_every_episode_it_runs():
     with pytest.raises(ValueError, match="the key-to-seed map has no seed for 1 of 2 episodes .e.g. dapo_1:sample00"):
         run_episodes("MATH-ReAct-v0", DAPO, _engine().policy, env_kwargs=ENV, progress=False,
                      key_seeds={"dapo_0:sample00": 5})
+
+
+def test_eval_out_keeps_every_evaluation_as_a_run_folder_that_compare_reads(tmp_path, capsys):
+    from agent_envs import cli
+
+    runs = tmp_path / "runs"
+    history, _, _ = _train(tmp_path, "--initial-eval", "--eval-samples", "2", "--eval-out", str(runs))
+    assert history[0]["config"]["eval_out"] == str(runs)
+    assert sorted(p.name for p in runs.iterdir()) == [
+        "aime_eval", "aime_eval_after_001", "aime_eval_after_002", "dapo_eval", "dapo_eval_after_001",
+        "dapo_eval_after_002"]
+    before = [json.loads(line) for line in (runs / "dapo_eval" / "records.jsonl").read_text().splitlines()]
+    assert len(before) == 4 and {r["key"] for r in before} == set(_expected(DAPO, 2, SEED))
+    assert [r["score"] for r in before] == [r["score"] for r in history[1]["dapo_eval"]["scores"]]
+    assert json.loads((runs / "dapo_eval" / "config.json").read_text()) == {"samples": 2}
+    assert cli.main(["compare", str(runs / "dapo_eval"), str(runs / "dapo_eval_after_002")]) == 0
+    assert "over 2 tasks, 95% CI" in capsys.readouterr().out

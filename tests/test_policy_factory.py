@@ -100,7 +100,7 @@ def test_es_train_builds_its_policy_from_the_same_row(monkeypatch):
     monkeypatch.setitem(BACKENDS, "vllm", Backend(record, needs_model=True))
     loaded = importlib.util.spec_from_file_location("es_train", REPO / "examples" / "es_train.py")
     es_train = importlib.util.module_from_spec(loaded)
-    monkeypatch.setitem(sys.modules, "es_train", es_train)  # its dataclass resolves annotations there
+    monkeypatch.setitem(sys.modules, "es_train", es_train)  # its dataclasses look their module up there
     loaded.loader.exec_module(es_train)
     for mode in ("lockstep", "async"):
         args = es_train.parse_args(["--model", "m", "--mode", mode, "--rollout-token-budget", "8192", "--train", "t.jsonl",

@@ -42,6 +42,9 @@ class GenerationRequest(BaseModel):
     #: route job ``row_index * samples + sample_index`` like the protocol's engine assignment (4.7)
     row_index: int | None = None
     sample_index: int | None = None
+    #: generate through this named adapter (e.g. a LoRA the policy registered); None: the base weights.
+    #: A policy that does not know the name answers with a ``request_error``, never the base model.
+    adapter: str | None = None
     #: the exact prompt: engines send these ids instead of rendering ``messages`` (token-in,
     #: token-out: the environment's token trajectory, docs/rl.md#token-trajectories)
     prompt_token_ids: list[int] | None = None

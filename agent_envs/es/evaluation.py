@@ -26,12 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from agent_envs.core.atomic import atomic_write
 from agent_envs.core.prompts import read_skill
 from agent_envs.core.spec import EnvSpec, ReportSpec
 from agent_envs.core.tasks import episode_key, task_id
 from agent_envs.protocol.seeds import trajectory_seed
 from agent_envs.rollout.metrics import es_summary
-from agent_envs.rollout.records import as_row
+from agent_envs.rollout.records import as_row, dumps_line
 from agent_envs.rollout.tracelog import training_prefix, write_trace_logs
 
 from .history import ESConfig, Record, load_history, replay, update_records, write_history
@@ -63,6 +64,10 @@ def add_evaluation_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--write-trace-logs", action="store_true",
                    help="Markdown trace logs of every member and evaluation episode, in the reference's layout")
     p.add_argument("--trace-log-dir", default=None, help="default: trace_logs next to --history")
+    p.add_argument("--eval-out", default=None, metavar="DIR",
+                   help="keep every evaluation's full records as a run folder DIR/<label>/records.jsonl (labels as "
+                        "the trace logs': test_eval before training, test_eval_after_010 after 10 updates, ...) "
+                        "for `agent-envs compare`")
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -129,7 +134,8 @@ class Evaluator:
 
     def __init__(self, sets: Sequence[HeldOutSet], run: Run, *, seed: int, samples: int = 1, final_samples: int = 4,
                  key_seeds: Mapping[str, int] | None = None, trace_dir: str | os.PathLike[str] | None = None,
-                 spec: EnvSpec | None = None, log: Callable[[str], None] = print) -> None:
+                 spec: EnvSpec | None = None, log: Callable[[str], None] = print,
+                 records_dir: str | os.PathLike[str] | None = None) -> None:
         if samples < 1 or final_samples < 1:
             raise ValueError(f"evaluation sample counts must be >= 1 (got {samples}, {final_samples})")
         self.sets, self.run, self.seed = list(sets), run, int(seed)
@@ -138,6 +144,8 @@ class Evaluator:
         if trace_dir is not None and spec is None:
             raise ValueError("trace logs need the environment's spec (its trace-log format)")
         self.trace_dir = Path(trace_dir) if trace_dir is not None else None
+        #: each round's full records as a run folder ``records_dir/<label>`` (``agent-envs compare``)
+        self.records_dir = Path(records_dir) if records_dir is not None else None
         #: the environment: its own metrics block joins each summary, its report renders the trace logs
         self.spec, self.log = spec, log
 
@@ -166,6 +174,8 @@ class Evaluator:
             out[f"{held.name}_eval"] = summary
             if self.trace_dir is not None and self.spec is not None:
                 write_trace_logs(rows, self.trace_dir / folder, self.spec.report)
+            if self.records_dir is not None:
+                write_run_folder(self.records_dir / folder, rows, samples)
             self.log(f"[es] {folder}: mean_score={summary['mean_score']:.4f} max@{samples}="
                      f"{summary[f'max@{samples}']:.4f} pass@{samples}={summary[f'pass@{samples}_count']}/"
                      f"{len(held.tasks)} ({summary['count']} rows, errors {summary['error_count']}, seed {seed})")
@@ -185,6 +195,14 @@ class Evaluator:
         seeds = [self.seed + updates + FINAL_SEED_STRIDE * (i + 1) for i in range(len(self.sets))]
         return {"generation": updates, "final_eval": True, "eval_samples": self.final_samples, **facts,
                 **self._round("final_eval", self.final_samples, seeds)}
+
+
+def write_run_folder(folder: Path, rows: Sequence[dict[str, Any]], samples: int) -> None:
+    """An evaluation's records as a run folder (records.jsonl, config.json with its sample count),
+    written whole: an evaluation repeated at the same label replaces the earlier one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write(folder / "records.jsonl", (dumps_line(r) for r in rows))
+    atomic_write(folder / "config.json", [json.dumps({"samples": samples}).encode()])
 
 
 def trace_members(trainer: ESTrainer, directory: Path, report: ReportSpec) -> None:
@@ -278,7 +296,7 @@ class EvalSetup:
                   log: Callable[[str], None] = print) -> Evaluator:
         return Evaluator(self.sets, run, seed=seed, samples=self.args.eval_samples,
                          final_samples=self.args.final_eval_samples, key_seeds=self.key_seeds,
-                         trace_dir=self.trace_dir, spec=spec, log=log)
+                         trace_dir=self.trace_dir, spec=spec, log=log, records_dir=self.args.eval_out)
 
     def head(self, evaluator: Evaluator, config: ESConfig, head: list[Record] | None, start: int) -> list[Record] | None:
         """The history a training run starts from: the resumed head, plus the initial evaluation
@@ -324,6 +342,6 @@ def evaluation_setup(args: argparse.Namespace, load: Callable[[str], list[Any]])
         "eval_datasets": [s.name for s in sets], "eval_samples": args.eval_samples, "initial_eval": args.initial_eval,
         "final_eval": args.final_eval, "final_eval_samples": args.final_eval_samples, "eval_only": args.eval_only,
         "eval_key_seed_file": args.eval_key_seed_file, "eval_key_seed_sha256": key_sha,
-        "skill_file": args.skill_file, "skill_sha256": skill_sha,
+        "skill_file": args.skill_file, "skill_sha256": skill_sha, "eval_out": args.eval_out,
     }
     return EvalSetup(args, sets, key_seeds, skill, trace_dir, config)

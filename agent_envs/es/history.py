@@ -131,9 +131,11 @@ def history_config(history: Sequence[Record]) -> Record:
 
 def replay_is_exact(history: Sequence[Record]) -> bool:
     """Whether a replay rebuilds the trained weights bit for bit: only if training reverted each
-    member exactly.  In-place revert leaves a rounding residue per member, which a replay (updates
-    alone) does not repeat, so its weights and checksum differ slightly from the trained ones."""
-    return bool(history_config(history).get("exact_revert", False))
+    member exactly, or never perturbed the weights (low-rank members are adapters).  In-place
+    revert leaves a rounding residue per member, which a replay (updates alone) does not repeat, so
+    its weights and checksum differ slightly from the trained ones."""
+    config = history_config(history)
+    return bool(config.get("exact_revert", False)) or config.get("perturbation") == "lowrank"
 
 
 def is_update_record(record: Record) -> bool:
@@ -164,6 +166,21 @@ def history_prefix(history: Sequence[Record], updates: int) -> list[Record]:
     return list(history[:stop])
 
 
+def record_weights(record: Record) -> list[float]:
+    """An update record's weights, recomputed from its raw rewards with its normalisation settings."""
+    return normalize_rewards(record["rewards"], record.get("reward_normalization", "zscore"),
+                             int(record.get("reward_normalization_ddof", 0)),
+                             float(record.get("reward_normalization_eps", 1e-8)))
+
+
+def check_perturbation_kind(history: Sequence[Record], backend: Any) -> bool:
+    """The history's noise must be the backend's (full-rank or low-rank); True for low-rank."""
+    kind, wanted = str(history_config(history).get("perturbation", "full")), getattr(backend, "perturbation_kind", "full")
+    if kind != wanted:
+        raise ValueError(f"the history was trained with {kind} noise; refusing to replay it onto a {wanted} backend")
+    return kind == "lowrank"
+
+
 def check_tp_size(history: Sequence[Record], tp_size: int) -> None:
     """Rank-salted noise depends on the TP size, so a history only replays on the same one."""
     stored = int(history_config(history).get("tp_size", 1))
@@ -182,10 +199,13 @@ def replay(
 ) -> int:
     """Re-apply the first ``generations`` updates onto ``backend``, skipping the first ``start``
     (already applied: an evaluation-only run replays step by step); return how many are applied.
+    A low-rank history (docs/protocol.md#low-rank-es) replays only onto a low-rank backend, each
+    update with its record's sigma, and a full-rank one only onto a full-rank backend.
 
     Raises :class:`ReplayMismatch` at the first weights that differ from the history's record (see
     the module docstring); :func:`checked_generations` says how many generations a history lets it check."""
     check_tp_size(history, tp_size)
+    lowrank = check_perturbation_kind(history, backend)
     records = update_records(history, generations)
     check_seed_sequence([r["seeds"] for r in records], seed, population)
     expected = history_config(history).get("start_fingerprint")
@@ -194,13 +214,8 @@ def replay(
                            "a different model, dtype, load format or parameter scope")
     exact = replay_is_exact(history)
     for record in records[start:]:
-        weights = normalize_rewards(
-            record["rewards"],
-            record.get("reward_normalization", "zscore"),
-            int(record.get("reward_normalization_ddof", 0)),
-            float(record.get("reward_normalization_eps", 1e-8)),
-        )
-        backend.update(record["seeds"], weights, float(record["alpha"]))
+        sigma = (float(record["sigma"]),) if lowrank else ()
+        backend.update(record["seeds"], record_weights(record), float(record["alpha"]), *sigma)
         if exact and record.get("weights_fingerprint"):
             _check_fingerprint(backend, record["weights_fingerprint"],
                                f"generation {record['generation']}'s replayed weights",

@@ -225,6 +225,10 @@ class ESTrainer:
         """Every member's result, in member order: here one after another on the one backend."""
         return [self.run_member(batch, s, sigma, generation, i) for i, s in enumerate(seeds)]
 
+    def apply_update(self, seeds: Sequence[int], weights: Sequence[float], sigma: float) -> Any:
+        """The generation's update on the backend (the reference's update needs no sigma)."""
+        return self.backend.update(seeds, weights, self.config.alpha)
+
     def step(self, generation: int) -> Record:
         c = self.config
         seeds = self.seeds.next_generation()
@@ -236,7 +240,7 @@ class ESTrainer:
         weights = normalize_rewards(rewards, c.reward_normalization, c.reward_normalization_ddof,
                                     c.reward_normalization_eps)
         members_done = time.perf_counter()
-        update = self.backend.update(seeds, weights, c.alpha)
+        update = self.apply_update(seeds, weights, sigma)
         updated = time.perf_counter()
         fingerprint = self.backend.fingerprint()
         fingerprinted = time.perf_counter()

@@ -4,7 +4,8 @@
 vLLM mixes it into every worker so ``llm.collective_rpc("es_apply", args=(seed, sigma))`` runs the
 seeded perturbation on each worker's weights (one shard per tensor-parallel rank).
 ``VLLMPerturbation`` wraps those calls and resets the prefix cache after every weight change,
-because cached KV blocks computed under other weights must never be reused.
+because cached KV blocks computed under other weights must never be reused; ``VLLMLowRank`` does
+the same for the low-rank population (``es_lowrank_*``, agent_envs/es/lowrank.py).
 
 vLLM on CPU repacks linear weights into GEMM kernels at load time and leaves empty tensors in
 ``named_parameters()``, so perturbing them would silently change nothing.  Setting
@@ -20,6 +21,7 @@ from typing import Any, Sequence
 import torch
 
 from .fingerprint import combine as combine_fingerprints
+from .lowrank import LowRankPerturber, Target
 from .perturb import CHUNK, SeededPerturber
 
 PLAIN_LINEAR_ENV = "AGENT_ENVS_ES_CPU_PLAIN_LINEAR"
@@ -45,7 +47,10 @@ CPU_PLAIN_LINEAR = os.environ.get(PLAIN_LINEAR_ENV) == "1" and _keep_plain_cpu_l
 
 def _tp_rank_and_size() -> tuple[int, int]:
     try:
-        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+        from vllm.distributed import (
+            get_tensor_model_parallel_rank,
+            get_tensor_model_parallel_world_size,
+        )
 
         return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
     except (ImportError, AssertionError, RuntimeError):
@@ -112,8 +117,63 @@ class ESWorkerExtension:
     def es_max_abs_diff(self) -> float:
         return self._es_state().max_abs_diff()
 
+    # -- low-rank population batching (agent_envs.es.lowrank) --------------------------------------
+    def _es_lowrank_state(self) -> LowRankPerturber:
+        state = getattr(self, "_es_lowrank", None)
+        if state is None:
+            raise RuntimeError("low-rank ES is not initialised on this worker; call es_lowrank_init first")
+        return state
 
-class VLLMPerturbation:
+    def es_lowrank_init(self, rank: int, target_modules: Sequence[str] | None = None) -> dict[str, Any]:
+        """Select the targeted weights (refused once updates were applied: they would silently stack)."""
+        old = getattr(self, "_es_lowrank", None)
+        if old is not None and old.updates:
+            raise RuntimeError(f"low-rank ES already applied {len(old.updates)} updates on this worker; "
+                               "start a fresh engine instead of re-initialising")
+        _, size = _tp_rank_and_size()
+        if size > 1:
+            raise ValueError(f"the low-rank perturbation supports tensor_parallel_size=1 only, not {size}")
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        self._es_lowrank = LowRankPerturber(model, rank, target_modules or None)
+        return {**self._es_lowrank.status(), "targets": [t.as_list() for t in self._es_lowrank.targets],
+                "checksum": self._es_lowrank.checksum(), "cpu_plain_linear": CPU_PLAIN_LINEAR}
+
+    def es_lowrank_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float,
+                          sigma: float) -> dict[str, Any]:
+        return self._es_lowrank_state().update(seeds, weights, alpha, sigma)
+
+    def es_lowrank_apply(self, seed: int, sigma: float) -> dict[str, Any]:
+        return self._es_lowrank_state().apply(seed, sigma)
+
+    def es_lowrank_revert(self) -> dict[str, Any]:
+        return self._es_lowrank_state().revert()
+
+    def es_lowrank_checksum(self) -> str:
+        return self._es_lowrank_state().checksum()
+
+    def es_lowrank_fingerprint(self) -> str:
+        return self._es_lowrank_state().fingerprint()
+
+
+class _WorkerCalls:
+    """Calls of :class:`ESWorkerExtension` methods on every worker (a list, one entry per worker);
+    after any weight change the prefix cache is reset, because KV blocks computed under other
+    weights must never be reused."""
+
+    llm: Any
+
+    def _call(self, method: str, *args: Any) -> list[Any]:
+        return list(self.llm.collective_rpc(method, args=args))
+
+    def _changed(self, method: str, *args: Any) -> list[Any]:
+        try:
+            return self._call(method, *args)
+        finally:  # even a failed call may have touched weights
+            if self.llm.reset_prefix_cache() is False:
+                raise RuntimeError(f"prefix cache reset after {method} failed; cached KV may be stale")
+
+
+class VLLMPerturbation(_WorkerCalls):
     """Driver-side ES backend over an ``LLM`` built with :data:`EXTENSION`.
 
     Results are lists with one entry per worker.  Construction initialises every worker and checks
@@ -128,16 +188,6 @@ class VLLMPerturbation:
         self.tp_size = int(self.init_result[0]["tp_size"])
         if not allow_empty:
             self.check_coverage()
-
-    def _call(self, method: str, *args: Any) -> list[Any]:
-        return list(self.llm.collective_rpc(method, args=args))
-
-    def _changed(self, method: str, *args: Any) -> list[Any]:
-        try:
-            return self._call(method, *args)
-        finally:  # even a failed call may have touched weights
-            if self.llm.reset_prefix_cache() is False:
-                raise RuntimeError(f"prefix cache reset after {method} failed; cached KV may be stale")
 
     def check_coverage(self) -> list[dict[str, Any]]:
         reports = self._call("es_coverage")
@@ -186,3 +236,41 @@ class VLLMPerturbation:
     def max_abs_diff(self) -> float:
         """Largest difference from the last snapshot over every rank's shard."""
         return max(self._call("es_max_abs_diff"))
+
+
+class VLLMLowRank(_WorkerCalls):
+    """Driver-side low-rank backend (docs/protocol.md#low-rank-es) over an engine built with
+    :data:`EXTENSION` and ``enable_lora=True``: members are served as adapters written from
+    :attr:`targets` (what the workers hold, unpacked), updates run in place inside the workers from
+    the seeds; no weights travel.  ``update`` takes the generation's sigma (the update divides by it)."""
+
+    perturbation_kind = "lowrank"
+    tp_size = 1
+
+    def __init__(self, llm: Any, rank: int, target_modules: Sequence[str] | None = None) -> None:
+        self.llm, self.rank = llm, int(rank)
+        self.init_result = self._call("es_lowrank_init", self.rank, list(target_modules or []))
+        self.targets = [Target(str(n), int(o), int(i)) for n, o, i in self.init_result[0]["targets"]]
+        self.base_checksum = str(self.init_result[0]["checksum"])
+
+    def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float,
+               sigma: float | None = None) -> list[Any]:
+        if sigma is None:
+            raise ValueError("the low-rank update divides by sigma: pass the generation's sigma")
+        return self._changed("es_lowrank_update", [int(s) for s in seeds], [float(w) for w in weights],
+                             float(alpha), float(sigma))
+
+    def apply(self, seed: int, sigma: float) -> list[Any]:
+        """Merge member ``seed``'s perturbation into the weights (to compare with its adapter)."""
+        return self._changed("es_lowrank_apply", int(seed), float(sigma))
+
+    def revert(self) -> list[Any]:
+        return self._changed("es_lowrank_revert")
+
+    def checksum(self) -> list[str]:
+        """SHA-256 of the targeted weights (``targets_checksum``: comparable with :func:`replay_onto`)."""
+        return self._call("es_lowrank_checksum")
+
+    def fingerprint(self) -> str:
+        """The targeted weights' fingerprint (:mod:`agent_envs.es.fingerprint`, on the device)."""
+        return self._call("es_lowrank_fingerprint")[0]

