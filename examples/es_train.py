@@ -68,7 +68,8 @@ from agent_envs.envs import registry
 from agent_envs.envs.registry import ENV_IDS
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
 from agent_envs.es.batched import LowRankESTrainer
-from agent_envs.es.evaluation import EvalSetup, Evaluator, add_evaluation_arguments, eval_only, evaluation_setup
+from agent_envs.es.evaluation import (EvalSetup, Evaluator, add_evaluation_arguments, eval_only, eval_only_plan,
+                                     evaluation_setup)
 from agent_envs.es.fingerprint import combine_checksums
 from agent_envs.es.history import ESConfig, ReplayMismatch, checked_generations, load_history, replay_is_exact, resume
 from agent_envs.es.lowrank import lora_rank_slot
@@ -305,6 +306,12 @@ def open_run(args: argparse.Namespace) -> Iterator[ESRun]:
             raise SystemExit(str(exc)) from None
         train = load_tasks(args.env, args.train) if args.train else []
         config = make_config(args, combiner).model_copy(update=setup.config)
+        if args.eval_only:
+            try:
+                eval_only_plan(config, load_history(args.resume) if args.resume else [], args.resume_generations,
+                               args.eval_generations, args.final_eval)
+            except (OSError, ValueError) as exc:
+                raise SystemExit(f"[es] --eval-only --resume {args.resume}: {exc}") from None
         if args.engines > 1 or args.engines_per_gpu > 1 or args.ray_address:
             if scorer is not None:
                 raise SystemExit("--step-scorer runs on a single engine (the pool's actors score episodes themselves)")
@@ -325,9 +332,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     with open_run(args) as run:
         assert run.setup is not None and run.evaluator is not None
         if run.trainer is None:  # --eval-only: replay --resume's updates step by step and evaluate
-            history = eval_only(run.config, run.backend, run.evaluator, args.history, source=args.resume,
-                                replay_updates=args.resume_generations, marks=args.eval_generations,
-                                final=args.final_eval, facts=budgets(args))
+            try:
+                history = eval_only(run.config, run.backend, run.evaluator, args.history, source=args.resume,
+                                    replay_updates=args.resume_generations, marks=args.eval_generations,
+                                    final=args.final_eval, facts=budgets(args))
+            except ReplayMismatch as exc:  # a replayed generation whose fingerprint is not the history's
+                raise SystemExit(f"[es] --eval-only --resume {args.resume}: {exc}") from None
         else:
             history = run.setup.train(run.trainer, run.evaluator, budgets(args))
         report(history, args.history, run.checksum())

@@ -218,6 +218,26 @@ def test_es_train_checks_its_evaluation_flags_before_any_engine(monkeypatch, fla
         es_train.main(["--model", "m", "--history", "h", *flags])
 
 
+def test_es_train_checks_an_eval_only_replay_before_any_engine(trained, monkeypatch, tmp_path):
+    """Marks outside the history and another run's seed stream are refused before an engine starts
+    (the engine would otherwise load a model first, then fail part-way through the replay)."""
+    _, _, path = trained
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "examples"))
+    import es_train
+
+    held_out = tmp_path / "dapo.jsonl"
+    held_out.write_text(json.dumps({"id": "dapo_0", "question": "1 + 1?", "answer": "2"}) + "\n")
+    argv = ["--model", "m", "--history", str(tmp_path / "h.json"), "--eval-only", "--eval", f"dapo={held_out}",
+            "--resume", str(path), "--seed", str(SEED)]
+    for flags, message in ((["--population", "3", "--eval-generations", "1,5"], "counts must lie in 0..2"),
+                           (["--population", "4"], "stored seeds do not match the seed stream of seed=20260627, "
+                                                   "population=4"),
+                           (["--population", "3", "--resume-generations", "3"], "cannot keep 3 updates")):
+        with pytest.raises(SystemExit, match=message):
+            es_train.main([*argv, *flags])
+
+
 def test_a_key_seed_map_must_cover_every_episode_it_runs():
     with pytest.raises(ValueError, match="the key-to-seed map has no seed for 1 of 2 episodes .e.g. dapo_1:sample00"):
         run_episodes("MATH-ReAct-v0", DAPO, _engine().policy, env_kwargs=ENV, progress=False,

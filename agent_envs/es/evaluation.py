@@ -37,6 +37,7 @@ from agent_envs.rollout.tracelog import training_prefix, write_trace_logs
 
 from .history import ESConfig, Record, load_history, replay, update_records, write_history
 from .population import ESTrainer, MemberResult, compact_row
+from .seeds import check_seed_sequence
 
 #: the final evaluation's seed offset per held-out set (set i: ``(i + 1) * FINAL_SEED_STRIDE``)
 FINAL_SEED_STRIDE = 10_000
@@ -233,6 +234,16 @@ def evaluation_marks(spec: str | None, available: int) -> list[int]:
     return marks
 
 
+def eval_only_plan(config: ESConfig, history: Sequence[Record], replay_updates: int | None = None,
+                   marks: str | None = None, final: bool = False) -> tuple[int, list[int]]:
+    """(updates to replay, update counts to evaluate at) of an evaluation-only run of ``history``; a
+    ValueError for a history or marks it cannot follow, before any engine starts (the seeds must be
+    ``config``'s: another ``--seed`` or ``--population`` would replay other updates)."""
+    records = update_records(history, replay_updates)
+    check_seed_sequence([r["seeds"] for r in records], config.seed, config.population)
+    return len(records), evaluation_marks(marks, len(records)) if marks is not None or not final else []
+
+
 def eval_only(config: ESConfig, backend: Any, evaluator: Evaluator, history_path: str | os.PathLike[str], *,
               source: str | os.PathLike[str] | None = None, replay_updates: int | None = None,
               marks: str | None = None, final: bool = False, facts: Mapping[str, Any] | None = None) -> list[Record]:
@@ -241,8 +252,7 @@ def eval_only(config: ESConfig, backend: Any, evaluator: Evaluator, history_path
     history is written after every evaluation.  Without marks and ``final``, one interval
     evaluation at the end of the replay."""
     history = load_history(source) if source is not None else []
-    available = len(update_records(history, replay_updates))
-    points = evaluation_marks(marks, available) if marks is not None or not final else []
+    available, points = eval_only_plan(config, history, replay_updates, marks, final)
     if points:
         evaluator.check_key_seeds(evaluator.samples)
     if final:
