@@ -183,7 +183,7 @@ def test_openai_policy_sends_the_schemas_and_reads_server_calls():
     from agent_envs.policy.server import PolicyServer
 
     entry = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
-    server = PolicyServer(ScriptedPolicy(lambda r: Completion(text="ok", token_ids=[1])), model="m").start()
+    server = PolicyServer(ScriptedPolicy(lambda r: Completion(text="ok", token_ids=[1])), model="m", record=3).start()
     try:
         schemas = [dict(s) for s in RULES.tool_schemas]
         request = GenerationRequest(messages=[{"role": "user", "content": "hi"}], seed=1, max_tokens=4, tools=schemas)
