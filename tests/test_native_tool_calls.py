@@ -203,3 +203,35 @@ def httpx_response(data: dict):
     import httpx
 
     return httpx.Response(200, json=data, request=httpx.Request("POST", "http://127.0.0.1/v1/chat/completions"))
+
+
+def test_several_calls_in_one_turn_as_a_token_trajectory():
+    """Two calls in one completion: one completion segment (in the loss), then one observation
+    segment with both tool messages in call order (out of the loss); the sequence stays exact."""
+    from agent_envs.rollout.trajectories import episode_tokens
+
+    tokenizer = with_template(smollm2_tokenizer(), STABLE)
+    texts = [call_text("bash", {"command": "echo one"}) + call_text("bash", {"command": "echo two"}),
+             "Final answer: \\boxed{0}"]
+
+    def reply(request: GenerationRequest) -> Completion:
+        ids = tokenizer.encode(texts[len(request.messages) > 2], add_special_tokens=False)
+        return Completion(text=tokenizer.decode(ids), token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop")
+
+    env = gym.make("MATH-Tools-v0", dataset="builtin")
+    tasks = env.unwrapped.tasks[:1]
+    env.close()
+    (record,) = run_episodes("MATH-Tools-v0", tasks, ScriptedPolicy(reply, tokenizer=tokenizer), mode="lockstep",
+                             progress=False, env_kwargs={"max_turns": 3, "token_trajectories": True,
+                                                         "sandbox": "bwrap"})
+    row = record.row()
+    trajectory = row["token_trajectory"]
+    assert row["tool_calls"] == 2 and row["termination_reason"] == "final_answer" and trajectory["exact"]
+    observation = tokenizer.decode(trajectory["turns"][0]["observation_ids"])
+    assert observation.count("<|im_start|>tool\n") == 2
+    assert observation.index("one\n\n[exit_code] 0") < observation.index("two\n\n[exit_code] 0")
+    episode = episode_tokens(row)
+    sampled = [t["completion_ids"] for t in trajectory["turns"]]
+    assert episode.model_tokens == sampled[0] + sampled[1] and sum(episode.loss_mask) == len(episode.model_tokens)
+    (start, end) = episode.turns[0]["observation"]
+    assert not any(episode.loss_mask[start:end]) and episode.tokens[start:end] == trajectory["turns"][0]["observation_ids"]
