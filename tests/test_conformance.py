@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import pickle
 import random
 from pathlib import Path
