@@ -149,6 +149,8 @@ def lognormal_tokens(cap: int, median: float, sigma: float, seed: int) -> Callab
 
 
 def row(name: str, wall: float, tokens: int, episodes: int | None, busy: float | None) -> dict[str, Any]:
+    """One variant's figures, also printed at once (a run cut short by a time limit keeps its rows)."""
+    print(f"[row] {name}: {wall:.1f} s, {tokens} tokens, {tokens / wall:.0f} tok/s", file=sys.stderr, flush=True)
     return {"variant": name, "wall_s": wall, "tokens": tokens, "tok_s": tokens / wall,
             "episodes_s": (episodes / wall) if episodes else None,
             "idle": None if busy is None else max(0.0, 1 - busy / wall)}
