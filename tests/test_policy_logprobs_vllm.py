@@ -52,15 +52,6 @@ def test_server_async_path_gives_what_the_sync_path_gave(results: dict) -> None:
     assert facts["chat_like_sync"] == 6 and facts["completions_like_sync"] == 6
 
 
-@pytest.mark.parametrize("path", ["sync", "async"])
-def test_server_tool_calls_reach_the_native_parser(results: dict, path: str) -> None:
-    """vLLM's own ``tool_calls`` (tool_choice="required") come through either path as calls the
-    native parser reads: well formed, of the declared tool."""
-    facts = results["server_tool_calls"][path]
-    assert facts["ok"], facts["error"]
-    assert facts["calls"] >= 1 and facts["well_formed"], facts["tool_calls"]
-
-
 def test_server_given_the_offline_prompt_ids_samples_the_same_tokens_and_logprobs(results: dict) -> None:
     assert results["server_completions"]["tokens_match_offline"] == 6
     assert results["server_completions"]["logprobs_match_offline"] == 6
