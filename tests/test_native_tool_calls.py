@@ -235,3 +235,34 @@ def test_several_calls_in_one_turn_as_a_token_trajectory():
     assert episode.model_tokens == sampled[0] + sampled[1] and sum(episode.loss_mask) == len(episode.model_tokens)
     (start, end) = episode.turns[0]["observation"]
     assert not any(episode.loss_mask[start:end]) and episode.tokens[start:end] == trajectory["turns"][0]["observation_ids"]
+
+
+@pytest.mark.parametrize("mode", ["lockstep", "async"])
+def test_server_tool_calls_reach_the_episode_through_either_openai_path(mode):
+    """A real HTTP server on 127.0.0.1 answering with ``tool_calls``: OpenAIPolicy's sync path
+    (lockstep runner) and async path (async runner) both hand them to the native parser, the call
+    runs in the sandbox, and its answer is a ``tool`` message carrying the call's id."""
+    from agent_envs.policy.openai import OpenAIPolicy
+    from agent_envs.policy.server import PolicyServer
+
+    entry = {"id": "call_9", "type": "function", "function": {"name": "bash", "arguments": '{"command": "echo 41"}'}}
+
+    def reply(request: GenerationRequest) -> Completion:
+        if any(m["role"] == "tool" for m in request.messages):
+            return Completion(text="Final answer: \\boxed{41}", token_ids=[2])
+        return Completion(text="", token_ids=[1], tool_calls=[entry], finish_reason="tool_calls")
+
+    env = gym.make("MATH-Tools-v0", dataset="builtin")
+    tasks = env.unwrapped.tasks[:1]
+    env.close()
+    with PolicyServer(ScriptedPolicy(reply), model="m", record=4) as server:
+        policy = OpenAIPolicy(server.url, "m")
+        (record,) = run_episodes("MATH-Tools-v0", tasks, policy, mode=mode, progress=False,
+                                 env_kwargs={"max_turns": 3, "sandbox": "bwrap"})
+        policy.close()
+        second = server.received[1]
+    row = record.row()
+    assert row["termination_reason"] == "final_answer" and row["tool_calls"] == 1 and row["prediction"] == "41"
+    assert row["react_steps"][0]["observation"].startswith("41")
+    assert second["messages"][-1] == {"role": "tool", "content": "41\n\n[exit_code] 0", "name": "bash",
+                                      "tool_call_id": "call_9"}
