@@ -187,7 +187,8 @@ def test_openai_policy_sends_the_schemas_and_reads_server_calls():
     try:
         schemas = [dict(s) for s in RULES.tool_schemas]
         request = GenerationRequest(messages=[{"role": "user", "content": "hi"}], seed=1, max_tokens=4, tools=schemas)
-        OpenAIPolicy(server.url, "m").generate([request, request.model_copy(update={"tools": None})])
+        for one in (request, request.model_copy(update={"tools": None})):  # one at a time: arrival order
+            OpenAIPolicy(server.url, "m").generate([one])
         OpenAIPolicy(server.url, "m", tool_choice="auto").generate([request])
         sent, plain, auto = server.received
         assert sent["tools"] == schemas and sent["tool_choice"] == "none" and auto["tool_choice"] == "auto"
