@@ -217,8 +217,10 @@ def warm_rollout(policy: Policy, mode: str) -> None:
     from agent_envs.rollout import run_episodes
 
     tasks = [{"id": f"warm-{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(8)]
-    run_episodes("MATH-ReAct-v0", tasks, policy, mode=mode, concurrency=8, progress=False,
-                 env_kwargs={"sandbox": "none", "max_turns": 2, "max_tokens_per_turn": 16})
+    for trajectories in (False, True):  # the logprobs-on path too: its first use fell on its own row
+        run_episodes("MATH-ReAct-v0", tasks, policy, mode=mode, concurrency=8, progress=False,
+                     env_kwargs={"sandbox": "none", "max_turns": 2, "max_tokens_per_turn": 16,
+                                 "token_trajectories": trajectories})
 
 
 def main() -> None:
