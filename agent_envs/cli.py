@@ -44,9 +44,9 @@ if TYPE_CHECKING:
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "repetition_penalty")
 #: the embedded CPU default: a few tasks, short turns (a 135M model rarely finishes on its own)
 CPU_DEFAULTS = {"limit": 3, "max_turns": 3, "max_tokens_per_turn": 192}
-#: config fields that must not change when a run is resumed (records would mix two setups)
 #: exit status of ``eval`` when every episode ended in an error (no result to report)
 EXIT_ALL_ERRORED = 3
+#: config fields that must not change when a run is resumed (records would mix two setups)
 RESUME_IDENTITY = ("env", "data", "seed", "policy", "model", "base_urls", "engine_args", "sampling",
                    "max_turns", "max_tokens_per_turn", "env_args", "sandbox", "step_scorer", "skill_sha256",
                    "token_trajectories")
@@ -336,6 +336,9 @@ def _run_lock(out: Path) -> RunLock:
 def _trajectory_tokenizer(kind: str, args: argparse.Namespace) -> Any:
     """``--token-trajectories`` with a policy that has no tokenizer: the one of ``--model`` (the
     environment renders the prompts as ids itself)."""
+    if not args.model:
+        raise UsageError(f"--token-trajectories needs the model's tokenizer; --policy {kind} has none: "
+                         "pass --model with the model's folder")
     try:
         from transformers import AutoTokenizer
 

@@ -149,6 +149,8 @@ def lognormal_tokens(cap: int, median: float, sigma: float, seed: int) -> Callab
 
 
 def row(name: str, wall: float, tokens: int, episodes: int | None, busy: float | None) -> dict[str, Any]:
+    """One variant's figures, also printed at once (a run cut short by a time limit keeps its rows)."""
+    print(f"[row] {name}: {wall:.1f} s, {tokens} tokens, {tokens / wall:.0f} tok/s", file=sys.stderr, flush=True)
     return {"variant": name, "wall_s": wall, "tokens": tokens, "tok_s": tokens / wall,
             "episodes_s": (episodes / wall) if episodes else None,
             "idle": None if busy is None else max(0.0, 1 - busy / wall)}
@@ -215,8 +217,10 @@ def warm_rollout(policy: Policy, mode: str) -> None:
     from agent_envs.rollout import run_episodes
 
     tasks = [{"id": f"warm-{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(8)]
-    run_episodes("MATH-ReAct-v0", tasks, policy, mode=mode, concurrency=8, progress=False,
-                 env_kwargs={"sandbox": "none", "max_turns": 2, "max_tokens_per_turn": 16})
+    for trajectories in (False, True):  # the logprobs-on path too: its first use fell on its own row
+        run_episodes("MATH-ReAct-v0", tasks, policy, mode=mode, concurrency=8, progress=False,
+                     env_kwargs={"sandbox": "none", "max_turns": 2, "max_tokens_per_turn": 16,
+                                 "token_trajectories": trajectories})
 
 
 def main() -> None:

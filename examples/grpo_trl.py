@@ -10,6 +10,10 @@ On one GPU (bf16; the trainer's model generates through transformers, or TRL's c
 engine with --use-vllm):
     python examples/grpo_trl.py --env MATH-ReAct-v0 --model Qwen/Qwen3-0.6B --data dapo --tasks 64 \\
         --steps 20 --generations 8 --batch 4 --max-turns 4 --max-tokens-per-turn 512
+A GPU smoke run of the colocated-vLLM path without a model hub (a tiny random Qwen3 built around a
+tokenizer folder, saved with its weights; the scripted opening gives every episode a real tool call):
+    python examples/grpo_trl.py --tiny-from-tokenizer /tmp/stage-ray/tokenizer --use-vllm --steps 2 \
+        --tasks 4 --generations 4 --max-turns 3 --max-tokens-per-turn 32 --scripted-opening
 """
 from __future__ import annotations
 
@@ -26,7 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--env", default="MATH-ReAct-v0")
-    ap.add_argument("--model", required=True, help="model folder or id (trained in place)")
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="model folder or id (trained in place)")
+    source.add_argument("--tiny-from-tokenizer", type=Path,
+                        help="train a tiny random Qwen3 built around this tokenizer folder (smoke runs)")
     ap.add_argument("--data", default="builtin", help="the environment's dataset spec (builtin, a JSONL path, dapo, ...)")
     ap.add_argument("--tasks", type=int, default=8, help="first N tasks")
     ap.add_argument("--steps", type=int, default=2, help="optimiser steps")
@@ -47,6 +54,21 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
+def tiny_model(tokenizer_dir: Path, out: Path, seed: int) -> str:
+    """The tiny Qwen3 shape of the GPU scripts with seeded random weights, saved where both
+    transformers and TRL's colocated vLLM engine load it."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from gpu_engine import TINY_QWEN3, dense_qwen3
+
+    folder = dense_qwen3(tokenizer_dir.expanduser(), TINY_QWEN3, out)
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.bfloat16).save_pretrained(folder)
+    return str(folder)
+
+
 def main() -> int:
     args = parse_args()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -60,7 +82,10 @@ def main() -> int:
 
     if args.cpu:
         torch.set_num_threads(1)  # a small model decodes faster on one thread than on several busy ones
-    model_path = str(Path(args.model).expanduser()) if Path(args.model).expanduser().exists() else args.model
+    if args.tiny_from_tokenizer:
+        model_path = tiny_model(args.tiny_from_tokenizer, args.out / "tiny-model", args.seed)
+    else:
+        model_path = str(Path(args.model).expanduser()) if Path(args.model).expanduser().exists() else args.model
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32 if args.cpu else torch.bfloat16)
@@ -86,9 +111,10 @@ def main() -> int:
     wall = time.perf_counter() - started
     steps = [{k: h[k] for k in ("step", "reward", "reward_std", "loss", "completions/mean_length") if k in h}
              for h in trainer.state.log_history if "reward" in h]
-    summary = {"env": args.env, "model": args.model, "steps": trainer.state.global_step, "wall_s": round(wall, 1),
-               "per_step": steps, "last_episodes": [{"key": r.key, "score": r.score, "turns": r.turns,
-                                                    "termination_reason": r.termination_reason} for r in env.records]}
+    summary = {"env": args.env, "model": model_path, "use_vllm": args.use_vllm, "steps": trainer.state.global_step, "wall_s": round(wall, 1),
+               "per_step": steps, "last_episodes": [
+                   {"key": r.key, "score": r.score, "turns": r.turns, "termination_reason": r.termination_reason,
+                    "exact_trajectory": (r.row().get("token_trajectory") or {}).get("exact")} for r in env.records]}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if args.save:

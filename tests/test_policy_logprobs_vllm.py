@@ -43,6 +43,15 @@ def test_server_logprobs_on_both_routes(results: dict) -> None:
     assert ids_in["present"] and ids_in["aligned"] and ids_in["finite"] and ids_in["prompt_is_what_was_sent"]
 
 
+def test_server_async_path_gives_what_the_sync_path_gave(results: dict) -> None:
+    """OpenAIPolicy.agenerate (the async runner's path) on both routes: logprobs and prompt ids as
+    the sync path's, the same samples."""
+    facts = results["server_async"]
+    assert facts["present"] and facts["aligned"] and facts["finite"]
+    assert facts["prompt_ids_reported"] and facts["prompt_is_what_was_sent"]
+    assert facts["chat_like_sync"] == 6 and facts["completions_like_sync"] == 6
+
+
 def test_server_given_the_offline_prompt_ids_samples_the_same_tokens_and_logprobs(results: dict) -> None:
     assert results["server_completions"]["tokens_match_offline"] == 6
     assert results["server_completions"]["logprobs_match_offline"] == 6
@@ -54,8 +63,8 @@ def test_server_renders_the_tool_schemas(results: dict) -> None:
     assert tools["rendered_like_the_local_template"] and tools["schema_in_prompt"]
 
 
-@pytest.mark.parametrize("backend", ["offline", "async", "server"])
+@pytest.mark.parametrize("backend", ["offline", "async", "server", "server_async"])
 def test_episodes_with_token_trajectories_are_exact(results: dict, backend: str) -> None:
-    facts = results[backend]["episodes"] if backend != "server" else results["server_episodes"]
+    facts = results[f"{backend}_episodes"] if backend.startswith("server") else results[backend]["episodes"]
     assert facts["episodes"] == 6 and facts["errors"] == 0
     assert facts["exact"] and facts["prompts_verified"] and facts["logprobs_aligned"] and facts["masked_tokens"] > 0

@@ -180,6 +180,20 @@ def test_cli_eval_with_token_trajectories_then_export(tmp_path, capsys):
     assert "no episode" in capsys.readouterr().err
 
 
+def test_resume_keeps_the_token_trajectories_setting(tmp_path, capsys):
+    """A run with trajectories does not resume without them (records would mix two formats)."""
+    out = tmp_path / "run"
+    args = ["eval", "--env", "MATH-ReAct-v0", "--policy", "scripted", "--limit", "1", "--max-turns", "3",
+            "--out", str(out), "--no-progress", "--no-report"]
+    assert main([*args, "--token-trajectories"]) == 2  # no tokenizer to render ids with: said at once
+    assert "pass --model with the model's folder" in capsys.readouterr().err
+    args += ["--model", str(smollm2_hf_dir())]
+    assert main([*args, "--token-trajectories"]) == 0
+    assert main([*args, "--resume"]) == 2
+    assert "token_trajectories: True -> None" in capsys.readouterr().err
+    assert main([*args, "--resume", "--token-trajectories"]) == 0
+
+
 def test_off_by_default_the_requests_and_records_are_unchanged(tokenizer):
     env = gym.make("MATH-ReAct-v0", dataset=TASKS, tokenizer=tokenizer)
     on = gym.make("MATH-ReAct-v0", dataset=TASKS, tokenizer=tokenizer, token_trajectories=True)

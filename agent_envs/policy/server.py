@@ -138,6 +138,8 @@ class PolicyServer(ThreadingHTTPServer):
             generated = self.counter.text_tokens(completion.text)
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": completion.text},
                                   "finish_reason": completion.finish_reason or "stop"}
+        if completion.tool_calls:  # a policy that parsed calls out of its text, as tool-parsing servers do
+            choice["message"]["tool_calls"] = completion.tool_calls
         if body.get("return_token_ids") and completion.token_ids is not None:
             choice["token_ids"] = completion.token_ids
         prompt = completion.prompt_tokens or prompt_tokens
