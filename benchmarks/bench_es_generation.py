@@ -233,7 +233,8 @@ class Bench:
         from agent_envs.policy.base import GenerationRequest
 
         a, m = self.args, self.args.old_members
-        args = self.flags("old", "--enforce-eager", "--exact-revert", "--revert-copy", "host", "--concurrency", "16")
+        args = self.flags("old", "--mode", "lockstep", "--enforce-eager", "--exact-revert", "--revert-copy", "host",
+                          "--concurrency", "16")
         with self.es_train.open_run(args) as run:
             trainer = run.trainer
             run.policy.generate([GenerationRequest(messages=[{"role": "user", "content": f"warm up {i}"}], seed=i,
