@@ -2,6 +2,7 @@
 
 Importing the package registers every environment of :mod:`agent_envs.envs.registry` with Gymnasium.
 """
+
 from __future__ import annotations
 
 from agent_envs.envs.registry import ENV_IDS, register_all

@@ -7,6 +7,7 @@ Exit status of ``eval``: 0 done; 2 bad input, or the run directory cannot be wri
 before the policy is built; a full disk mid-run is reported at its first failed write); 3 every
 episode ended in an error (e.g. the server is down), so there is no result; 130 interrupted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,9 +48,23 @@ CPU_DEFAULTS = {"limit": 3, "max_turns": 3, "max_tokens_per_turn": 192}
 #: exit status of ``eval`` when every episode ended in an error (no result to report)
 EXIT_ALL_ERRORED = 3
 #: config fields that must not change when a run is resumed (records would mix two setups)
-RESUME_IDENTITY = ("env", "data", "seed", "policy", "model", "base_urls", "engine_args", "sampling",
-                   "max_turns", "max_tokens_per_turn", "env_args", "sandbox", "step_scorer", "skill_sha256",
-                   "token_trajectories")
+RESUME_IDENTITY = (
+    "env",
+    "data",
+    "seed",
+    "policy",
+    "model",
+    "base_urls",
+    "engine_args",
+    "sampling",
+    "max_turns",
+    "max_tokens_per_turn",
+    "env_args",
+    "sandbox",
+    "step_scorer",
+    "skill_sha256",
+    "token_trajectories",
+)
 
 
 class UsageError(Exception):
@@ -73,53 +88,98 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="run episodes and write records, summary and trace logs")
     ev.add_argument("--env", choices=ENV_IDS, default=ENV_IDS[0])
-    ev.add_argument("--data", action="append", default=None, metavar="[NAME=]SPEC",
-                    help="dataset spec for the env's loader (builtin, a JSONL path, dapo, aime, ...); repeat it "
-                         "to run each set into OUT/NAME and print their card (docs/cards.md)")
-    ev.add_argument("--policy", choices=POLICIES,
-                    help="default: openai with --base-url, transformers with --model, else cpu")
+    ev.add_argument(
+        "--data",
+        action="append",
+        default=None,
+        metavar="[NAME=]SPEC",
+        help="dataset spec for the env's loader (builtin, a JSONL path, dapo, aime, ...); repeat it "
+        "to run each set into OUT/NAME and print their card (docs/cards.md)",
+    )
+    ev.add_argument(
+        "--policy", choices=POLICIES, help="default: openai with --base-url, transformers with --model, else cpu"
+    )
     ev.add_argument("--model", help="model path or id (transformers, vllm, openai)")
-    ev.add_argument("--base-url", action="append", default=[], dest="base_urls",
-                    help="OpenAI-compatible endpoint (repeatable)")
-    ev.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
-                    help="openai policy: limit per HTTP attempt (default 600)")
-    ev.add_argument("--request-retries", type=int, default=None, metavar="N",
-                    help="openai policy: extra attempts after a 5xx or transport error (default 3)")
-    ev.add_argument("--engine-arg", action="append", default=[], type=_key_value, metavar="KEY=VALUE",
-                    help="passed to vllm.LLM (value parsed as JSON), e.g. tensor_parallel_size=2")
-    ev.add_argument("--env-arg", action="append", default=[], type=_key_value, metavar="KEY=VALUE",
-                    help="extra environment keyword (value parsed as JSON), e.g. scorer=\"exact\"")
+    ev.add_argument(
+        "--base-url", action="append", default=[], dest="base_urls", help="OpenAI-compatible endpoint (repeatable)"
+    )
+    ev.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="openai policy: limit per HTTP attempt (default 600)",
+    )
+    ev.add_argument(
+        "--request-retries",
+        type=int,
+        default=None,
+        metavar="N",
+        help="openai policy: extra attempts after a 5xx or transport error (default 3)",
+    )
+    ev.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        type=_key_value,
+        metavar="KEY=VALUE",
+        help="passed to vllm.LLM (value parsed as JSON), e.g. tensor_parallel_size=2",
+    )
+    ev.add_argument(
+        "--env-arg",
+        action="append",
+        default=[],
+        type=_key_value,
+        metavar="KEY=VALUE",
+        help='extra environment keyword (value parsed as JSON), e.g. scorer="exact"',
+    )
     ev.add_argument("--samples", type=int, default=1)
-    ev.add_argument("--skill-file", type=Path, default=None,
-                    help="skill text appended to the system prompt (docs/protocol.md#skill-injection)")
+    ev.add_argument(
+        "--skill-file",
+        type=Path,
+        default=None,
+        help="skill text appended to the system prompt (docs/protocol.md#skill-injection)",
+    )
     for flag in SAMPLING_FLAGS:
         ev.add_argument("--" + flag.replace("_", "-"), type=int if flag == "top_k" else float, default=None)
     ev.add_argument("--seed", type=int, default=DEFAULT_BASE_SEED, help="base seed of the trajectory seeds")
     ev.add_argument("--mode", choices=MODES, default="async")
     ev.add_argument("--concurrency", type=int, default=None, help="episodes in flight (async) or batch size (lockstep)")
     ev.add_argument("--tool-workers", type=int, default=None)
-    ev.add_argument("--engines", type=int, default=1,
-                    help="run N engines as Ray actors (vllm: one GPU or TP group each; docs/scaling.md)")
+    ev.add_argument(
+        "--engines",
+        type=int,
+        default=1,
+        help="run N engines as Ray actors (vllm: one GPU or TP group each; docs/scaling.md)",
+    )
     ev.add_argument("--ray-address", default=None, help="join this Ray cluster (multi-node) instead of a local one")
     ev.add_argument("--sandbox", choices=SANDBOX_BACKENDS, default="bwrap")
     ev.add_argument("--max-turns", type=int, default=None)
     ev.add_argument("--max-tokens-per-turn", type=int, default=None)
     ev.add_argument("--out", type=Path, default=None, help="run directory (default runs/<env>-<time>)")
-    ev.add_argument("--resume", action="store_true",
-                    help="keep finished records in --out, re-run missing or failed ones")
+    ev.add_argument(
+        "--resume", action="store_true", help="keep finished records in --out, re-run missing or failed ones"
+    )
     ev.add_argument("--limit", type=int, default=None, help="first N tasks only")
     ev.add_argument("--trace-logs", action=argparse.BooleanOptionalAction, default=True)
     ev.add_argument("--no-progress", action="store_true")
     ev.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
-    ev.add_argument("--token-trajectories", action="store_true",
-                    help="record each episode's token ids and log-probabilities (docs/rl.md; records grow)")
+    ev.add_argument(
+        "--token-trajectories",
+        action="store_true",
+        help="record each episode's token ids and log-probabilities (docs/rl.md; records grow)",
+    )
     add_scorer_arguments(ev)
 
     sm = sub.add_parser("summarize", help="print the metrics of one or more run directories")
     sm.add_argument("runs", nargs="+", type=Path)
     sm.add_argument("--group", type=int, default=None, metavar="K", help="also metrics per group of K samples")
-    sm.add_argument("--best-by", default="mean_score", metavar="METRIC",
-                    help="with --group: the metric that picks the best group (e.g. anls_mean4)")
+    sm.add_argument(
+        "--best-by",
+        default="mean_score",
+        metavar="METRIC",
+        help="with --group: the metric that picks the best group (e.g. anls_mean4)",
+    )
     sm.add_argument("--card", action="store_true", help="print the card-style summary of the runs (docs/cards.md)")
     sm.add_argument("--json", action="store_true")
 
@@ -130,24 +190,38 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="write a self-contained HTML report of one run, or of runs side by side")
     rp.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
-    rp.add_argument("--out", type=Path, default=None,
-                    help="output file (default RUN_DIR/report.html, or RUN_A/report-vs-B.html)")
+    rp.add_argument(
+        "--out", type=Path, default=None, help="output file (default RUN_DIR/report.html, or RUN_A/report-vs-B.html)"
+    )
 
-    ex = sub.add_parser("export-checkpoint", help="replay an ES history on a fresh engine and save it, with "
-                                                  "manifest.json and verification.json (docs/scaling.md)")
+    ex = sub.add_parser(
+        "export-checkpoint",
+        help="replay an ES history on a fresh engine and save it, with "
+        "manifest.json and verification.json (docs/scaling.md)",
+    )
     ex.add_argument("--history", required=True, type=Path)
     ex.add_argument("--model", required=True, help="the base model the history was trained from")
     ex.add_argument("--tp", type=int, default=1, help="tensor_parallel_size of the engine and the saved state")
     ex.add_argument("--out", required=True, type=Path)
     ex.add_argument("--generations", type=int, default=None, help="replay only the first N updates")
-    ex.add_argument("--format", choices=("sharded_state", "safetensors"), default=None,
-                    help="default: sharded_state for --tp > 1, safetensors for --tp 1")
+    ex.add_argument(
+        "--format",
+        choices=("sharded_state", "safetensors"),
+        default=None,
+        help="default: sharded_state for --tp > 1, safetensors for --tp 1",
+    )
     vc = sub.add_parser("verify-checkpoint", help="re-check an exported folder on a fresh engine")
     vc.add_argument("folder", type=Path)
     vc.add_argument("--tp", type=int, default=None, help="load with this tensor_parallel_size (the manifest's)")
     for checkpoint_parser in (ex, vc):
-        checkpoint_parser.add_argument("--engine-arg", action="append", default=[], type=_key_value,
-                                       metavar="KEY=VALUE", help="passed to vllm.LLM, e.g. dtype=float32")
+        checkpoint_parser.add_argument(
+            "--engine-arg",
+            action="append",
+            default=[],
+            type=_key_value,
+            metavar="KEY=VALUE",
+            help="passed to vllm.LLM, e.g. dtype=float32",
+        )
     tk = sub.add_parser("export", help="write a run's episodes for a trainer (token sequences, masks, rewards)")
     tk.add_argument("run", type=Path, metavar="RUN_DIR")
     tk.add_argument("--format", choices=("tokens",), required=True)
@@ -192,9 +266,16 @@ def make_policy(kind: str, args: argparse.Namespace, env_id: str) -> Policy:
     """Build the policy from the factory table; vLLM gets its async engine in async mode."""
     _check_policy_flags(kind, args)
     settings = PolicySettings(
-        model=args.model, base_urls=args.base_urls, sampling=_sampling(args), engine_args=dict(args.engine_arg),
-        mode=args.mode, samples_per_row=args.samples, timeout_s=args.request_timeout,
-        max_retries=args.request_retries, script=_baseline(env_id) if kind == "scripted" else None)
+        model=args.model,
+        base_urls=args.base_urls,
+        sampling=_sampling(args),
+        engine_args=dict(args.engine_arg),
+        mode=args.mode,
+        samples_per_row=args.samples,
+        timeout_s=args.request_timeout,
+        max_retries=args.request_retries,
+        script=_baseline(env_id) if kind == "scripted" else None,
+    )
     try:
         return build_policy(kind, settings)
     except ImportError as exc:
@@ -213,8 +294,10 @@ def _check_checkpoint_tp(model: str, engine_args: dict[str, Any]) -> None:
 
 def _check_request_flags(kind: str, args: argparse.Namespace) -> None:
     if kind != "openai" and (args.request_timeout is not None or args.request_retries is not None):
-        raise UsageError("--request-timeout and --request-retries apply to --policy openai only "
-                         "(the judge's are --judge-timeout and --judge-retries)")
+        raise UsageError(
+            "--request-timeout and --request-retries apply to --policy openai only "
+            "(the judge's are --judge-timeout and --judge-retries)"
+        )
     if args.request_timeout is not None and not args.request_timeout > 0:
         raise UsageError(f"--request-timeout must be > 0, got {args.request_timeout}")
     if args.request_retries is not None and args.request_retries < 0:
@@ -238,8 +321,10 @@ def _raise_if_output(exc: OSError, out: Path) -> None:
     """A failed write into the run directory (a full disk, ...) as one line instead of a traceback."""
     name = exc.filename
     if name is not None and Path(os.path.abspath(name)).is_relative_to(os.path.abspath(out)):
-        raise UsageError(f"cannot write {name}: {exc.strerror or exc}; finished records are kept "
-                         f"(rerun with --resume once it can be written)") from None
+        raise UsageError(
+            f"cannot write {name}: {exc.strerror or exc}; finished records are kept "
+            f"(rerun with --resume once it can be written)"
+        ) from None
 
 
 def _error_warning(records: Sequence[Any]) -> str | None:
@@ -247,11 +332,15 @@ def _error_warning(records: Sequence[Any]) -> str | None:
     errors = [r for r in records if r.termination_reason in ERROR_TERMINATIONS]
     if not errors:
         return None
-    reasons = ", ".join(f"{k}: {sum(1 for r in errors if r.termination_reason == k)}"
-                        for k in sorted({r.termination_reason for r in errors}))
+    reasons = ", ".join(
+        f"{k}: {sum(1 for r in errors if r.termination_reason == k)}"
+        for k in sorted({r.termination_reason for r in errors})
+    )
     first = str(errors[0].react_error or "")[:200]
-    return (f"[agent-envs] warning: {len(errors)} of {len(records)} episode(s) ended in an error ({reasons}; "
-            f"first: {first}); 'mean' scores them 0, 'mean_non_err' leaves them out")
+    return (
+        f"[agent-envs] warning: {len(errors)} of {len(records)} episode(s) ended in an error ({reasons}; "
+        f"first: {first}); 'mean' scores them 0, 'mean_non_err' leaves them out"
+    )
 
 
 def make_pool(kind: str, args: argparse.Namespace) -> EnginePool:
@@ -273,8 +362,9 @@ def make_pool(kind: str, args: argparse.Namespace) -> EnginePool:
     return EnginePool(spec, args.engines, ray_address=args.ray_address)
 
 
-def _load_tasks(env_id: str, data: str, env_args: dict[str, Any],
-                limit: int | None) -> tuple[list[Any], dict[str, Any]]:
+def _load_tasks(
+    env_id: str, data: str, env_args: dict[str, Any], limit: int | None
+) -> tuple[list[Any], dict[str, Any]]:
     """The run's tasks and the environment's outcome-relevant settings (``env_settings``)."""
     import gymnasium as gym
 
@@ -322,8 +412,10 @@ def _unique_ids(tasks: Sequence[Any], data: str) -> None:
     repeated = next(((t, r) for t, r in rows.items() if len(r) > 1), None)
     if repeated is not None:
         where = ", ".join(map(str, repeated[1][:5]))
-        raise UsageError(f"--data {data}: task id {repeated[0]!r} is used by rows {where}; ids must be unique "
-                         "(records are keyed by '<task_id>:sampleNN')")
+        raise UsageError(
+            f"--data {data}: task id {repeated[0]!r} is used by rows {where}; ids must be unique "
+            "(records are keyed by '<task_id>:sampleNN')"
+        )
 
 
 def _run_lock(out: Path) -> RunLock:
@@ -337,15 +429,19 @@ def _trajectory_tokenizer(kind: str, args: argparse.Namespace) -> Any:
     """``--token-trajectories`` with a policy that has no tokenizer: the one of ``--model`` (the
     environment renders the prompts as ids itself)."""
     if not args.model:
-        raise UsageError(f"--token-trajectories needs the model's tokenizer; --policy {kind} has none: "
-                         "pass --model with the model's folder")
+        raise UsageError(
+            f"--token-trajectories needs the model's tokenizer; --policy {kind} has none: "
+            "pass --model with the model's folder"
+        )
     try:
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(args.model)
     except Exception as exc:
-        raise UsageError(f"--token-trajectories needs the model's tokenizer; --policy {kind} has none and "
-                         f"--model {args.model!r} does not load one ({type(exc).__name__}: {exc})") from None
+        raise UsageError(
+            f"--token-trajectories needs the model's tokenizer; --policy {kind} has none and "
+            f"--model {args.model!r} does not load one ({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -362,6 +458,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
     kind = _policy_kind(args)
     defaults = CPU_DEFAULTS if kind == "cpu" else {}
+
     def pick(name: str) -> Any:
         value = getattr(args, name)
         return value if value is not None else defaults.get(name)
@@ -391,11 +488,24 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
     if max_tokens is not None:
         env_kwargs["max_tokens_per_turn"] = max_tokens
     config = {
-        "env": args.env, "data": args.data, "policy": kind, "model": args.model, "base_urls": args.base_urls,
-        "engine_args": dict(args.engine_arg), "sampling": _sampling(args).model_dump(), "samples": args.samples,
-        "seed": args.seed, "mode": args.mode, "sandbox": args.sandbox, "max_turns": max_turns,
-        "max_tokens_per_turn": max_tokens, "limit": limit, "env_args": env_args, "argv": sys.argv[1:],
-        "skill_file": None if args.skill_file is None else str(args.skill_file), "skill_sha256": skill_sha256,
+        "env": args.env,
+        "data": args.data,
+        "policy": kind,
+        "model": args.model,
+        "base_urls": args.base_urls,
+        "engine_args": dict(args.engine_arg),
+        "sampling": _sampling(args).model_dump(),
+        "samples": args.samples,
+        "seed": args.seed,
+        "mode": args.mode,
+        "sandbox": args.sandbox,
+        "max_turns": max_turns,
+        "max_tokens_per_turn": max_tokens,
+        "limit": limit,
+        "env_args": env_args,
+        "argv": sys.argv[1:],
+        "skill_file": None if args.skill_file is None else str(args.skill_file),
+        "skill_sha256": skill_sha256,
     }
     pooled = args.engines > 1 or args.ray_address is not None
     if pooled and kind == "vllm" and args.mode == "async":  # each actor drives the offline engine
@@ -413,8 +523,11 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
     tasks, config["env_settings"] = _load_tasks(args.env, args.data, env_kwargs, limit)
     _unique_ids(tasks, args.data)
     if kind == "cpu":
-        print(f"[agent-envs] embedded default: {len(tasks)} task(s) of {args.data!r} with the small CPU model, "
-              f"max_turns={max_turns}, max_tokens_per_turn={max_tokens}", file=sys.stderr)
+        print(
+            f"[agent-envs] embedded default: {len(tasks)} task(s) of {args.data!r} with the small CPU model, "
+            f"max_turns={max_turns}, max_tokens_per_turn={max_tokens}",
+            file=sys.stderr,
+        )
     try:
         scorer = scorer_from_args(args)
     except ValueError as exc:
@@ -425,10 +538,19 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
     if args.token_trajectories and isinstance(policy, Policy) and policy.tokenizer is None:
         policy.tokenizer = _trajectory_tokenizer(kind, args)
     concurrency = args.concurrency or (16 if args.mode == "lockstep" else 64)
-    run = dict(samples=args.samples, mode=args.mode, base_seed=args.seed, env_kwargs=env_kwargs,
-               concurrency=concurrency, tool_workers=args.tool_workers, out_path=records_path, resume=args.resume,
-               progress=not args.no_progress, tags={"run": out.name},
-               **({"step_scorer": scorer} if scorer is not None else {}))
+    run = dict(
+        samples=args.samples,
+        mode=args.mode,
+        base_seed=args.seed,
+        env_kwargs=env_kwargs,
+        concurrency=concurrency,
+        tool_workers=args.tool_workers,
+        out_path=records_path,
+        resume=args.resume,
+        progress=not args.no_progress,
+        tags={"run": out.name},
+        **({"step_scorer": scorer} if scorer is not None else {}),
+    )
     started = time.perf_counter()
     try:
         config["policy_info"] = policy.describe() if isinstance(policy, Policy) else policy.spec.model_dump()
@@ -442,8 +564,10 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
             records = pool_run_episodes(policy, args.env, tasks, **run)
     except KeyboardInterrupt:
         done = len(load_records(records_path)) if records_path.exists() else 0
-        print(f"\n[agent-envs] interrupted: {done} record(s) saved in {records_path}; "
-              f"rerun with --resume to finish", file=sys.stderr)
+        print(
+            f"\n[agent-envs] interrupted: {done} record(s) saved in {records_path}; rerun with --resume to finish",
+            file=sys.stderr,
+        )
         return 130
     except OSError as exc:
         _raise_if_output(exc, out)
@@ -455,8 +579,12 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
     wall = time.perf_counter() - started
     env_spec = registry.spec(args.env)
     summary = summarize(records, args.samples, items=len(tasks), spec=env_spec)
-    summary["run"] = {"dir": str(out), "wall_s": wall, "episodes": len(records),
-                      "episodes_per_s": len(records) / wall if wall > 0 else None}
+    summary["run"] = {
+        "dir": str(out),
+        "wall_s": wall,
+        "episodes": len(records),
+        "episodes_per_s": len(records) / wall if wall > 0 else None,
+    }
     try:
         atomic_write(out / "summary.json", [(json.dumps(summary, indent=2) + "\n").encode()])
         if args.trace_logs:
@@ -471,8 +599,11 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
     if warning:
         print(warning, file=sys.stderr)
     if records and summary["non_error"]["count"] == 0:
-        print(f"[agent-envs] error: every episode ended in an error, so this run measured nothing about the "
-              f"model (exit status {EXIT_ALL_ERRORED})", file=sys.stderr)
+        print(
+            f"[agent-envs] error: every episode ended in an error, so this run measured nothing about the "
+            f"model (exit status {EXIT_ALL_ERRORED})",
+            file=sys.stderr,
+        )
         return EXIT_ALL_ERRORED
     return 0
 
@@ -514,8 +645,9 @@ def _write_card(runs: Sequence[Path], out: Path | None = None) -> str:
         records, samples, spec = _run_records(run)
         config_path = (run if run.is_dir() else run.parent) / "config.json"
         config = json.loads(config_path.read_text()) if config_path.exists() else {}
-        cards[run.name if run.is_dir() else run.stem] = dataset_card(records, samples, spec=spec,
-                                                                     settings=config.get("env_settings"))
+        cards[run.name if run.is_dir() else run.stem] = dataset_card(
+            records, samples, spec=spec, settings=config.get("env_settings")
+        )
     text = format_card(cards)
     if out is not None:
         atomic_write(out / "card.json", [(json.dumps(cards, indent=2) + "\n").encode()])
@@ -552,23 +684,43 @@ def table_metrics() -> list[tuple[str, Metric]]:
 
 def format_table(rows: Sequence[tuple[str, dict[str, Any]]], samples: int) -> str:
     """A plain-text table, one line per run."""
+
     def num(v: Any, fmt: str = "{:.4f}") -> str:
         return "-" if v is None else fmt.format(v)
 
     own = table_metrics()
-    header = ["run", "records", "errors", "mean", "mean_non_err", f"max@{samples}", f"pass@{samples}",
-              *(str(m.column) for _, m in own), "tool_call", "turns", "latency_s"]
+    header = [
+        "run",
+        "records",
+        "errors",
+        "mean",
+        "mean_non_err",
+        f"max@{samples}",
+        f"pass@{samples}",
+        *(str(m.column) for _, m in own),
+        "tool_call",
+        "turns",
+        "latency_s",
+    ]
     lines = [header]
     for name, s in rows:
         es = s["es"]
         n = es["samples"]
-        lines.append([
-            name, str(es["count"]), str(es["error_count"]), num(es["mean_score"]),
-            num((s.get("non_error") or {}).get("mean_score")), num(es.get(f"max@{n}")),
-            num(es.get(f"pass@{n}")), *(num(m.value(s.get(key) or {}, n)) for key, m in own),
-            num(s.get("tool_call_rate"), "{:.2f}"),
-            num((s.get("turns") or {}).get("mean"), "{:.2f}"), num((s.get("latency_s") or {}).get("mean"), "{:.2f}"),
-        ])
+        lines.append(
+            [
+                name,
+                str(es["count"]),
+                str(es["error_count"]),
+                num(es["mean_score"]),
+                num((s.get("non_error") or {}).get("mean_score")),
+                num(es.get(f"max@{n}")),
+                num(es.get(f"pass@{n}")),
+                *(num(m.value(s.get(key) or {}, n)) for key, m in own),
+                num(s.get("tool_call_rate"), "{:.2f}"),
+                num((s.get("turns") or {}).get("mean"), "{:.2f}"),
+                num((s.get("latency_s") or {}).get("mean"), "{:.2f}"),
+            ]
+        )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
 
@@ -634,14 +786,31 @@ def cmd_export_checkpoint(args: argparse.Namespace) -> int:
     from agent_envs.es.checkpoint import CheckpointError, export_checkpoint
 
     try:
-        manifest, verification = export_checkpoint(args.history, args.model, args.out, tp=args.tp,
-                                                   generations=args.generations, load_format=args.format,
-                                                   engine_args=dict(args.engine_arg), log=_progress)
+        manifest, verification = export_checkpoint(
+            args.history,
+            args.model,
+            args.out,
+            tp=args.tp,
+            generations=args.generations,
+            load_format=args.format,
+            engine_args=dict(args.engine_arg),
+            log=_progress,
+        )
     except CheckpointError as exc:
         raise UsageError(str(exc)) from None
-    print(json.dumps({"out": str(args.out), "generations_replayed": manifest["generations_replayed"],
-                      "load_format": manifest["load_format"], "tensor_parallel_size": manifest["tensor_parallel_size"],
-                      "shards": [s["file"] for s in manifest["shards"]], "passed": verification["passed"]}, indent=2))
+    print(
+        json.dumps(
+            {
+                "out": str(args.out),
+                "generations_replayed": manifest["generations_replayed"],
+                "load_format": manifest["load_format"],
+                "tensor_parallel_size": manifest["tensor_parallel_size"],
+                "shards": [s["file"] for s in manifest["shards"]],
+                "passed": verification["passed"],
+            },
+            indent=2,
+        )
+    )
     return 0 if verification["passed"] else 1
 
 
@@ -679,9 +848,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["serve"]:
         return cmd_serve(argv[1:])
     args = build_parser().parse_args(argv)
-    handler = {"eval": cmd_eval, "summarize": cmd_summarize, "compare": cmd_compare, "report": cmd_report,
-               "export-checkpoint": cmd_export_checkpoint, "verify-checkpoint": cmd_verify_checkpoint,
-               "export": cmd_export}[args.command]
+    handler = {
+        "eval": cmd_eval,
+        "summarize": cmd_summarize,
+        "compare": cmd_compare,
+        "report": cmd_report,
+        "export-checkpoint": cmd_export_checkpoint,
+        "verify-checkpoint": cmd_verify_checkpoint,
+        "export": cmd_export,
+    }[args.command]
     try:
         return handler(args)
     except UsageError as exc:

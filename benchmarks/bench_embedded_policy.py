@@ -8,6 +8,7 @@ alternately, repetition by repetition, so load from other processes hits both al
 
     python benchmarks/bench_embedded_policy.py                # batch 1 and 4, 64 tokens, 3 reps
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,9 +31,18 @@ QUESTIONS = [
 
 def requests(batch: int, tokens: int) -> list[GenerationRequest]:
     system = load_prompt("math_react/system")
-    return [GenerationRequest(messages=[{"role": "system", "content": system},
-                                        {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
-                              seed=1000 + i, max_tokens=tokens, stop=["\x00never\x00"]) for i in range(batch)]
+    return [
+        GenerationRequest(
+            messages=[
+                {"role": "system", "content": system},
+                {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]},
+            ],
+            seed=1000 + i,
+            max_tokens=tokens,
+            stop=["\x00never\x00"],
+        )
+        for i in range(batch)
+    ]
 
 
 def time_policy(policy, batch: int, tokens: int) -> tuple[float, int]:
@@ -52,8 +62,16 @@ def time_generate(policy, batch: int, tokens: int) -> tuple[float, int]:
     torch.manual_seed(0)
     started = time.perf_counter()
     with torch.inference_mode():
-        out = policy.model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=40,
-                                    max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=pad)
+        out = policy.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=40,
+            max_new_tokens=tokens,
+            min_new_tokens=tokens,
+            pad_token_id=pad,
+        )
     return time.perf_counter() - started, int(out[:, width:].numel())
 
 
@@ -62,16 +80,23 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads (1 on a busy machine: spinning thread pools stall under contention)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (1 on a busy machine: spinning thread pools stall under contention)",
+    )
     args = parser.parse_args()
     policy = default_cpu_policy(sampling=SamplingConfig(), num_threads=args.threads)  # eval's protocol sampling
-    batched = TransformersPolicy(policy.source, model=policy.model, tokenizer=policy.tokenizer,
-                                 sampling=policy.sampling, batch_decode=True)
+    batched = TransformersPolicy(
+        policy.source, model=policy.model, tokenizer=policy.tokenizer, sampling=policy.sampling, batch_decode=True
+    )
     time_policy(policy, 1, 4)  # warm-up
     time_generate(policy, 1, 4)
-    print(f"torch threads: {torch.get_num_threads()}; {args.tokens} new tokens per prompt; "
-          f"median of {args.reps}", flush=True)
+    print(
+        f"torch threads: {torch.get_num_threads()}; {args.tokens} new tokens per prompt; median of {args.reps}",
+        flush=True,
+    )
     print("| batch | plain generate tok/s | policy, per request tok/s | policy, batch_decode tok/s | best / generate |")
     print("|---|---|---|---|---|")
     for batch in args.batches:
@@ -85,9 +110,12 @@ def main() -> None:
                 rates[name].append(count / seconds)
         med = {name: statistics.median(r) for name, r in rates.items()}
         best = max(med.get("batched", 0.0), med["policy"])
-        print(f"| {batch} | {med['generate']:.1f} | {med['policy']:.1f} | "
-              f"{med['batched']:.1f} | " if "batched" in med else f"| {batch} | {med['generate']:.1f} | "
-              f"{med['policy']:.1f} | (same as per request) | ", end="")
+        print(
+            f"| {batch} | {med['generate']:.1f} | {med['policy']:.1f} | {med['batched']:.1f} | "
+            if "batched" in med
+            else f"| {batch} | {med['generate']:.1f} | {med['policy']:.1f} | (same as per request) | ",
+            end="",
+        )
         print(f"{best / med['generate']:.0%} |", flush=True)
 
 

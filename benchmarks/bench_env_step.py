@@ -8,6 +8,7 @@ tokenising the whole chat every step (the previous behaviour, forced here for co
 
     PYTHONPATH=. python benchmarks/bench_env_step.py --episodes 3
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,10 +42,13 @@ def completions(tokenizer, turns: int, tokens: int) -> list[Completion]:
     return out
 
 
-def run(accounting: str, tokenizer, replies: list[Completion], episodes: int, turns: tuple[int, ...]) -> dict[int, float]:
+def run(
+    accounting: str, tokenizer, replies: list[Completion], episodes: int, turns: tuple[int, ...]
+) -> dict[int, float]:
     """Mean seconds per step at each requested turn."""
-    env = gym.make("MATH-ReAct-v0", tokenizer=tokenizer, max_model_len=10**8, sandbox="none",
-                   max_turns=len(replies) + 1)
+    env = gym.make(
+        "MATH-ReAct-v0", tokenizer=tokenizer, max_model_len=10**8, sandbox="none", max_turns=len(replies) + 1
+    )
     if accounting == "full":
         env.unwrapped.counter = FullCounter(tokenizer)
     spent = {t: 0.0 for t in turns}
@@ -74,8 +78,10 @@ def main() -> None:
     modes = ["incremental"] if args.skip_full else ["incremental", "full"]
     rows = {m: run(m, tokenizer, replies, args.episodes, tuple(args.turns)) for m in modes}
     first, last = min(args.turns), max(args.turns)
-    print(f"# MATH-ReAct-v0, SmolLM2 tokenizer, {args.tokens}-token turns, {args.episodes} episodes; "
-          "env-side seconds per 1,000 steps (step + generation_request)")
+    print(
+        f"# MATH-ReAct-v0, SmolLM2 tokenizer, {args.tokens}-token turns, {args.episodes} episodes; "
+        "env-side seconds per 1,000 steps (step + generation_request)"
+    )
     print("| accounting | " + " | ".join(f"turn {t}" for t in args.turns) + f" | turn {last} / turn {first} |")
     print("|---|" + "---|" * (len(args.turns) + 1))
     for mode, per_step in rows.items():

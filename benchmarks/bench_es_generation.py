@@ -30,6 +30,7 @@ perturbation under CUDA graphs changes fixed-seed samples and both reverts resto
     /opt/agent-envs-vllm-cpu/bin/python benchmarks/bench_es_generation.py --cpu \
         --tokenizer ~/.cache/agent-envs/smollm2-hf
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,13 +76,16 @@ def raw_generate(engine: Any, groups: list[list[Any]], max_tokens: int | None = 
 
     llm, sampling = engine.policy.llm, engine.policy.sampling
     if max_tokens is not None:
-        groups = [[dataclasses.replace(p, request=p.request.model_copy(update={"max_tokens": max_tokens}))
-                   for p in g] for g in groups]
+        groups = [
+            [dataclasses.replace(p, request=p.request.model_copy(update={"max_tokens": max_tokens})) for p in g]
+            for g in groups
+        ]
     llm.reset_prefix_cache()
     start, tokens = time.perf_counter(), 0
     for group in groups:
-        outs = llm.generate([tokens_prompt(p) for p in group], [sampling_params(sampling, p) for p in group],
-                            use_tqdm=False)
+        outs = llm.generate(
+            [tokens_prompt(p) for p in group], [sampling_params(sampling, p) for p in group], use_tqdm=False
+        )
         tokens += sum(len(o.outputs[0].token_ids) for o in outs)
     return {"seconds": time.perf_counter() - start, "tokens": tokens, "batch": max(len(g) for g in groups)}
 
@@ -127,21 +131,43 @@ def generation_row(name: str, engines: int, trainer: Any, record: dict[str, Any]
     timing = trainer.last_timing
     tokens = sum(int(r.get("generated_tokens") or 0) for s in record["samples"] for r in s["result"])
     perturb = [t for t in timing["perturb_s"] if t is not None]
-    return {"variant": name, "engines": engines, "wall_s": timing["wall_s"], "tokens": tokens,
-            "tok_s": tokens / timing["wall_s"], "perturb_s": statistics.mean(perturb) if perturb else None,
-            "fingerprint_s": timing["fingerprint_s"], "note": note}
+    return {
+        "variant": name,
+        "engines": engines,
+        "wall_s": timing["wall_s"],
+        "tokens": tokens,
+        "tok_s": tokens / timing["wall_s"],
+        "perturb_s": statistics.mean(perturb) if perturb else None,
+        "fingerprint_s": timing["fingerprint_s"],
+        "note": note,
+    }
 
 
 def raw_row(name: str, result: dict[str, Any]) -> dict[str, Any]:
-    return {"variant": name, "engines": 1, "wall_s": result["seconds"], "tokens": result["tokens"],
-            "tok_s": result["tokens"] / result["seconds"], "perturb_s": None, "fingerprint_s": None,
-            "note": f"batch {result['batch']}; wall of the replayed calls"}
+    return {
+        "variant": name,
+        "engines": 1,
+        "wall_s": result["seconds"],
+        "tokens": result["tokens"],
+        "tok_s": result["tokens"] / result["seconds"],
+        "perturb_s": None,
+        "fingerprint_s": None,
+        "note": f"batch {result['batch']}; wall of the replayed calls",
+    }
 
 
 def failed_row(name: str, exc: BaseException) -> dict[str, Any]:
     print(f"[bench] {name} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-    return {"variant": name, "engines": None, "wall_s": None, "tokens": None, "tok_s": None, "perturb_s": None,
-            "fingerprint_s": None, "note": f"not run: {type(exc).__name__}: {str(exc)[:160]}"}
+    return {
+        "variant": name,
+        "engines": None,
+        "wall_s": None,
+        "tokens": None,
+        "tok_s": None,
+        "perturb_s": None,
+        "fingerprint_s": None,
+        "note": f"not run: {type(exc).__name__}: {str(exc)[:160]}",
+    }
 
 
 def wait_for_free_gpu(fraction: float, timeout: float = 180.0) -> None:
@@ -168,12 +194,44 @@ class Bench:
 
     def flags(self, name: str, *extra: str) -> Any:
         a = self.args
-        common = ["--model", str(self.model), "--load-format", "dummy", "--train", "builtin", "--env", "MATH-ReAct-v0",
-                  "--population", str(a.population), "--case-batch", str(a.case_batch), "--generations", "8",
-                  "--max-turns", str(a.turns), "--max-tokens", str(a.tokens), "--ignore-eos", "--toy-reward",
-                  "--sandbox", "none", "--sigma-schedule", "constant", "--eval-interval", "0", "--seed", str(a.seed),
-                  "--max-model-len", str(a.max_model_len), "--gpu-memory-utilization", str(a.gpu_memory_utilization),
-                  "--dtype", "float32" if a.cpu else "bfloat16", "--history", str(self.work / f"{name}.json")]
+        common = [
+            "--model",
+            str(self.model),
+            "--load-format",
+            "dummy",
+            "--train",
+            "builtin",
+            "--env",
+            "MATH-ReAct-v0",
+            "--population",
+            str(a.population),
+            "--case-batch",
+            str(a.case_batch),
+            "--generations",
+            "8",
+            "--max-turns",
+            str(a.turns),
+            "--max-tokens",
+            str(a.tokens),
+            "--ignore-eos",
+            "--toy-reward",
+            "--sandbox",
+            "none",
+            "--sigma-schedule",
+            "constant",
+            "--eval-interval",
+            "0",
+            "--seed",
+            str(a.seed),
+            "--max-model-len",
+            str(a.max_model_len),
+            "--gpu-memory-utilization",
+            str(a.gpu_memory_utilization),
+            "--dtype",
+            "float32" if a.cpu else "bfloat16",
+            "--history",
+            str(self.work / f"{name}.json"),
+        ]
         return self.es_train.parse_args(common + list(extra))
 
     def pool_rows(self) -> None:
@@ -182,31 +240,51 @@ class Bench:
         flags = self.flags("pool", "--engines", str(k), "--engines-per-gpu", str(k), "--mps", a.mps)
         with self.es_train.open_run(flags) as run:
             pool, trainer = run.pool, run.trainer
-            self.notes.append(f"pool of {k} engines on one GPU started in {time.perf_counter() - started:.0f} s "
-                              f"(builds {', '.join(str(i['start_s']) for i in pool.info)} s, one after another); "
-                              f"{pool.mps.describe()}")
+            self.notes.append(
+                f"pool of {k} engines on one GPU started in {time.perf_counter() - started:.0f} s "
+                f"(builds {', '.join(str(i['start_s']) for i in pool.info)} s, one after another); "
+                f"{pool.mps.describe()}"
+            )
             for i in pool.live:
                 pool.call(i, f"{HERE}:start_recording")
             trainer.step(0)  # warm-up on every engine; its prompts feed the raw replays
             calls = [c for i in pool.live for c in pool.call(i, f"{HERE}:stop_recording")]
-            first = [g for m in member_calls(calls)[:a.raw_members] for g in m]
+            first = [g for m in member_calls(calls)[: a.raw_members] for g in m]
             population = by_turn(calls)
             capacity = pool.call(0, f"{HERE}:kv_capacity")
             longest = max(len(p.prompt_ids) for p in population[-1]) + a.tokens
-            self.notes.append(f"engine 0 KV cache {capacity} tokens; raw at P x B needs about "
-                              f"{len(population[-1]) * longest} at its last turn")
+            self.notes.append(
+                f"engine 0 KV cache {capacity} tokens; raw at P x B needs about "
+                f"{len(population[-1]) * longest} at its last turn"
+            )
             pool.call(0, f"{HERE}:raw_generate", population, 8)  # warm the batch-P x B shapes
             raw_b = pool.call(0, f"{HERE}:raw_generate", first)
             raw_pb = pool.call(0, f"{HERE}:raw_generate", population)
-            self.rows += [raw_row(f"raw llm.generate at B ({a.raw_members} members' turns)", raw_b),
-                          raw_row("raw llm.generate at P x B (all members' turn t at once)", raw_pb)]
+            self.rows += [
+                raw_row(f"raw llm.generate at B ({a.raw_members} members' turns)", raw_b),
+                raw_row("raw llm.generate at P x B (all members' turn t at once)", raw_pb),
+            ]
             self.raw = {"B": self.rows[-2]["tok_s"], "PB": self.rows[-1]["tok_s"]}
             trainer.member_engines = [0]
-            self.rows.append(generation_row("full-rank, 1 engine (CUDA graphs, device exact revert)", 1, trainer,
-                                            trainer.step(1), "pool engine 0 alone, members one after another"))
+            self.rows.append(
+                generation_row(
+                    "full-rank, 1 engine (CUDA graphs, device exact revert)",
+                    1,
+                    trainer,
+                    trainer.step(1),
+                    "pool engine 0 alone, members one after another",
+                )
+            )
             trainer.member_engines = None
-            self.rows.append(generation_row(f"full-rank, {k} engines on the GPU", k, trainer, trainer.step(2),
-                                            f"--engines {k} --engines-per-gpu {k}"))
+            self.rows.append(
+                generation_row(
+                    f"full-rank, {k} engines on the GPU",
+                    k,
+                    trainer,
+                    trainer.step(2),
+                    f"--engines {k} --engines-per-gpu {k}",
+                )
+            )
             if a.check:
                 trip = pool.call(0, f"{HERE}:engine_roundtrip")
                 self.notes.append("perturbation round trip on engine 0 (agent_envs.es.roundtrip): " + json.dumps(trip))
@@ -219,8 +297,12 @@ class Bench:
         try:
             args = self.flags("lowrank", "--perturbation", "lowrank", "--rank", str(self.args.rank), "--mode", "async")
         except SystemExit:
-            self.rows.append({**failed_row(name, RuntimeError("es_train has no --perturbation lowrank")),
-                              "note": "not run: this checkout's es_train has no --perturbation lowrank"})
+            self.rows.append(
+                {
+                    **failed_row(name, RuntimeError("es_train has no --perturbation lowrank")),
+                    "note": "not run: this checkout's es_train has no --perturbation lowrank",
+                }
+            )
             return
         with self.es_train.open_run(args) as run:
             run.trainer.step(0)
@@ -233,29 +315,58 @@ class Bench:
         from agent_envs.policy.base import GenerationRequest
 
         a, m = self.args, self.args.old_members
-        args = self.flags("old", "--mode", "lockstep", "--enforce-eager", "--exact-revert", "--revert-copy", "host",
-                          "--concurrency", "16")
+        args = self.flags(
+            "old",
+            "--mode",
+            "lockstep",
+            "--enforce-eager",
+            "--exact-revert",
+            "--revert-copy",
+            "host",
+            "--concurrency",
+            "16",
+        )
         with self.es_train.open_run(args) as run:
             trainer = run.trainer
-            run.policy.generate([GenerationRequest(messages=[{"role": "user", "content": f"warm up {i}"}], seed=i,
-                                                   max_tokens=8) for i in range(a.case_batch)])
+            run.policy.generate(
+                [
+                    GenerationRequest(messages=[{"role": "user", "content": f"warm up {i}"}], seed=i, max_tokens=8)
+                    for i in range(a.case_batch)
+                ]
+            )
             seeds = trainer.seeds.next_generation()[:m]
             batch = case_batch(trainer.tasks, 0, a.case_batch)
             start = time.perf_counter()
             members = trainer.evaluate_population(batch, seeds, trainer.sigma(0), 0)
             wall = time.perf_counter() - start
         tokens = sum(int(r.get("generated_tokens") or 0) for mr in members for r in mr.rows)
-        self.rows.append({"variant": "old path (eager, host exact revert, sequential)", "engines": 1,
-                          "wall_s": wall * a.population / m, "tokens": tokens, "tok_s": tokens / wall,
-                          "perturb_s": statistics.mean(mr.perturb_s for mr in members), "fingerprint_s": None,
-                          "note": f"{m} of {a.population} members measured ({wall:.1f} s); wall x {a.population}/{m}, "
-                                  "update not included"})
+        self.rows.append(
+            {
+                "variant": "old path (eager, host exact revert, sequential)",
+                "engines": 1,
+                "wall_s": wall * a.population / m,
+                "tokens": tokens,
+                "tok_s": tokens / wall,
+                "perturb_s": statistics.mean(mr.perturb_s for mr in members),
+                "fingerprint_s": None,
+                "note": f"{m} of {a.population} members measured ({wall:.1f} s); wall x {a.population}/{m}, "
+                "update not included",
+            }
+        )
 
     def table(self) -> str:
         a = self.args
-        head = ["variant", "engines", "wall per generation (s)", "generated tok/s", "share of raw at B",
-                "share of raw at P x B", "apply + exact revert per member (s)", "fingerprint per generation (s)",
-                "notes"]
+        head = [
+            "variant",
+            "engines",
+            "wall per generation (s)",
+            "generated tok/s",
+            "share of raw at B",
+            "share of raw at P x B",
+            "apply + exact revert per member (s)",
+            "fingerprint per generation (s)",
+            "notes",
+        ]
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
         def fmt(value: float | None, spec: str) -> str:
@@ -263,14 +374,28 @@ class Bench:
 
         for r in self.rows:
             tok = r["tok_s"]
-            lines.append("| " + " | ".join([
-                r["variant"], fmt(r["engines"], "d"), fmt(r["wall_s"], ".2f"), fmt(tok, ".0f"),
-                "-" if tok is None or "B" not in self.raw else f"{tok / self.raw['B']:.0%}",
-                "-" if tok is None or "PB" not in self.raw else f"{tok / self.raw['PB']:.0%}",
-                fmt(r["perturb_s"], ".4f"), fmt(r["fingerprint_s"], ".4f"), r["note"]]) + " |")
-        title = (f"# ES generation, {'tiny CPU' if a.cpu else 'Qwen3-4B-shaped'} dummy model: P={a.population} x "
-                 f"B={a.case_batch} MATH-ReAct-v0 episodes, {a.turns} turns x {a.tokens} tokens (ignore_eos), "
-                 "toy rewards, sandbox none")
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        r["variant"],
+                        fmt(r["engines"], "d"),
+                        fmt(r["wall_s"], ".2f"),
+                        fmt(tok, ".0f"),
+                        "-" if tok is None or "B" not in self.raw else f"{tok / self.raw['B']:.0%}",
+                        "-" if tok is None or "PB" not in self.raw else f"{tok / self.raw['PB']:.0%}",
+                        fmt(r["perturb_s"], ".4f"),
+                        fmt(r["fingerprint_s"], ".4f"),
+                        r["note"],
+                    ]
+                )
+                + " |"
+            )
+        title = (
+            f"# ES generation, {'tiny CPU' if a.cpu else 'Qwen3-4B-shaped'} dummy model: P={a.population} x "
+            f"B={a.case_batch} MATH-ReAct-v0 episodes, {a.turns} turns x {a.tokens} tokens (ignore_eos), "
+            "toy rewards, sandbox none"
+        )
         return "\n".join([title, *(f"# {n}" for n in self.notes), *lines])
 
     def report(self) -> str:
@@ -293,17 +418,22 @@ class Bench:
         one, old = by.get("full-rank, 1 engine"), by.get("old path")
         if one and "B" in self.raw:
             out.append(f"full-rank 1 engine {one['tok_s'] / self.raw['B']:.0%} of raw at B (target >= 80%)")
-        at_once = [r for n, r in by.items()
-                   if n.startswith("low-rank") or (n.startswith("full-rank") and r["engines"] > 1)]
+        at_once = [
+            r for n, r in by.items() if n.startswith("low-rank") or (n.startswith("full-rank") and r["engines"] > 1)
+        ]
         if at_once and "PB" in self.raw:
             best = max(at_once, key=lambda r: r["tok_s"])
-            out.append(f"population at once, best {best['variant']}: {best['tok_s'] / self.raw['PB']:.0%} of raw at "
-                       "P x B (target >= 50%)")
+            out.append(
+                f"population at once, best {best['variant']}: {best['tok_s'] / self.raw['PB']:.0%} of raw at "
+                "P x B (target >= 50%)"
+            )
         news = [r for n, r in by.items() if not n.startswith(("raw", "old"))]
         if old and news:
             best = min(news, key=lambda r: r["wall_s"])
-            out.append(f"ES generation {old['wall_s'] / best['wall_s']:.1f}x faster than the old path "
-                       f"({best['variant']}; target >= 10x)")
+            out.append(
+                f"ES generation {old['wall_s'] / best['wall_s']:.1f}x faster than the old path "
+                f"({best['variant']}; target >= 10x)"
+            )
         perturb = [r["perturb_s"] for r in news if r["perturb_s"] is not None]
         if perturb:
             out.append(f"apply + exact revert per member {max(perturb):.4f} s at most (target <= 0.1 s)")
@@ -325,20 +455,29 @@ def main() -> int:
     ap.add_argument("--old-members", type=int, default=None, help="members the old path runs (4; --cpu 2)")
     ap.add_argument("--raw-members", type=int, default=2, help="members whose turns the raw batch-B row replays")
     ap.add_argument("--rank", type=int, default=4, help="the low-rank row's rank")
-    ap.add_argument("--mps", default="auto", choices=["auto", "off"],
-                    help="CUDA MPS for the k engines (es_train --mps)")
+    ap.add_argument(
+        "--mps", default="auto", choices=["auto", "off"], help="CUDA MPS for the k engines (es_train --mps)"
+    )
     ap.add_argument("--variants", default="pool,lowrank,old", help="comma-separated subset of pool,lowrank,old")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="split over the pool's engines")
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--no-check", dest="check", action="store_false", help="skip the perturbation round trip")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=None,
-                    help="also write the table (table.md) and the rows (rows.json) here after every variant, so a run "
-                         "stopped by a time limit keeps what it measured")
-    ap.add_argument("--merge", type=Path, default=None,
-                    help="a rows.json of an earlier run on the same GPU (e.g. --variants pool): its rows, raw "
-                         "rates and notes join this run's table, which says so (for hosts whose command time limit "
-                         "is shorter than the whole benchmark)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="also write the table (table.md) and the rows (rows.json) here after every variant, so a run "
+        "stopped by a time limit keeps what it measured",
+    )
+    ap.add_argument(
+        "--merge",
+        type=Path,
+        default=None,
+        help="a rows.json of an earlier run on the same GPU (e.g. --variants pool): its rows, raw "
+        "rates and notes join this run's table, which says so (for hosts whose command time limit "
+        "is shorter than the whole benchmark)",
+    )
     args = ap.parse_args()
     small = {"population": 4, "case_batch": 4, "tokens": 16, "old_members": 2}
     large = {"population": 16, "case_batch": 16, "tokens": 256, "old_members": 4}
@@ -362,8 +501,12 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="bench-es-"))
     earlier = json.loads(args.merge.read_text()) if args.merge else None
-    bench = Bench(args, es_train, dense_qwen3(args.tokenizer.expanduser(), TINY_QWEN3 if args.cpu else QWEN3_4B,
-                                              work / "model"), work)
+    bench = Bench(
+        args,
+        es_train,
+        dense_qwen3(args.tokenizer.expanduser(), TINY_QWEN3 if args.cpu else QWEN3_4B, work / "model"),
+        work,
+    )
     if earlier:
         bench.rows, bench.raw, bench.check_ok = list(earlier["rows"]), dict(earlier["raw"]), earlier.get("check_ok")
         bench.notes += [*earlier["notes"], f"rows above this run's were measured by an earlier run ({args.merge})"]
@@ -371,10 +514,17 @@ def main() -> int:
     if "pool" in variants:  # only the pool's rows need Ray (the low-rank and old rows run in this process)
         import ray
 
-        ray.init(include_dashboard=False, log_to_driver=False, _temp_dir=str(work / "ray"),
-                 **({"num_gpus": 1, "num_cpus": 4} if args.cpu else {}))  # --cpu: a declared GPU, as on a GPU host
-    steps: list[tuple[str, Callable[[], None]]] = [("pool", bench.pool_rows), ("lowrank", bench.lowrank_rows),
-                                                   ("old", bench.old_rows)]
+        ray.init(
+            include_dashboard=False,
+            log_to_driver=False,
+            _temp_dir=str(work / "ray"),
+            **({"num_gpus": 1, "num_cpus": 4} if args.cpu else {}),
+        )  # --cpu: a declared GPU, as on a GPU host
+    steps: list[tuple[str, Callable[[], None]]] = [
+        ("pool", bench.pool_rows),
+        ("lowrank", bench.lowrank_rows),
+        ("old", bench.old_rows),
+    ]
     try:
         for name, step in steps:
             if name in variants:

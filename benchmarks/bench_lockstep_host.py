@@ -8,6 +8,7 @@ time a GPU would sit idle: environment steps, prompt rendering and tokenising, r
 
     /opt/agent-envs-vllm-cpu/bin/python benchmarks/bench_lockstep_host.py --tokenizer ~/.cache/agent-envs/smollm2-hf
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,10 @@ class InstantLLM:
     def __init__(self, tokenizer: Any, tokens: int, pool: int = 64, seed: int = 0):
         rng = random.Random(seed)
         ids = [[rng.randrange(1000, len(tokenizer) - 1000) for _ in range(tokens)] for _ in range(pool)]
-        self.answers = [SimpleNamespace(outputs=[SimpleNamespace(text=tokenizer.decode(i), token_ids=i,
-                                                                 finish_reason="length")]) for i in ids]
+        self.answers = [
+            SimpleNamespace(outputs=[SimpleNamespace(text=tokenizer.decode(i), token_ids=i, finish_reason="length")])
+            for i in ids
+        ]
         self.tokenizer, self.calls = tokenizer, 0
 
     def get_tokenizer(self) -> Any:
@@ -64,8 +67,9 @@ def main() -> None:
     try:
         import vllm  # noqa: F401  (the policy builds vLLM's SamplingParams; only the engine is stubbed)
     except ImportError:
-        raise SystemExit("needs an interpreter with vllm, e.g. /opt/agent-envs-vllm-cpu/bin/python "
-                         "(scripts/install_vllm_cpu.sh)") from None
+        raise SystemExit(
+            "needs an interpreter with vllm, e.g. /opt/agent-envs-vllm-cpu/bin/python (scripts/install_vllm_cpu.sh)"
+        ) from None
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer.expanduser()))
@@ -79,20 +83,36 @@ def main() -> None:
     for rep in range(args.repeat):
         for index, (name, (cls, env_tokenizer)) in enumerate(variants.items()):
             # fresh questions every run: nothing counted in an earlier run can be reused
-            tasks = [{"id": f"bench-{i}", "question": f"[{rep}.{index}] What is {i} * {i + 3}?",
-                      "answer": str(i * (i + 3))} for i in range(args.episodes)]
-            policy = cls(llm=InstantLLM(tokenizer, args.tokens), sampling=SamplingConfig(ignore_eos=True),
-                         max_model_len=8192)
-            env_kwargs: dict[str, Any] = {"sandbox": "none", "max_turns": args.turns, "max_tokens_per_turn": args.tokens}
+            tasks = [
+                {"id": f"bench-{i}", "question": f"[{rep}.{index}] What is {i} * {i + 3}?", "answer": str(i * (i + 3))}
+                for i in range(args.episodes)
+            ]
+            policy = cls(
+                llm=InstantLLM(tokenizer, args.tokens), sampling=SamplingConfig(ignore_eos=True), max_model_len=8192
+            )
+            env_kwargs: dict[str, Any] = {
+                "sandbox": "none",
+                "max_turns": args.turns,
+                "max_tokens_per_turn": args.tokens,
+            }
             if env_tokenizer is not None:
                 env_kwargs["tokenizer"] = env_tokenizer
             start, cpu = time.perf_counter(), time.process_time()
-            records = run_episodes("MATH-ReAct-v0", tasks, policy, mode="lockstep", concurrency=args.episodes,
-                                   progress=False, env_kwargs=env_kwargs)
+            records = run_episodes(
+                "MATH-ReAct-v0",
+                tasks,
+                policy,
+                mode="lockstep",
+                concurrency=args.episodes,
+                progress=False,
+                env_kwargs=env_kwargs,
+            )
             results[name].append((time.perf_counter() - start, time.process_time() - cpu))
             assert all(r.termination_reason == "max_turns" for r in records), {r.termination_reason for r in records}
-    print(f"\n# {args.episodes} MATH-ReAct-v0 episodes x {args.turns} turns x {args.tokens} tokens, lockstep, "
-          f"instant engine, {os.cpu_count()} cores; best of {args.repeat}")
+    print(
+        f"\n# {args.episodes} MATH-ReAct-v0 episodes x {args.turns} turns x {args.tokens} tokens, lockstep, "
+        f"instant engine, {os.cpu_count()} cores; best of {args.repeat}"
+    )
     print("| variant | host wall s | host ms per env step | process CPU s |")
     print("|---|---|---|---|")
     for name, runs in results.items():

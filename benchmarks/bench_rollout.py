@@ -12,6 +12,7 @@ async runner exists to hide.
 
     PYTHONPATH=. python benchmarks/bench_rollout.py --episodes 64 --concurrency 16 --sandbox bwrap
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,12 +76,24 @@ class BusyMeter(Policy):
 
 
 def bench(mode: str, args: argparse.Namespace) -> dict:
-    policy = BusyMeter(SimulatedPolicy(scripted_reply, per_token_s=args.per_token_ms / 1000,
-                                       median_tokens=args.median_tokens, sigma=args.sigma))
+    policy = BusyMeter(
+        SimulatedPolicy(
+            scripted_reply, per_token_s=args.per_token_ms / 1000, median_tokens=args.median_tokens, sigma=args.sigma
+        )
+    )
     tasks = [{"id": f"bench-{i}", "question": f"Compute problem {i}.", "answer": "42"} for i in range(args.episodes)]
     start = time.perf_counter()
-    records = run_episodes("MATH-ReAct-v0", tasks, policy, samples=1, mode=mode, base_seed=args.seed,
-                           env_kwargs={"sandbox": args.sandbox}, concurrency=args.concurrency, progress=False)
+    records = run_episodes(
+        "MATH-ReAct-v0",
+        tasks,
+        policy,
+        samples=1,
+        mode=mode,
+        base_seed=args.seed,
+        env_kwargs={"sandbox": args.sandbox},
+        concurrency=args.concurrency,
+        progress=False,
+    )
     wall = time.perf_counter() - start
     assert all(r.used_bash and r.termination_reason == "final_answer" for r in records), "episodes went wrong"
     steps = sum(r.policy_calls for r in records)
@@ -107,8 +120,10 @@ def main() -> None:
     args = parser.parse_args()
     rows = [bench("lockstep", args), bench("async", args)]
     cols = ["mode", "episodes", "tool_calls", "wall_s", "episodes_per_s", "engine_idle_share", "env_ms_per_step"]
-    print(f"# {args.episodes} episodes, concurrency {args.concurrency}, {args.per_token_ms} ms/token, "
-          f"lognormal lengths (median {args.median_tokens}, sigma {args.sigma}), sandbox {args.sandbox}")
+    print(
+        f"# {args.episodes} episodes, concurrency {args.concurrency}, {args.per_token_ms} ms/token, "
+        f"lognormal lengths (median {args.median_tokens}, sigma {args.sigma}), sandbox {args.sandbox}"
+    )
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:

@@ -9,6 +9,7 @@ the persistent python tool's ``print(6*7)`` beside the bash tool's ``python3 -c 
 
     python benchmarks/bench_sandbox.py [--quick] [--tools-only]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,8 +97,10 @@ def concurrent_steps(cfg: SandboxConfig, episodes: int, steps: int, tool: str = 
 def tool_comparison(episodes: int = 64, steps: int = 20) -> None:
     """The python tool beside the bash tool's ``python3 -c`` (persistent bwrap, one run)."""
     cfg = SandboxConfig(mode="persistent")
-    rows = {"bash tool: python3 -c 'print(6*7)'": concurrent_steps(cfg, episodes, steps, "bash"),
-            "python tool: print(6*7)": concurrent_steps(cfg, episodes, steps, "python")}
+    rows = {
+        "bash tool: python3 -c 'print(6*7)'": concurrent_steps(cfg, episodes, steps, "bash"),
+        "python tool: print(6*7)": concurrent_steps(cfg, episodes, steps, "python"),
+    }
     print(f"\n| {episodes} concurrent episodes x {steps} steps (bwrap) | steps/s | median step latency (ms) |")
     print("|---|---|---|")
     for name, (sps, med) in rows.items():
@@ -111,8 +114,11 @@ def tesseract_s(page: Path, limit_threads: bool) -> float:
     cfg = SandboxConfig(mounts=[Mount(str(page), DOCUMENT_PATH)], env=env)
     sb = make_sandbox(cfg)
     try:
-        cmd = "tesseract /workspace/document.png stdout >/dev/null 2>&1" if limit_threads else \
-              "unset OMP_THREAD_LIMIT; tesseract /workspace/document.png stdout >/dev/null 2>&1"
+        cmd = (
+            "tesseract /workspace/document.png stdout >/dev/null 2>&1"
+            if limit_threads
+            else "unset OMP_THREAD_LIMIT; tesseract /workspace/document.png stdout >/dev/null 2>&1"
+        )
         t = time.perf_counter()
         res = sb.run(cmd, timeout=300)
         assert res.returncode == 0, res
@@ -125,14 +131,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     ap.add_argument("--docker", action="store_true", help="also measure the docker backend")
-    ap.add_argument("--tools-only", action="store_true",
-                    help="only the python tool vs bash tool comparison (64 episodes x 20 steps)")
+    ap.add_argument(
+        "--tools-only",
+        action="store_true",
+        help="only the python tool vs bash tool comparison (64 episodes x 20 steps)",
+    )
     args = ap.parse_args()
     if args.tools_only:
         tool_comparison()
         return
-    configs = {"bwrap persistent": SandboxConfig(mode="persistent"),
-               "bwrap fresh": SandboxConfig(mode="fresh")}
+    configs = {"bwrap persistent": SandboxConfig(mode="persistent"), "bwrap fresh": SandboxConfig(mode="fresh")}
     daemon = None
     if args.docker:
         daemon, image = private_docker()
@@ -156,8 +164,13 @@ def private_docker():
 
     daemon = _start()
     os.environ["DOCKER_HOST"] = daemon.host
-    subprocess.run([str(REPO / "docker" / "build_local_image.sh"), TEST_IMAGE], env=daemon.env(), check=True,
-                   capture_output=True, timeout=600)
+    subprocess.run(
+        [str(REPO / "docker" / "build_local_image.sh"), TEST_IMAGE],
+        env=daemon.env(),
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     return daemon, TEST_IMAGE
 
 
@@ -172,23 +185,30 @@ def run_all(configs: dict[str, SandboxConfig], quick: bool) -> None:
         rss = idle_rss_mib(cfg) if name.startswith("bwrap") else float("nan")
         steps = concurrent_steps(cfg, 64, 20 if not quick else 5)[0]
         raw[name] = {"echo": e_med, "steps": steps}
-        rows[name] = {"echo hi median / p99 (ms)": f"{e_med:.2f} / {e_p99:.2f}",
-                      "1 MB output median / p99 (ms)": f"{m_med:.1f} / {m_p99:.1f}",
-                      "sessions/s": f"{sps:.1f}", "idle RSS (MiB)": f"{rss:.1f}",
-                      "64x20 python3 steps/s": f"{steps:.1f}"}
+        rows[name] = {
+            "echo hi median / p99 (ms)": f"{e_med:.2f} / {e_p99:.2f}",
+            "1 MB output median / p99 (ms)": f"{m_med:.1f} / {m_p99:.1f}",
+            "sessions/s": f"{sps:.1f}",
+            "idle RSS (MiB)": f"{rss:.1f}",
+            "64x20 python3 steps/s": f"{steps:.1f}",
+        }
     cols = list(next(iter(rows.values())))
     print("| backend | " + " | ".join(cols) + " |")
     print("|---|" + "---|" * len(cols))
     for name, row in rows.items():
         print(f"| {name} | " + " | ".join(row[c] for c in cols) + " |")
     p, f = raw["bwrap persistent"], raw["bwrap fresh"]
-    print(f"\npersistent vs fresh: echo hi {f['echo'] / p['echo']:.1f}x faster, "
-          f"64-concurrent steps/s {p['steps'] / f['steps']:.2f}x")
+    print(
+        f"\npersistent vs fresh: echo hi {f['echo'] / p['echo']:.1f}x faster, "
+        f"64-concurrent steps/s {p['steps'] / f['steps']:.2f}x"
+    )
     pages = sorted(DOCS.glob("*.png"))
     if pages:
         one, unset = tesseract_s(pages[0], True), tesseract_s(pages[0], False)
-        print(f"\ntesseract on {pages[0].name}: {one:.2f} s/page with OMP_THREAD_LIMIT=1, "
-              f"{unset:.2f} s/page unset ({unset / one:.2f}x)")
+        print(
+            f"\ntesseract on {pages[0].name}: {one:.2f} s/page with OMP_THREAD_LIMIT=1, "
+            f"{unset:.2f} s/page unset ({unset / one:.2f}x)"
+        )
     else:
         print(f"\n(no DocVQA pages under {DOCS}; tesseract skipped)", file=sys.stderr)
     tool_comparison(64, 20 if not quick else 5)

@@ -9,6 +9,7 @@ calls beside generation).
 
     PYTHONPATH=. python benchmarks/bench_step_scoring.py --episodes 64 --concurrency 16
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,12 +51,14 @@ def main() -> None:
 
     def once(mode: str, where: str) -> tuple[float, SimulatedScorer | None]:
         scorer = None if where == "none" else SimulatedScorer(args.call_ms / 1000, args.step_ms / 1000)
-        kwargs = {"env_kwargs": {**env_kwargs, "step_scorer": scorer}} if where == "env" else \
-            {"env_kwargs": env_kwargs, "step_scorer": scorer}
+        kwargs = (
+            {"env_kwargs": {**env_kwargs, "step_scorer": scorer}}
+            if where == "env"
+            else {"env_kwargs": env_kwargs, "step_scorer": scorer}
+        )
         policy = SimulatedPolicy(scripted_reply, per_token_s=args.per_token_ms / 1000)
         started = time.perf_counter()
-        run_episodes("MATH-ReAct-v0", tasks, policy, mode=mode, concurrency=args.concurrency, progress=False,
-                     **kwargs)
+        run_episodes("MATH-ReAct-v0", tasks, policy, mode=mode, concurrency=args.concurrency, progress=False, **kwargs)
         return time.perf_counter() - started, scorer
 
     def run(mode: str, where: str) -> tuple[float, SimulatedScorer | None]:
@@ -64,8 +67,10 @@ def main() -> None:
 
     once("async", "none")  # warm-up: first sandbox start-up, imports
 
-    print(f"{args.episodes} episodes, concurrency {args.concurrency}, scorer call {args.call_ms} ms "
-          f"+ {args.step_ms} ms/step, sandbox {args.sandbox}, median of {args.repeats}")
+    print(
+        f"{args.episodes} episodes, concurrency {args.concurrency}, scorer call {args.call_ms} ms "
+        f"+ {args.step_ms} ms/step, sandbox {args.sandbox}, median of {args.repeats}"
+    )
     print(f"{'mode':9} {'scorer':22} {'wall s':>7} {'vs none':>8} {'calls':>6} {'steps/call':>10}")
     for mode in ("lockstep", "async"):
         base, _ = run(mode, "none")
@@ -73,8 +78,10 @@ def main() -> None:
         for where, label in (("env", "in the env (per step)"), ("runner", "batched by the runner")):
             wall, scorer = run(mode, where)
             calls = len(scorer.batches)
-            print(f"{mode:9} {label:22} {wall:7.2f} {wall / base:8.2f} {calls:6d} "
-                  f"{sum(scorer.batches) / max(1, calls):10.1f}")
+            print(
+                f"{mode:9} {label:22} {wall:7.2f} {wall / base:8.2f} {calls:6d} "
+                f"{sum(scorer.batches) / max(1, calls):10.1f}"
+            )
 
 
 if __name__ == "__main__":

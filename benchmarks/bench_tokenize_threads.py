@@ -7,6 +7,7 @@ the environments and policies call.
 
     python benchmarks/bench_tokenize_threads.py            # SmolLM2's tokenizer, 400 texts
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,16 +46,20 @@ def main() -> None:
     tokenizer = smollm2_tokenizer()
     backend, counter = tokenizer.backend_tokenizer, TokenCounter(tokenizer)
     rng = random.Random(0)
-    texts = [tokenizer.decode([rng.randrange(1000, len(tokenizer) - 1000) for _ in range(args.tokens)])
-             for _ in range(args.texts)]
+    texts = [
+        tokenizer.decode([rng.randrange(1000, len(tokenizer) - 1000) for _ in range(args.tokens)])
+        for _ in range(args.texts)
+    ]
     ways = {
         "Rust encode": lambda t: backend.encode(t, add_special_tokens=False).ids,
         "Rust encode_batch([text])": lambda t: backend.encode_batch([t], add_special_tokens=False)[0].ids,
         "TokenCounter.text_ids": counter.text_ids,
     }
     assert all(ways["Rust encode"](t) == counter.text_ids(t) for t in texts[:20])
-    print(f"\n# {args.texts} texts x {args.tokens} random tokens, SmolLM2 tokenizer, {os.cpu_count()} cores; "
-          f"best of {args.repeat} (seconds)")
+    print(
+        f"\n# {args.texts} texts x {args.tokens} random tokens, SmolLM2 tokenizer, {os.cpu_count()} cores; "
+        f"best of {args.repeat} (seconds)"
+    )
     print("| threads | " + " | ".join(ways) + " | encode / text_ids |")
     print("|---" * (len(ways) + 2) + "|")
     for n in args.threads:

@@ -73,8 +73,7 @@ def answer_from_ocr(question: str, ocr: str) -> str:
             (
                 line.split()
                 for line in lines
-                if len([t for t in line.split() if YEAR.match(normalize(t))]) >= 2
-                and year in normalize(line).split()
+                if len([t for t in line.split() if YEAR.match(normalize(t))]) >= 2 and year in normalize(line).split()
             ),
             None,
         )
@@ -84,9 +83,7 @@ def answer_from_ocr(question: str, ocr: str) -> str:
             from_right = len(columns) - columns.index(year)
             if from_right <= len(values):
                 return values[-from_right]
-    if (
-        ": " in best
-    ):  # "Label: value" (a bare colon may be part of a time such as 20:47)
+    if ": " in best:  # "Label: value" (a bare colon may be part of a time such as 20:47)
         return best.split(": ", 1)[1].strip() or best
     rest = [t for t in best.split() if normalize(t) not in label_words]
     return " ".join(rest) or best
@@ -106,22 +103,12 @@ def evaluate(tasks: list[DocTask]) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--synthetic", type=int, default=100, help="built-in questions to score"
-    )
-    parser.add_argument(
-        "--sample", type=Path, default=SAMPLE, help="official val_v1.0.json"
-    )
+    parser.add_argument("--synthetic", type=int, default=100, help="built-in questions to score")
+    parser.add_argument("--sample", type=Path, default=SAMPLE, help="official val_v1.0.json")
     args = parser.parse_args()
-    sets = {
-        f"built-in synthetic (first {args.synthetic})": load_docvqa_tasks(
-            "builtin", limit=args.synthetic
-        )
-    }
+    sets = {f"built-in synthetic (first {args.synthetic})": load_docvqa_tasks("builtin", limit=args.synthetic)}
     if args.sample.is_file():
-        sets[f"real DocVQA sample ({args.sample.parent.name})"] = load_docvqa_tasks(
-            args.sample
-        )
+        sets[f"real DocVQA sample ({args.sample.parent.name})"] = load_docvqa_tasks(args.sample)
     else:
         print(f"(real sample skipped: {args.sample} not found)")
     print(f"| {'data set':<40} | questions | mean ANLS | accuracy (ANLS>0.5)")

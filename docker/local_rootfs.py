@@ -6,6 +6,7 @@ tesseract with its language data, python with numpy/sympy/Pillow/pytesseract, no
 with ``--with-package``, this repository installed with its runtime dependencies.  Paths keep
 their host locations so interpreters and shared libraries find each other unchanged.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,20 @@ TOOLS = (
 SANDBOX_PACKAGES = ["numpy", "sympy", "pillow", "pytesseract"]
 STDLIB_SKIP = {"site-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3"}
 #: repository parts that a package build does not need
-BUILD_IGNORE = (".git", "build", "dist", "runs", "tests", "benchmarks", "*.egg-info", "__pycache__",
-                ".venv*", ".cache", ".pytest_cache", ".hypothesis")
+BUILD_IGNORE = (
+    ".git",
+    "build",
+    "dist",
+    "runs",
+    "tests",
+    "benchmarks",
+    "*.egg-info",
+    "__pycache__",
+    ".venv*",
+    ".cache",
+    ".pytest_cache",
+    ".hypothesis",
+)
 PASSWD = "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/tmp:/bin/bash\n"
 GROUP = "root:x:0:\nnogroup:x:65534:\n"
 
@@ -95,8 +108,7 @@ def _elf_libraries(files: list[Path]) -> set[Path]:
     libs: set[Path] = set()
     elves = [str(f) for f in files if _is_elf(f)]
     for start in range(0, len(elves), 200):
-        res = subprocess.run(["ldd", *elves[start:start + 200]], capture_output=True, text=True,
-                             check=False)
+        res = subprocess.run(["ldd", *elves[start : start + 200]], capture_output=True, text=True, check=False)
         for line in res.stdout.splitlines():
             if not line[:1].isspace():  # "file:" headers when several files are listed
                 continue
@@ -179,9 +191,22 @@ def _install_package(repo: Path, staging: Path) -> None:
     """
     src = staging / "src"
     shutil.copytree(repo, src, ignore=shutil.ignore_patterns(*BUILD_IGNORE))
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-           "--no-build-isolation", "--no-compile", "--no-warn-script-location", "--root-user-action=ignore",
-           "--target", str(staging / "site"), str(src)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-index",
+        "--no-build-isolation",
+        "--no-compile",
+        "--no-warn-script-location",
+        "--root-user-action=ignore",
+        "--target",
+        str(staging / "site"),
+        str(src),
+    ]
     subprocess.run(cmd, check=True, stdout=sys.stderr)
 
 
@@ -243,8 +268,12 @@ def write_rootfs(out, repo: Path | None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--with-package", type=Path, metavar="REPO",
-                        help="also install this repository (and its dependencies) into the image")
+    parser.add_argument(
+        "--with-package",
+        type=Path,
+        metavar="REPO",
+        help="also install this repository (and its dependencies) into the image",
+    )
     args = parser.parse_args()
     write_rootfs(sys.stdout.buffer, args.with_package)
 

@@ -11,6 +11,7 @@ folder under OUT, then the same commands a user runs print the reports::
     agent-envs summarize /tmp/cards/docvqa --group 4 --best-by anls_mean4
     agent-envs summarize --card /tmp/cards/synth /tmp/cards/aime /tmp/cards/docvqa
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,12 @@ def docvqa_policy(request: Any) -> str:
     question = re.search(r"Question: (.*)", request.messages[1]["content"])
     keys = [w.lower() for w in re.findall(r"[A-Za-z]{4,}", question.group(1) if question else "")]
     lines = last_observation_body(request.messages).splitlines()[:-1]  # without "[exit_code] N"
-    candidates = [c for line in lines if re.search(r"\d", line) and any(k in line.lower() for k in keys)
-                  for c in (line.rsplit(":", 1)[-1].strip(), line.split()[-1])]
+    candidates = [
+        c
+        for line in lines
+        if re.search(r"\d", line) and any(k in line.lower() for k in keys)
+        for c in (line.rsplit(":", 1)[-1].strip(), line.split()[-1])
+    ]
     candidates = candidates or " ".join(lines).split() or ["unknown"]
     return f"Final answer: {random.Random(request.seed).choice(candidates)}"
 
@@ -61,18 +66,35 @@ def math_policy(request: Any) -> str:
     return f"Final answer: \\boxed{{{int(printed[0]) + 1 if careless else printed[0]}}}"
 
 
-def run(out: Path, env_id: str, data: str, policy: Any, limit: int, samples: int, env_args: dict[str, Any],
-        concurrency: int = 64) -> None:
+def run(
+    out: Path,
+    env_id: str,
+    data: str,
+    policy: Any,
+    limit: int,
+    samples: int,
+    env_args: dict[str, Any],
+    concurrency: int = 64,
+) -> None:
     import gymnasium as gym
 
     env = gym.make(env_id, dataset=data, **env_args)
     tasks, settings = env.unwrapped.tasks[:limit], env.unwrapped.env_settings
     env.close()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps({"env": env_id, "data": data, "samples": samples,
-                                                 "env_settings": settings}, indent=2))
-    run_episodes(env_id, tasks, ScriptedPolicy(policy), samples=samples, env_kwargs=env_args,
-                 out_path=out / "records.jsonl", progress=False, concurrency=concurrency)
+    (out / "config.json").write_text(
+        json.dumps({"env": env_id, "data": data, "samples": samples, "env_settings": settings}, indent=2)
+    )
+    run_episodes(
+        env_id,
+        tasks,
+        ScriptedPolicy(policy),
+        samples=samples,
+        env_kwargs=env_args,
+        out_path=out / "records.jsonl",
+        progress=False,
+        concurrency=concurrency,
+    )
 
 
 def main() -> None:

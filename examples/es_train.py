@@ -49,6 +49,7 @@ once, and every generation records a cheap weights fingerprint that ``--resume``
 by generation.  The path before those changes stays reachable: ``--enforce-eager --exact-revert
 --revert-copy host --concurrency 16``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,8 +69,14 @@ from agent_envs.envs import registry
 from agent_envs.envs.registry import ENV_IDS
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
 from agent_envs.es.batched import LowRankESTrainer
-from agent_envs.es.evaluation import (EvalSetup, Evaluator, add_evaluation_arguments, eval_only, eval_only_plan,
-                                     evaluation_setup)
+from agent_envs.es.evaluation import (
+    EvalSetup,
+    Evaluator,
+    add_evaluation_arguments,
+    eval_only,
+    eval_only_plan,
+    evaluation_setup,
+)
 from agent_envs.es.fingerprint import combine_checksums
 from agent_envs.es.history import ESConfig, ReplayMismatch, checked_generations, load_history, replay_is_exact, resume
 from agent_envs.es.lowrank import lora_rank_slot
@@ -111,24 +118,44 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=DEFAULT_BASE_SEED)
     p.add_argument("--eval-interval", type=int, default=10, help="0: only after the last generation")
     p.add_argument("--eval-concurrency", type=int, default=16, help="held-out episodes in flight")
-    p.add_argument("--env-arg", action="append", default=[], type=key_value, metavar="KEY=VALUE",
-                   help="extra environment keyword (value parsed as JSON), e.g. single_turn=true")
+    p.add_argument(
+        "--env-arg",
+        action="append",
+        default=[],
+        type=key_value,
+        metavar="KEY=VALUE",
+        help="extra environment keyword (value parsed as JSON), e.g. single_turn=true",
+    )
     p.add_argument("--history", required=True, help="history.json path (rewritten every generation)")
     p.add_argument("--resume", default=None, help="history to replay before training")
     p.add_argument("--resume-generations", type=int, default=None, help="replay only the first K updates")
     p.add_argument("--exact-revert", action="store_true", help="restore weights bit-exactly after each member")
-    p.add_argument("--revert-copy", default="auto", choices=LOCATIONS,
-                   help="where --exact-revert (and the pool, which always reverts exactly) keeps the weights: auto = "
-                        "on the GPU when it has room, else on the host with the reason printed; host = as before")
-    p.add_argument("--perturbation", default="full", choices=["full", "lowrank"],
-                   help="full: the reference's per-element noise, members one after another; lowrank: a rank-R "
-                        "product per weight, every member a LoRA adapter, all served at once (async mode)")
+    p.add_argument(
+        "--revert-copy",
+        default="auto",
+        choices=LOCATIONS,
+        help="where --exact-revert (and the pool, which always reverts exactly) keeps the weights: auto = "
+        "on the GPU when it has room, else on the host with the reason printed; host = as before",
+    )
+    p.add_argument(
+        "--perturbation",
+        default="full",
+        choices=["full", "lowrank"],
+        help="full: the reference's per-element noise, members one after another; lowrank: a rank-R "
+        "product per weight, every member a LoRA adapter, all served at once (async mode)",
+    )
     p.add_argument("--rank", type=int, default=4, help="--perturbation lowrank: the rank R of each member's noise")
-    p.add_argument("--adapter-dir", default=None,
-                   help="--perturbation lowrank: where each generation's adapters are written (default /dev/shm)")
-    p.add_argument("--sha256-each-generation", action="store_true",
-                   help="also record the full SHA-256 of the weights every generation (seconds each; the cheap "
-                        "fingerprint is always recorded, the SHA-256 always printed at the end)")
+    p.add_argument(
+        "--adapter-dir",
+        default=None,
+        help="--perturbation lowrank: where each generation's adapters are written (default /dev/shm)",
+    )
+    p.add_argument(
+        "--sha256-each-generation",
+        action="store_true",
+        help="also record the full SHA-256 of the weights every generation (seconds each; the cheap "
+        "fingerprint is always recorded, the SHA-256 always printed at the end)",
+    )
     p.add_argument("--max-turns", type=int, default=50)
     p.add_argument("--max-tokens", type=int, default=None, help="per-turn tokens (env default: 4096 / 512)")
     p.add_argument("--sandbox", default="bwrap", choices=["bwrap", "none", "docker"])
@@ -136,40 +163,92 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=32768)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--load-format", default="auto", help='"dummy" gives random weights (smoke runs)')
-    p.add_argument("--rollout-token-budget", type=int, default=DEFAULT_ROLLOUT_TOKEN_BUDGET,
-                   help=f"lockstep microbatch size; 0: a whole turn per engine call, {REFERENCE_TOKEN_BUDGET}: the "
-                        "reference's")
-    p.add_argument("--engine-arg", action="append", default=[], type=key_value, metavar="KEY=VALUE",
-                   help="extra engine keyword (value parsed as JSON), e.g. max_num_batched_tokens=32768")
-    p.add_argument("--enforce-eager", action="store_true",
-                   help="no CUDA graphs (faster engine start, about 5x slower small-batch decoding)")
-    p.add_argument("--concurrency", type=int, default=None,
-                   help="a member's episodes in flight (default: case batch x samples, all of them at once)")
-    p.add_argument("--mode", default=None, choices=["lockstep", "async"],
-                   help="lockstep: vllm.LLM, one batch per turn (reference; the default for --perturbation full); "
-                        "async: AsyncVLLMPolicy, continuous (the default, and the only mode, for lowrank)")
-    p.add_argument("--sampling", action="append", default=[], type=key_value, metavar="KEY=VALUE",
-                   help="a sampling setting instead of the protocol's (agent_envs.policy.sampling.SamplingConfig), "
-                        "e.g. temperature=0.7; recorded in the history's config")
-    p.add_argument("--ignore-eos", action="store_true",
-                   help="keep generating past the end-of-sequence token: fixed-length turns (benchmarks)")
-    p.add_argument("--toy-reward", action="store_true",
-                   help="reward = a hash of each episode's last completion in [0, 1): smoke runs on random "
-                        "weights, whose real scores are all 0")
-    p.add_argument("--engines", type=int, default=1,
-                   help="engines as Ray actors, one GPU each; members go to idle engines (docs/scaling.md)")
-    p.add_argument("--engines-per-gpu", type=int, default=1,
-                   help="pack K engines on each GPU (1/K of a GPU and of --gpu-memory-utilization each; started one "
-                        "after another); --engines counts all of them")
-    p.add_argument("--mps", default="auto", choices=MPS_MODES,
-                   help="engines sharing a GPU run under CUDA MPS when the host offers it (auto) or never (off)")
+    p.add_argument(
+        "--rollout-token-budget",
+        type=int,
+        default=DEFAULT_ROLLOUT_TOKEN_BUDGET,
+        help=f"lockstep microbatch size; 0: a whole turn per engine call, {REFERENCE_TOKEN_BUDGET}: the reference's",
+    )
+    p.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        type=key_value,
+        metavar="KEY=VALUE",
+        help="extra engine keyword (value parsed as JSON), e.g. max_num_batched_tokens=32768",
+    )
+    p.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="no CUDA graphs (faster engine start, about 5x slower small-batch decoding)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="a member's episodes in flight (default: case batch x samples, all of them at once)",
+    )
+    p.add_argument(
+        "--mode",
+        default=None,
+        choices=["lockstep", "async"],
+        help="lockstep: vllm.LLM, one batch per turn (reference; the default for --perturbation full); "
+        "async: AsyncVLLMPolicy, continuous (the default, and the only mode, for lowrank)",
+    )
+    p.add_argument(
+        "--sampling",
+        action="append",
+        default=[],
+        type=key_value,
+        metavar="KEY=VALUE",
+        help="a sampling setting instead of the protocol's (agent_envs.policy.sampling.SamplingConfig), "
+        "e.g. temperature=0.7; recorded in the history's config",
+    )
+    p.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="keep generating past the end-of-sequence token: fixed-length turns (benchmarks)",
+    )
+    p.add_argument(
+        "--toy-reward",
+        action="store_true",
+        help="reward = a hash of each episode's last completion in [0, 1): smoke runs on random "
+        "weights, whose real scores are all 0",
+    )
+    p.add_argument(
+        "--engines",
+        type=int,
+        default=1,
+        help="engines as Ray actors, one GPU each; members go to idle engines (docs/scaling.md)",
+    )
+    p.add_argument(
+        "--engines-per-gpu",
+        type=int,
+        default=1,
+        help="pack K engines on each GPU (1/K of a GPU and of --gpu-memory-utilization each; started one "
+        "after another); --engines counts all of them",
+    )
+    p.add_argument(
+        "--mps",
+        default="auto",
+        choices=MPS_MODES,
+        help="engines sharing a GPU run under CUDA MPS when the host offers it (auto) or never (off)",
+    )
     p.add_argument("--ray-address", default=None, help="join this Ray cluster (multi-node) instead of a local one")
     add_scorer_arguments(p)
     add_evaluation_arguments(p)  # held-out sets, initial/final/eval-only, key-seed map, skill, trace logs
-    p.add_argument("--process-weight", type=float, default=0.0,
-                   help="fitness = (1 - w) * outcome + w * process score (0: outcome only)")
-    p.add_argument("--process-aggregation", default=None, choices=list(AGGREGATIONS),
-                   help="how step scores become the process score (default: the scorer's own)")
+    p.add_argument(
+        "--process-weight",
+        type=float,
+        default=0.0,
+        help="fitness = (1 - w) * outcome + w * process score (0: outcome only)",
+    )
+    p.add_argument(
+        "--process-aggregation",
+        default=None,
+        choices=list(AGGREGATIONS),
+        help="how step scores become the process score (default: the scorer's own)",
+    )
     args = p.parse_args(argv)
     check_perturbation_args(p, args)
     return args
@@ -220,9 +299,16 @@ def load_tasks(env_id: str, path: str, limit: int | None = None) -> list[Any]:
 def build_policy(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> tuple[Any, Any]:
     """(policy, engine handle for VLLMPerturbation): the offline LLM, or the AsyncLLM's policy,
     built by the policy factory's vllm row (the CLI's and the engine pool's too)."""
-    policy = factory.build_policy("vllm", factory.PolicySettings(
-        model=args.model, mode=args.mode, sampling=SamplingConfig(**sampling_settings(args)),
-        rollout_token_budget=args.rollout_token_budget, engine_args=engine_kwargs))
+    policy = factory.build_policy(
+        "vllm",
+        factory.PolicySettings(
+            model=args.model,
+            mode=args.mode,
+            sampling=SamplingConfig(**sampling_settings(args)),
+            rollout_token_budget=args.rollout_token_budget,
+            engine_args=engine_kwargs,
+        ),
+    )
     return policy, policy if args.mode == "async" else policy.llm
 
 
@@ -239,14 +325,31 @@ def sampling_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def make_config(args: argparse.Namespace, combiner: FitnessCombiner | None) -> ESConfig:
     return ESConfig(
-        env_id=args.env, model=args.model, generations=args.generations, population=args.population,
-        case_batch_size=args.case_batch, sigma_start=args.sigma_start, sigma_end=args.sigma_end,
-        sigma_schedule=args.sigma_schedule, sigma_warmup_steps=args.sigma_warmup,
-        sigma_total_steps=args.sigma_total_steps, alpha=args.alpha, reward_normalization=args.normalization,
-        reward_normalization_ddof=args.ddof, reward_normalization_eps=args.eps, parameter_scope=args.scope,
-        seed=args.seed, eval_seed=args.seed, eval_interval=args.eval_interval, history_file=args.history,
-        max_turns=args.max_turns, max_tokens=args.max_tokens, max_model_len=args.max_model_len,
-        dtype=args.dtype, load_format=args.load_format, exact_revert=args.exact_revert,
+        env_id=args.env,
+        model=args.model,
+        generations=args.generations,
+        population=args.population,
+        case_batch_size=args.case_batch,
+        sigma_start=args.sigma_start,
+        sigma_end=args.sigma_end,
+        sigma_schedule=args.sigma_schedule,
+        sigma_warmup_steps=args.sigma_warmup,
+        sigma_total_steps=args.sigma_total_steps,
+        alpha=args.alpha,
+        reward_normalization=args.normalization,
+        reward_normalization_ddof=args.ddof,
+        reward_normalization_eps=args.eps,
+        parameter_scope=args.scope,
+        seed=args.seed,
+        eval_seed=args.seed,
+        eval_interval=args.eval_interval,
+        history_file=args.history,
+        max_turns=args.max_turns,
+        max_tokens=args.max_tokens,
+        max_model_len=args.max_model_len,
+        dtype=args.dtype,
+        load_format=args.load_format,
+        exact_revert=args.exact_revert,
         concurrency=args.concurrency or member_concurrency(args.case_batch),
         **({"ignore_eos": True} if args.ignore_eos else {}),
         **({"fitness": {**scorer_settings(args), **combiner.model_dump()}} if combiner else {}),
@@ -259,18 +362,34 @@ def make_engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """``vllm.LLM`` keywords of every engine: CUDA graphs unless --enforce-eager; prefix caching stays on
     (the backend resets the prefix cache after every weight change); --engine-arg on top; low-rank
     engines get one LoRA slot per member."""
-    kwargs = dict(worker_extension_cls=EXTENSION, dtype=args.dtype, max_model_len=args.max_model_len,
-                  gpu_memory_utilization=args.gpu_memory_utilization, load_format=args.load_format,
-                  enforce_eager=args.enforce_eager, seed=args.seed, trust_remote_code=True, **dict(args.engine_arg))
+    kwargs = dict(
+        worker_extension_cls=EXTENSION,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        load_format=args.load_format,
+        enforce_eager=args.enforce_eager,
+        seed=args.seed,
+        trust_remote_code=True,
+        **dict(args.engine_arg),
+    )
     if args.perturbation == "lowrank":
-        kwargs.update(enable_lora=True, max_loras=args.population, max_cpu_loras=args.population,
-                      max_lora_rank=lora_rank_slot(args.rank))
+        kwargs.update(
+            enable_lora=True,
+            max_loras=args.population,
+            max_cpu_loras=args.population,
+            max_lora_rank=lora_rank_slot(args.rank),
+        )
     return kwargs
 
 
 def make_env_kwargs(args: argparse.Namespace, skill: str | None = None) -> dict[str, Any]:
-    env_kwargs: dict[str, Any] = {"max_turns": args.max_turns, "sandbox": args.sandbox, "skill": skill,
-                                  **dict(args.env_arg)}
+    env_kwargs: dict[str, Any] = {
+        "max_turns": args.max_turns,
+        "sandbox": args.sandbox,
+        "skill": skill,
+        **dict(args.env_arg),
+    }
     if args.max_tokens is not None:
         env_kwargs["max_tokens_per_turn"] = args.max_tokens
     return env_kwargs
@@ -308,8 +427,13 @@ def open_run(args: argparse.Namespace) -> Iterator[ESRun]:
         config = make_config(args, combiner).model_copy(update=setup.config)
         if args.eval_only:
             try:
-                eval_only_plan(config, load_history(args.resume) if args.resume else [], args.resume_generations,
-                               args.eval_generations, args.final_eval)
+                eval_only_plan(
+                    config,
+                    load_history(args.resume) if args.resume else [],
+                    args.resume_generations,
+                    args.eval_generations,
+                    args.final_eval,
+                )
             except (OSError, ValueError) as exc:
                 raise SystemExit(f"[es] --eval-only --resume {args.resume}: {exc}") from None
         if args.engines > 1 or args.engines_per_gpu > 1 or args.ray_address:
@@ -333,9 +457,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         assert run.setup is not None and run.evaluator is not None
         if run.trainer is None:  # --eval-only: replay --resume's updates step by step and evaluate
             try:
-                history = eval_only(run.config, run.backend, run.evaluator, args.history, source=args.resume,
-                                    replay_updates=args.resume_generations, marks=args.eval_generations,
-                                    final=args.final_eval, facts=budgets(args))
+                history = eval_only(
+                    run.config,
+                    run.backend,
+                    run.evaluator,
+                    args.history,
+                    source=args.resume,
+                    replay_updates=args.resume_generations,
+                    marks=args.eval_generations,
+                    final=args.final_eval,
+                    facts=budgets(args),
+                )
             except ReplayMismatch as exc:  # a replayed generation whose fingerprint is not the history's
                 raise SystemExit(f"[es] --eval-only --resume {args.resume}: {exc}") from None
         else:
@@ -358,24 +490,38 @@ def replay_source(args: argparse.Namespace, config: ESConfig, backend: Any) -> t
     except ReplayMismatch as exc:
         raise SystemExit(f"[es] --resume {args.resume}: {exc}") from None
     checked = checked_generations(source, start)
-    print(f"[es] replayed {start} generations from {args.resume}; weights {backend.fingerprint()} "
-          f"({checked} of {start} checked against the history's fingerprints)")
+    print(
+        f"[es] replayed {start} generations from {args.resume}; weights {backend.fingerprint()} "
+        f"({checked} of {start} checked against the history's fingerprints)"
+    )
     if not replay_is_exact(source):
-        print("[es] note: that run reverted members in place (the reference's default), so its trained "
-              "weights carry rounding residue the replay does not repeat; its fingerprints can be checked, and "
-              "checksums match, only for runs trained with --exact-revert", file=sys.stderr)
+        print(
+            "[es] note: that run reverted members in place (the reference's default), so its trained "
+            "weights carry rounding residue the replay does not repeat; its fingerprints can be checked, and "
+            "checksums match, only for runs trained with --exact-revert",
+            file=sys.stderr,
+        )
     return head, start
 
 
 def describe_start(backend: Any, config: ESConfig) -> None:
     copies = sorted({str(s.get("revert_copy_reason") or "") for s in backend.status()} - {""})
-    print(f"[es] weights {backend.fingerprint()}; exact revert: {'; '.join(copies) if copies else 'off'}; "
-          f"{config.concurrency} episodes in flight per member", file=sys.stderr)
+    print(
+        f"[es] weights {backend.fingerprint()}; exact revert: {'; '.join(copies) if copies else 'off'}; "
+        f"{config.concurrency} episodes in flight per member",
+        file=sys.stderr,
+    )
 
 
 @contextlib.contextmanager
-def single_engine_run(args: argparse.Namespace, config: ESConfig, train: list[Any], setup: EvalSetup,
-                      scorer: StepScorer | None, combiner: FitnessCombiner | None) -> Iterator[ESRun]:
+def single_engine_run(
+    args: argparse.Namespace,
+    config: ESConfig,
+    train: list[Any],
+    setup: EvalSetup,
+    scorer: StepScorer | None,
+    combiner: FitnessCombiner | None,
+) -> Iterator[ESRun]:
     env_kwargs = make_env_kwargs(args, setup.skill)
     policy, engine = build_policy(args, make_engine_kwargs(args))
     try:
@@ -384,18 +530,31 @@ def single_engine_run(args: argparse.Namespace, config: ESConfig, train: list[An
             backend: Any = VLLMLowRank(engine, args.rank)
             config.lowrank_targets = [t.as_list() for t in backend.targets]
             config.base_checksum = backend.base_checksum
-            print(f"[es] low-rank: {len(backend.targets)} weights, rank {args.rank}, every member an adapter; "
-                  f"weights {backend.fingerprint()}", file=sys.stderr)
+            print(
+                f"[es] low-rank: {len(backend.targets)} weights, rank {args.rank}, every member an adapter; "
+                f"weights {backend.fingerprint()}",
+                file=sys.stderr,
+            )
         else:
-            backend = VLLMPerturbation(engine, scope=args.scope, exact_revert=args.exact_revert,
-                                       revert_copy=args.revert_copy)
+            backend = VLLMPerturbation(
+                engine, scope=args.scope, exact_revert=args.exact_revert, revert_copy=args.revert_copy
+            )
             describe_start(backend, config)
         config.tp_size = backend.tp_size
 
         def held_out(tasks: Sequence[Any], samples: int, seed: int, key_seeds: Any) -> Sequence[Any]:
-            return run_episodes(args.env, tasks, policy, samples=samples, mode=args.mode, base_seed=seed,
-                                env_kwargs=env_kwargs, concurrency=args.eval_concurrency, progress=False,
-                                key_seeds=key_seeds)
+            return run_episodes(
+                args.env,
+                tasks,
+                policy,
+                samples=samples,
+                mode=args.mode,
+                base_seed=seed,
+                env_kwargs=env_kwargs,
+                concurrency=args.eval_concurrency,
+                progress=False,
+                key_seeds=key_seeds,
+            )
 
         evaluator = setup.evaluator(held_out, seed=args.seed, spec=registry.spec(args.env))
 
@@ -410,9 +569,19 @@ def single_engine_run(args: argparse.Namespace, config: ESConfig, train: list[An
         def evaluate(batch: Sequence[Any], seed: int, generation: int, member: int, adapter: str | None = None):
             # through its adapter a member's episodes run beside every other member's, on one engine
             member_policy = policy if adapter is None else AdapterPolicy(policy, adapter)
-            result = evaluate_member(member_policy, args.env, batch, seed, generation=generation, member=member,
-                                     env_kwargs=env_kwargs, concurrency=args.concurrency, mode=args.mode,
-                                     step_scorer=scorer, combiner=combiner)
+            result = evaluate_member(
+                member_policy,
+                args.env,
+                batch,
+                seed,
+                generation=generation,
+                member=member,
+                env_kwargs=env_kwargs,
+                concurrency=args.concurrency,
+                mode=args.mode,
+                step_scorer=scorer,
+                combiner=combiner,
+            )
             if args.toy_reward:
                 result = result.model_copy(update={"reward": toy_reward(result.rows)})
             print(f"[es]   generation={generation} member={member} seed={seed} reward={result.reward:.4f}")
@@ -421,12 +590,22 @@ def single_engine_run(args: argparse.Namespace, config: ESConfig, train: list[An
         history = setup.head(evaluator, config, head, start)
         hook = setup.hook(evaluator)
         if lowrank:
-            trainer: ESTrainer = LowRankESTrainer(config, backend, policy, train, evaluate, args.history,
-                                                  adapter_dir=args.adapter_dir, history=history,
-                                                  start_generation=start, eval_hook=hook)
+            trainer: ESTrainer = LowRankESTrainer(
+                config,
+                backend,
+                policy,
+                train,
+                evaluate,
+                args.history,
+                adapter_dir=args.adapter_dir,
+                history=history,
+                start_generation=start,
+                eval_hook=hook,
+            )
         else:
-            trainer = ESTrainer(config, backend, train, evaluate, args.history, history=history,
-                                start_generation=start, eval_hook=hook)
+            trainer = ESTrainer(
+                config, backend, train, evaluate, args.history, history=history, start_generation=start, eval_hook=hook
+            )
         trainer.sha256_each_generation = args.sha256_each_generation
         yield ESRun(trainer, checksum, policy=policy, evaluator=evaluator, backend=backend, setup=setup, config=config)
     finally:
@@ -436,8 +615,10 @@ def single_engine_run(args: argparse.Namespace, config: ESConfig, train: list[An
 def report(history: list[dict[str, Any]], path: str, checksum: str) -> None:
     rewards = [r["reward_mean"] for r in history if "reward_mean" in r]
     if rewards:
-        print(f"[es] done: {len(rewards)} generations, reward_mean first {rewards[0]:.4f} last {rewards[-1]:.4f} "
-              f"(stdev over generations {statistics.pstdev(rewards):.4f}); history {path}")
+        print(
+            f"[es] done: {len(rewards)} generations, reward_mean first {rewards[0]:.4f} last {rewards[-1]:.4f} "
+            f"(stdev over generations {statistics.pstdev(rewards):.4f}); history {path}"
+        )
     print(f"[es] final weights checksum {checksum}")
 
 
@@ -452,29 +633,52 @@ def pool_run(args: argparse.Namespace, config: ESConfig, train: list[Any], setup
     from agent_envs.scale.rollout import pool_run_episodes
 
     env_kwargs = make_env_kwargs(args, setup.skill)
-    spec = vllm_spec(args.model, make_engine_kwargs(args), sampling=sampling_settings(args),
-                     rollout_token_budget=args.rollout_token_budget, engines_per_gpu=args.engines_per_gpu)
+    spec = vllm_spec(
+        args.model,
+        make_engine_kwargs(args),
+        sampling=sampling_settings(args),
+        rollout_token_budget=args.rollout_token_budget,
+        engines_per_gpu=args.engines_per_gpu,
+    )
     with EnginePool(spec, args.engines, ray_address=args.ray_address, mps=args.mps) as pool:
         backend = PoolBackend(pool, scope=args.scope, revert_copy=args.revert_copy)
         config.tp_size, config.exact_revert = backend.tp_size, True  # the pool always reverts exactly
 
         def held_out(tasks: Sequence[Any], samples: int, seed: int, key_seeds: Any) -> Sequence[Any]:
-            return pool_run_episodes(pool, args.env, tasks, samples=samples, mode="lockstep", base_seed=seed,
-                                     env_kwargs=env_kwargs, concurrency=args.eval_concurrency, progress=False,
-                                     key_seeds=key_seeds)
+            return pool_run_episodes(
+                pool,
+                args.env,
+                tasks,
+                samples=samples,
+                mode="lockstep",
+                base_seed=seed,
+                env_kwargs=env_kwargs,
+                concurrency=args.eval_concurrency,
+                progress=False,
+                key_seeds=key_seeds,
+            )
 
         evaluator = setup.evaluator(held_out, seed=args.seed, spec=registry.spec(args.env))
         if args.eval_only:
-            yield ESRun(None, backend.checksum, pool=pool, evaluator=evaluator, backend=backend, setup=setup,
-                        config=config)
+            yield ESRun(
+                None, backend.checksum, pool=pool, evaluator=evaluator, backend=backend, setup=setup, config=config
+            )
             return
         head, start = replay_source(args, config, backend)
-        trainer = PoolESTrainer(config, backend, train, args.history, start_generation=start,
-                                history=setup.head(evaluator, config, head, start), eval_hook=setup.hook(evaluator),
-                                rollout_kwargs={"env_kwargs": env_kwargs, "concurrency": args.concurrency})
+        trainer = PoolESTrainer(
+            config,
+            backend,
+            train,
+            args.history,
+            start_generation=start,
+            history=setup.head(evaluator, config, head, start),
+            eval_hook=setup.hook(evaluator),
+            rollout_kwargs={"env_kwargs": env_kwargs, "concurrency": args.concurrency},
+        )
         trainer.sha256_each_generation, trainer.toy_reward = args.sha256_each_generation, args.toy_reward
-        yield ESRun(trainer, backend.checksum, pool=pool, evaluator=evaluator, backend=backend, setup=setup,
-                    config=config)
+        yield ESRun(
+            trainer, backend.checksum, pool=pool, evaluator=evaluator, backend=backend, setup=setup, config=config
+        )
 
 
 if __name__ == "__main__":

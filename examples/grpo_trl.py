@@ -15,6 +15,7 @@ tokenizer folder, saved with its weights; the scripted opening gives every episo
     python examples/grpo_trl.py --tiny-from-tokenizer /tmp/stage-ray/tokenizer --use-vllm --steps 2 \
         --tasks 4 --generations 4 --max-turns 3 --max-tokens-per-turn 32 --scripted-opening
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,9 +33,14 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--env", default="MATH-ReAct-v0")
     source = ap.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="model folder or id (trained in place)")
-    source.add_argument("--tiny-from-tokenizer", type=Path,
-                        help="train a tiny random Qwen3 built around this tokenizer folder (smoke runs)")
-    ap.add_argument("--data", default="builtin", help="the environment's dataset spec (builtin, a JSONL path, dapo, ...)")
+    source.add_argument(
+        "--tiny-from-tokenizer",
+        type=Path,
+        help="train a tiny random Qwen3 built around this tokenizer folder (smoke runs)",
+    )
+    ap.add_argument(
+        "--data", default="builtin", help="the environment's dataset spec (builtin, a JSONL path, dapo, ...)"
+    )
     ap.add_argument("--tasks", type=int, default=8, help="first N tasks")
     ap.add_argument("--steps", type=int, default=2, help="optimiser steps")
     ap.add_argument("--generations", type=int, default=4, help="episodes per task per step (GRPO's group size)")
@@ -44,8 +50,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--sandbox", default="bwrap", choices=("bwrap", "none", "docker"))
-    ap.add_argument("--scripted-opening", action="store_true",
-                    help="the first turn is the environment's scripted baseline call (context, not trained on)")
+    ap.add_argument(
+        "--scripted-opening",
+        action="store_true",
+        help="the first turn is the environment's scripted baseline call (context, not trained on)",
+    )
     ap.add_argument("--cpu", action="store_true", help="train on the CPU in float32, one torch thread")
     ap.add_argument("--use-vllm", action="store_true", help="generate on TRL's colocated vLLM engine (GPU)")
     ap.add_argument("--out", type=Path, default=Path("runs/grpo-trl"))
@@ -95,26 +104,68 @@ def main() -> int:
         baseline = registry.spec(args.env).baseline
         return ScriptedOpening([baseline], inner) if args.scripted_opening else inner
 
-    env = GRPOEnvironment(args.env, dataset=args.data, limit=args.tasks, policy=policy,
-                          env_kwargs={"max_turns": args.max_turns, "max_tokens_per_turn": args.max_tokens_per_turn,
-                                      "sandbox": args.sandbox})
+    env = GRPOEnvironment(
+        args.env,
+        dataset=args.data,
+        limit=args.tasks,
+        policy=policy,
+        env_kwargs={
+            "max_turns": args.max_turns,
+            "max_tokens_per_turn": args.max_tokens_per_turn,
+            "sandbox": args.sandbox,
+        },
+    )
     config = GRPOConfig(
-        output_dir=str(args.out), report_to="none", use_cpu=args.cpu, bf16=not args.cpu, max_steps=args.steps,
-        per_device_train_batch_size=args.batch * args.generations, num_generations=args.generations,
-        learning_rate=args.lr, temperature=args.temperature, logging_steps=1, save_strategy="no",
-        gradient_checkpointing=False, seed=args.seed, use_vllm=args.use_vllm,
-        **({"vllm_mode": "colocate"} if args.use_vllm else {}))
-    trainer = GRPOTrainer(model=model, reward_funcs=env.reward, args=config, train_dataset=env.dataset(),
-                          processing_class=tokenizer, rollout_func=env)
+        output_dir=str(args.out),
+        report_to="none",
+        use_cpu=args.cpu,
+        bf16=not args.cpu,
+        max_steps=args.steps,
+        per_device_train_batch_size=args.batch * args.generations,
+        num_generations=args.generations,
+        learning_rate=args.lr,
+        temperature=args.temperature,
+        logging_steps=1,
+        save_strategy="no",
+        gradient_checkpointing=False,
+        seed=args.seed,
+        use_vllm=args.use_vllm,
+        **({"vllm_mode": "colocate"} if args.use_vllm else {}),
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=env.reward,
+        args=config,
+        train_dataset=env.dataset(),
+        processing_class=tokenizer,
+        rollout_func=env,
+    )
     started = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - started
-    steps = [{k: h[k] for k in ("step", "reward", "reward_std", "loss", "completions/mean_length") if k in h}
-             for h in trainer.state.log_history if "reward" in h]
-    summary = {"env": args.env, "model": model_path, "use_vllm": args.use_vllm, "steps": trainer.state.global_step, "wall_s": round(wall, 1),
-               "per_step": steps, "last_episodes": [
-                   {"key": r.key, "score": r.score, "turns": r.turns, "termination_reason": r.termination_reason,
-                    "exact_trajectory": (r.row().get("token_trajectory") or {}).get("exact")} for r in env.records]}
+    steps = [
+        {k: h[k] for k in ("step", "reward", "reward_std", "loss", "completions/mean_length") if k in h}
+        for h in trainer.state.log_history
+        if "reward" in h
+    ]
+    summary = {
+        "env": args.env,
+        "model": model_path,
+        "use_vllm": args.use_vllm,
+        "steps": trainer.state.global_step,
+        "wall_s": round(wall, 1),
+        "per_step": steps,
+        "last_episodes": [
+            {
+                "key": r.key,
+                "score": r.score,
+                "turns": r.turns,
+                "termination_reason": r.termination_reason,
+                "exact_trajectory": (r.row().get("token_trajectory") or {}).get("exact"),
+            }
+            for r in env.records
+        ],
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if args.save:

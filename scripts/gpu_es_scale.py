@@ -12,6 +12,7 @@ fingerprint is compared (a mismatch stops the run).  Prints a table and the spee
     /opt/agent-envs-vllm-cpu/bin/python scripts/gpu_es_scale.py --cpu --tokenizer ~/.cache/agent-envs/smollm2-hf \
         --work /tmp/es-scale --engines 2 --generations 1 --population 2 --case-batch 2 --max-turns 1 --max-tokens 16
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,15 @@ def main() -> int:
     from agent_envs.scale.pool import EnginePool
 
     model = tiny_moe_config(args.tokenizer, args.work / "model", hidden=args.hidden, layers=8)
-    kwargs = dict(tokenizer=args.tokenizer, load_format="dummy", dtype="bfloat16", enforce_eager=args.enforce_eager,
-                  seed=0, max_model_len=4096, gpu_memory_utilization=0.5)
+    kwargs = dict(
+        tokenizer=args.tokenizer,
+        load_format="dummy",
+        dtype="bfloat16",
+        enforce_eager=args.enforce_eager,
+        seed=0,
+        max_model_len=4096,
+        gpu_memory_utilization=0.5,
+    )
     if args.cpu:
         os.environ.setdefault("AGENT_ENVS_ES_CPU_PLAIN_LINEAR", "1")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -65,10 +73,20 @@ def main() -> int:
         spec.gpus = 0
     tasks = load_math_tasks("builtin", limit=args.case_batch)  # the same tasks every generation
     timed = 2 * args.generations
-    config = ESConfig(env_id="MATH-ReAct-v0", model=str(model), generations=1 + timed, population=args.population,
-                      case_batch_size=args.case_batch, sigma_start=1e-3, sigma_end=1e-3, sigma_schedule="constant")
-    rollout = {"env_kwargs": {"max_turns": args.max_turns, "max_tokens_per_turn": args.max_tokens, "sandbox": "none"},
-               "concurrency": args.case_batch}
+    config = ESConfig(
+        env_id="MATH-ReAct-v0",
+        model=str(model),
+        generations=1 + timed,
+        population=args.population,
+        case_batch_size=args.case_batch,
+        sigma_start=1e-3,
+        sigma_end=1e-3,
+        sigma_schedule="constant",
+    )
+    rollout = {
+        "env_kwargs": {"max_turns": args.max_turns, "max_tokens_per_turn": args.max_tokens, "sandbox": "none"},
+        "concurrency": args.case_batch,
+    }
     started = time.perf_counter()
     rows = []
     import torch
@@ -79,18 +97,28 @@ def main() -> int:
         backend = PoolBackend(pool, scope="full")
         trainer = PoolESTrainer(config, backend, tasks, str(args.work / "history.json"), rollout_kwargs=rollout)
         for generation in range(1 + timed):
-            phase = "warm-up" if generation == 0 else ("1 engine" if generation <= args.generations else
-                                                       f"{args.engines} engines")
+            phase = (
+                "warm-up"
+                if generation == 0
+                else ("1 engine" if generation <= args.generations else f"{args.engines} engines")
+            )
             trainer.member_engines = [0] if phase == "1 engine" else None
             t = time.perf_counter()
             record = trainer.step(generation)
             seconds = time.perf_counter() - t
             trainer.history.append(record)
             used = sorted({s["engine_index"] for s in record["samples"]})
-            rows.append({"generation": generation, "phase": phase, "engines_used": used, "seconds": round(seconds, 2),
-                         "members_per_s": round(args.population / seconds, 3),
-                         "episodes": sum(len(s["result"]) for s in record["samples"]),
-                         "fingerprint_all_engines": record["weights_fingerprint"][:20]})
+            rows.append(
+                {
+                    "generation": generation,
+                    "phase": phase,
+                    "engines_used": used,
+                    "seconds": round(seconds, 2),
+                    "members_per_s": round(args.population / seconds, 3),
+                    "episodes": sum(len(s["result"]) for s in record["samples"]),
+                    "fingerprint_all_engines": record["weights_fingerprint"][:20],
+                }
+            )
         write_history(args.work / "history.json", trainer.history)
         checksums = backend.pool.broadcast("checksum")
     one = statistics.mean(r["members_per_s"] for r in rows if r["phase"] == "1 engine")
@@ -100,8 +128,10 @@ def main() -> int:
     for row in rows:
         print("| " + " | ".join(str(row[h]) for h in header) + " |")
     speedup = many / one
-    print(f"\npool start {start_s:.1f} s; members/s: 1 engine {one:.3f}, {args.engines} engines {many:.3f}: "
-          f"{speedup:.2f}x; final checksums equal on all engines: {len(set(checksums.values())) == 1}")
+    print(
+        f"\npool start {start_s:.1f} s; members/s: 1 engine {one:.3f}, {args.engines} engines {many:.3f}: "
+        f"{speedup:.2f}x; final checksums equal on all engines: {len(set(checksums.values())) == 1}"
+    )
     print("RESULT " + json.dumps({"rows": rows, "speedup": speedup, "pool_start_s": start_s}))
     return 0
 

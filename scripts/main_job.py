@@ -9,6 +9,7 @@ or ``--base-url URL --model NAME`` evaluates a real model in the embedded one's 
 reference runs always use ``--policy scripted`` on the same tasks.  It prints which evaluation is
 where while they run, the time of each phase, and last the report's path.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,11 @@ def native_variant(env_id: str) -> bool:
 
 
 #: every registered environment whose tools answer in text and that has a scripted reference policy
-ENVS = tuple(e for e in ENV_IDS if IMAGE_TOOL not in spec(e).tool_names and spec(e).baseline is not None
-             and not native_variant(e))
+ENVS = tuple(
+    e
+    for e in ENV_IDS
+    if IMAGE_TOOL not in spec(e).tool_names and spec(e).baseline is not None and not native_variant(e)
+)
 REFERENCE = "scripted-reference"
 #: a progress line at least this often, and whenever an evaluation finishes an episode
 PROGRESS_EVERY_S = 15.0
@@ -70,9 +74,13 @@ class Job:
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=None, help="folder of the runs and the report (default runs/main-<time>)")
+    p.add_argument(
+        "--out", type=Path, default=None, help="folder of the runs and the report (default runs/main-<time>)"
+    )
     p.add_argument("--limit", type=int, default=2, help="tasks per environment (default 2)")
-    p.add_argument("--install-s", type=float, default=None, help="seconds the installation took (printed with the rest)")
+    p.add_argument(
+        "--install-s", type=float, default=None, help="seconds the installation took (printed with the rest)"
+    )
     return p.parse_known_args(argv)
 
 
@@ -95,10 +103,24 @@ def jobs(out: Path, limit: int, extra: list[str]) -> list[Job]:
     found = []
     for env in ENVS:
         # lockstep + one padded batch per turn: a run's episodes decode together, the same way every run
-        found.append(Job(env, label, out / f"{env}.{label}",
-                         [*cli, "--env", env, "--mode", "lockstep", "--out", str(out / f"{env}.{label}"), *extra], limit))
-        found.append(Job(env, REFERENCE, out / f"{env}.{REFERENCE}",
-                         [*cli, "--env", env, "--policy", "scripted", "--out", str(out / f"{env}.{REFERENCE}")], limit))
+        found.append(
+            Job(
+                env,
+                label,
+                out / f"{env}.{label}",
+                [*cli, "--env", env, "--mode", "lockstep", "--out", str(out / f"{env}.{label}"), *extra],
+                limit,
+            )
+        )
+        found.append(
+            Job(
+                env,
+                REFERENCE,
+                out / f"{env}.{REFERENCE}",
+                [*cli, "--env", env, "--policy", "scripted", "--out", str(out / f"{env}.{REFERENCE}")],
+                limit,
+            )
+        )
     return found
 
 
@@ -137,9 +159,14 @@ def progress_line(all_jobs: list[Job], elapsed: float) -> str:
     parts = []
     for env in ENVS:
         mine = [j for j in all_jobs if j.env == env]
-        parts.append(f"{env} " + ", ".join(f"{'reference' if j.label == REFERENCE else j.label} {j.done}/{j.expected}"
-                                           + ("" if j.process is None or j.process.poll() is None else " done")
-                                           for j in mine))
+        parts.append(
+            f"{env} "
+            + ", ".join(
+                f"{'reference' if j.label == REFERENCE else j.label} {j.done}/{j.expected}"
+                + ("" if j.process is None or j.process.poll() is None else " done")
+                for j in mine
+            )
+        )
     return f"{clock(elapsed)}  " + " | ".join(parts)
 
 
@@ -147,8 +174,12 @@ def run_all(all_jobs: list[Job]) -> list[Job]:
     """Start every evaluation at once (one torch thread each) and report progress until all ended;
     returns the jobs that failed."""
     started = time.perf_counter()
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "AGENT_ENVS_BATCH_DECODE": "1", "AGENT_ENVS_TORCH_THREADS": os.environ.get("AGENT_ENVS_TORCH_THREADS", "1")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "AGENT_ENVS_BATCH_DECODE": "1",
+        "AGENT_ENVS_TORCH_THREADS": os.environ.get("AGENT_ENVS_TORCH_THREADS", "1"),
+    }
     for job in all_jobs:
         job.out.parent.mkdir(parents=True, exist_ok=True)
         job.log = job.out.parent / f"{job.out.name}.log"
@@ -177,8 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or REPO / "runs" / f"main-{time.strftime('%Y%m%d-%H%M%S')}"
     caches_s = prepare_caches(extra)
     all_jobs = jobs(out, args.limit, extra)
-    say(f"evaluating {', '.join(ENVS)} on {args.limit} built-in task(s) each: "
-        f"{all_jobs[0].label} and the scripted reference policy (logs: {out}/*.log)")
+    say(
+        f"evaluating {', '.join(ENVS)} on {args.limit} built-in task(s) each: "
+        f"{all_jobs[0].label} and the scripted reference policy (logs: {out}/*.log)"
+    )
     started, cpu_before, load_before = time.perf_counter(), children_cpu_s(), os.getloadavg()[0]
     failed = run_all(all_jobs)
     eval_s, eval_cpu_s = time.perf_counter() - started, children_cpu_s() - cpu_before
@@ -194,12 +227,20 @@ def main(argv: list[str] | None = None) -> int:
     report = build_report([job.out for job in all_jobs], out / "report.html").resolve()
     report_s = time.perf_counter() - report_started
     phases = ([("install", args.install_s)] if args.install_s is not None else []) + [
-        ("caches (first run only)", caches_s), ("evaluation", eval_s), ("report", report_s)]
-    say("time: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in phases)
-        + f"; total {sum(s for _, s in phases):.0f} s")
+        ("caches (first run only)", caches_s),
+        ("evaluation", eval_s),
+        ("report", report_s),
+    ]
+    say(
+        "time: "
+        + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in phases)
+        + f"; total {sum(s for _, s in phases):.0f} s"
+    )
     # wall time on a shared machine grows with the load; the CPU seconds are what the job itself needs
-    say(f"the evaluation used {eval_cpu_s:.0f} CPU-seconds on {os.cpu_count()} cores; load average "
-        f"{load_before:.1f} when it started, {os.getloadavg()[0]:.1f} at the end")
+    say(
+        f"the evaluation used {eval_cpu_s:.0f} CPU-seconds on {os.cpu_count()} cores; load average "
+        f"{load_before:.1f} when it started, {os.getloadavg()[0]:.1f} at the end"
+    )
     say(f"report: {report}  (open it: xdg-open {report}, or copy the one file anywhere)")
     return 0
 

@@ -4,6 +4,7 @@ the script wrote into the DOM (``--dump-dom``), or take a screenshot.
 Every run gets a private profile folder (removed afterwards), a wall-clock bound, and is ended by
 its own process id.  Chromium refuses to run as root without ``--no-sandbox``; the page is a local
 file we wrote ourselves."""
+
 from __future__ import annotations
 
 import json
@@ -28,9 +29,19 @@ def _run(args: list[str], url: str) -> str:
     binary = chromium()
     assert binary, "chromium is not installed (scripts/install.sh --test installs it)"
     profile = tempfile.mkdtemp(prefix="agent-envs-chromium-")
-    cmd = [binary, "--headless", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
-           "--disable-extensions", "--disable-background-networking", f"--user-data-dir={profile}",
-           *(["--no-sandbox"] if os.geteuid() == 0 else []), *args, url]
+    cmd = [
+        binary,
+        "--headless",
+        "--disable-gpu",
+        "--no-first-run",
+        "--no-default-browser-check",
+        "--disable-extensions",
+        "--disable-background-networking",
+        f"--user-data-dir={profile}",
+        *(["--no-sandbox"] if os.geteuid() == 0 else []),
+        *args,
+        url,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=TIMEOUT_S)
@@ -74,7 +85,14 @@ def screenshot(page: Path, png: Path, width: int = 1400, height: int = 1800, scr
     """A PNG of the page's first screen; ``script`` (inline JS) can first arrange what is shown."""
     with tempfile.TemporaryDirectory(prefix="agent-envs-page-") as folder:
         copy = _with_script(page, folder, f"<script>{script}</script>" if script else "")
-        _run([f"--window-size={width},{height}", "--virtual-time-budget=5000", f"--screenshot={png}",
-              "--hide-scrollbars"], copy.as_uri())
+        _run(
+            [
+                f"--window-size={width},{height}",
+                "--virtual-time-budget=5000",
+                f"--screenshot={png}",
+                "--hide-scrollbars",
+            ],
+            copy.as_uri(),
+        )
     assert png.is_file() and png.stat().st_size > 0, "chromium wrote no screenshot"
     return png

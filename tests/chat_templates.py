@@ -8,6 +8,7 @@ tests, in the two shapes that matter for token trajectories and native tool call
   ``<tool_response>`` inside a user block: once a conversation moves on, earlier turns re-render
   differently.
 """
+
 from __future__ import annotations
 
 import copy
@@ -18,13 +19,18 @@ _TOOLS = """{%- if tools %}{{ '<|im_start|>system\\n' }}{%- if messages[0].role 
 {%- for tool in tools %}{{ tool | tojson }}{{ '\\n' }}{%- endfor %}{{ '<|im_end|>\\n' }}
 {%- elif messages[0].role == 'system' %}{{ '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}{%- endif %}"""
 
-STABLE = _TOOLS + """
+STABLE = (
+    _TOOLS
+    + """
 {%- for m in messages %}{%- if m.role != 'system' %}
 {{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}
 {%- endif %}{%- endfor %}
 {%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"""
+)
 
-THINK_STRIPPING = _TOOLS + """
+THINK_STRIPPING = (
+    _TOOLS
+    + """
 {%- set ns = namespace(last_user=-1) %}
 {%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}
 {%- for m in messages %}
@@ -40,6 +46,7 @@ THINK_STRIPPING = _TOOLS + """
 {{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}
 {%- endif %}{%- endfor %}
 {%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"""
+)
 
 
 def with_template(tokenizer: Any, template: str) -> Any:

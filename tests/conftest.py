@@ -1,4 +1,5 @@
 """Shared test fixtures: paths to the real data in ../shared (never copied into the repository)."""
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,9 @@ DOCVQA_DIR = SHARED / "data" / "docvqa_sample"
 def run_offline(code: str, hf_home: str | Path, *argv: str) -> str:
     """Stdout of ``python -c code argv...`` in a child with the HF hub and datasets forced offline."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(hf_home)}
-    return subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True,
-                          timeout=120, check=True).stdout
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True, timeout=120, check=True
+    ).stdout
 
 
 @pytest.fixture(scope="session")

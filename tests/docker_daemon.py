@@ -5,6 +5,7 @@ data/exec roots and socket under a short temporary directory and has no bridge n
 image comes from ``docker/build_local_image.sh`` (``docker import`` of this machine's files).
 Load it with ``pytest_plugins = ["docker_daemon"]`` so that every module shares one daemon.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -41,8 +42,9 @@ class DockerDaemon:
         return {**os.environ, "DOCKER_HOST": self.host}
 
     def docker(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(["docker", *args], env=self.env(), capture_output=True, text=True,
-                              timeout=timeout, check=False)
+        return subprocess.run(
+            ["docker", *args], env=self.env(), capture_output=True, text=True, timeout=timeout, check=False
+        )
 
     def log_tail(self, lines: int = 15) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -72,14 +74,33 @@ def _start() -> DockerDaemon:
     (root / "data").mkdir()
     log = root / "dockerd.log"
     host = f"unix://{root}/d.sock"
-    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-           f'mount -t tmpfs -o size={DATA_TMPFS} agent-envs-docker "$1" && shift && exec "$@"', "sh",
-           str(root / "data"), "dockerd", "--bridge=none", "--iptables=false", "--ip6tables=false",
-           "--data-root", str(root / "data"), "--exec-root", str(root / "x"),
-           "--pidfile", str(root / "d.pid"), "-H", host]
+    cmd = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        f'mount -t tmpfs -o size={DATA_TMPFS} agent-envs-docker "$1" && shift && exec "$@"',
+        "sh",
+        str(root / "data"),
+        "dockerd",
+        "--bridge=none",
+        "--iptables=false",
+        "--ip6tables=false",
+        "--data-root",
+        str(root / "data"),
+        "--exec-root",
+        str(root / "x"),
+        "--pidfile",
+        str(root / "d.pid"),
+        "-H",
+        host,
+    ]
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(
+            cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent
+        )
     daemon = DockerDaemon(host=host, process=proc, root=root, log=log)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -127,8 +148,14 @@ def docker_daemon() -> Iterator[DockerDaemon]:
 @pytest.fixture(scope="session")
 def docker_image(docker_daemon: DockerDaemon) -> str:
     """The repository's image built from local files (sandbox tools + the package)."""
-    res = subprocess.run([str(REPO / "docker" / "build_local_image.sh"), TEST_IMAGE], env=docker_daemon.env(),
-                         capture_output=True, text=True, timeout=600, check=False)
+    res = subprocess.run(
+        [str(REPO / "docker" / "build_local_image.sh"), TEST_IMAGE],
+        env=docker_daemon.env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     if res.returncode != 0:
         pytest.fail(f"docker/build_local_image.sh failed:\n{res.stderr[-3000:]}")
     return TEST_IMAGE

@@ -2,6 +2,7 @@
 
 Shared modules take a ParserSpec / Framing; the tests keep naming the variants they pin.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -13,8 +14,12 @@ from agent_envs.protocol.parsing import parse_action as _parse_action
 from agent_envs.sandbox.output import format_observation as _format_observation
 from agent_envs.tools.python import format_python_observation as _format_python_observation
 
-PARSERS = {"math_es": math_.PARSER_ES, "math_http": math_.PARSER_HTTP,
-           "docvqa_es": doc.PARSER_ES, "docvqa_http": doc.PARSER_HTTP}
+PARSERS = {
+    "math_es": math_.PARSER_ES,
+    "math_http": math_.PARSER_HTTP,
+    "docvqa_es": doc.PARSER_ES,
+    "docvqa_http": doc.PARSER_HTTP,
+}
 FRAMINGS = {"math": math_.FRAMING, "docvqa": doc.FRAMING}
 MATH_ES, MATH_HTTP, MATH_HTTP_MATCHED = math_.RULES_ES, math_.RULES_HTTP, math_.RULES_HTTP_MATCHED
 DOCVQA_ES, DOCVQA_HTTP = doc.RULES_ES, doc.RULES_HTTP

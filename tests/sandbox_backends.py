@@ -5,6 +5,7 @@ bubblewrap always (the tests fail loudly if bwrap is missing), and docker when
 ``agent_envs.sandbox.docker`` exists and the private daemon of ``tests/docker_daemon.py`` starts
 (otherwise that parameter is skipped with the daemon fixture's reason).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -42,8 +43,9 @@ def make(request: pytest.FixtureRequest) -> Iterator[Maker]:
 
     def build(image_path: str | Path | None = None, **limits) -> Sandbox:
         lim = TEST_LIMITS.model_copy(update=limits)
-        cfg = base.model_copy(update={"limits": lim,
-                                      "mounts": [] if image_path is None else [Mount(str(image_path), DOCUMENT_PATH)]})
+        cfg = base.model_copy(
+            update={"limits": lim, "mounts": [] if image_path is None else [Mount(str(image_path), DOCUMENT_PATH)]}
+        )
         sb = make_sandbox(cfg)
         made.append(sb)
         return sb

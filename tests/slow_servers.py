@@ -3,6 +3,7 @@ HTTP/1.1 response sent one byte every ``interval`` seconds, from its first byte 
 or after the head (``phase="body"``) -- a client whose only limit is a per-read timeout waits for
 hours.  Closing the server hangs up on every connection, so a client still waiting then gets
 an error and its thread ends."""
+
 from __future__ import annotations
 
 import json
@@ -13,10 +14,10 @@ import threading
 class TrickleServer:
     def __init__(self, phase: str = "body", interval: float = 0.5, body_bytes: int = 20_000) -> None:
         self.phase, self.interval = phase, interval
-        body = json.dumps({"choices": [{"message": {"content": "Score: 1"}, "finish_reason": "stop"}],
-                           "pad": "x" * body_bytes}).encode()
-        self.head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                     % len(body))
+        body = json.dumps(
+            {"choices": [{"message": {"content": "Score: 1"}, "finish_reason": "stop"}], "pad": "x" * body_bytes}
+        ).encode()
+        self.head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
         self.body = body
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.stop = threading.Event()
@@ -51,7 +52,7 @@ class TrickleServer:
             for i in range(len(data)):
                 if self.stop.wait(self.interval):
                     return
-                conn.sendall(data[i:i + 1])
+                conn.sendall(data[i : i + 1])
         except OSError:
             return
 

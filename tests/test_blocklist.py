@@ -1,4 +1,5 @@
 """Math ES dangerous-command screen, whole-token rule (docs/protocol.md#math-blocklist, #derived-cases)."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,19 @@ SEPARATORS = [" ", "\t", "\n", ";", "&", "|", "(", ")", "$", "<", ">", "`"]
 
 @pytest.mark.parametrize(
     "command",
-    ["echo su", "kill -9 123", "ls;sudo rm", "ray status", "python3 -c \"print('a kill b')\"",
-     "cat file|xdg-open", "ls > firefox", "KILLALL python", "google-chrome-stable", "x && `tmux ls`", "halt\n"],
+    [
+        "echo su",
+        "kill -9 123",
+        "ls;sudo rm",
+        "ray status",
+        "python3 -c \"print('a kill b')\"",
+        "cat file|xdg-open",
+        "ls > firefox",
+        "KILLALL python",
+        "google-chrome-stable",
+        "x && `tmux ls`",
+        "halt\n",
+    ],
 )
 def test_blocked(command):
     assert is_blocked(command)
@@ -21,8 +33,19 @@ def test_blocked(command):
 
 @pytest.mark.parametrize(
     "command",
-    ['python -c "import os; os.kill(1,9)"', "echo $(reboot)", "echo killing", "echo sudo-rs",
-     "ls ./firefox", "cat screenshot.png", "python -c 'print(1)'", "", "rays", "echo 'su'", "x && `tmux`"],
+    [
+        'python -c "import os; os.kill(1,9)"',
+        "echo $(reboot)",
+        "echo killing",
+        "echo sudo-rs",
+        "ls ./firefox",
+        "cat screenshot.png",
+        "python -c 'print(1)'",
+        "",
+        "rays",
+        "echo 'su'",
+        "x && `tmux`",
+    ],
 )
 def test_not_blocked(command):
     assert not is_blocked(command)

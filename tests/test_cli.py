@@ -1,5 +1,6 @@
 """``agent-envs`` end to end with the scripted policy, real environments and real sandboxes:
 output files, SIGKILL + ``--resume``, ``summarize`` and ``compare``."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _cli(*args: str, cwd: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen([sys.executable, "-m", "agent_envs.cli", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "agent_envs.cli", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _eval(out: Path, *extra: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -134,8 +141,21 @@ def test_docvqa_scripted_eval_reads_the_page_with_tesseract(tmp_path):
 
 
 def test_bad_input_gives_a_clear_error(tmp_path, capsys):
-    assert main(["eval", "--policy", "scripted", "--data", str(tmp_path / "missing.jsonl"),
-                 "--out", str(tmp_path / "x"), "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "--policy",
+                "scripted",
+                "--data",
+                str(tmp_path / "missing.jsonl"),
+                "--out",
+                str(tmp_path / "x"),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     assert "cannot load --data" in capsys.readouterr().err
     assert main(["summarize", str(tmp_path / "nowhere")]) == 2
     assert "no records" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """``agent-envs eval`` when the outside world fails: an unusable output location (checked before
 the policy is built), a full disk mid-run, and a policy server that is down or hangs.  Real
 mounts (a private mount namespace), real sockets on 127.0.0.1, no mocks of the failing part."""
+
 from __future__ import annotations
 
 import os
@@ -28,14 +29,32 @@ def _in_private_tmpfs(mount_opts: str, mountpoint: Path, *eval_args: str) -> sub
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare(1) to mount a private tmpfs")
     script = 'mount -t tmpfs -o "$1" none "$2" && shift 2 && exec "$@"'
-    argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", mount_opts,
-            str(mountpoint), sys.executable, "-m", "agent_envs.cli", "eval", "--no-progress", *eval_args]
+    argv = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        script,
+        "sh",
+        mount_opts,
+        str(mountpoint),
+        sys.executable,
+        "-m",
+        "agent_envs.cli",
+        "eval",
+        "--no-progress",
+        *eval_args,
+    ]
     return subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture
 def no_policy(monkeypatch):
     """The output check must come first: building the policy (loading a model) fails the test."""
+
     def refuse(*_a, **_k):
         raise AssertionError("the policy was built before the output location was checked")
 
@@ -56,16 +75,25 @@ def test_out_on_or_under_a_file_is_refused_before_the_policy(tmp_path, capsys, n
 def test_out_on_a_read_only_file_system_is_refused_before_the_policy(tmp_path, sub):
     out = tmp_path / sub if sub else tmp_path
     # a model that does not exist: had the policy been built first, its error would show instead
-    done = _in_private_tmpfs("ro,size=64k", tmp_path, "--policy", "transformers", "--model",
-                             str(tmp_path / "no-such-model"), "--out", str(out))
+    done = _in_private_tmpfs(
+        "ro,size=64k",
+        tmp_path,
+        "--policy",
+        "transformers",
+        "--model",
+        str(tmp_path / "no-such-model"),
+        "--out",
+        str(out),
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr == f"agent-envs eval: error: --out {out} is not a writable directory: Read-only file system\n"
 
 
 def test_full_disk_reports_the_first_failed_write_once(tmp_path):
     out = tmp_path / "run"
-    done = _in_private_tmpfs("size=8k", tmp_path, "--policy", "scripted", "--sandbox", "none",
-                             "--limit", "8", "--out", str(out))
+    done = _in_private_tmpfs(
+        "size=8k", tmp_path, "--policy", "scripted", "--sandbox", "none", "--limit", "8", "--out", str(out)
+    )
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and done.stderr.count("No space left on device") == 1, done.stderr
     assert done.stderr.startswith(f"agent-envs eval: error: cannot write {out}/"), done.stderr
@@ -80,8 +108,22 @@ def _dead_port() -> int:
 
 def test_every_episode_failing_on_a_dead_server_exits_3_with_a_warning(tmp_path, capsys):
     url = f"http://127.0.0.1:{_dead_port()}/v1"
-    rc = cli.main(["eval", "--base-url", url, "--model", "m", "--request-retries", "0", "--limit", "2",
-                   "--no-progress", "--out", str(tmp_path / "run")])
+    rc = cli.main(
+        [
+            "eval",
+            "--base-url",
+            url,
+            "--model",
+            "m",
+            "--request-retries",
+            "0",
+            "--limit",
+            "2",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == cli.EXIT_ALL_ERRORED == 3
     assert "2 of 2 episode(s) ended in an error (request_error: 2; first: ConnectError" in err
@@ -96,6 +138,7 @@ def test_request_timeout_and_retries_reach_the_openai_policy(tmp_path, capsys):
     """A server that accepts and never answers: each attempt ends at --request-timeout."""
     accepted: list[socket.socket] = []
     with socket.create_server(("127.0.0.1", 0)) as srv:
+
         def hold() -> None:
             while True:
                 try:
@@ -105,21 +148,42 @@ def test_request_timeout_and_retries_reach_the_openai_policy(tmp_path, capsys):
 
         threading.Thread(target=hold, daemon=True).start()
         url = f"http://127.0.0.1:{srv.getsockname()[1]}/v1"
-        rc = cli.main(["eval", "--base-url", url, "--model", "m", "--request-timeout", "0.5",
-                       "--request-retries", "1", "--limit", "1", "--no-progress", "--out", str(tmp_path / "run")])
+        rc = cli.main(
+            [
+                "eval",
+                "--base-url",
+                url,
+                "--model",
+                "m",
+                "--request-timeout",
+                "0.5",
+                "--request-retries",
+                "1",
+                "--limit",
+                "1",
+                "--no-progress",
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
         srv.shutdown(socket.SHUT_RDWR)
     for conn in accepted:
         conn.close()
     assert rc == 3
     rows, _ = read_jsonl(tmp_path / "run" / "records.jsonl")
-    assert rows[0]["react_error"].startswith("AttemptDeadline: no complete answer") and len(accepted) == 2  # 1 attempt + 1 retry
+    assert (
+        rows[0]["react_error"].startswith("AttemptDeadline: no complete answer") and len(accepted) == 2
+    )  # 1 attempt + 1 retry
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--request-timeout", "0"], "--request-timeout must be > 0"),
-    (["--request-retries", "-1"], "--request-retries must be >= 0"),
-    (["--policy", "scripted", "--request-timeout", "5"], "apply to --policy openai only"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--request-timeout", "0"], "--request-timeout must be > 0"),
+        (["--request-retries", "-1"], "--request-retries must be >= 0"),
+        (["--policy", "scripted", "--request-timeout", "5"], "apply to --policy openai only"),
+    ],
+)
 def test_bad_request_flags(tmp_path, capsys, flags, message):
     argv = ["eval", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", *flags, "--out", str(tmp_path / "r")]
     assert cli.main(argv) == 2

@@ -6,6 +6,7 @@ completions end in warnings or a termination reason, never an exception; the loc
 runners give identical records; the same seeds give the same records; reset and close leave no
 process or temp folder behind.
 """
+
 from __future__ import annotations
 
 import copy
@@ -50,19 +51,41 @@ def _adversarial(env_id: str) -> list[str]:
     acts = [_act(tool, "echo hi; exit 3", env_id) for tool in tools]
     calls = [call_text(tool.name, {tool.argument or "input": "echo hi"}) for tool in tools]
     return [
-        *[f"<think>{c}</think>" for c in calls], *[f"<think>{c}" for c in calls], "".join(calls * 12),
-        "<tool_call>", "<tool_call>{}</tool_call>", '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
-        '<tool_call>{"name": "bash", "arguments": "{"}</tool_call>', "<tool_call>" + "[" * 5000 + "</tool_call>",
-        "", " ", "\0", "Final answer:", "Final answer: \\boxed{", "Answer: 1/0", "<think>",
-        "<think>Final answer: 1</think>", 'Action: {"name": "bash"', "Action: {}", "Action: []",
-        'Action: {"name": "nope", "arguments": {}}', 'Action: {"name": null}',
-        *[a.replace("echo hi; exit 3", "") for a in acts], *acts,
+        *[f"<think>{c}</think>" for c in calls],
+        *[f"<think>{c}" for c in calls],
+        "".join(calls * 12),
+        "<tool_call>",
+        "<tool_call>{}</tool_call>",
+        '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "bash", "arguments": "{"}</tool_call>',
+        "<tool_call>" + "[" * 5000 + "</tool_call>",
+        "",
+        " ",
+        "\0",
+        "Final answer:",
+        "Final answer: \\boxed{",
+        "Answer: 1/0",
+        "<think>",
+        "<think>Final answer: 1</think>",
+        'Action: {"name": "bash"',
+        "Action: {}",
+        "Action: []",
+        'Action: {"name": "nope", "arguments": {}}',
+        'Action: {"name": null}',
+        *[a.replace("echo hi; exit 3", "") for a in acts],
+        *acts,
         *[a.replace("echo hi; exit 3", "\\u0000") for a in acts],
-        "Action: " + "{" * 5000, "x" * 20000, "Final answer: __import__('os').system('echo pwned')",
-        "Final answer: \\boxed{" + "(" * 400 + "1" + ")" * 400 + "}", "Final answer: 9" + "9" * 400,
+        "Action: " + "{" * 5000,
+        "x" * 20000,
+        "Final answer: __import__('os').system('echo pwned')",
+        "Final answer: \\boxed{" + "(" * 400 + "1" + ")" * 400 + "}",
+        "Final answer: 9" + "9" * 400,
         "\ud800 Final answer: \udfff",
-        *[a.replace('"echo hi; exit 3"}', '"echo deep", "x": ' + "[" * d + "]" * d + "}") for a in acts
-          for d in DEEP_NESTING],
+        *[
+            a.replace('"echo hi; exit 3"}', '"echo deep", "x": ' + "[" * d + "]" * d + "}")
+            for a in acts
+            for d in DEEP_NESTING
+        ],
     ]
 
 
@@ -77,7 +100,7 @@ def _act(tool: ToolSpec, text: str, env_id: str) -> str:
 
 def _random(seed: int, n: int) -> list[str]:
     rng = random.Random(seed)
-    alphabet = 'Action:{}[]"\':,\\\n finalswerbxodpyth0123456789+-*/()<>'
+    alphabet = "Action:{}[]\"':,\\\n finalswerbxodpyth0123456789+-*/()<>"
     return ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 120))) for _ in range(n)]
 
 
@@ -150,8 +173,13 @@ def test_step_is_total_over_the_action_grammar(env_id):
     this test has not found) and a record the runner can validate and write."""
     state = _Totality(env_id)
 
-    @settings(max_examples=40, deadline=None, database=None, derandomize=True,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(
+        max_examples=40,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(st.lists(completion(state.tools), min_size=1, max_size=3))
     def check(texts):
         for text in texts:
@@ -169,8 +197,18 @@ def test_step_is_total_over_the_action_grammar(env_id):
 def _records(env_id: str, mode: str, base_seed: int = 11, **kwargs) -> list[dict]:
     tasks = _make(env_id).unwrapped.tasks[:2]
     policy = ScriptedPolicy(registry.spec(env_id).baseline)
-    recs = run_episodes(env_id, tasks, policy, samples=2, mode=mode, base_seed=base_seed,
-                        env_kwargs=ENV_KWARGS, concurrency=3, progress=False, **kwargs)
+    recs = run_episodes(
+        env_id,
+        tasks,
+        policy,
+        samples=2,
+        mode=mode,
+        base_seed=base_seed,
+        env_kwargs=ENV_KWARGS,
+        concurrency=3,
+        progress=False,
+        **kwargs,
+    )
     return [strip_timings(r) for r in recs]
 
 

@@ -1,4 +1,5 @@
 """Countdown task model, solver, seeded generator, loader (JSONL and parquet) and prompts."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,10 @@ from agent_envs.envs.countdown.task import CountdownTask
 from agent_envs.core.prompts import load_prompt
 
 
-@pytest.mark.parametrize("nums,target", [((25, 5, 4, 3), 83), ((1, 3, 3, 3), 10), ((8, 3, 3, 8), 24),
-                                         ((4, 4, 10, 10), 24), ((2, 7), 14), ((5, 5, 5), 0)])
+@pytest.mark.parametrize(
+    "nums,target",
+    [((25, 5, 4, 3), 83), ((1, 3, 3, 3), 10), ((8, 3, 3, 8), 24), ((4, 4, 10, 10), 24), ((2, 7), 14), ((5, 5, 5), 0)],
+)
 def test_solver_finds_exact_solutions(nums, target):
     expr = solve(nums, target)
     assert expr is not None
@@ -63,16 +66,19 @@ def test_parquet_loader(tmp_path):
     assert tasks[0].id == "train-00000-0"
 
 
-@pytest.mark.parametrize("line,message", [
-    ('{"nums": [1, 2]}', "needs 'nums' and 'target'"),
-    ('[1, 2, 3]', "needs 'nums' and 'target'"),
-    ('{"nums": [1, "2", 3], "target": 6}', "not a valid task"),
-    ('{"nums": [1, -2, 3], "target": 6}', "not a valid task"),
-    ('{"nums": [1], "target": 1}', "not a valid task"),
-    ('{"nums": 5, "target": 1}', "not a valid task"),
-    ('{"nums": [1, 2], "target": 1.5}', "not a valid task"),
-    ('{nums: [1, 2]}', "line 1 is not JSON"),
-])
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        ('{"nums": [1, 2]}', "needs 'nums' and 'target'"),
+        ("[1, 2, 3]", "needs 'nums' and 'target'"),
+        ('{"nums": [1, "2", 3], "target": 6}', "not a valid task"),
+        ('{"nums": [1, -2, 3], "target": 6}', "not a valid task"),
+        ('{"nums": [1], "target": 1}', "not a valid task"),
+        ('{"nums": 5, "target": 1}', "not a valid task"),
+        ('{"nums": [1, 2], "target": 1.5}', "not a valid task"),
+        ("{nums: [1, 2]}", "line 1 is not JSON"),
+    ],
+)
 def test_loader_errors_are_specific(tmp_path, line, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(line + "\n")

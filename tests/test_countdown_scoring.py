@@ -1,4 +1,5 @@
 """Countdown scorer: exact, ast-based, and never executes the answer."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,8 +10,17 @@ from agent_envs.envs.countdown.task import CountdownTask
 TASK = CountdownTask(id="t", nums=(25, 5, 4, 3), target=83)
 
 
-@pytest.mark.parametrize("answer", ["(25 - 5) * 4 + 3", "\\boxed{(25 - 5) * 4 + 3}", "3 + 4 * (25 - 5)",
-                                    "(25-5)×4+3", "(25 - 5) * 4 + 3 = 83", " \\boxed{ 4*(25-5)+3 } "])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "(25 - 5) * 4 + 3",
+        "\\boxed{(25 - 5) * 4 + 3}",
+        "3 + 4 * (25 - 5)",
+        "(25-5)×4+3",
+        "(25 - 5) * 4 + 3 = 83",
+        " \\boxed{ 4*(25-5)+3 } ",
+    ],
+)
 def test_correct_answers_score_one(answer):
     result = score(answer, TASK)
     assert result.reward == 1.0 and result.correct and result.value == "83" and result.reason == ""
@@ -24,34 +34,37 @@ def test_division_is_exact_with_fractions():
     assert evaluate("7 / 2")[0].denominator == 2  # not floor division
 
 
-@pytest.mark.parametrize("answer,reason", [
-    ("(25 - 5) * 4 + 2", "differ"),             # wrong number
-    ("(25 - 5) * 4", "differ"),                  # missing number
-    ("(25 - 5) * 4 + 3 + 3 - 3", "differ"),      # reused number
-    ("(25 - 5) * 4 + 3 - 0", "differ"),          # an extra literal
-    ("25 + 5 + 4 + 3", "not the target"),        # valid, wrong value
-    ("25 * 5 / (4 - 4) + 3", "division by zero"),
-    ("3 + 25 / (5 - 5) * 4", "division by zero"),
-    ("-25 + 5 * 4 * 3 + 0", "unary"),
-    ("+(25 - 5) * 4 + 3", "unary"),
-    ("(25 - 5) ** 4 + 3", "Pow"),
-    ("(25 - 5) // 4 + 3", "FloorDiv"),
-    ("(25 - 5) % 4 + 3", "Mod"),
-    ("2 ** 10 ** 10 ** 10", "Pow"),
-    ("(25.0 - 5) * 4 + 3", "Constant"),
-    ("True + 25 + 5 + 4 + 3", "Constant"),
-    ("__import__('pathlib').Path('pwned').touch() or 83", "BoolOp"),
-    ("(25).__class__", "Attribute"),
-    ("x + 25 + 5 + 4 + 3", "Name"),
-    ("[25, 5, 4, 3]", "List"),
-    ("lambda: 83", "Lambda"),
-    ("25 5 4 3", "not an arithmetic expression"),
-    ("", "no answer"),
-    ("(" * 200 + "1" + ")" * 200, "longer than"),
-    ("(" * 120 + "25" + ")" * 120 + "+5+4+3", "not the target"),  # deep but harmless
-    ("__import__('pathlib').Path('pwned').touch()", "Call"),
-    ("import os", "not an arithmetic expression"),
-])
+@pytest.mark.parametrize(
+    "answer,reason",
+    [
+        ("(25 - 5) * 4 + 2", "differ"),  # wrong number
+        ("(25 - 5) * 4", "differ"),  # missing number
+        ("(25 - 5) * 4 + 3 + 3 - 3", "differ"),  # reused number
+        ("(25 - 5) * 4 + 3 - 0", "differ"),  # an extra literal
+        ("25 + 5 + 4 + 3", "not the target"),  # valid, wrong value
+        ("25 * 5 / (4 - 4) + 3", "division by zero"),
+        ("3 + 25 / (5 - 5) * 4", "division by zero"),
+        ("-25 + 5 * 4 * 3 + 0", "unary"),
+        ("+(25 - 5) * 4 + 3", "unary"),
+        ("(25 - 5) ** 4 + 3", "Pow"),
+        ("(25 - 5) // 4 + 3", "FloorDiv"),
+        ("(25 - 5) % 4 + 3", "Mod"),
+        ("2 ** 10 ** 10 ** 10", "Pow"),
+        ("(25.0 - 5) * 4 + 3", "Constant"),
+        ("True + 25 + 5 + 4 + 3", "Constant"),
+        ("__import__('pathlib').Path('pwned').touch() or 83", "BoolOp"),
+        ("(25).__class__", "Attribute"),
+        ("x + 25 + 5 + 4 + 3", "Name"),
+        ("[25, 5, 4, 3]", "List"),
+        ("lambda: 83", "Lambda"),
+        ("25 5 4 3", "not an arithmetic expression"),
+        ("", "no answer"),
+        ("(" * 200 + "1" + ")" * 200, "longer than"),
+        ("(" * 120 + "25" + ")" * 120 + "+5+4+3", "not the target"),  # deep but harmless
+        ("__import__('pathlib').Path('pwned').touch()", "Call"),
+        ("import os", "not an arithmetic expression"),
+    ],
+)
 def test_invalid_answers_score_zero_with_a_reason(answer, reason, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # an executed answer would create ./pwned here
     result = score(answer, TASK)

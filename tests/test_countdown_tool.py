@@ -1,5 +1,6 @@
 """Countdown's pure parts with the python tool: a scripted search run in the sandboxed
 interpreter (state kept across two calls) finds an expression that scores 1.0."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,7 @@ from agent_envs.envs.countdown.scoring import score
 from agent_envs.sandbox.base import SandboxConfig
 from agent_envs.tools.python import PythonTool
 
-DEFINE = '''
+DEFINE = """
 from fractions import Fraction
 from itertools import permutations, product
 SHAPES = {3: ["(({0} {3} {1}) {4} {2})", "({0} {3} ({1} {4} {2}))"],
@@ -27,7 +28,7 @@ def search(nums, target):
                         return shape.format(*perm, *ops)
                 except ZeroDivisionError:
                     pass
-'''
+"""
 
 
 @pytest.mark.parametrize("task", generate(3, seed=11), ids=lambda t: t.id)

@@ -33,9 +33,7 @@ def test_official_json_sample_loads_all_questions(tmp_path: Path) -> None:
     assert Path(first.image) == (SAMPLE / "documents" / "ffbg0227_2.png").resolve()
     assert first.doc_id == 7467 and first.source == "DocVQA"  # type: ignore[attr-defined]
     assert all(Path(t.image).is_file() for t in tasks)
-    assert not list(
-        tmp_path.iterdir()
-    )  # file-based images are used in place, never copied
+    assert not list(tmp_path.iterdir())  # file-based images are used in place, never copied
 
 
 def test_official_json_bare_list_and_limit(tmp_path: Path) -> None:
@@ -54,12 +52,8 @@ def test_official_json_bare_list_and_limit(tmp_path: Path) -> None:
     bare.write_text(json.dumps(rows))
     with pytest.warns(UserWarning, match=r"bare\.json: dropped 1 of 13 rows \(1 with no answers\)"):
         tasks = load_docvqa_tasks(bare, cache_dir=tmp_path)
-    assert (
-        len(tasks) == 12
-    )  # the unanswerable row is dropped, as in the reference loader
-    assert [t.id for t in load_docvqa_tasks(bare, limit=2, cache_dir=tmp_path)] == [
-        t.id for t in tasks[:2]
-    ]
+    assert len(tasks) == 12  # the unanswerable row is dropped, as in the reference loader
+    assert [t.id for t in load_docvqa_tasks(bare, limit=2, cache_dir=tmp_path)] == [t.id for t in tasks[:2]]
 
 
 def test_jsonl_relative_paths_resolve_against_file_then_cwd_then_ancestors(
@@ -112,8 +106,11 @@ def test_a_test_split_without_answers_is_named_as_such(tmp_path: Path) -> None:
     rows = [{"questionId": i, "question": "q", "image": "documents/p.png", "docId": 1} for i in range(3)]
     test_split = tmp_path / "test_v1.0.json"
     test_split.write_text(json.dumps({"dataset_split": "test", "data": rows}))
-    with pytest.raises(DocDataError, match=r"every one of its 3 rows was dropped \(3 with no answers\); "
-                                           r"a test split carries no answers \(use the validation split\)"):
+    with pytest.raises(
+        DocDataError,
+        match=r"every one of its 3 rows was dropped \(3 with no answers\); "
+        r"a test split carries no answers \(use the validation split\)",
+    ):
         load_docvqa_tasks(test_split, cache_dir=tmp_path)
     rows[0].pop("question")
     test_split.write_text(json.dumps(rows))
@@ -140,15 +137,8 @@ def test_a_scalar_answer_of_any_type_is_one_answer(tmp_path: Path) -> None:
 
 def test_missing_image_names_row_and_path(tmp_path: Path) -> None:
     data = tmp_path / "t.jsonl"
-    data.write_text(
-        json.dumps(
-            {"id": "a", "question": "q", "answers": ["x"], "image": "gone/p.png"}
-        )
-        + "\n"
-    )
-    with pytest.raises(
-        DocDataError, match=r"t\.jsonl:1 in .*image file not found: 'gone/p\.png'"
-    ):
+    data.write_text(json.dumps({"id": "a", "question": "q", "answers": ["x"], "image": "gone/p.png"}) + "\n")
+    with pytest.raises(DocDataError, match=r"t\.jsonl:1 in .*image file not found: 'gone/p\.png'"):
         load_docvqa_tasks(data, cache_dir=tmp_path)
 
 
@@ -157,13 +147,8 @@ def test_corrupt_jsonl_and_incomplete_rows_are_specific(tmp_path: Path) -> None:
     data.write_text('{"id": "a", "question": "q", "answers": ["x"], "image": "p.png"\n')
     with pytest.raises(DocDataError, match=r"t\.jsonl:1: corrupt JSON"):
         load_docvqa_tasks(data, cache_dir=tmp_path)
-    data.write_text(
-        json.dumps({"id": "a", "question": "q", "answers": [" "], "image": "p.png"})
-        + "\n"
-    )
-    with pytest.raises(
-        DocDataError, match=r"t\.jsonl:1: needs a question, non-empty answers"
-    ):
+    data.write_text(json.dumps({"id": "a", "question": "q", "answers": [" "], "image": "p.png"}) + "\n")
+    with pytest.raises(DocDataError, match=r"t\.jsonl:1: needs a question, non-empty answers"):
         load_docvqa_tasks(data, cache_dir=tmp_path)
     with pytest.raises(DocDataError, match="not found"):
         load_docvqa_tasks(tmp_path / "missing.jsonl", cache_dir=tmp_path)
@@ -201,15 +186,11 @@ def test_rows_with_image_bytes_are_written_once_as_png(tmp_path: Path) -> None:
     for task in tasks:
         with Image.open(task.image) as img:
             assert img.format == "PNG"
-    assert (
-        Path(tasks[1].image).read_bytes() == png.getvalue()
-    )  # PNG bytes kept verbatim
+    assert Path(tasks[1].image).read_bytes() == png.getvalue()  # PNG bytes kept verbatim
     mtime = os.stat(tasks[0].image).st_mtime_ns
     assert load_docvqa_tasks(rows[:1], cache_dir=tmp_path)[0].image == tasks[0].image
     assert os.stat(tasks[0].image).st_mtime_ns == mtime  # not rewritten
-    with pytest.raises(
-        DocDataError, match="row 0: image is neither a path nor decodable"
-    ):
+    with pytest.raises(DocDataError, match="row 0: image is neither a path nor decodable"):
         load_docvqa_tasks(
             [{"id": 1, "question": "q", "answers": ["a"], "image": b"junk"}],
             cache_dir=tmp_path,
@@ -219,18 +200,11 @@ def test_rows_with_image_bytes_are_written_once_as_png(tmp_path: Path) -> None:
 def test_normalize_row_drops_incomplete_rows_and_keeps_tasks_as_is(
     tmp_path: Path,
 ) -> None:
-    assert (
-        normalize_row(
-            {"questionId": 1, "question": "q", "answers": ["a"]}, None, tmp_path
-        )
-        is None
-    )
+    assert normalize_row({"questionId": 1, "question": "q", "answers": ["a"]}, None, tmp_path) is None
     task = DocTask(id="t", question="q", answers=["a"], image="/x.png")
     assert load_docvqa_tasks([task], cache_dir=tmp_path) == [task]
     with pytest.raises(DocDataError, match="no id field"):
-        normalize_row(
-            {"question": "q", "answers": ["a"], "image": b"x"}, None, tmp_path
-        )
+        normalize_row({"question": "q", "answers": ["a"], "image": b"x"}, None, tmp_path)
 
 
 def test_hub_spec_fails_offline_with_a_pointer_to_local_files(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from agent_envs.envs.math_react.synth import FAMILIES, generate_math_tasks
 from agent_envs.envs.math_react.task import MathTask
 
 from conftest import MATH_DIR, run_offline  # noqa: E402
+
 EXPECTED_ROWS = {
     "dapo_test.jsonl": 100,
     "aime_2026.jsonl": 30,
@@ -48,9 +49,7 @@ def test_published_checksums_match() -> None:
     _need_shared()
     checked = verify_sha256sums(MATH_DIR)
     assert set(checked) == set(EXPECTED_ROWS)
-    assert checked["dapo_test.jsonl"] == (
-        "a0e64c93e7801957f0949ab80f5a26233ecd87a02ad5c4628de2da0692b5c4a2"
-    )
+    assert checked["dapo_test.jsonl"] == ("a0e64c93e7801957f0949ab80f5a26233ecd87a02ad5c4628de2da0692b5c4a2")
 
 
 def test_checksum_mismatch_is_reported(tmp_path: Path) -> None:
@@ -58,17 +57,13 @@ def test_checksum_mismatch_is_reported(tmp_path: Path) -> None:
     (tmp_path / "SHA256SUMS").write_text(f"{'0' * 64}  a.jsonl\n")
     with pytest.raises(MathDataError, match="SHA-256 mismatch .*a.jsonl"):
         verify_sha256sums(tmp_path)
-    (tmp_path / "SHA256SUMS").write_text(
-        f"{sha256_file(tmp_path / 'a.jsonl')}  a.jsonl\n"
-    )
+    (tmp_path / "SHA256SUMS").write_text(f"{sha256_file(tmp_path / 'a.jsonl')}  a.jsonl\n")
     assert list(verify_sha256sums(tmp_path)) == ["a.jsonl"]
 
 
 def test_corrupt_line_names_file_and_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(
-        '{"id": "a", "question": "q", "answer": "1"}\n{"id": "b", "question": \n'
-    )
+    bad.write_text('{"id": "a", "question": "q", "answer": "1"}\n{"id": "b", "question": \n')
     with pytest.raises(MathDataError, match=r"bad\.jsonl:2: corrupt JSON"):
         load_math_tasks(bad)
 
@@ -129,11 +124,7 @@ def _independent_answer(task: MathTask) -> int:
                 for y in range(h + 1):
                     if (x, y) == block:
                         continue
-                    ways[x][y] = (
-                        1
-                        if x == y == 0
-                        else (ways[x - 1][y] if x else 0) + (ways[x][y - 1] if y else 0)
-                    )
+                    ways[x][y] = 1 if x == y == 0 else (ways[x - 1][y] if x else 0) + (ways[x][y - 1] if y else 0)
             return ways[w][h]
         case "sum_of_divisors":
             return int(sympy.divisor_sigma(p["n"]))
@@ -157,6 +148,4 @@ def test_synthetic_answers_verified_independently(seed: int) -> None:
         assert task.answer == str(_independent_answer(task)), task.question
         for value in task.params.values():  # type: ignore[attr-defined]
             for number in value if isinstance(value, list) else [value]:
-                assert (
-                    str(number) in task.question
-                )  # the stated problem is the computed one
+                assert str(number) in task.question  # the stated problem is the computed one

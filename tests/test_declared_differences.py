@@ -1,4 +1,5 @@
 """Pins for the deliberate differences from the reference that docs/protocol.md declares."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,13 @@ def test_action_json_the_reference_decoder_raises_on(text):
 
 def test_decimal_overflow_is_no_match_instead_of_an_exception():
     assert exact_fallback_match("1e999999999", "2e999999999") is False
-    got = math_score("Final answer: \\boxed{2e999999999}", "1e999999999", scorer="exact",
-                     termination_reason="final_answer", used_bash=True)
+    got = math_score(
+        "Final answer: \\boxed{2e999999999}",
+        "1e999999999",
+        scorer="exact",
+        termination_reason="final_answer",
+        used_bash=True,
+    )
     assert (got.score, got.method) == (0.0, "exact_fallback")
 
 
@@ -112,7 +118,10 @@ def test_a_docvqa_record_without_tool_use_keeps_its_last_completion():
     assert (record["termination_reason"], record["used_bash"]) == ("max_turns", False)
     assert record["response"] == record["completion"] == "The total is 42"
     assert (record["score"], record["prediction"], record["score_method"]) == (
-        0.0, "", "docvqa_paper_react_cli_no_tool_use")
+        0.0,
+        "",
+        "docvqa_paper_react_cli_no_tool_use",
+    )
 
 
 def _nested_action(depth: int) -> str:
@@ -124,7 +133,10 @@ def test_action_json_nested_beyond_512_levels_is_undecodable():
     bound is fixed, so every call site decides alike: Math's relaxed parser runs the command,
     DocVQA answers with the format warning."""
     text = _nested_action(600)
-    assert decide(text, used_bash=False, flavour=MATH_ES).action == {"name": "bash", "arguments": {"command": "echo hi"}}
+    assert decide(text, used_bash=False, flavour=MATH_ES).action == {
+        "name": "bash",
+        "arguments": {"command": "echo hi"},
+    }
     assert decide(text, used_bash=False, flavour=DOCVQA_ES).kind == "warn"
 
 

@@ -1,6 +1,7 @@
 """Every relative link in README.md and docs/ points at a file that exists, and every ``#anchor``
 into a markdown file at one of its headings: the README is a front page whose details live in
 docs/, so a moved or renamed section must not leave a dead link behind."""
+
 from __future__ import annotations
 
 import re
@@ -73,7 +74,8 @@ def test_a_dead_file_a_dead_anchor_and_a_code_sample_are_told_apart(tmp_path: Pa
         "[ok](docs/a.md#sub-part) [self](#top) [web](https://example.invalid/x)\n"
         "[gone](docs/missing.md) [bad anchor](docs/a.md#nope)\n"
         "`[in code](docs/missing.md)`\n```\n[in a fence](docs/missing.md)\n```\n# Top\n",
-        encoding="utf-8")
+        encoding="utf-8",
+    )
     assert broken_links(readme, tmp_path) == [
         "README.md:2: docs/missing.md (no such file)",
         "README.md:2: docs/a.md#nope (no heading #nope in docs/a.md)",

@@ -1,5 +1,6 @@
 """Bad configuration is refused where it is given (``gym.make``, ``reset``), with a message naming
 the field, instead of being coerced or reaching the model as an error observation every turn."""
+
 from __future__ import annotations
 
 import gymnasium as gym
@@ -12,23 +13,26 @@ TASK = {"id": "t1", "question": "1+1?", "answer": "2", "source": "test"}
 
 
 @pytest.mark.parametrize("env_id", ["MATH-ReAct-v0", "DocVQA-CLI-v0"])
-@pytest.mark.parametrize("kwargs,field", [
-    ({"max_tokens_per_turn": "x"}, "max_tokens_per_turn='x'"),
-    ({"max_turns": 1.5}, "max_turns=1.5"),
-    ({"max_turns": True}, "max_turns=True"),
-    ({"max_turns": 0}, "max_turns=0"),
-    ({"max_trajectory_tokens": -5}, "max_trajectory_tokens=-5"),
-    ({"max_model_len": "4096"}, "max_model_len='4096'"),
-    ({"sandbox": {"limits": {"workspace_mib": 0}}}, "limits.workspace_mib=0"),
-    ({"sandbox": {"limits": {"timeout_s": 0}}}, "limits.timeout_s=0"),
-    ({"sandbox": {"limits": {"timeout_s": -2.5}}}, "limits.timeout_s=-2.5"),
-    ({"sandbox": {"limits": {"timeout_s": "20"}}}, "limits.timeout_s='20'"),
-    ({"sandbox": {"limits": {"max_processes": 0}}}, "limits.max_processes=0"),
-    ({"sandbox": {"limits": {"memory_gib": 0.0001}}}, "limits.memory_gib=0.0001"),
-    ({"sandbox": {"limits": {"max_output_chars": -1}}}, "limits.max_output_chars=-1"),
-    ({"sandbox": {"limits": {"cpu_seconds": 2.5}}}, "limits.cpu_seconds=2.5"),
-    ({"sandbox": {"mode": "fersh"}}, "unknown sandbox mode 'fersh'"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"max_tokens_per_turn": "x"}, "max_tokens_per_turn='x'"),
+        ({"max_turns": 1.5}, "max_turns=1.5"),
+        ({"max_turns": True}, "max_turns=True"),
+        ({"max_turns": 0}, "max_turns=0"),
+        ({"max_trajectory_tokens": -5}, "max_trajectory_tokens=-5"),
+        ({"max_model_len": "4096"}, "max_model_len='4096'"),
+        ({"sandbox": {"limits": {"workspace_mib": 0}}}, "limits.workspace_mib=0"),
+        ({"sandbox": {"limits": {"timeout_s": 0}}}, "limits.timeout_s=0"),
+        ({"sandbox": {"limits": {"timeout_s": -2.5}}}, "limits.timeout_s=-2.5"),
+        ({"sandbox": {"limits": {"timeout_s": "20"}}}, "limits.timeout_s='20'"),
+        ({"sandbox": {"limits": {"max_processes": 0}}}, "limits.max_processes=0"),
+        ({"sandbox": {"limits": {"memory_gib": 0.0001}}}, "limits.memory_gib=0.0001"),
+        ({"sandbox": {"limits": {"max_output_chars": -1}}}, "limits.max_output_chars=-1"),
+        ({"sandbox": {"limits": {"cpu_seconds": 2.5}}}, "limits.cpu_seconds=2.5"),
+        ({"sandbox": {"mode": "fersh"}}, "unknown sandbox mode 'fersh'"),
+    ],
+)
 def test_make_rejects_bad_config(env_id, kwargs, field):
     with pytest.raises(ValueError, match=_re(field)):
         gym.make(env_id, dataset="builtin", **kwargs)
@@ -36,8 +40,14 @@ def test_make_rejects_bad_config(env_id, kwargs, field):
 
 def test_smallest_accepted_limits_still_run_python():
     """The floors are usable: python3 with numpy and sympy runs with every limit at its minimum."""
-    limits = {"memory_gib": 0.25, "max_processes": 2, "max_open_files": 64, "workspace_mib": 1,
-              "cpu_seconds": 1, "max_file_size_mib": 1}
+    limits = {
+        "memory_gib": 0.25,
+        "max_processes": 2,
+        "max_open_files": 64,
+        "workspace_mib": 1,
+        "cpu_seconds": 1,
+        "max_file_size_mib": 1,
+    }
     env = gym.make("MATH-ReAct-v0", dataset=[TASK], sandbox={"limits": limits})
     try:
         env.reset(options={"task": TASK})
@@ -78,16 +88,19 @@ def _re(text: str) -> str:
 
 
 # ----------------------------------------------------------------- each environment's options model
-@pytest.mark.parametrize("env_id,kwargs,field", [
-    ("MATH-ReAct-v0", {"scorer": "fuzzy"}, "invalid MATH-ReAct-v0 argument: scorer='fuzzy'"),
-    ("MATH-ReAct-v0", {"blocklist": 1}, "invalid MATH-ReAct-v0 argument: blocklist=1"),
-    ("MATH-ReAct-v0", {"score_timeout_s": 0}, "invalid MATH-ReAct-v0 argument: score_timeout_s=0"),
-    ("DocVQA-CLI-v0", {"anls_variant": "loose"}, "invalid DocVQA-CLI-v0 argument: anls_variant='loose'"),
-    ("DocVQA-VL-v0", {"max_view_pixels": 0}, "invalid DocVQA-VL-v0 argument: max_view_pixels=0"),
-    ("DocVQA-VL-v0", {"page_in_prompt": "yes"}, "invalid DocVQA-VL-v0 argument: page_in_prompt='yes'"),
-    ("Countdown-ReAct-v0", {"single_turn": 1}, "invalid Countdown-ReAct-v0 argument: single_turn=1"),
-    ("Countdown-ReAct-v0", {"anls_variant": "protocol"}, "invalid Countdown-ReAct-v0 argument: anls_variant="),
-])
+@pytest.mark.parametrize(
+    "env_id,kwargs,field",
+    [
+        ("MATH-ReAct-v0", {"scorer": "fuzzy"}, "invalid MATH-ReAct-v0 argument: scorer='fuzzy'"),
+        ("MATH-ReAct-v0", {"blocklist": 1}, "invalid MATH-ReAct-v0 argument: blocklist=1"),
+        ("MATH-ReAct-v0", {"score_timeout_s": 0}, "invalid MATH-ReAct-v0 argument: score_timeout_s=0"),
+        ("DocVQA-CLI-v0", {"anls_variant": "loose"}, "invalid DocVQA-CLI-v0 argument: anls_variant='loose'"),
+        ("DocVQA-VL-v0", {"max_view_pixels": 0}, "invalid DocVQA-VL-v0 argument: max_view_pixels=0"),
+        ("DocVQA-VL-v0", {"page_in_prompt": "yes"}, "invalid DocVQA-VL-v0 argument: page_in_prompt='yes'"),
+        ("Countdown-ReAct-v0", {"single_turn": 1}, "invalid Countdown-ReAct-v0 argument: single_turn=1"),
+        ("Countdown-ReAct-v0", {"anls_variant": "protocol"}, "invalid Countdown-ReAct-v0 argument: anls_variant="),
+    ],
+)
 def test_each_environment_checks_its_own_options_with_one_model(env_id, kwargs, field):
     with pytest.raises(ValueError, match=_re(field)):
         gym.make(env_id, **kwargs)
@@ -118,7 +131,10 @@ def test_a_tool_needing_a_capability_the_backend_lacks_is_refused_at_make(monkey
     assert backends_with(frozenset({PROCESSES})) == ["bwrap", "none"]
     needy = replace(SPEC, tools=(SPEC.tools[0].with_(needs=frozenset({PID_NAMESPACE})),))
     monkeypatch.setattr(MathReActEnv, "env_spec", needy)
-    with pytest.raises(ValueError, match='MATH-ReAct-v0: the bash tool cannot run on the "none" sandbox backend, '
-                                         'which lacks pid_namespace; use "bwrap"'):
+    with pytest.raises(
+        ValueError,
+        match='MATH-ReAct-v0: the bash tool cannot run on the "none" sandbox backend, '
+        'which lacks pid_namespace; use "bwrap"',
+    ):
         MathReActEnv(sandbox="none")
     MathReActEnv(sandbox="bwrap").close()

@@ -1,5 +1,6 @@
 """Countdown-ReAct-v0 end to end: real python and bash tools in bubblewrap, the ast scorer, the
 single-turn mode.  What is generic (check_env, garbage, runners, leaks) is in test_conformance."""
+
 from __future__ import annotations
 
 import json
@@ -44,14 +45,22 @@ def _episode(env, *completions: str, task: CountdownTask = TASK):
 
 
 def test_make_works_offline_and_the_builtin_tasks_are_solvable():
-    code = ("import socket\n"
-            "def no_net(*a, **k): raise OSError('network disabled')\n"
-            "socket.socket.connect = no_net\n"
-            "import gymnasium as gym, agent_envs\n"
-            "e = gym.make('Countdown-ReAct-v0'); m, _ = e.reset(seed=3)\n"
-            "print(len(e.unwrapped.tasks), m[1]['content'].splitlines()[0]); e.close()\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
-                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    code = (
+        "import socket\n"
+        "def no_net(*a, **k): raise OSError('network disabled')\n"
+        "socket.socket.connect = no_net\n"
+        "import gymnasium as gym, agent_envs\n"
+        "e = gym.make('Countdown-ReAct-v0'); m, _ = e.reset(seed=3)\n"
+        "print(len(e.unwrapped.tasks), m[1]['content'].splitlines()[0]); e.close()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+    )
     assert out.returncode == 0, out.stderr
     n, first = out.stdout.split(" ", 1)
     assert int(n) == 200 and first.startswith("Numbers: ")
@@ -94,24 +103,31 @@ def test_bash_satisfies_tool_required_and_its_blocklist_has_countdown_text(env):
     messages, *_ = env.step(_act("bash", "echo $(( (25 - 5) * 4 + 3 ))"))
     assert messages[-1]["content"] == "Observation from bash:\n83\n\n[exit_code] 0"
     messages, *_ = env.step(_act("ruby", "1"))
-    assert messages[-1]["content"] == "Observation from ruby:\nUnknown action 'ruby'. Available actions are python and bash."
+    assert (
+        messages[-1]["content"]
+        == "Observation from ruby:\nUnknown action 'ruby'. Available actions are python and bash."
+    )
     _, reward, _, _, info = env.step("Final answer: \\boxed{(25 - 5) * 4 + 3}")
     assert reward == 1.0 and info["used_bash"]
 
 
-@pytest.mark.parametrize("answer,reason", [
-    ("(25 - 5) * 3 + 4", "is not the target"),        # wrong value
-    ("(25 - 5) * 4 + 3 + 3 - 3", "numbers used"),      # reused numbers
-    ("25 * 4 - 17", "numbers used"),                   # missing and foreign numbers
-    ("(25 - 5) * 4 + 3 / (5 - 5)", "division by zero"),
-    ("__import__('os').system('touch {marker}')", "not allowed"),
-    ("open('{marker}', 'w')", "not allowed"),
-    ("(lambda: 83)()", "not allowed"),
-])
+@pytest.mark.parametrize(
+    "answer,reason",
+    [
+        ("(25 - 5) * 3 + 4", "is not the target"),  # wrong value
+        ("(25 - 5) * 4 + 3 + 3 - 3", "numbers used"),  # reused numbers
+        ("25 * 4 - 17", "numbers used"),  # missing and foreign numbers
+        ("(25 - 5) * 4 + 3 / (5 - 5)", "division by zero"),
+        ("__import__('os').system('touch {marker}')", "not allowed"),
+        ("open('{marker}', 'w')", "not allowed"),
+        ("(lambda: 83)()", "not allowed"),
+    ],
+)
 def test_bad_answers_score_zero_without_executing_anything(env, tmp_path, answer, reason):
     marker = tmp_path / "executed"
-    _, reward, info = _episode(env, _act("python", "print(1)"),
-                               f"Final answer: \\boxed{{{answer.format(marker=marker)}}}")
+    _, reward, info = _episode(
+        env, _act("python", "print(1)"), f"Final answer: \\boxed{{{answer.format(marker=marker)}}}"
+    )
     assert reward == 0.0 and info["termination_reason"] == "final_answer"
     assert reason in info["episode"]["score_reason"]
     assert not marker.exists()
@@ -148,7 +164,7 @@ def test_loader_takes_public_nums_target_rows(tmp_path):
 
 
 def test_docker_backend_is_refused_at_make_not_mid_episode():
-    with pytest.raises(ValueError, match="python tool cannot run on the \"docker\" sandbox backend"):
+    with pytest.raises(ValueError, match='python tool cannot run on the "docker" sandbox backend'):
         gym.make("Countdown-ReAct-v0", sandbox="docker")
 
 
@@ -161,13 +177,25 @@ def test_its_own_metrics_summarise_its_records():
     from agent_envs.rollout.runner import run_episodes
 
     countdown = spec("Countdown-ReAct-v0")
-    rows = [{"task_id": "a", "sample_index": 0, "score": 1.0, "target": 24, "value": "24"},
-            {"task_id": "b", "sample_index": 0, "score": 0.0, "target": 10, "value": "21/2"},
-            {"task_id": "c", "sample_index": 0, "score": 0.0, "target": 5, "value": None}]
-    assert summarize(rows, 1, spec=countdown)["countdown"] == {"valid_expression_rate": 2 / 3,
-                                                                "mean_target_distance": 0.25}
+    rows = [
+        {"task_id": "a", "sample_index": 0, "score": 1.0, "target": 24, "value": "24"},
+        {"task_id": "b", "sample_index": 0, "score": 0.0, "target": 10, "value": "21/2"},
+        {"task_id": "c", "sample_index": 0, "score": 0.0, "target": 5, "value": None},
+    ]
+    assert summarize(rows, 1, spec=countdown)["countdown"] == {
+        "valid_expression_rate": 2 / 3,
+        "mean_target_distance": 0.25,
+    }
     assert "countdown" not in summarize(rows, 1)  # the block is the environment's, through its spec
-    records = run_episodes("Countdown-ReAct-v0", generate(2, seed=3), ScriptedPolicy(countdown.baseline),
-                           mode="lockstep", env_kwargs={"sandbox": "bwrap"}, progress=False)
-    assert summarize(records, 1, spec=countdown)["countdown"] == {"valid_expression_rate": 1.0,
-                                                                   "mean_target_distance": 0.0}
+    records = run_episodes(
+        "Countdown-ReAct-v0",
+        generate(2, seed=3),
+        ScriptedPolicy(countdown.baseline),
+        mode="lockstep",
+        env_kwargs={"sandbox": "bwrap"},
+        progress=False,
+    )
+    assert summarize(records, 1, spec=countdown)["countdown"] == {
+        "valid_expression_rate": 1.0,
+        "mean_target_distance": 0.0,
+    }

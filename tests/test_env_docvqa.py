@@ -1,4 +1,5 @@
 """DocVQA-CLI-v0 on the real DocVQA sample pages with real bubblewrap and tesseract (issue 3)."""
+
 from __future__ import annotations
 
 import json
@@ -201,7 +202,8 @@ def test_make_accepts_the_rows_the_loader_accepts(docvqa_dir):
     try:
         messages, info = env.reset(options={"row_index": 0})
         assert info["task_id"] == "docvqa_7" and messages[1]["content"].endswith(
-            "Question: What page?\nYou must call at least one bash action before giving the final answer.")
+            "Question: What page?\nYou must call at least one bash action before giving the final answer."
+        )
         assert env.unwrapped.tasks == load_docvqa_tasks(rows)
     finally:
         env.close()

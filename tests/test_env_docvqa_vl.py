@@ -1,6 +1,7 @@
 """DocVQA-VL-v0 (docs/protocol.md#view-tool) on the real DocVQA sample pages, real bubblewrap and
 tesseract: the view tool's images are the requested pixels of the page, bad arguments are
 warnings, and an episode scores exactly as the same answer does in DocVQA-CLI-v0."""
+
 from __future__ import annotations
 
 import base64
@@ -69,7 +70,8 @@ def test_view_box_shows_exactly_that_region_of_the_page(env, real_tasks):
     assert same_pixels(image, page.crop(tuple(box)))
     assert messages[-1]["content"][0]["text"] == (
         f"Observation from view:\nRegion {box} of the {page.width}x{page.height} image at zoom 1, "
-        f"shown as 781x177 pixels.")
+        f"shown as 781x177 pixels."
+    )
     assert info["used_bash"]  # a view is tool use
 
 
@@ -82,8 +84,10 @@ def test_whole_page_view_is_scaled_to_the_pixel_cap_and_says_so(env, real_tasks)
     image = shown(messages)
     assert image.width * image.height <= 1 << 20 and abs(image.width / image.height - page.width / page.height) < 0.01
     assert same_pixels(image, page.resize(image.size, Image.Resampling.LANCZOS))
-    assert f"(scaled down from {page.width}x{page.height} to stay within 1048576 pixels)" in \
-        messages[-1]["content"][0]["text"]
+    assert (
+        f"(scaled down from {page.width}x{page.height} to stay within 1048576 pixels)"
+        in messages[-1]["content"][0]["text"]
+    )
 
 
 def test_zoom_enlarges_the_region(env, real_tasks):
@@ -102,20 +106,20 @@ def test_zoom_enlarges_the_region(env, real_tasks):
 BAD = [
     ({"box": "all"}, "box must be a list of 4 numbers"),
     ({"box": [0, 0, 10]}, "box must be a list of 4 numbers"),
-    ({"box": ["0", 0, 10, 10]}, "box[0] must be a whole number of pixels, got \"0\""),
+    ({"box": ["0", 0, 10, 10]}, 'box[0] must be a whole number of pixels, got "0"'),
     ({"box": [0, 0, 10.5, 10]}, "box[2] must be a whole number of pixels, got 10.5"),
     ({"box": [True, 0, 10, 10]}, "box[0] must be a whole number of pixels, got true"),
-    ({"box": [0, 0, 10 ** 9, 10]}, "is outside the"),
-    ({"box": [0, 0, 10 ** 400, 10]}, "box [0, 0, 1000000000000"),  # once OverflowError (int -> float)
+    ({"box": [0, 0, 10**9, 10]}, "is outside the"),
+    ({"box": [0, 0, 10**400, 10]}, "box [0, 0, 1000000000000"),  # once OverflowError (int -> float)
     ({"box": [0, 0, 1e300, 10]}, "is outside the"),
     ({"box": [0, 0, float("inf"), 10]}, "box[2] must be a whole number of pixels, got Infinity"),
-    ({"zoom": 10 ** 400}, "zoom must be a number above 0 and at most 4, got 1000000000"),
+    ({"zoom": 10**400}, "zoom must be a number above 0 and at most 4, got 1000000000"),
     ({"box": [-1, 0, 10, 10]}, "is outside the"),
     ({"box": [10, 10, 10, 50]}, "has no area"),
     ({"box": [0, 50, 10, 20]}, "has no area"),
     ({"zoom": 1000}, "zoom must be a number above 0 and at most 4, got 1000"),
     ({"zoom": 0}, "zoom must be a number above 0 and at most 4, got 0"),
-    ({"zoom": "2"}, "zoom must be a number above 0 and at most 4, got \"2\""),
+    ({"zoom": "2"}, 'zoom must be a number above 0 and at most 4, got "2"'),
     ({"zoom": None}, "zoom must be a number"),
     ({"box": [0, 0, 10, 10], "page": 2}, "unknown argument(s) 'page'"),
 ]
@@ -131,8 +135,10 @@ def test_bad_view_arguments_are_warnings_without_an_image(env, real_tasks):
         assert isinstance(content, str) and (reward, terminated, truncated) == (0.0, False, False)
         assert content.startswith("Observation from view:\nInvalid view arguments: ")
         assert problem in content, (arguments, content)
-        assert content.endswith(f"No image is shown. Use {{}} for the whole {page.width}x{page.height} image, "
-                                "or {\"box\": [x0, y0, x1, y1]} in its pixels, optionally with \"zoom\": z (0 < z <= 4).")
+        assert content.endswith(
+            f"No image is shown. Use {{}} for the whole {page.width}x{page.height} image, "
+            'or {"box": [x0, y0, x1, y1]} in its pixels, optionally with "zoom": z (0 < z <= 4).'
+        )
     assert "images" not in env.unwrapped._ep.steps[-1]
     # arguments that are not an object are no action at all: the format warning
     messages, *_ = env.step('Action: {"name": "view", "arguments": [0, 0, 10, 10]}')
@@ -154,8 +160,20 @@ def test_scores_exactly_as_the_same_answer_in_docvqa_cli(real_tasks, answer_inde
             env.close()
         assert terminated
         records[env_id] = info["episode"]
-    fields = ("score", "score_method", "score_status", "answer_status", "prediction", "anls", "acc", "answers",
-              "image", "tool_image", "used_bash", "termination_reason")
+    fields = (
+        "score",
+        "score_method",
+        "score_status",
+        "answer_status",
+        "prediction",
+        "anls",
+        "acc",
+        "answers",
+        "image",
+        "tool_image",
+        "used_bash",
+        "termination_reason",
+    )
     cli, vl = ({f: records[e][f] for f in fields} for e in ("DocVQA-CLI-v0", "DocVQA-VL-v0"))
     assert vl == cli
     assert (cli["score"] == 1.0) == (answer_index is not None) and 0 < cli["anls"]
@@ -169,10 +187,17 @@ def test_record_keeps_facts_not_pixels(env, real_tasks):
     *_, info = env.step("Final answer: x")
     record = info["episode"]
     facts = record["react_steps"][0]["images"]
-    assert facts == [{"box": [0, 0, 600, 400], "zoom": 1.5, "source": task.image, "target": "/workspace/document.png",
-                      "source_sha256": hashlib.sha256(open(task.image, "rb").read()).hexdigest(),
-                      "size": [900, 600],
-                      "sha256": hashlib.sha256(base64.b64decode(url.split(",", 1)[1])).hexdigest()}]
+    assert facts == [
+        {
+            "box": [0, 0, 600, 400],
+            "zoom": 1.5,
+            "source": task.image,
+            "target": "/workspace/document.png",
+            "source_sha256": hashlib.sha256(open(task.image, "rb").read()).hexdigest(),
+            "size": [900, 600],
+            "sha256": hashlib.sha256(base64.b64decode(url.split(",", 1)[1])).hexdigest(),
+        }
+    ]
     line = json.dumps(record)
     assert "base64" not in line and len(line) < 20_000
     assert record["react_steps"][0]["observation"].startswith("Region [0, 0, 600, 400]")
@@ -200,7 +225,9 @@ def test_page_in_prompt_puts_the_capped_page_after_the_task_text(real_tasks):
     finally:
         env.close()
         plain.close()
-    with pytest.raises(ValueError, match="invalid DocVQA-VL-v0 argument: page_in_prompt='yes': Input should be a valid boolean"):
+    with pytest.raises(
+        ValueError, match="invalid DocVQA-VL-v0 argument: page_in_prompt='yes': Input should be a valid boolean"
+    ):
         gym.make("DocVQA-VL-v0", page_in_prompt="yes")
     with pytest.raises(ValueError, match="max_view_pixels=2.5: must be an integer"):
         gym.make("DocVQA-VL-v0", max_view_pixels=2.5)
@@ -236,7 +263,9 @@ def test_without_a_processor_image_counts_are_estimates(real_tasks):
         env.reset(options={"task": real_tasks[0].model_dump()})
         messages, *_ = env.step(view(box=[0, 0, 280, 56]))
         observation = messages[-1]
-        text_cost = TokenCounter(tokenizer).prompt_tokens([{"role": "user", "content": observation["content"][0]["text"]}])
+        text_cost = TokenCounter(tokenizer).prompt_tokens(
+            [{"role": "user", "content": observation["content"][0]["text"]}]
+        )
         ep = env.unwrapped._ep
         assert ep.trajectory_tokens - ep.generated_tokens == text_cost + 10 * 2
         *_, info = env.step("Final answer: x")
@@ -255,10 +284,32 @@ def test_cli_scripted_eval_records_and_reports_the_viewed_regions(tmp_path, docv
 
     out = tmp_path / "vl"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-m", "agent_envs.cli", "eval", "--env", "DocVQA-VL-v0", "--policy",
-                           "scripted", "--data", str(docvqa_dir / "val_v1.0.json"), "--limit", "2", "--out", str(out),
-                           "--no-progress", "--env-arg", "page_in_prompt=true"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent_envs.cli",
+            "eval",
+            "--env",
+            "DocVQA-VL-v0",
+            "--policy",
+            "scripted",
+            "--data",
+            str(docvqa_dir / "val_v1.0.json"),
+            "--limit",
+            "2",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--env-arg",
+            "page_in_prompt=true",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     rows, bad = read_jsonl(out / "records.jsonl")
     assert bad == 0 and len(rows) == 2
@@ -275,8 +326,10 @@ def test_cli_scripted_eval_records_and_reports_the_viewed_regions(tmp_path, docv
             assert f'data-image="shown:{facts["sha256"]}"' in html
         [log] = (out / "trace_logs").glob(f"docvqa_vl_agent_{row['task_id']}_sample00_*.md")
         facts = view_step["images"][0]
-        assert (f"### Images shown\n\n- box {facts['box']} of {facts['source']}, zoom 1.0, "
-                f"{facts['size'][0]}x{facts['size'][1]} pixels, sha256 {facts['sha256']}\n") in log.read_text()
+        assert (
+            f"### Images shown\n\n- box {facts['box']} of {facts['source']}, zoom 1.0, "
+            f"{facts['size'][0]}x{facts['size'][1]} pixels, sha256 {facts['sha256']}\n"
+        ) in log.read_text()
     assert "image shown to the model: box [0, 0, " in html and "changed since the run" not in html
 
 
@@ -311,8 +364,10 @@ def test_view_without_arguments_follows_each_harness_parser(real_tasks):
     """Under the ES parser a missing ``arguments`` is ``{}`` (the whole page); the HTTP evaluator's
     parser requires the key, so there it is a format warning (docs/protocol.md#action-parsers)."""
     task = real_tasks[0]
-    for compat, first in (("es", "Observation from view:\nRegion [0, 0, "),
-                          ("http_eval", "Observation from format_check:\nNo valid action was parsed.")):
+    for compat, first in (
+        ("es", "Observation from view:\nRegion [0, 0, "),
+        ("http_eval", "Observation from format_check:\nNo valid action was parsed."),
+    ):
         env = gym.make("DocVQA-VL-v0", dataset=real_tasks, compat=compat, render_mode="ansi")
         try:
             env.reset(options={"task": task.model_dump()})
@@ -322,8 +377,9 @@ def test_view_without_arguments_follows_each_harness_parser(real_tasks):
             if compat == "es":
                 assert env.render().endswith(" pixels).\n[image]")  # ansi shows where the image is
             messages, *_ = env.step('Action: {"name": "crop", "arguments": {}}')
-            assert messages[-1]["content"] == ("Observation from crop:\nUnknown action 'crop'. "
-                                               "Available actions are bash and view.")
+            assert messages[-1]["content"] == (
+                "Observation from crop:\nUnknown action 'crop'. Available actions are bash and view."
+            )
         finally:
             env.close()
 
@@ -336,6 +392,7 @@ def test_a_page_removed_mid_episode_is_an_error_observation(tmp_path, real_tasks
         messages, reward, terminated, truncated, _ = env.step(view())
         assert (reward, terminated, truncated) == (0.0, False, False)
         assert messages[-1]["content"].startswith(
-            "Observation from view:\n[ERROR] The image cannot be read: FileNotFoundError: ")
+            "Observation from view:\n[ERROR] The image cannot be read: FileNotFoundError: "
+        )
     finally:
         env.close()

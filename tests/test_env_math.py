@@ -1,4 +1,5 @@
 """MATH-ReAct-v0 end to end with the real bubblewrap sandbox (issue 2 acceptance)."""
+
 from __future__ import annotations
 
 import os
@@ -142,7 +143,9 @@ def test_sandbox_denies_secrets_network_and_reaps_timeouts(env, math_dir):
     server.settimeout(30)
     t = threading.Thread(target=lambda: accepted.append(_accept(server)), daemon=True)
     t.start()
-    cmd = f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3); print('CONNECTED')\""
+    cmd = (
+        f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3); print('CONNECTED')\""
+    )
     messages, *_ = env.step(bash(cmd))
     assert "CONNECTED" not in messages[-1]["content"]
     server.close()
@@ -219,7 +222,8 @@ for seed in range(3):  # one environment, episodes cut short by reset()
 print(len(os.listdir({str(tmp_path)!r})))
 """
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     assert out == "1\n"  # only the running episode's folder
     assert list(tmp_path.iterdir()) == []

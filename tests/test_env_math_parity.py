@@ -2,6 +2,7 @@
 
 Real bubblewrap for the default sandbox, real host shells for the ``sandbox="none"`` parity runner.
 """
+
 from __future__ import annotations
 
 import json
@@ -77,7 +78,9 @@ def test_parity_runner_keeps_the_reference_command_log():
         listing, blocked, log = observe(env, "ls -a", "kill -9 1", "cat .math_tool_commands.log")
         assert listing == "Observation from bash:\n.\n..\n.math_tool_commands.log\n\n[exit_code] 0"
         assert blocked == BLOCKED
-        pattern = "".join(LOG_ENTRY + re.escape(c) + r"\n" for c in ("ls -a", "kill -9 1", "cat .math_tool_commands.log"))
+        pattern = "".join(
+            LOG_ENTRY + re.escape(c) + r"\n" for c in ("ls -a", "kill -9 1", "cat .math_tool_commands.log")
+        )
         assert re.fullmatch("Observation from bash:\n" + pattern + r"\n\[exit_code\] 0", log), log
     finally:
         env.close()
@@ -96,11 +99,24 @@ def test_cli_passes_the_blocklist_switch_and_rejects_it_unsandboxed(tmp_path, ca
     from agent_envs.cli import main
 
     def run(*extra: str) -> int:
-        return main(["eval", "--env", "MATH-ReAct-v0", "--policy", "scripted", "--limit", "1", "--no-progress",
-                     "--env-arg", "blocklist=false", *extra])
+        return main(
+            [
+                "eval",
+                "--env",
+                "MATH-ReAct-v0",
+                "--policy",
+                "scripted",
+                "--limit",
+                "1",
+                "--no-progress",
+                "--env-arg",
+                "blocklist=false",
+                *extra,
+            ]
+        )
 
     assert run("--sandbox", "none", "--out", str(tmp_path / "host")) == 2
-    assert 'invalid settings for MATH-ReAct-v0: blocklist=False needs a sandbox' in capsys.readouterr().err
+    assert "invalid settings for MATH-ReAct-v0: blocklist=False needs a sandbox" in capsys.readouterr().err
     assert run("--sandbox", "bwrap", "--out", str(tmp_path / "ok")) == 0
     config = json.loads((tmp_path / "ok" / "config.json").read_text())
     assert config["env_args"] == {"blocklist": False}

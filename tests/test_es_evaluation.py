@@ -5,6 +5,7 @@ Initial evaluation (generation -1), interval evaluations over two held-out sets 
 ``--eval-samples``, a final report with its own sample count and seeds, per-member and per-evaluation
 trace logs in the reference's layout, evaluation-only replays at chosen update counts that
 reproduce what training measured, and a frozen key-to-seed map."""
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,19 @@ TRAIN = [MathTask(id=f"toy{i}", question=f"Pick the number of box {i}.", answer=
 DAPO = [MathTask(id=f"dapo_{i}", question=f"Box {i}?", answer=str(i % 4)) for i in range(2)]
 AIME = [MathTask(id=f"aime_2026_{i:03d}", question=f"Crate {i}?", answer=str((i + 1) % 4)) for i in range(2)]
 SEED = 20260627
-CONFIG = ESConfig(env_id="MATH-ReAct-v0", model="toy", generations=2, population=3, case_batch_size=3, seed=SEED,
-                  sigma_start=0.8, sigma_end=0.8, sigma_schedule="constant", alpha=0.8, eval_interval=1)
+CONFIG = ESConfig(
+    env_id="MATH-ReAct-v0",
+    model="toy",
+    generations=2,
+    population=3,
+    case_batch_size=3,
+    seed=SEED,
+    sigma_start=0.8,
+    sigma_end=0.8,
+    sigma_schedule="constant",
+    alpha=0.8,
+    eval_interval=1,
+)
 ENV = {"max_turns": 3, "sandbox": "bwrap"}
 MATH = spec("MATH-ReAct-v0")
 
@@ -59,8 +71,19 @@ def _engine() -> TorchToyEngine:
 
 def _held_out(engine: TorchToyEngine):
     def run(tasks, samples, seed, key_seeds):
-        return run_episodes("MATH-ReAct-v0", tasks, engine.policy, samples=samples, base_seed=seed, env_kwargs=ENV,
-                            mode="lockstep", concurrency=8, progress=False, key_seeds=key_seeds)
+        return run_episodes(
+            "MATH-ReAct-v0",
+            tasks,
+            engine.policy,
+            samples=samples,
+            base_seed=seed,
+            env_kwargs=ENV,
+            mode="lockstep",
+            concurrency=8,
+            progress=False,
+            key_seeds=key_seeds,
+        )
+
     return run
 
 
@@ -73,11 +96,27 @@ def _train(folder: Path, *flags: str) -> tuple[list[dict], TorchToyEngine, Path]
     evaluator = setup.evaluator(_held_out(engine), seed=SEED, spec=MATH, log=lambda _: None)
 
     def member(batch, seed, generation, index):
-        return evaluate_member(engine.policy, CONFIG.env_id, batch, seed, generation=generation, member=index,
-                               env_kwargs=ENV, concurrency=6)
+        return evaluate_member(
+            engine.policy,
+            CONFIG.env_id,
+            batch,
+            seed,
+            generation=generation,
+            member=index,
+            env_kwargs=ENV,
+            concurrency=6,
+        )
 
-    trainer = ESTrainer(config, engine, TRAIN, member, str(history), history=setup.head(evaluator, config, None, 0),
-                        eval_hook=setup.hook(evaluator), log=lambda _: None)
+    trainer = ESTrainer(
+        config,
+        engine,
+        TRAIN,
+        member,
+        str(history),
+        history=setup.head(evaluator, config, None, 0),
+        eval_hook=setup.hook(evaluator),
+        log=lambda _: None,
+    )
     setup.train(trainer, evaluator, {"max_turns": 3, "max_tokens": None})
     return load_history(history), engine, history
 
@@ -85,8 +124,16 @@ def _train(folder: Path, *flags: str) -> tuple[list[dict], TorchToyEngine, Path]
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     folder = tmp_path_factory.mktemp("es-eval")
-    history, engine, path = _train(folder, "--initial-eval", "--eval-samples", "2", "--final-eval",
-                                   "--final-eval-samples", "4", "--write-trace-logs")
+    history, engine, path = _train(
+        folder,
+        "--initial-eval",
+        "--eval-samples",
+        "2",
+        "--final-eval",
+        "--final-eval-samples",
+        "4",
+        "--write-trace-logs",
+    )
     return history, engine.checksum(), path
 
 
@@ -95,7 +142,9 @@ def _seeds(summary: dict) -> dict[str, int]:
 
 
 def _expected(tasks: list[MathTask], samples: int, base: int) -> dict[str, int]:
-    return {f"{t.id}:sample{s:02d}": trajectory_seed(base, row, s) for row, t in enumerate(tasks) for s in range(samples)}
+    return {
+        f"{t.id}:sample{s:02d}": trajectory_seed(base, row, s) for row, t in enumerate(tasks) for s in range(samples)
+    }
 
 
 def _untimed(summary: dict) -> list[dict]:
@@ -123,8 +172,16 @@ def test_trace_logs_follow_the_reference_layout(trained):
     _, _, path = trained
     logs = path.parent / "trace_logs"
     assert sorted(p.name for p in logs.iterdir()) == [
-        "aime_eval", "aime_eval_after_001", "aime_eval_after_002", "aime_final_eval",
-        "dapo_eval", "dapo_eval_after_001", "dapo_eval_after_002", "dapo_final_eval", "train"]
+        "aime_eval",
+        "aime_eval_after_001",
+        "aime_eval_after_002",
+        "aime_final_eval",
+        "dapo_eval",
+        "dapo_eval_after_001",
+        "dapo_eval_after_002",
+        "dapo_final_eval",
+        "train",
+    ]
     train = sorted(p.name for p in (logs / "train").iterdir())
     history = load_history(path)
     assert len(train) == 2 * 3 * 3  # generations x members x case batch
@@ -133,22 +190,44 @@ def test_trace_logs_follow_the_reference_layout(trained):
             prefix = f"math_agent_gen{record['generation']:03d}_candidate{member:02d}_seed{seed}_toy"
             assert sum(name.startswith(prefix) for name in train) == 3
     final = sorted(p.name for p in (logs / "dapo_final_eval").iterdir())
-    assert len(final) == 8 and all(n.startswith("math_agent_dapo_") and n.endswith(("_SUCCEED.md", "_FAILED.md"))
-                                   for n in final)
+    assert len(final) == 8 and all(
+        n.startswith("math_agent_dapo_") and n.endswith(("_SUCCEED.md", "_FAILED.md")) for n in final
+    )
 
 
 def test_eval_only_replay_reproduces_the_interval_and_final_evaluations(trained, tmp_path):
     """interval25-style (replay N updates, evaluate) and final4-style (replay, final evaluation) on a
     fresh engine: the same numbers training measured at those points, and no training."""
     history, trained_checksum, path = trained
-    args = _args("--history", str(tmp_path / "h.json"), "--eval", "dapo=dapo.jsonl", "--eval", "aime=aime.jsonl",
-                 "--eval-only", "--eval-samples", "2", "--eval-generations", "1,2", "--final-eval",
-                 "--final-eval-samples", "4")
+    args = _args(
+        "--history",
+        str(tmp_path / "h.json"),
+        "--eval",
+        "dapo=dapo.jsonl",
+        "--eval",
+        "aime=aime.jsonl",
+        "--eval-only",
+        "--eval-samples",
+        "2",
+        "--eval-generations",
+        "1,2",
+        "--final-eval",
+        "--final-eval-samples",
+        "4",
+    )
     setup = evaluation_setup(args, _load)
     engine = _engine()
     evaluator = setup.evaluator(_held_out(engine), seed=SEED, spec=MATH, log=lambda _: None)
-    out = eval_only(CONFIG.model_copy(update=setup.config), engine, evaluator, args.history, source=path,
-                    marks=args.eval_generations, final=True, facts={"max_turns": 3, "max_tokens": None})
+    out = eval_only(
+        CONFIG.model_copy(update=setup.config),
+        engine,
+        evaluator,
+        args.history,
+        source=path,
+        marks=args.eval_generations,
+        final=True,
+        facts={"max_turns": 3, "max_tokens": None},
+    )
     assert engine.checksum() == trained_checksum  # replayed, and nothing trained on top
     assert out == load_history(args.history) and out[1]["eval_only"]["marks"] == [1, 2]
     assert not any("rewards" in r for r in out)
@@ -167,8 +246,9 @@ def test_frozen_key_seeds_drive_every_held_out_episode(tmp_path):
     seeds, digest = load_key_seeds(path)
     assert seeds == frozen and load_key_seeds(path, digest.upper())[0] == frozen
     engine = _engine()
-    evaluator = Evaluator([HeldOutSet("dapo", DAPO)], _held_out(engine), seed=SEED, samples=2, key_seeds=seeds,
-                          log=lambda _: None)
+    evaluator = Evaluator(
+        [HeldOutSet("dapo", DAPO)], _held_out(engine), seed=SEED, samples=2, key_seeds=seeds, log=lambda _: None
+    )
     assert _seeds(evaluator.interval(3)["dapo_eval"]) == frozen
     with pytest.raises(ValueError, match="lacks 4 of the 8 keys of 'dapo' at 4 samples"):
         evaluator.check_key_seeds(4)
@@ -188,27 +268,34 @@ def test_skill_file_is_recorded_and_reaches_the_prompt(tmp_path):
     setup = evaluation_setup(_args("--history", str(tmp_path / "h.json"), "--skill-file", str(skill)), _load)
     assert setup.skill == "Always print the number first.\n" and len(setup.config["skill_sha256"]) == 64
     engine = _engine()
-    plain, skilled = (run_episodes("MATH-ReAct-v0", DAPO[:1], engine.policy, env_kwargs={**ENV, "skill": s},
-                                   progress=False)[0] for s in (None, setup.skill))
+    plain, skilled = (
+        run_episodes("MATH-ReAct-v0", DAPO[:1], engine.policy, env_kwargs={**ENV, "skill": s}, progress=False)[0]
+        for s in (None, setup.skill)
+    )
     assert plain.env_config_hash != skilled.env_config_hash  # the system prompt changed
 
 
-@pytest.mark.parametrize("flags, message", [
-    (("--final-eval",), "need held-out sets"),
-    (("--eval", "dapo=dapo.jsonl", "--eval-generations", "3"), "applies to --eval-only"),
-    (("--eval", "dapo.jsonl", "--eval", "x/dapo.jsonl"), "names must differ"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (("--final-eval",), "need held-out sets"),
+        (("--eval", "dapo=dapo.jsonl", "--eval-generations", "3"), "applies to --eval-only"),
+        (("--eval", "dapo.jsonl", "--eval", "x/dapo.jsonl"), "names must differ"),
+    ],
+)
 def test_inconsistent_evaluation_flags_are_refused(tmp_path, flags, message):
     with pytest.raises(ValueError, match=message):
-        evaluation_setup(_args("--history", str(tmp_path / "h.json"), *flags),
-                         lambda path: _load(Path(path).name))
+        evaluation_setup(_args("--history", str(tmp_path / "h.json"), *flags), lambda path: _load(Path(path).name))
 
 
-@pytest.mark.parametrize("flags, message", [
-    ([], "give --train to train, or --eval-only"),
-    (["--train", "builtin", "--eval-only", "--eval", "dapo=x.jsonl"], "give --train to train, or --eval-only"),
-    (["--train", "builtin", "--eval-generations", "3"], "applies to --eval-only"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ([], "give --train to train, or --eval-only"),
+        (["--train", "builtin", "--eval-only", "--eval", "dapo=x.jsonl"], "give --train to train, or --eval-only"),
+        (["--train", "builtin", "--eval-generations", "3"], "applies to --eval-only"),
+    ],
+)
 def test_es_train_checks_its_evaluation_flags_before_any_engine(monkeypatch, flags, message):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # importing the example sets it for its process
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "examples"))
@@ -228,20 +315,33 @@ def test_es_train_checks_an_eval_only_replay_before_any_engine(trained, monkeypa
 
     held_out = tmp_path / "dapo.jsonl"
     held_out.write_text(json.dumps({"id": "dapo_0", "question": "1 + 1?", "answer": "2"}) + "\n")
-    argv = ["--model", "m", "--history", str(tmp_path / "h.json"), "--eval-only", "--eval", f"dapo={held_out}",
-            "--resume", str(path), "--seed", str(SEED)]
-    for flags, message in ((["--population", "3", "--eval-generations", "1,5"], "counts must lie in 0..2"),
-                           (["--population", "4"], "stored seeds do not match the seed stream of seed=20260627, "
-                                                   "population=4"),
-                           (["--population", "3", "--resume-generations", "3"], "cannot keep 3 updates")):
+    argv = [
+        "--model",
+        "m",
+        "--history",
+        str(tmp_path / "h.json"),
+        "--eval-only",
+        "--eval",
+        f"dapo={held_out}",
+        "--resume",
+        str(path),
+        "--seed",
+        str(SEED),
+    ]
+    for flags, message in (
+        (["--population", "3", "--eval-generations", "1,5"], "counts must lie in 0..2"),
+        (["--population", "4"], "stored seeds do not match the seed stream of seed=20260627, population=4"),
+        (["--population", "3", "--resume-generations", "3"], "cannot keep 3 updates"),
+    ):
         with pytest.raises(SystemExit, match=message):
             es_train.main([*argv, *flags])
 
 
 def test_a_key_seed_map_must_cover_every_episode_it_runs():
     with pytest.raises(ValueError, match="the key-to-seed map has no seed for 1 of 2 episodes .e.g. dapo_1:sample00"):
-        run_episodes("MATH-ReAct-v0", DAPO, _engine().policy, env_kwargs=ENV, progress=False,
-                     key_seeds={"dapo_0:sample00": 5})
+        run_episodes(
+            "MATH-ReAct-v0", DAPO, _engine().policy, env_kwargs=ENV, progress=False, key_seeds={"dapo_0:sample00": 5}
+        )
 
 
 def test_eval_out_keeps_every_evaluation_as_a_run_folder_that_compare_reads(tmp_path, capsys):
@@ -251,8 +351,13 @@ def test_eval_out_keeps_every_evaluation_as_a_run_folder_that_compare_reads(tmp_
     history, _, _ = _train(tmp_path, "--initial-eval", "--eval-samples", "2", "--eval-out", str(runs))
     assert history[0]["config"]["eval_out"] == str(runs)
     assert sorted(p.name for p in runs.iterdir()) == [
-        "aime_eval", "aime_eval_after_001", "aime_eval_after_002", "dapo_eval", "dapo_eval_after_001",
-        "dapo_eval_after_002"]
+        "aime_eval",
+        "aime_eval_after_001",
+        "aime_eval_after_002",
+        "dapo_eval",
+        "dapo_eval_after_001",
+        "dapo_eval_after_002",
+    ]
     before = [json.loads(line) for line in (runs / "dapo_eval" / "records.jsonl").read_text().splitlines()]
     assert len(before) == 4 and {r["key"] for r in before} == set(_expected(DAPO, 2, SEED))
     assert [r["score"] for r in before] == [r["score"] for r in history[1]["dapo_eval"]["scores"]]

@@ -1,4 +1,5 @@
 """The weights fingerprint (exact integer sums over the raw bits) and the exact-revert copy."""
+
 from __future__ import annotations
 
 import random
@@ -97,6 +98,7 @@ def test_perturber_fingerprint_tracks_apply_update_and_exact_revert() -> None:
 
 
 # -- where the exact-revert copy lives -------------------------------------------------------------
+
 
 def test_copy_location_decision() -> None:
     gib = 2**30

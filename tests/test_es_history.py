@@ -1,4 +1,5 @@
 """history.json: selection rules, atomic writes, replay onto a fresh model, resume, trainer loop."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,18 @@ import torch
 from torch import nn
 
 from agent_envs.envs.math_react.task import MathTask
-from agent_envs.es.history import (ESConfig, ReplayMismatch, checked_generations, history_prefix, load_history,
-                                   replay, replay_is_exact, resume, update_records, write_history)
+from agent_envs.es.history import (
+    ESConfig,
+    ReplayMismatch,
+    checked_generations,
+    history_prefix,
+    load_history,
+    replay,
+    replay_is_exact,
+    resume,
+    update_records,
+    write_history,
+)
 from agent_envs.es.perturb import SeededPerturber
 from agent_envs.es.population import ESTrainer, evaluate_member
 from agent_envs.es.seeds import population_seeds
@@ -19,14 +30,24 @@ from agent_envs.scale.toy import TorchToyEngine, WeightChoicePolicy
 
 
 def gen(g: int, seeds: list[int], **extra: Any) -> dict[str, Any]:
-    return {"generation": g, "seeds": seeds, "rewards": [0.1 * (i + 1) for i in range(len(seeds))],
-            "alpha": 0.1, **extra}
+    return {
+        "generation": g,
+        "seeds": seeds,
+        "rewards": [0.1 * (i + 1) for i in range(len(seeds))],
+        "alpha": 0.1,
+        **extra,
+    }
 
 
 def test_round_trip_selection(tmp_path: Path) -> None:
     seeds = population_seeds(7, 2, 3)
-    history = [{"config": {"seed": 7}}, {"generation": -1, "dapo_eval": {"mean_score": 0.5}},
-               gen(0, seeds[0]), gen(1, seeds[1]), gen(2, seeds[2], update_applied=False)]
+    history = [
+        {"config": {"seed": 7}},
+        {"generation": -1, "dapo_eval": {"mean_score": 0.5}},
+        gen(0, seeds[0]),
+        gen(1, seeds[1]),
+        gen(2, seeds[2], update_applied=False),
+    ]
     path = tmp_path / "history.json"
     write_history(path, history)
     loaded = load_history(path)
@@ -52,15 +73,24 @@ class Scorer:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
 
-    def __call__(self, env_id: str, tasks: list[dict[str, Any]], policy: Any, samples: int,
-                 base_seed: int, **_: Any) -> list[dict[str, Any]]:
+    def __call__(
+        self, env_id: str, tasks: list[dict[str, Any]], policy: Any, samples: int, base_seed: int, **_: Any
+    ) -> list[dict[str, Any]]:
         rows = []
         with torch.no_grad():
             for row, task in enumerate(tasks):
                 x = torch.full((1, 4), float(task["x"]))
                 score = torch.sigmoid(self.model(x)).item() - 0.4  # some negatives, clamped to 0
-                rows.append({"task_id": task["id"], "row_index": row, "sample_index": 0,
-                             "seed": base_seed + row, "score": score, "termination_reason": "final_answer"})
+                rows.append(
+                    {
+                        "task_id": task["id"],
+                        "row_index": row,
+                        "sample_index": 0,
+                        "seed": base_seed + row,
+                        "score": score,
+                        "termination_reason": "final_answer",
+                    }
+                )
         return rows
 
 
@@ -72,14 +102,32 @@ def make_model() -> nn.Module:
 def train(tmp_path: Path, generations: int = 3, exact: bool = True) -> tuple[nn.Module, ESTrainer, ESConfig]:
     model = make_model()
     backend = SeededPerturber(model, exact_revert=exact)
-    cfg = ESConfig(env_id="toy", generations=generations, population=4, case_batch_size=3, seed=7,
-                   sigma_start=0.05, sigma_end=0.02, alpha=0.05, eval_interval=2, exact_revert=exact)
+    cfg = ESConfig(
+        env_id="toy",
+        generations=generations,
+        population=4,
+        case_batch_size=3,
+        seed=7,
+        sigma_start=0.05,
+        sigma_end=0.02,
+        alpha=0.05,
+        eval_interval=2,
+        exact_revert=exact,
+    )
     tasks = [{"id": f"t{i}", "x": i / 5} for i in range(5)]
     evaluate = lambda batch, seed, g, m: evaluate_member(  # noqa: E731
-        None, cfg.env_id, batch, seed, generation=g, member=m, rollout=Scorer(model))
+        None, cfg.env_id, batch, seed, generation=g, member=m, rollout=Scorer(model)
+    )
     evals: list[int] = []
-    trainer = ESTrainer(cfg, backend, tasks, evaluate, str(tmp_path / "history.json"),
-                        eval_hook=lambda g: evals.append(g) or {"generation": g}, log=lambda _: None)
+    trainer = ESTrainer(
+        cfg,
+        backend,
+        tasks,
+        evaluate,
+        str(tmp_path / "history.json"),
+        eval_hook=lambda g: evals.append(g) or {"generation": g},
+        log=lambda _: None,
+    )
     trainer.run()
     assert evals == ([1, 2] if generations == 3 else [1])
     return model, trainer, cfg
@@ -126,14 +174,24 @@ def test_resume_continues_identically(tmp_path: Path) -> None:
     model = make_model()
     backend = SeededPerturber(model, exact_revert=True)
     head, done = resume(part_dir / "history.json", cfg, backend, generations=1)
-    assert done == 1 and head[-1] == {"resume": {"source": str(part_dir / "history.json"),
-                                                 "replayed_generations": 1, "fingerprints_checked": 1}}
+    assert done == 1 and head[-1] == {
+        "resume": {"source": str(part_dir / "history.json"), "replayed_generations": 1, "fingerprints_checked": 1}
+    }
     assert [r.get("generation") for r in head[1:-1]] == [0]
     tasks = [{"id": f"t{i}", "x": i / 5} for i in range(5)]
     evaluate = lambda batch, seed, g, m: evaluate_member(  # noqa: E731
-        None, cfg.env_id, batch, seed, generation=g, member=m, rollout=Scorer(model))
-    trainer = ESTrainer(cfg, backend, tasks, evaluate, str(tmp_path / "resumed.json"), history=head,
-                        start_generation=done, log=lambda _: None)
+        None, cfg.env_id, batch, seed, generation=g, member=m, rollout=Scorer(model)
+    )
+    trainer = ESTrainer(
+        cfg,
+        backend,
+        tasks,
+        evaluate,
+        str(tmp_path / "resumed.json"),
+        history=head,
+        start_generation=done,
+        log=lambda _: None,
+    )
     trainer.run()
     assert backend.checksum() == full.backend.checksum()
     resumed = load_history(tmp_path / "resumed.json")
@@ -189,8 +247,8 @@ def test_a_members_episodes_are_all_in_flight_at_once() -> None:
 def test_member_reward_counts_missing_rows_as_zero() -> None:
     def short_runner(env_id: str, tasks: list[Any], policy: Any, samples: int, base_seed: int) -> list[dict]:
         return [{"task_id": "a", "score": 1.0}]  # two jobs, one row came back
-    result = evaluate_member(None, "x", [{"id": "a"}, {"id": "b"}], 5, generation=3, member=1,
-                             rollout=short_runner)
+
+    result = evaluate_member(None, "x", [{"id": "a"}, {"id": "b"}], 5, generation=3, member=1, rollout=short_runner)
     assert result.reward == 0.5 and result.rows[0]["generation"] == 3 and result.rows[0]["member"] == 1
 
 

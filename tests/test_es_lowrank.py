@@ -2,6 +2,7 @@
 without vLLM: factors, packed-layer splitting, merge/restore, adapters in PEFT format, the
 population trainer's adapter lifecycle, updates, and bit-exact replays (engine-style and onto a
 checkpoint folder)."""
+
 from __future__ import annotations
 
 import json
@@ -35,9 +36,17 @@ transformers = pytest.importorskip("transformers", reason="transformers is insta
 
 def tiny_llama(dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                      max_position_embeddings=64, tie_word_embeddings=True)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
     return transformers.LlamaForCausalLM(config).to(dtype).eval()
 
 
@@ -105,11 +114,22 @@ def test_slots_of_a_transformers_model_are_the_hf_linear_weights() -> None:
     slots = find_slots(tiny_llama())
     names = [s.target.name for s in slots]
     assert len(names) == 2 * 7 and names[:7] == [
-        f"model.layers.0.{m}.weight" for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                               "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
+        f"model.layers.0.{m}.weight"
+        for m in (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        )
+    ]
     assert (slots[1].target.out_features, slots[1].target.in_features) == (16, 32)
     assert [s.target.name for s in find_slots(tiny_llama(), ["down_proj"])] == [
-        "model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"]
+        "model.layers.0.mlp.down_proj.weight",
+        "model.layers.1.mlp.down_proj.weight",
+    ]
     with pytest.raises(ValueError, match="no 2-D weight"):
         find_slots(tiny_llama(), ["nothing_proj"])
 
@@ -118,15 +138,18 @@ def test_packed_layer_is_split_by_output_sizes() -> None:
     model = PackedModel()
     slots = find_slots(model)
     assert [(s.target.name, s.row, s.target.out_features) for s in slots] == [
-        ("self_attn.q_proj.weight", 0, 8), ("self_attn.k_proj.weight", 8, 4), ("self_attn.v_proj.weight", 12, 4),
-        ("self_attn.o_proj.weight", 0, 8)]
+        ("self_attn.q_proj.weight", 0, 8),
+        ("self_attn.k_proj.weight", 8, 4),
+        ("self_attn.v_proj.weight", 12, 4),
+        ("self_attn.o_proj.weight", 0, 8),
+    ]
     before = model.self_attn.qkv_proj.weight.detach().clone()
     es = LowRankPerturber(model, 2)
     es.apply(5, 0.1)
     after = model.self_attn.qkv_proj.weight.detach()
     for slot in slots[:3]:  # every unpacked weight got its own factors, in its own rows
-        expected = before[slot.row:slot.row + slot.target.out_features] + delta([5], [0.1], slot.target, 2)
-        assert torch.equal(after[slot.row:slot.row + slot.target.out_features], expected)
+        expected = before[slot.row : slot.row + slot.target.out_features] + delta([5], [0.1], slot.target, 2)
+        assert torch.equal(after[slot.row : slot.row + slot.target.out_features], expected)
     model.self_attn.qkv_proj.output_sizes = [8, 8]  # a tensor-parallel shard would not add up
     with pytest.raises(ValueError, match="tensor_parallel_size=1"):
         find_slots(model)
@@ -158,7 +181,8 @@ def test_adapter_in_peft_format_equals_the_merged_perturbation(tmp_path: Path) -
     folder = write_adapter(tmp_path / "member", es.targets, 424242, 0.05, 4)
     config = json.loads((folder / "adapter_config.json").read_text())
     assert config["r"] == config["lora_alpha"] == 4 and config["target_modules"] == sorted(
-        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
     with torch.no_grad():
         base = model(ids).logits
         es.apply(424242, 0.05)
@@ -218,14 +242,26 @@ def adapter_reward(registry: AdapterRegistry, seen: list[tuple[int, str]]):
 
 
 def lowrank_config(targets: list[Target], **extra: Any) -> ESConfig:
-    return ESConfig(env_id="MATH-ReAct-v0", generations=3, population=4, case_batch_size=2, sigma_start=0.01,
-                    sigma_end=0.005,
-                    alpha=0.002, seed=20260627, perturbation="lowrank", rank=2,
-                    lowrank_targets=[t.as_list() for t in targets], dtype="float32", **extra)
+    return ESConfig(
+        env_id="MATH-ReAct-v0",
+        generations=3,
+        population=4,
+        case_batch_size=2,
+        sigma_start=0.01,
+        sigma_end=0.005,
+        alpha=0.002,
+        seed=20260627,
+        perturbation="lowrank",
+        rank=2,
+        lowrank_targets=[t.as_list() for t in targets],
+        dtype="float32",
+        **extra,
+    )
 
 
-def train_toy(tmp_path: Path, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, LowRankPerturber, Path,
-                                                                           list[tuple[int, str]]]:
+def train_toy(
+    tmp_path: Path, dtype: torch.dtype = torch.float32
+) -> tuple[nn.Module, LowRankPerturber, Path, list[tuple[int, str]]]:
     model = tiny_llama(dtype)
     backend = LowRankPerturber(model, 2)
     registry, seen = AdapterRegistry(), []
@@ -233,8 +269,16 @@ def train_toy(tmp_path: Path, dtype: torch.dtype = torch.float32) -> tuple[nn.Mo
     config = lowrank_config(backend.targets, base_checksum=backend.checksum())
     config.dtype = str(dtype).removeprefix("torch.")
     tasks = [{"id": f"t{i}"} for i in range(5)]
-    LowRankESTrainer(config, backend, registry, tasks, adapter_reward(registry, seen), str(history),
-                     adapter_dir=tmp_path / "adapters", log=lambda _: None).run()
+    LowRankESTrainer(
+        config,
+        backend,
+        registry,
+        tasks,
+        adapter_reward(registry, seen),
+        str(history),
+        adapter_dir=tmp_path / "adapters",
+        log=lambda _: None,
+    ).run()
     assert registry.paths == {} and list((tmp_path / "adapters").iterdir()) == []  # unregistered and removed
     return model, backend, history, seen
 
@@ -291,9 +335,17 @@ def test_replay_onto_names_a_missing_or_misshapen_target(tmp_path: Path) -> None
     (tmp_path / "adapters").mkdir()
     _, _, history, _ = train_toy(tmp_path)
     other = tmp_path / "other"
-    transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8)).save_pretrained(other)
+    transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=40,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+        )
+    ).save_pretrained(other)
     with pytest.raises(ValueError, match=r"model.layers.0.mlp.gate_proj.weight \(48x32\) is shape \(40, 32\)"):
         replay_onto(other, history, tmp_path / "x")
     with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
@@ -303,8 +355,10 @@ def test_replay_onto_names_a_missing_or_misshapen_target(tmp_path: Path) -> None
 def test_member_adapters_are_removed_even_when_evaluation_fails(tmp_path: Path) -> None:
     registry = AdapterRegistry()
     targets = LowRankPerturber(tiny_llama(), 2).targets
-    with pytest.raises(RuntimeError, match="boom"), member_adapters(registry, targets, [5, 6], 0.01, 2, 0,
-                                                                   root=tmp_path) as names:
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        member_adapters(registry, targets, [5, 6], 0.01, 2, 0, root=tmp_path) as names,
+    ):
         assert names == ["es-g0-m0", "es-g0-m1"] and all(p.is_dir() for p in registry.paths.values())
         raise RuntimeError("boom")
     assert registry.paths == {} and list(tmp_path.iterdir()) == []

@@ -8,6 +8,7 @@ adapters (its Punica CPU kernels), so a member is an adapter here exactly as on 
   members at once), no adapter folder left behind, and a replay onto a fresh engine and onto the
   checkpoint folder (agent_envs.es.lowrank.replay_onto) reproduces the trained checksum.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,15 +22,30 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_
 
 
 def test_adapter_outputs_equal_the_merged_perturbation() -> None:
-    out, _ = run_result([str(REPO / "scripts" / "es_lowrank_check.py"), "--model", str(smollm2()), "--cpu",
-                         "--members", "3", "--rank", "4", "--sigma", "0.01"],
-                        env=script_env(VLLM_ENABLE_V1_MULTIPROCESSING="0"), timeout=1500)
+    out, _ = run_result(
+        [
+            str(REPO / "scripts" / "es_lowrank_check.py"),
+            "--model",
+            str(smollm2()),
+            "--cpu",
+            "--members",
+            "3",
+            "--rank",
+            "4",
+            "--sigma",
+            "0.01",
+        ],
+        env=script_env(VLLM_ENABLE_V1_MULTIPROCESSING="0"),
+        timeout=1500,
+    )
     assert out["n_targets"] == 30 * 7 and out["restored_bit_exact"]
     assert out["all_tokens_equal"], out["members"]
     assert out["max_abs_logprob_diff"] <= 1e-3, out["members"]
     assert any(m["base_differs"] for m in out["members"])  # the perturbation changes the greedy outputs
-    assert all(m["max_abs_logprob_diff_base_vs_merged"] > 100 * m["max_abs_logprob_diff_adapter_vs_merged"]
-               for m in out["members"])
+    assert all(
+        m["max_abs_logprob_diff_base_vs_merged"] > 100 * m["max_abs_logprob_diff_adapter_vs_merged"]
+        for m in out["members"]
+    )
 
 
 def test_lowrank_training_replays_bit_exactly(tmp_path: Path) -> None:
@@ -37,15 +53,48 @@ def test_lowrank_training_replays_bit_exactly(tmp_path: Path) -> None:
     adapters = tmp_path / "adapters"
     adapters.mkdir()
     env = script_env(VLLM_ENABLE_V1_MULTIPROCESSING="0", AGENT_ENVS_ES_CPU_PLAIN_LINEAR="1")
-    common = [str(REPO / "examples" / "es_train.py"), "--model", str(model), "--train", "builtin",
-              "--population", "3", "--case-batch", "2", "--max-turns", "2", "--max-tokens", "16",
-              "--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.2",
-              "--sandbox", "bwrap", "--generations", "2", "--perturbation", "lowrank", "--rank", "2",
-              "--sigma-start", "0.01", "--sigma-end", "0.01", "--alpha", "0.0005", "--toy-reward",
-              "--adapter-dir", str(adapters)]
+    common = [
+        str(REPO / "examples" / "es_train.py"),
+        "--model",
+        str(model),
+        "--train",
+        "builtin",
+        "--population",
+        "3",
+        "--case-batch",
+        "2",
+        "--max-turns",
+        "2",
+        "--max-tokens",
+        "16",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "2048",
+        "--gpu-memory-utilization",
+        "0.2",
+        "--sandbox",
+        "bwrap",
+        "--generations",
+        "2",
+        "--perturbation",
+        "lowrank",
+        "--rank",
+        "2",
+        "--sigma-start",
+        "0.01",
+        "--sigma-end",
+        "0.01",
+        "--alpha",
+        "0.0005",
+        "--toy-reward",
+        "--adapter-dir",
+        str(adapters),
+    ]
     history = tmp_path / "history.json"
-    train = subprocess.run([python, *common, "--history", str(history)], capture_output=True, text=True,
-                           env=env, timeout=1500, check=False)
+    train = subprocess.run(
+        [python, *common, "--history", str(history)], capture_output=True, text=True, env=env, timeout=1500, check=False
+    )
     assert train.returncode == 0, train.stderr[-4000:]
     records = json.loads(history.read_text())
     config = records[0]["config"]
@@ -59,8 +108,14 @@ def test_lowrank_training_replays_bit_exactly(tmp_path: Path) -> None:
     trained = [line for line in train.stdout.splitlines() if "final weights checksum" in line][-1].split()[-1]
     assert trained != config["base_checksum"]
 
-    replay = subprocess.run([python, *common, "--resume", str(history), "--history", str(tmp_path / "r.json")],
-                            capture_output=True, text=True, env=env, timeout=1500, check=False)
+    replay = subprocess.run(
+        [python, *common, "--resume", str(history), "--history", str(tmp_path / "r.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1500,
+        check=False,
+    )
     assert replay.returncode == 0, replay.stderr[-4000:]
     assert "reverted members in place" not in replay.stderr
     assert [line for line in replay.stdout.splitlines() if "final weights checksum" in line][-1].split()[-1] == trained
@@ -69,8 +124,8 @@ def test_lowrank_training_replays_bit_exactly(tmp_path: Path) -> None:
     assert out["updates"] == 2 and out["base_matches_run"] is True and out["checksum"] == trained
 
 
-REPLAY_ONTO = r'''
+REPLAY_ONTO = r"""
 import json, sys
 from agent_envs.es.lowrank import replay_onto
 print("RESULT " + json.dumps(replay_onto(sys.argv[1], sys.argv[2], sys.argv[3])))
-'''
+"""

@@ -1,4 +1,5 @@
 """Seeded perturbation and update maths on small real torch models (fp32 and bf16)."""
+
 from __future__ import annotations
 
 import math
@@ -71,11 +72,14 @@ def test_nan_inputs_refused_before_mutation() -> None:
     layer = nn.Linear(3, 2)
     before = snapshot(layer)
     es = SeededPerturber(layer)
-    for call in (lambda: es.apply(1, math.nan), lambda: es.apply(1, math.inf),
-                 lambda: es.update([1, 2], [0.5, math.nan], 0.1),
-                 lambda: es.update([1, 2], [0.5, 0.5], math.nan),
-                 lambda: es.update_from_rewards([1, 2], [0.5, math.nan], 0.1),
-                 lambda: es.update([1, 2], [0.5], 0.1)):
+    for call in (
+        lambda: es.apply(1, math.nan),
+        lambda: es.apply(1, math.inf),
+        lambda: es.update([1, 2], [0.5, math.nan], 0.1),
+        lambda: es.update([1, 2], [0.5, 0.5], math.nan),
+        lambda: es.update_from_rewards([1, 2], [0.5, math.nan], 0.1),
+        lambda: es.update([1, 2], [0.5], 0.1),
+    ):
         with pytest.raises(ValueError):
             call()
         assert max_diff(layer, before) == 0.0

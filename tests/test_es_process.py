@@ -1,6 +1,7 @@
 """ES with process rewards on the CPU: the in-process trainer over a real torch model whose weights
 pick the policy's tool call, real MATH-ReAct episodes in bwrap, a deterministic step scorer; the
 fitness the update uses is the combiner's, outcome and process part both checked."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,8 +17,18 @@ from agent_envs.scale.toy import TorchToyEngine
 from test_process_rewards import HashScorer
 
 TASKS = [MathTask(id=f"toy{i}", question=f"Pick the number of box {i}.", answer=str(i % 4)) for i in range(6)]
-CONFIG = ESConfig(env_id="MATH-ReAct-v0", model="toy", generations=2, population=4, case_batch_size=3,
-                  train_samples=2, sigma_start=0.8, sigma_end=0.8, sigma_schedule="constant", alpha=0.8)
+CONFIG = ESConfig(
+    env_id="MATH-ReAct-v0",
+    model="toy",
+    generations=2,
+    population=4,
+    case_batch_size=3,
+    train_samples=2,
+    sigma_start=0.8,
+    sigma_end=0.8,
+    sigma_schedule="constant",
+    alpha=0.8,
+)
 ROLLOUT = {"env_kwargs": {"max_turns": 3, "sandbox": "bwrap"}, "concurrency": 6}
 WEIGHT = 0.4
 
@@ -28,8 +39,17 @@ def _train(path: Path, combiner: FitnessCombiner | None) -> tuple[list[dict], st
     extra = {} if combiner is None else {"combiner": combiner, "step_scorer": HashScorer()}
 
     def evaluate(batch, seed, generation, member):
-        return evaluate_member(engine.policy, CONFIG.env_id, batch, seed, generation=generation, member=member,
-                               samples=CONFIG.train_samples, **ROLLOUT, **extra)
+        return evaluate_member(
+            engine.policy,
+            CONFIG.env_id,
+            batch,
+            seed,
+            generation=generation,
+            member=member,
+            samples=CONFIG.train_samples,
+            **ROLLOUT,
+            **extra,
+        )
 
     ESTrainer(CONFIG, engine, TASKS, evaluate, str(path), log=lambda _: None).run()
     return update_records(load_history(path)), engine.checksum()
@@ -38,8 +58,10 @@ def _train(path: Path, combiner: FitnessCombiner | None) -> tuple[list[dict], st
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("es-process")
-    return (_train(folder / "outcome.json", None),
-            _train(folder / "combined.json", FitnessCombiner(process_weight=WEIGHT, aggregation="product")))
+    return (
+        _train(folder / "outcome.json", None),
+        _train(folder / "combined.json", FitnessCombiner(process_weight=WEIGHT, aggregation="product")),
+    )
 
 
 def test_update_uses_the_combined_fitness(runs):
@@ -53,8 +75,10 @@ def test_update_uses_the_combined_fitness(runs):
         process_mean = sum(r["process_score"] for r in rows) / len(rows)
         assert outcome_mean == pytest.approx(reward_o, abs=1e-12)
         assert reward_c == pytest.approx((1 - WEIGHT) * reward_o + WEIGHT * process_mean, abs=1e-12)
-        assert all(r["fitness"] == pytest.approx((1 - WEIGHT) * max(0.0, r["score"]) + WEIGHT * r["process_score"])
-                   for r in rows)
+        assert all(
+            r["fitness"] == pytest.approx((1 - WEIGHT) * max(0.0, r["score"]) + WEIGHT * r["process_score"])
+            for r in rows
+        )
         assert all(0 < r["process_score"] < 1 for r in rows)
     assert first_c["rewards"] != first_o["rewards"]
     # the trainer's update weights are the normalised combined fitness, and they moved the weights elsewhere
@@ -81,15 +105,32 @@ def test_es_train_flags_build_the_scorer_and_combiner(monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "examples"))
     import es_train
+
     base = ["--model", "m", "--train", "t", "--history", "h"]
-    scorer, combiner = es_train.build_process_reward(es_train.parse_args(
-        [*base, "--step-scorer", "judge", "--judge-url", "http://127.0.0.1:9/v1", "--judge-model", "judge",
-         "--process-weight", "0.3", "--process-aggregation", "min"]))
+    scorer, combiner = es_train.build_process_reward(
+        es_train.parse_args(
+            [
+                *base,
+                "--step-scorer",
+                "judge",
+                "--judge-url",
+                "http://127.0.0.1:9/v1",
+                "--judge-model",
+                "judge",
+                "--process-weight",
+                "0.3",
+                "--process-aggregation",
+                "min",
+            ]
+        )
+    )
     assert type(scorer).__name__ == "LLMJudgeScorer" and scorer.policy.endpoints == ["http://127.0.0.1:9/v1"]
     assert combiner == FitnessCombiner(process_weight=0.3, aggregation="min")
     assert es_train.build_process_reward(es_train.parse_args(base)) == (None, None)
-    for bad, message in ((["--process-weight", "0.3"], "needs --step-scorer"),
-                         (["--step-scorer", "judge"], "needs --judge-url"),
-                         (["--step-scorer", "vlm-prm"], "needs --prm-base")):
+    for bad, message in (
+        (["--process-weight", "0.3"], "needs --step-scorer"),
+        (["--step-scorer", "judge"], "needs --judge-url"),
+        (["--step-scorer", "vlm-prm"], "needs --prm-base"),
+    ):
         with pytest.raises(SystemExit, match=message):
             es_train.build_process_reward(es_train.parse_args([*base, *bad]))

@@ -1,4 +1,5 @@
 """ES bookkeeping without a model: sigma schedule, seed streams, case batches, reward maths."""
+
 from __future__ import annotations
 
 import math
@@ -11,8 +12,14 @@ from agent_envs.es.normalize import normalize_rewards
 from agent_envs.es.population import evaluate_member, map_endpoint_serial
 from agent_envs.rollout.metrics import es_summary
 from agent_envs.es.schedule import sigma_at_step
-from agent_envs.es.seeds import (SeedStream, case_batch, check_run_shape, check_seed_sequence,
-                                 population_seeds, trajectory_seed)
+from agent_envs.es.seeds import (
+    SeedStream,
+    case_batch,
+    check_run_shape,
+    check_seed_sequence,
+    population_seeds,
+    trajectory_seed,
+)
 
 
 def test_published_cosine_values() -> None:
@@ -100,8 +107,9 @@ def test_member_reward_counts_failures_as_zero() -> None:
     def runner(env_id: str, tasks: list, policy: object, samples: int, base_seed: int) -> list[dict]:
         return [{"task_id": t["id"], "score": s} for t, s in zip(tasks, [1.0, 0.0, -1.0])]
 
-    result = evaluate_member(None, "x", [{"id": "a"}, {"id": "b"}, {"id": "c"}], 9,
-                             generation=0, member=0, rollout=runner)
+    result = evaluate_member(
+        None, "x", [{"id": "a"}, {"id": "b"}, {"id": "c"}], 9, generation=0, member=0, rollout=runner
+    )
     assert result.reward == pytest.approx(1 / 3)
 
 

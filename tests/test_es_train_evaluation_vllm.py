@@ -7,6 +7,7 @@ evaluations of two named held-out sets with ``--eval-samples``, a final evaluati
 samples and seeds, a skill file and trace logs; then an ``--eval-only`` replay of that history on a
 fresh engine (the cards' "interval" and "final" modes), which must measure what training measured
 at the same points and train nothing."""
+
 from __future__ import annotations
 
 import json
@@ -23,13 +24,18 @@ SEED = 20260627
 
 
 def _write_set(path: Path, prefix: str, n: int) -> None:
-    path.write_text("".join(json.dumps({"id": f"{prefix}_{i}", "question": f"What is {i} + {i}?",
-                                        "answer": str(2 * i)}) + "\n" for i in range(n)))
+    path.write_text(
+        "".join(
+            json.dumps({"id": f"{prefix}_{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+            for i in range(n)
+        )
+    )
 
 
 def _run(python: str, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    proc = subprocess.run([python, str(REPO / "examples" / "es_train.py"), *argv], capture_output=True, text=True,
-                          env=env, timeout=1800)
+    proc = subprocess.run(
+        [python, str(REPO / "examples" / "es_train.py"), *argv], capture_output=True, text=True, env=env, timeout=1800
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
 
@@ -53,16 +59,60 @@ def test_es_train_evaluates_before_between_and_after_training_and_replays_for_ev
     _write_set(tmp_path / "aime.jsonl", "aime", 1)
     skill = tmp_path / "skill.md"
     skill.write_text("Answer with one number.\n")
-    common = ["--model", str(model), "--population", "2", "--case-batch", "2", "--max-turns", "2",
-              "--max-tokens", "24", "--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization",
-              "0.2", "--exact-revert", "--sandbox", "bwrap", "--generations", "1", "--seed", str(SEED),
-              "--eval", f"dapo={tmp_path / 'dapo.jsonl'}", "--eval", f"aime={tmp_path / 'aime.jsonl'}",
-              "--eval-samples", "1", "--final-eval", "--final-eval-samples", "2", "--skill-file", str(skill),
-              "--write-trace-logs"]
+    common = [
+        "--model",
+        str(model),
+        "--population",
+        "2",
+        "--case-batch",
+        "2",
+        "--max-turns",
+        "2",
+        "--max-tokens",
+        "24",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "2048",
+        "--gpu-memory-utilization",
+        "0.2",
+        "--exact-revert",
+        "--sandbox",
+        "bwrap",
+        "--generations",
+        "1",
+        "--seed",
+        str(SEED),
+        "--eval",
+        f"dapo={tmp_path / 'dapo.jsonl'}",
+        "--eval",
+        f"aime={tmp_path / 'aime.jsonl'}",
+        "--eval-samples",
+        "1",
+        "--final-eval",
+        "--final-eval-samples",
+        "2",
+        "--skill-file",
+        str(skill),
+        "--write-trace-logs",
+    ]
     (tmp_path / "train").mkdir()
     history = tmp_path / "train" / "history.json"
-    training = _run(python, [*common, "--train", "builtin", "--toy-reward", "--initial-eval", "--eval-interval",
-                             "1", "--history", str(history)], env)
+    training = _run(
+        python,
+        [
+            *common,
+            "--train",
+            "builtin",
+            "--toy-reward",
+            "--initial-eval",
+            "--eval-interval",
+            "1",
+            "--history",
+            str(history),
+        ],
+        env,
+    )
     trained = json.loads(history.read_text())
     config = trained[0]["config"]
     assert config["eval_datasets"] == ["dapo", "aime"] and len(config["skill_sha256"]) == 64
@@ -73,20 +123,33 @@ def test_es_train_evaluates_before_between_and_after_training_and_replays_for_ev
     assert gen0["generation"] == 0 and len(gen0["rewards"]) == 2 and _seeds(gen0["eval"]["aime_eval"]) == [SEED + 1]
     assert (final["final_eval"], final["eval_samples"], final["dapo_eval"]["count"]) == (True, 2, 4)
     assert _seeds(final["aime_eval"]) == [SEED + 1 + 20_000, SEED + 1 + 20_000 + 1_000_003]
-    rows = [row for record in (initial, gen0["eval"], final) for name in ("dapo", "aime")
-            for row in record[f"{name}_eval"]["scores"]]
+    rows = [
+        row
+        for record in (initial, gen0["eval"], final)
+        for name in ("dapo", "aime")
+        for row in record[f"{name}_eval"]["scores"]
+    ]
     assert all(row["termination_reason"] not in ("request_error", "env_error") for row in rows)
     logs = history.parent / "trace_logs"
     assert sorted(p.name for p in logs.iterdir()) == [
-        "aime_eval", "aime_eval_after_001", "aime_final_eval", "dapo_eval", "dapo_eval_after_001", "dapo_final_eval",
-        "train"]
+        "aime_eval",
+        "aime_eval_after_001",
+        "aime_final_eval",
+        "dapo_eval",
+        "dapo_eval_after_001",
+        "dapo_final_eval",
+        "train",
+    ]
     assert len(list((logs / "train").iterdir())) == 2 * 2  # members x case batch
     assert len(list((logs / "dapo_final_eval").iterdir())) == 4
 
     (tmp_path / "replay").mkdir()
     replayed = tmp_path / "replay" / "history.json"
-    proc = _run(python, [*common, "--eval-only", "--resume", str(history), "--eval-generations", "0,1",
-                         "--history", str(replayed)], env)
+    proc = _run(
+        python,
+        [*common, "--eval-only", "--resume", str(history), "--eval-generations", "0,1", "--history", str(replayed)],
+        env,
+    )
     out = json.loads(replayed.read_text())
     assert out[1]["eval_only"]["marks"] == [0, 1] and not any("rewards" in r for r in out)
     at0, at1, again = out[2:]

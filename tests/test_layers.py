@@ -1,6 +1,7 @@
 """The walls are checked by tools, not painted on: import-linter's contracts (pyproject.toml) hold
 for the package, imports inside functions included, and fail on a planted violation; and no shared
 module names an environment (docs/architecture.md)."""
+
 from __future__ import annotations
 
 import ast
@@ -18,7 +19,8 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "agent_envs"
 needs_import_linter = pytest.mark.skipif(
     importlib.util.find_spec("importlinter") is None,
-    reason="import-linter not installed (bash scripts/install.sh --test installs it)")
+    reason="import-linter not installed (bash scripts/install.sh --test installs it)",
+)
 #: the environments' folders and the registry that lists them: the only modules that may name one
 ENV_FOLDERS = ("envs/countdown", "envs/docvqa", "envs/math_react", "envs/registry.py")
 ENV_NAMES = re.compile(r"docvqa|countdown|math[_-]react", re.IGNORECASE)
@@ -27,8 +29,14 @@ ENV_NAMES = re.compile(r"docvqa|countdown|math[_-]react", re.IGNORECASE)
 def _lint(root: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(root))
     command = "from importlinter.cli import lint_imports_command; lint_imports_command()"
-    return subprocess.run([sys.executable, "-c", command, "--no-cache", "--config", str(root / "pyproject.toml")],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", command, "--no-cache", "--config", str(root / "pyproject.toml")],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _planted(tmp_path: Path, module: str, line: str) -> Path:
@@ -49,16 +57,29 @@ def test_the_contracts_hold():
 
 
 @needs_import_linter
-@pytest.mark.parametrize("module,line,broken", [
-    # an upward import hidden inside a function
-    ("core/types.py", "def _upward():\n    from agent_envs.cli import main\n    return main", "layers point one way"),
-    ("core/spec.py", "import agent_envs.protocol.seeds", "core imports nothing of the package"),
-    ("policy/sampling.py", "from agent_envs.envs import react", "policies know no environment"),
-    ("rollout/metrics.py", "from agent_envs.envs.docvqa.metrics import ANLS_KEY",
-     "shared layers reach an environment only through the registry"),
-    ("envs/countdown/env.py", "from agent_envs.envs.math_react.scoring import math_score",
-     "an environment's folder imports no other environment"),
-])
+@pytest.mark.parametrize(
+    "module,line,broken",
+    [
+        # an upward import hidden inside a function
+        (
+            "core/types.py",
+            "def _upward():\n    from agent_envs.cli import main\n    return main",
+            "layers point one way",
+        ),
+        ("core/spec.py", "import agent_envs.protocol.seeds", "core imports nothing of the package"),
+        ("policy/sampling.py", "from agent_envs.envs import react", "policies know no environment"),
+        (
+            "rollout/metrics.py",
+            "from agent_envs.envs.docvqa.metrics import ANLS_KEY",
+            "shared layers reach an environment only through the registry",
+        ),
+        (
+            "envs/countdown/env.py",
+            "from agent_envs.envs.math_react.scoring import math_score",
+            "an environment's folder imports no other environment",
+        ),
+    ],
+)
 def test_a_planted_violation_breaks_its_contract(tmp_path, module, line, broken):
     done = _lint(_planted(tmp_path, module, line))
     assert done.returncode != 0
@@ -66,15 +87,23 @@ def test_a_planted_violation_breaks_its_contract(tmp_path, module, line, broken)
 
 
 def _shared_modules() -> list[Path]:
-    return [p for p in sorted(PACKAGE.rglob("*.py"))
-            if not any(str(p.relative_to(PACKAGE)).startswith(f) for f in ENV_FOLDERS)]
+    return [
+        p
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if not any(str(p.relative_to(PACKAGE)).startswith(f) for f in ENV_FOLDERS)
+    ]
 
 
 def _strings(tree: ast.AST) -> list[tuple[int, str]]:
     """String constants and names of a module, docstrings left out (they may explain by example)."""
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
@@ -87,8 +116,12 @@ def _strings(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def test_no_shared_module_names_an_environment():
-    named = [f"{p.relative_to(REPO)}:{line}: {text!r}" for p in _shared_modules()
-             for line, text in _strings(ast.parse(p.read_text())) if ENV_NAMES.search(text)]
+    named = [
+        f"{p.relative_to(REPO)}:{line}: {text!r}"
+        for p in _shared_modules()
+        for line, text in _strings(ast.parse(p.read_text()))
+        if ENV_NAMES.search(text)
+    ]
     assert named == []
     assert len(_shared_modules()) > 60  # the walk saw the package
 
@@ -103,6 +136,9 @@ def test_the_contracts_cover_every_layer():
     layers = re.search(r'id = "layers".*?layers = \[(.*?)\]', (REPO / "pyproject.toml").read_text(), re.S)
     assert layers is not None
     listed = set(re.findall(r'"agent_envs\.(\w+)"', layers.group(1)))
-    present = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
-               if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.stem != "__init__")}
+    present = {
+        p.stem if p.is_file() else p.name
+        for p in PACKAGE.iterdir()
+        if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.stem != "__init__")
+    }
     assert present == listed, f"not in a layer: {sorted(present - listed)}"

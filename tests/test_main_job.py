@@ -4,6 +4,7 @@ scripted reference, and writes one report in which every environment shows real 
 
 The installation runs into a virtual environment made here on top of this interpreter's packages,
 so ``pip install -e .`` never re-points the machine's own installation at this checkout."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,11 @@ from agent_envs.core.cache import is_complete
 
 REPO = Path(__file__).resolve().parent.parent
 #: what each environment's scripted reference runs, as the report prints the parsed action
-TOOL_CALLS = {"MATH-ReAct-v0": "bash$ python3 -c", "DocVQA-CLI-v0": "bash$ tesseract /workspace/document.png",
-              "Countdown-ReAct-v0": "python (code):\nN = ["}
+TOOL_CALLS = {
+    "MATH-ReAct-v0": "bash$ python3 -c",
+    "DocVQA-CLI-v0": "bash$ tesseract /workspace/document.png",
+    "Countdown-ReAct-v0": "python (code):\nN = [",
+}
 
 
 def main_job_envs() -> tuple[str, ...]:
@@ -36,8 +40,10 @@ def test_the_main_job_covers_every_text_environment():
 
     assert main_job_envs() == ("MATH-ReAct-v0", "DocVQA-CLI-v0", "Countdown-ReAct-v0")
     left_out = [e for e in ENV_IDS if e not in main_job_envs()]
-    assert left_out and all("view" in spec(e).tool_names
-                            or any(r.parser.native_tool_calls for r in spec(e).rules.values()) for e in left_out)
+    assert left_out and all(
+        "view" in spec(e).tool_names or any(r.parser.native_tool_calls for r in spec(e).rules.values())
+        for e in left_out
+    )
 
 
 def episodes(html: str) -> dict[str, str]:
@@ -55,11 +61,17 @@ def test_run_main_on_an_empty_model_cache(tmp_path: Path, smollm2_gguf: Path):
     venv.create(env_dir, system_site_packages=True, with_pip=True)
     model = tmp_path / "empty-cache" / "smollm2-hf"
     out = tmp_path / "main"
-    env = {**os.environ, "PYTHON": str(env_dir / "bin" / "python"), "AGENT_ENVS_SMOLLM2_HF": str(model),
-           "AGENT_ENVS_MAIN_OUT": str(out), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env = {
+        **os.environ,
+        "PYTHON": str(env_dir / "bin" / "python"),
+        "AGENT_ENVS_SMOLLM2_HF": str(model),
+        "AGENT_ENVS_MAIN_OUT": str(out),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run(["bash", "scripts/run_main.sh"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=1800)
+    proc = subprocess.run(
+        ["bash", "scripts/run_main.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800
+    )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
     assert is_complete(model)  # converted into the new cache, once
@@ -82,8 +94,11 @@ def test_run_main_on_an_empty_model_cache(tmp_path: Path, smollm2_gguf: Path):
             run = f"{env_id}.{policy}"
             assert f">{run}</span>" in about, run
             assert sum(heading.startswith(f"{run} · ") for heading in shown) == 2, run
-        calls = [body for heading, body in shown.items() if heading.startswith(f"{env_id}.")
-                 and '<pre class="action">' in body and '<pre class="obs">' in body]
+        calls = [
+            body
+            for heading, body in shown.items()
+            if heading.startswith(f"{env_id}.") and '<pre class="action">' in body and '<pre class="obs">' in body
+        ]
         assert any(TOOL_CALLS[env_id] in body for body in calls), f"no {TOOL_CALLS[env_id]} tool call for {env_id}"
     assert "SmolLM2-135M-Instruct (embedded, CPU)" in about and "scripted reference policy (no model)" in about
     assert "--policy vllm --model" in about and "--base-url" in about

@@ -1,5 +1,6 @@
 """Metrics: the ES summary, unbiased @k, README DocVQA numbers, diagnostics, paired bootstrap
 (docs/protocol.md#metrics, #diagnostics-cases, #accounting-cases)."""
+
 from __future__ import annotations
 
 import itertools
@@ -97,9 +98,12 @@ def test_summarize_at_k_uses_unbiased_estimator():
 # ----------------------------------------------------------------------------- DocVQA README
 def test_anls_metrics_distinguish_acc_and_exact_pass():
     rows = [
-        _row("q1", 0, 0.75, anls=0.75, acc=1.0), _row("q1", 1, 0.25, anls=0.25, acc=0.0),
-        _row("q2", 0, 1.0, anls=1.0, acc=1.0), _row("q2", 1, 0.5, anls=0.5, acc=0.0),
-        _row("q3", 0, 0.0, anls=0.0, acc=0.0), _row("q3", 1, 0.5, anls=0.5, acc=0.0),
+        _row("q1", 0, 0.75, anls=0.75, acc=1.0),
+        _row("q1", 1, 0.25, anls=0.25, acc=0.0),
+        _row("q2", 0, 1.0, anls=1.0, acc=1.0),
+        _row("q2", 1, 0.5, anls=0.5, acc=0.0),
+        _row("q3", 0, 0.0, anls=0.0, acc=0.0),
+        _row("q3", 1, 0.5, anls=0.5, acc=0.0),
     ]
     summary = summarize(rows, samples=2, spec=DOCVQA)
     d = summary["docvqa"]
@@ -229,8 +233,12 @@ def test_paired_bootstrap_sample_sets_must_match():
 
 
 def test_summary_reports_the_mean_without_error_episodes_next_to_the_es_mean():
-    rows = [_row("a", 0, 1.0, termination_reason="final_answer"), _row("b", 0, 0.5, termination_reason="max_turns"),
-            _row("c", 0, -1.0, termination_reason="request_error"), _row("d", 0, 0.0, termination_reason="env_error")]
+    rows = [
+        _row("a", 0, 1.0, termination_reason="final_answer"),
+        _row("b", 0, 0.5, termination_reason="max_turns"),
+        _row("c", 0, -1.0, termination_reason="request_error"),
+        _row("d", 0, 0.0, termination_reason="env_error"),
+    ]
     s = summarize(rows, 1)
     assert s["es"]["mean_score"] == pytest.approx(1.5 / 4)  # the reference's mean: errors count as 0
     assert s["non_error"] == {"count": 2, "mean_score": pytest.approx(0.75)}

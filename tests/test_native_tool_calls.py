@@ -4,6 +4,7 @@ MATH-Tools-v0 / Countdown-Tools-v0 episodes it drives with real bubblewrap sandb
 What happens with several calls in one turn: each is run in order and answered by its own ``tool``
 message, up to ``ParserSpec.max_calls`` (8); later ones are answered without running.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,7 @@ from agent_envs.policy.base import Completion, GenerationRequest
 from agent_envs.policy.hf import smollm2_tokenizer
 from agent_envs.policy.scripted import RecordingPolicy, ScriptedPolicy
 from agent_envs.protocol.decision import decide_turn, with_tools
-from agent_envs.protocol.native import (MALFORMED_CALL, call_text, parse_server_calls, parse_text_calls,
-                                        visible_text)
+from agent_envs.protocol.native import MALFORMED_CALL, call_text, parse_server_calls, parse_text_calls, visible_text
 from agent_envs.rollout.runner import run_episodes
 from agent_envs.core.tokens import TokenCounter
 from chat_templates import STABLE, THINK_STRIPPING, with_template
@@ -36,16 +36,20 @@ def kinds(text: str, used_bash: bool = True, tool_calls=None) -> list[str]:
 def test_a_call_outside_thinking_runs_one_inside_never():
     assert kinds(f"Let me check.\n{BASH}") == ["run"]
     assert kinds(f"<think>{BASH}</think>") == ["warn"]
-    assert kinds(f"<think>maybe {BASH}") == ["warn"]                  # never closed: all of it is thinking
+    assert kinds(f"<think>maybe {BASH}") == ["warn"]  # never closed: all of it is thinking
     assert kinds(f"planning {BASH}</think>\nno call now") == ["warn"]  # opened by the generation prompt
     assert kinds(f"<THINK>x</THINK>{BASH}") == ["run"]
     assert visible_text("a<think>b</think>c<think>d") == "ac"
 
 
 def test_malformed_calls_are_answered_not_run():
-    for text in ("<tool_call>{not json}</tool_call>", "<tool_call>[1, 2]</tool_call>",
-                 '<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"name": "bash", "arguments": [1]}</tool_call>',
-                 '<tool_call>{"name": "bash", "arguments": {"command": "ec'):  # cut off by the token limit
+    for text in (
+        "<tool_call>{not json}</tool_call>",
+        "<tool_call>[1, 2]</tool_call>",
+        '<tool_call>{"arguments": {}}</tool_call>',
+        '<tool_call>{"name": "bash", "arguments": [1]}</tool_call>',
+        '<tool_call>{"name": "bash", "arguments": {"command": "ec',
+    ):  # cut off by the token limit
         decisions = decide_turn(text, used_bash=False, flavour=RULES)
         assert [d.act_kind for d in decisions] == ["malformed_call"] and decisions[0].observation == MALFORMED_CALL
         assert decisions[0].command is None
@@ -53,7 +57,10 @@ def test_malformed_calls_are_answered_not_run():
 
 def test_unknown_tools_and_empty_commands():
     (unknown,) = decide_turn(call_text("python", {"code": "1"}), used_bash=False, flavour=RULES)
-    assert unknown.act_kind == "unknown_action" and unknown.observation == "Unknown action 'python'. Available action is bash."
+    assert (
+        unknown.act_kind == "unknown_action"
+        and unknown.observation == "Unknown action 'python'. Available action is bash."
+    )
     assert kinds(call_text("bash", {"command": "  "})) == ["empty_command"]
     assert kinds(call_text("bash", {})) == ["empty_command"]
 
@@ -81,7 +88,10 @@ def test_server_tool_calls_in_the_openai_shape():
     assert (call.name, call.arguments, call.id, call.error) == ("bash", {"command": "ls"}, "call_1", None)
     assert parse_server_calls([entry], "<think>I should run") == []  # the server cut them out of a thought
     bad = {"id": "c2", "function": {"name": "bash", "arguments": "{oops"}}
-    assert parse_server_calls([bad, "junk"], "")[0].error == MALFORMED_CALL and parse_server_calls([bad, "junk"], "")[1].error
+    assert (
+        parse_server_calls([bad, "junk"], "")[0].error == MALFORMED_CALL
+        and parse_server_calls([bad, "junk"], "")[1].error
+    )
     assert kinds("", tool_calls=[entry]) == ["run"] and kinds("<think>run it", tool_calls=[entry]) == ["warn"]
     assert parse_text_calls("") == []
 
@@ -91,9 +101,13 @@ def test_several_calls_in_one_turn_each_get_a_tool_message():
     env = gym.make("MATH-Tools-v0", dataset="builtin", sandbox="bwrap", max_turns=3)
     try:
         env.reset(seed=0)
-        text = (f"<think>{call_text('bash', {'command': 'echo never'})}</think>"
-                + call_text("bash", {"command": "echo one"}) + call_text("nope", {})
-                + "<tool_call>{broken</tool_call>" + call_text("bash", {"command": "echo two"}))
+        text = (
+            f"<think>{call_text('bash', {'command': 'echo never'})}</think>"
+            + call_text("bash", {"command": "echo one"})
+            + call_text("nope", {})
+            + "<tool_call>{broken</tool_call>"
+            + call_text("bash", {"command": "echo two"})
+        )
         messages, reward, terminated, truncated, info = env.step(text)
         assert not (terminated or truncated) and info["used_bash"]
         tools = messages[3:]
@@ -116,7 +130,12 @@ def test_server_calls_keep_their_ids_in_the_chat():
         entry = {"id": "call_7", "type": "function", "function": {"name": "bash", "arguments": '{"command": "echo 5"}'}}
         messages, *_ = env.step(Completion(text="", tool_calls=[entry], finish_reason="tool_calls"))
         assert messages[2] == {"role": "assistant", "content": "", "tool_calls": [entry]}
-        assert messages[3] == {"role": "tool", "content": "5\n\n[exit_code] 0", "name": "bash", "tool_call_id": "call_7"}
+        assert messages[3] == {
+            "role": "tool",
+            "content": "5\n\n[exit_code] 0",
+            "name": "bash",
+            "tool_call_id": "call_7",
+        }
     finally:
         env.close()
 
@@ -155,9 +174,14 @@ def test_engine_policies_render_the_request_tools():
     request = env.unwrapped.generation_request()
     policy = Ids(tokenizer, None, None)
     counted = env.unwrapped._ep.tally.prompt_tokens()
-    assert policy.prepare(request).prompt_ids == TokenCounter(tokenizer, tools=request.tools).prompt_ids(request.messages)
-    assert len(policy.prepare(request).prompt_ids) == counted > len(policy.prepare(
-        GenerationRequest(messages=request.messages)).prompt_ids)
+    assert policy.prepare(request).prompt_ids == TokenCounter(tokenizer, tools=request.tools).prompt_ids(
+        request.messages
+    )
+    assert (
+        len(policy.prepare(request).prompt_ids)
+        == counted
+        > len(policy.prepare(GenerationRequest(messages=request.messages)).prompt_ids)
+    )
     env.close()
 
 
@@ -167,8 +191,14 @@ def test_native_episodes_as_token_trajectories_do_not_drift_on_a_stable_template
     env = gym.make(env_id, dataset="builtin")
     tasks = env.unwrapped.tasks[:2]
     env.close()
-    records = run_episodes(env_id, tasks, ScriptedPolicy(registry.spec(env_id).baseline, tokenizer=tokenizer),
-                           mode="lockstep", progress=False, env_kwargs={"max_turns": 3, "token_trajectories": True})
+    records = run_episodes(
+        env_id,
+        tasks,
+        ScriptedPolicy(registry.spec(env_id).baseline, tokenizer=tokenizer),
+        mode="lockstep",
+        progress=False,
+        env_kwargs={"max_turns": 3, "token_trajectories": True},
+    )
     for record in records:
         trajectory = record.row()["token_trajectory"]
         assert record.score == 1.0 and trajectory["exact"] and trajectory["drift"] is None
@@ -195,7 +225,9 @@ def test_openai_policy_sends_the_schemas_and_reads_server_calls():
         assert "tools" not in plain and "tool_choice" not in plain and "logprobs" not in plain
     finally:
         server.close()
-    response = httpx_response({"choices": [{"message": {"content": "", "tool_calls": [entry]}, "finish_reason": "tool_calls"}]})
+    response = httpx_response(
+        {"choices": [{"message": {"content": "", "tool_calls": [entry]}, "finish_reason": "tool_calls"}]}
+    )
     parsed = OpenAIPolicy("http://127.0.0.1:9/v1", "m")._parse(response, "e", request)
     assert parsed.tool_calls == [entry] and kinds(parsed.text, tool_calls=parsed.tool_calls) == ["run"]
 
@@ -212,8 +244,10 @@ def test_several_calls_in_one_turn_as_a_token_trajectory():
     from agent_envs.rollout.trajectories import episode_tokens
 
     tokenizer = with_template(smollm2_tokenizer(), STABLE)
-    texts = [call_text("bash", {"command": "echo one"}) + call_text("bash", {"command": "echo two"}),
-             "Final answer: \\boxed{0}"]
+    texts = [
+        call_text("bash", {"command": "echo one"}) + call_text("bash", {"command": "echo two"}),
+        "Final answer: \\boxed{0}",
+    ]
 
     def reply(request: GenerationRequest) -> Completion:
         ids = tokenizer.encode(texts[len(request.messages) > 2], add_special_tokens=False)
@@ -222,9 +256,14 @@ def test_several_calls_in_one_turn_as_a_token_trajectory():
     env = gym.make("MATH-Tools-v0", dataset="builtin")
     tasks = env.unwrapped.tasks[:1]
     env.close()
-    (record,) = run_episodes("MATH-Tools-v0", tasks, ScriptedPolicy(reply, tokenizer=tokenizer), mode="lockstep",
-                             progress=False, env_kwargs={"max_turns": 3, "token_trajectories": True,
-                                                         "sandbox": "bwrap"})
+    (record,) = run_episodes(
+        "MATH-Tools-v0",
+        tasks,
+        ScriptedPolicy(reply, tokenizer=tokenizer),
+        mode="lockstep",
+        progress=False,
+        env_kwargs={"max_turns": 3, "token_trajectories": True, "sandbox": "bwrap"},
+    )
     row = record.row()
     trajectory = row["token_trajectory"]
     assert row["tool_calls"] == 2 and row["termination_reason"] == "final_answer" and trajectory["exact"]
@@ -235,7 +274,9 @@ def test_several_calls_in_one_turn_as_a_token_trajectory():
     sampled = [t["completion_ids"] for t in trajectory["turns"]]
     assert episode.model_tokens == sampled[0] + sampled[1] and sum(episode.loss_mask) == len(episode.model_tokens)
     (start, end) = episode.turns[0]["observation"]
-    assert not any(episode.loss_mask[start:end]) and episode.tokens[start:end] == trajectory["turns"][0]["observation_ids"]
+    assert (
+        not any(episode.loss_mask[start:end]) and episode.tokens[start:end] == trajectory["turns"][0]["observation_ids"]
+    )
 
 
 @pytest.mark.parametrize("mode", ["lockstep", "async"])
@@ -258,12 +299,17 @@ def test_server_tool_calls_reach_the_episode_through_either_openai_path(mode):
     env.close()
     with PolicyServer(ScriptedPolicy(reply), model="m", record=4) as server:
         policy = OpenAIPolicy(server.url, "m")
-        (record,) = run_episodes("MATH-Tools-v0", tasks, policy, mode=mode, progress=False,
-                                 env_kwargs={"max_turns": 3, "sandbox": "bwrap"})
+        (record,) = run_episodes(
+            "MATH-Tools-v0", tasks, policy, mode=mode, progress=False, env_kwargs={"max_turns": 3, "sandbox": "bwrap"}
+        )
         policy.close()
         second = server.received[1]
     row = record.row()
     assert row["termination_reason"] == "final_answer" and row["tool_calls"] == 1 and row["prediction"] == "41"
     assert row["react_steps"][0]["observation"].startswith("41")
-    assert second["messages"][-1] == {"role": "tool", "content": "41\n\n[exit_code] 0", "name": "bash",
-                                      "tool_call_id": "call_9"}
+    assert second["messages"][-1] == {
+        "role": "tool",
+        "content": "41\n\n[exit_code] 0",
+        "name": "bash",
+        "tool_call_id": "call_9",
+    }

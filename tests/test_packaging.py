@@ -1,4 +1,5 @@
 """The wheel that ``pip install .`` (and so the Dockerfile) builds ships every module and the prompts."""
+
 from __future__ import annotations
 
 import shutil
@@ -17,11 +18,27 @@ def test_wheel_has_every_module_and_the_prompts(tmp_path: Path) -> None:
         shutil.copy2(REPO / part, src / part)
     for part in ("agent_envs", "prompts"):
         shutil.copytree(REPO / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = (tmp_path / "dist").glob("agent_envs-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     modules = {p.relative_to(REPO).as_posix() for p in (REPO / "agent_envs").rglob("*.py")}
-    prompts = {f"agent_envs/_prompts/{p.relative_to(REPO / 'prompts').as_posix()}"
-               for p in (REPO / "prompts").glob("*/*.txt")}
+    prompts = {
+        f"agent_envs/_prompts/{p.relative_to(REPO / 'prompts').as_posix()}" for p in (REPO / "prompts").glob("*/*.txt")
+    }
     assert prompts and modules - names == set() and prompts - names == set()

@@ -1,6 +1,7 @@
 """``GenerationRequest.adapter`` on the engine policies and the :class:`AdapterPolicy` view: a request
 names an adapter, reaches the engine with it, and an unknown name is a ``request_error`` (never a
 silent fall-back to the base weights)."""
+
 from __future__ import annotations
 
 import asyncio

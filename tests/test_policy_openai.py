@@ -1,4 +1,5 @@
 """OpenAIPolicy against real HTTP servers on 127.0.0.1 (agent_envs.policy.server)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +26,9 @@ def servers():
 
 
 def req(seed: int = 1, content: str = "hello", **kw) -> GenerationRequest:
-    return GenerationRequest(messages=[{"role": "user", "content": content}], seed=seed, max_tokens=32,
-                             stop=["Observation:"], **kw)
+    return GenerationRequest(
+        messages=[{"role": "user", "content": content}], seed=seed, max_tokens=32, stop=["Observation:"], **kw
+    )
 
 
 def client(urls, **kw) -> OpenAIPolicy:
@@ -38,10 +40,30 @@ def test_round_trip_sends_protocol_sampling_and_reads_token_ids(servers) -> None
     out = policy.generate([req(seed=42)])[0]
     assert out.ok and out.text == "seed=42 max=32" and out.token_ids == [7, 8, 9] and out.completion_tokens == 3
     body = servers[0].received[0]
-    assert {k: body[k] for k in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
-                                 "repetition_penalty", "seed", "stop", "max_tokens")} == {
-        "temperature": 1.0, "top_p": 1.0, "top_k": 40, "min_p": 0.0, "presence_penalty": 2.0,
-        "repetition_penalty": 1.0, "seed": 42, "stop": ["Observation:"], "max_tokens": 32}
+    assert {
+        k: body[k]
+        for k in (
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "presence_penalty",
+            "repetition_penalty",
+            "seed",
+            "stop",
+            "max_tokens",
+        )
+    } == {
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 40,
+        "min_p": 0.0,
+        "presence_penalty": 2.0,
+        "repetition_penalty": 1.0,
+        "seed": 42,
+        "stop": ["Observation:"],
+        "max_tokens": 32,
+    }
     assert body["chat_template_kwargs"] == {"enable_thinking": False} and body["return_token_ids"] is True
     models = httpx.get(servers[0].url + "/models").json()
     assert models["data"][0]["id"] == "m" and models["data"][0]["max_model_len"] == 256
@@ -99,8 +121,11 @@ def test_timeouts_retry_then_fail(servers) -> None:
 
 
 def test_server_reports_real_errors_but_not_clients_that_hung_up(servers, capsys) -> None:
-    for exc, reported in ((BrokenPipeError(32, "Broken pipe"), False), (ConnectionResetError(104, "reset"), False),
-                          (ValueError("a bug in the handler"), True)):
+    for exc, reported in (
+        (BrokenPipeError(32, "Broken pipe"), False),
+        (ConnectionResetError(104, "reset"), False),
+        (ValueError("a bug in the handler"), True),
+    ):
         try:
             raise exc
         except Exception:
@@ -128,9 +153,11 @@ def test_context_error_detection_rules() -> None:
     assert not is_context_length_error(400, '{"error": {"message": "context length", "param": "messages"}}')
     assert not is_context_length_error(500, vllm_style)
     # vLLM 0.32 refuses a prompt with more characters than the window's token count allows before tokenising
-    by_chars = ('{"error": {"message": "This model\'s maximum context length is 1024 tokens. However, your prompt '
-                'contains 200148 characters (more than 82944 characters, which is the upper bound for 1024 input '
-                'tokens). Please reduce the length of the input prompt.", "param": "input_text", "code": 400}}')
+    by_chars = (
+        '{"error": {"message": "This model\'s maximum context length is 1024 tokens. However, your prompt '
+        "contains 200148 characters (more than 82944 characters, which is the upper bound for 1024 input "
+        'tokens). Please reduce the length of the input prompt.", "param": "input_text", "code": 400}}'
+    )
     assert is_context_length_error(400, by_chars)
 
 
@@ -168,7 +195,9 @@ def test_a_server_trickling_a_byte_at_a_time_hits_the_per_attempt_deadline(phase
 
     with TrickleServer(phase=phase) as server:
         policy = client(server.url, timeout_s=2.0, max_retries=1, max_model_len=4096)
-        call = (lambda: policy.generate([req()])[0]) if path == "sync" else (lambda: asyncio.run(policy.agenerate(req())))
+        call = (
+            (lambda: policy.generate([req()])[0]) if path == "sync" else (lambda: asyncio.run(policy.agenerate(req())))
+        )
         finished, out, seconds = run_bounded(call, 30)
         assert finished, f"still waiting after {seconds:.0f}s"
         assert out.error == "request_error" and out.error_message.startswith("AttemptDeadline: no complete answer")

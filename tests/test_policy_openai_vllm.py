@@ -5,6 +5,7 @@ interpreter, once per module: it starts the server on 127.0.0.1 (readiness by po
 checks the policy against it, stops and reaps it, then runs the offline engine on the same
 requests.  The same script is the GPU check with official vLLM.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,10 @@ def test_context_length_from_the_real_server(results: dict) -> None:
     ctx = results["context"]
     assert results["window_from_models"] == 1024
     assert {k: (v["status"], v["param"]) for k, v in ctx.items()} == {
-        "too_many_tokens": (400, "input_tokens"), "too_many_chars": (400, "input_text"),
-        "reserve_does_not_fit": (200, None)}
+        "too_many_tokens": (400, "input_tokens"),
+        "too_many_chars": (400, "input_text"),
+        "reserve_does_not_fit": (200, None),
+    }
     assert all(v["error"] == "context_length_exceeded" and v["posts"] == 1 for v in ctx.values())
 
 

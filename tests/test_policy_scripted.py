@@ -1,4 +1,5 @@
 """ScriptedPolicy (tests, baselines) and SimulatedPolicy (benchmarks)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,8 +9,9 @@ from agent_envs.policy.scripted import ScriptedPolicy, SimulatedPolicy
 
 
 def req(key: str = "", seed: int = 0, max_tokens: int | None = None) -> GenerationRequest:
-    return GenerationRequest(messages=[{"role": "user", "content": "q"}], key=key, seed=seed,
-                             max_tokens=max_tokens, stop=["Observation:"])
+    return GenerationRequest(
+        messages=[{"role": "user", "content": "q"}], key=key, seed=seed, max_tokens=max_tokens, stop=["Observation:"]
+    )
 
 
 def test_shared_script_plays_in_turn_order_per_episode() -> None:

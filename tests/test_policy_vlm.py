@@ -1,4 +1,5 @@
 """TransformersPolicy with the tiny vision-language model: chats with image parts reach the model as pixels."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,10 +25,12 @@ def page(text: str, size: tuple[int, int] = (180, 120)) -> Image.Image:
 
 def chat(image: Image.Image | None) -> list[dict]:
     parts = [{"type": "text", "text": "Observation from view:\n"}] + ([image_part(image)] if image else [])
-    return [{"role": "system", "content": "Answer from the page."},
-            {"role": "user", "content": "Question: what is the total?"},
-            {"role": "assistant", "content": 'Action:\n{"name": "view", "arguments": {}}'},
-            {"role": "user", "content": parts}]
+    return [
+        {"role": "system", "content": "Answer from the page."},
+        {"role": "user", "content": "Question: what is the total?"},
+        {"role": "assistant", "content": 'Action:\n{"name": "view", "arguments": {}}'},
+        {"role": "user", "content": parts},
+    ]
 
 
 def req(image: Image.Image | None, seed: int = 3, max_tokens: int = 12) -> GenerationRequest:
@@ -52,7 +55,7 @@ def test_image_chat_decodes_as_transformers_generate_does(greedy: TransformersPo
     inputs = greedy.processor(text=[text], images=[[image]], return_tensors="pt", add_special_tokens=False)
     with torch.inference_mode():
         out = greedy.model.generate(**inputs, max_new_tokens=12, do_sample=False, min_new_tokens=12)
-    assert got.ok and got.token_ids == out[0, inputs["input_ids"].shape[1]:].tolist()
+    assert got.ok and got.token_ids == out[0, inputs["input_ids"].shape[1] :].tolist()
     assert got.prompt_tokens == inputs["input_ids"].shape[1]
     # the image costs its tiles: 180x120 becomes 3x2 tiles plus the global view, 16 tokens each, and tags
     text_only = greedy.generate([req(None)])[0]
@@ -124,9 +127,11 @@ def test_openai_client_sends_the_image_and_the_server_model_sees_it(server) -> N
 def test_server_refuses_image_parts_it_cannot_read(server) -> None:
     import httpx
 
-    for part in ({"type": "image_url", "image_url": {"url": "https://example.invalid/p.png"}},
-                 {"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGEgcG5n"}},
-                 {"type": "input_audio", "input_audio": {}}):
+    for part in (
+        {"type": "image_url", "image_url": {"url": "https://example.invalid/p.png"}},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGEgcG5n"}},
+        {"type": "input_audio", "input_audio": {}},
+    ):
         body = {"model": "tiny-vlm", "max_tokens": 4, "messages": [{"role": "user", "content": [part]}]}
         reply = httpx.post(server.url + "/chat/completions", json=body, timeout=60)
         assert reply.status_code == 400 and "invalid request" in reply.json()["error"]["message"], reply.text

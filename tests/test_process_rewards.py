@@ -1,6 +1,7 @@
 """Process rewards with real environments and real sandboxes: the environment scores each step
 when used directly, the runner batches the same calls across episodes (lockstep: one call per
 turn; async: gathered beside generation), and the records, metrics and failures agree."""
+
 from __future__ import annotations
 
 import asyncio
@@ -52,8 +53,10 @@ def test_environment_scores_each_step_when_used_directly():
     env = gym.make("MATH-ReAct-v0", step_scorer=scorer, tasks=TASKS[:1], **ENV_KWARGS)
     try:
         env.reset(options={"row_index": 0})
-        infos = [env.step(text)[-1] for text in ("let me think", _bash("python3 -c 'print(6*7)'"),
-                                                 "Final answer: \\boxed{42}")]
+        infos = [
+            env.step(text)[-1]
+            for text in ("let me think", _bash("python3 -c 'print(6*7)'"), "Final answer: \\boxed{42}")
+        ]
         contexts = env.unwrapped.step_contexts()
     finally:
         env.close()
@@ -74,13 +77,29 @@ def test_environment_scores_each_step_when_used_directly():
 
 @pytest.fixture(scope="module")
 def plain_records():
-    return run_episodes("MATH-ReAct-v0", TASKS, SeededMathPolicy(), samples=3, mode="lockstep", concurrency=16,
-                        env_kwargs=ENV_KWARGS, progress=False)
+    return run_episodes(
+        "MATH-ReAct-v0",
+        TASKS,
+        SeededMathPolicy(),
+        samples=3,
+        mode="lockstep",
+        concurrency=16,
+        env_kwargs=ENV_KWARGS,
+        progress=False,
+    )
 
 
 def _scored(mode: str, scorer: StepScorer, **kw):
-    return run_episodes("MATH-ReAct-v0", TASKS, SeededMathPolicy(), samples=3, mode=mode, concurrency=16,
-                        progress=False, **{"env_kwargs": ENV_KWARGS, "step_scorer": scorer, **kw})
+    return run_episodes(
+        "MATH-ReAct-v0",
+        TASKS,
+        SeededMathPolicy(),
+        samples=3,
+        mode=mode,
+        concurrency=16,
+        progress=False,
+        **{"env_kwargs": ENV_KWARGS, "step_scorer": scorer, **kw},
+    )
 
 
 def test_runner_batches_scores_and_matches_the_environment_scoring_itself(plain_records):
@@ -135,8 +154,17 @@ class ReleasingPolicy(SeededMathPolicy):
 def test_async_scoring_never_blocks_generation(plain_records):
     release = asyncio.Event()
     policy = ReleasingPolicy(sum(r.turns for r in plain_records), release)
-    records = run_episodes("MATH-ReAct-v0", TASKS, policy, samples=3, mode="async", concurrency=16,
-                           env_kwargs=ENV_KWARGS, progress=False, step_scorer=HeldScorer(release))
+    records = run_episodes(
+        "MATH-ReAct-v0",
+        TASKS,
+        policy,
+        samples=3,
+        mode="async",
+        concurrency=16,
+        env_kwargs=ENV_KWARGS,
+        progress=False,
+        step_scorer=HeldScorer(release),
+    )
     assert policy.calls == policy.total
     assert all(r.step_score_errors == [None] * len(r.react_steps) for r in records)
     assert all(r.step_scores == [0.5] * len(r.react_steps) for r in records)
@@ -179,17 +207,28 @@ def test_a_failing_scorer_is_a_recorded_error_per_step(mode, plain_records):
 
 def test_process_fields_and_metrics():
     scores = [StepScore(0.5), StepScore.failed("boom"), StepScore(0.8)]
-    assert process_fields(scores, "product") == {"step_scores": [0.5, None, 0.8],
-                                                 "step_score_errors": [None, "boom", None],
-                                                 "process_score": 0.4, "process_aggregation": "product"}
+    assert process_fields(scores, "product") == {
+        "step_scores": [0.5, None, 0.8],
+        "step_score_errors": [None, "boom", None],
+        "process_score": 0.4,
+        "process_aggregation": "product",
+    }
     assert aggregate([0.5, None, 0.8], "min") == 0.5 and aggregate([None], "mean") is None
     with pytest.raises(ValueError, match="unknown aggregation 'median'"):
         aggregate([0.5], "median")
-    rows = [{"task_id": "a", "sample_index": 0, "score": 1.0, **process_fields(scores, "mean")},
-            {"task_id": "b", "sample_index": 0, "score": 0.0}]
+    rows = [
+        {"task_id": "a", "sample_index": 0, "score": 1.0, **process_fields(scores, "mean")},
+        {"task_id": "b", "sample_index": 0, "score": 0.0},
+    ]
     block = summarize(rows, samples=1)["process"]
-    assert block == {"episodes": 1, "steps": 3, "step_score_errors": 1, "mean_step_score": 0.65,
-                     "mean_process_score": 0.65, "aggregations": ["mean"]}
+    assert block == {
+        "episodes": 1,
+        "steps": 3,
+        "step_score_errors": 1,
+        "mean_step_score": 0.65,
+        "mean_process_score": 0.65,
+        "aggregations": ["mean"],
+    }
     assert "process" not in summarize(rows[1:], samples=1)
 
 
@@ -213,5 +252,11 @@ def test_env_refuses_a_scorer_that_is_not_one():
     with pytest.raises(TypeError, match="step_scorer must be a StepScorer"):
         gym.make("MATH-ReAct-v0", step_scorer=lambda c: 1.0, tasks=TASKS[:1])
     with pytest.raises(ValueError, match="not both"):
-        run_episodes("MATH-ReAct-v0", TASKS[:1], SeededMathPolicy(), step_scorer=HashScorer(),
-                     env_kwargs={"step_scorer": HashScorer()}, progress=False)
+        run_episodes(
+            "MATH-ReAct-v0",
+            TASKS[:1],
+            SeededMathPolicy(),
+            step_scorer=HashScorer(),
+            env_kwargs={"step_scorer": HashScorer()},
+            progress=False,
+        )

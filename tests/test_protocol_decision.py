@@ -1,5 +1,6 @@
 """Decision order and exact protocol strings (docs/protocol.md#prompt-hashes, #warning-and-observation-texts,
 #decision-order, #docvqa-prompts, #math-prompts, #first-turn-rule, #docvqa-protocol-cases, #math-protocol-cases)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -28,6 +29,7 @@ def action(name: str = "bash", **arguments: object) -> str:
 
 # --- exact strings -----------------------------------------------------------------------------
 
+
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -42,15 +44,17 @@ def test_hashed_warnings_match_section_1_2():
 def test_unhashed_strings_are_verbatim():
     block = 'Action:\n{"name": "bash", "arguments": {"command": "<shell command>"}}'
     assert msg.DOCVQA_FORMAT_WARNING_ES == (
-        f"No valid action was parsed. Use exactly:\n{block}\nor, after tool use, Final answer: <short answer>")
+        f"No valid action was parsed. Use exactly:\n{block}\nor, after tool use, Final answer: <short answer>"
+    )
     assert msg.MATH_FORMAT_WARNING == (
         f"No valid action was parsed. Use exactly:\n{block}\n"
-        "or finish after bash use with: Final answer: \\boxed{<answer>}")
+        "or finish after bash use with: Final answer: \\boxed{<answer>}"
+    )
     assert msg.MATH_TOOL_REQUIRED == (
         "You must call the bash Action before answering. Use command-line Python to compute or "
-        "verify the solution, then provide Final answer.")
-    assert msg.MATH_FIRST_TURN == (
-        "The first assistant turn must contain only one bash Action and no reasoning text.")
+        "verify the solution, then provide Final answer."
+    )
+    assert msg.MATH_FIRST_TURN == ("The first assistant turn must contain only one bash Action and no reasoning text.")
     assert msg.MATH_BLOCKED == "Blocked unsafe or interactive desktop command in math tool sandbox."
     assert msg.NO_COMMAND == "No shell command was provided."
     assert msg.unknown_action("python") == "Unknown action 'python'. Available action is bash."
@@ -58,20 +62,24 @@ def test_unhashed_strings_are_verbatim():
 
 def test_observation_message_frame():
     assert msg.observation_message("bash", "42\n[exit_code] 0") == {
-        "role": "user", "content": "Observation from bash:\n42\n[exit_code] 0"}
+        "role": "user",
+        "content": "Observation from bash:\n42\n[exit_code] 0",
+    }
 
 
 def test_skill_injection_suffixes():
     docvqa = msg.with_skill("SYS", "  read carefully \n", msg.DOCVQA_SKILL_SUFFIX)
     assert docvqa == (
         "SYS\n\nUse the following distilled skill instructions while solving the task. They do not "
-        "override the required bash/OCR tool-use and final-answer format.\n\nread carefully")
+        "override the required bash/OCR tool-use and final-answer format.\n\nread carefully"
+    )
     assert "bash/OCR" in docvqa  # docs/protocol.md#docvqa-protocol-cases (7)
     assert msg.with_skill("SYS", "tip", msg.MATH_SKILL_SUFFIX) == "SYS\n\nAdditional skill instructions:\ntip"
     assert msg.with_skill("SYS", " \n ", msg.MATH_SKILL_SUFFIX) == "SYS"
 
 
 # --- docs/protocol.md#docvqa-protocol-cases -------------------------------------------------------
+
 
 @pytest.mark.parametrize("flavour", [DOCVQA_ES, DOCVQA_HTTP])
 def test_docvqa_action_validation(flavour):
@@ -86,7 +94,9 @@ def test_docvqa_action_validation(flavour):
     assert (other.act_kind, other.observation_name) == ("unknown_action", "python")
     assert other.observation == "Unknown action 'python'. Available action is bash."
     assert other.observation_message() == {
-        "role": "user", "content": "Observation from python:\nUnknown action 'python'. Available action is bash."}
+        "role": "user",
+        "content": "Observation from python:\nUnknown action 'python'. Available action is bash.",
+    }
 
 
 @pytest.mark.parametrize("flavour", [DOCVQA_ES, DOCVQA_HTTP])
@@ -115,6 +125,7 @@ def test_docvqa_es_accepts_missing_arguments_but_http_warns():
 
 
 # --- Math decision order -------------------------------------------------------------------------
+
 
 def test_math_warnings_and_final():
     early = decide("Final answer: \\boxed{4}", used_bash=False, flavour=MATH_ES)
@@ -188,6 +199,7 @@ def test_first_turn_rule_applies_only_until_bash_ran_and_only_in_matched_agentic
 
 
 # --- properties ----------------------------------------------------------------------------------
+
 
 @settings(max_examples=300, deadline=None)
 @given(st.text(), st.booleans(), st.sampled_from(ALL_FLAVOURS))

@@ -1,4 +1,5 @@
 """docs/protocol.md is the spec the code cites: every cited section anchor must exist there."""
+
 from __future__ import annotations
 
 import re
@@ -54,20 +55,29 @@ def test_every_cited_anchor_exists():
 
 def test_no_citations_of_the_outside_document():
     """Sections of the reference write-up ("§N.N") are not part of this repository."""
-    stale = [f"{p.relative_to(REPO)}:{i}" for p in source_files()
-             for i, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
-             if re.search(r"§\s?\d", line)]
+    stale = [
+        f"{p.relative_to(REPO)}:{i}"
+        for p in source_files()
+        for i, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+        if re.search(r"§\s?\d", line)
+    ]
     assert not stale, stale
 
 
 def test_anchor_rules():
     assert anchors("# A b\n## HTTP-evaluator compatibility\n```\n# not a heading\n```\n## A b\n") == {
-        "a-b", "http-evaluator-compatibility", "a-b-1"}
+        "a-b",
+        "http-evaluator-compatibility",
+        "a-b-1",
+    }
 
 
 def test_every_cited_reliability_anchor_exists():
     """docs/reliability.md states the package's promises; code and tests cite its sections."""
     known = anchors((REPO / "docs" / "reliability.md").read_text(encoding="utf-8"))
-    cited = {(name, str(p.relative_to(REPO))) for p in source_files()
-             for name in re.findall(r"reliability\.md#([\w-]+)", p.read_text(encoding="utf-8", errors="replace"))}
+    cited = {
+        (name, str(p.relative_to(REPO)))
+        for p in source_files()
+        for name in re.findall(r"reliability\.md#([\w-]+)", p.read_text(encoding="utf-8", errors="replace"))
+    }
     assert len(cited) > 5 and not {c for c in cited if c[0] not in known}, sorted(c for c in cited if c[0] not in known)

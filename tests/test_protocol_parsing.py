@@ -1,5 +1,6 @@
 """Think stripping, final-answer grammar and action parsers (docs/protocol.md#conversation, #final-answer-grammar,
 #action-parsers, #first-turn-rule, #docvqa-protocol-cases, #math-protocol-cases, #derived-cases)."""
+
 from __future__ import annotations
 
 import json
@@ -27,6 +28,7 @@ BS = "\x08"  # "\b" typed in a non-raw string turns "\boxed" into BS + "oxed"
 
 # --- docs/protocol.md#conversation: think stripping -----------------------------------------------
 
+
 def test_strip_think_removes_every_span_any_case_across_lines():
     text = "  <think>a\nb</think>x<THINK>c</Think> y  "
     assert strip_think(text) == "x y"
@@ -39,20 +41,21 @@ def test_strip_think_is_non_greedy_and_leaves_unclosed_blocks():
 
 # --- docs/protocol.md#final-answer-grammar --------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("final answer：  7 ", "7"),                          # #derived-cases: full-width colon
-        ("Final answer:\n\\boxed{5}", "5"),                  # #derived-cases: value on the next line
-        ("ANSWER:x\nFinal Answer: y", "y"),                  # #derived-cases: last line wins
-        ("Final answer:", None),                             # #derived-cases: nothing after the colon
+        ("final answer：  7 ", "7"),  # #derived-cases: full-width colon
+        ("Final answer:\n\\boxed{5}", "5"),  # #derived-cases: value on the next line
+        ("ANSWER:x\nFinal Answer: y", "y"),  # #derived-cases: last line wins
+        ("Final answer:", None),  # #derived-cases: nothing after the colon
         ("Final answer:   \n", ""),  # upstream quirk: whitespace is "at least one character"
-        ("**Final answer:** 5", None),                       # markdown does not start with the keyword
+        ("**Final answer:** 5", None),  # markdown does not start with the keyword
         ("The answer: 3", None),
-        ("   answer : 12", "12"),                            # leading and pre-colon whitespace
+        ("   answer : 12", "12"),  # leading and pre-colon whitespace
         ("Final answer: \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),  # nested braces
-        (f"Final answer: {BS}oxed{{9}}", "9"),                 # backspace spelling
-        ("Final answer: \\boxed{1} or \\boxed{2}", "2"),       # last boxed in the value
+        (f"Final answer: {BS}oxed{{9}}", "9"),  # backspace spelling
+        ("Final answer: \\boxed{1} or \\boxed{2}", "2"),  # last boxed in the value
         ("Final answer: \\boxed{unclosed", "\\boxed{unclosed"),  # unbalanced: the raw value
         ("Final answer: invoice 123", "invoice 123"),
         ("Answer: a\nsome text\nanswer: b\nmore", "b"),
@@ -71,7 +74,7 @@ def test_think_block_is_removed_before_the_final_answer_is_read():
 
 def test_last_boxed_balances_braces_and_prefers_the_real_spelling():
     assert last_boxed("\\boxed{a} then \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
-    assert last_boxed("\\boxed{a} \\boxed{b") is None        # the last one is unbalanced
+    assert last_boxed("\\boxed{a} \\boxed{b") is None  # the last one is unbalanced
     assert last_boxed(f"{BS}oxed{{x}}") == "x"
     assert last_boxed(f"{BS}oxed{{x}} \\boxed{{y}}") == "y"
     assert last_boxed("\\boxed{ 5 }") == "5"
@@ -79,6 +82,7 @@ def test_last_boxed_balances_braces_and_prefers_the_real_spelling():
 
 
 # --- docs/protocol.md#action-parsers --------------------------------------------------------------
+
 
 @pytest.mark.parametrize("variant", PARSER_VARIANTS)
 def test_inline_action_parses_in_every_variant(variant):
@@ -111,10 +115,10 @@ def test_multiline_json_parses():
 @pytest.mark.parametrize(
     ("variant", "expected"),
     [
-        ("math_es", {"name": "bash", "arguments": {}}),   # #derived-cases: then "No shell command..."
+        ("math_es", {"name": "bash", "arguments": {}}),  # #derived-cases: then "No shell command..."
         ("docvqa_es", {"name": "bash", "arguments": {}}),
-        ("docvqa_http", None),                            # arguments key required
-        ("math_http", None),                              # command required
+        ("docvqa_http", None),  # arguments key required
+        ("math_http", None),  # command required
     ],
 )
 def test_missing_arguments_per_variant(variant, expected):
@@ -123,7 +127,7 @@ def test_missing_arguments_per_variant(variant, expected):
 
 @pytest.mark.parametrize("variant", PARSER_VARIANTS)
 def test_non_object_or_ill_typed_actions_are_rejected(variant):
-    assert parse_action('Action: ["bash"]', variant) is None            # #derived-cases
+    assert parse_action('Action: ["bash"]', variant) is None  # #derived-cases
     assert parse_action('Action: {"name": 5, "arguments": {}}', variant) is None
     assert parse_action('Action: {"name": "bash", "arguments": "ls"}', variant) is None
     assert parse_action('Action: {"name": "bash", "arguments": null}', variant) is None
@@ -147,12 +151,11 @@ def test_math_http_parser_requires_a_non_blank_string_command():
 
 
 def test_relaxed_parser_only_in_math_es():
-    single = "Action: {'name': 'bash', 'arguments': {'command': 'echo hi'}}"    # #derived-cases
+    single = "Action: {'name': 'bash', 'arguments': {'command': 'echo hi'}}"  # #derived-cases
     unterminated = 'Action: {"name": "bash", "arguments": {"command": "python -c \\"print(2)'
     unescaped = 'Action: {"name":"bash","arguments":{"command":"python -c "print(1)""}}'
     assert parse_action(single, "math_es") == {"name": "bash", "arguments": {"command": "echo hi"}}
-    assert parse_action(unterminated, "math_es") == {
-        "name": "bash", "arguments": {"command": 'python -c "print(2)'}}
+    assert parse_action(unterminated, "math_es") == {"name": "bash", "arguments": {"command": 'python -c "print(2)'}}
     assert parse_action(unescaped, "math_es") == {"name": "bash", "arguments": {"command": "python -c"}}
     for variant in ("docvqa_es", "docvqa_http", "math_http"):
         assert parse_action(single, variant) is None
@@ -163,7 +166,9 @@ def test_relaxed_parser_only_in_math_es():
 def test_relaxed_parser_details():
     assert parse_relaxed_bash("{'name': 'python', 'arguments': {'command': 'x'}}") is None
     assert parse_relaxed_bash("{'NAME': 'Bash', 'arguments': {'Command': 'ls'}}") == {
-        "name": "bash", "arguments": {"command": "ls"}}
+        "name": "bash",
+        "arguments": {"command": "ls"},
+    }
     assert parse_relaxed_bash("{'name': 'bash', 'arguments': {'command': '   '}}") is None
     assert parse_relaxed_bash("{'name': 'bash', 'arguments': {}}") is None
     # escaped quote of the same kind does not end the string; manual unescaping applies
@@ -187,6 +192,7 @@ def test_unknown_variant_is_a_clear_error():
 
 # --- docs/protocol.md#first-turn-rule predicate ---------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("text", "ok"),
     [
@@ -194,7 +200,7 @@ def test_unknown_variant_is_a_clear_error():
         (f"<think>\n\n</think>\nAction: {BASH_JSON}", True),
         (f"Let me reason first.\nAction: {BASH_JSON}", False),
         ('Action: {"name": "python", "arguments": {"command": "print(1)"}}', False),
-        (f"Action: {BASH_JSON}\nthen more", False),                      # must fully parse
+        (f"Action: {BASH_JSON}\nthen more", False),  # must fully parse
         ('Action: {"name": "bash", "arguments": {"command": " "}}', False),
         (f"  action:\n{BASH_JSON}\n\n", True),
     ],
@@ -206,9 +212,36 @@ def test_single_bash_action(text, ok):
 # --- properties: nothing raises, results are well-formed --------------------------------------
 
 _pieces = st.sampled_from(
-    ["Action:", "action: ", "{", "}", '"name"', "'name'", ":", '"bash"', "'bash'", '"command"',
-     "'command'", '"', "'", "\\", "\\boxed{", BS + "oxed{", "Final answer:", "Answer：", "\n",
-     "<think>", "</think>", "[", "]", ",", "1e999", "9" * 5000, "{" * 3000, " "]
+    [
+        "Action:",
+        "action: ",
+        "{",
+        "}",
+        '"name"',
+        "'name'",
+        ":",
+        '"bash"',
+        "'bash'",
+        '"command"',
+        "'command'",
+        '"',
+        "'",
+        "\\",
+        "\\boxed{",
+        BS + "oxed{",
+        "Final answer:",
+        "Answer：",
+        "\n",
+        "<think>",
+        "</think>",
+        "[",
+        "]",
+        ",",
+        "1e999",
+        "9" * 5000,
+        "{" * 3000,
+        " ",
+    ]
 )
 _texty = st.one_of(st.text(), st.lists(st.one_of(_pieces, st.text(max_size=5)), max_size=40).map("".join))
 
@@ -289,5 +322,7 @@ def test_action_nesting_bound_is_the_same_from_every_stack_depth():
     for frames in (0, 300):
         ok = _at_stack_depth(frames, lambda: parse_action("Action: " + _nested(MAX_ACTION_NESTING - 2), "docvqa_es"))
         assert ok is not None and ok["arguments"]["command"] == "echo deep"
-        assert _at_stack_depth(frames, lambda: parse_action("Action: " + _nested(MAX_ACTION_NESTING - 1),
-                                                            "docvqa_es")) is None
+        assert (
+            _at_stack_depth(frames, lambda: parse_action("Action: " + _nested(MAX_ACTION_NESTING - 1), "docvqa_es"))
+            is None
+        )

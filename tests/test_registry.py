@@ -1,6 +1,7 @@
 """The registry is the one list of environments: gym ids and CLI choices derive from it, an id it
 does not know is an error instead of silently getting another environment's rules, and each
 environment's rules derive from its tool declarations."""
+
 from __future__ import annotations
 
 import gymnasium as gym
@@ -20,8 +21,9 @@ def test_env_ids_gym_registrations_and_cli_choices_derive_from_the_registry():
     for env_id in registry.ENV_IDS:
         spec = registry.spec(env_id)
         assert spec.id == env_id and gym.spec(env_id).entry_point == spec.entry_point
-    choices = next(a.choices for a in build_parser()._subparsers._group_actions[0].choices["eval"]._actions
-                   if a.dest == "env")
+    choices = next(
+        a.choices for a in build_parser()._subparsers._group_actions[0].choices["eval"]._actions if a.dest == "env"
+    )
     assert tuple(choices) == registry.ENV_IDS
 
 
@@ -33,8 +35,12 @@ def test_unknown_environment_fails_loudly_and_its_records_name_no_spec():
 
 
 def test_records_without_a_spec_still_summarise_with_bash_as_the_tool():
-    row = {**ROW, "react_steps": [{"action": {"name": "bash", "arguments": {}}, "observation": "x\n[exit_code] 0"}],
-           "termination_reason": "final_answer", "turns": 2}
+    row = {
+        **ROW,
+        "react_steps": [{"action": {"name": "bash", "arguments": {}}, "observation": "x\n[exit_code] 0"}],
+        "termination_reason": "final_answer",
+        "turns": 2,
+    }
     assert summarize([row], samples=1)["tool_call_rate"] == 1.0
 
 

@@ -1,5 +1,6 @@
 """Promises of docs/reliability.md that no single module owns: how an environment tells the model's
 outcome from the machine's fault."""
+
 from __future__ import annotations
 
 import json
@@ -75,11 +76,27 @@ def test_a_page_over_the_pixel_limit_stops_eval_before_the_policy(bomb, tmp_path
     monkeypatch.setattr(cli, "make_policy", lambda *a, **k: pytest.fail("the policy was built first"))
     data = tmp_path / "tasks.jsonl"
     data.write_text(json.dumps({"id": "b", "question": "Title?", "answers": ["x"], "image": str(bomb)}) + "\n")
-    assert cli.main(["eval", "--env", "DocVQA-VL-v0", "--data", str(data), "--policy", "scripted",
-                     "--out", str(tmp_path / "run")]) == 2
+    assert (
+        cli.main(
+            [
+                "eval",
+                "--env",
+                "DocVQA-VL-v0",
+                "--data",
+                str(data),
+                "--policy",
+                "scripted",
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
-    assert err == (f"agent-envs eval: error: cannot load --data {str(data)!r} for DocVQA-VL-v0: {data}:1: the page "
-                   f"{bomb} {LIMIT}, 2 x PIL.Image.MAX_IMAGE_PIXELS)\n")
+    assert err == (
+        f"agent-envs eval: error: cannot load --data {str(data)!r} for DocVQA-VL-v0: {data}:1: the page "
+        f"{bomb} {LIMIT}, 2 x PIL.Image.MAX_IMAGE_PIXELS)\n"
+    )
 
 
 def test_a_page_over_the_pixel_limit_is_the_same_error_at_reset_in_view_and_in_the_report(bomb, tmp_path):
@@ -103,8 +120,10 @@ def test_a_page_over_the_pixel_limit_is_the_same_error_at_reset_in_view_and_in_t
         page.write_bytes(bomb.read_bytes())
         messages, _, terminated, truncated, _ = env.step('Action: {"name": "view", "arguments": {}}')
         assert not (terminated or truncated)
-        assert messages[-1]["content"] == f"Observation from view:\n[ERROR] The image cannot be read: " \
-                                          f"ImageTooLarge: the image {page} {LIMIT}, 2 x PIL.Image.MAX_IMAGE_PIXELS)"
+        assert (
+            messages[-1]["content"] == f"Observation from view:\n[ERROR] The image cannot be read: "
+            f"ImageTooLarge: the image {page} {LIMIT}, 2 x PIL.Image.MAX_IMAGE_PIXELS)"
+        )
     finally:
         env.close()
     assert image_data_url(bomb) is None  # the report shows "page image not readable"
@@ -128,12 +147,20 @@ def test_the_tmpfs_mounts_of_all_episodes_in_flight_fit_the_budget(monkeypatch):
     with episodes_in_flight(64):  # the defaults cannot exhaust this host, whatever its RAM
         assert 64 * MOUNTS_PER_EPISODE * tmpfs_mib(SandboxLimits()) <= tmpfs_budget_mib()
     monkeypatch.setenv("AGENT_ENVS_TMPFS_BUDGET_MIB", "192")
-    fill = ("df -k --output=size /tmp /workspace | tail -n 2 | tr '\\n' ' '; "
-            "head -c 20000000 /dev/zero > /workspace/big; echo rc=$?")
+    fill = (
+        "df -k --output=size /tmp /workspace | tail -n 2 | tr '\\n' ' '; "
+        "head -c 20000000 /dev/zero > /workspace/big; echo rc=$?"
+    )
     script = [f"Action: {json.dumps({'name': 'bash', 'arguments': {'command': fill}})}", "Final answer: 1"]
     tasks = [{"id": f"t{i}", "question": "1?", "answer": "1"} for i in range(6)]
-    records = run_episodes("MATH-ReAct-v0", tasks, ScriptedPolicy(script), concurrency=6, progress=False,
-                           env_kwargs={"sandbox": "bwrap", "max_turns": 3})
+    records = run_episodes(
+        "MATH-ReAct-v0",
+        tasks,
+        ScriptedPolicy(script),
+        concurrency=6,
+        progress=False,
+        env_kwargs={"sandbox": "bwrap", "max_turns": 3},
+    )
     size_kib = 192 // (MOUNTS_PER_EPISODE * 6) * 1024  # 8 MiB a mount: 6 x 4 x 8 = 192
     for record in records:
         observation = record.react_steps[0]["observation"]

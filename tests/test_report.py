@@ -1,5 +1,6 @@
 """``agent-envs report`` end to end: real runs (scripted policy, real sandboxes, real DocVQA
 pages) rendered to HTML and checked in a real headless Chromium through the rendered DOM."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,9 @@ from agent_envs.rollout.metrics import paired_bootstrap
 from agent_envs.rollout.records import read_jsonl
 from agent_envs.sandbox.output import MARKER
 
-needs_browser = pytest.mark.skipif(browser.chromium() is None,
-                                   reason="chromium not installed (bash scripts/install.sh --test installs it)")
+needs_browser = pytest.mark.skipif(
+    browser.chromium() is None, reason="chromium not installed (bash scripts/install.sh --test installs it)"
+)
 
 #: a JS check run in the page after load: episode keys listed, page images decoded, filter and sort
 CHECK = """function () {
@@ -45,9 +47,25 @@ CHECK = """function () {
 
 
 def _eval(out: Path, *extra: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "agent_envs.cli", "eval", "--policy", "scripted", "--out", str(out),
-                           "--no-progress", *extra], capture_output=True, text=True, timeout=600,
-                          cwd=out.parent, env=_env())
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent_envs.cli",
+            "eval",
+            "--policy",
+            "scripted",
+            "--out",
+            str(out),
+            "--no-progress",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=out.parent,
+        env=_env(),
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -217,10 +235,13 @@ def test_the_explanation_is_on_the_first_screen(math_run, tmp_path):
     run, _ = math_run
     tiny = _as_policy(run, tmp_path / "tiny", policy="cpu")
     assert main(["report", str(run), str(tiny), "--out", str(tmp_path / "two.html")]) == 0
-    found = browser.check_page(tmp_path / "two.html", """function () {
+    found = browser.check_page(
+        tmp_path / "two.html",
+        """function () {
       var hint = document.querySelector('pre.hint').getBoundingClientRect();
       return {hint_bottom: hint.bottom, width: window.innerWidth};
-    }""")
+    }""",
+    )
     # Chromium's headless window is 780 px wide: even so narrow, it all fits in the first 1000 px
     assert found["errors"] == [] and 0 < found["result"]["hint_bottom"] <= 1000, found
 
@@ -235,8 +256,10 @@ def test_screenshot_of_a_docvqa_trajectory(doc_run, tmp_path):
     """The episode view as a person sees it: page image beside the conversation, not blank."""
     from PIL import Image
 
-    show_first = ("document.querySelectorAll('#summary,#plots,#tasks,#episode-index').forEach("
-                  "function (e) { e.style.display = 'none'; }); document.querySelector('details.group').open = true;")
+    show_first = (
+        "document.querySelectorAll('#summary,#plots,#tasks,#episode-index').forEach("
+        "function (e) { e.style.display = 'none'; }); document.querySelector('details.group').open = true;"
+    )
     png = browser.screenshot(doc_run / "report.html", tmp_path / "episode.png", script=show_first)
     with Image.open(png) as img:
         colours = img.convert("RGB").resize((200, 250)).getcolors(maxcolors=100_000)
@@ -245,14 +268,22 @@ def test_screenshot_of_a_docvqa_trajectory(doc_run, tmp_path):
 
 def test_turns_fold_think_blocks_mark_truncation_and_keep_the_final_turn():
     row = {
-        "termination_reason": "final_answer", "completion": "<think>sure</think>Final answer: 4",
-        "react_steps": [{"turn": 1, "assistant": "<think>plan\nmore</think>Action: ...",
-                         "action": {"name": "bash", "arguments": {"command": "echo 4"}},
-                         "observation": "4" + MARKER + "9"},
-                        {"turn": 2, "assistant": "oops", "observation": "Format check failed"}],
-        "turn_log": [{"turn": 1, "seed": 7, "tokens": 12, "decision": "run"},
-                     {"turn": 2, "seed": 104, "tokens": 3, "decision": "warn"},
-                     {"turn": 3, "seed": 201, "tokens": 5, "decision": "final"}],
+        "termination_reason": "final_answer",
+        "completion": "<think>sure</think>Final answer: 4",
+        "react_steps": [
+            {
+                "turn": 1,
+                "assistant": "<think>plan\nmore</think>Action: ...",
+                "action": {"name": "bash", "arguments": {"command": "echo 4"}},
+                "observation": "4" + MARKER + "9",
+            },
+            {"turn": 2, "assistant": "oops", "observation": "Format check failed"},
+        ],
+        "turn_log": [
+            {"turn": 1, "seed": 7, "tokens": 12, "decision": "run"},
+            {"turn": 2, "seed": 104, "tokens": 3, "decision": "warn"},
+            {"turn": 3, "seed": 201, "tokens": 5, "decision": "final"},
+        ],
         "turn_tool_s": [0.25, 0.0, 0.0],
     }
     t1, t2, t3 = turns(row)
@@ -268,13 +299,23 @@ def test_turns_fold_think_blocks_mark_truncation_and_keep_the_final_turn():
 
 def test_a_tool_call_is_shown_as_written():
     """A shell command as a shell line; the python tool's code with its own lines; anything else as JSON."""
+
     def shown(action):
-        return turns({"react_steps": [{"turn": 1, "assistant": "", "action": action, "observation": "ok"}],
-                      "termination_reason": "max_turns"})[0]["action"]
+        return turns(
+            {
+                "react_steps": [{"turn": 1, "assistant": "", "action": action, "observation": "ok"}],
+                "termination_reason": "max_turns",
+            }
+        )[0]["action"]
 
     assert shown({"name": "bash", "arguments": {"command": "ls -l"}}) == "bash$ ls -l"
-    assert shown({"name": "python", "arguments": {"code": "x = 6\nprint(x * 7)"}}) == "python (code):\nx = 6\nprint(x * 7)"
-    assert shown({"name": "view", "arguments": {"box": [0, 0, 9, 9]}}) == '{"name": "view", "arguments": {"box": [0, 0, 9, 9]}}'
+    assert (
+        shown({"name": "python", "arguments": {"code": "x = 6\nprint(x * 7)"}}) == "python (code):\nx = 6\nprint(x * 7)"
+    )
+    assert (
+        shown({"name": "view", "arguments": {"box": [0, 0, 9, 9]}})
+        == '{"name": "view", "arguments": {"box": [0, 0, 9, 9]}}'
+    )
 
 
 def test_records_carry_per_turn_facts(math_run):

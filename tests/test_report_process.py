@@ -1,5 +1,6 @@
 """Process rewards in the HTML report: a scored run (real episodes, real sandboxes) rendered and
 checked in a real headless Chromium: per-turn step scores, the process column, metrics and plot."""
+
 from __future__ import annotations
 
 import json
@@ -40,15 +41,25 @@ class HalfFailing(BatchStepScorer):
         return [s if c.action is not None else StepScore.failed("judge timed out") for c, s in zip(contexts, ok)]
 
 
-needs_browser = pytest.mark.skipif(browser.chromium() is None,
-                                   reason="chromium not installed (bash scripts/install.sh --test installs it)")
+needs_browser = pytest.mark.skipif(
+    browser.chromium() is None, reason="chromium not installed (bash scripts/install.sh --test installs it)"
+)
 
 
 @needs_browser
 def test_report_shows_step_scores_per_turn(tmp_path):
     run = tmp_path / "scored"
-    run_episodes("MATH-ReAct-v0", TASKS[:3], SeededMathPolicy(), samples=2, mode="lockstep", env_kwargs=ENV_KWARGS,
-                 progress=False, out_path=run / "records.jsonl", step_scorer=HalfFailing())
+    run_episodes(
+        "MATH-ReAct-v0",
+        TASKS[:3],
+        SeededMathPolicy(),
+        samples=2,
+        mode="lockstep",
+        env_kwargs=ENV_KWARGS,
+        progress=False,
+        out_path=run / "records.jsonl",
+        step_scorer=HalfFailing(),
+    )
     rows, _ = read_jsonl(run / "records.jsonl")
     found = browser.check_page(build_report([run]), CHECK)
     assert found["errors"] == [], found["errors"]
@@ -73,8 +84,14 @@ def test_report_shows_step_scores_per_turn(tmp_path):
 
 def test_unscored_runs_show_no_process_parts(tmp_path):
     run = tmp_path / "plain"
-    run_episodes("MATH-ReAct-v0", TASKS[:1], SeededMathPolicy(), env_kwargs=ENV_KWARGS, progress=False,
-                 out_path=run / "records.jsonl")
+    run_episodes(
+        "MATH-ReAct-v0",
+        TASKS[:1],
+        SeededMathPolicy(),
+        env_kwargs=ENV_KWARGS,
+        progress=False,
+        out_path=run / "records.jsonl",
+    )
     html = build_report([run]).read_text()
     assert "step score" not in html and "process score" not in html and "Step scores" not in html
     assert "step_scores" not in json.dumps(read_jsonl(run / "records.jsonl")[0])

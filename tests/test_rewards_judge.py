@@ -1,5 +1,6 @@
 """The LLM-judge step scorer: its prompt file, the score it parses, batched generation, images for
 a vision-language judge, and a real small model judging a real episode's step."""
+
 from __future__ import annotations
 
 import re
@@ -17,15 +18,29 @@ from agent_envs.rollout.runner import run_episodes
 from test_process_rewards import ENV_KWARGS
 from test_runner import TASKS, SeededMathPolicy
 
-MESSAGES = [{"role": "system", "content": "be careful"}, {"role": "user", "content": "What is {action} 6*7?"},
-            {"role": "assistant", "content": "hmm"}, {"role": "user", "content": "Observation: use a tool"},
-            {"role": "assistant", "content": "Action: run"}, {"role": "user", "content": "42"}]
+MESSAGES = [
+    {"role": "system", "content": "be careful"},
+    {"role": "user", "content": "What is {action} 6*7?"},
+    {"role": "assistant", "content": "hmm"},
+    {"role": "user", "content": "Observation: use a tool"},
+    {"role": "assistant", "content": "Action: run"},
+    {"role": "user", "content": "42"},
+]
 
 
 def context(images: tuple[str, ...] = (), turn: int = 2, observation: str = "42") -> StepContext:
-    return StepContext(env_id="MATH-ReAct-v0", key="t:sample00", turn=turn, question="What is {action} 6*7?",
-                       task={"id": "t"}, messages=MESSAGES, assistant="Action: run", action={"name": "bash"},
-                       observation=observation, images=images)
+    return StepContext(
+        env_id="MATH-ReAct-v0",
+        key="t:sample00",
+        turn=turn,
+        question="What is {action} 6*7?",
+        task={"id": "t"},
+        messages=MESSAGES,
+        assistant="Action: run",
+        action={"name": "bash"},
+        observation=observation,
+        images=images,
+    )
 
 
 def test_template_file_is_filled_in_one_pass():
@@ -37,12 +52,15 @@ def test_template_file_is_filled_in_one_pass():
     assert not re.search(r"\{(question|conversation|action|observation|turn)\}", text.replace("{action} 6", ""))
 
 
-@pytest.mark.parametrize("reply, expected", [
-    ("fine step.\nScore: 0.75", StepScore(0.75)),
-    ("**Score:** 1", StepScore(1.0)),
-    ("Score: 0.2 at first... on reflection\nscore = .9", StepScore(0.9)),
-    ("Score: 1.7", StepScore.failed("judge score 1.7 is outside [0, 1]")),
-])
+@pytest.mark.parametrize(
+    "reply, expected",
+    [
+        ("fine step.\nScore: 0.75", StepScore(0.75)),
+        ("**Score:** 1", StepScore(1.0)),
+        ("Score: 0.2 at first... on reflection\nscore = .9", StepScore(0.9)),
+        ("Score: 1.7", StepScore.failed("judge score 1.7 is outside [0, 1]")),
+    ],
+)
 def test_parse_score(reply, expected):
     assert parse_score(reply) == expected
 
@@ -50,8 +68,9 @@ def test_parse_score(reply, expected):
 def test_unparseable_output_is_a_clear_error():
     result = parse_score("The step looks good to me.")
     assert result.score is None
-    assert result.error == ("unparseable judge output (no 'Score: <number in [0, 1]>' line): "
-                            "'The step looks good to me.'")
+    assert result.error == (
+        "unparseable judge output (no 'Score: <number in [0, 1]>' line): 'The step looks good to me.'"
+    )
 
 
 def test_template_without_placeholders_is_refused(tmp_path):
@@ -85,10 +104,20 @@ class CountingJudge(ScriptedPolicy):
 
 def test_judge_scores_a_lockstep_run_in_batches():
     judge = CountingJudge()
-    records = run_episodes("MATH-ReAct-v0", TASKS, SeededMathPolicy(), samples=3, mode="lockstep", concurrency=16,
-                           env_kwargs=ENV_KWARGS, progress=False, step_scorer=LLMJudgeScorer(judge))
-    steps = [(s, score, error) for r in records for s, score, error in
-             zip(r.react_steps, r.step_scores, r.step_score_errors)]
+    records = run_episodes(
+        "MATH-ReAct-v0",
+        TASKS,
+        SeededMathPolicy(),
+        samples=3,
+        mode="lockstep",
+        concurrency=16,
+        env_kwargs=ENV_KWARGS,
+        progress=False,
+        step_scorer=LLMJudgeScorer(judge),
+    )
+    steps = [
+        (s, score, error) for r in records for s, score, error in zip(r.react_steps, r.step_scores, r.step_score_errors)
+    ]
     assert sum(judge.batches) == len(steps) and max(judge.batches) > 1
     for step, score, error in steps:
         observation = step["observation"]
@@ -133,8 +162,9 @@ def test_a_real_small_model_as_judge_never_breaks_the_loop():
     finally:
         policy.close()
     for result in (first, second):
-        assert (result.score is not None and 0 <= result.score <= 1 and result.error is None) or \
-            result.error.startswith("unparseable judge output")
+        assert (
+            result.score is not None and 0 <= result.score <= 1 and result.error is None
+        ) or result.error.startswith("unparseable judge output")
 
 
 def test_eval_cli_scores_steps_with_a_judge_served_on_localhost(tmp_path, capsys):
@@ -148,8 +178,24 @@ def test_eval_cli_scores_steps_with_a_judge_served_on_localhost(tmp_path, capsys
 
     out = tmp_path / "run"
     with PolicyServer(CountingJudge(), model="judge") as server:
-        code = main(["eval", "--policy", "scripted", "--limit", "2", "--out", str(out), "--no-progress",
-                     "--step-scorer", "judge", "--judge-url", server.url, "--judge-model", "judge"])
+        code = main(
+            [
+                "eval",
+                "--policy",
+                "scripted",
+                "--limit",
+                "2",
+                "--out",
+                str(out),
+                "--no-progress",
+                "--step-scorer",
+                "judge",
+                "--judge-url",
+                server.url,
+                "--judge-model",
+                "judge",
+            ]
+        )
     assert code == 0, capsys.readouterr().err
     rows, _ = read_jsonl(out / "records.jsonl")
     for row in rows:  # the scripted baseline runs one tool call that prints, then answers
@@ -158,8 +204,10 @@ def test_eval_cli_scores_steps_with_a_judge_served_on_localhost(tmp_path, capsys
     assert summary["process"]["mean_step_score"] == 0.9 and summary["process"]["steps"] == len(rows)
     assert json.loads((out / "config.json").read_text())["step_scorer"]["judge_url"] == server.url
     assert 'class="step-score" data-score="0.9"' in (out / "report.html").read_text()
-    assert main(["eval", "--policy", "scripted", "--limit", "1", "--out", str(tmp_path / "bad"),
-                 "--step-scorer", "judge"]) == 2
+    assert (
+        main(["eval", "--policy", "scripted", "--limit", "1", "--out", str(tmp_path / "bad"), "--step-scorer", "judge"])
+        == 2
+    )
     assert "--step-scorer judge needs --judge-url and --judge-model" in capsys.readouterr().err
 
 
@@ -172,8 +220,25 @@ def test_a_judge_trickling_a_byte_at_a_time_costs_the_eval_its_deadline_not_fore
     from slow_servers import TrickleServer, run_bounded
 
     out = tmp_path / "run"
-    argv = ["eval", "--policy", "scripted", "--limit", "1", "--out", str(out), "--no-progress", "--no-report",
-            "--step-scorer", "judge", "--judge-model", "judge", "--judge-timeout", "1.5", "--judge-retries", "1"]
+    argv = [
+        "eval",
+        "--policy",
+        "scripted",
+        "--limit",
+        "1",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--no-report",
+        "--step-scorer",
+        "judge",
+        "--judge-model",
+        "judge",
+        "--judge-timeout",
+        "1.5",
+        "--judge-retries",
+        "1",
+    ]
     with TrickleServer() as server:
         finished, code, seconds = run_bounded(lambda: main([*argv, "--judge-url", server.url]), 60)
         assert finished, f"eval still running after {seconds:.0f}s"

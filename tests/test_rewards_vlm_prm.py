@@ -1,5 +1,6 @@
 """The vision-language PRM adapter, plumbing only: the tiny random VLM (built from a config) plus a
 randomly initialised LoRA made with peft and saved to a folder, scoring real DocVQA steps."""
+
 from __future__ import annotations
 
 import math
@@ -51,13 +52,27 @@ def pages(tmp_path_factory) -> tuple[str, str]:
     return paths[0], paths[1]
 
 
-def step(page: str, command: str = "tesseract /workspace/document.png stdout",
-         observation: str = "TOTAL 42") -> StepContext:
+def step(
+    page: str, command: str = "tesseract /workspace/document.png stdout", observation: str = "TOTAL 42"
+) -> StepContext:
     assistant = 'Action: {"name": "bash", "arguments": {"command": "' + command + '"}}'
-    return StepContext(env_id="DocVQA-CLI-v0", key="d:sample00", turn=1, question="What is the total?", task={},
-                       messages=[{"role": "system", "content": "s"}, {"role": "user", "content": "What is the total?"},
-                                 {"role": "assistant", "content": assistant}, {"role": "user", "content": observation}],
-                       assistant=assistant, action={"name": "bash"}, observation=observation, images=(page,))
+    return StepContext(
+        env_id="DocVQA-CLI-v0",
+        key="d:sample00",
+        turn=1,
+        question="What is the total?",
+        task={},
+        messages=[
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "What is the total?"},
+            {"role": "assistant", "content": assistant},
+            {"role": "user", "content": observation},
+        ],
+        assistant=assistant,
+        action={"name": "bash"},
+        observation=observation,
+        images=(page,),
+    )
 
 
 def test_scores_are_probabilities_deterministic_and_batch_independent(scorer, models, pages):
@@ -108,11 +123,22 @@ def test_docvqa_episodes_scored_by_product(scorer, docvqa_dir):
     from agent_envs.envs.docvqa.data import load_docvqa_tasks
 
     tasks = load_docvqa_tasks(str(docvqa_dir / "val_v1.0.json"), limit=2)
-    policy = ScriptedPolicy(['Action: {"name": "bash", "arguments": {"command": "ls /workspace"}}',
-                             'Action: {"name": "bash", "arguments": {"command": "echo checked"}}',
-                             "Final answer: unknown"])
-    records = run_episodes("DocVQA-CLI-v0", tasks, policy, mode="lockstep", env_kwargs={"sandbox": "bwrap"},
-                           progress=False, step_scorer=scorer)
+    policy = ScriptedPolicy(
+        [
+            'Action: {"name": "bash", "arguments": {"command": "ls /workspace"}}',
+            'Action: {"name": "bash", "arguments": {"command": "echo checked"}}',
+            "Final answer: unknown",
+        ]
+    )
+    records = run_episodes(
+        "DocVQA-CLI-v0",
+        tasks,
+        policy,
+        mode="lockstep",
+        env_kwargs={"sandbox": "bwrap"},
+        progress=False,
+        step_scorer=scorer,
+    )
     for record in records:
         assert record.termination_reason == "final_answer" and len(record.step_scores) == 2
         assert all(0 < s < 1 for s in record.step_scores) and record.step_score_errors == [None, None]

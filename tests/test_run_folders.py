@@ -2,6 +2,7 @@
 cannot resume with one line naming file and line (before any model loads), files of one run
 share one mode that respects the umask, and ``report`` renders damaged or foreign records as far
 as it can.  Real processes, real files, a private mount namespace for the read-only case."""
+
 from __future__ import annotations
 
 import json
@@ -28,6 +29,7 @@ def _env() -> dict[str, str]:
 @pytest.fixture
 def no_policy(monkeypatch):
     """Checks that must come first: building the policy (loading a model) fails the test."""
+
     def refuse(*_a, **_k):
         raise AssertionError("the policy was built before the run folder was checked")
 
@@ -45,9 +47,18 @@ def test_a_second_writer_is_refused_naming_the_first_and_a_killed_holder_leaves_
     out = tmp_path / "run"
     out.mkdir()
     holder = subprocess.Popen(  # takes the folder's lock the way eval does, then waits
-        [sys.executable, "-c", "import sys; from agent_envs.rollout.runlock import RunLock; "
-         "RunLock(sys.argv[1]).acquire(); print('locked', flush=True); sys.stdin.read()", str(out)],
-        env=_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys; from agent_envs.rollout.runlock import RunLock; "
+            "RunLock(sys.argv[1]).acquire(); print('locked', flush=True); sys.stdin.read()",
+            str(out),
+        ],
+        env=_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline() == "locked\n"
         assert cli.main([*EVAL, "--out", str(out)]) == 2
@@ -75,21 +86,30 @@ def _without(line: str, field: str) -> str:
     return json.dumps(row)
 
 
-@pytest.mark.parametrize("edit, problem", [
-    (lambda ls: [_without(ls[0], "task_id"), *ls[1:]], "line 1 is not a record (task_id: Field required)"),
-    (lambda ls: [ls[0], json.dumps({**json.loads(ls[1]), "key": 7})],
-     "line 2 is not a record (key: Input should be a valid string)"),
-    (lambda ls: [ls[0], "{not json", ls[1]], "line 2 is not JSON"),
-    (lambda ls: [ls[0], "[1, 2]", ls[1]], "line 2 is a JSON list, not a record"),
-])
-def test_resume_on_damaged_records_is_one_line_naming_file_and_line(finished_run, tmp_path, capsys, no_policy,
-                                                                   edit, problem):
+@pytest.mark.parametrize(
+    "edit, problem",
+    [
+        (lambda ls: [_without(ls[0], "task_id"), *ls[1:]], "line 1 is not a record (task_id: Field required)"),
+        (
+            lambda ls: [ls[0], json.dumps({**json.loads(ls[1]), "key": 7})],
+            "line 2 is not a record (key: Input should be a valid string)",
+        ),
+        (lambda ls: [ls[0], "{not json", ls[1]], "line 2 is not JSON"),
+        (lambda ls: [ls[0], "[1, 2]", ls[1]], "line 2 is a JSON list, not a record"),
+    ],
+)
+def test_resume_on_damaged_records_is_one_line_naming_file_and_line(
+    finished_run, tmp_path, capsys, no_policy, edit, problem
+):
     run = _damaged(finished_run, tmp_path, edit)
     before = (run / "records.jsonl").read_bytes()
     assert cli.main([*EVAL, "--out", str(run), "--resume"]) == 2
     err = capsys.readouterr().err
-    assert err == f"agent-envs eval: error: cannot resume: {run / 'records.jsonl'}: {problem}" + err[err.index(problem)
-                                                                                                     + len(problem):]
+    assert (
+        err
+        == f"agent-envs eval: error: cannot resume: {run / 'records.jsonl'}: {problem}"
+        + err[err.index(problem) + len(problem) :]
+    )
     assert err.count("\n") == 1 and (run / "records.jsonl").read_bytes() == before  # nothing rewritten
 
 
@@ -99,8 +119,9 @@ def test_resume_tolerates_only_a_torn_last_line(finished_run, tmp_path):
     assert len((run / "records.jsonl").read_text().splitlines()) == 2
 
 
-@pytest.mark.parametrize("config, problem", [("{not json", "is not readable JSON"),
-                                             ("[1, 2]", "holds a JSON list, not a run configuration")])
+@pytest.mark.parametrize(
+    "config, problem", [("{not json", "is not readable JSON"), ("[1, 2]", "holds a JSON list, not a run configuration")]
+)
 def test_resume_with_a_corrupt_config_is_one_line(finished_run, tmp_path, capsys, no_policy, config, problem):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
@@ -113,21 +134,45 @@ def test_resume_with_a_corrupt_config_is_one_line(finished_run, tmp_path, capsys
 
 def test_a_dataset_with_duplicate_ids_is_refused_before_the_policy(tmp_path, capsys, no_policy):
     data = tmp_path / "tasks.jsonl"
-    rows = [{"id": "a", "question": "1+1?", "answer": "2"}, {"id": "b", "question": "2+2?", "answer": "4"},
-            {"id": "a", "question": "3+3?", "answer": "6"}]
+    rows = [
+        {"id": "a", "question": "1+1?", "answer": "2"},
+        {"id": "b", "question": "2+2?", "answer": "4"},
+        {"id": "a", "question": "3+3?", "answer": "6"},
+    ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    code = cli.main(["eval", "--env", "MATH-ReAct-v0", "--data", str(data), "--policy", "transformers",
-                     "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / "run")])
+    code = cli.main(
+        [
+            "eval",
+            "--env",
+            "MATH-ReAct-v0",
+            "--data",
+            str(data),
+            "--policy",
+            "transformers",
+            "--model",
+            str(tmp_path / "no-model"),
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     err = capsys.readouterr().err
-    assert code == 2 and err == (f"agent-envs eval: error: --data {data}: task id 'a' is used by rows 1, 3; ids must "
-                                 "be unique (records are keyed by '<task_id>:sampleNN')\n")
+    assert code == 2 and err == (
+        f"agent-envs eval: error: --data {data}: task id 'a' is used by rows 1, 3; ids must "
+        "be unique (records are keyed by '<task_id>:sampleNN')\n"
+    )
 
 
 @pytest.mark.parametrize("mask", [0o027, 0o002])
 def test_the_files_of_a_run_share_one_mode_that_respects_the_umask(tmp_path, mask):
     out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "agent_envs.cli", *EVAL, "--out", str(out)], env=_env(),
-                          capture_output=True, text=True, timeout=300, preexec_fn=lambda: os.umask(mask))
+    done = subprocess.run(
+        [sys.executable, "-m", "agent_envs.cli", *EVAL, "--out", str(out)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: os.umask(mask),
+    )
     assert done.returncode == 0, done.stderr
     files = [p for p in out.rglob("*") if p.is_file()]
     modes = {p.relative_to(out).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in files}
@@ -155,18 +200,24 @@ def test_report_of_older_records_without_env_id_uses_the_runs_config(finished_ru
     assert html.count('<article class="episode"') == 2 and "could not be shown</summary>" not in html
 
 
-@pytest.mark.parametrize("edit, shown, note", [
-    (lambda rs: [{**r, "env_id": "Nope-v0"} for r in rs], 2,
-     "2 record(s) with env_id Nope-v0: not an environment registered here, so success is read as score &gt;= 1"),
-    (lambda rs: [{k: v for k, v in r.items() if k != "env_id"} for r in rs], 2, "2 record(s) with env_id (none)"),
-    (lambda rs: [{**rs[0], "step_scores": "high"}, rs[1]], 2, "line 1: step_scores not shown (unexpected str)"),
-    (lambda rs: [{**rs[0], "turn_log": "x", "tool_calls": "many"}, rs[1]], 2, "line 1: tool_calls not shown"),
-    (lambda rs: [{**rs[0], "score": "high"}, rs[1]], 1,
-     "line 1: left out (score: Input should be a valid number"),
-    (lambda rs: [rs[0], {**rs[1], "react_steps": [{"turn": "x"}]}], 2, ":sample00: turns not shown (ValueError"),
-])
-def test_report_renders_what_it_can_of_damaged_or_foreign_records_and_says_what_not(finished_run, tmp_path,
-                                                                                    edit, shown, note):
+@pytest.mark.parametrize(
+    "edit, shown, note",
+    [
+        (
+            lambda rs: [{**r, "env_id": "Nope-v0"} for r in rs],
+            2,
+            "2 record(s) with env_id Nope-v0: not an environment registered here, so success is read as score &gt;= 1",
+        ),
+        (lambda rs: [{k: v for k, v in r.items() if k != "env_id"} for r in rs], 2, "2 record(s) with env_id (none)"),
+        (lambda rs: [{**rs[0], "step_scores": "high"}, rs[1]], 2, "line 1: step_scores not shown (unexpected str)"),
+        (lambda rs: [{**rs[0], "turn_log": "x", "tool_calls": "many"}, rs[1]], 2, "line 1: tool_calls not shown"),
+        (lambda rs: [{**rs[0], "score": "high"}, rs[1]], 1, "line 1: left out (score: Input should be a valid number"),
+        (lambda rs: [rs[0], {**rs[1], "react_steps": [{"turn": "x"}]}], 2, ":sample00: turns not shown (ValueError"),
+    ],
+)
+def test_report_renders_what_it_can_of_damaged_or_foreign_records_and_says_what_not(
+    finished_run, tmp_path, edit, shown, note
+):
     html = _report_of(finished_run, tmp_path, edit, env="Nope-v0")
     assert html.count('<article class="episode"') == shown
     assert note.replace("'", "&#39;") in html and "could not be shown</summary>" in html
@@ -175,8 +226,10 @@ def test_report_renders_what_it_can_of_damaged_or_foreign_records_and_says_what_
 def test_report_out_onto_a_directory_or_under_a_file_is_one_line(finished_run, tmp_path, capsys):
     blocker = tmp_path / "notes.txt"
     blocker.write_text("x")
-    for out, problem in ((tmp_path, f"--out {tmp_path} is a directory; name a file, e.g. {tmp_path / 'report.html'}"),
-                         (blocker / "r.html", f"--out {blocker / 'r.html'}: {blocker} is a file, not a directory")):
+    for out, problem in (
+        (tmp_path, f"--out {tmp_path} is a directory; name a file, e.g. {tmp_path / 'report.html'}"),
+        (blocker / "r.html", f"--out {blocker / 'r.html'}: {blocker} is a file, not a directory"),
+    ):
         assert cli.main(["report", str(finished_run), "--out", str(out)]) == 2
         assert capsys.readouterr().err == f"agent-envs report: error: {problem}\n"
 
@@ -187,9 +240,32 @@ def test_report_onto_a_read_only_mount_is_one_line(finished_run, tmp_path):
     target = tmp_path / "ro"
     target.mkdir()
     script = 'mount --bind -o ro "$1" "$1" && shift && exec "$@"'
-    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh",
-                           str(target), sys.executable, "-m", "agent_envs.cli", "report", str(finished_run),
-                           "--out", str(target / "r.html")], env=_env(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            str(target),
+            sys.executable,
+            "-m",
+            "agent_envs.cli",
+            "report",
+            str(finished_run),
+            "--out",
+            str(target / "r.html"),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2
-    assert done.stderr == (f"agent-envs report: error: cannot write the report to {target / 'r.html'}: "
-                           "Read-only file system\n")
+    assert done.stderr == (
+        f"agent-envs report: error: cannot write the report to {target / 'r.html'}: Read-only file system\n"
+    )

@@ -1,5 +1,6 @@
 """The rollout runner with real environments and real sandboxes: determinism in both modes,
 lockstep == async, failures become records, resume, and Ctrl-C leaves nothing behind."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,10 @@ from agent_envs.rollout.records import EpisodeRecord, read_jsonl
 from agent_envs.rollout.runner import run_episodes, strip_timings
 
 REPO = Path(__file__).resolve().parent.parent
-TASKS = [{"id": f"mul-{a}x{b}", "question": f"What is {a}*{b}?", "answer": str(a * b)} for a, b in
-         [(6, 7), (12, 13), (3, 99), (21, 4), (5, 5)]]
+TASKS = [
+    {"id": f"mul-{a}x{b}", "question": f"What is {a}*{b}?", "answer": str(a * b)}
+    for a, b in [(6, 7), (12, 13), (3, 99), (21, 4), (5, 5)]
+]
 
 
 def _bash(cmd: str) -> str:
@@ -64,8 +67,9 @@ class SeededMathPolicy(Policy):
 
 def _run(mode: str, policy: Policy | None = None, **kw) -> list[EpisodeRecord]:
     kw.setdefault("env_kwargs", {"sandbox": "bwrap", "max_turns": 6})
-    return run_episodes("MATH-ReAct-v0", TASKS, policy or SeededMathPolicy(), samples=3, mode=mode,
-                        concurrency=4, progress=False, **kw)
+    return run_episodes(
+        "MATH-ReAct-v0", TASKS, policy or SeededMathPolicy(), samples=3, mode=mode, concurrency=4, progress=False, **kw
+    )
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +86,9 @@ def test_lockstep_runs_real_episodes_in_row_major_order(lockstep_records):
     assert all("[exit_code] 0" in r.react_steps[-1]["observation"] for r in recs)
     # the seeded policy answers off by one sometimes: both outcomes occur, each scored by the env
     assert {r.score for r in recs} == {0.0, 1.0}
-    assert all((r.score == 1.0) == (r.prediction == t["answer"]) for r, t in
-               zip(recs, [t for t in TASKS for _ in range(3)]))
+    assert all(
+        (r.score == 1.0) == (r.prediction == t["answer"]) for r, t in zip(recs, [t for t in TASKS for _ in range(3)])
+    )
     assert all(r.latency_s > 0 and r.env_id == "MATH-ReAct-v0" and r.policy == "seeded-math" for r in recs)
     assert all(r.usage["completion_tokens"] == r.generated_tokens > 0 for r in recs)
 
@@ -146,8 +151,9 @@ def test_every_request_is_warmed_in_an_env_thread_before_generate(mode, lockstep
     assert all(name.startswith("agent-envs-env") for name in policy.warmed.values())
     assert [strip_timings(r) for r in recs] == [strip_timings(r) for r in lockstep_records]
     # a warm that raises changes nothing: generate still sees (and reports on) every request
-    assert [strip_timings(r) for r in _run(mode, WarmedMathPolicy(broken_warm=True))] == \
-        [strip_timings(r) for r in lockstep_records]
+    assert [strip_timings(r) for r in _run(mode, WarmedMathPolicy(broken_warm=True))] == [
+        strip_timings(r) for r in lockstep_records
+    ]
 
 
 class BrokenEnvFactory:
@@ -178,8 +184,16 @@ class BrokenEnvFactory:
 
 @pytest.mark.parametrize("mode", ["lockstep", "async"])
 def test_env_exception_becomes_env_error_record(mode):
-    recs = run_episodes(BrokenEnvFactory(TASKS[2]["id"]), TASKS, SeededMathPolicy(), samples=2, mode=mode,
-                        env_kwargs={"sandbox": "none", "max_turns": 6}, concurrency=3, progress=False)
+    recs = run_episodes(
+        BrokenEnvFactory(TASKS[2]["id"]),
+        TASKS,
+        SeededMathPolicy(),
+        samples=2,
+        mode=mode,
+        env_kwargs={"sandbox": "none", "max_turns": 6},
+        concurrency=3,
+        progress=False,
+    )
     bad = [r for r in recs if r.task_id == TASKS[2]["id"]]
     assert len(recs) == 10 and len(bad) == 2
     assert all(r.termination_reason == "env_error" and r.error == "OSError: disk on fire" for r in bad)
@@ -194,8 +208,14 @@ def test_an_exception_on_the_models_text_is_the_models_outcome_not_env_error(mod
     out = tmp_path / "records.jsonl"
     bad_id = TASKS[1]["id"]
     factory = BrokenEnvFactory(bad_id, RecursionError("maximum recursion depth exceeded"))
-    run = dict(samples=1, mode=mode, env_kwargs={"sandbox": "none", "max_turns": 6}, concurrency=2,
-               progress=False, out_path=out)
+    run = dict(
+        samples=1,
+        mode=mode,
+        env_kwargs={"sandbox": "none", "max_turns": 6},
+        concurrency=2,
+        progress=False,
+        out_path=out,
+    )
     recs = run_episodes(factory, TASKS, SeededMathPolicy(), **run)
     bad = [r for r in recs if r.task_id == bad_id]
     assert [(r.termination_reason, r.score, r.error) for r in bad] == [("invalid_output", 0.0, None)]
@@ -231,12 +251,23 @@ def test_resume_skips_finished_reruns_failed_and_tolerates_torn_line(tmp_path, l
 def test_resume_last_successful_duplicate_wins(tmp_path):
     out = tmp_path / "records.jsonl"
     base = {"task_id": "mul-6x7", "row_index": 0, "sample_index": 0, "key": "mul-6x7:sample00"}
-    lines = [dict(base, score=0.0, prediction="41"), dict(base, score=1.0, prediction="42"),
-             dict(base, score=0.0, prediction="x", error="RuntimeError: late failure")]
+    lines = [
+        dict(base, score=0.0, prediction="41"),
+        dict(base, score=1.0, prediction="42"),
+        dict(base, score=0.0, prediction="x", error="RuntimeError: late failure"),
+    ]
     out.write_text("".join(json.dumps(r) + "\n" for r in lines))
     policy = SeededMathPolicy()
-    recs = run_episodes("MATH-ReAct-v0", TASKS[:1], policy, samples=1, out_path=out, resume=True, progress=False,
-                        env_kwargs={"sandbox": "none"})
+    recs = run_episodes(
+        "MATH-ReAct-v0",
+        TASKS[:1],
+        policy,
+        samples=1,
+        out_path=out,
+        resume=True,
+        progress=False,
+        env_kwargs={"sandbox": "none"},
+    )
     assert policy.calls == 0
     assert [r.prediction for r in recs] == ["42"]
 
@@ -278,8 +309,9 @@ def _marked_processes(marker: str) -> list[int]:
 def test_ctrl_c_closes_every_sandbox(tmp_path, mode):
     marker = f"agent-envs-test-marker-{os.getpid()}-{mode}"
     script = tmp_path / "slow.py"
-    script.write_text(textwrap.dedent(SLOW_SCRIPT.format(repo=str(REPO), marker=marker, mode=mode,
-                                                         out=str(tmp_path / "r.jsonl"))))
+    script.write_text(
+        textwrap.dedent(SLOW_SCRIPT.format(repo=str(REPO), marker=marker, mode=mode, out=str(tmp_path / "r.jsonl")))
+    )
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert proc.stdout.readline().strip() == b"starting"

@@ -1,4 +1,5 @@
 """bubblewrap sandbox: docs/protocol.md#sandbox-cases and #derived-cases, persistence, and shell-session recovery."""
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,11 @@ def sandbox_for(request):
     made = []
 
     def build(image=None, **limits):
-        cfg = SandboxConfig(mode=request.param, mounts=[] if image is None else [Mount(str(image), DOCUMENT_PATH)],
-                            limits=SandboxLimits(**limits))
+        cfg = SandboxConfig(
+            mode=request.param,
+            mounts=[] if image is None else [Mount(str(image), DOCUMENT_PATH)],
+            limits=SandboxLimits(**limits),
+        )
         made.append(BwrapSandbox(cfg))
         return made[-1]
 
@@ -70,9 +74,11 @@ def test_python_libraries_inside(sandbox_for):
 def test_repo_invisible_and_tcp_blocked(sandbox_for):  # #sandbox-cases 5 (a local listener)
     with socket.create_server(("127.0.0.1", 0)) as srv:
         port = srv.getsockname()[1]
-        code = (f"import socket\ntry:\n socket.create_connection(('127.0.0.1', {port}), 2)\n print('connected')\n"
-                "except OSError as e:\n print('network-blocked', e.errno)")
-        out = obs(sandbox_for(), f"cat {REPO}/README.md {REPO}/pyproject.toml; python3 -c \"{code}\"")
+        code = (
+            f"import socket\ntry:\n socket.create_connection(('127.0.0.1', {port}), 2)\n print('connected')\n"
+            "except OSError as e:\n print('network-blocked', e.errno)"
+        )
+        out = obs(sandbox_for(), f'cat {REPO}/README.md {REPO}/pyproject.toml; python3 -c "{code}"')
         srv.setblocking(False)
         with pytest.raises(BlockingIOError):
             srv.accept()
@@ -88,7 +94,10 @@ def test_truncation_80(sandbox_for):  # #sandbox-cases 6
 def test_ulimit_threads_which(sandbox_for):  # #sandbox-cases 7, 8, 10
     sb = sandbox_for()
     assert obs(sb, "ulimit -v") == "8388608\n[exit_code] 0"
-    assert obs(sb, "echo $OPENBLAS_NUM_THREADS $OMP_NUM_THREADS $MKL_NUM_THREADS $NUMEXPR_NUM_THREADS") == "1 1 1 1\n[exit_code] 0"
+    assert (
+        obs(sb, "echo $OPENBLAS_NUM_THREADS $OMP_NUM_THREADS $MKL_NUM_THREADS $NUMEXPR_NUM_THREADS")
+        == "1 1 1 1\n[exit_code] 0"
+    )
     assert obs(sb, "which python").startswith(sys.prefix + "/bin/python")
 
 
@@ -108,22 +117,30 @@ def test_reference_cases_5_14(sandbox_for):
     assert (format_observation(res, "docvqa"), res.returncode) == ("[stderr]\nerr\n[exit_code] 3", 3)
     assert obs(sb, "true") == "Bash exited with code 0 and no output."
     res = sb.run("sleep 3", timeout=1)
-    assert (format_observation(res, "docvqa"), res.returncode, res.timed_out) == ("Bash timed out after 1.0s.", 124, True)
+    assert (format_observation(res, "docvqa"), res.returncode, res.timed_out) == (
+        "Bash timed out after 1.0s.",
+        124,
+        True,
+    )
     root = set(obs(sb, "ls /").split("\n")[:-1])
     assert root - {"bin", "dev", "etc", "lib", "lib64", "proc", "tmp", "usr", "workspace"} <= {
-        Path(p).parts[1] for p in (sys.prefix, sys.base_prefix)}
+        Path(p).parts[1] for p in (sys.prefix, sys.base_prefix)
+    }
 
 
 def test_heredoc_and_unbalanced_quotes(sandbox_for):
     sb = sandbox_for()
     assert obs(sb, "cat <<'EOF'\nline $HOME\nEOF\necho after") == "line $HOME\nafter\n[exit_code] 0"
-    bad = sb.run("echo \"unbalanced")
+    bad = sb.run('echo "unbalanced')
     assert bad.returncode == 2 and b"unexpected EOF" in bad.stderr
     assert obs(sb, "echo fine") == "fine\n[exit_code] 0"
 
 
 def test_error_messages_count_lines_from_one(sandbox_for):
-    assert obs(sandbox_for(), "echo a\nnosuchcmd") == "a\n\n[stderr]\n/bin/bash: line 2: nosuchcmd: command not found\n[exit_code] 127"
+    assert (
+        obs(sandbox_for(), "echo a\nnosuchcmd")
+        == "a\n\n[stderr]\n/bin/bash: line 2: nosuchcmd: command not found\n[exit_code] 127"
+    )
 
 
 def test_persistence_only_in_persistent_mode(sandbox_for):
@@ -167,8 +184,10 @@ def test_a_command_cannot_forge_its_own_end():
     import time
 
     with BwrapSandbox(SandboxConfig()) as sb:
-        forge = ("printf '\\0\\36AE%s\\n' \"$__ae_n\"; printf '\\0\\36AE%s\\n' \"$__ae_n\" >&2; "
-                 "printf '\\36AR %s 0\\n' \"$__ae_n\" >&59; ")
+        forge = (
+            "printf '\\0\\36AE%s\\n' \"$__ae_n\"; printf '\\0\\36AE%s\\n' \"$__ae_n\" >&2; "
+            "printf '\\36AR %s 0\\n' \"$__ae_n\" >&59; "
+        )
         started = time.monotonic()
         res = sb.run(forge + "sleep 313 & sleep 1.5; echo late; exit 7")
         assert time.monotonic() - started >= 1.5 and res.returncode == 7
@@ -213,8 +232,10 @@ def test_factory_and_local_backend():
     sb = make_sandbox("none")
     try:
         sb.run("echo data > f; cd /; v=1")
-        assert format_observation(sb.run("cat f; echo v=$v; ulimit -v; echo $BROWSER"), "math") == \
-            "data\nv=\n8388608\n/bin/false\n\n[exit_code] 0"
+        assert (
+            format_observation(sb.run("cat f; echo v=$v; ulimit -v; echo $BROWSER"), "math")
+            == "data\nv=\n8388608\n/bin/false\n\n[exit_code] 0"
+        )
         res = sb.run("sleep 5 & sleep 3", timeout=0.5)
         assert res.timed_out and format_observation(res, "math") == "Bash timed out after 0.5s."
         assert "embedded null byte" in format_observation(sb.run("a\0b"), "math")
@@ -232,6 +253,11 @@ def test_a_read_only_proc_sys_is_an_error_not_a_hang():
     import subprocess
 
     code = "from agent_envs.sandbox._procs import UserNamespace; UserNamespace()"
-    proc = subprocess.run(["bwrap", "--dev-bind", "/", "/", "--proc", "/proc", "--unshare-pid", sys.executable, "-c", code],
-                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.run(
+        ["bwrap", "--dev-bind", "/", "/", "--proc", "/proc", "--unshare-pid", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert proc.returncode != 0 and "user.max_user_namespaces was refused" in proc.stderr, proc.stderr[-2000:]

@@ -1,4 +1,5 @@
 """The sandbox contract on the Docker backend, against a private daemon and a locally built image."""
+
 from __future__ import annotations
 
 import hashlib
@@ -56,20 +57,22 @@ def test_echo_and_separate_streams(sandbox: DockerSandbox) -> None:
     assert sandbox.run("true").stdout == b"" and sandbox.run("true").stderr == b""
 
 
-@pytest.mark.parametrize("command,code", [("exit 7", 7), ("false", 1), ("no-such-tool", 127),
-                                          ("echo (", 2)])
+@pytest.mark.parametrize("command,code", [("exit 7", 7), ("false", 1), ("no-such-tool", 127), ("echo (", 2)])
 def test_exit_codes(sandbox: DockerSandbox, command: str, code: int) -> None:
     assert sandbox.run(command).returncode == code
 
 
 def test_protocol_environment(sandbox: DockerSandbox) -> None:
-    res = sandbox.run('pwd; ulimit -v; echo "$HOME $PIP_NO_INDEX"; '
-                      'echo $OPENBLAS_NUM_THREADS $OMP_NUM_THREADS $MKL_NUM_THREADS $NUMEXPR_NUM_THREADS; id -u')
+    res = sandbox.run(
+        'pwd; ulimit -v; echo "$HOME $PIP_NO_INDEX"; '
+        "echo $OPENBLAS_NUM_THREADS $OMP_NUM_THREADS $MKL_NUM_THREADS $NUMEXPR_NUM_THREADS; id -u"
+    )
     lines = res.stdout.decode().splitlines()
     assert lines[:4] == ["/workspace", "8388608", "/tmp 1", "1 1 1 1"]
     assert int(lines[4]) == sandbox.uid != 0
-    tools = sandbox.run("python3 -c 'import numpy, sympy, PIL, pytesseract; print(numpy.ones(2).sum())'; "
-                        "python3 -m pip --version")
+    tools = sandbox.run(
+        "python3 -c 'import numpy, sympy, PIL, pytesseract; print(numpy.ones(2).sum())'; python3 -m pip --version"
+    )
     assert tools.stdout == b"2.0\n" and tools.returncode != 0 and b"pip " not in tools.stdout + tools.stderr
 
 
@@ -96,12 +99,14 @@ def test_no_network(sandbox: DockerSandbox) -> None:
         listener.listen()
         listener.setblocking(False)
         port = listener.getsockname()[1]
-        probe = ("import socket\n"
-                 f"try: socket.create_connection(('127.0.0.1', {port}), timeout=3); print('connected')\n"
-                 "except OSError as e: print('blocked', e.errno)\n"
-                 "try: socket.getaddrinfo('example.org', 80); print('resolved')\n"
-                 "except OSError as e: print('no-dns')\n")
-        res = sandbox.run(f"python3 -c \"{probe}\"; cat /proc/net/dev | tail -n +3 | cut -d: -f1")
+        probe = (
+            "import socket\n"
+            f"try: socket.create_connection(('127.0.0.1', {port}), timeout=3); print('connected')\n"
+            "except OSError as e: print('blocked', e.errno)\n"
+            "try: socket.getaddrinfo('example.org', 80); print('resolved')\n"
+            "except OSError as e: print('no-dns')\n"
+        )
+        res = sandbox.run(f'python3 -c "{probe}"; cat /proc/net/dev | tail -n +3 | cut -d: -f1')
         with pytest.raises(BlockingIOError):
             listener.accept()
     out = res.stdout.decode().split()
@@ -137,12 +142,19 @@ def test_document_is_bound_read_only_and_byte_equal(docker_sandbox_config: Sandb
     doc.chmod(0o600)  # unreadable for the sandbox uid: the backend must stage a readable copy
     (tmp_path / "secret.txt").write_text("answer")
     with DockerSandbox(docker_sandbox_config.model_copy(update={"mounts": [Mount(str(doc), DOCUMENT_PATH)]})) as sb:
-        res = sb.run("sha256sum /workspace/document.png; echo x >> /workspace/document.png || echo no-write; "
-                     "rm -f /workspace/document.png || echo no-rm; ls /workspace; find / -name secret.txt 2>/dev/null; "
-                     "sha256sum /workspace/document.png")
+        res = sb.run(
+            "sha256sum /workspace/document.png; echo x >> /workspace/document.png || echo no-write; "
+            "rm -f /workspace/document.png || echo no-rm; ls /workspace; find / -name secret.txt 2>/dev/null; "
+            "sha256sum /workspace/document.png"
+        )
     digest = hashlib.sha256(doc.read_bytes()).hexdigest()
-    assert res.stdout.decode().replace("  /workspace/document.png", "").split() == \
-        [digest, "no-write", "no-rm", "document.png", digest]
+    assert res.stdout.decode().replace("  /workspace/document.png", "").split() == [
+        digest,
+        "no-write",
+        "no-rm",
+        "document.png",
+        digest,
+    ]
 
 
 def test_tesseract_reads_the_document(docker_sandbox_config: SandboxConfig, docvqa_dir: Path) -> None:
@@ -159,8 +171,11 @@ def test_memory_limit_contains_a_memory_bomb(docker_sandbox_config: SandboxConfi
         single = sb.run("python3 -c 'b = bytearray(2 * 1024**3)'")
         assert single.returncode == 1 and b"MemoryError" in single.stderr
         # each process stays under ulimit -v; together they exceed the cgroup
-        many = sb.run("for i in 1 2 3 4; do (python3 -c 'import time; b = bytearray(180 * 2**20); "
-                      "time.sleep(2)'; echo rc=$?) & done; wait", timeout=30)
+        many = sb.run(
+            "for i in 1 2 3 4; do (python3 -c 'import time; b = bytearray(180 * 2**20); "
+            "time.sleep(2)'; echo rc=$?) & done; wait",
+            timeout=30,
+        )
         assert b"rc=137" in many.stdout, many
         assert sb.run("echo alive").stdout == b"alive\n"
 
@@ -200,7 +215,10 @@ def test_close_removes_the_container(docker_daemon: DockerDaemon, docker_sandbox
 
 def test_unreachable_daemon_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/none.sock")
-    with DockerSandbox(SandboxConfig(backend="docker")) as sb, pytest.raises(SandboxUnavailable, match="no Docker daemon"):
+    with (
+        DockerSandbox(SandboxConfig(backend="docker")) as sb,
+        pytest.raises(SandboxUnavailable, match="no Docker daemon"),
+    ):
         sb.run("true")
 
 
@@ -229,7 +247,7 @@ def _bwrap_in_container(daemon: DockerDaemon, image: str, *options: str) -> str:
 
 def test_bwrap_is_reported_unusable_in_a_default_container(docker_daemon: DockerDaemon, docker_image: str) -> None:
     out = _bwrap_in_container(docker_daemon, docker_image)
-    assert out.startswith("False bwrap probe exited") , out
+    assert out.startswith("False bwrap probe exited"), out
 
 
 def test_bwrap_works_in_a_container_with_unconfined_profiles(docker_daemon: DockerDaemon, docker_image: str) -> None:

@@ -1,5 +1,6 @@
 """Hostile commands against every available sandbox backend: each must be contained, leave a
 clear observation, and leave nothing behind (processes, temp folders, mounts)."""
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,15 @@ import pytest
 from agent_envs.sandbox.base import SandboxConfig
 from agent_envs.sandbox.bwrap import BwrapSandbox
 from protocol_specs import format_observation
-from sandbox_backends import (close_checked, describe, host_processes_matching, make,  # noqa: F401
-                              nothing_left_behind, our_processes, temp_dirs)
+from sandbox_backends import (
+    close_checked,
+    describe,
+    host_processes_matching,
+    make,  # noqa: F401
+    nothing_left_behind,  # noqa: F401  (an autouse fixture)
+    our_processes,
+    temp_dirs,
+)
 
 pytest_plugins = ["docker_daemon"]
 
@@ -45,12 +53,31 @@ def _alive(sb):
 
 
 def _denied(out):
-    return any(s in out for s in ("No such file", "Permission denied", "Read-only file system",
-                                  "Operation not permitted", "cannot create", "No space"))
+    return any(
+        s in out
+        for s in (
+            "No such file",
+            "Permission denied",
+            "Read-only file system",
+            "Operation not permitted",
+            "cannot create",
+            "No space",
+        )
+    )
 
 
-@pytest.mark.parametrize("path", ["/etc/shadow", "/root/.bashrc", "/root/.profile", str(DATASET),
-                                  str(ANSWERS), str(REPO / "pyproject.toml"), str(REPO / "agent_envs/__init__.py")])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/etc/shadow",
+        "/root/.bashrc",
+        "/root/.profile",
+        str(DATASET),
+        str(ANSWERS),
+        str(REPO / "pyproject.toml"),
+        str(REPO / "agent_envs/__init__.py"),
+    ],
+)
 def test_host_files_unreadable(make, path):
     if not Path(path).exists():
         pytest.skip(f"{path} does not exist on this host, so there is nothing to protect")
@@ -63,10 +90,17 @@ def test_host_directories_invisible(make):
     assert "shared" not in out and "main" not in out and ".bashrc" not in out
 
 
-@pytest.mark.parametrize("cmd,host_path", [
-    ("touch /usr/pwned", "/usr/pwned"), ("echo x >> /usr/bin/true", None), ("touch /etc/pwned", "/etc/pwned"),
-    ("touch /pwned", "/pwned"), ("mkdir /bin/pwned", "/bin/pwned"), ("echo x > /dev/pwned", "/dev/pwned"),
-])
+@pytest.mark.parametrize(
+    "cmd,host_path",
+    [
+        ("touch /usr/pwned", "/usr/pwned"),
+        ("echo x >> /usr/bin/true", None),
+        ("touch /etc/pwned", "/etc/pwned"),
+        ("touch /pwned", "/pwned"),
+        ("mkdir /bin/pwned", "/bin/pwned"),
+        ("echo x > /dev/pwned", "/dev/pwned"),
+    ],
+)
 def test_writes_outside_workspace_fail(make, cmd, host_path):
     res, out = _obs(make(), cmd)
     assert res.returncode != 0 and _denied(out)
@@ -84,21 +118,27 @@ def test_image_is_read_only(make, tmp_path):
 @pytest.mark.parametrize("how", ["python", "devtcp", "curl"])
 def test_tcp_to_host_listener_fails(make, listener, how):
     port = listener.getsockname()[1]
-    cmd = {"python": f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 2)\"",
-           "devtcp": f"echo hi > /dev/tcp/127.0.0.1/{port}",
-           "curl": f"curl -sS -m 3 http://127.0.0.1:{port}/ || wget -q -T 3 -O- http://127.0.0.1:{port}/"}[how]
+    cmd = {
+        "python": f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 2)\"",
+        "devtcp": f"echo hi > /dev/tcp/127.0.0.1/{port}",
+        "curl": f"curl -sS -m 3 http://127.0.0.1:{port}/ || wget -q -T 3 -O- http://127.0.0.1:{port}/",
+    }[how]
     res, out = _obs(make(), cmd)
     assert res.returncode != 0 and out.endswith(f"[exit_code] {res.returncode}")
     _no_connection(listener)
 
 
 def test_dns_lookup_fails(make):
-    res, out = _obs(make(), "python3 -c \"import socket; socket.getaddrinfo('localhost.invalid', 80)\"; getent hosts example.com")
+    res, out = _obs(
+        make(), "python3 -c \"import socket; socket.getaddrinfo('localhost.invalid', 80)\"; getent hosts example.com"
+    )
     assert res.returncode != 0 and "gaierror" in out
 
 
-@pytest.mark.parametrize("cmd", ["kill -9 $PPID; echo sent", "kill -9 1; echo sent", "kill -9 -1; echo sent",
-                                 "kill -9 {host_pid}; echo sent"])
+@pytest.mark.parametrize(
+    "cmd",
+    ["kill -9 $PPID; echo sent", "kill -9 1; echo sent", "kill -9 -1; echo sent", "kill -9 {host_pid}; echo sent"],
+)
 def test_signals_cannot_escape(make, cmd):
     sb = make()
     _obs(sb, cmd.format(host_pid=os.getpid()))
@@ -107,8 +147,11 @@ def test_signals_cannot_escape(make, cmd):
 
 def test_proc_shows_no_host_processes(make):
     sb = make()
-    res, out = _obs(sb, f"ls /proc | grep -c '^[0-9]'; cat /proc/1/cmdline | tr '\\0' ' '; echo; "
-                        f"cat /proc/{os.getpid()}/cmdline 2>&1 | tr '\\0' ' '")
+    res, out = _obs(
+        sb,
+        f"ls /proc | grep -c '^[0-9]'; cat /proc/1/cmdline | tr '\\0' ' '; echo; "
+        f"cat /proc/{os.getpid()}/cmdline 2>&1 | tr '\\0' ' '",
+    )
     count = int(out.split("\n", 1)[0])
     assert count < 12 and "pytest" not in out and "systemd" not in out and "/sbin/init" not in out
 
@@ -159,13 +202,17 @@ def test_sleep_infinity_times_out(make):
 def test_background_processes_do_not_survive(make):
     tag = str(random.randint(10**8, 10**9))
     sb = make()
-    res, out = _obs(sb, f"setsid sleep {tag}1 >/dev/null 2>&1 </dev/null & nohup sleep {tag}2 >/dev/null 2>&1 & "
-                        f"(sleep {tag}3 >/dev/null 2>&1 &) ; python3 -c \"import os,time\nif os.fork(): os._exit(0)\n"
-                        f"os.setsid()\nif os.fork(): os._exit(0)\ntime.sleep({tag}4)\" >/dev/null 2>&1; echo started")
+    res, out = _obs(
+        sb,
+        f"setsid sleep {tag}1 >/dev/null 2>&1 </dev/null & nohup sleep {tag}2 >/dev/null 2>&1 & "
+        f'(sleep {tag}3 >/dev/null 2>&1 &) ; python3 -c "import os,time\nif os.fork(): os._exit(0)\n'
+        f'os.setsid()\nif os.fork(): os._exit(0)\ntime.sleep({tag}4)" >/dev/null 2>&1; echo started',
+    )
     assert out == "started\n[exit_code] 0"
     assert {p: describe(p) for p in host_processes_matching(tag.encode())} == {}
-    res, out = _obs(sb, "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done 2>/dev/null"
-                        f" | grep -c 'slee[p] {tag}'")
+    res, out = _obs(
+        sb, f"for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done 2>/dev/null | grep -c 'slee[p] {tag}'"
+    )
     assert out == "0\n[exit_code] 1"
     close_checked(sb)
     assert host_processes_matching(tag.encode()) == []
@@ -176,17 +223,21 @@ def test_run_returns_only_after_background_processes_are_gone(make):
     sb = make()
     for _ in range(25):
         tag = str(random.randint(10**8, 10**9))
-        res, out = _obs(sb, f"setsid sleep {tag}1 >/dev/null 2>&1 </dev/null & "
-                            f"(sleep {tag}2 >/dev/null 2>&1 &); echo started")
+        res, out = _obs(
+            sb, f"setsid sleep {tag}1 >/dev/null 2>&1 </dev/null & (sleep {tag}2 >/dev/null 2>&1 &); echo started"
+        )
         assert out == "started\n[exit_code] 0"
         assert {p: describe(p) for p in host_processes_matching(tag.encode())} == {}
 
 
-@pytest.mark.parametrize("cmd,expect", [
-    ("printf '\\xff\\xfe\\x00abc\\x80'", "\ufffd\ufffd\x00abc\ufffd\n[exit_code] 0"),
-    ("printf 'ok\\n'; printf '\\xc3\\x28' >&2", "ok\n\n[stderr]\n\ufffd(\n[exit_code] 0"),
-    ("printf 'a\\0b\\0'", "a\x00b\x00\n[exit_code] 0"),
-])
+@pytest.mark.parametrize(
+    "cmd,expect",
+    [
+        ("printf '\\xff\\xfe\\x00abc\\x80'", "\ufffd\ufffd\x00abc\ufffd\n[exit_code] 0"),
+        ("printf 'ok\\n'; printf '\\xc3\\x28' >&2", "ok\n\n[stderr]\n\ufffd(\n[exit_code] 0"),
+        ("printf 'a\\0b\\0'", "a\x00b\x00\n[exit_code] 0"),
+    ],
+)
 def test_binary_output_is_harmless(make, cmd, expect):
     sb = make()
     assert _obs(sb, cmd)[1] == expect
@@ -202,12 +253,22 @@ def test_one_megabyte_command(make):
     res, out = _obs(make(), "x=" + "a" * 1_000_000 + "; echo ${#x}")
     # a per-command bwrap passes the command in argv, like the reference: the kernel refuses it
     assert out == "1000000\n[exit_code] 0" or out.startswith(
-        "[ERROR] Failed to execute command: [Errno 7] Argument list too long")
+        "[ERROR] Failed to execute command: [Errno 7] Argument list too long"
+    )
 
 
-@pytest.mark.parametrize("cmd", ["mount -t tmpfs none /usr", "mount --bind /tmp /usr", "chroot / true",
-                                 "umount /workspace", "swapoff -a", "echo 1 > /proc/sys/kernel/sysrq",
-                                 "unshare -m true"])
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        "mount -t tmpfs none /usr",
+        "mount --bind /tmp /usr",
+        "chroot / true",
+        "umount /workspace",
+        "swapoff -a",
+        "echo 1 > /proc/sys/kernel/sysrq",
+        "unshare -m true",
+    ],
+)
 def test_privileged_operations_fail(make, cmd):
     res, out = _obs(make(), cmd)
     assert res.returncode != 0 and out.endswith(f"[exit_code] {res.returncode}")
@@ -246,9 +307,20 @@ def test_devices_are_minimal(make):
 @pytest.mark.slow
 def test_soak_thousand_episodes():
     """1,000 short episodes of random and hostile commands leak no process, fd or temp folder."""
-    commands = ["echo $RANDOM", "python3 -c 'print(2**100)'", "exit 3", "kill -9 $$", "setsid sleep 999 &",
-                "printf '\\xff\\x00'", "cd /tmp; touch f; ls", "echo \"unbalanced", "head -c 200000 /dev/zero",
-                "sleep 5", "true", "cat /etc/shadow"]
+    commands = [
+        "echo $RANDOM",
+        "python3 -c 'print(2**100)'",
+        "exit 3",
+        "kill -9 $$",
+        "setsid sleep 999 &",
+        "printf '\\xff\\x00'",
+        "cd /tmp; touch f; ls",
+        'echo "unbalanced',
+        "head -c 200000 /dev/zero",
+        "sleep 5",
+        "true",
+        "cat /etc/shadow",
+    ]
     rng = random.Random(7)
     fds_before = len(os.listdir("/proc/self/fd"))
     procs_before, tmp_before = our_processes(), temp_dirs()

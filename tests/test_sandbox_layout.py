@@ -1,4 +1,5 @@
 """The sandbox hides the host Python's executable start-up hooks (.pth files) but keeps path ones."""
+
 from __future__ import annotations
 
 import shutil

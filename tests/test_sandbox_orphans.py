@@ -2,6 +2,7 @@
 SIGKILLed while it starts and uses bwrap sandboxes (persistent shells, fresh sandboxes, python
 interpreters) leaves no process behind.  The runner is a real child process; a supervisor that
 is a child subreaper adopts whatever it leaves, so a survivor cannot hide by reparenting to init."""
+
 from __future__ import annotations
 
 import json
@@ -103,8 +104,13 @@ def test_sandboxes_die_with_a_runner_sigkilled_while_they_start(delay):
     if not usable:
         pytest.skip(f"bwrap cannot run here: {why}")
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-c", SUPERVISOR, RUNNER, str(delay), str(REPO / "tests")], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", SUPERVISOR, RUNNER, str(delay), str(REPO / "tests")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.splitlines()[-1])
     assert report["before"] >= 2  # the runner and what it had started

@@ -1,4 +1,5 @@
 """Observation framing (docs/protocol.md#output-framing), including head/tail windows of huge streams."""
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,8 @@ def R(out: bytes = b"", err: bytes = b"", rc: int = 0, **kw) -> ExecResult:
 @pytest.mark.parametrize("style", ["docvqa", "math"])
 def test_stderr_only_and_empty(style):
     assert format_observation(R(b"", b"err\n", 3), style) == (
-        "[stderr]\nerr\n[exit_code] 3" if style == "docvqa" else "[stderr]\nerr\n\n[exit_code] 3")
+        "[stderr]\nerr\n[exit_code] 3" if style == "docvqa" else "[stderr]\nerr\n\n[exit_code] 3"
+    )
     assert format_observation(R(rc=0), style) == "Bash exited with code 0 and no output."
 
 
@@ -70,7 +72,7 @@ def test_unknown_style_is_a_clear_error():
 def _window(data: bytes, keep: int, step: int = 7919) -> Window:
     w = Window(keep)
     for i in range(0, len(data), step):
-        w.feed(data[i:i + step])
+        w.feed(data[i : i + step])
     return w
 
 
@@ -81,16 +83,28 @@ def _windowed(data: bytes, keep: int) -> tuple[bytes, int]:
 
 def _captured(out: bytes, err: bytes, rc: int, keep: int, step: int = 7919) -> ExecResult:
     """What a sandbox returns for these streams: windows, and the windows of their stripped form."""
-    return ExecResult(returncode=rc, **window_fields(_window(out, keep, step), "stdout"),
-                      **window_fields(_window(err, keep, step), "stderr"))
+    return ExecResult(
+        returncode=rc,
+        **window_fields(_window(out, keep, step), "stdout"),
+        **window_fields(_window(err, keep, step), "stderr"),
+    )
 
 
-_chunks = st.lists(st.sampled_from(["a", "é", "€", "\n", "\r", "\r\n", " ", "\U0001f600", "\ufffd"]), min_size=1, max_size=40)
+_chunks = st.lists(
+    st.sampled_from(["a", "é", "€", "\n", "\r", "\r\n", " ", "\U0001f600", "\ufffd"]), min_size=1, max_size=40
+)
 
 
 @settings(max_examples=60, deadline=None)
-@given(out_unit=_chunks, err_unit=_chunks, out_reps=st.integers(0, 900), err_reps=st.integers(0, 900),
-       junk=st.binary(max_size=8), style=st.sampled_from(["docvqa", "math"]), rc=st.integers(0, 255))
+@given(
+    out_unit=_chunks,
+    err_unit=_chunks,
+    out_reps=st.integers(0, 900),
+    err_reps=st.integers(0, 900),
+    junk=st.binary(max_size=8),
+    style=st.sampled_from(["docvqa", "math"]),
+    rc=st.integers(0, 255),
+)
 def test_windows_equal_full_capture(out_unit, err_unit, out_reps, err_reps, junk, style, rc):
     """Head/tail windows frame exactly like the whole stream would (keep >= 4 * limit)."""
     limit, keep = 600, 4096
@@ -100,15 +114,27 @@ def test_windows_equal_full_capture(out_unit, err_unit, out_reps, err_reps, junk
     assert format_observation(_captured(out, err, rc, keep), style, limit) == full
 
 
-_blanks = st.lists(st.sampled_from([" ", "\n", "\t", "\r\n", "\u3000", "\xa0", "\u2003", "\x1c"]), min_size=1, max_size=6)
+_blanks = st.lists(
+    st.sampled_from([" ", "\n", "\t", "\r\n", "\u3000", "\xa0", "\u2003", "\x1c"]), min_size=1, max_size=6
+)
 
 
 @settings(max_examples=60, deadline=None)
-@given(out_unit=_chunks, blank=_blanks, out_reps=st.integers(0, 900), blank_reps=st.integers(0, 3000),
-       err_unit=_chunks, err_reps=st.integers(0, 200), err_blank_reps=st.integers(0, 3000),
-       junk=st.binary(max_size=4), step=st.integers(1, 9000), rc=st.integers(0, 255))
+@given(
+    out_unit=_chunks,
+    blank=_blanks,
+    out_reps=st.integers(0, 900),
+    blank_reps=st.integers(0, 3000),
+    err_unit=_chunks,
+    err_reps=st.integers(0, 200),
+    err_blank_reps=st.integers(0, 3000),
+    junk=st.binary(max_size=4),
+    step=st.integers(1, 9000),
+    rc=st.integers(0, 255),
+)
 def test_trailing_whitespace_longer_than_a_window_frames_like_the_whole_stream(
-        out_unit, blank, out_reps, blank_reps, err_unit, err_reps, err_blank_reps, junk, step, rc):
+    out_unit, blank, out_reps, blank_reps, err_unit, err_reps, err_blank_reps, junk, step, rc
+):
     """docs/protocol.md#output-framing: DocVQA strips the body's trailing whitespace, which may be
     far longer than the tail window (the window then holds blanks only)."""
     limit, keep = 600, 4096

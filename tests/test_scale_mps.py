@@ -5,6 +5,7 @@ one part that is a mock): it logs what it is asked and answers as told.  The pro
 whether a started daemon is usable is real: a CUDA client in a fresh interpreter, which fails on
 this CPU-only torch exactly as it would under a broken MPS server.
 """
+
 from __future__ import annotations
 
 import os

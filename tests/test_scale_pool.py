@@ -7,6 +7,7 @@ SeededPerturber perturbs and updates; the policy's answers depend on those weigh
 records mean equal weights, and the checksums are of real tensors.  The session declares one GPU
 (``num_gpus=1``, no real GPU): Ray schedules fractional-GPU engines on it as on a GPU host.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -30,8 +31,18 @@ from agent_envs.scale.toy import TorchToyEngine  # noqa: E402
 
 SPEC = EngineSpec(factory="agent_envs.scale.toy:TorchToyEngine")
 TASKS = [MathTask(id=f"toy{i}", question=f"Pick the number of box {i}.", answer=str(i % 4)) for i in range(6)]
-CONFIG = ESConfig(env_id="MATH-ReAct-v0", model="toy", generations=3, population=6, case_batch_size=3,
-                  train_samples=2, sigma_start=0.8, sigma_end=0.8, sigma_schedule="constant", alpha=0.8)
+CONFIG = ESConfig(
+    env_id="MATH-ReAct-v0",
+    model="toy",
+    generations=3,
+    population=6,
+    case_batch_size=3,
+    train_samples=2,
+    sigma_start=0.8,
+    sigma_end=0.8,
+    sigma_schedule="constant",
+    alpha=0.8,
+)
 ROLLOUT = {"env_kwargs": {"max_turns": 3, "sandbox": "bwrap"}, "concurrency": 6}
 
 
@@ -53,8 +64,14 @@ def ray_session():
 def _killer(engine: int, on_dispatch: int) -> tuple[dict[str, Any], Any]:
     """A monitor that kills ``engine`` (ray.kill) as its ``on_dispatch``-th job is handed to it, and
     waits until Ray reports the actor dead, so that job is certain to be caught by the kill."""
-    state: dict[str, Any] = {"pool": None, "seen": 0, "killed_job": None, "killed_generation": None, "done": [],
-                             "requeued": []}
+    state: dict[str, Any] = {
+        "pool": None,
+        "seen": 0,
+        "killed_job": None,
+        "killed_generation": None,
+        "done": [],
+        "requeued": [],
+    }
 
     def monitor(event: str, fields: dict[str, Any]) -> None:
         if event == "done":
@@ -94,8 +111,9 @@ def _without_placement(history: list[dict]) -> list[dict]:
     for record in history:
         record = dict(record)
         if "samples" in record:
-            record["samples"] = [{**s, "engine_index": None, "result": [comparable(r) for r in s["result"]]}
-                                 for s in record["samples"]]
+            record["samples"] = [
+                {**s, "engine_index": None, "result": [comparable(r) for r in s["result"]]} for s in record["samples"]
+            ]
         out.append(record)
     return out
 
@@ -123,13 +141,22 @@ def test_es_pool_of_one_equals_in_process_trainer(one_engine, tmp_path):
     engine.es_init(exact_revert=True)
 
     def evaluate(batch, seed, generation, member):
-        return evaluate_member(engine.policy, CONFIG.env_id, batch, seed, generation=generation, member=member,
-                               samples=CONFIG.train_samples, **ROLLOUT)
+        return evaluate_member(
+            engine.policy,
+            CONFIG.env_id,
+            batch,
+            seed,
+            generation=generation,
+            member=member,
+            samples=CONFIG.train_samples,
+            **ROLLOUT,
+        )
 
     plain = ESTrainer(CONFIG, engine, TASKS, evaluate, str(tmp_path / "h.json"), log=lambda _: None).run()
     history, checksum, _ = one_engine
-    assert [(r.get("seeds"), r.get("rewards"), r.get("weights")) for r in plain] == \
-        [(r.get("seeds"), r.get("rewards"), r.get("weights")) for r in history]
+    assert [(r.get("seeds"), r.get("rewards"), r.get("weights")) for r in plain] == [
+        (r.get("seeds"), r.get("rewards"), r.get("weights")) for r in history
+    ]
     assert engine.checksum() == checksum
 
 
@@ -148,8 +175,7 @@ def test_es_two_engines_sharing_a_gpu_start_in_turn_and_equal_one_engine(one_eng
     engine's memory profiling), and the ES history is the one-engine history."""
     spec = EngineSpec(factory="agent_envs.scale.toy:TorchToyEngine", gpus=0.5, kwargs={"start_seconds": 0.5})
     state: dict[str, Any] = {}
-    history, checksum, lost = _es(2, tmp_path / "history.json", state=state, spec=spec,
-                                  start_lock_dir=str(tmp_path))
+    history, checksum, lost = _es(2, tmp_path / "history.json", state=state, spec=spec, start_lock_dir=str(tmp_path))
     assert lost == [] and [i["gpus"] for i in state["info"]] == [["0"], ["0"]]
     (a0, a1), (b0, b1) = sorted(tuple(i["build_span"]) for i in state["info"])
     assert a1 - a0 >= 0.5 and b1 - b0 >= 0.5 and b0 >= a1  # the second build began after the first ended
@@ -177,14 +203,16 @@ def test_es_killed_engine_loses_and_duplicates_nothing(one_engine, tmp_path):
 
 
 def test_eval_over_two_engines_with_a_kill_equals_one_engine(tmp_path):
-    reference = run_episodes("MATH-ReAct-v0", TASKS, TorchToyEngine().policy, samples=2, progress=False,
-                             base_seed=7, **ROLLOUT)
+    reference = run_episodes(
+        "MATH-ReAct-v0", TASKS, TorchToyEngine().policy, samples=2, progress=False, base_seed=7, **ROLLOUT
+    )
     state, monitor = _killer(engine=1, on_dispatch=2)
     out = tmp_path / "records.jsonl"
     with EnginePool(SPEC, 2, monitor=monitor) as pool:
         state["pool"] = pool
-        records = pool_run_episodes(pool, "MATH-ReAct-v0", TASKS, samples=2, out_path=out, chunk_rows=1,
-                                    progress=False, base_seed=7, **ROLLOUT)
+        records = pool_run_episodes(
+            pool, "MATH-ReAct-v0", TASKS, samples=2, out_path=out, chunk_rows=1, progress=False, base_seed=7, **ROLLOUT
+        )
         assert pool.lost == [1] and state["requeued"] == [state["killed_job"]]
     assert [comparable(r) for r in records] == [comparable(r) for r in reference]
     written = load_records(out)
@@ -193,14 +221,26 @@ def test_eval_over_two_engines_with_a_kill_equals_one_engine(tmp_path):
 
 
 def test_cli_eval_engines_two_equals_one(tmp_path):
-    common = ["eval", "--policy", "scripted", "--limit", "4", "--samples", "2", "--no-progress", "--no-trace-logs",
-              "--sandbox", "bwrap"]
+    common = [
+        "eval",
+        "--policy",
+        "scripted",
+        "--limit",
+        "4",
+        "--samples",
+        "2",
+        "--no-progress",
+        "--no-trace-logs",
+        "--sandbox",
+        "bwrap",
+    ]
     assert cli_main([*common, "--out", str(tmp_path / "one" / "run")]) == 0
     assert cli_main([*common, "--engines", "2", "--out", str(tmp_path / "two" / "run")]) == 0
     one, two = (load_records(tmp_path / d / "run" / "records.jsonl") for d in ("one", "two"))
     assert len(one) == 8
-    assert sorted((comparable(r) for r in two), key=lambda r: r["key"]) == \
-        sorted((comparable(r) for r in one), key=lambda r: r["key"])
+    assert sorted((comparable(r) for r in two), key=lambda r: r["key"]) == sorted(
+        (comparable(r) for r in one), key=lambda r: r["key"]
+    )
 
 
 def test_vllm_spec_packs_k_engines_per_gpu():

@@ -1,4 +1,5 @@
 """ANLS and the ES-runner DocVQA score (docs/protocol.md#docvqa-scoring, #reward-cases, #other-cases, #derived-cases)."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,8 +27,9 @@ def test_normalize_is_ascii_only():
     assert normalize_official("  Invoice   #123 ") == "invoice #123"
 
 
-@pytest.mark.parametrize(("a", "b", "d"), [("", "", 0), ("abc", "", 3), ("kitten", "sitting", 3),
-                                          ("flaw", "lawn", 2), ("abcd", "abce", 1)])
+@pytest.mark.parametrize(
+    ("a", "b", "d"), [("", "", 0), ("abc", "", 3), ("kitten", "sitting", 3), ("flaw", "lawn", 2), ("abcd", "abce", 1)]
+)
 def test_levenshtein(a, b, d):
     assert levenshtein(a, b) == d == levenshtein(b, a)
 
@@ -35,17 +37,17 @@ def test_levenshtein(a, b, d):
 @pytest.mark.parametrize(
     ("prediction", "answers", "expected"),
     [
-        ("invoice 123", ANSWERS, 1.0),             # #reward-cases (3)
-        ("ab", ["ac"], 0.0),                       # #reward-cases (5): distance ratio exactly 0.5 -> 0
-        ("abcd", ["abce"], 0.75),                  # #reward-cases (6)
-        ("1,000", ["1000"], 0.8),                  # #derived-cases: the comma becomes a space
-        ("$1,000", ["1 000"], 1.0),                # #derived-cases
-        ("Invoice #123", ["invoice 123"], 1.0),    # #other-cases
-        ("ABCD", ["zzzz", "ABCE"], 0.75),          # best of several answers
-        ("", ["x"], 0.0),                          # empty prediction
-        ("!!!", ["x"], 0.0),                       # empty after normalisation
-        ("x", [], 0.0),                            # no answers
-        ("x", ["", "..."], 0.0),                   # only empty answers
+        ("invoice 123", ANSWERS, 1.0),  # #reward-cases (3)
+        ("ab", ["ac"], 0.0),  # #reward-cases (5): distance ratio exactly 0.5 -> 0
+        ("abcd", ["abce"], 0.75),  # #reward-cases (6)
+        ("1,000", ["1000"], 0.8),  # #derived-cases: the comma becomes a space
+        ("$1,000", ["1 000"], 1.0),  # #derived-cases
+        ("Invoice #123", ["invoice 123"], 1.0),  # #other-cases
+        ("ABCD", ["zzzz", "ABCE"], 0.75),  # best of several answers
+        ("", ["x"], 0.0),  # empty prediction
+        ("!!!", ["x"], 0.0),  # empty after normalisation
+        ("x", [], 0.0),  # no answers
+        ("x", ["", "..."], 0.0),  # only empty answers
     ],
 )
 def test_anls_protocol(prediction, answers, expected):
@@ -108,8 +110,9 @@ def test_zeroing_terminations_keep_the_raw_anls(reason):
 
 def test_budget_terminations_score_the_last_line():
     # docs/protocol.md#docvqa-scoring: no final answer, yet non-zero ANLS from the last non-empty line
-    got = docvqa_score("still reading\ninvoice 123\n", ANSWERS,
-                       termination_reason="max_response_tokens_exceeded", used_bash=True)
+    got = docvqa_score(
+        "still reading\ninvoice 123\n", ANSWERS, termination_reason="max_response_tokens_exceeded", used_bash=True
+    )
     assert (got.score, got.answer_status, got.prediction) == (1.0, "missing_final_answer", "invoice 123")
 
 
@@ -137,8 +140,12 @@ def test_levenshtein_is_a_metric(a, b, c):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.text(max_size=300), st.lists(st.text(max_size=40), min_size=1, max_size=3), st.booleans(),
-       st.sampled_from([None, "final_answer", "max_turns", "context_length_exceeded", "request_error"]))
+@given(
+    st.text(max_size=300),
+    st.lists(st.text(max_size=40), min_size=1, max_size=3),
+    st.booleans(),
+    st.sampled_from([None, "final_answer", "max_turns", "context_length_exceeded", "request_error"]),
+)
 def test_docvqa_score_never_raises(completion, answers, used_bash, reason):
     got = docvqa_score(completion, answers, termination_reason=reason, used_bash=used_bash)
     assert got.label.startswith("docvqa_paper_react_cli_")

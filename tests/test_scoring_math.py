@@ -1,5 +1,6 @@
 """Math extraction and scoring (docs/protocol.md#math-scoring, #reward-cases), including math-verify off the
 main thread and the published DAPO-100 / AIME-2026-30 answers."""
+
 from __future__ import annotations
 
 import hashlib
@@ -19,6 +20,7 @@ from agent_envs.envs.math_react.scoring import (
 )
 
 from conftest import MATH_DIR as DATA  # noqa: E402
+
 TRANSCRIPT = (
     'Action:\n{"name": "bash", "arguments": {"command": "python -c \'print(6*7)\'"}}\n'
     "Observation from bash:\n42\n\nFinal answer: \\boxed{42}"
@@ -45,9 +47,10 @@ def in_thread(fn, *args, **kwargs):
 
 # --- extraction --------------------------------------------------------------------------------
 
+
 def test_explicit_answer():
     assert explicit_answer("Final answer: \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"  # docs/protocol.md#reward-cases (2)
-    assert explicit_answer("so it is \\boxed{7}. Done") == "7"                       # boxed anywhere
+    assert explicit_answer("so it is \\boxed{7}. Done") == "7"  # boxed anywhere
     assert explicit_answer("<think>Final answer: 1</think>Answer: 2") == "2"
     assert explicit_answer("the result is 12") is None
 
@@ -61,10 +64,11 @@ def test_math_prediction_fallbacks():
 
 # --- exact fallback ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("gold", "pred", "match"),
     [
-        ("1/2", "\\frac{1}{2}", False),   # the cases of docs/protocol.md#math-scoring
+        ("1/2", "\\frac{1}{2}", False),  # the cases of docs/protocol.md#math-scoring
         ("31", "$31$", False),
         ("5", "-5", False),
         ("1000", "1e3", True),
@@ -75,11 +79,11 @@ def test_math_prediction_fallbacks():
         ("7", "{{ 7 }}", True),
         ("7", "7.", True),
         ("ABC", "abc", True),
-        ("1/0", "1/0", True),             # equal strings, even though not numeric
-        ("1", "1/0", False),              # division by zero is not a number
+        ("1/0", "1/0", True),  # equal strings, even though not numeric
+        ("1", "1/0", False),  # division by zero is not a number
         ("1e999999999", "2e999999999", False),
         ("nan", "NaN", True),
-        ("5", "\\Boxed{5}", True),      # forms the numeric comparison normalises a second time
+        ("5", "\\Boxed{5}", True),  # forms the numeric comparison normalises a second time
         ("5", "\\BOXED{5}", True),
         ("5", "{5}.", True),
         ("5", ".{5}", True),
@@ -95,9 +99,15 @@ def test_exact_fallback_match(gold, pred, match):
 
 @pytest.mark.parametrize(
     ("completion", "gold"),
-    [("Final answer: \\boxed {42}", "42"), ("Final answer: \\Boxed{5}", "5"), ("Final answer: \\BOXED{5}", "5"),
-     ("Final answer: {5}.", "5"), ("Final answer: .{5}", "5"), ("Final answer: {5},", "5"),
-     ("Final answer: \\boxed {1/2}", "0.5")],
+    [
+        ("Final answer: \\boxed {42}", "42"),
+        ("Final answer: \\Boxed{5}", "5"),
+        ("Final answer: \\BOXED{5}", "5"),
+        ("Final answer: {5}.", "5"),
+        ("Final answer: .{5}", "5"),
+        ("Final answer: {5},", "5"),
+        ("Final answer: \\boxed {1/2}", "0.5"),
+    ],
 )
 def test_numeric_comparison_normalises_twice_like_the_reference(completion, gold):
     """A space or capital in ``\\boxed`` survives one normalisation pass; the second one removes it."""
@@ -113,6 +123,7 @@ def test_exact_fallback_is_total_reflexive_and_symmetric(a, b):
 
 
 # --- ES-runner final score ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("scorer", ["exact", "auto", "math_verify"])
 def test_final_answer_after_bash_scores_one(scorer):
@@ -139,7 +150,11 @@ def test_zeroing_terminations_win_over_everything(reason, used_bash):
 
 def test_missing_final_answer_and_max_turns():
     missing = math_score("the answer is 42", "42", termination_reason="max_turns", used_bash=True)
-    assert (missing.score, missing.method, missing.answer_status) == (0.0, "missing_final_answer", "missing_final_answer")
+    assert (missing.score, missing.method, missing.answer_status) == (
+        0.0,
+        "missing_final_answer",
+        "missing_final_answer",
+    )
     assert missing.prediction == "42"  # stored, never credited
     # a max_turns trajectory whose last completion holds \boxed{} still earns the point
     boxed = math_score("so \\boxed{42}", "42", scorer="exact", termination_reason="max_turns", used_bash=True)
@@ -169,6 +184,7 @@ def test_unknown_scorer_is_a_clear_error():
 
 # --- math-verify off the main thread, with a real timeout --------------------------------------
 
+
 def test_math_verify_works_off_the_main_thread():
     assert in_thread(math_verify_match, "\\frac{1}{2}", "0.5") == (True, "ok")
     assert in_thread(math_verify_match, "3", "4") == (False, "ok")
@@ -180,12 +196,19 @@ def test_a_slow_comparison_is_reported_as_timeout_and_the_worker_recovers():
     slow = in_thread(math_verify_match, "$(x+y+z+1)^{60}$", "$(x+y+z+2)^{60}$", timeout_s=1.0)
     assert slow == (None, "timeout")
     assert in_thread(math_verify_match, "12", "12") == (True, "ok")  # a fresh worker answers
-    got = math_score("Final answer: $(x+y+z+2)^{60}$", "$(x+y+z+1)^{60}$", scorer="auto",
-                     termination_reason="final_answer", used_bash=True, timeout_s=1.0)
+    got = math_score(
+        "Final answer: $(x+y+z+2)^{60}$",
+        "$(x+y+z+1)^{60}$",
+        scorer="auto",
+        termination_reason="final_answer",
+        used_bash=True,
+        timeout_s=1.0,
+    )
     assert (got.method, got.status, got.score) == ("exact_fallback", "timeout", 0.0)
 
 
 # --- the published evaluation sets -------------------------------------------------------------
+
 
 def _load_checked(name: str) -> list[dict]:
     sums = dict(line.split()[::-1] for line in (DATA / "SHA256SUMS").read_text().splitlines() if line.strip())
@@ -203,8 +226,13 @@ def test_all_130_gold_answers_score_one_under_both_scorers():
     def score_all(scorer: str) -> list[tuple[str, float, str]]:
         out = []
         for row in rows:
-            got = math_score(f"Final answer: \\boxed{{{row['answer']}}}", row["answer"], scorer=scorer,
-                             termination_reason="final_answer", used_bash=True)
+            got = math_score(
+                f"Final answer: \\boxed{{{row['answer']}}}",
+                row["answer"],
+                scorer=scorer,
+                termination_reason="final_answer",
+                used_bash=True,
+            )
             out.append((row["id"], got.score, got.method))
         return out
 

@@ -1,5 +1,6 @@
 """The embedded model's conversion on an empty cache, by two processes at the same moment (as the
 main job's evaluations start): both succeed and the folder they leave loads and generates."""
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,17 @@ print("folder", smollm2_hf_dir(), flush=True)
 def test_two_processes_convert_at_once_on_an_empty_cache(tmp_path: Path, smollm2_gguf: Path):
     folder = tmp_path / "new-cache" / "smollm2-hf"
     env = {**os.environ, "PYTHONPATH": str(REPO), "AGENT_ENVS_SMOLLM2_HF": str(folder)}
-    children = [subprocess.Popen([sys.executable, "-c", CHILD], env=env, text=True, stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD],
+            env=env,
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
     for child in children:
         assert child.stdout.readline().strip() == "ready", child.stderr.read()[-3000:]
     for child in children:
@@ -45,8 +55,9 @@ def test_two_processes_convert_at_once_on_an_empty_cache(tmp_path: Path, smollm2
 
     policy = TransformersPolicy(folder, num_threads=1)
     try:
-        out = policy.generate([GenerationRequest(messages=[{"role": "user", "content": "Say hi."}], seed=1,
-                                                 max_tokens=4, stop=[])])[0]
+        out = policy.generate(
+            [GenerationRequest(messages=[{"role": "user", "content": "Say hi."}], seed=1, max_tokens=4, stop=[])]
+        )[0]
     finally:
         policy.close()
     assert out.ok and len(out.token_ids) > 0

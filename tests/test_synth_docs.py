@@ -41,39 +41,27 @@ def test_same_seed_gives_byte_identical_pages_and_questions(tmp_path: Path) -> N
     ocr = {p: ocr_text(Path(p)) for p in {t.image for t in a}}
     for task in a:
         assert task.ocr_anls >= 0.5  # type: ignore[attr-defined]
-        assert best_ocr_anls(ocr[task.image], task.answers) == pytest.approx(
-            task.ocr_anls, abs=1e-4
-        )  # type: ignore[attr-defined]
+        assert best_ocr_anls(ocr[task.image], task.answers) == pytest.approx(task.ocr_anls, abs=1e-4)  # type: ignore[attr-defined]
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert manifest["kept"] == 12 and manifest["version"] == synth_docs.VERSION
-    assert {p.name for p in pages_a} == {
-        Path(t.image).name for t in a
-    }  # unused pages removed
+    assert {p.name for p in pages_a} == {Path(t.image).name for t in a}  # unused pages removed
 
 
 def test_best_ocr_anls_uses_protocol_anls_over_line_windows() -> None:
     ocr = "Subtotal $17,993.50\nTotal Due $18,752.87\nInvoice No: INV-37526\n"
     assert best_ocr_anls(ocr, ["$18,752.87", "18,752.87"]) == 1.0
     assert best_ocr_anls(ocr, ["INV-37528"]) == pytest.approx(1 - 1 / 9)  # one OCR slip
-    assert (
-        best_ocr_anls(ocr, ["Total Due $18,752.87 Invoice"]) < 1.0
-    )  # windows stay on one line
+    assert best_ocr_anls(ocr, ["Total Due $18,752.87 Invoice"]) < 1.0  # windows stay on one line
     assert best_ocr_anls(ocr, ["Vanderbilt"]) == 0.0
-    assert (
-        best_ocr_anls("abcd", ["abef"]) == 0.0
-    )  # d == 0.5 scores 0, as in the protocol
+    assert best_ocr_anls("abcd", ["abef"]) == 0.0  # d == 0.5 scores 0, as in the protocol
 
 
-def test_missing_fonts_fall_back_with_a_warning(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_missing_fonts_fall_back_with_a_warning(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(synth_docs, "FONT_DIRS", (tmp_path,))
     synth_docs._font.cache_clear()
     try:
         with pytest.warns(UserWarning, match="not found .*Pillow's default font"):
-            page = synth_docs.LAYOUTS["letter"](
-                random.Random(1), synth_docs.FONT_FAMILIES[0]
-            )
+            page = synth_docs.LAYOUTS["letter"](random.Random(1), synth_docs.FONT_FAMILIES[0])
     finally:
         synth_docs._font.cache_clear()
     assert page.image.size == synth_docs.PAGE_SIZE and page.image.getextrema()[0] == 0
@@ -90,16 +78,10 @@ def test_builtin_set_is_generated_once_and_reused(builtin: tuple[Path, list]) ->
     cache, tasks = builtin
     assert len(tasks) == 200 and len({t.id for t in tasks}) == 200
     folder = synth_docs.builtin_cache_dir(200, 0, cache)
-    assert all(
-        Path(t.image).parent == folder and Path(t.image).suffix == ".png" for t in tasks
-    )
+    assert all(Path(t.image).parent == folder and Path(t.image).suffix == ".png" for t in tasks)
     stamp = (folder / "manifest.json").stat().st_mtime_ns
-    assert _fields(load_docvqa_tasks("builtin", limit=20, cache_dir=cache)) == _fields(
-        tasks[:20]
-    )
-    assert (
-        folder / "manifest.json"
-    ).stat().st_mtime_ns == stamp  # reused, not regenerated
+    assert _fields(load_docvqa_tasks("builtin", limit=20, cache_dir=cache)) == _fields(tasks[:20])
+    assert (folder / "manifest.json").stat().st_mtime_ns == stamp  # reused, not regenerated
 
 
 def test_cached_set_is_finished_only_with_its_marker_and_rebuilt_when_damaged(tmp_path: Path) -> None:
@@ -127,9 +109,7 @@ def test_builtin_set_mixes_layouts_difficulties_and_distractors(
     assert {t.difficulty for t in tasks} <= {"easy", "medium", "hard"}  # type: ignore[attr-defined]
     assert all(t.id.startswith("docvqa_synth_0_") for t in tasks)
     money = [t for t in tasks if t.answers[0].startswith("$")]
-    assert money and all(
-        t.answers[1] == t.answers[0][1:] for t in money
-    )  # $975.00 / 975.00
+    assert money and all(t.answers[1] == t.answers[0][1:] for t in money)  # $975.00 / 975.00
     by_page: dict[str, dict[str, str]] = {}
     for t in tasks:
         by_page.setdefault(t.image, {})[t.question] = t.answers[0]
@@ -137,13 +117,8 @@ def test_builtin_set_mixes_layouts_difficulties_and_distractors(
     totals = ("What is the total amount due?", "What is the total?")
     assert any(
         "What is the subtotal?" in page
-        and any(
-            page.get(k, page["What is the subtotal?"]) != page["What is the subtotal?"]
-            for k in totals
-        )
+        and any(page.get(k, page["What is the subtotal?"]) != page["What is the subtotal?"] for k in totals)
         for page in by_page.values()
     )
-    tables = [
-        t.question for t in tasks if t.doc_type == "table" and "for 19" in t.question
-    ]  # type: ignore[attr-defined]
+    tables = [t.question for t in tasks if t.doc_type == "table" and "for 19" in t.question]  # type: ignore[attr-defined]
     assert tables  # year-column questions (adjacent years on each page)

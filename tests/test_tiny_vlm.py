@@ -1,4 +1,5 @@
 """The tiny vision-language model: built from a config with seeded weights, loadable, and it sees images."""
+
 from __future__ import annotations
 
 import hashlib
@@ -10,8 +11,15 @@ from PIL import Image
 
 from agent_envs.policy.tiny_vlm import IMAGE_TOKEN, build_tiny_vlm, tokens_per_tile
 
-CHAT = [{"role": "user", "content": [{"type": "text", "text": "Read the page. "},
-                                     {"type": "image_url", "image_url": {"url": "data:image/png;base64,"}}]}]
+CHAT = [
+    {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "Read the page. "},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,"}},
+        ],
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,5 +60,6 @@ def test_text_renders_as_the_default_model_does(model_dir: Path) -> None:
 
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
     ours, smol = AutoTokenizer.from_pretrained(model_dir), smollm2_tokenizer()
-    assert (ours.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-            == smol.apply_chat_template(chat, add_generation_prompt=True, tokenize=False))
+    assert ours.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) == smol.apply_chat_template(
+        chat, add_generation_prompt=True, tokenize=False
+    )

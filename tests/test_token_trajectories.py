@@ -5,6 +5,7 @@ Real parts throughout: the SmolLM2 tokenizer and model, bubblewrap sandboxes, th
 CLI.  The two chat templates of the drift check are fixtures on the SmolLM2 tokenizer
 (tests/chat_templates.py): a prefix-stable one and a Qwen3-style one that drops earlier thinking.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,10 +25,15 @@ from agent_envs.core.tokens import TokenCounter
 from agent_envs.core.trajectory import kept_ids, sequence
 from chat_templates import STABLE, THINK_STRIPPING, with_template
 
-TASKS = [{"id": "sum", "question": "What is 2+2?", "answer": "4"}, {"id": "prod", "question": "What is 3*3?", "answer": "9"}]
+TASKS = [
+    {"id": "sum", "question": "What is 2+2?", "answer": "4"},
+    {"id": "prod", "question": "What is 3*3?", "answer": "9"},
+]
 CALL = 'Action:\n{"name": "bash", "arguments": {"command": "echo %s"}}'
-SCRIPT = {"sum:sample00": ["<think>add them</think>\n" + CALL % 4, "<think>it printed 4</think>\nFinal answer: \\boxed{4}"],
-          "prod:sample00": [CALL % 9, "Final answer: \\boxed{8}"]}
+SCRIPT = {
+    "sum:sample00": ["<think>add them</think>\n" + CALL % 4, "<think>it printed 4</think>\nFinal answer: \\boxed{4}"],
+    "prod:sample00": [CALL % 9, "Final answer: \\boxed{8}"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +43,14 @@ def tokenizer():
 
 def _run(tokenizer, template=None, script=SCRIPT, **env):
     tok = tokenizer if template is None else with_template(tokenizer, template)
-    return run_episodes("MATH-ReAct-v0", TASKS, ScriptedPolicy(script, tokenizer=tok), mode="lockstep", progress=False,
-                        env_kwargs={"token_trajectories": True, "max_turns": 3, "sandbox": "bwrap", **env})
+    return run_episodes(
+        "MATH-ReAct-v0",
+        TASKS,
+        ScriptedPolicy(script, tokenizer=tok),
+        mode="lockstep",
+        progress=False,
+        env_kwargs={"token_trajectories": True, "max_turns": 3, "sandbox": "bwrap", **env},
+    )
 
 
 # ----------------------------------------------------------------------------------- transformers logprobs
@@ -56,15 +68,19 @@ def test_transformers_logprobs_are_the_models_and_only_on_request(cpu_policy):
     import torch
 
     chat = [{"role": "user", "content": "Name a colour."}]
-    asked, plain = cpu_policy.generate([GenerationRequest(messages=chat, seed=3, max_tokens=10, logprobs=True),
-                                        GenerationRequest(messages=chat, seed=3, max_tokens=10)])
+    asked, plain = cpu_policy.generate(
+        [
+            GenerationRequest(messages=chat, seed=3, max_tokens=10, logprobs=True),
+            GenerationRequest(messages=chat, seed=3, max_tokens=10),
+        ]
+    )
     assert plain.logprobs is None and plain.prompt_token_ids is None
     assert asked.token_ids == plain.token_ids and len(asked.logprobs) == len(asked.token_ids) > 0
     assert all(math.isfinite(v) and v <= 0 for v in asked.logprobs)
     prompt = cpu_policy.counter.prompt_ids(chat)
     assert asked.prompt_token_ids == prompt
     with torch.no_grad():  # the same numbers from one forward pass over prompt + completion
-        logits = cpu_policy.model(input_ids=torch.tensor([prompt + asked.token_ids])).logits[0, len(prompt) - 1:-1]
+        logits = cpu_policy.model(input_ids=torch.tensor([prompt + asked.token_ids])).logits[0, len(prompt) - 1 : -1]
     expected = logits.float().log_softmax(-1).gather(-1, torch.tensor(asked.token_ids).unsqueeze(-1)).squeeze(-1)
     assert torch.allclose(torch.tensor(asked.logprobs), expected, atol=1e-4)
 
@@ -72,8 +88,9 @@ def test_transformers_logprobs_are_the_models_and_only_on_request(cpu_policy):
 def test_a_request_with_prompt_ids_is_sent_as_they_are(cpu_policy):
     chat = [{"role": "user", "content": "Name a colour."}]
     ids = cpu_policy.counter.prompt_ids([{"role": "user", "content": "Name an animal."}])
-    out = cpu_policy.generate([GenerationRequest(messages=chat, seed=3, max_tokens=4, prompt_token_ids=ids,
-                                                 logprobs=True)])[0]
+    out = cpu_policy.generate(
+        [GenerationRequest(messages=chat, seed=3, max_tokens=4, prompt_token_ids=ids, logprobs=True)]
+    )[0]
     assert out.prompt_token_ids == ids and out.prompt_tokens == len(ids)
 
 
@@ -82,17 +99,28 @@ def test_the_engine_is_sent_the_recorded_sequence_turn_by_turn(tokenizer):
     from agent_envs.policy.scripted import RecordingPolicy
 
     policy = RecordingPolicy(ScriptedPolicy(SCRIPT, tokenizer=tokenizer))
-    records = run_episodes("MATH-ReAct-v0", TASKS, policy, mode="lockstep", progress=False,
-                           env_kwargs={"token_trajectories": True, "max_turns": 3})
+    records = run_episodes(
+        "MATH-ReAct-v0",
+        TASKS,
+        policy,
+        mode="lockstep",
+        progress=False,
+        env_kwargs={"token_trajectories": True, "max_turns": 3},
+    )
     for record in records:
         trajectory = record.row()["token_trajectory"]
         full = sequence(trajectory)
         sent = [r.prompt_token_ids for r, _ in policy.calls if r.key == record.key]
         assert all(r.logprobs for r, _ in policy.calls)
-        assert sent[0] == trajectory["prompt_ids"] == TokenCounter(tokenizer).prompt_ids(
-            [{"role": "system", "content": _system()}, {"role": "user", "content": _user(record.task_id)}])
+        assert (
+            sent[0]
+            == trajectory["prompt_ids"]
+            == TokenCounter(tokenizer).prompt_ids(
+                [{"role": "system", "content": _system()}, {"role": "user", "content": _user(record.task_id)}]
+            )
+        )
         for earlier, later in zip(sent, sent[1:]):  # each prompt extends the last one: nothing re-rendered
-            assert later[:len(earlier)] == earlier and full[:len(later)] == later
+            assert later[: len(earlier)] == earlier and full[: len(later)] == later
 
 
 def _system() -> str:
@@ -114,7 +142,7 @@ def test_loss_mask_covers_exactly_the_sampled_tokens(tokenizer):
             assert episode.tokens[start:end] == turn["completion_ids"] and set(episode.loss_mask[start:end]) == {1}
             obs_start, obs_end = bounds["observation"]
             assert set(episode.loss_mask[obs_start:obs_end]) <= {0}
-        assert set(episode.loss_mask[:episode.prompt_length]) == {0}
+        assert set(episode.loss_mask[: episode.prompt_length]) == {0}
         texts = [step["assistant"] for step in record.react_steps] + [record.completion]
         assert [tokenizer.decode(episode.tokens[slice(*b["completion"])]) for b in episode.turns] == texts
         assert episode.logprobs is None  # a scripted policy gives none: no zeros stand in for them
@@ -139,10 +167,16 @@ def test_stop_string_tokens_are_dropped_and_an_end_token_is_not_repeated(tokeniz
     assert kept_ids(counter, ids, "echo 4\nObservation: 4") == ids
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     text = CALL % 4
-    script = {"sum:sample00": [Completion(text=text, token_ids=counter.text_ids(text) + [end], finish_reason="stop"),
-                               "Final answer: \\boxed{4}"],
-              "prod:sample00": [Completion(text=text, token_ids=counter.text_ids(text + "\nObservation: 5"),
-                                           finish_reason="stop"), "Final answer: 9"]}
+    script = {
+        "sum:sample00": [
+            Completion(text=text, token_ids=counter.text_ids(text) + [end], finish_reason="stop"),
+            "Final answer: \\boxed{4}",
+        ],
+        "prod:sample00": [
+            Completion(text=text, token_ids=counter.text_ids(text + "\nObservation: 5"), finish_reason="stop"),
+            "Final answer: 9",
+        ],
+    }
     by_key = {r.key: r for r in _run(tokenizer, script=script)}
     with_end = by_key["sum:sample00"].row()["token_trajectory"]["turns"][0]
     assert with_end["completion_ids"][-1] == end and with_end["observation_ids"][0] != end
@@ -164,17 +198,52 @@ def test_export_round_trip_and_cli(tokenizer, tmp_path):
 
 def test_cli_eval_with_token_trajectories_then_export(tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["eval", "--env", "MATH-ReAct-v0", "--policy", "scripted", "--model", str(smollm2_hf_dir()),
-                 "--limit", "2", "--max-turns", "3", "--out", str(out), "--no-progress", "--no-report",
-                 "--token-trajectories"])
+    code = main(
+        [
+            "eval",
+            "--env",
+            "MATH-ReAct-v0",
+            "--policy",
+            "scripted",
+            "--model",
+            str(smollm2_hf_dir()),
+            "--limit",
+            "2",
+            "--max-turns",
+            "3",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--no-report",
+            "--token-trajectories",
+        ]
+    )
     assert code == 0 and json.loads((out / "config.json").read_text())["token_trajectories"] is True
     assert main(["export", str(out), "--format", "tokens"]) == 0
     assert "2 episode(s)" in capsys.readouterr().out
     episodes = load_token_export(out / "tokens.jsonl")
     assert len(episodes) == 2 and all(sum(e.loss_mask) > 0 for e in episodes)
     plain = tmp_path / "plain"
-    assert main(["eval", "--env", "MATH-ReAct-v0", "--policy", "scripted", "--limit", "1", "--max-turns", "3",
-                 "--out", str(plain), "--no-progress", "--no-report"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--env",
+                "MATH-ReAct-v0",
+                "--policy",
+                "scripted",
+                "--limit",
+                "1",
+                "--max-turns",
+                "3",
+                "--out",
+                str(plain),
+                "--no-progress",
+                "--no-report",
+            ]
+        )
+        == 0
+    )
     assert "token_trajectories" not in json.loads((plain / "config.json").read_text())
     assert main(["export", str(plain), "--format", "tokens"]) == 2
     assert "no episode" in capsys.readouterr().err
@@ -183,8 +252,21 @@ def test_cli_eval_with_token_trajectories_then_export(tmp_path, capsys):
 def test_resume_keeps_the_token_trajectories_setting(tmp_path, capsys):
     """A run with trajectories does not resume without them (records would mix two formats)."""
     out = tmp_path / "run"
-    args = ["eval", "--env", "MATH-ReAct-v0", "--policy", "scripted", "--limit", "1", "--max-turns", "3",
-            "--out", str(out), "--no-progress", "--no-report"]
+    args = [
+        "eval",
+        "--env",
+        "MATH-ReAct-v0",
+        "--policy",
+        "scripted",
+        "--limit",
+        "1",
+        "--max-turns",
+        "3",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--no-report",
+    ]
     assert main([*args, "--token-trajectories"]) == 2  # no tokenizer to render ids with: said at once
     assert "pass --model with the model's folder" in capsys.readouterr().err
     args += ["--model", str(smollm2_hf_dir())]
@@ -201,8 +283,14 @@ def test_off_by_default_the_requests_and_records_are_unchanged(tokenizer):
     request = env.unwrapped.generation_request()
     assert request.prompt_token_ids is None and not request.logprobs and request.tools is None
     assert env.unwrapped.config_hash != on.unwrapped.config_hash
-    records = run_episodes("MATH-ReAct-v0", TASKS, ScriptedPolicy(SCRIPT, tokenizer=tokenizer), mode="lockstep",
-                           progress=False, env_kwargs={"max_turns": 3})
+    records = run_episodes(
+        "MATH-ReAct-v0",
+        TASKS,
+        ScriptedPolicy(SCRIPT, tokenizer=tokenizer),
+        mode="lockstep",
+        progress=False,
+        env_kwargs={"max_turns": 3},
+    )
     assert all("token_trajectory" not in r.row() for r in records)
     with pytest.raises(ValueError, match="needs a tokenizer"):
         gym.make("MATH-ReAct-v0", dataset=TASKS, token_trajectories=True).reset(options={"row_index": 0})
@@ -212,11 +300,22 @@ def test_off_by_default_the_requests_and_records_are_unchanged(tokenizer):
 
 def test_an_engine_that_saw_another_prompt_makes_the_trajectory_inexact(tokenizer, tmp_path):
     def reply(request):
-        return Completion(text="Final answer: 4", token_ids=tokenizer.encode("Final answer: 4"), logprobs=[-1.0] * 5,
-                          prompt_token_ids=(request.prompt_token_ids or [])[:-1], finish_reason="stop")
+        return Completion(
+            text="Final answer: 4",
+            token_ids=tokenizer.encode("Final answer: 4"),
+            logprobs=[-1.0] * 5,
+            prompt_token_ids=(request.prompt_token_ids or [])[:-1],
+            finish_reason="stop",
+        )
 
-    records = run_episodes("MATH-ReAct-v0", TASKS[:1], ScriptedPolicy(reply), mode="lockstep", progress=False,
-                           env_kwargs={"token_trajectories": True, "tokenizer": tokenizer, "max_turns": 1})
+    records = run_episodes(
+        "MATH-ReAct-v0",
+        TASKS[:1],
+        ScriptedPolicy(reply),
+        mode="lockstep",
+        progress=False,
+        env_kwargs={"token_trajectories": True, "tokenizer": tokenizer, "max_turns": 1},
+    )
     trajectory = records[0].row()["token_trajectory"]
     assert trajectory["turns"][0]["prompt_verified"] is False and not trajectory["exact"]
     assert export_tokens(records, tmp_path / "t.jsonl").skipped == {"engine prompt differs from the trajectory": 1}

@@ -1,4 +1,5 @@
 """TokenCounter against the real SmolLM2 tokenizer (transformers 5 returns dict-like encodings)."""
+
 from __future__ import annotations
 
 import pytest
@@ -34,7 +35,9 @@ def test_prompt_ids_are_plain_ints_matching_the_rendered_text(counter: TokenCoun
 def test_message_cost_is_the_template_of_that_message_alone(counter: TokenCounter) -> None:
     observation = {"role": "user", "content": "Observation from bash:\n4"}
     assert counter.message_tokens(observation) == len(counter.prompt_ids([observation]))
-    assert counter.text_tokens("Observation:") == len(counter.tokenizer.encode("Observation:", add_special_tokens=False))
+    assert counter.text_tokens("Observation:") == len(
+        counter.tokenizer.encode("Observation:", add_special_tokens=False)
+    )
 
 
 def test_without_a_tokenizer_counts_are_estimates() -> None:
@@ -59,9 +62,11 @@ QWEN_STYLE = (
     "{%- endif %}{%- endif %}"
 )
 #: not prefix-stable: the header counts the messages
-COUNTING = ("{{- 'messages: ' + messages|length|string + '\\n' }}{%- for m in messages %}"
-            "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
-            "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+COUNTING = (
+    "{{- 'messages: ' + messages|length|string + '\\n' }}{%- for m in messages %}"
+    "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 
 
 def with_template(tokenizer, template: str | None):
@@ -82,8 +87,11 @@ def completion(rng, turn: int) -> str:
     return f"Turn {turn}: {body}" + rng.choice(["", " ", "\n", "\n\n"])
 
 
-@pytest.mark.parametrize("template, stable", [(None, True), (QWEN_STYLE, True), (COUNTING, False)],
-                         ids=["smollm2", "qwen-style", "not-prefix-stable"])
+@pytest.mark.parametrize(
+    "template, stable",
+    [(None, True), (QWEN_STYLE, True), (COUNTING, False)],
+    ids=["smollm2", "qwen-style", "not-prefix-stable"],
+)
 @pytest.mark.parametrize("thinking", [False, True])
 def test_incremental_counts_equal_full_rendering_over_long_episodes(counter, template, stable, thinking) -> None:
     import random
@@ -91,8 +99,14 @@ def test_incremental_counts_equal_full_rendering_over_long_episodes(counter, tem
     import gymnasium as gym
 
     tokenizer = with_template(counter.tokenizer, template)
-    env = gym.make("MATH-ReAct-v0", tokenizer=tokenizer, enable_thinking=thinking, max_turns=45,
-                   max_model_len=10**7, sandbox="none")
+    env = gym.make(
+        "MATH-ReAct-v0",
+        tokenizer=tokenizer,
+        enable_thinking=thinking,
+        max_turns=45,
+        max_model_len=10**7,
+        sandbox="none",
+    )
     full = TokenCounter(tokenizer, enable_thinking=thinking)
     assert full.incremental is stable
     rng = random.Random(7)
@@ -118,13 +132,17 @@ def test_policy_prompt_cache_matches_full_rendering_per_episode_key(counter) -> 
     from agent_envs.core.tokens import PromptCache
 
     cache, rng = PromptCache(counter, size=2), random.Random(3)
-    chats = {key: [{"role": "system", "content": "Solve."}, {"role": "user", "content": f"Task {key}"}]
-             for key in ("a", "b", "c")}
+    chats = {
+        key: [{"role": "system", "content": "Solve."}, {"role": "user", "content": f"Task {key}"}]
+        for key in ("a", "b", "c")
+    }
     for turn in range(6):
         for key, chat in chats.items():
             assert cache.prompt_ids(key, chat) == counter.prompt_ids(chat), (turn, key)
-            chat += [{"role": "assistant", "content": completion(rng, turn)},
-                     {"role": "user", "content": f"Observation from bash:\n{turn}"}]
+            chat += [
+                {"role": "assistant", "content": completion(rng, turn)},
+                {"role": "user", "content": f"Observation from bash:\n{turn}"},
+            ]
     edited = chats["a"][:3] + [{"role": "user", "content": "something else"}]
     assert cache.prompt_ids("a", edited) == counter.prompt_ids(edited)
     assert cache.prompt_ids("", chats["b"]) == counter.prompt_ids(chats["b"])

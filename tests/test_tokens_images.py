@@ -1,6 +1,7 @@
 """Image token counts (docs/protocol.md#image-token-counts): with the tiny VLM's real processor the
 environment's counts equal the processor's own tokenisation of the chat at every turn, counted
 incrementally; without one, images cost the documented tile estimate and counts say so."""
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,9 @@ def processor(tmp_path_factory):
 
 def processor_count(processor, messages) -> int:
     """The reference: the processor's own chat template and tokenisation of the OpenAI parts."""
-    encoded = processor.apply_chat_template(json.loads(json.dumps(messages)), tokenize=True,
-                                            add_generation_prompt=True, return_dict=True)
+    encoded = processor.apply_chat_template(
+        json.loads(json.dumps(messages)), tokenize=True, add_generation_prompt=True, return_dict=True
+    )
     return len(encoded["input_ids"][0])
 
 
@@ -38,8 +40,13 @@ def view(**arguments) -> str:
 def test_env_counts_with_a_processor_are_exact_at_every_turn(processor, docvqa_dir):
     tasks = load_docvqa_tasks(str(docvqa_dir / "val_v1.0.json"))
     env = gym.make("DocVQA-VL-v0", dataset=tasks, processor=processor, page_in_prompt=True)
-    turns = [view(box=[100, 100, 500, 180]), view(), view(box=[0, 0, 40, 300], zoom=3),
-             'Action: {"name": "bash", "arguments": {"command": "echo hi"}}', view(box=[0, 0, 0, 0])]
+    turns = [
+        view(box=[100, 100, 500, 180]),
+        view(),
+        view(box=[0, 0, 40, 300], zoom=3),
+        'Action: {"name": "bash", "arguments": {"command": "echo hi"}}',
+        view(box=[0, 0, 0, 0]),
+    ]
     try:
         messages, _ = env.reset(options={"row_index": 0})
         ep = env.unwrapped._ep
@@ -58,8 +65,13 @@ def test_env_counts_with_a_processor_are_exact_at_every_turn(processor, docvqa_d
         assert record["turn_log"][-1]["prompt_tokens"] == processor_count(processor, messages)
         # the counts include the images: 4 of them (page + 3 views), at least 16 tokens each (a global view)
         text_only = TokenCounter(processor=processor).prompt_tokens(
-            [{**m, "content": [p for p in m["content"] if p["type"] == "text"]} if isinstance(m["content"], list)
-             else m for m in messages])
+            [
+                {**m, "content": [p for p in m["content"] if p["type"] == "text"]}
+                if isinstance(m["content"], list)
+                else m
+                for m in messages
+            ]
+        )
         assert processor_count(processor, messages) - text_only >= 4 * 16
     finally:
         env.close()
@@ -74,23 +86,30 @@ def test_a_processor_template_that_is_not_prefix_stable_is_counted_in_full(proce
     odd.chat_template = "{{- messages|length -}}" + processor.chat_template
     counter = TokenCounter(processor=odd)
     assert not counter.incremental and TokenCounter(processor=processor).incremental
-    chat = [{"role": "system", "content": "s"},
-            {"role": "user", "content": [text_part("q"), image_part(Image.new("RGB", (70, 70)))]}]
+    chat = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": [text_part("q"), image_part(Image.new("RGB", (70, 70)))]},
+    ]
     tally = PromptTally(counter, chat)
     for turn in range(3):
         assert tally.prompt_tokens() == processor_count(odd, chat)
-        chat += [{"role": "assistant", "content": f"a{turn}"},
-                 {"role": "user", "content": [text_part("o"), image_part(Image.new("L", (30 + turn, 200)))]}]
+        chat += [
+            {"role": "assistant", "content": f"a{turn}"},
+            {"role": "user", "content": [text_part("o"), image_part(Image.new("L", (30 + turn, 200)))]},
+        ]
 
 
 def test_without_a_processor_each_image_costs_its_tiles():
     assert IMAGE_TILE == 28
     assert estimate_image_tokens(28, 28) == 1 and estimate_image_tokens(29, 28) == 2
     assert estimate_image_tokens(900, 1164) == math.ceil(900 / 28) * math.ceil(1164 / 28) == 1386
-    chat = [{"role": "user", "content": [text_part("Observation from view:\nok"),
-                                         image_part(Image.new("L", (100, 50)))]}]
+    chat = [
+        {"role": "user", "content": [text_part("Observation from view:\nok"), image_part(Image.new("L", (100, 50)))]}
+    ]
     counter = TokenCounter()
-    assert counter.prompt_tokens(chat) == estimate_tokens("<|user|>\nObservation from view:\nok\n<|assistant|>\n") + 4 * 2
+    assert (
+        counter.prompt_tokens(chat) == estimate_tokens("<|user|>\nObservation from view:\nok\n<|assistant|>\n") + 4 * 2
+    )
     assert not counter.exact_for(chat) and not counter.exact_for([{"role": "user", "content": "x"}])
     with pytest.raises(ValueError, match="images has token ids only with a processor"):
         TokenCounter(_tokenizer()).prompt_ids(chat)
@@ -103,8 +122,11 @@ def _tokenizer():
 
 
 def test_processor_argument_is_checked():
-    with pytest.raises(ValueError, match=r"invalid DocVQA-VL-v0 argument: processor='x': must be a processor with "
-                                         r"apply_chat_template and a tokenizer"):
+    with pytest.raises(
+        ValueError,
+        match=r"invalid DocVQA-VL-v0 argument: processor='x': must be a processor with "
+        r"apply_chat_template and a tokenizer",
+    ):
         gym.make("DocVQA-VL-v0", processor="x")
 
 
@@ -121,7 +143,12 @@ def test_the_runner_hands_the_policys_processor_to_the_environment(processor, do
     tasks = load_docvqa_tasks(str(docvqa_dir / "val_v1.0.json"))[:1]
     [record] = run_episodes("DocVQA-VL-v0", tasks, policy, samples=1, mode="lockstep", progress=False)
     assert record.token_counts_exact is True and record.error is None
-    [plain] = run_episodes("DocVQA-VL-v0", tasks, ScriptedPolicy([view(box=[0, 0, 300, 300]), "Final answer: x"],
-                                                                 tokenizer=processor.tokenizer),
-                           samples=1, mode="lockstep", progress=False)
+    [plain] = run_episodes(
+        "DocVQA-VL-v0",
+        tasks,
+        ScriptedPolicy([view(box=[0, 0, 300, 300]), "Final answer: x"], tokenizer=processor.tokenizer),
+        samples=1,
+        mode="lockstep",
+        progress=False,
+    )
     assert plain.token_counts_exact is False and plain.error is None

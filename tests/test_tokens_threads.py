@@ -5,6 +5,7 @@ all are busy; 200 env threads warming prompts at once made the first lockstep tu
 (about a second of CPU each) while the GPU waited.  The counter must render and tokenise without
 touching that pool, and give exactly the ids the tokenizer itself gives.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,7 @@ def test_direct_encoding_equals_the_tokenizer_on_varied_text() -> None:
         assert counter.prompt_ids(chat) == expected
 
 
-SCRIPT = r'''
+SCRIPT = r"""
 import copy, json, sys, threading
 from vllm.tokenizers.hf import maybe_make_thread_pool
 from agent_envs.policy.hf import smollm2_tokenizer
@@ -68,7 +69,7 @@ for i, text in enumerate(texts):
         chat += [{"role": "assistant", "content": text[::-1]}, {"role": "user", "content": text[turn:]}]
     expected[i] = reference.prompt_ids(chat)
 print("RESULT " + json.dumps({"copies": len(copies), "equal": all(results[i] == expected[i] for i in expected)}))
-'''
+"""
 
 
 @pytest.mark.vllm

@@ -1,5 +1,6 @@
 """The python tool: state persists, crashes and timeouts restart it (and say so), limits hold,
 hostile code is contained, and nothing is left behind (processes, temp folders, mounts)."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,12 @@ import pytest
 from agent_envs.sandbox.base import SandboxConfig, SandboxLimits, SandboxUnavailable
 from agent_envs.tools.python import PythonTool
 from protocol_specs import format_python_observation
-from sandbox_backends import (close_checked, describe, host_processes_matching,  # noqa: F401
-                              nothing_left_behind)
+from sandbox_backends import (
+    close_checked,
+    describe,
+    host_processes_matching,  # noqa: F401
+    nothing_left_behind,  # noqa: F401  (an autouse fixture)
+)
 
 #: the tool keeps one interpreter sandbox per episode whatever the shell's mode; "none" is the
 #: unsandboxed backend (behaviour only, no containment claims)
@@ -61,13 +66,16 @@ def test_exception_keeps_state_and_shows_traceback(tool):
     assert _obs(tool, "print(y)") == "1\n\n[exit_code] 0"
 
 
-@pytest.mark.parametrize("code,why", [
-    ("import os; os._exit(3)", "exited with code 3"),
-    ("import sys; sys.exit(2)", "exited with code 2"),
-    ("import ctypes; ctypes.string_at(0)", "killed by signal 11"),
-    ("x = bytearray(4 * 1024**3)", "unusable"),
-    ("import threading, time; threading.Thread(target=time.sleep, args=(60,), daemon=True).start()", "unusable"),
-])
+@pytest.mark.parametrize(
+    "code,why",
+    [
+        ("import os; os._exit(3)", "exited with code 3"),
+        ("import sys; sys.exit(2)", "exited with code 2"),
+        ("import ctypes; ctypes.string_at(0)", "killed by signal 11"),
+        ("x = bytearray(4 * 1024**3)", "unusable"),
+        ("import threading, time; threading.Thread(target=time.sleep, args=(60,), daemon=True).start()", "unusable"),
+    ],
+)
 def test_crash_restarts_with_fresh_state(tool, code, why):
     tool.run("kept = 1")
     out = _obs(tool, code)
@@ -115,7 +123,9 @@ def test_nul_byte_is_a_launch_error(tool):
 
 def test_background_processes_do_not_survive(tool):
     tag = str(random.randint(10**8, 10**9))
-    out = _obs(tool, f"""
+    out = _obs(
+        tool,
+        f"""
         import os, subprocess, time
         subprocess.Popen(['sleep', '{tag}1'])
         subprocess.Popen(['sleep', '{tag}2'], start_new_session=True)
@@ -124,7 +134,8 @@ def test_background_processes_do_not_survive(tool):
             if os.fork() == 0:
                 time.sleep({tag}3)
             os._exit(0)
-        print('started')""")
+        print('started')""",
+    )
     assert out == "started\n\n[exit_code] 0"
     assert {p: describe(p) for p in host_processes_matching(tag.encode())} == {}
     assert _obs(tool, "print(7)") == "7\n\n[exit_code] 0"
@@ -132,8 +143,9 @@ def test_background_processes_do_not_survive(tool):
 
 def test_forked_children_do_not_run_the_driver(tool):
     tool.run("kept = 5")
-    out = _obs(tool, "import os, sys\npid = os.fork()\nprint('child' if pid == 0 else 'parent')\n"
-                     "if pid: os.waitpid(pid, 0)")
+    out = _obs(
+        tool, "import os, sys\npid = os.fork()\nprint('child' if pid == 0 else 'parent')\nif pid: os.waitpid(pid, 0)"
+    )
     assert sorted(re.findall("child|parent", out)) == ["child", "parent"]  # lines may interleave
     assert _obs(tool, "print(kept)") == "5\n\n[exit_code] 0" and tool.restarts == 0
 
@@ -152,21 +164,27 @@ def test_docker_is_refused_clearly():
 
 # -- containment (the bwrap sandbox; "none" is documented as no sandbox) -------------------------
 
+
 def test_fork_bomb_is_contained(sandboxed):
-    out = _obs(sandboxed, """
+    out = _obs(
+        sandboxed,
+        """
         import os
         for _ in range(10_000):
             try:
                 if os.fork() == 0:
                     while True: pass
             except OSError:
-                print('capped'); break""", timeout=10)
+                print('capped'); break""",
+        timeout=10,
+    )
     assert "capped" in out
     assert _obs(sandboxed, "print('alive')").startswith("alive")
 
 
-@pytest.mark.parametrize("code", ["os.kill(1, 9)", "os.kill(-1, 9)", "os.kill(os.getppid(), 9)",
-                                  f"os.kill({os.getpid()}, 9)"])
+@pytest.mark.parametrize(
+    "code", ["os.kill(1, 9)", "os.kill(-1, 9)", "os.kill(os.getppid(), 9)", f"os.kill({os.getpid()}, 9)"]
+)
 def test_signals_cannot_escape(sandboxed, code):
     sandboxed.run("kept = 1")
     _obs(sandboxed, f"import os\ntry:\n    {code}\nexcept OSError:\n    pass")
@@ -211,8 +229,17 @@ def test_only_the_interpreter_sandbox_runs_between_calls(sandboxed):
 def test_many_episodes_leak_nothing():
     for i in range(20):
         with _tool("bwrap") as t:
-            t.run(random.choice(["print(1)", "import os; os._exit(1)", "while True: pass",
-                                 "import subprocess; subprocess.Popen(['sleep', '99'])"]), timeout=0.5)
+            t.run(
+                random.choice(
+                    [
+                        "print(1)",
+                        "import os; os._exit(1)",
+                        "while True: pass",
+                        "import subprocess; subprocess.Popen(['sleep', '99'])",
+                    ]
+                ),
+                timeout=0.5,
+            )
             if i % 2:
                 t.run("print(2)")
 
@@ -237,12 +264,17 @@ def test_code_cannot_forge_the_end_of_a_call(tool):
     its later output and real exit status are the call's."""
     tag = str(random.randint(10**8, 10**9))
     started = time.monotonic()
-    result = tool.run(textwrap.dedent(FORGE_END + f"""
+    result = tool.run(
+        textwrap.dedent(
+            FORGE_END
+            + f"""
     import subprocess
     subprocess.Popen(['sleep', '{tag}'])
     time.sleep(1.5)
     print('late')
-    raise ValueError('the real end')"""))
+    raise ValueError('the real end')"""
+        )
+    )
     assert time.monotonic() - started >= 1.5, result
     assert b"late" in result.stdout and b"ValueError: the real end" in result.stderr and result.returncode == 1
     assert host_processes_matching(tag.encode()) == []
@@ -253,7 +285,9 @@ def test_a_status_fd_flood_without_newlines_costs_the_host_little(tool):
     """Model code writing 32 MiB to the status fd with no newline: the host reads it in bounded,
     linear steps (it once re-split its whole buffer on every 4 KiB read, seconds of CPU in the
     runner outside every sandbox limit)."""
-    code = "import os, sys\nchunk = b'x' * 65536\nfor _ in range(512):\n    os.write(int(sys.argv[1]), chunk)\nprint('ok')"
+    code = (
+        "import os, sys\nchunk = b'x' * 65536\nfor _ in range(512):\n    os.write(int(sys.argv[1]), chunk)\nprint('ok')"
+    )
     before = resource.getrusage(resource.RUSAGE_SELF)
     out = _obs(tool, code)
     after = resource.getrusage(resource.RUSAGE_SELF)

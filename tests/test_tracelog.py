@@ -1,4 +1,5 @@
 """Markdown trajectory logs: file names and byte format (docs/protocol.md#trace-logs, #trace-outcome-cases)."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,22 +11,38 @@ DOC = spec("DocVQA-CLI-v0").report
 MATH = spec("MATH-ReAct-v0").report
 
 STEPS = [
-    {"turn": 1, "assistant": "  Look first.\nAction: {...}  \n",
-     "action": {"name": "bash", "arguments": {"command": "tesseract /workspace/document.png - | head"}},
-     "observation": "Invoice n° 123\n[exit_code] 0"},
+    {
+        "turn": 1,
+        "assistant": "  Look first.\nAction: {...}  \n",
+        "action": {"name": "bash", "arguments": {"command": "tesseract /workspace/document.png - | head"}},
+        "observation": "Invoice n° 123\n[exit_code] 0",
+    },
     {"turn": 2, "assistant": "no action here", "observation": "Format warning"},
-    {"turn": 3, "assistant": "Action: {\"name\": \"bash\"}", "action": {"name": "bash", "arguments": {}},
-     "observation": ""},
+    {
+        "turn": 3,
+        "assistant": 'Action: {"name": "bash"}',
+        "action": {"name": "bash", "arguments": {}},
+        "observation": "",
+    },
 ]
 
 
 def _doc_row(score: float, **extra) -> dict:
     row = {
-        "task_id": "docvqa_18831", "sample_index": 0, "env_id": "DocVQA-CLI-v0", "score": score,
-        "anls": score, "acc": 1.0 if score > 0.5 else 0.0, "prediction": "invoice 123",
-        "score_method": "docvqa_paper_react_cli_anls", "termination_reason": "final_answer", "react_error": None,
-        "image": "/data/doc.png", "answers": ["Invoice 123", "invoice no. 123"],
-        "task": {"id": "docvqa_18831", "question": "What is the invoice number?"}, "react_steps": STEPS[:1],
+        "task_id": "docvqa_18831",
+        "sample_index": 0,
+        "env_id": "DocVQA-CLI-v0",
+        "score": score,
+        "anls": score,
+        "acc": 1.0 if score > 0.5 else 0.0,
+        "prediction": "invoice 123",
+        "score_method": "docvqa_paper_react_cli_anls",
+        "termination_reason": "final_answer",
+        "react_error": None,
+        "image": "/data/doc.png",
+        "answers": ["Invoice 123", "invoice no. 123"],
+        "task": {"id": "docvqa_18831", "question": "What is the invoice number?"},
+        "react_steps": STEPS[:1],
     }
     row.update(extra)
     return row
@@ -33,9 +50,15 @@ def _doc_row(score: float, **extra) -> dict:
 
 def _math_row(score: float, **extra) -> dict:
     row = {
-        "task_id": "dapo_1/x", "sample_index": 3, "env_id": "MATH-ReAct-v0", "score": score,
-        "score_method": "math_paper_react_cli_exact_fallback", "prediction": "42", "answer": "42",
-        "react_error": None, "task": {"id": "dapo_1/x", "question": "What is 6*7?", "answer": "42"},
+        "task_id": "dapo_1/x",
+        "sample_index": 3,
+        "env_id": "MATH-ReAct-v0",
+        "score": score,
+        "score_method": "math_paper_react_cli_exact_fallback",
+        "prediction": "42",
+        "answer": "42",
+        "react_error": None,
+        "task": {"id": "dapo_1/x", "question": "What is 6*7?", "answer": "42"},
         "react_steps": STEPS,
     }
     row.update(extra)

@@ -10,6 +10,7 @@ bash call, and sample 0 of every group answers from the tool's output by script.
 are context, not samples (``sampled: false``, loss mask 0): the gradient flows only through the
 tokens the model sampled, whose advantage the scripted success makes non-zero.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,9 @@ class Coached(WrappedPolicy):
         turn = sum(m["role"] == "assistant" for m in request.messages)
         if turn == 0:
             a, b = re.findall(r"(\d+) \+ (\d+)", request.messages[1]["content"])[0]
-            return Completion(text=action_text("bash", {"command": f"python3 -c 'print({a}+{b})'"}),
-                              finish_reason="stop")
+            return Completion(
+                text=action_text("bash", {"command": f"python3 -c 'print({a}+{b})'"}), finish_reason="stop"
+            )
         if turn == 1 and request.sample_index == 0:
             found = re.findall(r"\d+", last_observation_body(request.messages))
             return Completion(text=f"Final answer: \\boxed{{{found[0]}}}", finish_reason="stop")
@@ -70,8 +72,9 @@ class Capturing(trl.GRPOTrainer):
                 mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
                 logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
                 width = inputs["completion_ids"].size(1)
-                batch["model_logps"] = logits.log_softmax(-1)[:, -width:].gather(
-                    -1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+                batch["model_logps"] = (
+                    logits.log_softmax(-1)[:, -width:].gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+                )
         self.batches.append(batch)
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
@@ -94,8 +97,12 @@ def run(tmp_path_factory):
             engines.append(RecordingPolicy(trainer_policy(trainer, sampling_from(trainer.args))))
             return Coached(engines[-1])
 
-        env = GRPOEnvironment("MATH-ReAct-v0", TASKS, policy=policy,
-                              env_kwargs={"max_turns": 2, "max_tokens_per_turn": 24, "sandbox": "bwrap"})
+        env = GRPOEnvironment(
+            "MATH-ReAct-v0",
+            TASKS,
+            policy=policy,
+            env_kwargs={"max_turns": 2, "max_tokens_per_turn": 24, "sandbox": "bwrap"},
+        )
         episodes: list = []
         rollout = env.__call__
 
@@ -104,17 +111,40 @@ def run(tmp_path_factory):
             episodes.extend(env.records)
             return out
 
-        args = trl.GRPOConfig(output_dir=str(tmp_path_factory.mktemp("grpo")), report_to="none", use_cpu=True,
-                              bf16=False, max_steps=2, per_device_train_batch_size=2, num_generations=2,
-                              learning_rate=1e-4, logging_steps=1, save_strategy="no", gradient_checkpointing=False,
-                              seed=0, shuffle_dataset=False)
-        trainer = Capturing(model=model, reward_funcs=env.reward, args=args, train_dataset=env.dataset(),
-                            processing_class=tokenizer, rollout_func=keep)
+        args = trl.GRPOConfig(
+            output_dir=str(tmp_path_factory.mktemp("grpo")),
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            max_steps=2,
+            per_device_train_batch_size=2,
+            num_generations=2,
+            learning_rate=1e-4,
+            logging_steps=1,
+            save_strategy="no",
+            gradient_checkpointing=False,
+            seed=0,
+            shuffle_dataset=False,
+        )
+        trainer = Capturing(
+            model=model,
+            reward_funcs=env.reward,
+            args=args,
+            train_dataset=env.dataset(),
+            processing_class=tokenizer,
+            rollout_func=keep,
+        )
         before = {k: v.detach().clone() for k, v in model.named_parameters()}
         trainer.train()
         after = dict(model.named_parameters())
-        yield {"trainer": trainer, "episodes": episodes, "engine": engines[0], "before": before, "after": after,
-               "tokenizer": tokenizer}
+        yield {
+            "trainer": trainer,
+            "episodes": episodes,
+            "engine": engines[0],
+            "before": before,
+            "after": after,
+            "tokenizer": tokenizer,
+        }
     finally:
         torch.set_num_threads(threads)
 
@@ -141,12 +171,13 @@ def test_episodes_are_real_sandboxed_math_episodes_scored_by_the_math_scorer(run
     for e in episodes:
         task = next(t for t in TASKS if t["id"] == e.task_id)
         assert e.used_bash and e.tool_calls >= 1 and e.react_steps[0]["observation"].startswith(task["answer"] + "\n")
-        result = math_score(e.completion, task["answer"], scorer="auto", termination_reason=e.termination_reason,
-                            used_bash=e.used_bash)
+        result = math_score(
+            e.completion, task["answer"], scorer="auto", termination_reason=e.termination_reason, used_bash=e.used_bash
+        )
         assert e.score == result.score and e.score_method == result.label
     assert {e.score for e in episodes if e.sample_index == 0} == {1.0}
     logged = [h["reward"] for h in run["trainer"].state.log_history if "reward" in h]
-    assert logged == [sum(e.score for e in episodes[i:i + 2]) / 2 for i in (0, 2)]
+    assert logged == [sum(e.score for e in episodes[i : i + 2]) / 2 for i in (0, 2)]
 
 
 def test_the_trainer_scores_exactly_the_ids_the_engine_saw_and_sampled(run):
@@ -163,11 +194,13 @@ def test_the_trainer_scores_exactly_the_ids_the_engine_saw_and_sampled(run):
         prompt, completion, mask = row
         model_ids = [t for t, m in zip(completion, mask) if m]
         engine_ids = []
-        model_turns = [(t, start) for t, (start, _, _) in zip(trajectory["turns"], segments(trajectory)) if t["sampled"]]
+        model_turns = [
+            (t, start) for t, (start, _, _) in zip(trajectory["turns"], segments(trajectory)) if t["sampled"]
+        ]
         assert len(model_turns) == len(sampled.get(episode.key, []))
         for (sent, out), (turn, start) in zip(sampled.get(episode.key, []), model_turns):
             assert sent == out.prompt_token_ids == (prompt + completion)[:start]  # what the engine saw
-            assert turn["completion_ids"] == out.token_ids[:len(out.token_ids) - turn["dropped"]]
+            assert turn["completion_ids"] == out.token_ids[: len(out.token_ids) - turn["dropped"]]
             engine_ids += turn["completion_ids"]
         assert model_ids == engine_ids
         assert bool(engine_ids) == (episode.sample_index == 1)  # sample 0 is scripted throughout

@@ -1,6 +1,7 @@
 """The tiny vision-language model plays full DocVQA-VL-v0 episodes through TransformersPolicy and
 ``run_episodes``: the view tool's image observations reach the model as pixels, every turn's prompt
 length is the environment's own processor count, and episodes end with a termination reason."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,17 @@ def test_tiny_vlm_plays_docvqa_vl_episodes_with_image_observations(vlm, docvqa_d
     recording = RecordingPolicy(vlm)
     policy = ScriptedOpening([VIEW_TOP], recording)
     out = tmp_path / "records.jsonl"
-    records = run_episodes("DocVQA-VL-v0", tasks, policy, samples=2, mode=mode, concurrency=4, progress=False,
-                           out_path=out, env_kwargs={"max_turns": TURNS, "max_tokens_per_turn": 16})
+    records = run_episodes(
+        "DocVQA-VL-v0",
+        tasks,
+        policy,
+        samples=2,
+        mode=mode,
+        concurrency=4,
+        progress=False,
+        out_path=out,
+        env_kwargs={"max_turns": TURNS, "max_tokens_per_turn": 16},
+    )
     assert len(records) == 4 and len(out.read_text().splitlines()) == 4
     for record in records:
         assert record.error is None and record.termination_reason is not None, record.error

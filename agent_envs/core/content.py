@@ -6,6 +6,7 @@ carries an image uses parts: ``{"type": "text", "text": ...}`` and
 compatible servers accept as is, so policies, records and reports share one representation and
 only the engines that need pixels decode them (:func:`images_of`).
 """
+
 from __future__ import annotations
 
 import base64
@@ -61,13 +62,19 @@ def transcript(messages: Sequence[Message], image_marker: str = "[image]") -> st
 
 def image_urls(messages: Sequence[Message]) -> list[str]:
     """Every image part's URL, in conversation order."""
-    return [p["image_url"]["url"] for m in messages if isinstance(m.get("content"), list)
-            for p in m["content"] if p.get("type") == "image_url"]
+    return [
+        p["image_url"]["url"]
+        for m in messages
+        if isinstance(m.get("content"), list)
+        for p in m["content"]
+        if p.get("type") == "image_url"
+    ]
 
 
 def has_images(messages: Sequence[Message]) -> bool:
-    return any(isinstance(m.get("content"), list) and any(p.get("type") == "image_url" for p in m["content"])
-               for m in messages)
+    return any(
+        isinstance(m.get("content"), list) and any(p.get("type") == "image_url" for p in m["content"]) for m in messages
+    )
 
 
 class ImageTooLarge(ValueError):
@@ -94,8 +101,10 @@ def open_image(source: Any, where: str) -> Any:
     except Image.DecompressionBombError as exc:
         size = re.search(r"\((\d+) pixels\)", str(exc))
         pixels = f"{int(size.group(1)):,} pixels" if size else "too many pixels"
-        raise ImageTooLarge(f"{where} has {pixels}, over the limit of {pixel_limit():,} (Pillow's "
-                            "decompression-bomb guard, 2 x PIL.Image.MAX_IMAGE_PIXELS)") from None
+        raise ImageTooLarge(
+            f"{where} has {pixels}, over the limit of {pixel_limit():,} (Pillow's "
+            "decompression-bomb guard, 2 x PIL.Image.MAX_IMAGE_PIXELS)"
+        ) from None
 
 
 def decode_image_url(url: str) -> Any:
@@ -122,6 +131,5 @@ def copy_message(message: Message) -> Message:
     """A copy the caller may change freely (part lists and parts are copied too)."""
     out = dict(message)
     if isinstance(out.get("content"), list):
-        out["content"] = [{k: (dict(v) if isinstance(v, dict) else v) for k, v in p.items()}
-                          for p in out["content"]]
+        out["content"] = [{k: (dict(v) if isinstance(v, dict) else v) for k, v in p.items()} for p in out["content"]]
     return out

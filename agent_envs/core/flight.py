@@ -1,6 +1,7 @@
 """How many episodes a runner has in flight, for what must share a host resource among them (each
 sandbox's tmpfs mounts share one memory budget, docs/reliability.md#limits).  The runner declares
 it; the layers below read it, so neither names the other."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,4 +1,5 @@
 """JSONL reading shared by the loaders: every error names the file and line."""
+
 from __future__ import annotations
 
 import json

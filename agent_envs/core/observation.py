@@ -5,6 +5,7 @@ the text plus image content parts, each with the JSON-able facts a record keeps 
 pixels (what was shown, its size and the SHA-256 of its PNG), so records stay small and a report
 can re-render the image from its source.
 """
+
 from __future__ import annotations
 
 import base64
@@ -33,8 +34,7 @@ def shown(image: Any, **facts: Any) -> Shown:
     """``image`` (PIL) as a lossless PNG part; ``facts`` gain its ``size`` [w, h] and ``sha256``."""
     part = image_part(image)
     png = base64.b64decode(part["image_url"]["url"].split(",", 1)[1])
-    return Shown(part, {**facts, "size": [image.width, image.height],
-                        "sha256": hashlib.sha256(png).hexdigest()})
+    return Shown(part, {**facts, "size": [image.width, image.height], "sha256": hashlib.sha256(png).hexdigest()})
 
 
 def split(result: str | Observation) -> tuple[str, tuple[Shown, ...]]:

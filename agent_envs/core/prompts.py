@@ -3,6 +3,7 @@
 Templates use the literal placeholder ``{question}`` and are filled with ``str.replace`` so braces in
 questions (LaTeX) are never interpreted.  Files are read without the final newline that editors add.
 """
+
 from __future__ import annotations
 
 import hashlib

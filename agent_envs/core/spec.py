@@ -5,6 +5,7 @@ of branching on environment names; a new environment declares one :class:`EnvSpe
 folder and adds it to :mod:`agent_envs.envs.registry`.  Each tool is declared once in ``tools/``
 (a :class:`ToolSpec`) and offered by listing it in the specs that use it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace

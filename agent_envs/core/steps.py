@@ -6,6 +6,7 @@ the environment (used directly) and the runner (batching across episodes) both g
 :func:`score_safely`, so a scorer that raises, returns the wrong number of scores or a score
 outside [0, 1] becomes a recorded error for those steps, never an exception in the loop.
 """
+
 from __future__ import annotations
 
 import abc
@@ -81,8 +82,7 @@ class BatchStepScorer(StepScorer):
     runs in a worker thread so an event loop driving other episodes keeps going."""
 
     @abc.abstractmethod
-    def score_batch(self, contexts: Sequence[StepContext]) -> list[StepScore]:
-        ...
+    def score_batch(self, contexts: Sequence[StepContext]) -> list[StepScore]: ...
 
     async def score(self, contexts: Sequence[StepContext]) -> list[StepScore]:
         return await asyncio.to_thread(self.score_batch, list(contexts))

@@ -18,6 +18,7 @@ tokens simply add; each image adds what the processor expands its placeholder to
 verified once per tokenizer (or processor) on a probe conversation; a template that fails it is
 counted by rendering the whole chat, as before.  Either way the counts are identical.
 """
+
 from __future__ import annotations
 
 import base64
@@ -31,8 +32,17 @@ from array import array
 from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
-from agent_envs.core.content import (Message, copy_message, has_images, image_part, image_urls, images_of,
-                                     open_image, text_of, text_part)
+from agent_envs.core.content import (
+    Message,
+    copy_message,
+    has_images,
+    image_part,
+    image_urls,
+    images_of,
+    open_image,
+    text_of,
+    text_part,
+)
 
 #: side in pixels of the tile one image token stands for when no processor is given (a 14-pixel
 #: patch merged 2x2, the rate of the Qwen2-VL family)
@@ -61,8 +71,9 @@ def processor_inputs(processor: Any, text: str, images: list[Any], return_tensor
     """A processor's inputs for a rendered chat (``text``, one placeholder per image) and its images:
     ``input_ids`` holds every image expanded to its image tokens.  The one place both the counts
     (:class:`TokenCounter`) and the policies (:mod:`agent_envs.policy.vision`) get image prompts from."""
-    return processor(text=[text], images=[images] if images else None, return_tensors=return_tensors,
-                     add_special_tokens=False)
+    return processor(
+        text=[text], images=[images] if images else None, return_tensors=return_tensors, add_special_tokens=False
+    )
 
 
 def image_size(url: str) -> tuple[int, int]:
@@ -82,15 +93,23 @@ class TokenCounter:
     """``tools``: OpenAI-style tool schemas the chat template renders into every prompt
     (docs/protocol.md#native-tool-calls); None renders no tools, as the protocol does."""
 
-    def __init__(self, tokenizer: Any = None, enable_thinking: bool = False, processor: Any = None,
-                 tools: Sequence[dict[str, Any]] | None = None):
+    def __init__(
+        self,
+        tokenizer: Any = None,
+        enable_thinking: bool = False,
+        processor: Any = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ):
         self.processor = processor
         self.tokenizer = tokenizer if tokenizer is not None else getattr(processor, "tokenizer", None)
         self.enable_thinking = enable_thinking
         self.tools = [dict(t) for t in tools] if tools else None
         #: what memos and verdicts are kept under: the thinking flag, and the tools when given
-        self._variant: Any = self.enable_thinking if self.tools is None else (
-            self.enable_thinking, json.dumps(self.tools, sort_keys=True))
+        self._variant: Any = (
+            self.enable_thinking
+            if self.tools is None
+            else (self.enable_thinking, json.dumps(self.tools, sort_keys=True))
+        )
         self._plain: TokenCounter | None = None
         self._image_costs: OrderedDict[str, int] = OrderedDict()
         self._image_lock = threading.Lock()
@@ -127,11 +146,15 @@ class TokenCounter:
             return "\n".join(parts) + ("\n<|assistant|>\n" if generation_prompt else "")
         if self.processor is not None:
             text: str = self.processor.apply_chat_template(
-                [copy_message(m) for m in messages], tokenize=False, add_generation_prompt=generation_prompt,
-                **self._template_kwargs())
+                [copy_message(m) for m in messages],
+                tokenize=False,
+                add_generation_prompt=generation_prompt,
+                **self._template_kwargs(),
+            )
             return text
-        text = self._apply_template(_text_only(messages), tokenize=False, add_generation_prompt=generation_prompt,
-                                    **self._template_kwargs())
+        text = self._apply_template(
+            _text_only(messages), tokenize=False, add_generation_prompt=generation_prompt, **self._template_kwargs()
+        )
         return text
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
@@ -146,8 +169,11 @@ class TokenCounter:
     def _text_prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         if self._encode is not None:  # verified equal to the template's own tokenising
             return self._encode(self.render(_text_only(messages)))
-        return _input_ids(self._apply_template(_text_only(messages), tokenize=True, add_generation_prompt=True,
-                                               **self._template_kwargs()))
+        return _input_ids(
+            self._apply_template(
+                _text_only(messages), tokenize=True, add_generation_prompt=True, **self._template_kwargs()
+            )
+        )
 
     def _apply_template(self, messages: Sequence[Message], **kwargs: Any) -> Any:
         """The tokenizer's chat template (set whenever a tokenizer is)."""
@@ -282,10 +308,10 @@ class PromptTally:
         self.incremental = counter.incremental if incremental is None else incremental
         self._head = [dict(m) for m in messages[:2]]  # the opening (system, task) messages
         self._head_text = ""
-        self._counted = 0                      # messages whose tokens are in ``_ids``
-        self._ids = array("q")                 # tokens of messages[:_counted] without the generation prompt
-        self._generation: list[int] = []       # tokens of the generation prompt
-        self._images = 0                       # image tokens of messages[:_counted] beyond their text
+        self._counted = 0  # messages whose tokens are in ``_ids``
+        self._ids = array("q")  # tokens of messages[:_counted] without the generation prompt
+        self._generation: list[int] = []  # tokens of the generation prompt
+        self._images = 0  # image tokens of messages[:_counted] beyond their text
 
     def prompt_tokens(self) -> int:
         if self.incremental and self._extend():
@@ -308,13 +334,13 @@ class PromptTally:
             if head is None:
                 head_text = self.counter.render(self._head, generation_prompt=False)
                 prompt = self.counter.render(self._head)
-                head = (head_text, self.counter.text_ids(head_text), self.counter.text_ids(prompt[len(head_text):]))
+                head = (head_text, self.counter.text_ids(head_text), self.counter.text_ids(prompt[len(head_text) :]))
                 memo.put(key, head)
             self._head_text, ids, self._generation = head
             self._ids = array("q", ids)
             self._images = self.counter.image_tokens(self._head)
             self._counted = len(self._head)
-        new = self.messages[self._counted:]
+        new = self.messages[self._counted :]
         if new:
             key = _memo_key(self._head_text, new)
             ids = memo.get(key)
@@ -322,7 +348,7 @@ class PromptTally:
                 text = self.counter.render(self._head + new, generation_prompt=False)
                 if not text.startswith(self._head_text):
                     return False
-                ids = self.counter.text_ids(text[len(self._head_text):])
+                ids = self.counter.text_ids(text[len(self._head_text) :])
                 memo.put(key, ids)
             self._ids.extend(ids)
             self._images += self.counter.image_tokens(new)
@@ -362,7 +388,7 @@ class PromptCache:
 #: probe contents that would expose a template or tokenizer that is not prefix-stable: whitespace
 #: at the edges, think tags, special-token text, non-ASCII
 _PROBE = [
-    ("Solve it.  ", "Let me think.\n\nAction:\n{\"name\": \"bash\"}"),
+    ("Solve it.  ", 'Let me think.\n\nAction:\n{"name": "bash"}'),
     ("Observation from bash:\n4\n\n", " <think>hidden</think>\nvisible "),
     ("Observation from format_check:\n<|im_end|> x", "</think>\n\nFinal answer: 5"),
     ("Observation: é ü 你好\t", "\n\n"),
@@ -403,8 +429,10 @@ def _state_of(owner: Any) -> _TemplateState:
 
 def _prefix_stable(counter: TokenCounter) -> bool:
     """Count a probe chat both ways, step by step; any difference (or error) means full rendering."""
-    messages: list[Message] = [{"role": "system", "content": "You are a careful solver. "},
-                               {"role": "user", "content": "Question: what is 2+2?\n"}]
+    messages: list[Message] = [
+        {"role": "system", "content": "You are a careful solver. "},
+        {"role": "user", "content": "Question: what is 2+2?\n"},
+    ]
     try:
         tally = PromptTally(counter, messages, incremental=True)
         for index, (user, assistant) in enumerate(_PROBE):
@@ -424,14 +452,18 @@ def _images_add_up(counter: TokenCounter) -> bool:
     from PIL import Image
 
     image = image_part(Image.new("RGB", (56, 84), (200, 40, 40)))
-    messages: list[Message] = [{"role": "system", "content": "Read the page."},
-                               {"role": "user", "content": [text_part("Question: what is it?"), image]}]
+    messages: list[Message] = [
+        {"role": "system", "content": "Read the page."},
+        {"role": "user", "content": [text_part("Question: what is it?"), image]},
+    ]
     tally = PromptTally(counter, messages, incremental=True)
     for turn in range(2):
         if not _same_count(tally, len(counter.prompt_ids(messages))):
             return False
-        messages += [{"role": "assistant", "content": f"Action {turn}"},
-                     {"role": "user", "content": [text_part("Observation from view:\nshown"), image]}]
+        messages += [
+            {"role": "assistant", "content": f"Action {turn}"},
+            {"role": "user", "content": [text_part("Observation from view:\nshown"), image]},
+        ]
     return _same_count(tally, len(counter.prompt_ids(messages)))
 
 
@@ -454,8 +486,7 @@ def _unpooled(tokenizer: Any, method: str) -> Callable[..., Any]:
     """
     cls = type(tokenizer)
     if any(c.__name__ == "ThreadSafeHFTokenizerMixin" for c in cls.__mro__):
-        base = next(c for c in cls.__mro__[1:] if hasattr(c, method)
-                    and c.__name__ != "ThreadSafeHFTokenizerMixin")
+        base = next(c for c in cls.__mro__[1:] if hasattr(c, method) and c.__name__ != "ThreadSafeHFTokenizerMixin")
         bound: Callable[..., Any] = getattr(base, method).__get__(tokenizer, base)
         return bound
     found: Callable[..., Any] = getattr(tokenizer, method)
@@ -485,11 +516,16 @@ def _direct_encoder(tokenizer: Any) -> Callable[[str], list[int]] | None:
     probes = [u + a for u, a in _PROBE] + ["".join(u + a for u, a in _PROBE), ""]
     try:
         template = _unpooled(tokenizer, "apply_chat_template")
-        chat = [{"role": "system", "content": _PROBE[0][0]}, {"role": "user", "content": _PROBE[3][0]},
-                {"role": "assistant", "content": _PROBE[1][1]}, {"role": "user", "content": _PROBE[2][0]}]
+        chat = [
+            {"role": "system", "content": _PROBE[0][0]},
+            {"role": "user", "content": _PROBE[3][0]},
+            {"role": "assistant", "content": _PROBE[1][1]},
+            {"role": "user", "content": _PROBE[2][0]},
+        ]
         same = all(encode(t) == list(tokenizer.encode(t, add_special_tokens=False)) for t in probes) and (
             encode(template(chat, tokenize=False, add_generation_prompt=True))
-            == _input_ids(template(chat, tokenize=True, add_generation_prompt=True)))
+            == _input_ids(template(chat, tokenize=True, add_generation_prompt=True))
+        )
     except Exception:  # any tokenizer or template that cannot take the probe keeps the plain path
         same = False
     state.direct = same

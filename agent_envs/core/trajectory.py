@@ -18,6 +18,7 @@ A Qwen3-style template renders earlier turns differently once a conversation mov
 earlier ``<think>`` blocks), so a re-rendered chat no longer equals the sequence the engine saw;
 :func:`first_drift` finds where, which is what a trainer that re-tokenises chats would get wrong.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,7 +46,7 @@ def continuation_ids(counter: TokenCounter, head: Sequence[Message], observation
     at = text.rfind(REPLY_MARKER)
     if at < 0:
         raise ValueError("the chat template does not render an assistant reply's content as written")
-    return counter.text_ids(text[at + len(REPLY_MARKER):])
+    return counter.text_ids(text[at + len(REPLY_MARKER) :])
 
 
 def kept_ids(counter: TokenCounter, ids: list[int], text: str) -> list[int]:
@@ -112,16 +113,21 @@ class TokenTrajectory:
         if ids is None:  # not sampled here (a scripted turn): its text's tokens, which the engine then sees
             ids = self.counter.text_ids(completion.text)
         kept = kept_ids(self.counter, ids, completion.text)
-        logprobs = completion.logprobs[:len(kept)] if completion.logprobs is not None else None
+        logprobs = completion.logprobs[: len(kept)] if completion.logprobs is not None else None
         if logprobs is not None and len(logprobs) != len(kept):
             logprobs = None  # a count that does not match the ids is no alignment at all
         seen = completion.prompt_token_ids
-        self.turns.append({
-            "completion_ids": kept, "logprobs": _finite_or_none(logprobs),
-            "finish_reason": completion.finish_reason, "dropped": len(ids) - len(kept), "sampled": sampled,
-            "prompt_verified": None if seen is None else list(seen) == sent,
-            "observation_ids": [],
-        })
+        self.turns.append(
+            {
+                "completion_ids": kept,
+                "logprobs": _finite_or_none(logprobs),
+                "finish_reason": completion.finish_reason,
+                "dropped": len(ids) - len(kept),
+                "sampled": sampled,
+                "prompt_verified": None if seen is None else list(seen) == sent,
+                "observation_ids": [],
+            }
+        )
         self.ids += kept
 
     def add_observations(self, head: Sequence[Message], messages: Sequence[Message]) -> None:
@@ -140,9 +146,13 @@ class TokenTrajectory:
         self.ids += added
 
     def as_record(self, drift: dict[str, Any] | None) -> dict[str, Any]:
-        return {"prompt_ids": list(self.prompt_ids), "turns": [dict(t) for t in self.turns],
-                "exact": self.active and all(t["prompt_verified"] is not False for t in self.turns),
-                "broken": self.broken, "drift": drift}
+        return {
+            "prompt_ids": list(self.prompt_ids),
+            "turns": [dict(t) for t in self.turns],
+            "exact": self.active and all(t["prompt_verified"] is not False for t in self.turns),
+            "broken": self.broken,
+            "drift": drift,
+        }
 
 
 def segments(trajectory: dict[str, Any]) -> list[tuple[int, int, int]]:
@@ -163,7 +173,9 @@ def sequence(trajectory: dict[str, Any]) -> list[int]:
     return ids
 
 
-def first_drift(counter: TokenCounter, messages: Sequence[Message], trajectory: dict[str, Any]) -> dict[str, Any] | None:
+def first_drift(
+    counter: TokenCounter, messages: Sequence[Message], trajectory: dict[str, Any]
+) -> dict[str, Any] | None:
     """Where the chat template's rendering of ``messages`` first differs from the recorded sequence,
     or None when it does not: ``{"position", "turn", "segment"}`` (``segment`` is ``prompt``,
     ``completion`` or ``observation``; ``turn`` counts from 1, 0 for the prompt).
@@ -190,5 +202,8 @@ def _locate(trajectory: dict[str, Any], position: int) -> dict[str, Any]:
             return {"turn": turn, "segment": "completion"}
         if position < stop:
             return {"turn": turn, "segment": "observation"}
-    return {"turn": 0, "segment": "prompt"} if position < len(trajectory["prompt_ids"]) else {
-        "turn": len(trajectory["turns"]), "segment": "end"}
+    return (
+        {"turn": 0, "segment": "prompt"}
+        if position < len(trajectory["prompt_ids"])
+        else {"turn": len(trajectory["turns"]), "segment": "end"}
+    )

@@ -4,6 +4,7 @@ It sits below both layers, so an environment and a policy share these types with
 each other.  A failed generation is a :class:`Completion` carrying ``error`` (never an exception),
 which ends its episode with the matching termination reason.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -4,6 +4,7 @@ Pydantic's lax mode would turn ``1.7`` or ``"3"`` into ``3`` and ``True`` into `
 passed such a value made a mistake that should surface where it was made (``gym.make`` or
 ``reset``), not as odd episodes later.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -28,8 +29,10 @@ def _processor(value: Any) -> Any:
         return None
     missing = [a for a in ("apply_chat_template", "tokenizer") if getattr(value, a, None) is None]
     if missing or not callable(value.apply_chat_template):
-        raise ValueError(f"must be a processor with apply_chat_template and a tokenizer "
-                         f"(e.g. transformers.AutoProcessor), got {type(value).__name__}")
+        raise ValueError(
+            f"must be a processor with apply_chat_template and a tokenizer "
+            f"(e.g. transformers.AutoProcessor), got {type(value).__name__}"
+        )
     return value
 
 

@@ -3,6 +3,7 @@
 A mistyped argument (``max_turns=1.5``, ``max_tokens_per_turn="x"``, ``row_index=True``) is
 refused with a ValueError naming it, instead of being coerced or surfacing turns later.
 """
+
 from __future__ import annotations
 
 from typing import Any, Literal, TypeVar

@@ -6,6 +6,7 @@ its own options (a pydantic model) and its scorer.  Everything a model writes is
 without raising: malformed completions become warnings, failed generations end the episode with a
 termination reason.  What to generate next travels one way, :meth:`ReActEnv.generation_request`.
 """
+
 from __future__ import annotations
 
 import abc
@@ -130,15 +131,22 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
     ):
         self.options = self.Options.checked(f"{self.env_spec.id} argument", options)
         self.env_spec = es = self._spec_for(self.options)
-        args = EnvArgs.checked(f"{self.env_id} argument", {
-            "max_turns": es.max_turns if max_turns is None else max_turns,
-            "max_tokens_per_turn": es.max_tokens_per_turn if max_tokens_per_turn is None
-            else max_tokens_per_turn,
-            "max_trajectory_tokens": es.max_trajectory_tokens if max_trajectory_tokens == "default"
-            else max_trajectory_tokens,
-            "max_model_len": max_model_len, "enable_thinking": enable_thinking, "compat": compat,
-            "render_mode": render_mode, "processor": processor, "token_trajectories": token_trajectories,
-        })
+        args = EnvArgs.checked(
+            f"{self.env_id} argument",
+            {
+                "max_turns": es.max_turns if max_turns is None else max_turns,
+                "max_tokens_per_turn": es.max_tokens_per_turn if max_tokens_per_turn is None else max_tokens_per_turn,
+                "max_trajectory_tokens": es.max_trajectory_tokens
+                if max_trajectory_tokens == "default"
+                else max_trajectory_tokens,
+                "max_model_len": max_model_len,
+                "enable_thinking": enable_thinking,
+                "compat": compat,
+                "render_mode": render_mode,
+                "processor": processor,
+                "token_trajectories": token_trajectories,
+            },
+        )
         self.render_mode = render_mode
         if step_scorer is not None and not isinstance(step_scorer, StepScorer):
             raise TypeError(f"step_scorer must be a StepScorer, got {type(step_scorer).__name__}")
@@ -154,8 +162,9 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         self.rules: Rules = with_tools(es.rules[compat], es.tools)
         #: tool schemas the chat template shows the model (native tool calls only)
         self.tool_schemas = [dict(t) for t in self.rules.tool_schemas] or None
-        self.counter = TokenCounter(tokenizer, enable_thinking=enable_thinking, processor=processor,
-                                    tools=self.tool_schemas)
+        self.counter = TokenCounter(
+            tokenizer, enable_thinking=enable_thinking, processor=processor, tools=self.tool_schemas
+        )
         #: keep each episode as the token ids the engine sees and samples (records grow by them);
         #: ``reset`` refuses it without a tokenizer
         self.token_trajectories = args.token_trajectories
@@ -225,8 +234,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
                 row_index = int(self.np_random.integers(len(tasks)))
             task = tasks[row_index]
         sample_index = opts.sample_index
-        base_seed = opts.base_seed if opts.base_seed is not None else (
-            seed if seed is not None else DEFAULT_BASE_SEED)
+        base_seed = opts.base_seed if opts.base_seed is not None else (seed if seed is not None else DEFAULT_BASE_SEED)
         self._check_task(task)
         user = self._user_message(task)
         images = self._prompt_images(task)
@@ -260,13 +268,14 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
     def _step(self, ep: EpisodeState, completion: Completion) -> tuple[Chat, float, bool, bool, dict[str, Any]]:
         ep.step_info = {}
         if completion.error is not None:
-            reason = (
-                "context_length_exceeded" if completion.error == "context_length_exceeded" else "request_error"
-            )
+            reason = "context_length_exceeded" if completion.error == "context_length_exceeded" else "request_error"
             return self._finish(reason, completion.error_message or completion.error)
         text = completion.text
-        turn_info: dict[str, Any] = {"turn": ep.turn + 1, "seed": ep.turn_seed,
-                                     "finish_reason": completion.finish_reason}
+        turn_info: dict[str, Any] = {
+            "turn": ep.turn + 1,
+            "seed": ep.turn_seed,
+            "finish_reason": completion.finish_reason,
+        }
         ep.turn_log.append(turn_info)
         ep.turn_tool_s.append(0.0)
         ep.turn += 1
@@ -343,11 +352,21 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             raise RuntimeError("call reset() before step_contexts()")
         task = ep.task.model_dump(mode="json")
         images = tuple(self.env_spec.step_images(ep.task))
-        return [StepContext(env_id=self.env_id, key=self._key(ep), turn=step["turn"],
-                            question=text_of(ep.messages[1]["content"]),
-                            task=task, messages=_copy_chat(ep.messages[:end]), assistant=step["assistant"],
-                            action=step.get("action"), observation=step["observation"], images=images)
-                for step, end in zip(ep.steps[start:], ep.step_ends[start:])]
+        return [
+            StepContext(
+                env_id=self.env_id,
+                key=self._key(ep),
+                turn=step["turn"],
+                question=text_of(ep.messages[1]["content"]),
+                task=task,
+                messages=_copy_chat(ep.messages[:end]),
+                assistant=step["assistant"],
+                action=step.get("action"),
+                observation=step["observation"],
+                images=images,
+            )
+            for step, end in zip(ep.steps[start:], ep.step_ends[start:])
+        ]
 
     def render(self) -> str | None:
         if self.render_mode != "ansi" or self._ep is None:
@@ -453,8 +472,9 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         tool = self._tools.get(name)
         if tool is None:
             spec = self.env_spec.tool(name)
-            tool = spec.build(self._sandbox_config_for(ep.task), spec.framing,
-                              self.sandbox_config.limits.max_output_chars)
+            tool = spec.build(
+                self._sandbox_config_for(ep.task), spec.framing, self.sandbox_config.limits.max_output_chars
+            )
             self._tools[name] = tool
         refusal = self._screen(name, tool_input, tool)
         return refusal if refusal is not None else tool.run(tool_input)
@@ -465,8 +485,10 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             missing = missing_capabilities(self.sandbox_config, tool.needs)
             if missing:
                 usable = ", ".join(f'"{b}"' for b in backends_with(tool.needs))
-                raise ValueError(f'{self.env_id}: the {tool.name} tool cannot run on the "{self.sandbox_config.backend}" '
-                                 f"sandbox backend, which lacks {', '.join(missing)}; use {usable}")
+                raise ValueError(
+                    f'{self.env_id}: the {tool.name} tool cannot run on the "{self.sandbox_config.backend}" '
+                    f"sandbox backend, which lacks {', '.join(missing)}; use {usable}"
+                )
 
     def _next_prompt_fits(self) -> bool:
         ep = self._ep
@@ -479,8 +501,9 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             return True
         return not exceeds_context(ep.tally.prompt_tokens(), self.max_tokens_per_turn, self.max_model_len)
 
-    def _finish(self, reason: str, react_error: str | None,
-                scored: bool = True) -> tuple[Chat, float, bool, bool, dict[str, Any]]:
+    def _finish(
+        self, reason: str, react_error: str | None, scored: bool = True
+    ) -> tuple[Chat, float, bool, bool, dict[str, Any]]:
         """End the episode; ``scored=False`` (text that could not be handled) skips the scorer: 0."""
         ep = self._ep
         assert ep is not None
@@ -580,8 +603,14 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
 
 #: the score of an episode whose text could not be handled (docs/reliability.md#model-text): the
 #: scorer does not look at text that already made the environment fail
-_UNHANDLED = ScoreResult(score=0.0, method=INVALID_OUTPUT, label=INVALID_OUTPUT, status="skipped",
-                         answer_status="missing_final_answer", prediction="")
+_UNHANDLED = ScoreResult(
+    score=0.0,
+    method=INVALID_OUTPUT,
+    label=INVALID_OUTPUT,
+    status="skipped",
+    answer_status="missing_final_answer",
+    prediction="",
+)
 
 
 def _copy_chat(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

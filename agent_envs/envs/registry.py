@@ -5,6 +5,7 @@ from its folder.  Layers above (rollout callers, the report, the CLI, the engine
 spec up here by id and pass it down; nothing below the environments names one.  Adding an
 environment is one line here plus its folder under ``agent_envs/envs/``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable

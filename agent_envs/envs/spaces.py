@@ -1,4 +1,5 @@
 """Gymnasium spaces for chat conversations (observations) and completion text (actions)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -77,11 +78,17 @@ def _content_ok(content: Any) -> bool:
     if isinstance(content, str):
         return True
     return isinstance(content, list) and all(
-        isinstance(p, dict) and (
+        isinstance(p, dict)
+        and (
             (p.get("type") == "text" and isinstance(p.get("text"), str))
-            or (p.get("type") == "image_url" and isinstance(p.get("image_url"), dict)
-                and isinstance(p["image_url"].get("url"), str)))
-        for p in content)
+            or (
+                p.get("type") == "image_url"
+                and isinstance(p.get("image_url"), dict)
+                and isinstance(p["image_url"].get("url"), str)
+            )
+        )
+        for p in content
+    )
 
 
 def _text(rng: np.random.Generator) -> str:

@@ -9,6 +9,7 @@ folder removed, whatever happened, and the update runs in place inside the worke
 The base weights never change while members are evaluated, so there is nothing to revert and a
 replay (the updates alone) rebuilds the trained weights bit for bit.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -34,8 +35,15 @@ def adapter_name(generation: int, member: int) -> str:
 
 
 @contextmanager
-def member_adapters(policy: Any, targets: Sequence[Target], seeds: Sequence[int], sigma: float, rank: int,
-                    generation: int, root: str | Path | None = None) -> Iterator[list[str]]:
+def member_adapters(
+    policy: Any,
+    targets: Sequence[Target],
+    seeds: Sequence[int],
+    sigma: float,
+    rank: int,
+    generation: int,
+    root: str | Path | None = None,
+) -> Iterator[list[str]]:
     """Write and register one adapter per member; on exit unregister them and remove the folder."""
     folder = Path(tempfile.mkdtemp(prefix=f"agent-envs-lowrank-g{generation}-", dir=root or adapter_root()))
     names: list[str] = []
@@ -59,8 +67,17 @@ class LowRankESTrainer(ESTrainer):
     :class:`~agent_envs.es.worker.VLLMLowRank` (or anything with ``targets``, ``rank`` and
     ``update(seeds, weights, alpha, sigma)``); ``policy`` has ``add_adapter``/``remove_adapter``."""
 
-    def __init__(self, config: Any, backend: Any, policy: Any, tasks: Sequence[Any], evaluate: AdapterEvaluate,
-                 history_path: str, adapter_dir: str | Path | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        config: Any,
+        backend: Any,
+        policy: Any,
+        tasks: Sequence[Any],
+        evaluate: AdapterEvaluate,
+        history_path: str,
+        adapter_dir: str | Path | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(config, backend, tasks, evaluate, history_path, **kwargs)
         #: the trainer's backend and evaluate, with the low-rank signatures
         self.lowrank: Any = backend
@@ -68,15 +85,19 @@ class LowRankESTrainer(ESTrainer):
         self.policy, self.adapter_dir = policy, adapter_dir
         self._timing: dict[str, float] = {}
 
-    def evaluate_population(self, batch: Sequence[Any], seeds: Sequence[int], sigma: float,
-                            generation: int) -> list[MemberResult]:
+    def evaluate_population(
+        self, batch: Sequence[Any], seeds: Sequence[int], sigma: float, generation: int
+    ) -> list[MemberResult]:
         start = time.perf_counter()
-        with member_adapters(self.policy, self.lowrank.targets, seeds, sigma, self.lowrank.rank, generation,
-                             self.adapter_dir) as names:
+        with member_adapters(
+            self.policy, self.lowrank.targets, seeds, sigma, self.lowrank.rank, generation, self.adapter_dir
+        ) as names:
             written = time.perf_counter()
             with ThreadPoolExecutor(max_workers=len(seeds), thread_name_prefix="es-member") as pool:
-                futures = [pool.submit(self.evaluate_through, batch, seed, generation, member, adapter=name)
-                           for member, (seed, name) in enumerate(zip(seeds, names))]
+                futures = [
+                    pool.submit(self.evaluate_through, batch, seed, generation, member, adapter=name)
+                    for member, (seed, name) in enumerate(zip(seeds, names))
+                ]
                 results = [f.result() for f in futures]
         self._timing = {"adapters_s": written - start, "rollouts_s": time.perf_counter() - written}
         return results

@@ -10,6 +10,7 @@ the tokens a fixed set of seeded requests produced.  ``verification.json`` is
 :func:`verify_checkpoint`'s result on another fresh engine: the files' hashes, then the reloaded
 weights' checksum and the same seeded requests' tokens, each equal to the manifest's.
 """
+
 from __future__ import annotations
 
 import gc
@@ -85,8 +86,10 @@ def check_tp(folder: str | os.PathLike[str], tensor_parallel_size: int | None) -
     saved = int(read_manifest(Path(folder))["tensor_parallel_size"])
     wanted = int(tensor_parallel_size or 1)
     if wanted != saved:
-        raise CheckpointError(f"{folder} was saved with tensor_parallel_size={saved} (its {MANIFEST}); it cannot "
-                              f"be loaded with tensor_parallel_size={wanted}: pass tensor_parallel_size={saved}")
+        raise CheckpointError(
+            f"{folder} was saved with tensor_parallel_size={saved} (its {MANIFEST}); it cannot "
+            f"be loaded with tensor_parallel_size={wanted}: pass tensor_parallel_size={saved}"
+        )
 
 
 # --------------------------------------------------------------------------- engines
@@ -98,8 +101,13 @@ def build_engine(model: str, tp: int, engine_args: Mapping[str, Any]) -> Any:
 
     from .export_worker import EXPORT_EXTENSION
 
-    kwargs = {"enforce_eager": True, "seed": 0, **engine_args, "tensor_parallel_size": tp,
-              "worker_extension_cls": EXPORT_EXTENSION}
+    kwargs = {
+        "enforce_eager": True,
+        "seed": 0,
+        **engine_args,
+        "tensor_parallel_size": tp,
+        "worker_extension_cls": EXPORT_EXTENSION,
+    }
     prepare_engine_env(kwargs)
     return LLM(model=model, **kwargs)
 
@@ -123,8 +131,10 @@ def fixed_seed_tokens(llm: Any) -> list[list[int]]:
     """Token ids of the fixed requests: per-request seeded samples (temperature 1), then greedy."""
     from vllm import SamplingParams
 
-    params = [SamplingParams(temperature=1.0, top_p=0.95, seed=1000 + 97 * i, max_tokens=FIXED_TOKENS)
-              for i in range(len(FIXED_PROMPTS))]
+    params = [
+        SamplingParams(temperature=1.0, top_p=0.95, seed=1000 + 97 * i, max_tokens=FIXED_TOKENS)
+        for i in range(len(FIXED_PROMPTS))
+    ]
     params.append(SamplingParams(temperature=0.0, max_tokens=FIXED_TOKENS))
     outs = llm.generate([*FIXED_PROMPTS, FIXED_PROMPTS[0]], params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
@@ -178,10 +188,17 @@ def _write_json(path: Path, value: Any) -> None:
 
 
 # --------------------------------------------------------------------------- export and verify
-def export_checkpoint(history_path: str | os.PathLike[str], model: str, out: str | os.PathLike[str], *, tp: int = 1,
-                      generations: int | None = None, load_format: str | None = None,
-                      engine_args: Mapping[str, Any] | None = None,
-                      log: Callable[[str], None] = print) -> tuple[dict[str, Any], dict[str, Any]]:
+def export_checkpoint(
+    history_path: str | os.PathLike[str],
+    model: str,
+    out: str | os.PathLike[str],
+    *,
+    tp: int = 1,
+    generations: int | None = None,
+    load_format: str | None = None,
+    engine_args: Mapping[str, Any] | None = None,
+    log: Callable[[str], None] = print,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Replay ``history_path`` onto ``model`` on a fresh engine, save it under ``out`` with its
     manifest, then verify it on another fresh engine; returns (manifest, verification)."""
     from .worker import VLLMPerturbation
@@ -207,8 +224,14 @@ def export_checkpoint(history_path: str | os.PathLike[str], model: str, out: str
         # updates only, nothing is perturbed: no revert copy (it would double a large model's memory)
         backend = VLLMPerturbation(llm, scope=str(config.get("parameter_scope", "full")))
         try:
-            done = replay(history, backend, int(config.get("seed", 0)), int(config.get("population", 1)),
-                          generations, backend.tp_size)
+            done = replay(
+                history,
+                backend,
+                int(config.get("seed", 0)),
+                int(config.get("population", 1)),
+                generations,
+                backend.tp_size,
+            )
         except ValueError as exc:
             raise CheckpointError(f"cannot replay {history_path}: {exc}") from None
         log(f"[export] replayed {done} of {available} updates on {model} (tp={tp})")
@@ -229,10 +252,15 @@ def export_checkpoint(history_path: str | os.PathLike[str], model: str, out: str
     load_args = {k: v for k, v in args.items() if k not in ("load_format", "tokenizer")}
     manifest = {
         "format": FORMAT,
-        "source_history": {"path": str(history_path), "sha256": file_sha256(Path(history_path)),
-                           "updates": available, "seed": config.get("seed"), "population": config.get("population"),
-                           "parameter_scope": config.get("parameter_scope", "full"),
-                           "exact_revert": config.get("exact_revert", False)},
+        "source_history": {
+            "path": str(history_path),
+            "sha256": file_sha256(Path(history_path)),
+            "updates": available,
+            "seed": config.get("seed"),
+            "population": config.get("population"),
+            "parameter_scope": config.get("parameter_scope", "full"),
+            "exact_revert": config.get("exact_revert", False),
+        },
         "generations_replayed": done,
         "base_model": model,
         "base_engine_args": args,
@@ -266,9 +294,13 @@ def check_files(folder: Path, manifest: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def verify_checkpoint(folder: str | os.PathLike[str], *, tp: int | None = None,
-                      engine_args: Mapping[str, Any] | None = None,
-                      log: Callable[[str], None] = print) -> dict[str, Any]:
+def verify_checkpoint(
+    folder: str | os.PathLike[str],
+    *,
+    tp: int | None = None,
+    engine_args: Mapping[str, Any] | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Re-check an exported folder: its files' hashes, then a fresh engine loading it with the
     manifest's TP size and load format (``tp``: must be that size); the reloaded weights' checksum
     and the fixed requests' tokens must equal the manifest's."""
@@ -277,9 +309,13 @@ def verify_checkpoint(folder: str | os.PathLike[str], *, tp: int | None = None,
     folder = Path(folder)
     manifest = read_manifest(folder)
     check_tp(folder, manifest["tensor_parallel_size"] if tp is None else tp)
-    result: dict[str, Any] = {"folder": str(folder), "manifest_sha256": file_sha256(folder / MANIFEST),
-                              "tensor_parallel_size": manifest["tensor_parallel_size"],
-                              "load_format": manifest["load_format"], "versions": versions()}
+    result: dict[str, Any] = {
+        "folder": str(folder),
+        "manifest_sha256": file_sha256(folder / MANIFEST),
+        "tensor_parallel_size": manifest["tensor_parallel_size"],
+        "load_format": manifest["load_format"],
+        "versions": versions(),
+    }
     result["file_problems"] = check_files(folder, manifest)
     if result["file_problems"]:
         log(f"[verify] {folder}: " + "; ".join(result["file_problems"]))
@@ -294,15 +330,21 @@ def verify_checkpoint(folder: str | os.PathLike[str], *, tp: int | None = None,
         tokens = fixed_seed_tokens(llm)
     finally:
         shutdown(llm)
-    result.update({
-        "loaded": True, "load_engine_args": {**args, "tensor_parallel_size": saved_tp},
-        "load_seconds": round(time.perf_counter() - started, 1), **sums,
-        "weights_checksum_equal": sums["weights_checksum"] == manifest["weights_checksum"],
-        "engine_checksum_equal": sums["engine_checksum"] == manifest["engine_checksum"],
-        "fixed_seed_tokens_equal": tokens == manifest["fixed_seed_tokens"],
-    })
+    result.update(
+        {
+            "loaded": True,
+            "load_engine_args": {**args, "tensor_parallel_size": saved_tp},
+            "load_seconds": round(time.perf_counter() - started, 1),
+            **sums,
+            "weights_checksum_equal": sums["weights_checksum"] == manifest["weights_checksum"],
+            "engine_checksum_equal": sums["engine_checksum"] == manifest["engine_checksum"],
+            "fixed_seed_tokens_equal": tokens == manifest["fixed_seed_tokens"],
+        }
+    )
     result["passed"] = result["weights_checksum_equal"] and result["fixed_seed_tokens_equal"]
-    log(f"[verify] {folder}: weights checksum {'equal' if result['weights_checksum_equal'] else 'DIFFERENT'}, "
+    log(
+        f"[verify] {folder}: weights checksum {'equal' if result['weights_checksum_equal'] else 'DIFFERENT'}, "
         f"fixed-seed tokens {'equal' if result['fixed_seed_tokens_equal'] else 'DIFFERENT'}: "
-        f"{'passed' if result['passed'] else 'FAILED'}")
+        f"{'passed' if result['passed'] else 'FAILED'}"
+    )
     return result

@@ -16,6 +16,7 @@ next to ``trace_logs/train`` (members' logs, ``gen<GGG>_candidate<CC>_seed<S>_``
 frozen key-to-seed map (``--eval-key-seed-file``, JSONL of ``{"key": "<task>:sampleNN", "seed":
 S}``) every held-out episode takes its trajectory seed from the map.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,27 +48,46 @@ Run = Callable[[Sequence[Any], int, int, Mapping[str, int] | None], Sequence[Any
 
 def add_evaluation_arguments(p: argparse.ArgumentParser) -> None:
     """The evaluation flags of ``examples/es_train.py``."""
-    p.add_argument("--eval", action="append", default=[], metavar="[NAME=]PATH",
-                   help="held-out tasks (repeatable; NAME labels the set, default the file stem)")
+    p.add_argument(
+        "--eval",
+        action="append",
+        default=[],
+        metavar="[NAME=]PATH",
+        help="held-out tasks (repeatable; NAME labels the set, default the file stem)",
+    )
     p.add_argument("--eval-limit", type=int, default=None, help="evaluate only the first N tasks of each set")
     p.add_argument("--eval-samples", type=int, default=1, help="samples per task of initial and interval evaluations")
     p.add_argument("--initial-eval", action="store_true", help="evaluate before training (generation -1)")
     p.add_argument("--final-eval", action="store_true", help="after the last update, the final evaluation")
     p.add_argument("--final-eval-samples", type=int, default=4)
-    p.add_argument("--eval-only", action="store_true",
-                   help="no training: replay --resume's updates to each --eval-generations count and evaluate")
-    p.add_argument("--eval-generations", default=None, metavar="N[,N...]",
-                   help="--eval-only: update counts to evaluate at (default: all of the replayed history)")
+    p.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="no training: replay --resume's updates to each --eval-generations count and evaluate",
+    )
+    p.add_argument(
+        "--eval-generations",
+        default=None,
+        metavar="N[,N...]",
+        help="--eval-only: update counts to evaluate at (default: all of the replayed history)",
+    )
     p.add_argument("--eval-key-seed-file", default=None, help="frozen key-to-seed JSONL for every held-out episode")
     p.add_argument("--eval-key-seed-sha256", default=None, help="refuse a key-seed file with another SHA-256")
     p.add_argument("--skill-file", default=None, help="skill text appended to the system prompt (all episodes)")
-    p.add_argument("--write-trace-logs", action="store_true",
-                   help="Markdown trace logs of every member and evaluation episode, in the reference's layout")
+    p.add_argument(
+        "--write-trace-logs",
+        action="store_true",
+        help="Markdown trace logs of every member and evaluation episode, in the reference's layout",
+    )
     p.add_argument("--trace-log-dir", default=None, help="default: trace_logs next to --history")
-    p.add_argument("--eval-out", default=None, metavar="DIR",
-                   help="keep every evaluation's full records as a run folder DIR/<label>/records.jsonl (labels as "
-                        "the trace logs': test_eval before training, test_eval_after_010 after 10 updates, ...) "
-                        "for `agent-envs compare`")
+    p.add_argument(
+        "--eval-out",
+        default=None,
+        metavar="DIR",
+        help="keep every evaluation's full records as a run folder DIR/<label>/records.jsonl (labels as "
+        "the trace logs': test_eval before training, test_eval_after_010 after 10 updates, ...) "
+        "for `agent-envs compare`",
+    )
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -121,8 +141,12 @@ def held_out_sets(specs: Sequence[str], load: Callable[[str], list[Any]]) -> lis
 
 def formula_key_seeds(sets: Sequence[HeldOutSet], samples: int, base_seed: int) -> dict[str, int]:
     """The seeds the formula gives (``base_seed + sample*1_000_003 + row``): a map to freeze."""
-    return {episode_key(task_id(t), s): trajectory_seed(base_seed, row, s)
-            for held in sets for row, t in enumerate(held.tasks) for s in range(samples)}
+    return {
+        episode_key(task_id(t), s): trajectory_seed(base_seed, row, s)
+        for held in sets
+        for row, t in enumerate(held.tasks)
+        for s in range(samples)
+    }
 
 
 def _updates_label(updates: int) -> str:
@@ -132,10 +156,20 @@ def _updates_label(updates: int) -> str:
 class Evaluator:
     """Runs the held-out sets with ``run`` and returns history records; writes trace logs."""
 
-    def __init__(self, sets: Sequence[HeldOutSet], run: Run, *, seed: int, samples: int = 1, final_samples: int = 4,
-                 key_seeds: Mapping[str, int] | None = None, trace_dir: str | os.PathLike[str] | None = None,
-                 spec: EnvSpec | None = None, log: Callable[[str], None] = print,
-                 records_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        sets: Sequence[HeldOutSet],
+        run: Run,
+        *,
+        seed: int,
+        samples: int = 1,
+        final_samples: int = 4,
+        key_seeds: Mapping[str, int] | None = None,
+        trace_dir: str | os.PathLike[str] | None = None,
+        spec: EnvSpec | None = None,
+        log: Callable[[str], None] = print,
+        records_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         if samples < 1 or final_samples < 1:
             raise ValueError(f"evaluation sample counts must be >= 1 (got {samples}, {final_samples})")
         self.sets, self.run, self.seed = list(sets), run, int(seed)
@@ -156,8 +190,10 @@ class Evaluator:
         for held in self.sets:
             missing = [k for k in held.keys(samples) if k not in self.key_seeds]
             if missing:
-                raise ValueError(f"the key-seed map lacks {len(missing)} of the {len(held.tasks) * samples} keys of "
-                                 f"{held.name!r} at {samples} samples (e.g. {', '.join(missing[:3])})")
+                raise ValueError(
+                    f"the key-seed map lacks {len(missing)} of the {len(held.tasks) * samples} keys of "
+                    f"{held.name!r} at {samples} samples (e.g. {', '.join(missing[:3])})"
+                )
 
     def _round(self, label: str, samples: int, seeds: Sequence[int]) -> Record:
         out: Record = {}
@@ -169,16 +205,19 @@ class Evaluator:
             if own is not None and block is not None:
                 summary[own.key] = block
             folder = f"{held.name}_{label}"
-            summary.update(label=folder, seed=seed, key_seeds=self.key_seeds is not None,
-                           scores=[compact_row(r) for r in rows])
+            summary.update(
+                label=folder, seed=seed, key_seeds=self.key_seeds is not None, scores=[compact_row(r) for r in rows]
+            )
             out[f"{held.name}_eval"] = summary
             if self.trace_dir is not None and self.spec is not None:
                 write_trace_logs(rows, self.trace_dir / folder, self.spec.report)
             if self.records_dir is not None:
                 write_run_folder(self.records_dir / folder, rows, samples)
-            self.log(f"[es] {folder}: mean_score={summary['mean_score']:.4f} max@{samples}="
-                     f"{summary[f'max@{samples}']:.4f} pass@{samples}={summary[f'pass@{samples}_count']}/"
-                     f"{len(held.tasks)} ({summary['count']} rows, errors {summary['error_count']}, seed {seed})")
+            self.log(
+                f"[es] {folder}: mean_score={summary['mean_score']:.4f} max@{samples}="
+                f"{summary[f'max@{samples}']:.4f} pass@{samples}={summary[f'pass@{samples}_count']}/"
+                f"{len(held.tasks)} ({summary['count']} rows, errors {summary['error_count']}, seed {seed})"
+            )
         return out
 
     def initial(self) -> Record:
@@ -193,8 +232,13 @@ class Evaluator:
     def final(self, updates: int, **facts: Any) -> Record:
         """The final report after ``updates`` updates (``facts``: budgets recorded with it)."""
         seeds = [self.seed + updates + FINAL_SEED_STRIDE * (i + 1) for i in range(len(self.sets))]
-        return {"generation": updates, "final_eval": True, "eval_samples": self.final_samples, **facts,
-                **self._round("final_eval", self.final_samples, seeds)}
+        return {
+            "generation": updates,
+            "final_eval": True,
+            "eval_samples": self.final_samples,
+            **facts,
+            **self._round("final_eval", self.final_samples, seeds),
+        }
 
 
 def write_run_folder(folder: Path, rows: Sequence[dict[str, Any]], samples: int) -> None:
@@ -234,8 +278,13 @@ def evaluation_marks(spec: str | None, available: int) -> list[int]:
     return marks
 
 
-def eval_only_plan(config: ESConfig, history: Sequence[Record], replay_updates: int | None = None,
-                   marks: str | None = None, final: bool = False) -> tuple[int, list[int]]:
+def eval_only_plan(
+    config: ESConfig,
+    history: Sequence[Record],
+    replay_updates: int | None = None,
+    marks: str | None = None,
+    final: bool = False,
+) -> tuple[int, list[int]]:
     """(updates to replay, update counts to evaluate at) of an evaluation-only run of ``history``; a
     ValueError for a history or marks it cannot follow, before any engine starts (the seeds must be
     ``config``'s: another ``--seed`` or ``--population`` would replay other updates)."""
@@ -244,9 +293,18 @@ def eval_only_plan(config: ESConfig, history: Sequence[Record], replay_updates: 
     return len(records), evaluation_marks(marks, len(records)) if marks is not None or not final else []
 
 
-def eval_only(config: ESConfig, backend: Any, evaluator: Evaluator, history_path: str | os.PathLike[str], *,
-              source: str | os.PathLike[str] | None = None, replay_updates: int | None = None,
-              marks: str | None = None, final: bool = False, facts: Mapping[str, Any] | None = None) -> list[Record]:
+def eval_only(
+    config: ESConfig,
+    backend: Any,
+    evaluator: Evaluator,
+    history_path: str | os.PathLike[str],
+    *,
+    source: str | os.PathLike[str] | None = None,
+    replay_updates: int | None = None,
+    marks: str | None = None,
+    final: bool = False,
+    facts: Mapping[str, Any] | None = None,
+) -> list[Record]:
     """Replay ``source``'s first ``replay_updates`` updates (default all) step by step, evaluate
     after each mark, then (``final``) the final evaluation at the last; never train.  The new
     history is written after every evaluation.  Without marks and ``final``, one interval
@@ -259,8 +317,16 @@ def eval_only(config: ESConfig, backend: Any, evaluator: Evaluator, history_path
         evaluator.check_key_seeds(evaluator.final_samples)
     out: list[Record] = [{"config": config.model_dump()}]
     if source is not None:
-        out.append({"eval_only": {"source": str(source), "source_sha256": file_sha256(source),
-                                  "replay_updates": available, "marks": points}})
+        out.append(
+            {
+                "eval_only": {
+                    "source": str(source),
+                    "source_sha256": file_sha256(source),
+                    "replay_updates": available,
+                    "marks": points,
+                }
+            }
+        )
     applied = 0
 
     def replay_to(target: int) -> None:
@@ -292,13 +358,25 @@ class EvalSetup:
     #: the run's evaluation settings, stored in the history's config record
     config: dict[str, Any]
 
-    def evaluator(self, run: Run, seed: int, spec: EnvSpec | None = None,
-                  log: Callable[[str], None] = print) -> Evaluator:
-        return Evaluator(self.sets, run, seed=seed, samples=self.args.eval_samples,
-                         final_samples=self.args.final_eval_samples, key_seeds=self.key_seeds,
-                         trace_dir=self.trace_dir, spec=spec, log=log, records_dir=self.args.eval_out)
+    def evaluator(
+        self, run: Run, seed: int, spec: EnvSpec | None = None, log: Callable[[str], None] = print
+    ) -> Evaluator:
+        return Evaluator(
+            self.sets,
+            run,
+            seed=seed,
+            samples=self.args.eval_samples,
+            final_samples=self.args.final_eval_samples,
+            key_seeds=self.key_seeds,
+            trace_dir=self.trace_dir,
+            spec=spec,
+            log=log,
+            records_dir=self.args.eval_out,
+        )
 
-    def head(self, evaluator: Evaluator, config: ESConfig, head: list[Record] | None, start: int) -> list[Record] | None:
+    def head(
+        self, evaluator: Evaluator, config: ESConfig, head: list[Record] | None, start: int
+    ) -> list[Record] | None:
         """The history a training run starts from: the resumed head, plus the initial evaluation
         when asked for and the run starts at generation 0."""
         if not self.args.initial_eval or start > 0:
@@ -328,20 +406,32 @@ class EvalSetup:
 def evaluation_setup(args: argparse.Namespace, load: Callable[[str], list[Any]]) -> EvalSetup:
     """Check the evaluation flags together and load what they name (a ValueError says which)."""
     if (args.initial_eval or args.final_eval or args.eval_only or args.eval_key_seed_file) and not args.eval:
-        raise ValueError("--initial-eval, --final-eval, --eval-only and --eval-key-seed-file need held-out sets (--eval)")
+        raise ValueError(
+            "--initial-eval, --final-eval, --eval-only and --eval-key-seed-file need held-out sets (--eval)"
+        )
     if args.eval_generations is not None and not args.eval_only:
         raise ValueError("--eval-generations applies to --eval-only runs")
     sets = held_out_sets(args.eval, load)
-    key_seeds, key_sha = (load_key_seeds(args.eval_key_seed_file, args.eval_key_seed_sha256)
-                          if args.eval_key_seed_file else (None, None))
+    key_seeds, key_sha = (
+        load_key_seeds(args.eval_key_seed_file, args.eval_key_seed_sha256) if args.eval_key_seed_file else (None, None)
+    )
     skill, skill_sha = read_skill(args.skill_file) if args.skill_file else (None, None)
     trace_dir = None
     if args.write_trace_logs:
-        trace_dir = Path(args.trace_log_dir) if args.trace_log_dir else Path(args.history).resolve().parent / "trace_logs"
+        trace_dir = (
+            Path(args.trace_log_dir) if args.trace_log_dir else Path(args.history).resolve().parent / "trace_logs"
+        )
     config = {
-        "eval_datasets": [s.name for s in sets], "eval_samples": args.eval_samples, "initial_eval": args.initial_eval,
-        "final_eval": args.final_eval, "final_eval_samples": args.final_eval_samples, "eval_only": args.eval_only,
-        "eval_key_seed_file": args.eval_key_seed_file, "eval_key_seed_sha256": key_sha,
-        "skill_file": args.skill_file, "skill_sha256": skill_sha, "eval_out": args.eval_out,
+        "eval_datasets": [s.name for s in sets],
+        "eval_samples": args.eval_samples,
+        "initial_eval": args.initial_eval,
+        "final_eval": args.final_eval,
+        "final_eval_samples": args.final_eval_samples,
+        "eval_only": args.eval_only,
+        "eval_key_seed_file": args.eval_key_seed_file,
+        "eval_key_seed_sha256": key_sha,
+        "skill_file": args.skill_file,
+        "skill_sha256": skill_sha,
+        "eval_out": args.eval_out,
     }
     return EvalSetup(args, sets, key_seeds, skill, trace_dir, config)

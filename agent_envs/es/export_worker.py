@@ -8,6 +8,7 @@ that from the layers' own metadata (the model's ``packed_modules_mapping``, each
 checkpoint that any loader reads.  Its hash (:func:`hf_checksum`) is what an export and its reload
 compare: padded rows are never loaded (a fresh engine zeroes them), so they are not in it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,16 +39,19 @@ def hf_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
             parts, sizes = packed[last], list(owner.output_sizes)
             if len(parts) != len(sizes):
                 raise ValueError(f"{name}: {len(parts)} packed names {parts} for {len(sizes)} output sizes")
-            yield from ((f"{prefix}{part}.{leaf}", view)
-                        for part, view in zip(parts, torch.split(param.data, sizes, dim=0)))
+            yield from (
+                (f"{prefix}{part}.{leaf}", view) for part, view in zip(parts, torch.split(param.data, sizes, dim=0))
+            )
         elif leaf in _EXPERT_PARTS and param.dim() == 3:
             names = _EXPERT_PARTS[leaf]
             for expert in range(param.shape[0]):
                 for part, view in zip(names, param.data[expert].chunk(len(names), dim=0)):
                     yield f"{owner_name}.{expert}.{part}.weight", view
         elif leaf.startswith(("w13_", "w2_")):
-            raise ValueError(f"{name}: expert parameters other than plain weights cannot be exported "
-                             "as a checkpoint; save the sharded state instead")
+            raise ValueError(
+                f"{name}: expert parameters other than plain weights cannot be exported "
+                "as a checkpoint; save the sharded state instead"
+            )
         elif hasattr(owner, "org_vocab_size") and leaf == "weight":
             yield name, param.data[: owner.org_vocab_size]
         else:
@@ -81,16 +85,24 @@ def save_hf_safetensors(model: torch.nn.Module, path: str, max_shard_bytes: int 
             size = 0
         shards[-1].append((name, tensor))
         size += nbytes
-    names = ["model.safetensors"] if len(shards) == 1 else [
-        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    names = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
     weight_map = {}
     for file, shard in zip(names, shards):
-        save_file({name: t.detach().contiguous().cpu() for name, t in shard}, os.path.join(path, file),
-                  metadata={"format": "pt"})
+        save_file(
+            {name: t.detach().contiguous().cpu() for name, t in shard},
+            os.path.join(path, file),
+            metadata={"format": "pt"},
+        )
         weight_map.update({name: file for name, _ in shard})
     if len(shards) > 1:
-        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for s in shards for _, t in s)},
-                 "weight_map": weight_map}
+        index = {
+            "metadata": {"total_size": sum(t.numel() * t.element_size() for s in shards for _, t in s)},
+            "weight_map": weight_map,
+        }
         with open(os.path.join(path, "model.safetensors.index.json"), "w", encoding="utf-8") as out:
             json.dump(index, out, indent=2)
         names.append("model.safetensors.index.json")
@@ -102,8 +114,10 @@ class ExportWorkerExtension(ESWorkerExtension):
 
     def _single_rank_model(self) -> torch.nn.Module:
         if _tp_rank_and_size()[1] != 1:
-            raise RuntimeError("a Hugging Face checkpoint is written from tensor_parallel_size=1; "
-                               "save the sharded state for tensor parallelism")
+            raise RuntimeError(
+                "a Hugging Face checkpoint is written from tensor_parallel_size=1; "
+                "save the sharded state for tensor parallelism"
+            )
         return self.model_runner.get_model()  # type: ignore[attr-defined]
 
     def export_hf_checksum(self) -> str:

@@ -16,6 +16,7 @@ Flipping any one bit moves ``S1`` by a power of two, so it always changes the fi
 also sees most swaps of two words.  It is not a cryptographic digest: the full SHA-256
 (``SeededPerturber.checksum``) is still there at the end of a run and on request.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -60,7 +61,7 @@ def _step_sums(words: torch.Tensor, step: int) -> list[torch.Tensor]:
     sums: list[torch.Tensor] = []
     for start in range(0, words.numel(), step):
         count = min(step, words.numel() - start)
-        x = words[start:start + count].to(torch.int32)
+        x = words[start : start + count].to(torch.int32)
         sums.append(x.sum(dtype=torch.int64))
         sums.append((x * _WEIGHTS.get(words.device, start, count, step)).sum(dtype=torch.int64))
     return sums

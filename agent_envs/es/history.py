@@ -7,6 +7,7 @@ It checks itself as it goes: the weights it starts from must have the run's ``st
 and, for a run whose members were reverted exactly, the weights after each replayed update must
 have that generation's ``weights_fingerprint``; the first difference stops it (:class:`ReplayMismatch`).
 """
+
 from __future__ import annotations
 
 import json
@@ -140,8 +141,12 @@ def replay_is_exact(history: Sequence[Record]) -> bool:
 
 def is_update_record(record: Record) -> bool:
     seeds, rewards = record.get("seeds"), record.get("rewards")
-    return (isinstance(seeds, list) and isinstance(rewards, list) and len(seeds) == len(rewards) > 0
-            and record.get("update_applied") is not False)
+    return (
+        isinstance(seeds, list)
+        and isinstance(rewards, list)
+        and len(seeds) == len(rewards) > 0
+        and record.get("update_applied") is not False
+    )
 
 
 def update_records(history: Sequence[Record], limit: int | None = None) -> list[Record]:
@@ -168,14 +173,20 @@ def history_prefix(history: Sequence[Record], updates: int) -> list[Record]:
 
 def record_weights(record: Record) -> list[float]:
     """An update record's weights, recomputed from its raw rewards with its normalisation settings."""
-    return normalize_rewards(record["rewards"], record.get("reward_normalization", "zscore"),
-                             int(record.get("reward_normalization_ddof", 0)),
-                             float(record.get("reward_normalization_eps", 1e-8)))
+    return normalize_rewards(
+        record["rewards"],
+        record.get("reward_normalization", "zscore"),
+        int(record.get("reward_normalization_ddof", 0)),
+        float(record.get("reward_normalization_eps", 1e-8)),
+    )
 
 
 def check_perturbation_kind(history: Sequence[Record], backend: Any) -> bool:
     """The history's noise must be the backend's (full-rank or low-rank); True for low-rank."""
-    kind, wanted = str(history_config(history).get("perturbation", "full")), getattr(backend, "perturbation_kind", "full")
+    kind, wanted = (
+        str(history_config(history).get("perturbation", "full")),
+        getattr(backend, "perturbation_kind", "full"),
+    )
     if kind != wanted:
         raise ValueError(f"the history was trained with {kind} noise; refusing to replay it onto a {wanted} backend")
     return kind == "lowrank"
@@ -210,24 +221,32 @@ def replay(
     check_seed_sequence([r["seeds"] for r in records], seed, population)
     expected = history_config(history).get("start_fingerprint")
     if expected and start == 0:
-        _check_fingerprint(backend, expected, "the weights the replay starts from",
-                           "a different model, dtype, load format or parameter scope")
+        _check_fingerprint(
+            backend,
+            expected,
+            "the weights the replay starts from",
+            "a different model, dtype, load format or parameter scope",
+        )
     exact = replay_is_exact(history)
     for record in records[start:]:
         sigma = (float(record["sigma"]),) if lowrank else ()
         backend.update(record["seeds"], record_weights(record), float(record["alpha"]), *sigma)
         if exact and record.get("weights_fingerprint"):
-            _check_fingerprint(backend, record["weights_fingerprint"],
-                               f"generation {record['generation']}'s replayed weights",
-                               "a different engine build or tensor-parallel layout, or an edited history")
+            _check_fingerprint(
+                backend,
+                record["weights_fingerprint"],
+                f"generation {record['generation']}'s replayed weights",
+                "a different engine build or tensor-parallel layout, or an edited history",
+            )
     return len(records)
 
 
 def _check_fingerprint(backend: UpdateBackend, expected: str, what: str, causes: str) -> None:
     got = backend.fingerprint()
     if got != expected:
-        raise ReplayMismatch(f"{what} have fingerprint {got}, the history recorded {expected} ({causes}?); "
-                             "stopping the replay here")
+        raise ReplayMismatch(
+            f"{what} have fingerprint {got}, the history recorded {expected} ({causes}?); stopping the replay here"
+        )
 
 
 def checked_generations(history: Sequence[Record], generations: int | None = None) -> int:
@@ -248,7 +267,15 @@ def resume(
     start = backend.fingerprint()
     done = replay(history, backend, config.seed, config.population, generations, config.tp_size)
     kept = [r for r in history_prefix(history, done) if "config" not in r]
-    head = [{"config": config.model_copy(update={"start_fingerprint": start}).model_dump()}, *kept,
-            {"resume": {"source": str(source), "replayed_generations": done,
-                        "fingerprints_checked": checked_generations(history, done)}}]
+    head = [
+        {"config": config.model_copy(update={"start_fingerprint": start}).model_dump()},
+        *kept,
+        {
+            "resume": {
+                "source": str(source),
+                "replayed_generations": done,
+                "fingerprints_checked": checked_generations(history, done),
+            }
+        },
+    ]
     return head, done

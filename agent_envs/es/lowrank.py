@@ -20,6 +20,7 @@ even where vLLM packs them (``qkv_proj``, ``gate_up_proj``: rows split by the la
 ``output_sizes``), so the same names seed the adapters, the engine update and
 :func:`replay_onto` a plain checkpoint folder.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -69,7 +70,7 @@ class Slot:
     row: int
 
     def rows(self) -> torch.Tensor:
-        return self.param.data[self.row:self.row + self.target.out_features]
+        return self.param.data[self.row : self.row + self.target.out_features]
 
 
 def check_rank(rank: Any) -> int:
@@ -111,8 +112,9 @@ def update_coefficients(weights: Sequence[float], alpha: float, sigma: float) ->
     return [float(alpha) * float(w) / (n * float(sigma)) for w in weights]
 
 
-def delta(seeds: Sequence[int], coefs: Sequence[float], target: Target, rank: int,
-          device: torch.device | str = "cpu") -> torch.Tensor:
+def delta(
+    seeds: Sequence[int], coefs: Sequence[float], target: Target, rank: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """``sum_i coef_i A_i B_i^T`` as one float32 product on ``device`` (full float32 matmul precision)."""
     pairs = [factors(s, target, rank) for s in seeds]
     left = np.concatenate([a * np.float32(c) for (a, _), c in zip(pairs, coefs)], axis=1)
@@ -147,17 +149,22 @@ def find_slots(model: nn.Module, target_modules: Sequence[str] | None = None) ->
         raise ValueError(f"no 2-D weight of the model matches the low-rank targets {sorted(wanted)}")
     empty = [s.target.name for s in slots if s.param.numel() == 0]
     if empty:
-        raise RuntimeError(f"{len(empty)} targeted weights are empty (e.g. {empty[:3]}): the engine moved them into "
-                           "packed kernels, so an update would change nothing")
+        raise RuntimeError(
+            f"{len(empty)} targeted weights are empty (e.g. {empty[:3]}): the engine moved them into "
+            "packed kernels, so an update would change nothing"
+        )
     return slots
 
 
-def _split_packed(module: nn.Module, weight: torch.Tensor, prefix: str, subs: Sequence[str],
-                  wanted: set[str], path: str) -> Iterable[Slot]:
+def _split_packed(
+    module: nn.Module, weight: torch.Tensor, prefix: str, subs: Sequence[str], wanted: set[str], path: str
+) -> Iterable[Slot]:
     sizes = [int(x) for x in getattr(module, "output_sizes", [])]
     if len(sizes) != len(subs) or sum(sizes) != weight.shape[0]:
-        raise ValueError(f"{path}: cannot split the fused weight {tuple(weight.shape)} into {list(subs)} "
-                         f"(output_sizes {sizes}); the low-rank perturbation supports tensor_parallel_size=1 only")
+        raise ValueError(
+            f"{path}: cannot split the fused weight {tuple(weight.shape)} into {list(subs)} "
+            f"(output_sizes {sizes}); the low-rank perturbation supports tensor_parallel_size=1 only"
+        )
     row = 0
     for sub, size in zip(subs, sizes):
         if sub in wanted:
@@ -195,9 +202,15 @@ class LowRankPerturber:
         self._saved: list[torch.Tensor] = []
 
     def status(self) -> dict[str, Any]:
-        return {"ok": True, "perturbation": self.perturbation_kind, "rank": self.rank, "n_targets": len(self.slots),
-                "target_params": sum(s.target.out_features * s.target.in_features for s in self.slots),
-                "update_history": len(self.updates), "merged": self.merged}
+        return {
+            "ok": True,
+            "perturbation": self.perturbation_kind,
+            "rank": self.rank,
+            "n_targets": len(self.slots),
+            "target_params": sum(s.target.out_features * s.target.in_features for s in self.slots),
+            "update_history": len(self.updates),
+            "merged": self.merged,
+        }
 
     def checksum(self) -> str:
         return targets_checksum((s.target.name, s.rows()) for s in self.slots)
@@ -243,15 +256,22 @@ class LowRankPerturber:
             for slot in self.slots:
                 rows = slot.rows()
                 rows.add_(delta(seeds, coefs, slot.target, self.rank, rows.device).to(rows.dtype))
-        self.updates.append({"seeds": seeds, "weights": [float(w) for w in weights],
-                             "alpha": float(alpha), "sigma": float(sigma)})
-        return {"ok": True, "n": len(seeds), "alpha": float(alpha), "sigma": float(sigma),
-                "weight_norm": math.sqrt(sum(float(w) ** 2 for w in weights))}
+        self.updates.append(
+            {"seeds": seeds, "weights": [float(w) for w in weights], "alpha": float(alpha), "sigma": float(sigma)}
+        )
+        return {
+            "ok": True,
+            "n": len(seeds),
+            "alpha": float(alpha),
+            "sigma": float(sigma),
+            "weight_norm": math.sqrt(sum(float(w) ** 2 for w in weights)),
+        }
 
 
 # -- adapters ---------------------------------------------------------------------------------------
-def write_adapter(folder: str | os.PathLike[str], targets: Sequence[Target], seed: int, sigma: float,
-                  rank: int) -> Path:
+def write_adapter(
+    folder: str | os.PathLike[str], targets: Sequence[Target], seed: int, sigma: float, rank: int
+) -> Path:
     """Member ``seed``'s perturbation as a PEFT-format LoRA folder (float32; scaling 1)."""
     from safetensors.torch import save_file
 
@@ -265,9 +285,19 @@ def write_adapter(folder: str | os.PathLike[str], targets: Sequence[Target], see
         tensors[f"base_model.model.{module}.lora_B.weight"] = torch.from_numpy(a * np.float32(sigma))
     save_file(tensors, str(folder / "adapter_model.safetensors"))
     modules = sorted({t.name.removesuffix(".weight").rpartition(".")[2] for t in targets})
-    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank,
-              "target_modules": modules, "lora_dropout": 0.0, "bias": "none", "use_rslora": False,
-              "fan_in_fan_out": False, "modules_to_save": None, "base_model_name_or_path": None}
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": rank,
+        "lora_alpha": rank,
+        "target_modules": modules,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "use_rslora": False,
+        "fan_in_fan_out": False,
+        "modules_to_save": None,
+        "base_model_name_or_path": None,
+    }
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
     return folder
 
@@ -304,8 +334,15 @@ def lowrank_updates(history: Sequence[dict[str, Any]], generations: int | None =
     config = history_config(history)
     records = update_records(history, generations)
     check_seed_sequence([r["seeds"] for r in records], int(config["seed"]), int(config["population"]))
-    return [{"seeds": [int(s) for s in r["seeds"]], "alpha": float(r["alpha"]), "sigma": float(r["sigma"]),
-             "weights": record_weights(r)} for r in records]
+    return [
+        {
+            "seeds": [int(s) for s in r["seeds"]],
+            "alpha": float(r["alpha"]),
+            "sigma": float(r["sigma"]),
+            "weights": record_weights(r),
+        }
+        for r in records
+    ]
 
 
 def history_targets(history: Sequence[dict[str, Any]]) -> list[Target]:
@@ -317,9 +354,13 @@ def history_targets(history: Sequence[dict[str, Any]]) -> list[Target]:
     return [Target(str(n), int(o), int(i)) for n, o, i in rows]
 
 
-def replay_onto(model_dir: str | os.PathLike[str], history: Sequence[dict[str, Any]] | str | os.PathLike[str],
-                out_dir: str | os.PathLike[str], dtype: str | None = None,
-                generations: int | None = None) -> dict[str, Any]:
+def replay_onto(
+    model_dir: str | os.PathLike[str],
+    history: Sequence[dict[str, Any]] | str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    dtype: str | None = None,
+    generations: int | None = None,
+) -> dict[str, Any]:
     """Rebuild a low-rank-trained model from a plain safetensors checkpoint folder and the history,
     on the CPU: the weights are cast to ``dtype`` (default: the run's, e.g. bfloat16 on a GPU) and
     each update is added exactly as the engine did.  ``out_dir`` gets every file of ``model_dir``
@@ -365,9 +406,13 @@ def replay_onto(model_dir: str | os.PathLike[str], history: Sequence[dict[str, A
         save_file(tensors, str(out / shard), metadata={"format": "pt"})
     _set_config_dtype(out / "config.json", torch_dtype)
     expected = config.get("base_checksum")
-    return {"updates": len(updates), "base_checksum": base,
-            "checksum": targets_checksum((t.name, tensor) for t, tensor in placed),
-            "base_matches_run": None if expected is None else base == expected, "dtype": str(torch_dtype)}
+    return {
+        "updates": len(updates),
+        "base_checksum": base,
+        "checksum": targets_checksum((t.name, tensor) for t, tensor in placed),
+        "base_matches_run": None if expected is None else base == expected,
+        "dtype": str(torch_dtype),
+    }
 
 
 def _set_config_dtype(path: Path, dtype: torch.dtype) -> None:

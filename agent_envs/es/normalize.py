@@ -3,6 +3,7 @@
 Normalisation runs in torch float32 because the update weights must be bit-identical between
 training and a later replay, which recomputes them from the stored rewards.
 """
+
 from __future__ import annotations
 
 import math
@@ -11,9 +12,16 @@ from typing import Sequence
 import torch
 
 NORMALIZATIONS = ("zscore", "centered_rank", "none")
-_ALIASES = {"z_score": "zscore", "zscore": "zscore", "centered_rank": "centered_rank",
-            "centeredrank": "centered_rank", "rank": "centered_rank",
-            "none": "none", "identity": "none", "off": "none"}
+_ALIASES = {
+    "z_score": "zscore",
+    "zscore": "zscore",
+    "centered_rank": "centered_rank",
+    "centeredrank": "centered_rank",
+    "rank": "centered_rank",
+    "none": "none",
+    "identity": "none",
+    "off": "none",
+}
 
 
 def normalize_method(method: str) -> str:

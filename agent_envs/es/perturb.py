@@ -14,6 +14,7 @@ trained weights and their replay identical: on the tensors' own device when it h
 the host (:mod:`agent_envs.es.revert_copy`).  :meth:`SeededPerturber.fingerprint` identifies the
 weights cheaply after every generation (:mod:`agent_envs.es.fingerprint`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -203,8 +204,10 @@ class SeededPerturber:
         if not self._snapshot:
             raise RuntimeError("no snapshot taken; call snapshot() first")
         with torch.no_grad():
-            return max((float((p.detach().float() - s.float()).abs().max()) if p.numel() else 0.0)
-                       for (_, p), s in zip(self.params, self._snapshot))
+            return max(
+                (float((p.detach().float() - s.float()).abs().max()) if p.numel() else 0.0)
+                for (_, p), s in zip(self.params, self._snapshot)
+            )
 
     # -- noise ------------------------------------------------------------------------------
     def _generator(self, seed: int, name: str, device: torch.device) -> torch.Generator:
@@ -220,8 +223,9 @@ class SeededPerturber:
     def noise(self, seed: int, name: str, param: torch.Tensor) -> torch.Tensor:
         """The full float32 noise tensor for (seed, name) (for inspection and tests)."""
         gen = self._generator(seed, name, param.device)
-        parts = [torch.randn(k, generator=gen, device=param.device, dtype=torch.float32)
-                 for _, k in self._chunks(param)]
+        parts = [
+            torch.randn(k, generator=gen, device=param.device, dtype=torch.float32) for _, k in self._chunks(param)
+        ]
         return torch.cat(parts).view(param.shape) if parts else torch.empty_like(param, dtype=torch.float32)
 
     def _add_noise(self, name: str, param: torch.Tensor, seed: int, sigma: float) -> None:
@@ -229,7 +233,7 @@ class SeededPerturber:
         flat = param.data.view(-1)
         for start, k in self._chunks(param):
             eps = torch.randn(k, generator=gen, device=param.device, dtype=torch.float32)
-            flat[start:start + k].add_(eps.to(param.dtype), alpha=sigma)
+            flat[start : start + k].add_(eps.to(param.dtype), alpha=sigma)
 
     # -- operations --------------------------------------------------------------------------
     def apply(self, seed: int, sigma: float) -> dict[str, Any]:
@@ -285,17 +289,23 @@ class SeededPerturber:
         weights = [_finite("update weights", w, None) for w in weights]
         alpha = _finite("alpha", alpha)
         if not seeds or len(seeds) != len(weights):
-            raise ValueError(f"seeds and weights must be non-empty and of equal length ({len(seeds)} vs {len(weights)})")
+            raise ValueError(
+                f"seeds and weights must be non-empty and of equal length ({len(seeds)} vs {len(weights)})"
+            )
         if self.perturbation is not None:
             raise RuntimeError(f"refusing to update while perturbed ({self.perturbation}); revert first")
         self._accumulate(seeds, weights, alpha)
         self.updates.append({"seeds": seeds, "weights": weights, "alpha": alpha})
-        return {"ok": True, "n": len(seeds), "alpha": alpha,
-                "weight_norm": math.sqrt(sum(w * w for w in weights))}
+        return {"ok": True, "n": len(seeds), "alpha": alpha, "weight_norm": math.sqrt(sum(w * w for w in weights))}
 
     def update_from_rewards(
-        self, seeds: Sequence[int], rewards: Sequence[float], alpha: float,
-        normalization: str = "zscore", ddof: int = 0, eps: float = 1e-8,
+        self,
+        seeds: Sequence[int],
+        rewards: Sequence[float],
+        alpha: float,
+        normalization: str = "zscore",
+        ddof: int = 0,
+        eps: float = 1e-8,
     ) -> dict[str, Any]:
         """Normalise raw rewards (validated first) and update; the HTTP variant's entry point."""
         weights = normalize_rewards(check_rewards(rewards), normalization, ddof, eps)
@@ -312,7 +322,7 @@ class SeededPerturber:
                     for gen, coef in zip(gens, coefs):
                         eps = torch.randn(k, generator=gen, device=param.device, dtype=torch.float32)
                         acc.add_(eps, alpha=coef)
-                    flat[start:start + k].add_(acc.to(param.dtype))
+                    flat[start : start + k].add_(acc.to(param.dtype))
 
     def reset(self) -> dict[str, Any]:
         """Undo every update, newest first, by replaying it with -alpha."""

@@ -7,6 +7,7 @@ once by default (concurrency = case batch x samples).  After every update the we
 (:mod:`agent_envs.es.fingerprint`) goes into the generation's record, so a replay can check itself
 against the run it replays generation by generation.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,9 +35,24 @@ T = TypeVar("T")
 R = TypeVar("R")
 Rollout = Callable[..., Sequence[Any]]
 COMPACT_KEYS = (
-    "key", "task_id", "row_index", "sample_index", "score", "prediction", "latency_s", "used_bash",
-    "termination_reason", "answer_status", "context_trims", "max_context_tokens", "generated_tokens",
-    "seed", "engine_index", "trajectory_tokens", "trace_rounds", "score_method",
+    "key",
+    "task_id",
+    "row_index",
+    "sample_index",
+    "score",
+    "prediction",
+    "latency_s",
+    "used_bash",
+    "termination_reason",
+    "answer_status",
+    "context_trims",
+    "max_context_tokens",
+    "generated_tokens",
+    "seed",
+    "engine_index",
+    "trajectory_tokens",
+    "trace_rounds",
+    "score_method",
 )
 
 
@@ -132,8 +148,13 @@ def evaluate_member(
     if rollout is None:
         rollout = run_episodes
         concurrency = rollout_kwargs.pop("concurrency", None) or member_concurrency(len(tasks), samples)
-        rollout_kwargs = {"mode": "lockstep", "progress": False, "tags": tags, "concurrency": concurrency,
-                          **rollout_kwargs}
+        rollout_kwargs = {
+            "mode": "lockstep",
+            "progress": False,
+            "tags": tags,
+            "concurrency": concurrency,
+            **rollout_kwargs,
+        }
     rows = rollout(env_id, list(tasks), policy, samples=samples, base_seed=member_seed, **rollout_kwargs)
     tagged = [{**as_row(row), **tags} for row in rows]
     if combiner is not None:
@@ -141,8 +162,9 @@ def evaluate_member(
     fitness = clamped_score if combiner is None else (lambda row: row["fitness"])
     expected = max(len(tasks) * samples, len(tagged))
     reward = sum(fitness(r) for r in tagged) / expected if expected else 0.0
-    return MemberResult(generation=generation, member=member, seed=member_seed, reward=reward,
-                        rows=tagged, engine_index=engine_index)
+    return MemberResult(
+        generation=generation, member=member, seed=member_seed, reward=reward, rows=tagged, engine_index=engine_index
+    )
 
 
 def member_concurrency(tasks: int, samples: int = 1) -> int:
@@ -211,8 +233,14 @@ class ESTrainer:
 
     def sigma(self, generation: int) -> float:
         c = self.config
-        return sigma_at_step(c.sigma_start, c.sigma_end, generation, c.sigma_total_steps or c.generations,
-                             c.sigma_schedule, c.sigma_warmup_steps)
+        return sigma_at_step(
+            c.sigma_start,
+            c.sigma_end,
+            generation,
+            c.sigma_total_steps or c.generations,
+            c.sigma_schedule,
+            c.sigma_warmup_steps,
+        )
 
     def run_member(self, tasks: Sequence[Any], seed: int, sigma: float, generation: int, member: int) -> MemberResult:
         evaluate = self.evaluate
@@ -220,8 +248,9 @@ class ESTrainer:
             raise RuntimeError("this trainer has no member evaluator; override evaluate_population")
         return run_perturbed(self.backend, seed, sigma, lambda: evaluate(tasks, seed, generation, member))
 
-    def evaluate_population(self, batch: Sequence[Any], seeds: Sequence[int], sigma: float,
-                            generation: int) -> list[MemberResult]:
+    def evaluate_population(
+        self, batch: Sequence[Any], seeds: Sequence[int], sigma: float, generation: int
+    ) -> list[MemberResult]:
         """Every member's result, in member order: here one after another on the one backend."""
         return [self.run_member(batch, s, sigma, generation, i) for i, s in enumerate(seeds)]
 
@@ -237,8 +266,9 @@ class ESTrainer:
         start = time.perf_counter()
         members = self.evaluate_population(batch, seeds, sigma, generation)
         rewards = [m.reward for m in members]
-        weights = normalize_rewards(rewards, c.reward_normalization, c.reward_normalization_ddof,
-                                    c.reward_normalization_eps)
+        weights = normalize_rewards(
+            rewards, c.reward_normalization, c.reward_normalization_ddof, c.reward_normalization_eps
+        )
         members_done = time.perf_counter()
         update = self.apply_update(seeds, weights, sigma)
         updated = time.perf_counter()
@@ -246,26 +276,50 @@ class ESTrainer:
         fingerprinted = time.perf_counter()
         extra = {"weights_sha256": full_checksum(self.backend)} if self.sha256_each_generation else {}
         record = GenerationRecord(
-            generation=generation, case_batch=[task_id(t) for t in batch], sigma=sigma,
-            sigma_start=c.sigma_start, sigma_end=c.sigma_end, sigma_schedule=c.sigma_schedule,
-            sigma_warmup_steps=c.sigma_warmup_steps, seeds=seeds, rewards=rewards, weights=weights,
-            alpha=c.alpha, reward_normalization=c.reward_normalization,
+            generation=generation,
+            case_batch=[task_id(t) for t in batch],
+            sigma=sigma,
+            sigma_start=c.sigma_start,
+            sigma_end=c.sigma_end,
+            sigma_schedule=c.sigma_schedule,
+            sigma_warmup_steps=c.sigma_warmup_steps,
+            seeds=seeds,
+            rewards=rewards,
+            weights=weights,
+            alpha=c.alpha,
+            reward_normalization=c.reward_normalization,
             reward_normalization_ddof=c.reward_normalization_ddof,
             reward_normalization_eps=c.reward_normalization_eps,
-            reward_mean=sum(rewards) / len(rewards), reward_std=population_std(rewards),
+            reward_mean=sum(rewards) / len(rewards),
+            reward_std=population_std(rewards),
             tp_size=self.backend.tp_size,
-            samples=[{"engine_index": m.engine_index, "seed": m.seed, "reward": m.reward,
-                      "result": [compact_row(r) for r in m.rows]} for m in members],
-            updates=[update], weights_fingerprint=fingerprint, **extra,
+            samples=[
+                {
+                    "engine_index": m.engine_index,
+                    "seed": m.seed,
+                    "reward": m.reward,
+                    "result": [compact_row(r) for r in m.rows],
+                }
+                for m in members
+            ],
+            updates=[update],
+            weights_fingerprint=fingerprint,
+            **extra,
         ).model_dump()
-        self.last_timing = {"wall_s": time.perf_counter() - start, "members_s": members_done - start,
-                            "update_s": updated - members_done, "fingerprint_s": fingerprinted - updated,
-                            "perturb_s": [m.perturb_s for m in members]}
+        self.last_timing = {
+            "wall_s": time.perf_counter() - start,
+            "members_s": members_done - start,
+            "update_s": updated - members_done,
+            "fingerprint_s": fingerprinted - updated,
+            "perturb_s": [m.perturb_s for m in members],
+        }
         perturb = [t for t in self.last_timing["perturb_s"] if t is not None]
-        self.log(f"[es] generation={generation} sigma={sigma:.6g} reward_mean={record['reward_mean']:.4f} "
-                 f"reward_std={record['reward_std']:.4f} weights {fingerprint} "
-                 f"({self.last_timing['wall_s']:.1f} s; apply + revert {max(perturb, default=0.0):.3f} s per member "
-                 f"at most, fingerprint {self.last_timing['fingerprint_s']:.3f} s)")
+        self.log(
+            f"[es] generation={generation} sigma={sigma:.6g} reward_mean={record['reward_mean']:.4f} "
+            f"reward_std={record['reward_std']:.4f} weights {fingerprint} "
+            f"({self.last_timing['wall_s']:.1f} s; apply + revert {max(perturb, default=0.0):.3f} s per member "
+            f"at most, fingerprint {self.last_timing['fingerprint_s']:.3f} s)"
+        )
         return record
 
     def run(self) -> list[Record]:

@@ -8,6 +8,7 @@ allocated once, when ES is initialised, and only when the device has room for it
 before (a fresh ``.to("cpu")`` per member) is the fallback, and the reason is printed.  Tensors on
 the CPU are copied on the CPU: there the device is the host.
 """
+
 from __future__ import annotations
 
 import sys
@@ -28,16 +29,20 @@ def free_bytes(device: torch.device) -> int | None:
     return int(torch.cuda.mem_get_info(device)[0])
 
 
-def choose_location(requested: str, need: dict[str, int], free: dict[str, int | None],
-                    margin: int = DEVICE_MARGIN_BYTES) -> tuple[str, str]:
+def choose_location(
+    requested: str, need: dict[str, int], free: dict[str, int | None], margin: int = DEVICE_MARGIN_BYTES
+) -> tuple[str, str]:
     """``("device" | "host", why)`` for copies of ``need[device]`` bytes with ``free[device]`` free."""
     if requested not in LOCATIONS:
         raise ValueError(f"revert copy must be one of {', '.join(LOCATIONS)}, got {requested!r}")
     if requested == "host":
         return "host", "a host copy was asked for (revert_copy='host')"
     checked = {dev: (n, room) for dev, n in need.items() if (room := free.get(dev)) is not None}
-    short = [f"{dev} needs {n / _GIB:.2f} GiB + {margin / _GIB:.2f} GiB margin, has {room / _GIB:.2f} GiB free"
-             for dev, (n, room) in checked.items() if room < n + margin]
+    short = [
+        f"{dev} needs {n / _GIB:.2f} GiB + {margin / _GIB:.2f} GiB margin, has {room / _GIB:.2f} GiB free"
+        for dev, (n, room) in checked.items()
+        if room < n + margin
+    ]
     if not short:
         where = ", ".join(f"{dev} {n / _GIB:.2f} GiB" for dev, n in need.items())
         return "device", f"a copy on the tensors' device ({where})"

@@ -7,14 +7,23 @@ ignored.  :func:`roundtrip` checks it on a live ``vllm.LLM``: fixed-seed samples
 perturbation and come back token for token after the revert, for the in-place revert (the
 reference's subtraction, bf16 rounding residue and all) and for the exact revert (a saved copy).
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 from .worker import VLLMPerturbation
 
-PROMPTS = ("The capital of France is", "def fibonacci(n):", "In 1969 the first", "Water boils at",
-           "Dear diary, today", "The three laws of", "Once upon a time", "Q: What is 17 * 23?\nA:")
+PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):",
+    "In 1969 the first",
+    "Water boils at",
+    "Dear diary, today",
+    "The three laws of",
+    "Once upon a time",
+    "Q: What is 17 * 23?\nA:",
+)
 
 
 def graph_mode(llm: Any) -> dict[str, Any]:
@@ -22,14 +31,17 @@ def graph_mode(llm: Any) -> dict[str, Any]:
     config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
     compilation = getattr(config, "compilation_config", None)
     sizes = list(getattr(compilation, "cudagraph_capture_sizes", None) or [])
-    return {"enforce_eager": bool(getattr(getattr(config, "model_config", None), "enforce_eager", False)),
-            "cudagraph_mode": str(getattr(compilation, "cudagraph_mode", None)),
-            "compilation_mode": str(getattr(compilation, "mode", getattr(compilation, "level", None))),
-            "cudagraph_capture_sizes": sorted(sizes)[:4] + (["..."] if len(sizes) > 4 else [])}
+    return {
+        "enforce_eager": bool(getattr(getattr(config, "model_config", None), "enforce_eager", False)),
+        "cudagraph_mode": str(getattr(compilation, "cudagraph_mode", None)),
+        "compilation_mode": str(getattr(compilation, "mode", getattr(compilation, "level", None))),
+        "cudagraph_capture_sizes": sorted(sizes)[:4] + (["..."] if len(sizes) > 4 else []),
+    }
 
 
-def roundtrip(llm: Any, sigma: float = 1e-3, seed: int = 1571296235, prompts: Sequence[str] = PROMPTS,
-              max_tokens: int = 32) -> dict[str, Any]:
+def roundtrip(
+    llm: Any, sigma: float = 1e-3, seed: int = 1571296235, prompts: Sequence[str] = PROMPTS, max_tokens: int = 32
+) -> dict[str, Any]:
     """Sample, perturb, sample, revert, sample, for in-place and exact revert; see the module docstring.
 
     Half the prompts decode greedily, half sample at temperature 1 with a fixed seed each (what
@@ -40,8 +52,17 @@ def roundtrip(llm: Any, sigma: float = 1e-3, seed: int = 1571296235, prompts: Se
     it is (its rounding residue may or may not change a token)."""
     from vllm import SamplingParams
 
-    params = [SamplingParams(temperature=0.0 if i % 2 == 0 else 1.0, top_p=1.0, top_k=-1, seed=1000 + i,
-                             max_tokens=max_tokens, ignore_eos=True) for i in range(len(prompts))]
+    params = [
+        SamplingParams(
+            temperature=0.0 if i % 2 == 0 else 1.0,
+            top_p=1.0,
+            top_k=-1,
+            seed=1000 + i,
+            max_tokens=max_tokens,
+            ignore_eos=True,
+        )
+        for i in range(len(prompts))
+    ]
 
     def sample() -> list[list[int]]:
         return [list(o.outputs[0].token_ids) for o in llm.generate(list(prompts), params, use_tqdm=False)]
@@ -62,15 +83,22 @@ def roundtrip(llm: Any, sigma: float = 1e-3, seed: int = 1571296235, prompts: Se
             "restored_token_for_token": after == start,
             "tokens_changed_after_revert": _changed(start, after),
             "fingerprint_restored": es.fingerprint() == before,
-            "apply_s": max(r["seconds"] for r in applied), "revert_s": max(r["seconds"] for r in reverted),
+            "apply_s": max(r["seconds"] for r in applied),
+            "revert_s": max(r["seconds"] for r in reverted),
             "revert_copy": sorted({str(s.get("revert_copy", "none")) for s in es.status()}),
         }
     exact = out["exact_revert"]
-    out["ok"] = bool(out["repeatable"] and out["in_place_revert"]["perturbed_differs"] and exact["perturbed_differs"]
-                     and exact["restored_token_for_token"] and exact["fingerprint_restored"])
+    out["ok"] = bool(
+        out["repeatable"]
+        and out["in_place_revert"]["perturbed_differs"]
+        and exact["perturbed_differs"]
+        and exact["restored_token_for_token"]
+        and exact["fingerprint_restored"]
+    )
     return out
 
 
 def _changed(a: list[list[int]], b: list[list[int]]) -> int:
-    return sum(x != y for ra, rb in zip(a, b) for x, y in zip(ra, rb)) + sum(abs(len(ra) - len(rb))
-                                                                              for ra, rb in zip(a, b))
+    return sum(x != y for ra, rb in zip(a, b) for x, y in zip(ra, rb)) + sum(
+        abs(len(ra) - len(rb)) for ra, rb in zip(a, b)
+    )

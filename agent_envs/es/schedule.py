@@ -3,6 +3,7 @@
 Kept separate from the trainer so the schedule can be checked against the published values
 without any model or engine.
 """
+
 from __future__ import annotations
 
 import math

@@ -3,6 +3,7 @@
 Every seed a generation uses is a pure function of ``(seed, population, generation)``, so a
 resumed or replayed run can regenerate and check them instead of trusting stored values.
 """
+
 from __future__ import annotations
 
 import random
@@ -10,8 +11,7 @@ from typing import Sequence, TypeVar
 
 from agent_envs.protocol.seeds import trajectory_seed  # re-exported: ES code computes episode seeds too
 
-__all__ = ["SeedStream", "population_seeds", "check_seed_sequence", "trajectory_seed", "case_batch",
-           "check_run_shape"]
+__all__ = ["SeedStream", "population_seeds", "check_seed_sequence", "trajectory_seed", "case_batch", "check_run_shape"]
 
 T = TypeVar("T")
 SEED_HIGH = 2**31 - 1

@@ -13,6 +13,7 @@ vLLM on CPU repacks linear weights into GEMM kernels at load time and leaves emp
 (imported by the worker before the model loads) keep plain weights and a plain ``F.linear``;
 without it ``es_coverage`` refuses.
 """
+
 from __future__ import annotations
 
 import os
@@ -66,8 +67,14 @@ class ESWorkerExtension:
             raise RuntimeError("ES is not initialised on this worker; call es_init first")
         return state
 
-    def es_init(self, scope: str = "full", target_modules: Sequence[str] | None = None,
-                chunk: int = CHUNK, exact_revert: bool = False, revert_copy: str = "auto") -> dict[str, Any]:
+    def es_init(
+        self,
+        scope: str = "full",
+        target_modules: Sequence[str] | None = None,
+        chunk: int = CHUNK,
+        exact_revert: bool = False,
+        revert_copy: str = "auto",
+    ) -> dict[str, Any]:
         """Select parameters; an earlier initialisation's updates are undone first (and its
         exact-revert copy freed before the new one is allocated)."""
         old = getattr(self, "_es_perturber", None)
@@ -78,10 +85,8 @@ class ESWorkerExtension:
             self._es_perturber = None
         rank, size = _tp_rank_and_size()
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        self._es_perturber = SeededPerturber(model, scope, target_modules, chunk, rank, size, exact_revert,
-                                             revert_copy)
-        return {**self._es_perturber.status(), "reverted_updates": reverted,
-                "cpu_plain_linear": CPU_PLAIN_LINEAR}
+        self._es_perturber = SeededPerturber(model, scope, target_modules, chunk, rank, size, exact_revert, revert_copy)
+        return {**self._es_perturber.status(), "reverted_updates": reverted, "cpu_plain_linear": CPU_PLAIN_LINEAR}
 
     def es_apply(self, seed: int, sigma: float) -> dict[str, Any]:
         return self._es_state().apply(seed, sigma)
@@ -128,18 +133,25 @@ class ESWorkerExtension:
         """Select the targeted weights (refused once updates were applied: they would silently stack)."""
         old = getattr(self, "_es_lowrank", None)
         if old is not None and old.updates:
-            raise RuntimeError(f"low-rank ES already applied {len(old.updates)} updates on this worker; "
-                               "start a fresh engine instead of re-initialising")
+            raise RuntimeError(
+                f"low-rank ES already applied {len(old.updates)} updates on this worker; "
+                "start a fresh engine instead of re-initialising"
+            )
         _, size = _tp_rank_and_size()
         if size > 1:
             raise ValueError(f"the low-rank perturbation supports tensor_parallel_size=1 only, not {size}")
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         self._es_lowrank = LowRankPerturber(model, rank, target_modules or None)
-        return {**self._es_lowrank.status(), "targets": [t.as_list() for t in self._es_lowrank.targets],
-                "checksum": self._es_lowrank.checksum(), "cpu_plain_linear": CPU_PLAIN_LINEAR}
+        return {
+            **self._es_lowrank.status(),
+            "targets": [t.as_list() for t in self._es_lowrank.targets],
+            "checksum": self._es_lowrank.checksum(),
+            "cpu_plain_linear": CPU_PLAIN_LINEAR,
+        }
 
-    def es_lowrank_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float,
-                          sigma: float) -> dict[str, Any]:
+    def es_lowrank_update(
+        self, seeds: Sequence[int], weights: Sequence[float], alpha: float, sigma: float
+    ) -> dict[str, Any]:
         return self._es_lowrank_state().update(seeds, weights, alpha, sigma)
 
     def es_lowrank_apply(self, seed: int, sigma: float) -> dict[str, Any]:
@@ -180,9 +192,16 @@ class VLLMPerturbation(_WorkerCalls):
     that no selected tensor is empty (the vLLM-CPU packing trap) unless ``allow_empty`` is set.
     """
 
-    def __init__(self, llm: Any, scope: str = "full", target_modules: Sequence[str] | None = None,
-                 chunk: int = CHUNK, exact_revert: bool = False, allow_empty: bool = False,
-                 revert_copy: str = "auto") -> None:
+    def __init__(
+        self,
+        llm: Any,
+        scope: str = "full",
+        target_modules: Sequence[str] | None = None,
+        chunk: int = CHUNK,
+        exact_revert: bool = False,
+        allow_empty: bool = False,
+        revert_copy: str = "auto",
+    ) -> None:
         self.llm = llm
         self.init_result = self._call("es_init", scope, list(target_modules or []), chunk, exact_revert, revert_copy)
         self.tp_size = int(self.init_result[0]["tp_size"])
@@ -253,12 +272,14 @@ class VLLMLowRank(_WorkerCalls):
         self.targets = [Target(str(n), int(o), int(i)) for n, o, i in self.init_result[0]["targets"]]
         self.base_checksum = str(self.init_result[0]["checksum"])
 
-    def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float,
-               sigma: float | None = None) -> list[Any]:
+    def update(
+        self, seeds: Sequence[int], weights: Sequence[float], alpha: float, sigma: float | None = None
+    ) -> list[Any]:
         if sigma is None:
             raise ValueError("the low-rank update divides by sigma: pass the generation's sigma")
-        return self._changed("es_lowrank_update", [int(s) for s in seeds], [float(w) for w in weights],
-                             float(alpha), float(sigma))
+        return self._changed(
+            "es_lowrank_update", [int(s) for s in seeds], [float(w) for w in weights], float(alpha), float(sigma)
+        )
 
     def apply(self, seed: int, sigma: float) -> list[Any]:
         """Merge member ``seed``'s perturbation into the weights (to compare with its adapter)."""

@@ -3,6 +3,7 @@
 Light modules load eagerly; the engine-backed ones (vLLM, transformers) import their heavy
 dependencies only when one of their names is first used.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -15,14 +16,28 @@ from .sampling import SamplingConfig
 from .scripted import RecordingPolicy, ScriptedOpening, ScriptedPolicy, SimulatedPolicy
 
 _LAZY = {
-    "VLLMPolicy": "vllm", "AsyncVLLMPolicy": "vllm",
-    "TransformersPolicy": "hf", "default_cpu_policy": "hf",
+    "VLLMPolicy": "vllm",
+    "AsyncVLLMPolicy": "vllm",
+    "TransformersPolicy": "hf",
+    "default_cpu_policy": "hf",
     "PolicyServer": "server",
 }
 
-__all__ = ["CONTEXT_LENGTH_EXCEEDED", "REQUEST_ERROR", "Completion", "GenerationRequest", "Policy",
-           "microbatch", "OpenAIPolicy", "RecordingPolicy", "SamplingConfig", "ScriptedOpening", "ScriptedPolicy", "SimulatedPolicy",
-           *_LAZY]
+__all__ = [
+    "CONTEXT_LENGTH_EXCEEDED",
+    "REQUEST_ERROR",
+    "Completion",
+    "GenerationRequest",
+    "Policy",
+    "microbatch",
+    "OpenAIPolicy",
+    "RecordingPolicy",
+    "SamplingConfig",
+    "ScriptedOpening",
+    "ScriptedPolicy",
+    "SimulatedPolicy",
+    *_LAZY,
+]
 
 
 def __getattr__(name: str) -> Any:

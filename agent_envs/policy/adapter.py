@@ -5,6 +5,7 @@ this view handed to the rollout.  Requests keep their seeds; their episode keys 
 name in front, so members running the same tasks on one policy at once never share a prompt cache
 entry.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

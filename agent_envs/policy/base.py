@@ -5,6 +5,7 @@ Environments never call a policy; runners do.  An environment says what it wants
 :class:`Completion` in ``step``.  A completion that failed carries ``error`` instead of text and ends
 its episode with the matching termination reason rather than raising.
 """
+
 from __future__ import annotations
 
 import abc
@@ -35,8 +36,7 @@ class Policy(abc.ABC):
     name: str = "policy"
 
     @abc.abstractmethod
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
-        ...
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]: ...
 
     async def agenerate(self, request: GenerationRequest) -> Completion:
         """Single-request async generation; backends with a real async engine override this."""
@@ -59,12 +59,14 @@ class Policy(abc.ABC):
         return {"policy": self.name}
 
 
-def batch_or_each(call: Callable[[list[T]], list[Completion]], items: Sequence[T],
-                  failed: Callable[[T, Exception], Completion]) -> list[Completion]:
+def batch_or_each(
+    call: Callable[[list[T]], list[Completion]], items: Sequence[T], failed: Callable[[T, Exception], Completion]
+) -> list[Completion]:
     """``call(items)``; if it raises, or answers with anything but one :class:`Completion` per item,
     every item is tried on its own, and one that fails alone becomes ``failed(item, exc)``.  So one
     bad request fails only its own episode (the reference runner's retry); the runner applies this
     to a policy's batch, an engine policy to each engine call."""
+
     def checked(batch: list[T]) -> list[Completion]:
         out = call(batch)
         if len(out) != len(batch) or not all(isinstance(c, Completion) for c in out):

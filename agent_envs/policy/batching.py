@@ -4,6 +4,7 @@ Every request is rendered once to token ids, checked against the context window 
 sees it, grouped by ``rollout_token_budget``, and generated group by group.  A group that raises is
 retried one request at a time so one bad prompt cannot fail its neighbours.
 """
+
 from __future__ import annotations
 
 import abc
@@ -65,8 +66,7 @@ class EnginePolicy(Policy):
     With a ``processor`` (a vision-language model's), chats with image parts are rendered through
     it; without one they fail as a ``request_error`` that says so.  Text chats are unaffected."""
 
-    def __init__(self, tokenizer, sampling: SamplingConfig | None, max_model_len: int | None,
-                 processor: Any = None):
+    def __init__(self, tokenizer, sampling: SamplingConfig | None, max_model_len: int | None, processor: Any = None):
         self.tokenizer = tokenizer
         self.sampling = sampling or SamplingConfig()
         self.counter = TokenCounter(tokenizer, enable_thinking=self.sampling.enable_thinking)
@@ -104,8 +104,13 @@ class EnginePolicy(Policy):
         adapter this policy does not hold a ``request_error``."""
         if request.adapter is not None and request.adapter not in self.adapters:
             known = ", ".join(sorted(self.adapters)) or "none registered"
-            return Completion(error=REQUEST_ERROR, engine=self.name, error_message=(
-                f"ValueError: the {self.name} policy has no adapter named {request.adapter!r} ({known})"))
+            return Completion(
+                error=REQUEST_ERROR,
+                engine=self.name,
+                error_message=(
+                    f"ValueError: the {self.name} policy has no adapter named {request.adapter!r} ({known})"
+                ),
+            )
         image = None
         refusal = _unsupported(request, self.name)
         if refusal is not None:
@@ -114,9 +119,14 @@ class EnginePolicy(Policy):
             ids = list(request.prompt_token_ids)
         elif has_images(request.messages):
             if self.renderer is None:
-                return Completion(error=REQUEST_ERROR, engine=self.name, error_message=(
-                    f"ValueError: the request has image parts but the {self.name} policy has no image "
-                    "processor (load a vision-language model, or pass processor=)"))
+                return Completion(
+                    error=REQUEST_ERROR,
+                    engine=self.name,
+                    error_message=(
+                        f"ValueError: the request has image parts but the {self.name} policy has no image "
+                        "processor (load a vision-language model, or pass processor=)"
+                    ),
+                )
             try:
                 image = self.renderer.render(request.messages)
             except Exception as exc:  # an image that does not decode ends its episode, not the batch
@@ -139,15 +149,22 @@ def _unsupported(request: GenerationRequest, engine: str) -> Completion | None:
         what = "tool schemas (native tool calls cover text chats only)"
     else:
         return None
-    return Completion(error=REQUEST_ERROR, engine=engine,
-                      error_message=f"ValueError: a chat with images cannot take {what}")
+    return Completion(
+        error=REQUEST_ERROR, engine=engine, error_message=f"ValueError: a chat with images cannot take {what}"
+    )
 
 
 class BatchedEnginePolicy(EnginePolicy):
     """A lockstep engine: subclasses implement :meth:`_generate_group` (one engine call)."""
 
-    def __init__(self, tokenizer, sampling: SamplingConfig | None, max_model_len: int | None,
-                 rollout_token_budget: int, processor: Any = None):
+    def __init__(
+        self,
+        tokenizer,
+        sampling: SamplingConfig | None,
+        max_model_len: int | None,
+        rollout_token_budget: int,
+        processor: Any = None,
+    ):
         super().__init__(tokenizer, sampling, max_model_len, processor)
         self.rollout_token_budget = rollout_token_budget
 
@@ -172,5 +189,8 @@ class BatchedEnginePolicy(EnginePolicy):
 
     def _run_group(self, group: list[Prepared]) -> list[Completion]:
         """One engine call; a failure is retried prompt by prompt and recorded, never raised."""
-        return batch_or_each(self._generate_group, group, lambda prepared, exc: Completion.failed(
-            exc, prompt_tokens=len(prepared.prompt_ids), engine=self.name))
+        return batch_or_each(
+            self._generate_group,
+            group,
+            lambda prepared, exc: Completion.failed(exc, prompt_tokens=len(prepared.prompt_ids), engine=self.name),
+        )

@@ -4,6 +4,7 @@ their policies here, so a backend is added as a module in ``policy/`` and one ro
 A row says what the backend needs (a model, an endpoint) and builds it from :class:`PolicySettings`;
 the engine-backed modules import their heavy dependencies (torch, vLLM) only when a policy is built.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -69,8 +70,9 @@ def _vllm(s: PolicySettings) -> Policy:
 
 
 def _openai(s: PolicySettings) -> Policy:
-    http: dict[str, Any] = {k: v for k, v in (("timeout_s", s.timeout_s), ("max_retries", s.max_retries))
-                            if v is not None}
+    http: dict[str, Any] = {
+        k: v for k, v in (("timeout_s", s.timeout_s), ("max_retries", s.max_retries)) if v is not None
+    }
     assert s.model is not None
     return OpenAIPolicy(s.base_urls, s.model, sampling=s.sampling, samples_per_row=s.samples_per_row, **http)
 
@@ -81,12 +83,14 @@ def _transformers(s: PolicySettings) -> Policy:
 
 
 BACKENDS: dict[str, Backend] = {
-    "cpu": Backend(lambda s: default_cpu_policy(sampling=s.sampling),
-                   description="the embedded SmolLM2-135M-Instruct on the CPU"),
+    "cpu": Backend(
+        lambda s: default_cpu_policy(sampling=s.sampling), description="the embedded SmolLM2-135M-Instruct on the CPU"
+    ),
     "transformers": Backend(_transformers, needs_model=True, description="a Hugging Face model in-process"),
     "vllm": Backend(_vllm, needs_model=True, description="a vLLM engine in-process (offline LLM or AsyncLLM)"),
-    "openai": Backend(_openai, needs_model=True, needs_endpoint=True,
-                      description="OpenAI-compatible chat completion servers"),
+    "openai": Backend(
+        _openai, needs_model=True, needs_endpoint=True, description="OpenAI-compatible chat completion servers"
+    ),
     "scripted": Backend(_scripted, description="scripted replies: an environment's model-free baseline"),
 }
 POLICIES: tuple[str, ...] = tuple(BACKENDS)

@@ -6,6 +6,7 @@ share the call.  Batched forward passes pad and reshape the matmuls, which chang
 bits and can flip a sample; ``batch_decode=True`` accepts that for throughput (a lockstep run, whose
 groups are the same every time, stays repeatable).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -62,10 +63,22 @@ def process_logits(logits: Any, prompt_ids: Any, output_ids: Any, sampling: Samp
 class TransformersPolicy(BatchedEnginePolicy):
     name = "transformers"
 
-    def __init__(self, model_path_or_id: str | os.PathLike, *, gguf_file: str | None = None, device: str = "cpu",
-                 dtype: str = "float32", sampling: SamplingConfig | None = None, max_model_len: int | None = None,
-                 rollout_token_budget: int = 0, model: Any = None, tokenizer: Any = None, processor: Any = None,
-                 num_threads: int | None = None, batch_decode: bool = False):
+    def __init__(
+        self,
+        model_path_or_id: str | os.PathLike,
+        *,
+        gguf_file: str | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        sampling: SamplingConfig | None = None,
+        max_model_len: int | None = None,
+        rollout_token_budget: int = 0,
+        model: Any = None,
+        tokenizer: Any = None,
+        processor: Any = None,
+        num_threads: int | None = None,
+        batch_decode: bool = False,
+    ):
         """A vision-language model folder (its config names a vision tower) loads with its processor,
         and chats with image parts then reach the model as pixels; ``processor=`` gives one."""
         import inspect
@@ -81,8 +94,9 @@ class TransformersPolicy(BatchedEnginePolicy):
         extra = {"gguf_file": gguf_file} if gguf_file else {}
         if processor is None and model is None and not gguf_file:
             processor = load_processor(source)
-        tokenizer = tokenizer or (processor.tokenizer if processor is not None
-                                  else AutoTokenizer.from_pretrained(source, **extra))
+        tokenizer = tokenizer or (
+            processor.tokenizer if processor is not None else AutoTokenizer.from_pretrained(source, **extra)
+        )
         auto = AutoModelForCausalLM if processor is None else AutoModelForImageTextToText
         self.model = model or auto.from_pretrained(source, dtype=getattr(torch, dtype), **extra)
         self.model.to(device).eval()
@@ -90,9 +104,13 @@ class TransformersPolicy(BatchedEnginePolicy):
         self._cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         self.device = device
         self.source = source + (f"/{gguf_file}" if gguf_file else "")
-        super().__init__(tokenizer, sampling,
-                         max_model_len or self.model.config.get_text_config().max_position_embeddings,
-                         rollout_token_budget, processor)
+        super().__init__(
+            tokenizer,
+            sampling,
+            max_model_len or self.model.config.get_text_config().max_position_embeddings,
+            rollout_token_budget,
+            processor,
+        )
         self._eos = set(_as_list(self.model.generation_config.eos_token_id) + _as_list(tokenizer.eos_token_id))
         self._lock = threading.Lock()  # one forward pass at a time (servers call from threads)
         #: decode a lockstep group in one padded batch (about 2x the tokens/s at batch 4 on a CPU);
@@ -102,8 +120,12 @@ class TransformersPolicy(BatchedEnginePolicy):
         self._pad = pad if pad is not None else _as_list(tokenizer.eos_token_id)[0]
 
     def describe(self) -> dict[str, Any]:
-        return {"policy": self.name, "model": self.source, "device": self.device,
-                "sampling": self.sampling.model_dump()}
+        return {
+            "policy": self.name,
+            "model": self.source,
+            "device": self.device,
+            "sampling": self.sampling.model_dump(),
+        }
 
     def _generate_group(self, group: list[Prepared]) -> list[Completion]:
         with self._lock:
@@ -123,12 +145,14 @@ class TransformersPolicy(BatchedEnginePolicy):
         n = len(group)
         rows = [_Row(self, p) for p in group]
         width = max(len(p.prompt_ids) for p in group)
-        ids = torch.tensor([[self._pad] * (width - len(p.prompt_ids)) + p.prompt_ids for p in group],
-                           device=self.device)
+        ids = torch.tensor(
+            [[self._pad] * (width - len(p.prompt_ids)) + p.prompt_ids for p in group], device=self.device
+        )
         extra: dict[str, Any] = {}
         if n > 1:
-            mask = torch.tensor([[0] * (width - len(p.prompt_ids)) + [1] * len(p.prompt_ids) for p in group],
-                                device=self.device)
+            mask = torch.tensor(
+                [[0] * (width - len(p.prompt_ids)) + [1] * len(p.prompt_ids) for p in group], device=self.device
+            )
             extra = {"attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
         past, step_input = None, ids
         pixels = self._pixel_inputs(group[0]) if n == 1 else {}
@@ -148,8 +172,10 @@ class TransformersPolicy(BatchedEnginePolicy):
         if prepared.image is None:
             return {}
         dtype = self.model.dtype
-        return {k: v.to(self.device, dtype=dtype) if v.is_floating_point() else v.to(self.device)
-                for k, v in prepared.image.features.items()}
+        return {
+            k: v.to(self.device, dtype=dtype) if v.is_floating_point() else v.to(self.device)
+            for k, v in prepared.image.features.items()
+        }
 
 
 class _Row:
@@ -188,7 +214,7 @@ class _Row:
             self.logprobs.append(float(logits.float().log_softmax(-1)[token]))
         if token in self.policy._eos:
             self.finish, self.done = "stop", True
-        elif self.prepared.stop and self._stop_in(self._decode(self.output[-self.window:])):
+        elif self.prepared.stop and self._stop_in(self._decode(self.output[-self.window :])):
             self.finish, self.done, self.stopped = "stop", True, True
         elif len(self.output) >= self.max_new:
             self.done = True
@@ -204,10 +230,19 @@ class _Row:
         text = self._decode(self.output)
         if self.stopped:
             text, _ = cut_at_stop(text, self.prepared.stop)
-        extra = {} if self.logprobs is None else {"logprobs": self.logprobs,
-                                                  "prompt_token_ids": list(self.prepared.prompt_ids)}
-        return Completion(text=text, token_ids=self.output, finish_reason=self.finish,
-                          prompt_tokens=len(self.prepared.prompt_ids), engine=self.policy.name, **extra)
+        extra = (
+            {}
+            if self.logprobs is None
+            else {"logprobs": self.logprobs, "prompt_token_ids": list(self.prepared.prompt_ids)}
+        )
+        return Completion(
+            text=text,
+            token_ids=self.output,
+            finish_reason=self.finish,
+            prompt_tokens=len(self.prepared.prompt_ids),
+            engine=self.policy.name,
+            **extra,
+        )
 
 
 def _as_list(value: Any) -> list[int]:

@@ -23,6 +23,7 @@ tokens' log-probabilities, and ``request.tools`` sends the tool schemas for the 
 where the native parser reads them, outside thinking; ``"auto"`` asks a server started with a tool
 parser for its ``tool_calls``; vLLM refuses ``"auto"`` without one).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -66,8 +67,11 @@ def is_context_length_error(status: int, body: str) -> bool:
         error = json.loads(body).get("error") or {}
     except (ValueError, AttributeError):
         return False
-    return (isinstance(error, dict) and error.get("param") in CONTEXT_PARAMS
-            and "context length" in str(error.get("message", "")).lower())
+    return (
+        isinstance(error, dict)
+        and error.get("param") in CONTEXT_PARAMS
+        and "context length" in str(error.get("message", "")).lower()
+    )
 
 
 def response_logprobs(choice: dict[str, Any]) -> list[float] | None:
@@ -87,11 +91,25 @@ class OpenAIPolicy(Policy):
 
     name = "openai"
 
-    def __init__(self, base_urls: list[str] | str, model: str, *, api_key: str | None = None,
-                 timeout_s: float = 600.0, max_retries: int = 3, backoff_base_s: float = 2.0,
-                 backoff_cap_s: float = 10.0, tokenizer: Any = None, sampling: SamplingConfig | None = None,
-                 max_model_len: int | None = None, samples_per_row: int = 1, max_concurrency: int = 64,
-                 request_token_ids: bool = True, processor: Any = None, tool_choice: str = "none"):
+    def __init__(
+        self,
+        base_urls: list[str] | str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        max_retries: int = 3,
+        backoff_base_s: float = 2.0,
+        backoff_cap_s: float = 10.0,
+        tokenizer: Any = None,
+        sampling: SamplingConfig | None = None,
+        max_model_len: int | None = None,
+        samples_per_row: int = 1,
+        max_concurrency: int = 64,
+        request_token_ids: bool = True,
+        processor: Any = None,
+        tool_choice: str = "none",
+    ):
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
             raise ValueError("OpenAIPolicy needs at least one base URL")
@@ -120,8 +138,12 @@ class OpenAIPolicy(Policy):
         self._windows: dict[str, int | None] = {}
 
     def describe(self) -> dict[str, Any]:
-        return {"policy": self.name, "model": self.model, "base_urls": self.endpoints,
-                "sampling": self.sampling.model_dump()}
+        return {
+            "policy": self.name,
+            "model": self.model,
+            "base_urls": self.endpoints,
+            "sampling": self.sampling.model_dump(),
+        }
 
     # ------------------------------------------------------------------ request building
     def endpoint_for(self, request: GenerationRequest) -> str:
@@ -148,11 +170,17 @@ class OpenAIPolicy(Policy):
             body["prompt"] = list(prompt)
         else:
             body["messages"] = request.messages
-        body.update({
-            "temperature": s.temperature, "top_p": s.top_p,
-            "top_k": s.top_k, "min_p": s.min_p, "presence_penalty": s.presence_penalty,
-            "repetition_penalty": s.repetition_penalty, "stop": s.stop_for(request),
-        })
+        body.update(
+            {
+                "temperature": s.temperature,
+                "top_p": s.top_p,
+                "top_k": s.top_k,
+                "min_p": s.min_p,
+                "presence_penalty": s.presence_penalty,
+                "repetition_penalty": s.repetition_penalty,
+                "stop": s.stop_for(request),
+            }
+        )
         if not tokens_in:
             body["chat_template_kwargs"] = {"enable_thinking": s.enable_thinking}
         if request.seed is not None:
@@ -218,7 +246,9 @@ class OpenAIPolicy(Policy):
         """A reply whose prompt leaves less than ``max_tokens`` free becomes ``context_length_exceeded``."""
         if not completion.ok or completion.prompt_tokens is None:
             return completion
-        overflow = context_overflow(completion.prompt_tokens, request.max_tokens, window, completion.engine or self.name)
+        overflow = context_overflow(
+            completion.prompt_tokens, request.max_tokens, window, completion.engine or self.name
+        )
         return overflow if overflow is not None else completion
 
     def _parse(self, response: httpx.Response, endpoint: str, request: GenerationRequest) -> Completion:
@@ -238,9 +268,15 @@ class OpenAIPolicy(Policy):
             prompt = choice.get("prompt_token_ids") or data.get("prompt_token_ids")
             extra["prompt_token_ids"] = list(prompt) if prompt is not None else None
         text = choice.get("text") if message is None else message.get("content")
-        return Completion(text=text or "", token_ids=ids,
-                          completion_tokens=usage.get("completion_tokens"), finish_reason=choice.get("finish_reason"),
-                          prompt_tokens=usage.get("prompt_tokens"), engine=endpoint, **extra)
+        return Completion(
+            text=text or "",
+            token_ids=ids,
+            completion_tokens=usage.get("completion_tokens"),
+            finish_reason=choice.get("finish_reason"),
+            prompt_tokens=usage.get("prompt_tokens"),
+            engine=endpoint,
+            **extra,
+        )
 
     def _after_failure(self, exc: Exception, attempt: int, endpoint: str) -> Completion | float:
         """The record a failed attempt ends with, or the backoff (seconds) before the next attempt."""
@@ -283,8 +319,9 @@ class OpenAIPolicy(Policy):
         endpoint, body = self.endpoint_for(request), self.body(request)
         for attempt in itertools.count():
             try:
-                completion = self._parse(await self._send("POST", f"{endpoint}/{self.route(request)}", body),
-                                         endpoint, request)
+                completion = self._parse(
+                    await self._send("POST", f"{endpoint}/{self.route(request)}", body), endpoint, request
+                )
             except Exception as exc:  # every failure becomes a record, never an exception
                 verdict = self._after_failure(exc, attempt, endpoint)
                 if isinstance(verdict, Completion):

@@ -4,6 +4,7 @@ One config per policy; the per-request parts (seed, ``max_tokens``, stop strings
 :class:`~agent_envs.policy.base.GenerationRequest`, because the environment derives the seed from the
 episode and turn.
 """
+
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,14 +36,18 @@ class SamplingConfig(BaseModel):
         return list(request.stop) if request.stop else list(self.stop)
 
 
-def context_overflow(prompt_tokens: int, max_tokens: int | None, max_model_len: int | None,
-                     engine: str) -> Completion | None:
+def context_overflow(
+    prompt_tokens: int, max_tokens: int | None, max_model_len: int | None, engine: str
+) -> Completion | None:
     """The ``context_length_exceeded`` completion for a prompt that cannot fit, else None."""
     if not exceeds_context(prompt_tokens, max_tokens, max_model_len):
         return None
-    return Completion(error=CONTEXT_LENGTH_EXCEEDED, prompt_tokens=prompt_tokens, engine=engine,
-                      error_message=f"prompt_tokens {prompt_tokens} + max_tokens {max_tokens} "
-                                    f"> max_model_len {max_model_len}")
+    return Completion(
+        error=CONTEXT_LENGTH_EXCEEDED,
+        prompt_tokens=prompt_tokens,
+        engine=engine,
+        error_message=f"prompt_tokens {prompt_tokens} + max_tokens {max_tokens} > max_model_len {max_model_len}",
+    )
 
 
 def cut_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:

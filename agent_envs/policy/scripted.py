@@ -1,5 +1,6 @@
 """Deterministic policies: scripted replies for tests and baselines, and a simulated engine whose
 only job is to take realistic time, for scheduling benchmarks."""
+
 from __future__ import annotations
 
 import asyncio
@@ -161,8 +162,15 @@ class SimulatedPolicy(Policy):
 
     name = "simulated"
 
-    def __init__(self, script: Script, *, per_token_s: float = 1e-4, median_tokens: int = 200,
-                 sigma: float = 1.0, call_overhead_s: float = 0.0):
+    def __init__(
+        self,
+        script: Script,
+        *,
+        per_token_s: float = 1e-4,
+        median_tokens: int = 200,
+        sigma: float = 1.0,
+        call_overhead_s: float = 0.0,
+    ):
         self.scripted = ScriptedPolicy(script)
         self.per_token_s = per_token_s
         self.median_tokens = median_tokens

@@ -14,6 +14,7 @@ naming the problem.
 
     python -m agent_envs.policy.server --policy cpu --port 8000      # or: agent-envs serve ...
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,9 +54,18 @@ def error_body(message: str, status: int, param: str | None = None) -> dict[str,
 class PolicyServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, policy: Policy, *, model: str = "agent-envs", host: str = "127.0.0.1", port: int = 0,
-                 max_model_len: int | None = None, record: int = 0, max_body_bytes: int = MAX_BODY_BYTES,
-                 read_timeout_s: float = READ_TIMEOUT_S):
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        model: str = "agent-envs",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_model_len: int | None = None,
+        record: int = 0,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        read_timeout_s: float = READ_TIMEOUT_S,
+    ):
         super().__init__((host, port), _Handler)
         self.policy = policy
         self.model = model
@@ -136,27 +146,42 @@ class PolicyServer(ThreadingHTTPServer):
         generated = completion.num_tokens
         if generated is None:
             generated = self.counter.text_tokens(completion.text)
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": completion.text},
-                                  "finish_reason": completion.finish_reason or "stop"}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": completion.text},
+            "finish_reason": completion.finish_reason or "stop",
+        }
         if completion.tool_calls:  # a policy that parsed calls out of its text, as tool-parsing servers do
             choice["message"]["tool_calls"] = completion.tool_calls
         if body.get("return_token_ids") and completion.token_ids is not None:
             choice["token_ids"] = completion.token_ids
         prompt = completion.prompt_tokens or prompt_tokens
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": self.model, "choices": [choice],
-                "usage": {"prompt_tokens": prompt, "completion_tokens": generated,
-                          "total_tokens": prompt + generated}}
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [choice],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated},
+        }
 
     def models(self) -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "agent-envs",
-                                            "max_model_len": self.max_model_len}]}
+        return {
+            "object": "list",
+            "data": [
+                {"id": self.model, "object": "model", "owned_by": "agent-envs", "max_model_len": self.max_model_len}
+            ],
+        }
 
 
 def context_error(max_model_len: int, prompt_tokens: int) -> dict[str, Any]:
-    return error_body(f"This model's maximum context length is {max_model_len} tokens. However, your request has "
-                      f"{prompt_tokens} input tokens. Please reduce the length of the input messages. "
-                      f"(parameter=input_tokens, value={prompt_tokens})", 400, "input_tokens")
+    return error_body(
+        f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+        f"{prompt_tokens} input tokens. Please reduce the length of the input messages. "
+        f"(parameter=input_tokens, value={prompt_tokens})",
+        400,
+        "input_tokens",
+    )
 
 
 def to_request(body: Any) -> GenerationRequest:
@@ -170,11 +195,15 @@ def to_request(body: Any) -> GenerationRequest:
         raise ClientError("'messages' must be a list of message objects")
     seed = _whole(body, "seed", INT64)
     max_tokens = _whole(body, "max_completion_tokens", range(1, INT64.stop)) or _whole(
-        body, "max_tokens", range(1, INT64.stop))
+        body, "max_tokens", range(1, INT64.stop)
+    )
     stop = body.get("stop") or []
     return GenerationRequest(
         messages=[{"role": m["role"], "content": checked_content(m["content"])} for m in messages],
-        seed=seed, max_tokens=max_tokens, stop=[stop] if isinstance(stop, str) else list(stop))
+        seed=seed,
+        max_tokens=max_tokens,
+        stop=[stop] if isinstance(stop, str) else list(stop),
+    )
 
 
 def _whole(body: dict[str, Any], name: str, allowed: range) -> int | None:
@@ -184,8 +213,7 @@ def _whole(body: dict[str, Any], name: str, allowed: range) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
         shown = str(value)[:40] if isinstance(value, (int, float)) else type(value).__name__
-        raise ClientError(f"'{name}' must be a whole number from {allowed.start} to {allowed.stop - 1}, "
-                          f"got {shown}")
+        raise ClientError(f"'{name}' must be a whole number from {allowed.start} to {allowed.stop - 1}, got {shown}")
     return value
 
 
@@ -298,16 +326,29 @@ class _Handler(BaseHTTPRequestHandler):
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agent-envs serve", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--policy", choices=["cpu", "transformers"], default="cpu",
-                        help="cpu: the embedded SmolLM2-135M; transformers: --model path")
+    parser.add_argument(
+        "--policy",
+        choices=["cpu", "transformers"],
+        default="cpu",
+        help="cpu: the embedded SmolLM2-135M; transformers: --model path",
+    )
     parser.add_argument("--model", help="model folder for --policy transformers")
     parser.add_argument("--served-model-name", default="agent-envs")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-model-len", type=int)
-    parser.add_argument("--max-body-mib", type=float, default=MAX_BODY_BYTES / (1 << 20),
-                        help="refuse (413) request bodies larger than this")
-    parser.add_argument("--read-timeout", type=float, default=READ_TIMEOUT_S, metavar="SECONDS",
-                        help="time a client has to send a whole request")
+    parser.add_argument(
+        "--max-body-mib",
+        type=float,
+        default=MAX_BODY_BYTES / (1 << 20),
+        help="refuse (413) request bodies larger than this",
+    )
+    parser.add_argument(
+        "--read-timeout",
+        type=float,
+        default=READ_TIMEOUT_S,
+        metavar="SECONDS",
+        help="time a client has to send a whole request",
+    )
     args = parser.parse_args(argv)
     if not (args.max_body_mib > 0 and args.read_timeout > 0):
         parser.error("--max-body-mib and --read-timeout must be > 0")
@@ -319,8 +360,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         policy: Policy = TransformersPolicy(args.model)
     else:
         policy = default_cpu_policy()
-    server = PolicyServer(policy, model=args.served_model_name, port=args.port, max_model_len=args.max_model_len,
-                          max_body_bytes=int(args.max_body_mib * (1 << 20)), read_timeout_s=args.read_timeout)
+    server = PolicyServer(
+        policy,
+        model=args.served_model_name,
+        port=args.port,
+        max_model_len=args.max_model_len,
+        max_body_bytes=int(args.max_body_mib * (1 << 20)),
+        read_timeout_s=args.read_timeout,
+    )
     print(f"serving {args.served_model_name} at {server.url}", flush=True)
     try:
         server.serve_forever()

@@ -9,6 +9,7 @@ cost different token counts.  Its text side is Llama, the architecture of the bu
 tokenizer it keeps (plus the vision tokens), so text tokenises exactly as the default CPU model's.
 Weights are random: outputs are noise; the plumbing (images in, token counts, seeds) is what is tested.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,12 +46,21 @@ CHAT_TEMPLATE = (
 
 
 def tokens_per_tile() -> int:
-    return (TILE // PATCH) ** 2 // SCALE ** 2
+    return (TILE // PATCH) ** 2 // SCALE**2
 
 
-def build_tiny_vlm(out_dir: str | os.PathLike, *, seed: int = 0, tokenizer: Any = None, hidden_size: int = 64,
-                   num_layers: int = 2, vision_layers: int = 2, max_tiles_per_side: int = 3,
-                   max_position_embeddings: int = 8192, dtype: str = "bfloat16") -> Path:
+def build_tiny_vlm(
+    out_dir: str | os.PathLike,
+    *,
+    seed: int = 0,
+    tokenizer: Any = None,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    vision_layers: int = 2,
+    max_tiles_per_side: int = 3,
+    max_position_embeddings: int = 8192,
+    dtype: str = "bfloat16",
+) -> Path:
     """Write a complete Idefics3 model folder (config, safetensors, tokenizer, chat template,
     processor) to ``out_dir`` and return it.
 
@@ -60,7 +70,13 @@ def build_tiny_vlm(out_dir: str | os.PathLike, *, seed: int = 0, tokenizer: Any 
     sizes are 32, a size every vLLM attention backend takes.
     """
     import torch
-    from transformers import AutoTokenizer, GenerationConfig, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers import (
+        AutoTokenizer,
+        GenerationConfig,
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3Processor,
+    )
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
     out = Path(out_dir)
@@ -73,27 +89,49 @@ def build_tiny_vlm(out_dir: str | os.PathLike, *, seed: int = 0, tokenizer: Any 
     tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS}, replace_extra_special_tokens=False)
     tokenizer.chat_template = CHAT_TEMPLATE
     head_dim = 32
-    special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-               "pad_token_id": tokenizer.pad_token_id}
+    special = {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
     config = Idefics3Config(
-        text_config={"model_type": "llama", "vocab_size": -(-len(tokenizer) // 64) * 64, "hidden_size": hidden_size,
-                     "intermediate_size": 2 * hidden_size, "num_hidden_layers": num_layers,
-                     "num_attention_heads": hidden_size // head_dim, "num_key_value_heads": 1,
-                     "max_position_embeddings": max_position_embeddings, "tie_word_embeddings": True,
-                     "initializer_range": INIT_RANGE, **special},
-        vision_config={"hidden_size": hidden_size, "intermediate_size": 2 * hidden_size,
-                       "num_hidden_layers": vision_layers, "num_attention_heads": hidden_size // head_dim,
-                       "image_size": TILE, "patch_size": PATCH, "initializer_range": INIT_RANGE},
-        scale_factor=SCALE, image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
-        tie_word_embeddings=True, architectures=["Idefics3ForConditionalGeneration"], **special,
+        text_config={
+            "model_type": "llama",
+            "vocab_size": -(-len(tokenizer) // 64) * 64,
+            "hidden_size": hidden_size,
+            "intermediate_size": 2 * hidden_size,
+            "num_hidden_layers": num_layers,
+            "num_attention_heads": hidden_size // head_dim,
+            "num_key_value_heads": 1,
+            "max_position_embeddings": max_position_embeddings,
+            "tie_word_embeddings": True,
+            "initializer_range": INIT_RANGE,
+            **special,
+        },
+        vision_config={
+            "hidden_size": hidden_size,
+            "intermediate_size": 2 * hidden_size,
+            "num_hidden_layers": vision_layers,
+            "num_attention_heads": hidden_size // head_dim,
+            "image_size": TILE,
+            "patch_size": PATCH,
+            "initializer_range": INIT_RANGE,
+        },
+        scale_factor=SCALE,
+        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        tie_word_embeddings=True,
+        architectures=["Idefics3ForConditionalGeneration"],
+        **special,
     )
     config.dtype = dtype
     torch.manual_seed(seed)
     model = Idefics3ForConditionalGeneration(config).to(getattr(torch, dtype))
     model.generation_config = GenerationConfig(**special)
     model.save_pretrained(out)
-    images = Idefics3ImageProcessorPil(size={"longest_edge": max_tiles_per_side * TILE},
-                                       max_image_size={"longest_edge": TILE}, do_image_splitting=True)
-    Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=tokens_per_tile(),
-                      chat_template=CHAT_TEMPLATE).save_pretrained(out)
+    images = Idefics3ImageProcessorPil(
+        size={"longest_edge": max_tiles_per_side * TILE}, max_image_size={"longest_edge": TILE}, do_image_splitting=True
+    )
+    Idefics3Processor(
+        image_processor=images, tokenizer=tokenizer, image_seq_len=tokens_per_tile(), chat_template=CHAT_TEMPLATE
+    ).save_pretrained(out)
     return out

@@ -7,6 +7,7 @@ both forms: the expanded ids (what the model attends to: the count budgets and c
 and the template's ids with one placeholder per image (what vLLM takes with the images and expands
 itself).  Text-only chats never come here: they tokenise exactly as before.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -36,7 +37,9 @@ class ProcessorRenderer:
 
     def __init__(self, processor: Any, enable_thinking: bool = False):
         if getattr(processor, "tokenizer", None) is None or getattr(processor, "image_processor", None) is None:
-            raise TypeError(f"a processor with a tokenizer and an image processor is needed, got {type(processor).__name__}")
+            raise TypeError(
+                f"a processor with a tokenizer and an image processor is needed, got {type(processor).__name__}"
+            )
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.counter = TokenCounter(processor=processor, enable_thinking=enable_thinking)
@@ -49,9 +52,12 @@ class ProcessorRenderer:
         text, images = self.text(messages), images_of(messages)
         encoded = processor_inputs(self.processor, text, images, return_tensors="pt")
         features = {k: v for k, v in encoded.items() if k not in ("input_ids", "attention_mask")}
-        return ImagePrompt(ids=encoded["input_ids"][0].tolist(),
-                           placeholder_ids=list(self.tokenizer.encode(text, add_special_tokens=False)),
-                           images=images, features=features)
+        return ImagePrompt(
+            ids=encoded["input_ids"][0].tolist(),
+            placeholder_ids=list(self.tokenizer.encode(text, add_special_tokens=False)),
+            images=images,
+            features=features,
+        )
 
     def prompt_tokens(self, messages: Sequence[Message]) -> int:
         return len(self.render(messages).ids)

@@ -16,6 +16,7 @@ Both keep the engine busy by default: a lockstep turn goes to the engine as one 
 fills the KV cache itself), and the async engine core runs in its own process, so the Python work
 of the rollouts (environments, tokenising) never stalls GPU steps.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -74,11 +75,20 @@ def sampling_params(sampling: SamplingConfig, prepared: Prepared, *, final_only:
         if "flat_logprobs" in _sampling_fields(SamplingParams):  # a few lists per request, not a dict per token
             extra["flat_logprobs"] = True
     return SamplingParams(
-        n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-        min_p=sampling.min_p, presence_penalty=sampling.presence_penalty,
-        repetition_penalty=sampling.repetition_penalty, seed=request.seed,
-        max_tokens=token_cap(request.max_tokens), ignore_eos=sampling.ignore_eos,
-        stop=prepared.stop or None, include_stop_str_in_output=False, **extra)
+        n=1,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        min_p=sampling.min_p,
+        presence_penalty=sampling.presence_penalty,
+        repetition_penalty=sampling.repetition_penalty,
+        seed=request.seed,
+        max_tokens=token_cap(request.max_tokens),
+        ignore_eos=sampling.ignore_eos,
+        stop=prepared.stop or None,
+        include_stop_str_in_output=False,
+        **extra,
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,8 +103,9 @@ def tokens_prompt(prepared: Prepared) -> Any:
 
     if prepared.image is None:
         return TokensPrompt(prompt_token_ids=prepared.prompt_ids)
-    return TokensPrompt(prompt_token_ids=prepared.image.placeholder_ids,
-                        multi_modal_data={"image": prepared.image.images})
+    return TokensPrompt(
+        prompt_token_ids=prepared.image.placeholder_ids, multi_modal_data={"image": prepared.image.images}
+    )
 
 
 _LORA_IDS = itertools.count(1)
@@ -146,11 +157,18 @@ def to_completion(output: Any, prepared: Prepared, engine: str) -> Completion:
     ids = list(sample.token_ids)
     extra: dict[str, Any] = {}
     if prepared.request.logprobs:
-        extra = {"logprobs": sampled_logprobs(sample.logprobs, ids),
-                 "prompt_token_ids": list(prompt) if prompt is not None else list(prepared.prompt_ids)}
-    return Completion(text=sample.text, token_ids=ids, finish_reason=sample.finish_reason,
-                      prompt_tokens=len(prompt) if prompt is not None else len(prepared.prompt_ids), engine=engine,
-                      **extra)
+        extra = {
+            "logprobs": sampled_logprobs(sample.logprobs, ids),
+            "prompt_token_ids": list(prompt) if prompt is not None else list(prepared.prompt_ids),
+        }
+    return Completion(
+        text=sample.text,
+        token_ids=ids,
+        finish_reason=sample.finish_reason,
+        prompt_tokens=len(prompt) if prompt is not None else len(prepared.prompt_ids),
+        engine=engine,
+        **extra,
+    )
 
 
 def sampled_logprobs(positions: Any, ids: list[int]) -> list[float] | None:
@@ -162,8 +180,10 @@ def sampled_logprobs(positions: Any, ids: list[int]) -> list[float] | None:
     starts = getattr(positions, "start_indices", None)
     if starts is not None:
         flat_ids, values, ends = positions.token_ids, positions.logprobs, positions.end_indices
-        return [float(values[next((i for i in range(start, end) if flat_ids[i] == token), start)])
-                for start, end, token in zip(starts, ends, ids)]
+        return [
+            float(values[next((i for i in range(start, end) if flat_ids[i] == token), start)])
+            for start, end, token in zip(starts, ends, ids)
+        ]
     return [float(lp[token].logprob) for lp, token in zip(positions, ids)]
 
 
@@ -177,8 +197,12 @@ def model_processor(model: Any, processor: Any) -> Any:
 
 def engine_max_model_len(engine: Any) -> int | None:
     """The context window across vLLM versions (``LLM``, ``LLMEngine`` or ``AsyncLLM``)."""
-    for path in ("model_config", "llm_engine.model_config", "vllm_config.model_config",
-                 "llm_engine.vllm_config.model_config"):
+    for path in (
+        "model_config",
+        "llm_engine.model_config",
+        "vllm_config.model_config",
+        "llm_engine.vllm_config.model_config",
+    ):
         obj = engine
         for attr in path.split("."):
             obj = getattr(obj, attr, None)
@@ -201,9 +225,18 @@ class VLLMPolicy(_LoRAAdapters, BatchedEnginePolicy):
 
     name = "vllm"
 
-    def __init__(self, model: str | None = None, llm: Any = None, *, tokenizer: Any = None,
-                 sampling: SamplingConfig | None = None, rollout_token_budget: int = DEFAULT_ROLLOUT_TOKEN_BUDGET,
-                 max_model_len: int | None = None, processor: Any = None, **engine_kwargs: Any):
+    def __init__(
+        self,
+        model: str | None = None,
+        llm: Any = None,
+        *,
+        tokenizer: Any = None,
+        sampling: SamplingConfig | None = None,
+        rollout_token_budget: int = DEFAULT_ROLLOUT_TOKEN_BUDGET,
+        max_model_len: int | None = None,
+        processor: Any = None,
+        **engine_kwargs: Any,
+    ):
         if (model is None) == (llm is None):
             raise ValueError("VLLMPolicy needs exactly one of model= (to build an engine) or llm= (to wrap one)")
         self._owns_engine = llm is None
@@ -218,19 +251,32 @@ class VLLMPolicy(_LoRAAdapters, BatchedEnginePolicy):
             llm = vllm.LLM(model=model, **engine_kwargs)
         self.llm = llm
         self.model = model or getattr(getattr(llm, "model_config", None), "model", None)
-        super().__init__(tokenizer or llm.get_tokenizer(), sampling,
-                         max_model_len or engine_max_model_len(llm), rollout_token_budget,
-                         model_processor(self.model, processor))
+        super().__init__(
+            tokenizer or llm.get_tokenizer(),
+            sampling,
+            max_model_len or engine_max_model_len(llm),
+            rollout_token_budget,
+            model_processor(self.model, processor),
+        )
 
     def describe(self) -> dict[str, Any]:
-        return {"policy": self.name, "model": self.model, "max_model_len": self.max_model_len,
-                "rollout_token_budget": self.rollout_token_budget, "sampling": self.sampling.model_dump()}
+        return {
+            "policy": self.name,
+            "model": self.model,
+            "max_model_len": self.max_model_len,
+            "rollout_token_budget": self.rollout_token_budget,
+            "sampling": self.sampling.model_dump(),
+        }
 
     def _generate_group(self, group: list[Prepared]) -> list[Completion]:
         loras = [self._lora(p) for p in group]
         extra = {"lora_request": loras} if any(lora is not None for lora in loras) else {}
-        outputs = self.llm.generate([tokens_prompt(p) for p in group],
-                                    [sampling_params(self.sampling, p) for p in group], use_tqdm=False, **extra)
+        outputs = self.llm.generate(
+            [tokens_prompt(p) for p in group],
+            [sampling_params(self.sampling, p) for p in group],
+            use_tqdm=False,
+            **extra,
+        )
         return [to_completion(o, p, self.name) for o, p in zip(outputs, group)]
 
     def _unload_lora(self, lora_id: int) -> None:
@@ -352,9 +398,18 @@ class AsyncVLLMPolicy(_LoRAAdapters, EnginePolicy):
 
     name = "vllm-async"
 
-    def __init__(self, model: str | None = None, engine: Any = None, *, tokenizer: Any = None,
-                 sampling: SamplingConfig | None = None, max_model_len: int | None = None,
-                 multiprocessing: bool = True, processor: Any = None, **engine_kwargs: Any):
+    def __init__(
+        self,
+        model: str | None = None,
+        engine: Any = None,
+        *,
+        tokenizer: Any = None,
+        sampling: SamplingConfig | None = None,
+        max_model_len: int | None = None,
+        multiprocessing: bool = True,
+        processor: Any = None,
+        **engine_kwargs: Any,
+    ):
         if (model is None) == (engine is None):
             raise ValueError("AsyncVLLMPolicy needs exactly one of model= or engine= (an AsyncLLM)")
         if engine is None and isinstance(tokenizer, (str, os.PathLike)):  # a folder: the engine's tokenizer
@@ -377,8 +432,9 @@ class AsyncVLLMPolicy(_LoRAAdapters, EnginePolicy):
         if register is not None:  # runs before exit joins non-daemon threads (an in-process engine's)
             register(self._stop)
         self.model = model or getattr(getattr(engine, "model_config", None), "model", None)
-        super().__init__(tokenizer, sampling, max_model_len or engine_max_model_len(engine),
-                         model_processor(self.model, processor))
+        super().__init__(
+            tokenizer, sampling, max_model_len or engine_max_model_len(engine), model_processor(self.model, processor)
+        )
         self._ids = itertools.count()
 
     @property
@@ -387,13 +443,18 @@ class AsyncVLLMPolicy(_LoRAAdapters, EnginePolicy):
         return self._thread.engine
 
     def describe(self) -> dict[str, Any]:
-        return {"policy": self.name, "model": self.model, "max_model_len": self.max_model_len,
-                "sampling": self.sampling.model_dump()}
+        return {
+            "policy": self.name,
+            "model": self.model,
+            "max_model_len": self.max_model_len,
+            "sampling": self.sampling.model_dump(),
+        }
 
     async def agenerate(self, request: GenerationRequest) -> Completion:
         # decoding and processing images is real work: off the caller's loop, which runs the rollouts
-        prepared = (await asyncio.to_thread(self.prepare, request) if has_images(request.messages)
-                    else self.prepare(request))
+        prepared = (
+            await asyncio.to_thread(self.prepare, request) if has_images(request.messages) else self.prepare(request)
+        )
         if isinstance(prepared, Completion):
             return prepared
         try:
@@ -406,8 +467,9 @@ class AsyncVLLMPolicy(_LoRAAdapters, EnginePolicy):
         params = sampling_params(self.sampling, prepared, final_only=True)
         lora = self._lora(prepared)
         extra = {"lora_request": lora} if lora is not None else {}
-        async for output in self.engine.generate(tokens_prompt(prepared), params,
-                                                 request_id=f"agent-envs-{next(self._ids)}", **extra):
+        async for output in self.engine.generate(
+            tokens_prompt(prepared), params, request_id=f"agent-envs-{next(self._ids)}", **extra
+        ):
             final = output
         if final is None:
             raise RuntimeError("the engine finished the request without an output")
@@ -425,8 +487,9 @@ class AsyncVLLMPolicy(_LoRAAdapters, EnginePolicy):
         event loop and wait for its result, awaiting it if it is a coroutine."""
         return self._live_thread().call(fn, *args, **kwargs)
 
-    def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (),
-                       kwargs: dict[str, Any] | None = None) -> list[Any]:
+    def collective_rpc(
+        self, method: str, timeout: float | None = None, args: tuple = (), kwargs: dict[str, Any] | None = None
+    ) -> list[Any]:
         """Call a ``worker_extension_cls`` method (by name) on every worker and wait for the results."""
         return list(self.call(self.engine.collective_rpc, method, timeout=timeout, args=tuple(args), kwargs=kwargs))
 
@@ -457,5 +520,6 @@ def _build_async_engine(model: str, multiprocessing: bool, engine_kwargs: dict[s
     # tokens per step (2,048 vs 16,384 on an H200, 77% of its throughput).  Rollouts are offline
     # work, so ask for the ``LLM`` defaults; engine args given explicitly still win.
     with multiprocessing_env(multiprocessing):
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **engine_kwargs),
-                                         usage_context=UsageContext.LLM_CLASS)
+        return AsyncLLM.from_engine_args(
+            AsyncEngineArgs(model=model, **engine_kwargs), usage_context=UsageContext.LLM_CLASS
+        )

@@ -5,16 +5,45 @@ multiplexer or desktop-launcher programs. The rule is lexical, not a security bo
 unattended rollouts from opening browsers or killing processes, and its quirks (``echo su`` is
 blocked, ``os.kill(1,9)`` is not) are part of the protocol.
 """
+
 from __future__ import annotations
 
 import re
 
 BLOCKED_WORDS: tuple[str, ...] = (
-    "sudo", "su", "pkexec", "gksu", "gksudo", "kdesu",
-    "kill", "pkill", "killall", "reboot", "shutdown", "halt", "poweroff", "screen", "tmux", "ray",
-    "xdg-open", "gio", "sensible-browser", "x-www-browser",
-    "firefox", "google-chrome", "google-chrome-stable", "chromium", "chromium-browser",
-    "brave", "brave-browser", "opera", "epiphany", "zenity", "kdialog", "xmessage", "notify-send",
+    "sudo",
+    "su",
+    "pkexec",
+    "gksu",
+    "gksudo",
+    "kdesu",
+    "kill",
+    "pkill",
+    "killall",
+    "reboot",
+    "shutdown",
+    "halt",
+    "poweroff",
+    "screen",
+    "tmux",
+    "ray",
+    "xdg-open",
+    "gio",
+    "sensible-browser",
+    "x-www-browser",
+    "firefox",
+    "google-chrome",
+    "google-chrome-stable",
+    "chromium",
+    "chromium-browser",
+    "brave",
+    "brave-browser",
+    "opera",
+    "epiphany",
+    "zenity",
+    "kdialog",
+    "xmessage",
+    "notify-send",
 )
 
 # A whole token: after the start, whitespace, ; & | ( ) $ < > or a backtick; before whitespace or

@@ -4,6 +4,7 @@ what a request's ``max_tokens`` caps, and whether a prompt still fits the contex
 The environment checks the next prompt before asking for it; engine policies check every prompt
 before it reaches the engine; a server refuses what cannot fit.  All three call these functions.
 """
+
 from __future__ import annotations
 
 

@@ -4,6 +4,7 @@ Every environment shares this decision order; they differ only in their :class:`
 warning wording, tools, first-turn rule). It is pure: running a command, and any blocking, is
 the environment's job.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -59,17 +60,22 @@ def _act(action: dict[str, Any], rules: Rules) -> Decision:
     name = action["name"]
     tools = rules.tool_args
     if name not in tools:
-        return Decision("act", action=action, act_kind="unknown_action",
-                        observation_name=name, observation=msg.unknown_action(name, rules.unknown_action))
+        return Decision(
+            "act",
+            action=action,
+            act_kind="unknown_action",
+            observation_name=name,
+            observation=msg.unknown_action(name, rules.unknown_action),
+        )
     key = tools[name]
     if key is None:  # the tool reads the whole object, as data; {} is a valid input
-        return Decision("act", action=action, act_kind="run", observation_name=name,
-                        arguments=action["arguments"])
+        return Decision("act", action=action, act_kind="run", observation_name=name, arguments=action["arguments"])
     # The ES runner stringifies whatever ``command`` holds (so a number is a command).
     command = str(action["arguments"].get(key, ""))
     if not command.strip():
-        return Decision("act", action=action, act_kind="empty_command",
-                        observation_name=name, observation=rules.no_input)
+        return Decision(
+            "act", action=action, act_kind="empty_command", observation_name=name, observation=rules.no_input
+        )
     return Decision("act", action=action, act_kind="run", command=command, observation_name=name)
 
 
@@ -77,8 +83,9 @@ def with_tools(rules: Rules, tools: Sequence[ToolSpec]) -> Rules:
     """``rules`` for an environment offering ``tools``: their names and argument keys, and the
     unknown-action text naming them (docs/protocol.md#warning-and-observation-texts)."""
     names = [t.name for t in tools]
-    return replace(rules, tools=tuple((t.name, t.argument) for t in tools),
-                   unknown_action=msg.unknown_action_template(names))
+    return replace(
+        rules, tools=tuple((t.name, t.argument) for t in tools), unknown_action=msg.unknown_action_template(names)
+    )
 
 
 def decide(completion: str, *, used_bash: bool, flavour: Rules) -> Decision:
@@ -92,16 +99,16 @@ def decide(completion: str, *, used_bash: bool, flavour: Rules) -> Decision:
     if action is None and final is not None:
         done = used_bash or not flavour.require_tool
         return Decision("final", final_answer=final) if done else _warn(flavour.tool_required)
-    if flavour.first_turn is not None and action is not None and not used_bash \
-            and not is_single_bash_action(cleaned):
+    if flavour.first_turn is not None and action is not None and not used_bash and not is_single_bash_action(cleaned):
         return _warn(flavour.first_turn)
     if action is None:
         return _warn(flavour.format_warning)
     return _act(action, flavour)
 
 
-def decide_turn(completion: str, *, used_bash: bool, flavour: Rules,
-                tool_calls: Sequence[Any] | None = None) -> list[Decision]:
+def decide_turn(
+    completion: str, *, used_bash: bool, flavour: Rules, tool_calls: Sequence[Any] | None = None
+) -> list[Decision]:
     """Every decision one completion calls for: the one of :func:`decide` under a ReAct parser;
     under a native parser one per tool call, in order (docs/protocol.md#native-tool-calls).
 
@@ -116,13 +123,27 @@ def decide_turn(completion: str, *, used_bash: bool, flavour: Rules,
         done = used_bash or not flavour.require_tool
         return [Decision("final", final_answer=final) if done else _warn(flavour.tool_required)]
     limit = flavour.parser.max_calls
-    return [_native_act(call, flavour) if i < limit else Decision(
-        "act", act_kind="skipped_call", observation_name=call.name or msg.FORMAT_CHECK,
-        observation=native.SKIPPED_CALL.format(limit=limit), call=call) for i, call in enumerate(calls)]
+    return [
+        _native_act(call, flavour)
+        if i < limit
+        else Decision(
+            "act",
+            act_kind="skipped_call",
+            observation_name=call.name or msg.FORMAT_CHECK,
+            observation=native.SKIPPED_CALL.format(limit=limit),
+            call=call,
+        )
+        for i, call in enumerate(calls)
+    ]
 
 
 def _native_act(call: native.Call, rules: Rules) -> Decision:
     if call.error is not None or call.name is None or call.arguments is None:
-        return Decision("act", act_kind="malformed_call", observation_name=call.name or msg.FORMAT_CHECK,
-                        observation=call.error or native.MALFORMED_CALL, call=call)
+        return Decision(
+            "act",
+            act_kind="malformed_call",
+            observation_name=call.name or msg.FORMAT_CHECK,
+            observation=call.error or native.MALFORMED_CALL,
+            call=call,
+        )
     return replace(_act({"name": call.name, "arguments": call.arguments}, rules), call=call)

@@ -3,6 +3,7 @@
 An environment's own warning texts live in its folder (``envs/<name>/texts.py``); these are the
 pieces of the conversation format itself, reproduced byte for byte.
 """
+
 from __future__ import annotations
 
 import json

@@ -9,6 +9,7 @@ Thinking is never acted on: a call written inside ``<think>`` is not a call.  Th
 ``<think>…</think>`` span, the text before a ``</think>`` that has no opening tag (templates that
 open the block in the generation prompt), and everything after a ``<think>`` that is never closed.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,9 @@ _CALL_BLOCK = re.compile(r"<tool_call>.*?(?:</tool_call>|\Z)", re.DOTALL)
 _ACTION = re.compile(r"Action:\s*(\{.*\})\s*\Z", re.DOTALL)
 
 #: what a call that is not ``{"name": <string>, "arguments": <object>}`` gets back (as its tool message)
-MALFORMED_CALL = ('Tool call not understood: write <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call> '
-                  "with valid JSON.")
+MALFORMED_CALL = (
+    'Tool call not understood: write <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call> with valid JSON.'
+)
 #: what each call past ``ParserSpec.max_calls`` gets back (it is not executed)
 SKIPPED_CALL = "Not executed: at most {limit} tool calls are run per turn."
 
@@ -48,9 +50,9 @@ def visible_text(text: str) -> str:
     text = _THINK_SPAN.sub("", text)
     closes = list(_THINK_CLOSE.finditer(text))
     if closes:
-        text = text[closes[-1].end():]
+        text = text[closes[-1].end() :]
     opened = _THINK_OPEN.search(text)
-    return text if opened is None else text[:opened.start()]
+    return text if opened is None else text[: opened.start()]
 
 
 def ends_in_thought(text: str) -> bool:
@@ -99,16 +101,26 @@ def parse_server_calls(tool_calls: Sequence[Any], content: str) -> list[Call]:
     for entry in tool_calls:
         function = entry.get("function") if isinstance(entry, dict) else None
         call_id = entry.get("id") if isinstance(entry, dict) and isinstance(entry.get("id"), str) else None
-        calls.append(_call(function, call_id) if isinstance(function, dict) else Call(None, None, call_id, MALFORMED_CALL))
+        calls.append(
+            _call(function, call_id) if isinstance(function, dict) else Call(None, None, call_id, MALFORMED_CALL)
+        )
     return calls
 
 
 def function_schema(name: str, argument: str, description: str, argument_description: str) -> dict[str, Any]:
     """The OpenAI ``tools`` entry of a tool that takes one string argument."""
-    return {"type": "function", "function": {
-        "name": name, "description": description,
-        "parameters": {"type": "object", "properties": {argument: {"type": "string", "description": argument_description}},
-                       "required": [argument]}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {argument: {"type": "string", "description": argument_description}},
+                "required": [argument],
+            },
+        },
+    }
 
 
 def call_text(name: str, arguments: Mapping[str, Any]) -> str:
@@ -133,12 +145,22 @@ def react_view(messages: Sequence[Message]) -> list[Message]:
     out: list[Message] = []
     for m in messages:
         if m["role"] == "tool":
-            out.append({"role": "user", "content": f"Observation from {m.get('name', 'tool')}:\n{text_of(m['content'])}"})
+            out.append(
+                {"role": "user", "content": f"Observation from {m.get('name', 'tool')}:\n{text_of(m['content'])}"}
+            )
         elif m["role"] == "assistant":
             calls = parse_text_calls(text_of(m["content"]))
-            out.append({"role": "assistant", "content": "\n".join(
-                "Action:\n" + json.dumps({"name": c.name, "arguments": c.arguments}) for c in calls if c.error is None)
-                or text_of(m["content"])})
+            out.append(
+                {
+                    "role": "assistant",
+                    "content": "\n".join(
+                        "Action:\n" + json.dumps({"name": c.name, "arguments": c.arguments})
+                        for c in calls
+                        if c.error is None
+                    )
+                    or text_of(m["content"]),
+                }
+            )
         else:
             out.append(m)
     return out
@@ -153,12 +175,14 @@ def from_react(reply: str) -> str:
         obj = json.loads(match.group(1))
     except (ValueError, RecursionError):
         return reply
-    return reply[:match.start()] + call_text(obj.get("name", ""), obj.get("arguments", {}))
+    return reply[: match.start()] + call_text(obj.get("name", ""), obj.get("arguments", {}))
 
 
 def native_baseline(baseline: Callable[[Any], str]) -> Callable[[Any], str]:
     """A ReAct scripted baseline playing the native format: it reads the chat as ReAct would
     have it and its ``Action:`` block is written as a native call."""
+
     def reply(request: Any) -> str:
         return from_react(baseline(request.model_copy(update={"messages": react_view(request.messages)})))
+
     return reply

@@ -6,6 +6,7 @@ it up to its recursion limit, but ``copy.deepcopy`` and ``pickle`` of such a val
 already is.  Everything here walks with an explicit stack, so its cost depends on the size of the
 value and never on the interpreter's recursion limit (docs/protocol.md#differences-and-parity-switches).
 """
+
 from __future__ import annotations
 
 import json

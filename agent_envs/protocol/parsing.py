@@ -3,6 +3,7 @@
 Everything here is a pure function of the model's text and never raises: a completion is
 untrusted input, and a parser crash would end an episode for the wrong reason.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """The protocol's seed formulas (docs/protocol.md#sampling-and-seeds), free of imports so every layer can share them."""
+
 from __future__ import annotations
 
 #: base seed of the released runs' trajectory seeds

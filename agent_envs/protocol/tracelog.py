@@ -1,6 +1,7 @@
 """The parts of a trace log every environment shares, in the reference byte format
 (docs/protocol.md#trace-logs): the rounds of an episode; each environment's renderer adds its
 header and result around them."""
+
 from __future__ import annotations
 
 import json
@@ -34,5 +35,7 @@ def rounds(steps: Sequence[Row]) -> list[str]:
 
 def _image_line(facts: Row) -> str:
     size = facts.get("size") or ["?", "?"]
-    return (f"- box {facts.get('box')} of {facts.get('source')}, zoom {facts.get('zoom')}, "
-            f"{size[0]}x{size[1]} pixels, sha256 {facts.get('sha256')}")
+    return (
+        f"- box {facts.get('box')} of {facts.get('source')}, zoom {facts.get('zoom')}, "
+        f"{size[0]}x{size[1]} pixels, sha256 {facts.get('sha256')}"
+    )

@@ -1,4 +1,5 @@
 """Render the report: load runs, compute views and plots, fill the Jinja2 template, write one file."""
+
 from __future__ import annotations
 
 import time
@@ -41,8 +42,9 @@ def _shared_tasks(a: Run, b: Run) -> bool:
 def render(runs: list[Run]) -> str:
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.PackageLoader("agent_envs.report", "templates"),
-                             autoescape=True, undefined=jinja2.StrictUndefined)
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("agent_envs.report", "templates"), autoescape=True, undefined=jinja2.StrictUndefined
+    )
     comparison = views.comparison(runs[0], runs[1]) if len(runs) == 2 and _shared_tasks(*runs) else None
     if len(runs) <= 2:
         title = "agent-envs report: " + (" vs " if comparison else " + ").join(r.name for r in runs)
@@ -53,11 +55,18 @@ def render(runs: list[Run]) -> str:
     groups = views.episode_groups(runs, images)
     notes = [(r.name, [*filter(None, [views.unjudged(r)]), *r.notes]) for r in runs]
     return env.get_template("report.html.j2").render(
-        title=title, runs=runs, colours=plots.COLOURS, generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        metrics=views.metric_rows(runs), plots=plots.all_plots(runs),
-        task_rows=[views.task_rows(r) for r in runs], groups=groups,
+        title=title,
+        runs=runs,
+        colours=plots.COLOURS,
+        generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        metrics=views.metric_rows(runs),
+        plots=plots.all_plots(runs),
+        task_rows=[views.task_rows(r) for r in runs],
+        groups=groups,
         images={path: url for path, url in images.items() if url},
-        comparison=comparison, has_process=any("process" in r.metrics for r in runs), notes=notes,
+        comparison=comparison,
+        has_process=any("process" in r.metrics for r in runs),
+        notes=notes,
         about=views.about(runs),
     )
 

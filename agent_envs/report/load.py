@@ -3,6 +3,7 @@ line in ``records.jsonl``, no ``summary.json``) and damaged or foreign records: 
 cannot place (no usable key, task, sample or score) is left out, a field of the wrong type is
 dropped, and each is listed in :attr:`Run.notes` with its line, so the page shows what it can and
 says what it could not."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,7 @@ ESSENTIAL = ("key", "task_id", "row_index", "sample_index", "score")
 
 
 def _number(value: Any) -> bool:
-    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
-                             and math.isfinite(value))
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
 
 
 def _list_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
@@ -33,12 +33,18 @@ def _list_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
 
 #: fields outside :class:`EpisodeRecord` that the report reads, and what each must be to be shown
 EXTRA_FIELDS: dict[str, Callable[[Any], bool]] = {
-    "anls": _number, "vlns": _number, "acc": _number, "process_score": _number,
+    "anls": _number,
+    "vlns": _number,
+    "acc": _number,
+    "process_score": _number,
     "tool_calls": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "step_scores": _list_of(_number), "step_score_errors": _list_of(lambda v: v is None or isinstance(v, str)),
+    "step_scores": _list_of(_number),
+    "step_score_errors": _list_of(lambda v: v is None or isinstance(v, str)),
     "process_aggregation": lambda v: v is None or isinstance(v, str),
-    "prompt_images": _list_of(lambda v: isinstance(v, dict)), "image": lambda v: v is None or isinstance(v, str),
-    "answers": lambda v: v is None or isinstance(v, list), "task": lambda v: isinstance(v, dict),
+    "prompt_images": _list_of(lambda v: isinstance(v, dict)),
+    "image": lambda v: v is None or isinstance(v, str),
+    "answers": lambda v: v is None or isinstance(v, list),
+    "task": lambda v: isinstance(v, dict),
 }
 
 #: how records of an environment this version does not know are shown: success at score 1.0,
@@ -100,8 +106,7 @@ def load_run(path: str | Path) -> Run:
         declared = None
     samples = declared or 1 + max((r["sample_index"] for r in rows), default=0)
     spec = registry.spec_of(rows) or registry.SPECS.get(str(config.get("env")))
-    run = Run(folder.name, folder, rows, config, _json_file(folder / "summary.json"), bad, samples, spec,
-              notes=notes)
+    run = Run(folder.name, folder, rows, config, _json_file(folder / "summary.json"), bad, samples, spec, notes=notes)
     run.metrics = summarize(rows, samples, items=len({r["task_id"] for r in rows}) or None, spec=spec)
     return run
 

@@ -1,5 +1,6 @@
 """Inline media: page images and the regions a model was shown as data URLs (downscaled when
 large), and matplotlib plots as SVG."""
+
 from __future__ import annotations
 
 import base64
@@ -59,8 +60,13 @@ def rerender(facts: dict[str, Any]) -> tuple[Any, str | None]:
     from PIL import Image, UnidentifiedImageError
 
     source, box, size = facts.get("source"), facts.get("box"), facts.get("size")
-    if not (isinstance(source, str) and isinstance(box, list) and len(box) == 4 and isinstance(size, list)
-            and len(size) == 2):
+    if not (
+        isinstance(source, str)
+        and isinstance(box, list)
+        and len(box) == 4
+        and isinstance(size, list)
+        and len(size) == 2
+    ):
         return None, "the record does not say where this image came from"
     try:
         image, digest = _source(source)
@@ -78,8 +84,13 @@ def shown_image(facts: dict[str, Any], max_width: int = MAX_IMAGE_WIDTH) -> dict
     """:func:`rerender` for the report: ``url`` (None when it cannot be), ``problem`` and the facts
     to caption it with."""
     image, problem = rerender(facts)
-    return {"url": None if image is None else _jpeg_url(image, max_width), "problem": problem,
-            "box": facts.get("box"), "zoom": facts.get("zoom"), "size": facts.get("size")}
+    return {
+        "url": None if image is None else _jpeg_url(image, max_width),
+        "problem": problem,
+        "box": facts.get("box"),
+        "zoom": facts.get("zoom"),
+        "size": facts.get("size"),
+    }
 
 
 def svg_data_url(svg: bytes) -> str:

@@ -4,6 +4,7 @@ Every figure overlays the runs being reported, one colour per run, so two runs c
 The figures carry no legend of their own: the page shows one colour key above them all, which
 stays readable for any number of runs (a legend drawn inside each small figure covered its title).
 """
+
 from __future__ import annotations
 
 import io
@@ -22,8 +23,7 @@ def _figure(height: float = 2.6) -> tuple[Any, Any]:
     matplotlib.use("svg", force=True)
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False,
-                         "axes.spines.right": False})
+    plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False, "axes.spines.right": False})
     return plt.subplots(figsize=(4.6, height), dpi=100)
 
 
@@ -47,8 +47,7 @@ def histogram(values: Sequence[Sequence[float]], title: str, xlabel: str, ylabel
     fig, ax = _figure()
     used = [(vs, COLOURS[i % len(COLOURS)]) for i, vs in enumerate(values) if vs]  # a run's colour by its index
     # several runs: bars side by side within each bin (overlaid translucent bars mix colours)
-    ax.hist([vs for vs, _ in used], bins=bins, color=[c for _, c in used],
-            edgecolor="white", linewidth=0.5)
+    ax.hist([vs for vs, _ in used], bins=bins, color=[c for _, c in used], edgecolor="white", linewidth=0.5)
     ax.yaxis.get_major_locator().set_params(integer=True)
     return _finish(fig, ax, title, xlabel, ylabel)
 
@@ -62,8 +61,12 @@ def counts(values: Sequence[Sequence[int]], title: str, xlabel: str) -> str | No
     for i, vs in enumerate(values):
         c = Counter(vs)
         xs = sorted(c)
-        ax.bar([x + (i - (len(values) - 1) / 2) * width for x in xs], [c[x] for x in xs], width=width,
-               color=COLOURS[i % len(COLOURS)])
+        ax.bar(
+            [x + (i - (len(values) - 1) / 2) * width for x in xs],
+            [c[x] for x in xs],
+            width=width,
+            color=COLOURS[i % len(COLOURS)],
+        )
     seen = [v for vs in values for v in vs]
     ax.set_xlim(min(seen) - 0.7, max(seen) + 0.7)
     step = max(1, (max(seen) - min(seen)) // 10 + 1)
@@ -91,6 +94,7 @@ def reasons(runs: Sequence[Run]) -> str | None:
 
 def all_plots(runs: Sequence[Run]) -> list[dict[str, str]]:
     """Every figure that has data, as ``{"title", "src"}``."""
+
     def per_turn(run: Run, field: str, only_tools: bool = False) -> list[float]:
         out: list[float] = []
         for row in run.rows:
@@ -106,16 +110,45 @@ def all_plots(runs: Sequence[Run]) -> list[dict[str, str]]:
         return [float(v) for r in run.rows for v in r.get("step_scores") or [] if v is not None]
 
     figures = [
-        ("Score distribution", histogram([[float(r.get("score") or 0.0) for r in run.rows] for run in runs],
-                                         "Score per episode", "score", "episodes", bins=[i / 10 for i in range(11)])),
-        ("Turns per episode", counts([[int(r.get("turns") or 0) for r in run.rows] for run in runs],
-                                     "Turns per episode", "turns")),
-        ("Tokens per turn", histogram([per_turn(run, "tokens") for run in runs],
-                                      "Generated tokens per turn", "tokens in one turn", "turns")),
-        ("Tool-call latency", histogram([[s * 1000 for s in per_turn(run, "turn_tool_s", True)] for run in runs],
-                                        "Sandbox time per tool call", "milliseconds", "tool calls")),
+        (
+            "Score distribution",
+            histogram(
+                [[float(r.get("score") or 0.0) for r in run.rows] for run in runs],
+                "Score per episode",
+                "score",
+                "episodes",
+                bins=[i / 10 for i in range(11)],
+            ),
+        ),
+        (
+            "Turns per episode",
+            counts([[int(r.get("turns") or 0) for r in run.rows] for run in runs], "Turns per episode", "turns"),
+        ),
+        (
+            "Tokens per turn",
+            histogram(
+                [per_turn(run, "tokens") for run in runs], "Generated tokens per turn", "tokens in one turn", "turns"
+            ),
+        ),
+        (
+            "Tool-call latency",
+            histogram(
+                [[s * 1000 for s in per_turn(run, "turn_tool_s", True)] for run in runs],
+                "Sandbox time per tool call",
+                "milliseconds",
+                "tool calls",
+            ),
+        ),
         ("Termination reasons", reasons(runs)),
-        ("Step scores", histogram([step_scores(run) for run in runs], "Process reward per step", "step score",
-                                  "steps", bins=[i / 10 for i in range(11)])),
+        (
+            "Step scores",
+            histogram(
+                [step_scores(run) for run in runs],
+                "Process reward per step",
+                "step score",
+                "steps",
+                bins=[i / 10 for i in range(11)],
+            ),
+        ),
     ]
     return [{"title": title, "src": src} for title, src in figures if src]

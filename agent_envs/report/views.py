@@ -3,6 +3,7 @@
 Nothing here names an environment: each run's environment spec says what its own metrics are
 called and gives each record's question, gold answer and page image; other columns appear when
 the records carry their fields (``turn_log``, step scores)."""
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,10 @@ def unjudged(run: Run) -> str | None:
     if run.spec is not None or not run.rows:
         return None
     ids = sorted({str(r.get("env_id") or "(none)") for r in run.rows})
-    return (f"{len(run.rows)} record(s) with env_id {', '.join(ids)}: not an environment registered here, "
-            "so success is read as score >= 1")
+    return (
+        f"{len(run.rows)} record(s) with env_id {', '.join(ids)}: not an environment registered here, "
+        "so success is read as score >= 1"
+    )
 
 
 def _own_metrics(runs: Sequence[Run]) -> list[MetricsSpec]:
@@ -71,11 +74,15 @@ def _at_k_label(key: str, runs: Sequence[Run]) -> str:
 #: what each ``agent-envs eval --policy`` kind (config.json's ``policy``) is, in words for a first-time
 #: reader; other kinds are described by their model
 POLICY_WORDS = {
-    "cpu": ("a 135M-parameter model shipped with the package and run on this CPU, so that nothing needs a "
-            "GPU. A model this small seldom follows the tool protocol: expect warnings rather than answers."),
-    "scripted": ("a fixed script, not a model. It makes one real tool call and answers from what the tool "
-                 "printed, to show the tools, the sandbox and the scoring at work; its score is a floor, not "
-                 "a target."),
+    "cpu": (
+        "a 135M-parameter model shipped with the package and run on this CPU, so that nothing needs a "
+        "GPU. A model this small seldom follows the tool protocol: expect warnings rather than answers."
+    ),
+    "scripted": (
+        "a fixed script, not a model. It makes one real tool call and answers from what the tool "
+        "printed, to show the tools, the sandbox and the scoring at work; its score is a floor, not "
+        "a target."
+    ),
 }
 #: policy kinds whose runs make the page say how to evaluate a real model instead
 NOT_A_REAL_MODEL = ("cpu", "scripted")
@@ -101,22 +108,40 @@ def about(runs: Sequence[Run]) -> Row:
     policies: dict[str, str] = {}
     for i, run in enumerate(runs):
         c, kind = run.config, str(run.config.get("policy"))
-        budget = ", ".join(part for part in (
-            f"at most {c['max_turns']} turns" if c.get("max_turns") else "",
-            f"{c['max_tokens_per_turn']} tokens per turn" if c.get("max_tokens_per_turn") else "") if part)
-        described.append({"name": run.name, "colour": i, "env": env_id(run), "policy": model_name(run),
-                          "tasks": len({r["task_id"] for r in run.rows}), "episodes": len(run.rows),
-                          "budget": budget or "the environment's own"})
+        budget = ", ".join(
+            part
+            for part in (
+                f"at most {c['max_turns']} turns" if c.get("max_turns") else "",
+                f"{c['max_tokens_per_turn']} tokens per turn" if c.get("max_tokens_per_turn") else "",
+            )
+            if part
+        )
+        described.append(
+            {
+                "name": run.name,
+                "colour": i,
+                "env": env_id(run),
+                "policy": model_name(run),
+                "tasks": len({r["task_id"] for r in run.rows}),
+                "episodes": len(run.rows),
+                "budget": budget or "the environment's own",
+            }
+        )
         if kind in POLICY_WORDS:
             policies.setdefault(model_name(run), POLICY_WORDS[kind])
     parents = {run.path.resolve().parent for run in runs}
-    return {"runs": described, "policies": policies, "example_env": env_id(runs[0]) if runs else ENV_IDS[0],
-            "folder": str(parents.pop()) if len(parents) == 1 else None,
-            "hint": any(run.config.get("policy") in NOT_A_REAL_MODEL for run in runs)}
+    return {
+        "runs": described,
+        "policies": policies,
+        "example_env": env_id(runs[0]) if runs else ENV_IDS[0],
+        "folder": str(parents.pop()) if len(parents) == 1 else None,
+        "hint": any(run.config.get("policy") in NOT_A_REAL_MODEL for run in runs),
+    }
 
 
 def metric_rows(runs: Sequence[Run]) -> list[tuple[str, list[str]]]:
     """The summary table: one row per metric, one column per run; rows no run has are left out."""
+
     def stat(run: Run, key: str, field: str = "mean", digits: int = 1) -> str:
         return _fmt((run.metrics.get(key) or {}).get(field), digits)
 
@@ -132,13 +157,20 @@ def metric_rows(runs: Sequence[Run]) -> list[tuple[str, list[str]]]:
     rows: list[tuple[str, list[str]]] = [
         ("environment", [env_id(r) for r in runs]),
         ("model", [model_name(r) for r in runs]),
-        ("status", [("complete" if r.complete else "incomplete: no summary.json (run stopped early)")
-                    + (f"; {r.unreadable_lines} unreadable line(s) skipped" if r.unreadable_lines else "")
-                    for r in runs]),
+        (
+            "status",
+            [
+                ("complete" if r.complete else "incomplete: no summary.json (run stopped early)")
+                + (f"; {r.unreadable_lines} unreadable line(s) skipped" if r.unreadable_lines else "")
+                for r in runs
+            ],
+        ),
         ("episodes (expected)", [f"{len(r.rows)} ({r.metrics['es']['expected_count']})" for r in runs]),
         ("errors (infrastructure, not the model)", [str(sum(_is_error(x) for x in r.rows)) for r in runs]),
-        ("model failures (ran, scored as failed)", [str(sum(not _is_error(x) and not _succeeded(r, x) for x in r.rows))
-                                                    for r in runs]),
+        (
+            "model failures (ran, scored as failed)",
+            [str(sum(not _is_error(x) and not _succeeded(r, x) for x in r.rows)) for r in runs],
+        ),
         ("mean score", [_fmt(r.metrics["es"]["mean_score"]) for r in runs]),
     ]
     keys: list[str] = []
@@ -147,27 +179,37 @@ def metric_rows(runs: Sequence[Run]) -> list[tuple[str, list[str]]]:
     for key in keys:
         rows.append((_at_k_label(key, runs), [_fmt(r.metrics["at_k"].get(key)) for r in runs]))
     if any("process" in r.metrics for r in runs):
+
         def process(run: Run, key: str) -> str:
             value = (run.metrics.get("process") or {}).get(key)
             return ", ".join(value) if isinstance(value, list) else _fmt(value)
 
-        rows += [("mean step score", [process(r, "mean_step_score") for r in runs]),
-                 ("mean process score", [process(r, "mean_process_score") for r in runs]),
-                 ("process aggregation", [process(r, "aggregations") for r in runs]),
-                 ("step-score errors", [process(r, "step_score_errors") for r in runs])]
+        rows += [
+            ("mean step score", [process(r, "mean_step_score") for r in runs]),
+            ("mean process score", [process(r, "mean_process_score") for r in runs]),
+            ("process aggregation", [process(r, "aggregations") for r in runs]),
+            ("step-score errors", [process(r, "step_score_errors") for r in runs]),
+        ]
     for own in _own_metrics(runs):
         if any(own.key in r.metrics for r in runs):
-            rows += [(m.label, [_fmt(m.value(r.metrics.get(own.key) or {}, r.samples)) for r in runs])
-                     for m in own.shown if m.label is not None]
+            rows += [
+                (m.label, [_fmt(m.value(r.metrics.get(own.key) or {}, r.samples)) for r in runs])
+                for m in own.shown
+                if m.label is not None
+            ]
     rows += [
         ("termination reasons", [reasons(r) for r in runs]),
         ("tool-call rate", [_fmt(r.metrics.get("tool_call_rate"), 2) for r in runs]),
         ("turns per episode (mean / max)", [f"{stat(r, 'turns')} / {stat(r, 'turns', 'max', 0)}" for r in runs]),
-        ("generated tokens per episode (mean / total)",
-         [f"{stat(r, 'generated_tokens')} / {stat(r, 'generated_tokens', 'total', 0)}" for r in runs]),
+        (
+            "generated tokens per episode (mean / total)",
+            [f"{stat(r, 'generated_tokens')} / {stat(r, 'generated_tokens', 'total', 0)}" for r in runs],
+        ),
         ("tool time", [tool_time(r) for r in runs]),
-        ("episode wall time, s (mean / p90)", [f"{stat(r, 'latency_s', digits=2)} / {stat(r, 'latency_s', 'p90', 2)}"
-                                               for r in runs]),
+        (
+            "episode wall time, s (mean / p90)",
+            [f"{stat(r, 'latency_s', digits=2)} / {stat(r, 'latency_s', 'p90', 2)}" for r in runs],
+        ),
         ("run wall time, s", [_fmt(((r.saved_summary or {}).get("run") or {}).get("wall_s"), 1) for r in runs]),
     ]
     return rows
@@ -178,12 +220,18 @@ def task_rows(run: Run) -> list[Row]:
     out = []
     for task, group in by_task(run.rows).items():
         scores = [clamped_score(r) for r in group]
-        out.append({
-            "task": task, "samples": len(group), "best": max(scores), "mean": statistics.fmean(scores),
-            "turns": statistics.fmean(float(r.get("turns") or 0) for r in group),
-            "reasons": ", ".join(sorted({str(r.get("termination_reason")) for r in group})),
-            "question": run.report.fields(group[0]).question, "anchor": anchor(run, group[0]["key"]),
-        })
+        out.append(
+            {
+                "task": task,
+                "samples": len(group),
+                "best": max(scores),
+                "mean": statistics.fmean(scores),
+                "turns": statistics.fmean(float(r.get("turns") or 0) for r in group),
+                "reasons": ", ".join(sorted({str(r.get("termination_reason")) for r in group})),
+                "question": run.report.fields(group[0]).question,
+                "anchor": anchor(run, group[0]["key"]),
+            }
+        )
     return out
 
 
@@ -209,8 +257,8 @@ def split_think(text: str) -> list[tuple[str, str]]:
     parts: list[tuple[str, str]] = []
     pos = 0
     for m in _THINK.finditer(text):
-        if text[pos:m.start()].strip():
-            parts.append(("text", text[pos:m.start()].strip()))
+        if text[pos : m.start()].strip():
+            parts.append(("text", text[pos : m.start()].strip()))
         parts.append(("think", m.group(1).strip()))
         pos = m.end()
     if text[pos:].strip() or not parts:
@@ -252,18 +300,25 @@ def turns(row: Row, images: dict[str, str | None] | None = None) -> list[Row]:
         text = str(step.get("assistant", "")) if step else str(row.get("completion") or "")
         observation = step.get("observation") if step else None
         decision = info.get("decision") or ("final" if step is None else "run" if step.get("action") else "warn")
-        out.append({
-            "n": n, "segments": split_think(text),
-            "action": _action_text(step.get("action")) if step else None,
-            "observation": observation, "truncated": bool(observation) and MARKER.strip() in str(observation),
-            "images": _shown(step.get("images"), images) if step else [],
-            "warning": decision not in ("run", "final"), "decision": decision,
-            "seed": info.get("seed"), "tokens": info.get("tokens"), "prompt_tokens": info.get("prompt_tokens"),
-            "finish_reason": info.get("finish_reason"),
-            "tool_s": tool_s[n - 1] if n - 1 < len(tool_s) and decision == "run" else None,
-            "gen_s": gen_s[n - 1] if n - 1 < len(gen_s) else None,
-            **dict(zip(("step_score", "step_score_error"), step_scores.get(n, (None, None)))),
-        })
+        out.append(
+            {
+                "n": n,
+                "segments": split_think(text),
+                "action": _action_text(step.get("action")) if step else None,
+                "observation": observation,
+                "truncated": bool(observation) and MARKER.strip() in str(observation),
+                "images": _shown(step.get("images"), images) if step else [],
+                "warning": decision not in ("run", "final"),
+                "decision": decision,
+                "seed": info.get("seed"),
+                "tokens": info.get("tokens"),
+                "prompt_tokens": info.get("prompt_tokens"),
+                "finish_reason": info.get("finish_reason"),
+                "tool_s": tool_s[n - 1] if n - 1 < len(tool_s) and decision == "run" else None,
+                "gen_s": gen_s[n - 1] if n - 1 < len(gen_s) else None,
+                **dict(zip(("step_score", "step_score_error"), step_scores.get(n, (None, None)))),
+            }
+        )
     return out
 
 
@@ -271,8 +326,11 @@ def _step_scores(row: Row, react_steps: Sequence[Row]) -> dict[int, tuple[float 
     """Turn -> (step score, scorer error) of the records a step scorer scored (aligned with ``react_steps``)."""
     scores = row.get("step_scores") or []
     errors = row.get("step_score_errors") or [None] * len(scores)
-    return {int(s.get("turn", i + 1)): (scores[i], errors[i] if i < len(errors) else None)
-            for i, s in enumerate(react_steps) if i < len(scores)}
+    return {
+        int(s.get("turn", i + 1)): (scores[i], errors[i] if i < len(errors) else None)
+        for i, s in enumerate(react_steps)
+        if i < len(scores)
+    }
 
 
 def episode(run: Run, row: Row, images: dict[str, str | None]) -> Row:
@@ -283,15 +341,29 @@ def episode(run: Run, row: Row, images: dict[str, str | None]) -> Row:
     if image and image not in images:
         images[image] = image_data_url(image)
     return {
-        "run": run.name, "anchor": anchor(run, row["key"]), "key": row["key"], "task": row["task_id"],
-        "sample": row.get("sample_index"), "seed": row.get("seed"), "score": clamped_score(row),
-        "success": _succeeded(run, row), "is_error": _is_error(row), "reason": row.get("termination_reason"),
-        "react_error": row.get("react_error"), "error": row.get("error"), "latency": row.get("latency_s"),
-        "tokens": row.get("generated_tokens"), "tool_s": row.get("tool_seconds"),
-        "prediction": row.get("prediction"), "gold": fields.gold, "question": fields.question,
-        "score_note": fields.score_note, "process_score": row.get("process_score"),
+        "run": run.name,
+        "anchor": anchor(run, row["key"]),
+        "key": row["key"],
+        "task": row["task_id"],
+        "sample": row.get("sample_index"),
+        "seed": row.get("seed"),
+        "score": clamped_score(row),
+        "success": _succeeded(run, row),
+        "is_error": _is_error(row),
+        "reason": row.get("termination_reason"),
+        "react_error": row.get("react_error"),
+        "error": row.get("error"),
+        "latency": row.get("latency_s"),
+        "tokens": row.get("generated_tokens"),
+        "tool_s": row.get("tool_seconds"),
+        "prediction": row.get("prediction"),
+        "gold": fields.gold,
+        "question": fields.question,
+        "score_note": fields.score_note,
+        "process_score": row.get("process_score"),
         "process_aggregation": row.get("process_aggregation"),
-        "image_path": image, "image_ok": bool(image and images.get(image)),
+        "image_path": image,
+        "image_ok": bool(image and images.get(image)),
         "prompt_images": _shown(row.get("prompt_images"), images),
         "turns": turns(row, images),
     }
@@ -308,8 +380,11 @@ def episode_groups(runs: Sequence[Run], images: dict[str, str | None]) -> list[R
         keys += [k for k in index if k not in keys]
     groups = []
     for key in keys:
-        columns = [{**shown_episode(run, idx[key], images), "colour": i}
-                   for i, (run, idx) in enumerate(zip(runs, by_key)) if key in idx]
+        columns = [
+            {**shown_episode(run, idx[key], images), "colour": i}
+            for i, (run, idx) in enumerate(zip(runs, by_key))
+            if key in idx
+        ]
         groups.append({"key": key, "task": columns[0]["task"], "columns": columns})
     return groups
 
@@ -322,13 +397,34 @@ def shown_episode(run: Run, row: Row, images: dict[str, str | None]) -> Row:
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
         note = f"{row['key']}: turns not shown ({type(exc).__name__}: {exc})"
         run.notes.append(note)
-        return {"run": run.name, "anchor": anchor(run, row["key"]), "key": row["key"], "task": row["task_id"],
-                "sample": row["sample_index"], "seed": row.get("seed"), "score": clamped_score(row),
-                "success": None, "is_error": _is_error(row), "reason": row.get("termination_reason"),
-                "react_error": row.get("react_error"), "error": row.get("error"), "latency": row.get("latency_s"),
-                "tokens": row.get("generated_tokens"), "tool_s": None, "prediction": str(row.get("prediction")),
-                "gold": None, "question": "", "score_note": None, "process_score": None, "process_aggregation": None,
-                "image_path": None, "image_ok": False, "prompt_images": [], "turns": [], "problem": note}
+        return {
+            "run": run.name,
+            "anchor": anchor(run, row["key"]),
+            "key": row["key"],
+            "task": row["task_id"],
+            "sample": row["sample_index"],
+            "seed": row.get("seed"),
+            "score": clamped_score(row),
+            "success": None,
+            "is_error": _is_error(row),
+            "reason": row.get("termination_reason"),
+            "react_error": row.get("react_error"),
+            "error": row.get("error"),
+            "latency": row.get("latency_s"),
+            "tokens": row.get("generated_tokens"),
+            "tool_s": None,
+            "prediction": str(row.get("prediction")),
+            "gold": None,
+            "question": "",
+            "score_note": None,
+            "process_score": None,
+            "process_aggregation": None,
+            "image_path": None,
+            "image_ok": False,
+            "prompt_images": [],
+            "turns": [],
+            "problem": note,
+        }
 
 
 def comparison(a: Run, b: Run) -> Row:
@@ -343,6 +439,5 @@ def comparison(a: Run, b: Run) -> Row:
     for task in [t for t in ta if t in tb]:
         ma = statistics.fmean(clamped_score(r) for r in ta[task])
         mb = statistics.fmean(clamped_score(r) for r in tb[task])
-        rows.append({"task": task, "a": ma, "b": mb, "delta": mb - ma,
-                     "anchor": anchor(a, ta[task][0]["key"])})
+        rows.append({"task": task, "a": ma, "b": mb, "delta": mb - ma, "anchor": anchor(a, ta[task][0]["key"])})
     return {"a": a.name, "b": b.name, "result": result, "problem": problem, "rows": rows}

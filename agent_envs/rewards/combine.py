@@ -5,6 +5,7 @@ score)`` and ``process`` the episode's step scores aggregated by ``aggregation``
 min; None: the record's own ``process_score``, i.e. the scorer's aggregation).  An episode without
 any scored step keeps its outcome as fitness.  ``w = 0`` is the outcome-only ES reward exactly.
 """
+
 from __future__ import annotations
 
 from typing import Any

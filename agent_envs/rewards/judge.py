@@ -5,6 +5,7 @@ Placeholders (filled in one pass, so text inside a value is never re-filled): ``
 task as the agent was asked it), ``{conversation}`` (the turns before the step), ``{action}`` (the
 agent's message of the step), ``{observation}`` (the environment's answer), ``{turn}``.
 """
+
 from __future__ import annotations
 
 import re
@@ -70,13 +71,23 @@ class LLMJudgeScorer(BatchStepScorer):
 
     name = "llm-judge"
 
-    def __init__(self, policy: Policy, template: str | Path = DEFAULT_TEMPLATE, *, max_tokens: int = 512,
-                 seed: int = 0, show_images: bool = False, aggregation: Aggregation = "mean") -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        template: str | Path = DEFAULT_TEMPLATE,
+        *,
+        max_tokens: int = 512,
+        seed: int = 0,
+        show_images: bool = False,
+        aggregation: Aggregation = "mean",
+    ) -> None:
         self.policy = policy
         self.template = load_prompt(template)
         if not _PLACEHOLDER.search(self.template):
-            raise ValueError(f"judge template {template!r} has none of the placeholders "
-                             + ", ".join("{" + p + "}" for p in PLACEHOLDERS))
+            raise ValueError(
+                f"judge template {template!r} has none of the placeholders "
+                + ", ".join("{" + p + "}" for p in PLACEHOLDERS)
+            )
         self.max_tokens, self.seed, self.show_images = max_tokens, seed, show_images
         self.aggregation = aggregation
 
@@ -85,13 +96,19 @@ class LLMJudgeScorer(BatchStepScorer):
         content: Any = text
         if self.show_images and context.images:
             content = [*(image_part(img) for img in load_images(context.images)), text_part(text)]
-        return GenerationRequest(messages=[{"role": "user", "content": content}], seed=self.seed,
-                                 max_tokens=self.max_tokens, key=f"judge:{context.key}:turn{context.turn}")
+        return GenerationRequest(
+            messages=[{"role": "user", "content": content}],
+            seed=self.seed,
+            max_tokens=self.max_tokens,
+            key=f"judge:{context.key}:turn{context.turn}",
+        )
 
     def close(self) -> None:
         self.policy.close()
 
     def score_batch(self, contexts: Sequence[StepContext]) -> list[StepScore]:
         completions = self.policy.generate([self.request(c) for c in contexts])
-        return [parse_score(c.text) if c.ok else StepScore.failed(f"judge request failed: {c.error_message or c.error}")
-                for c in completions]
+        return [
+            parse_score(c.text) if c.ok else StepScore.failed(f"judge request failed: {c.error_message or c.error}")
+            for c in completions
+        ]

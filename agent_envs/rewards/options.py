@@ -1,5 +1,6 @@
 """Command-line flags for a step scorer, shared by ``agent-envs eval`` and ``examples/es_train.py``
 (docs/protocol.md#process-rewards)."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,16 +17,30 @@ JUDGE_RETRIES = 2
 
 
 def add_scorer_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--step-scorer", default=None, choices=SCORERS,
-                        help="score every step: an LLM judge behind an OpenAI-compatible server, or a "
-                             "vision-language reward model with a LoRA adapter (docs/protocol.md#process-rewards)")
+    parser.add_argument(
+        "--step-scorer",
+        default=None,
+        choices=SCORERS,
+        help="score every step: an LLM judge behind an OpenAI-compatible server, or a "
+        "vision-language reward model with a LoRA adapter (docs/protocol.md#process-rewards)",
+    )
     parser.add_argument("--judge-url", default=None, help="the judge's API root, e.g. http://127.0.0.1:8001/v1")
     parser.add_argument("--judge-model", default=None, help="the judge's model name on that server")
     parser.add_argument("--judge-prompt", default=DEFAULT_TEMPLATE, help="judge prompt template (shipped name or path)")
-    parser.add_argument("--judge-timeout", type=float, default=JUDGE_TIMEOUT_S, metavar="SECONDS",
-                        help=f"total deadline of one judge request attempt (default {JUDGE_TIMEOUT_S:g})")
-    parser.add_argument("--judge-retries", type=int, default=JUDGE_RETRIES, metavar="N",
-                        help=f"extra attempts after a 5xx, transport error or deadline (default {JUDGE_RETRIES})")
+    parser.add_argument(
+        "--judge-timeout",
+        type=float,
+        default=JUDGE_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"total deadline of one judge request attempt (default {JUDGE_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--judge-retries",
+        type=int,
+        default=JUDGE_RETRIES,
+        metavar="N",
+        help=f"extra attempts after a 5xx, transport error or deadline (default {JUDGE_RETRIES})",
+    )
     parser.add_argument("--prm-base", default=None, help="base vision-language model folder (--step-scorer vlm-prm)")
     parser.add_argument("--prm-adapter", default=None, help="LoRA adapter folder for --prm-base (peft)")
 
@@ -46,14 +61,17 @@ def scorer_from_args(args: argparse.Namespace) -> StepScorer | None:
         if not (args.judge_url and args.judge_model):
             raise ValueError("--step-scorer judge needs --judge-url and --judge-model")
         if not args.judge_timeout > 0 or args.judge_retries < 0:
-            raise ValueError(f"--judge-timeout must be > 0 and --judge-retries >= 0, got {args.judge_timeout:g} "
-                             f"and {args.judge_retries}")
+            raise ValueError(
+                f"--judge-timeout must be > 0 and --judge-retries >= 0, got {args.judge_timeout:g} "
+                f"and {args.judge_retries}"
+            )
         from agent_envs.policy.openai import OpenAIPolicy
 
         from .judge import LLMJudgeScorer
 
-        judge = OpenAIPolicy(args.judge_url, args.judge_model, timeout_s=args.judge_timeout,
-                             max_retries=args.judge_retries)
+        judge = OpenAIPolicy(
+            args.judge_url, args.judge_model, timeout_s=args.judge_timeout, max_retries=args.judge_retries
+        )
         return LLMJudgeScorer(judge, args.judge_prompt)
     if not args.prm_base:
         raise ValueError("--step-scorer vlm-prm needs --prm-base (and usually --prm-adapter)")

@@ -11,6 +11,7 @@ aggregate by product (the chance that every step is right).
 The adapter is applied with peft on transformers; the model runs in float32 and scores a batch in
 one left-padded forward pass.  Serving the adapter through vLLM's LoRA support is not wired here.
 """
+
 from __future__ import annotations
 
 import threading
@@ -28,9 +29,18 @@ DEFAULT_TEMPLATE = "judges/prm_step"
 class VLMRewardScorer(BatchStepScorer):
     name = "vlm-prm"
 
-    def __init__(self, base: str | Path, adapter: str | Path | None = None, *,
-                 template: str | Path = DEFAULT_TEMPLATE, positive: str = "+", negative: str = "-",
-                 show_images: bool = True, aggregation: Aggregation = "product", device: str = "cpu") -> None:
+    def __init__(
+        self,
+        base: str | Path,
+        adapter: str | Path | None = None,
+        *,
+        template: str | Path = DEFAULT_TEMPLATE,
+        positive: str = "+",
+        negative: str = "-",
+        show_images: bool = True,
+        aggregation: Aggregation = "product",
+        device: str = "cpu",
+    ) -> None:
         import torch
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -59,8 +69,11 @@ class VLMRewardScorer(BatchStepScorer):
         for c in contexts:
             shown = load_images(c.images) if self.show_images else []
             content = [*({"type": "image"} for _ in shown), {"type": "text", "text": fill_template(self.template, c)}]
-            texts.append(self.processor.apply_chat_template([{"role": "user", "content": content}],
-                                                            add_generation_prompt=True, tokenize=False))
+            texts.append(
+                self.processor.apply_chat_template(
+                    [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+                )
+            )
             images += shown
         return self.processor(text=texts, images=images or None, return_tensors="pt", padding=True).to(self.device)
 

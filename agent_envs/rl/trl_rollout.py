@@ -21,6 +21,7 @@ that is the one used:
 An episode that failed outside the model's control (a request or environment error) gets the
 reward ``None``: TRL leaves it out of its group's baseline and gives it no advantage.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,8 +57,14 @@ def opening_key(messages: Sequence[Message]) -> str:
 def sampling_from(args: Any) -> SamplingConfig:
     """The trainer's sampling settings (``GRPOConfig``), without the protocol's presence penalty:
     GRPO's loss assumes the samples come from the policy as it stands."""
-    return SamplingConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or 0,
-                          min_p=args.min_p or 0.0, repetition_penalty=args.repetition_penalty, presence_penalty=0.0)
+    return SamplingConfig(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k or 0,
+        min_p=args.min_p or 0.0,
+        repetition_penalty=args.repetition_penalty,
+        presence_penalty=0.0,
+    )
 
 
 def trainer_policy(trainer: Any, sampling: SamplingConfig) -> Policy:
@@ -67,17 +74,23 @@ def trainer_policy(trainer: Any, sampling: SamplingConfig) -> Policy:
     if getattr(trainer, "use_vllm", False):
         llm = getattr(generation, "llm", None)
         if llm is None:
-            raise ValueError("GRPOEnvironment runs episodes on a colocated engine (vllm_mode='colocate'); "
-                             "server mode keeps the engine out of reach")
+            raise ValueError(
+                "GRPOEnvironment runs episodes on a colocated engine (vllm_mode='colocate'); "
+                "server mode keeps the engine out of reach"
+            )
         from agent_envs.policy.vllm import VLLMPolicy
 
         return VLLMPolicy(llm=llm, tokenizer=trainer.processing_class, sampling=sampling)
     from agent_envs.policy.hf import TransformersPolicy
 
     model = trainer.accelerator.unwrap_model(trainer.model)
-    return TransformersPolicy(getattr(model, "name_or_path", "trainer-model"), model=model,
-                              tokenizer=trainer.processing_class, sampling=sampling,
-                              device=str(trainer.accelerator.device))
+    return TransformersPolicy(
+        getattr(model, "name_or_path", "trainer-model"),
+        model=model,
+        tokenizer=trainer.processing_class,
+        sampling=sampling,
+        device=str(trainer.accelerator.device),
+    )
 
 
 @contextlib.contextmanager
@@ -102,16 +115,27 @@ class GRPOEnvironment:
     :func:`sampling_from`.  :attr:`records` keeps the records of the last call.
     """
 
-    def __init__(self, env_id: str, tasks: Sequence[Any] | None = None, *, dataset: Any = "builtin",
-                 limit: int | None = None, env_kwargs: dict[str, Any] | None = None, mode: str = "lockstep",
-                 concurrency: int = 64, base_seed: int = DEFAULT_BASE_SEED, sampling: SamplingConfig | None = None,
-                 policy: PolicyFactory | None = None):
+    def __init__(
+        self,
+        env_id: str,
+        tasks: Sequence[Any] | None = None,
+        *,
+        dataset: Any = "builtin",
+        limit: int | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+        mode: str = "lockstep",
+        concurrency: int = 64,
+        base_seed: int = DEFAULT_BASE_SEED,
+        sampling: SamplingConfig | None = None,
+        policy: PolicyFactory | None = None,
+    ):
         self.env_id = env_id
         self.env_kwargs = {k: v for k, v in (env_kwargs or {}).items() if k != "token_trajectories"}
         self.mode, self.concurrency, self.base_seed = mode, concurrency, base_seed
         self.sampling, self.policy_factory = sampling, policy
-        env = gym.make(env_id, **({"tasks": list(tasks)} if tasks is not None else {"dataset": dataset}),
-                       **self.env_kwargs)
+        env = gym.make(
+            env_id, **({"tasks": list(tasks)} if tasks is not None else {"dataset": dataset}), **self.env_kwargs
+        )
         try:
             self.tasks = list(env.get_wrapper_attr("tasks"))[:limit]
             self.openings = [env.reset(options={"task": t, "row_index": i})[0] for i, t in enumerate(self.tasks)]
@@ -121,8 +145,10 @@ class GRPOEnvironment:
         for row, opening in enumerate(self.openings):
             key = opening_key(opening)
             if key in self._rows:
-                raise ValueError(f"tasks {self.tasks[self._rows[key]].id!r} and {self.tasks[row].id!r} open with the "
-                                 "same chat: a prompt could not be told apart from the other")
+                raise ValueError(
+                    f"tasks {self.tasks[self._rows[key]].id!r} and {self.tasks[row].id!r} open with the "
+                    "same chat: a prompt could not be told apart from the other"
+                )
             self._rows[key] = row
         self.records: list[EpisodeRecord] = []
         self._policy: tuple[Any, Policy] | None = None
@@ -143,13 +169,21 @@ class GRPOEnvironment:
         """The ``rollout_func``: one episode per prompt, returned as TRL expects."""
         rows = [self._row_of(p) for p in prompts]
         samples = _sample_numbers(rows)
-        base_seed = (self.base_seed + STEP_SEED_STRIDE * int(getattr(trainer.state, "global_step", 0))
-                     + PROCESS_SEED_STRIDE * int(getattr(getattr(trainer, "accelerator", None), "process_index", 0)))
+        base_seed = (
+            self.base_seed
+            + STEP_SEED_STRIDE * int(getattr(trainer.state, "global_step", 0))
+            + PROCESS_SEED_STRIDE * int(getattr(getattr(trainer, "accelerator", None), "process_index", 0))
+        )
         with generating(trainer):  # before the policy is built: building one puts the model in eval mode
             self.records = self._run(self._policy_for(trainer), rows, samples, base_seed)
         by_job = {(r.row_index, r.sample_index): r for r in self.records}
-        out: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
-                                     SCORE_FIELD: []}
+        out: dict[str, list[Any]] = {
+            "prompt_ids": [],
+            "completion_ids": [],
+            "logprobs": [],
+            "env_mask": [],
+            SCORE_FIELD: [],
+        }
         for row, sample in zip(rows, samples):
             self._append(out, by_job[(row, sample)], trainer)
         return out
@@ -157,8 +191,10 @@ class GRPOEnvironment:
     def _row_of(self, prompt: Any) -> int:
         row = self._rows.get(opening_key(prompt))
         if row is None:
-            raise ValueError("rollout_func got a prompt that is none of this environment's task openings "
-                             "(use GRPOEnvironment.dataset() as the train_dataset)")
+            raise ValueError(
+                "rollout_func got a prompt that is none of this environment's task openings "
+                "(use GRPOEnvironment.dataset() as the train_dataset)"
+            )
         return row
 
     def _policy_for(self, trainer: Any) -> Policy:
@@ -176,10 +212,18 @@ class GRPOEnvironment:
         records: list[EpisodeRecord] = []
         for count in sorted(set(need.values())):
             group = sorted(r for r, n in need.items() if n == count)
-            records += run_episodes(self.env_id, [self.tasks[r] for r in group], policy, samples=count,
-                                    row_indices=group, mode=self.mode, base_seed=base_seed,
-                                    env_kwargs={**self.env_kwargs, "token_trajectories": True},
-                                    concurrency=self.concurrency, progress=False)
+            records += run_episodes(
+                self.env_id,
+                [self.tasks[r] for r in group],
+                policy,
+                samples=count,
+                row_indices=group,
+                mode=self.mode,
+                base_seed=base_seed,
+                env_kwargs={**self.env_kwargs, "token_trajectories": True},
+                concurrency=self.concurrency,
+                progress=False,
+            )
         return records
 
     def _append(self, out: dict[str, list[Any]], record: EpisodeRecord, trainer: Any) -> None:
@@ -188,8 +232,13 @@ class GRPOEnvironment:
         row = record.row()
         if skip_reason(row) is not None:
             tokenizer = trainer.processing_class
-            out["prompt_ids"].append(list(tokenizer.apply_chat_template(
-                self.openings[record.row_index], add_generation_prompt=True, tokenize=True, return_dict=False)))
+            out["prompt_ids"].append(
+                list(
+                    tokenizer.apply_chat_template(
+                        self.openings[record.row_index], add_generation_prompt=True, tokenize=True, return_dict=False
+                    )
+                )
+            )
             out["completion_ids"].append([tokenizer.eos_token_id])
             out["logprobs"].append([0.0])
             out["env_mask"].append([0])
@@ -199,8 +248,9 @@ class GRPOEnvironment:
         cut = tokens.prompt_length
         out["prompt_ids"].append(tokens.tokens[:cut])
         out["completion_ids"].append(tokens.tokens[cut:])
-        out["logprobs"].append(tokens.logprobs[cut:] if tokens.logprobs is not None
-                               else [None] * (len(tokens.tokens) - cut))
+        out["logprobs"].append(
+            tokens.logprobs[cut:] if tokens.logprobs is not None else [None] * (len(tokens.tokens) - cut)
+        )
         out["env_mask"].append(tokens.loss_mask[cut:])
         out[SCORE_FIELD].append(tokens.reward)
 

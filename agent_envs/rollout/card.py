@@ -6,6 +6,7 @@ errors, the scorer setting and the score methods that were used.  :func:`dataset
 one set's block from its records; :func:`format_card` prints several; :func:`format_groups` prints
 the per-group table of ``summarize --group``.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -27,8 +28,13 @@ def ratio(count: int, total: int) -> Row:
     return {"count": count, "total": total, "value": count / total if total else None}
 
 
-def dataset_card(records: Records, samples: int, items: int | None = None,
-                 settings: Mapping[str, Any] | None = None, spec: EnvSpec | None = None) -> Row:
+def dataset_card(
+    records: Records,
+    samples: int,
+    items: int | None = None,
+    settings: Mapping[str, Any] | None = None,
+    spec: EnvSpec | None = None,
+) -> Row:
     """One data set's card block.  ``settings``: the environment's outcome-relevant options (the
     run's ``env_settings``, e.g. ``{"scorer": "exact"}``); ``spec``: the environment, whose own
     metrics (DocVQA's ANLS and exact-match accuracy) join the block under its key."""

@@ -4,6 +4,7 @@ Episodes submit their new steps and go on generating; the steps submitted while 
 runs go out together in the next call (at most one call in flight), so batches grow with load and
 no episode's generation ever waits for a score.  An episode awaits its scores only when it ends.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -13,6 +13,7 @@ Three families, kept apart because they answer different questions:
 Environment-specific numbers come only through the spec the caller passes; nothing here looks an
 environment up.
 """
+
 from __future__ import annotations
 
 import random
@@ -68,8 +69,14 @@ def es_summary(records: Records, samples: int, items: int | None = None, include
     return out
 
 
-def summarize(records: Records, samples: int, ks: Sequence[int] | None = None, items: int | None = None, *,
-              spec: EnvSpec | None = None) -> Row:
+def summarize(
+    records: Records,
+    samples: int,
+    ks: Sequence[int] | None = None,
+    items: int | None = None,
+    *,
+    spec: EnvSpec | None = None,
+) -> Row:
     """Everything a report needs: ES summary, unbiased @k, the environment's own block (from
     ``spec``; none without it), diagnostics, token/turn/latency statistics."""
     rows = _rows(records)
@@ -152,8 +159,7 @@ def group_metrics(records: Records, k: int, *, spec: EnvSpec | None = None, best
         raise ValueError(f"cannot choose the best group by {best_by!r}: the groups have {', '.join(named)}")
     ranked = [e for e in groups if e.get(best_by) is not None]
     best = max(ranked, key=lambda e: e[best_by], default=None)
-    return {"k": k, "samples": n, "best_by": best_by, "groups": groups,
-            "best_group": best["group"] if best else None}
+    return {"k": k, "samples": n, "best_by": best_by, "groups": groups, "best_group": best["group"] if best else None}
 
 
 # --------------------------------------------------------------------------- diagnostics
@@ -170,7 +176,8 @@ def _valid(row: Row) -> bool:
 def _tool_steps(row: Row, tools: frozenset[str]) -> list[Row]:
     """Steps that called one of the environment's tools."""
     return [
-        s for s in row.get("react_steps") or []
+        s
+        for s in row.get("react_steps") or []
         if isinstance(s.get("action"), dict) and s["action"].get("name") in tools and "observation" in s
     ]
 
@@ -235,8 +242,10 @@ def paired_bootstrap(before: Records, after: Records, samples: int = 10_000, see
     b = _per_task_means(_rows(before), "before")
     a = _per_task_means(_rows(after), "after")
     if set(a) != set(b):
-        raise ValueError(f"before/after task sets differ: only before {sorted(set(b) - set(a))[:5]}, "
-                         f"only after {sorted(set(a) - set(b))[:5]}")
+        raise ValueError(
+            f"before/after task sets differ: only before {sorted(set(b) - set(a))[:5]}, "
+            f"only after {sorted(set(a) - set(b))[:5]}"
+        )
     for task in b:
         if a[task][1] != b[task][1]:
             raise ValueError(f"before/after sample sets differ for task {task}")

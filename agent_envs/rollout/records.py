@@ -5,6 +5,7 @@ docs/protocol.md#records) plus what only the runner knows: true per-episode wall
 calls, summed usage and which engine answered.  Each line is flushed and fsynced as soon as its
 episode ends, so a killed run loses at most the line being written (see :mod:`.resume`).
 """
+
 from __future__ import annotations
 
 import json

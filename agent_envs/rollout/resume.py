@@ -11,6 +11,7 @@
 The records file is then rewritten atomically with exactly one row per finished key, so the
 run that follows can append to a clean file.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,9 @@ def read_records(path: str | os.PathLike[str]) -> tuple[list[tuple[Row, EpisodeR
         except ValidationError as exc:
             first = exc.errors(include_url=False)[0]
             where = ".".join(map(str, first["loc"])) or "record"
-            raise DamagedRecords(f"{path}: line {number} is not a record ({where}: {first['msg']}); "
-                                 "remove or repair it to resume") from None
+            raise DamagedRecords(
+                f"{path}: line {number} is not a record ({where}: {first['msg']}); remove or repair it to resume"
+            ) from None
     return out, 0
 
 
@@ -67,8 +69,10 @@ class ResumeState:
         self.dropped_lines = dropped_lines
 
     def __repr__(self) -> str:
-        return (f"ResumeState(finished={len(self.finished)}, archived_errors={self.archived}, "
-                f"dropped_lines={self.dropped_lines})")
+        return (
+            f"ResumeState(finished={len(self.finished)}, archived_errors={self.archived}, "
+            f"dropped_lines={self.dropped_lines})"
+        )
 
 
 def prepare_resume(records_path: str | os.PathLike[str]) -> ResumeState:

@@ -4,6 +4,7 @@ The kernel drops the lock when its holder dies, however it dies (``SIGKILL`` inc
 killed run never leaves a stale lock behind; the file keeps the holder's pid, host and start time
 for the error a second writer gets (docs/reliability.md#run-folders).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -33,13 +34,14 @@ class RunLock:
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
-            raise RunFolderBusy(f"{self.path.parent} is in use by another eval ({holder}); wait for it to "
-                                "finish, or choose another --out") from None
+            raise RunFolderBusy(
+                f"{self.path.parent} is in use by another eval ({holder}); wait for it to "
+                "finish, or choose another --out"
+            ) from None
         except BaseException:
             os.close(fd)
             raise
-        stamp = {"pid": os.getpid(), "host": socket.gethostname(),
-                 "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        stamp = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(stamp) + "\n").encode(), 0)
         self._fd = fd

@@ -13,6 +13,7 @@ policy gives identical records either way.  Each record is on disk (fsynced) as 
 episode ends.  Nothing a policy or an environment does aborts the run: failures become records
 with an ``error`` (re-run by ``resume=True``).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -104,13 +105,15 @@ class _Episode:
         assert self.env is not None
         t = time.perf_counter()
         try:
-            self.env.reset(options={
-                "task": self.job.task,
-                "row_index": self.job.row_index,
-                "sample_index": self.job.sample_index,
-                "base_seed": self.base_seed,
-                **({} if self.job.seed_base is None else {"seed_base": self.job.seed_base}),
-            })
+            self.env.reset(
+                options={
+                    "task": self.job.task,
+                    "row_index": self.job.row_index,
+                    "sample_index": self.job.sample_index,
+                    "base_seed": self.base_seed,
+                    **({} if self.job.seed_base is None else {"seed_base": self.job.seed_base}),
+                }
+            )
             self.request = self.env.get_wrapper_attr("generation_request")()
         except Exception as exc:
             self._fail(exc)
@@ -169,9 +172,17 @@ class _Episode:
 class _Context:
     """Everything shared by the episodes of one run: env factory, policy identity, output."""
 
-    def __init__(self, make_env: Callable[[], gym.Env], policy: Policy, base_seed: int,
-                 tags: dict[str, Any], writer: JsonlWriter | None, progress: "_Progress",
-                 scorer: StepScorer | None = None, env_id: str | None = None):
+    def __init__(
+        self,
+        make_env: Callable[[], gym.Env],
+        policy: Policy,
+        base_seed: int,
+        tags: dict[str, Any],
+        writer: JsonlWriter | None,
+        progress: "_Progress",
+        scorer: StepScorer | None = None,
+        env_id: str | None = None,
+    ):
         self.make_env = make_env
         #: the registered id, for the records of episodes whose environment raised
         self.env_id = env_id
@@ -213,13 +224,21 @@ class _Context:
         row: dict[str, Any] = dict(ep.episode or {})
         if ep.episode is None:  # the environment raised: on the model's text, or the machine failed
             reason = "env_error" if ep.invalid_output is None else INVALID_OUTPUT
-            row.update({
-                "key": job.key, "task_id": job.task_id, "row_index": job.row_index,
-                "sample_index": job.sample_index, "base_seed": self.base_seed, "score": 0.0,
-                **({} if job.seed_base is None else {"seed": job.seed_base}),
-                "termination_reason": reason, "react_error": ep.error or ep.invalid_output,
-                "score_method": reason, "env_id": self.env_id,
-            })
+            row.update(
+                {
+                    "key": job.key,
+                    "task_id": job.task_id,
+                    "row_index": job.row_index,
+                    "sample_index": job.sample_index,
+                    "base_seed": self.base_seed,
+                    "score": 0.0,
+                    **({} if job.seed_base is None else {"seed": job.seed_base}),
+                    "termination_reason": reason,
+                    "react_error": ep.error or ep.invalid_output,
+                    "score_method": reason,
+                    "env_id": self.env_id,
+                }
+            )
         error = ep.error
         if row.get("termination_reason") == "request_error":
             error = error or f"request_error: {row.get('react_error') or 'policy request failed'}"
@@ -227,19 +246,21 @@ class _Context:
         usage = {"completion_tokens": generated, "accumulated_response_tokens": int(row.get("trajectory_tokens") or 0)}
         if ep.prompt_tokens is not None and ep.policy_calls:
             usage.update(prompt_tokens=ep.prompt_tokens, total_tokens=ep.prompt_tokens + generated)
-        row.update({
-            "latency_s": max(0.0, ep.finished - ep.started),
-            "env_seconds": ep.env_seconds,
-            "turn_generation_s": list(ep.generation_s),
-            "policy_calls": ep.policy_calls,
-            "usage": usage,
-            "engine": ep.engine or self.meta.get("engine"),
-            "endpoint": self.meta.get("endpoint"),
-            "model": self.meta.get("model"),
-            "policy": self.meta.get("policy", self.policy.name),
-            "error": error,
-            "tags": dict(self.tags),
-        })
+        row.update(
+            {
+                "latency_s": max(0.0, ep.finished - ep.started),
+                "env_seconds": ep.env_seconds,
+                "turn_generation_s": list(ep.generation_s),
+                "policy_calls": ep.policy_calls,
+                "usage": usage,
+                "engine": ep.engine or self.meta.get("engine"),
+                "endpoint": self.meta.get("endpoint"),
+                "model": self.meta.get("model"),
+                "policy": self.meta.get("policy", self.policy.name),
+                "error": error,
+                "tags": dict(self.tags),
+            }
+        )
         if self.scorer is not None:
             row.update(process_fields(ep.step_scores, self.scorer.aggregation))
         return EpisodeRecord.model_validate(row)
@@ -265,8 +286,9 @@ class _Progress:
         self.tokens += record.generated_tokens
         if self.bar is not None:
             elapsed = max(time.perf_counter() - self.started, 1e-9)
-            self.bar.set_postfix(mean_reward=f"{self.reward / self.count:.3f}", tok_s=f"{self.tokens / elapsed:.0f}",
-                                 refresh=False)
+            self.bar.set_postfix(
+                mean_reward=f"{self.reward / self.count:.3f}", tok_s=f"{self.tokens / elapsed:.0f}", refresh=False
+            )
             self.bar.update(1)
 
     def close(self) -> None:
@@ -283,9 +305,9 @@ def _generate_batch(policy: Policy, requests: Sequence[GenerationRequest]) -> li
 def _run_lockstep(ctx: _Context, jobs: Sequence[Job], batch_size: int, pool: ThreadPoolExecutor) -> None:
     envs: list[gym.Env | None] = []
     for start in range(0, len(jobs), batch_size):
-        chunk = jobs[start:start + batch_size]
+        chunk = jobs[start : start + batch_size]
         envs += [None] * (len(chunk) - len(envs))
-        envs[:len(chunk)] = [env if env is not None else ctx.new_env() for env in envs[:len(chunk)]]
+        envs[: len(chunk)] = [env if env is not None else ctx.new_env() for env in envs[: len(chunk)]]
         episodes = [ctx.episode(job, env) for job, env in zip(chunk, envs)]
         list(pool.map(_Episode.start, episodes))
         live = _settle(ctx, envs, list(enumerate(episodes)))
@@ -425,8 +447,10 @@ def with_key_seeds(jobs: Sequence[Job], key_seeds: Mapping[str, int]) -> list[Jo
     """The jobs with their trajectory seeds from a frozen key-to-seed map, which must cover them."""
     missing = [j.key for j in jobs if j.key not in key_seeds]
     if missing:
-        raise ValueError(f"the key-to-seed map has no seed for {len(missing)} of {len(jobs)} episodes "
-                         f"(e.g. {', '.join(missing[:3])})")
+        raise ValueError(
+            f"the key-to-seed map has no seed for {len(missing)} of {len(jobs)} episodes "
+            f"(e.g. {', '.join(missing[:3])})"
+        )
     return [dataclasses.replace(j, seed_base=int(key_seeds[j.key])) for j in jobs]
 
 
@@ -479,8 +503,16 @@ def run_episodes(
     make_env = _env_factory(env_id_or_factory, policy, env_kwargs)
     bar = _Progress(len(todo), progress, desc=f"{mode}")
     writer = JsonlWriter(out_path) if out_path is not None else None
-    ctx = _Context(make_env, policy, base_seed, dict(tags or {}), writer, bar, step_scorer,
-                   env_id_or_factory if isinstance(env_id_or_factory, str) else None)
+    ctx = _Context(
+        make_env,
+        policy,
+        base_seed,
+        dict(tags or {}),
+        writer,
+        bar,
+        step_scorer,
+        env_id_or_factory if isinstance(env_id_or_factory, str) else None,
+    )
     pool = ThreadPoolExecutor(max_workers=tool_workers or concurrency, thread_name_prefix="agent-envs-env")
     try:
         with episodes_in_flight(min(concurrency, len(todo))):  # they share the sandboxes' tmpfs budget

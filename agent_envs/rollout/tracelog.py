@@ -5,6 +5,7 @@ reference exactly; only the choice of directory is ours.  The environment's
 :class:`~agent_envs.core.spec.ReportSpec` (passed by the caller) names the files, decides the
 outcome and renders the body.
 """
+
 from __future__ import annotations
 
 import re
@@ -51,6 +52,7 @@ def write_trace_log(record: EpisodeRecord | Row, directory: str | Path, report: 
     return path
 
 
-def write_trace_logs(records: Sequence[EpisodeRecord | Row], directory: str | Path, report: ReportSpec,
-                     prefix: str = "") -> list[Path]:
+def write_trace_logs(
+    records: Sequence[EpisodeRecord | Row], directory: str | Path, report: ReportSpec, prefix: str = ""
+) -> list[Path]:
     return [write_trace_log(r, directory, report, prefix) for r in records]

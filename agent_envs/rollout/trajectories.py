@@ -7,6 +7,7 @@ prompt, on observations and on scripted turns), the log-probabilities aligned wi
 turn starts and ends, and the episode's reward (its score).  :func:`export_tokens` writes them as
 JSONL (``agent-envs export RUN --format tokens``) and :func:`load_token_export` reads them back.
 """
+
 from __future__ import annotations
 
 import json
@@ -85,13 +86,28 @@ def episode_tokens(record: EpisodeRecord | dict[str, Any]) -> EpisodeTokens:
                 logprobs = None
             else:
                 logprobs[start:end] = turn["logprobs"]
-        turns.append({"completion": [start, end], "observation": [end, stop], "sampled": turn["sampled"],
-                      "finish_reason": turn["finish_reason"]})
-    return EpisodeTokens(key=row["key"], task_id=row["task_id"], row_index=row["row_index"],
-                         sample_index=row["sample_index"], reward=float(row.get("score") or 0.0),
-                         termination_reason=row.get("termination_reason"), tokens=tokens, loss_mask=mask,
-                         logprobs=logprobs, prompt_length=len(trajectory["prompt_ids"]), turns=turns,
-                         drift=trajectory.get("drift"))
+        turns.append(
+            {
+                "completion": [start, end],
+                "observation": [end, stop],
+                "sampled": turn["sampled"],
+                "finish_reason": turn["finish_reason"],
+            }
+        )
+    return EpisodeTokens(
+        key=row["key"],
+        task_id=row["task_id"],
+        row_index=row["row_index"],
+        sample_index=row["sample_index"],
+        reward=float(row.get("score") or 0.0),
+        termination_reason=row.get("termination_reason"),
+        tokens=tokens,
+        loss_mask=mask,
+        logprobs=logprobs,
+        prompt_length=len(trajectory["prompt_ids"]),
+        turns=turns,
+        drift=trajectory.get("drift"),
+    )
 
 
 @dataclass
@@ -104,8 +120,10 @@ class ExportSummary:
 
     def line(self) -> str:
         skipped = ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items())) or "none"
-        return (f"{self.exported} episode(s) -> {self.path}; skipped: {skipped}; "
-                f"re-rendered chat differs in {self.drifting} of {self.exported}")
+        return (
+            f"{self.exported} episode(s) -> {self.path}; skipped: {skipped}; "
+            f"re-rendered chat differs in {self.drifting} of {self.exported}"
+        )
 
 
 def export_tokens(records: Iterable[EpisodeRecord | dict[str, Any]], path: str | os.PathLike[str]) -> ExportSummary:

@@ -4,6 +4,7 @@ Kept apart from process management so that the layout can be read (and tested) o
 read-only system directories and the running Python's prefixes, pip hidden, writable size-capped
 tmpfs ``/tmp`` and ``/workspace``, the configured mounts, and a cleared environment.
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,9 +25,11 @@ SANDBOX_UID = 1000
 #: when the host user is root, sandbox processes run as this host uid: RLIMIT_NPROC is never
 #: enforced for host root (kuid 0), even inside a user namespace, so a fork bomb would not stop
 HOST_UID_WHEN_ROOT = 65534
-INSTALL_HINT = ("bubblewrap (bwrap) is required for sandbox='bwrap': install the Debian package "
-                "`bubblewrap` (apt-get install bubblewrap), or pass sandbox='none' to run commands "
-                "unsandboxed on the host")
+INSTALL_HINT = (
+    "bubblewrap (bwrap) is required for sandbox='bwrap': install the Debian package "
+    "`bubblewrap` (apt-get install bubblewrap), or pass sandbox='none' to run commands "
+    "unsandboxed on the host"
+)
 
 
 @functools.lru_cache(maxsize=1)
@@ -49,8 +52,21 @@ def bwrap_usable() -> tuple[bool, str]:
         bwrap = find_bwrap()
     except SandboxUnavailable:
         return False, "bwrap is not installed"
-    probe = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc",
-             "--dev", "/dev", "--tmpfs", "/tmp", "true"]
+    probe = [
+        bwrap,
+        "--unshare-all",
+        "--die-with-parent",
+        "--ro-bind",
+        "/",
+        "/",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        "true",
+    ]
     try:
         res = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -70,8 +86,7 @@ def supports_size() -> bool:
 def runtime_prefixes(config: SandboxConfig) -> list[str]:
     """Configured prefixes, ``$AGENT_ENVS_TOOL_PREFIX``, then ``sys.prefix`` and ``sys.base_prefix``; existing, each once."""
     env_prefix = os.environ.get("AGENT_ENVS_TOOL_PREFIX")
-    candidates = [*config.runtime_prefixes, *([env_prefix] if env_prefix else []),
-                  sys.prefix, sys.base_prefix]
+    candidates = [*config.runtime_prefixes, *([env_prefix] if env_prefix else []), sys.prefix, sys.base_prefix]
     out: list[str] = []
     seen: set[str] = set()
     for p in candidates:
@@ -117,8 +132,7 @@ def _pip_hiding_args(prefixes: tuple[str, ...]) -> tuple[str, ...]:
             if str(exe) not in seen and exe.exists():
                 seen.add(str(exe))
                 args += ["--ro-bind", "/dev/null", str(exe)]
-        for pattern in ("lib/python*/site-packages/pip", "lib/python*/dist-packages/pip",
-                        "lib/python*/ensurepip"):
+        for pattern in ("lib/python*/site-packages/pip", "lib/python*/dist-packages/pip", "lib/python*/ensurepip"):
             for d in root.glob(pattern):
                 if str(d) not in seen and d.is_dir():
                     seen.add(str(d))
@@ -162,10 +176,20 @@ def _tmpfs(path: str, perms: str, limits: SandboxLimits) -> list[str]:
 def layout_args(config: SandboxConfig, mounts: list[Mount]) -> list[str]:
     """Everything between ``bwrap`` and the namespace flags: mounts, cwd and environment."""
     prefixes = runtime_prefixes(config)
-    args = ["--new-session", "--die-with-parent", "--clearenv", *_bind_args(prefixes), *_pip_hiding_args(tuple(prefixes)),
-            *_startup_hook_args(tuple(prefixes)),
-            "--proc", "/proc", "--dev", "/dev",
-            *_tmpfs("/tmp", "1777", config.limits), *_tmpfs("/workspace", "0777", config.limits)]
+    args = [
+        "--new-session",
+        "--die-with-parent",
+        "--clearenv",
+        *_bind_args(prefixes),
+        *_pip_hiding_args(tuple(prefixes)),
+        *_startup_hook_args(tuple(prefixes)),
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        *_tmpfs("/tmp", "1777", config.limits),
+        *_tmpfs("/workspace", "0777", config.limits),
+    ]
     for m in mounts:
         args += ["--ro-bind" if m.read_only else "--bind", m.host, m.target]
     args += ["--chdir", "/workspace"]
@@ -176,9 +200,11 @@ def layout_args(config: SandboxConfig, mounts: list[Mount]) -> list[str]:
 
 def set_rlimits(limits: SandboxLimits) -> None:
     """Runs in the forked child before exec.  NPROC is set inside (see :func:`command_prefix`)."""
-    pairs = [(resource.RLIMIT_FSIZE, limits.max_file_size_mib * 1024 * 1024),
-             (resource.RLIMIT_NOFILE, limits.max_open_files),
-             (resource.RLIMIT_CPU, limits.cpu_seconds)]
+    pairs = [
+        (resource.RLIMIT_FSIZE, limits.max_file_size_mib * 1024 * 1024),
+        (resource.RLIMIT_NOFILE, limits.max_open_files),
+        (resource.RLIMIT_CPU, limits.cpu_seconds),
+    ]
     if limits.memory_gib is not None:
         pairs.append((resource.RLIMIT_AS, memory_kib(limits) * 1024))
     for which, value in pairs:
@@ -204,7 +230,17 @@ def command_prefix(limits: SandboxLimits, as_root: bool) -> list[str]:
     NPROC is applied inside because it is counted per user namespace there, and outside it would
     also count every host process of the invoking user.
     """
-    drop = ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
-            "--inh-caps=-all", "--bounding-set=-all"] if as_root else []
+    drop = (
+        [
+            "setpriv",
+            f"--reuid={SANDBOX_UID}",
+            f"--regid={SANDBOX_UID}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+        ]
+        if as_root
+        else []
+    )
     n = limits.max_processes
     return [*drop, "prlimit", f"--nproc={n}:{n}", "--"]

@@ -1,4 +1,5 @@
 """Host-side process bookkeeping for sandboxes: launching, user namespaces, descendants, teardown."""
+
 from __future__ import annotations
 
 import ctypes
@@ -52,8 +53,9 @@ class _Launcher:
         with self._lock:  # a forked child of this process starts without the thread: make a new one
             if self._thread is None or self._pid != os.getpid():
                 self._jobs, self._pid = queue.SimpleQueue(), os.getpid()
-                self._thread = threading.Thread(target=self._serve, args=(self._jobs,), daemon=True,
-                                                name="agent-envs-launcher")
+                self._thread = threading.Thread(
+                    target=self._serve, args=(self._jobs,), daemon=True, name="agent-envs-launcher"
+                )
                 self._thread.start()
             jobs = self._jobs
         done: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
@@ -123,7 +125,7 @@ def reap_orphans() -> list[int]:
         marks = [a for a in argv if a.startswith(_MARK.encode())]
         if not marks:
             continue
-        pid, _, started = marks[0].decode()[len(_MARK):].partition("_")
+        pid, _, started = marks[0].decode()[len(_MARK) :].partition("_")
         if pid.isdigit() and str(start_time(int(pid))) != started:  # that runner is gone
             try:
                 os.kill(int(entry), signal.SIGKILL)
@@ -136,8 +138,10 @@ def reap_orphans() -> list[int]:
 #: the namespace helper: report, wait for the uid map, re-exec (to gain the namespace's
 #: capabilities), cap nested user namespaces at 0, report again, then hold the namespace open
 #: (a refused write must still answer: the caller waits for a line, and ``cat`` would never send one)
-_NO_NESTED_USERNS = ("echo; read _; exec /bin/sh -c "
-                     "'echo 0 >/proc/sys/user/max_user_namespaces && echo limited || echo refused; exec cat'")
+_NO_NESTED_USERNS = (
+    "echo; read _; exec /bin/sh -c "
+    "'echo 0 >/proc/sys/user/max_user_namespaces && echo limited || echo refused; exec cat'"
+)
 
 
 class UserNamespace:
@@ -155,8 +159,11 @@ class UserNamespace:
     """
 
     def __init__(self) -> None:
-        helper = subprocess.Popen(["unshare", "--user", "--", "/bin/sh", "-c", _NO_NESTED_USERNS],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        helper = subprocess.Popen(
+            ["unshare", "--user", "--", "/bin/sh", "-c", _NO_NESTED_USERNS],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
         try:
             assert helper.stdout is not None and helper.stdin is not None
             if helper.stdout.readline() != b"\n":
@@ -167,10 +174,12 @@ class UserNamespace:
             helper.stdin.write(b"\n")
             helper.stdin.flush()
             if helper.stdout.readline() != b"limited\n":
-                raise SandboxUnavailable("could not forbid nested user namespaces in the sandbox: writing "
-                                         "user.max_user_namespaces was refused (a read-only /proc/sys, or this "
-                                         "process runs with no_new_privs, as inside bwrap or a container started "
-                                         "with no-new-privileges)")
+                raise SandboxUnavailable(
+                    "could not forbid nested user namespaces in the sandbox: writing "
+                    "user.max_user_namespaces was refused (a read-only /proc/sys, or this "
+                    "process runs with no_new_privs, as inside bwrap or a container started "
+                    "with no-new-privileges)"
+                )
             self.fd = os.open(f"/proc/{helper.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
         finally:
             if helper.stdin is not None:

@@ -4,6 +4,7 @@ A sandbox runs model-written shell commands for one episode.  It returns raw byt
 status; turning them into the protocol's observation text is a pure function
 (:mod:`agent_envs.sandbox.output`) so that every backend frames output identically.
 """
+
 from __future__ import annotations
 
 import abc
@@ -31,9 +32,19 @@ PID_NAMESPACE = "pid_namespace"
 #: environment every sandbox backend sets: home and temp on the tmpfs, no pip index, and
 #: single-threaded numeric libraries (tesseract is ~4x faster on 2 cores with one OpenMP thread)
 BASE_ENV: dict[str, str] = {
-    "HOME": "/tmp", "TMPDIR": "/tmp", "PIP_NO_INDEX": "1",
-    **{var: "1" for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                            "NUMEXPR_NUM_THREADS", "OMP_THREAD_LIMIT")},
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "PIP_NO_INDEX": "1",
+    **{
+        var: "1"
+        for var in (
+            "OPENBLAS_NUM_THREADS",
+            "OMP_NUM_THREADS",
+            "MKL_NUM_THREADS",
+            "NUMEXPR_NUM_THREADS",
+            "OMP_THREAD_LIMIT",
+        )
+    },
 }
 
 

@@ -18,6 +18,7 @@
   variables survive, plain shell variables do not.  If the shell dies anyway (``kill -9 $$``,
   ``exec``), the next command transparently starts a new sandbox (with an empty /workspace).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -36,10 +37,17 @@ import pexpect
 import ptyprocess
 
 from agent_envs.sandbox import _procs
-from agent_envs.sandbox._bwrap_layout import (command_prefix, find_bwrap, layout_args, set_rlimits,
-                                              with_ulimit)
+from agent_envs.sandbox._bwrap_layout import command_prefix, find_bwrap, layout_args, set_rlimits, with_ulimit
 from agent_envs.sandbox.capture import PendingWrite, Source, StreamReader, captured, drain, pump, settle
-from agent_envs.sandbox.base import PID_NAMESPACE, PROCESSES, ExecResult, Sandbox, SandboxConfig, remove_folders, staged_mounts
+from agent_envs.sandbox.base import (
+    PID_NAMESPACE,
+    PROCESSES,
+    ExecResult,
+    Sandbox,
+    SandboxConfig,
+    remove_folders,
+    staged_mounts,
+)
 
 #: fixed fd numbers of the driver's pipes inside the sandbox
 FD_PTY, FD_CMD, FD_OUT, FD_ERR, FD_USERNS = 59, 60, 61, 62, 63
@@ -54,12 +62,12 @@ DRIVER = (
     "exec 59>&1 0</dev/null; "
     "__ae_m() { __ae_i=0; while builtin kill -9 -1 2>/dev/null && ((__ae_i++ < 100000)); do "
     "builtin wait 2>/dev/null; done; { builtin wait; builtin jobs; } >/dev/null 2>&1; "
-    "builtin printf '\\36A%s %s %s\\n' \"$1\" \"$__ae_n\" \"$2\" >&59; }; "
-    "__ae_x() { trap - EXIT USR2; __ae_m X \"$1\"; "
-    "exec /bin/bash --noprofile --norc -c \"$BASH_EXECUTION_STRING\" 0</dev/null 1>&59 2>&59; }; "
+    'builtin printf \'\\36A%s %s %s\\n\' "$1" "$__ae_n" "$2" >&59; }; '
+    '__ae_x() { trap - EXIT USR2; __ae_m X "$1"; '
+    'exec /bin/bash --noprofile --norc -c "$BASH_EXECUTION_STRING" 0</dev/null 1>&59 2>&59; }; '
     "trap '__ae_x \"$?\"' EXIT; trap '__ae_x 124' USR2; builtin printf '\\36AB\\n' >&59; "
     "while IFS= builtin read -r -d '' -u 60 __ae_c; do __ae_n=${__ae_c:0:16}; "
-    "eval \"unset __ae_c; ${__ae_c:16}\" </dev/null >&61 2>&62; __ae_m R \"$?\"; done; "
+    'eval "unset __ae_c; ${__ae_c:16}" </dev/null >&61 2>&62; __ae_m R "$?"; done; '
     "trap - EXIT; exit 0"
 )
 _STATUS = re.compile(rb"\x1eA([RX]) ([0-9a-f]{16}) (-?\d+)")
@@ -90,23 +98,43 @@ class _Layout:
         _reap_once(os.getpid())
         self.as_root = os.geteuid() == 0
         # as root, the sandbox's host uid could read only world-readable files
-        mounts, self.staged = staged_mounts(
-            config, lambda p: self.as_root and not os.stat(p).st_mode & stat.S_IROTH)
+        mounts, self.staged = staged_mounts(config, lambda p: self.as_root and not os.stat(p).st_mode & stat.S_IROTH)
         self.userns = _procs.UserNamespace() if self.as_root else None
         self.limits = config.limits
         self.layout = layout_args(config, mounts)
 
     def argv(self, userns_fd: int, program: list[str], options: tuple[str, ...] = ()) -> list[str]:
         if self.userns is not None:
-            ns = ["--userns", str(userns_fd), "--unshare-ipc", "--unshare-pid", "--unshare-net",
-                  "--unshare-uts", "--unshare-cgroup-try", "--cap-add", "CAP_SETUID,CAP_SETGID"]
+            ns = [
+                "--userns",
+                str(userns_fd),
+                "--unshare-ipc",
+                "--unshare-pid",
+                "--unshare-net",
+                "--unshare-uts",
+                "--unshare-cgroup-try",
+                "--cap-add",
+                "CAP_SETUID,CAP_SETGID",
+            ]
         else:
             ns = ["--unshare-all", "--unshare-user", "--disable-userns", "--uid", "1000", "--gid", "1000"]
-        return [self.bwrap, *ns, *_procs.runner_mark(), *options, *self.layout,
-                *command_prefix(self.limits, self.as_root), *program]
+        return [
+            self.bwrap,
+            *ns,
+            *_procs.runner_mark(),
+            *options,
+            *self.layout,
+            *command_prefix(self.limits, self.as_root),
+            *program,
+        ]
 
-    def popen(self, program: list[str], options: tuple[str, ...] = (), pass_fds: tuple[int, ...] = (),
-              stdin: int = subprocess.PIPE) -> subprocess.Popen[bytes]:
+    def popen(
+        self,
+        program: list[str],
+        options: tuple[str, ...] = (),
+        pass_fds: tuple[int, ...] = (),
+        stdin: int = subprocess.PIPE,
+    ) -> subprocess.Popen[bytes]:
         """``program`` in a new sandbox of this layout, stdout/stderr piped, in its own session."""
         fd = self.userns.fd if self.userns is not None else -1
         limits, runner = self.limits, os.getpid()
@@ -115,9 +143,17 @@ class _Layout:
             _procs.die_with_runner(runner)
             set_rlimits(limits)
 
-        return _procs.launch(lambda: subprocess.Popen(
-            self.argv(fd, program, options), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=(*pass_fds, fd) if fd >= 0 else pass_fds, preexec_fn=child_setup, start_new_session=True))
+        return _procs.launch(
+            lambda: subprocess.Popen(
+                self.argv(fd, program, options),
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(*pass_fds, fd) if fd >= 0 else pass_fds,
+                preexec_fn=child_setup,
+                start_new_session=True,
+            )
+        )
 
     def close(self) -> None:
         if self.userns is not None:
@@ -137,8 +173,12 @@ class _FreshRunner:
         script = with_ulimit(self.layout.limits, command)
         info_r, info_w = os.pipe()
         try:
-            proc = self.layout.popen(["/bin/bash", "--noprofile", "--norc", "-c", script],
-                                     ("--info-fd", str(info_w)), (info_w,), stdin=subprocess.DEVNULL)
+            proc = self.layout.popen(
+                ["/bin/bash", "--noprofile", "--norc", "-c", script],
+                ("--info-fd", str(info_w)),
+                (info_w,),
+                stdin=subprocess.DEVNULL,
+            )
         except (OSError, ValueError) as exc:
             os.close(info_r)
             return _launch_error(str(exc), started)
@@ -155,8 +195,13 @@ class _FreshRunner:
         init.wait_gone()
         proc.stdout.close()
         proc.stderr.close()
-        return ExecResult(returncode=124 if not finished else rc, timed_out=not finished,
-                          **captured(out, err), duration_s=time.monotonic() - started, timeout_s=timeout)
+        return ExecResult(
+            returncode=124 if not finished else rc,
+            timed_out=not finished,
+            **captured(out, err),
+            duration_s=time.monotonic() - started,
+            timeout_s=timeout,
+        )
 
 
 class _PtyStatus:
@@ -239,9 +284,19 @@ class _Shell:
 
         argv = layout.argv(FD_USERNS, ["/bin/bash", "--noprofile", "--norc", "-c", DRIVER])
         try:
-            self.child = _procs.launch(lambda: _Spawn(
-                argv[0], argv[1:], pass_fds=tuple(mapping), echo=False, timeout=None, maxread=4096,
-                searchwindowsize=4096, preexec_fn=child_setup, env={"PATH": "/usr/bin:/bin"}))
+            self.child = _procs.launch(
+                lambda: _Spawn(
+                    argv[0],
+                    argv[1:],
+                    pass_fds=tuple(mapping),
+                    echo=False,
+                    timeout=None,
+                    maxread=4096,
+                    searchwindowsize=4096,
+                    preexec_fn=child_setup,
+                    env={"PATH": "/usr/bin:/bin"},
+                )
+            )
         except BaseException:
             for fd in (cmd_r, self.cmd_w, self.out_r, self.err_r):
                 os.close(fd)
@@ -266,8 +321,7 @@ class _Shell:
 
     def _wait_boot(self) -> None:
         booted = _PtyStatus(self.child.child_fd, "")
-        ok = pump([booted], lambda: b"\x1eAB" in booted.buf or booted.done,
-                  time.monotonic() + BOOT_TIMEOUT_S)
+        ok = pump([booted], lambda: b"\x1eAB" in booted.buf or booted.done, time.monotonic() + BOOT_TIMEOUT_S)
         if not ok or b"\x1eAB" not in booted.buf:
             self.close()
             raise OSError(f"bwrap sandbox did not start: {booted.buf[-300:].decode(errors='replace')}")
@@ -312,7 +366,9 @@ class _Shell:
         def complete() -> bool:
             return status.done or (status.rc is not None and writer.done and self.idle())
 
-        timed_out = not settle(sources, complete, started + timeout, writer, pending=lambda: status.rc is not None or status.done)
+        timed_out = not settle(
+            sources, complete, started + timeout, writer, pending=lambda: status.rc is not None or status.done
+        )
         if timed_out:
             self._abort(out, err, sources, complete)
         if status.done:  # the sandbox died (kill -9 $$, exec, ...)
@@ -324,8 +380,13 @@ class _Shell:
             rc = status.rc if status.rc is not None else 124
             if out.eof or err.eof:  # the command closed the driver's pipes: rebuild next time
                 self.close()
-        return ExecResult(returncode=124 if timed_out else rc, timed_out=timed_out, **captured(out, err),
-                          duration_s=time.monotonic() - started, timeout_s=timeout)
+        return ExecResult(
+            returncode=124 if timed_out else rc,
+            timed_out=timed_out,
+            **captured(out, err),
+            duration_s=time.monotonic() - started,
+            timeout_s=timeout,
+        )
 
     def _abort(self, out: StreamReader, err: StreamReader, sources: list[Source], complete: Callable[[], bool]) -> None:
         """Timeout: kill the command's processes; if the shell itself is busy, SIGUSR2 re-execs it."""

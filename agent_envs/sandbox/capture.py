@@ -6,6 +6,7 @@ between, so ``yes`` or ``cat /dev/urandom`` for 20 s costs 2*keep bytes, not gig
 :func:`pump` multiplexes several pipe ends (and an optional pending write) with ``poll`` until a
 condition holds or a deadline passes; there are no helper threads.
 """
+
 from __future__ import annotations
 
 import errno
@@ -17,14 +18,18 @@ from typing import Any, Callable, Protocol
 
 CHUNK = 65536
 #: every character ``str.rstrip()`` removes (``str.isspace``), as UTF-8
-SPACE_CHARS = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) \
+SPACE_CHARS = (
+    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680"
+    + "".join(map(chr, range(0x2000, 0x200B)))
     + "\u2028\u2029\u202f\u205f\u3000"
+)
 _ASCII_SPACES = bytes(c.encode()[0] for c in SPACE_CHARS if len(c.encode()) == 1)
 _WIDE_SPACES = tuple(c.encode() for c in SPACE_CHARS if len(c.encode()) > 1)
 #: a run of whitespace characters read backwards (on the reversed bytes, so it is linear): runs of
 #: ASCII blanks first, then each multi-byte space reversed
-_SPACE_RUN_REVERSED = re.compile(b"(?:[" + re.escape(_ASCII_SPACES) + b"]+|" + b"|".join(
-    re.escape(w[::-1]) for w in _WIDE_SPACES) + b")+")
+_SPACE_RUN_REVERSED = re.compile(
+    b"(?:[" + re.escape(_ASCII_SPACES) + b"]+|" + b"|".join(re.escape(w[::-1]) for w in _WIDE_SPACES) + b")+"
+)
 _WIDE_LAST_BYTES = frozenset(w[-1] for w in _WIDE_SPACES)
 _SPACE_LAST_BYTES = frozenset(_ASCII_SPACES) | _WIDE_LAST_BYTES
 
@@ -121,7 +126,7 @@ class Window:
             known, offset = self.head + self.tail, 0
         else:
             known, offset = self.tail, self.total - len(self.tail)
-        return bytes(known[max(0, end - self.keep) - offset:end - offset])
+        return bytes(known[max(0, end - self.keep) - offset : end - offset])
 
     def data(self) -> bytes:
         self.finish()
@@ -138,7 +143,7 @@ class Window:
         before = self.before_space if self.space else bytes(self.tail)
         assert before is not None and len(before) == self.keep, "the window lost the bytes before its whitespace"
         if length <= 2 * self.keep:
-            return bytes(self.head) + before[2 * self.keep - length:], 0
+            return bytes(self.head) + before[2 * self.keep - length :], 0
         return bytes(self.head) + before, length - 2 * self.keep
 
 
@@ -212,8 +217,7 @@ class PendingWrite:
         self.view = self.view[n:]
 
 
-def pump(sources: list[Source], until: Callable[[], bool], deadline: float,
-         writer: PendingWrite | None = None) -> bool:
+def pump(sources: list[Source], until: Callable[[], bool], deadline: float, writer: PendingWrite | None = None) -> bool:
     """Serve ``sources`` (and ``writer``) until ``until()``; False when ``deadline`` passed first."""
     poller = select.poll()
     registered: dict[int, object] = {}
@@ -235,8 +239,13 @@ def pump(sources: list[Source], until: Callable[[], bool], deadline: float,
             registered[fd].on_ready()  # type: ignore[attr-defined]
 
 
-def settle(sources: list[Source], until: Callable[[], bool], deadline: float,
-           writer: PendingWrite | None = None, pending: Callable[[], bool] = lambda: True) -> bool:
+def settle(
+    sources: list[Source],
+    until: Callable[[], bool],
+    deadline: float,
+    writer: PendingWrite | None = None,
+    pending: Callable[[], bool] = lambda: True,
+) -> bool:
     """:func:`pump` for a condition no pipe announces (a driver that has written its status line
     and is about to block on its next read): ``until()`` is asked whenever ``pending()`` holds
     (``until()`` must imply it), every few milliseconds.  False when ``deadline`` passed first."""

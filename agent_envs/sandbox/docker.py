@@ -11,6 +11,7 @@ container's keep-alive process, so ``kill -9 -1`` at the end of a command reaps 
 background process without stopping the container, and ``RLIMIT_NPROC`` is not shared with
 other episodes.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -22,8 +23,16 @@ import time
 
 from agent_envs.sandbox._bwrap_layout import with_ulimit
 from agent_envs.sandbox.capture import StreamReader, captured, drain
-from agent_envs.sandbox.base import (BASE_ENV, ExecResult, Sandbox, SandboxConfig, SandboxUnavailable, tmpfs_mib,
-                                     remove_folders, staged_mounts)
+from agent_envs.sandbox.base import (
+    BASE_ENV,
+    ExecResult,
+    Sandbox,
+    SandboxConfig,
+    SandboxUnavailable,
+    tmpfs_mib,
+    remove_folders,
+    staged_mounts,
+)
 
 LABEL = "agent-envs.sandbox"
 WORKSPACE = "/workspace"
@@ -82,18 +91,45 @@ class DockerSandbox(Sandbox):
     # -- container lifecycle -------------------------------------------------------------
     def _run_args(self, name: str) -> list[str]:
         lim = self.config.limits
-        args = ["run", "-d", "--pull", "never", "--name", name, "--label", f"{LABEL}={self.sandbox_id}",
-                "--label", f"agent-envs.pid={os.getpid()}", "--init", "--network", "none",
-                "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-                # workdir "/": docker would create /workspace with mode 755 under the tmpfs
-                "--user", f"{KEEPALIVE_UID}:{KEEPALIVE_UID}", "--workdir", "/",
-                "--pids-limit", str(lim.max_processes),
-                "--tmpfs", f"{WORKSPACE}:rw,exec,size={tmpfs_mib(lim)}m,mode=1777",
-                "--tmpfs", f"/tmp:rw,exec,size={tmpfs_mib(lim)}m,mode=1777",
-                "--ulimit", f"nofile={lim.max_open_files}:{lim.max_open_files}",
-                "--ulimit", f"fsize={lim.max_file_size_mib * 1024 * 1024}:{lim.max_file_size_mib * 1024 * 1024}",
-                "--ulimit", f"cpu={lim.cpu_seconds}:{lim.cpu_seconds}",
-                "--ulimit", f"nproc={lim.max_processes}:{lim.max_processes}"]
+        args = [
+            "run",
+            "-d",
+            "--pull",
+            "never",
+            "--name",
+            name,
+            "--label",
+            f"{LABEL}={self.sandbox_id}",
+            "--label",
+            f"agent-envs.pid={os.getpid()}",
+            "--init",
+            "--network",
+            "none",
+            "--read-only",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+            # workdir "/": docker would create /workspace with mode 755 under the tmpfs
+            "--user",
+            f"{KEEPALIVE_UID}:{KEEPALIVE_UID}",
+            "--workdir",
+            "/",
+            "--pids-limit",
+            str(lim.max_processes),
+            "--tmpfs",
+            f"{WORKSPACE}:rw,exec,size={tmpfs_mib(lim)}m,mode=1777",
+            "--tmpfs",
+            f"/tmp:rw,exec,size={tmpfs_mib(lim)}m,mode=1777",
+            "--ulimit",
+            f"nofile={lim.max_open_files}:{lim.max_open_files}",
+            "--ulimit",
+            f"fsize={lim.max_file_size_mib * 1024 * 1024}:{lim.max_file_size_mib * 1024 * 1024}",
+            "--ulimit",
+            f"cpu={lim.cpu_seconds}:{lim.cpu_seconds}",
+            "--ulimit",
+            f"nproc={lim.max_processes}:{lim.max_processes}",
+        ]
         if lim.memory_gib is not None:
             mem = f"{max(64, int(lim.memory_gib * 1024))}m"
             args += ["--memory", mem, "--memory-swap", mem]
@@ -122,9 +158,11 @@ class DockerSandbox(Sandbox):
         if "Cannot connect" in stderr or "connect: " in stderr:
             return f"docker backend: no Docker daemon reachable at {host}: {stderr.strip()}"
         if "No such image" in stderr or "not found" in stderr:
-            return (f"docker backend: image {self.config.docker_image!r} is missing on {host}; build it "
-                    f"(docker build -t {self.config.docker_image} . or docker/build_local_image.sh "
-                    f"{self.config.docker_image}): {stderr.strip()}")
+            return (
+                f"docker backend: image {self.config.docker_image!r} is missing on {host}; build it "
+                f"(docker build -t {self.config.docker_image} . or docker/build_local_image.sh "
+                f"{self.config.docker_image}): {stderr.strip()}"
+            )
         return f"docker backend: cannot start a container: {stderr.strip()}"
 
     def _drop_container(self) -> None:
@@ -136,8 +174,9 @@ class DockerSandbox(Sandbox):
     def _kill_strays(self) -> None:
         """Host-side fallback when the in-container cleanup did not finish in time."""
         if self._container is not None:
-            res = _docker("exec", "--user", f"{self.uid}:{self.uid}", self._container,
-                          "/bin/bash", "-c", "kill -9 -1", timeout=30)
+            res = _docker(
+                "exec", "--user", f"{self.uid}:{self.uid}", self._container, "/bin/bash", "-c", "kill -9 -1", timeout=30
+            )
             if res.returncode not in (0, 1):
                 self._drop_container()
 
@@ -155,14 +194,25 @@ class DockerSandbox(Sandbox):
         return with_ulimit(self.config.limits, f"trap 'pwd >| {CWD_FILE} 2>/dev/null' EXIT; {command}")
 
     def _exec(self, container: str, command: str, limit: float) -> ExecResult:
-        argv = ["docker", "exec", "--user", f"{self.uid}:{self.uid}", container,
-                "/bin/bash", "--noprofile", "--norc", "-c", _WRAPPER, "agent-envs", f"{limit:g}",
-                self._program(command)]
+        argv = [
+            "docker",
+            "exec",
+            "--user",
+            f"{self.uid}:{self.uid}",
+            container,
+            "/bin/bash",
+            "--noprofile",
+            "--norc",
+            "-c",
+            _WRAPPER,
+            "agent-envs",
+            f"{limit:g}",
+            self._program(command),
+        ]
         keep = self.config.limits.capture_keep
         start = time.monotonic()
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE)
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except (OSError, ValueError) as exc:
             return ExecResult(returncode=126, launch_error=str(exc), timeout_s=limit)
         with proc:
@@ -180,10 +230,20 @@ class DockerSandbox(Sandbox):
         timed_out = expired or (rc == 137 and elapsed >= limit)
         streams = captured(out, err)
         if not timed_out and self._container_gone(rc, streams["stderr"]):
-            return ExecResult(returncode=126, launch_error=streams["stderr"].decode(errors="replace").strip(),
-                              duration_s=elapsed, timeout_s=limit)
-        return ExecResult(returncode=124 if timed_out else rc, timed_out=timed_out, **streams,
-                          duration_s=elapsed, timeout_s=limit, meta={"container": container})
+            return ExecResult(
+                returncode=126,
+                launch_error=streams["stderr"].decode(errors="replace").strip(),
+                duration_s=elapsed,
+                timeout_s=limit,
+            )
+        return ExecResult(
+            returncode=124 if timed_out else rc,
+            timed_out=timed_out,
+            **streams,
+            duration_s=elapsed,
+            timeout_s=limit,
+            meta={"container": container},
+        )
 
     def _container_gone(self, rc: int, stderr: bytes) -> bool:
         """A docker-level failure (container died) rather than the command's own exit status."""

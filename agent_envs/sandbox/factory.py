@@ -1,4 +1,5 @@
 """Build a sandbox from whatever ``gym.make(..., sandbox=...)`` received."""
+
 from __future__ import annotations
 
 import functools
@@ -31,8 +32,7 @@ def resolve_config(spec: SandboxConfig | str | dict[str, Any] | None) -> Sandbox
         except ValidationError as exc:
             raise invalid("sandbox config", exc) from None
     else:
-        raise TypeError(f"sandbox must be a SandboxConfig, a backend name, a dict or None, "
-                        f"not {type(spec).__name__}")
+        raise TypeError(f"sandbox must be a SandboxConfig, a backend name, a dict or None, not {type(spec).__name__}")
     if config.backend not in BACKENDS:
         raise ValueError(f"unknown sandbox backend {config.backend!r}; expected one of {BACKENDS}")
     if config.mode not in MODES:
@@ -60,8 +60,11 @@ def _container_is_boundary() -> bool:
         return False
     usable, reason = bwrap_usable()
     if not usable:
-        log.warning("bubblewrap cannot run in this container (%s): running tools unsandboxed inside the "
-                    "container, which is then the only boundary (see docs/docker.md)", reason)
+        log.warning(
+            "bubblewrap cannot run in this container (%s): running tools unsandboxed inside the "
+            "container, which is then the only boundary (see docs/docker.md)",
+            reason,
+        )
     return not usable
 
 

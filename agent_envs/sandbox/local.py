@@ -5,6 +5,7 @@ on close, when the sandbox is garbage-collected, or at interpreter exit (whichev
 process group is killed when it times out and when it finishes (so plain background jobs do not
 outlive it; a process that calls setsid itself can, which is why this backend is not a sandbox).
 """
+
 from __future__ import annotations
 
 import os
@@ -50,13 +51,20 @@ class LocalSandbox(Sandbox):
         script = with_ulimit(self.config.limits, command)
         runner = os.getpid()
         try:
-            proc = _procs.launch(lambda: subprocess.Popen(
-                ["/bin/bash", "-c", script], cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                preexec_fn=lambda: _procs.die_with_runner(runner)))
+            proc = _procs.launch(
+                lambda: subprocess.Popen(
+                    ["/bin/bash", "-c", script],
+                    cwd=self.workdir,
+                    env=self.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                    preexec_fn=lambda: _procs.die_with_runner(runner),
+                )
+            )
         except (OSError, ValueError) as exc:
-            return ExecResult(returncode=126, launch_error=str(exc),
-                              duration_s=time.monotonic() - started)
+            return ExecResult(returncode=126, launch_error=str(exc), duration_s=time.monotonic() - started)
         assert proc.stdout is not None and proc.stderr is not None
         keep = self.config.limits.capture_keep
         out, err = StreamReader(proc.stdout.fileno(), keep), StreamReader(proc.stderr.fileno(), keep)
@@ -69,8 +77,13 @@ class LocalSandbox(Sandbox):
             drain(out, err, time.monotonic() + 1.0)
         proc.stdout.close()
         proc.stderr.close()
-        return ExecResult(returncode=rc if finished else 124, timed_out=not finished,
-                          **captured(out, err), duration_s=time.monotonic() - started, timeout_s=limit)
+        return ExecResult(
+            returncode=rc if finished else 124,
+            timed_out=not finished,
+            **captured(out, err),
+            duration_s=time.monotonic() - started,
+            timeout_s=limit,
+        )
 
     def popen(self, program: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
         """Start a long-lived tool process in the working directory, under the sandbox's rlimits,
@@ -83,9 +96,19 @@ class LocalSandbox(Sandbox):
             _procs.die_with_runner(runner)
             set_rlimits(limits)
 
-        return _procs.launch(lambda: subprocess.Popen(
-            program, cwd=self.workdir, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, pass_fds=pass_fds, preexec_fn=child_setup, start_new_session=True))
+        return _procs.launch(
+            lambda: subprocess.Popen(
+                program,
+                cwd=self.workdir,
+                env=self.env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=pass_fds,
+                preexec_fn=child_setup,
+                start_new_session=True,
+            )
+        )
 
     @staticmethod
     def sweep(proc: subprocess.Popen[bytes]) -> None:

@@ -18,6 +18,7 @@ windows and the result equals what capturing everything would have given.  ``rst
 windowed stream uses the capture's own view of the stream without its trailing whitespace
 (``*_stripped``), because the blanks can fill the whole tail window.
 """
+
 from __future__ import annotations
 
 from agent_envs.core.spec import Framing
@@ -44,8 +45,9 @@ class _Text:
         self.stripped = stripped  # this text without its trailing whitespace, when known apart
 
     @classmethod
-    def of_stream(cls, data: bytes, dropped: int, newlines: bool,
-                  stripped: tuple[bytes | None, int] = (None, 0)) -> "_Text":
+    def of_stream(
+        cls, data: bytes, dropped: int, newlines: bool, stripped: tuple[bytes | None, int] = (None, 0)
+    ) -> "_Text":
         """``newlines``: translate CR and CRLF to LF, as a text-mode pipe does.  ``stripped``: the
         stream without its trailing whitespace, ``(data, dropped)`` (data None: not captured)."""
         if dropped <= 0:
@@ -78,7 +80,7 @@ class _Text:
 
     def last(self, n: int) -> str:
         src = self.head if self.tail is None else self.tail
-        return src[len(src) - n:] if n > 0 else ""
+        return src[len(src) - n :] if n > 0 else ""
 
     def whole_if_short(self, limit: int) -> str | None:
         return self.head if self.tail is None and len(self.head) <= limit else None
@@ -109,10 +111,12 @@ def format_observation(result: ExecResult, framing: Framing, limit: int = 6000) 
     if result.timed_out:
         return truncate(_Text(timeout_text(result.timeout_s or 0.0, framing.label)), framing, limit)
     newlines = framing.translate_newlines
-    out = _Text.of_stream(result.stdout, result.stdout_dropped, newlines,
-                          (result.stdout_stripped, result.stdout_stripped_dropped))
-    err = _Text.of_stream(result.stderr, result.stderr_dropped, newlines,
-                          (result.stderr_stripped, result.stderr_stripped_dropped))
+    out = _Text.of_stream(
+        result.stdout, result.stdout_dropped, newlines, (result.stdout_stripped, result.stdout_stripped_dropped)
+    )
+    err = _Text.of_stream(
+        result.stderr, result.stderr_dropped, newlines, (result.stderr_stripped, result.stderr_stripped_dropped)
+    )
     if out.empty() and err.empty():
         return truncate(_Text(f"{framing.label} exited with code {result.returncode} and no output."), framing, limit)
     separator = "[stderr]\n" if out.empty() else "\n[stderr]\n"

@@ -4,6 +4,7 @@ The pool calls only :class:`Engine`'s methods, so vLLM engines on GPUs and a det
 policy in tests are driven by the same code.  An engine is named by an import path plus keyword
 arguments (:class:`EngineSpec`) because each Ray actor builds its own in its own process.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -92,15 +93,27 @@ class VLLMEngine(Engine):
     """``vllm.LLM`` with the ES worker extension; ES methods are called by name on every worker
     (``collective_rpc``), so they work in-process and with multiprocess / tensor-parallel workers."""
 
-    def __init__(self, model: str, sampling: dict[str, Any] | None = None,
-                 rollout_token_budget: int = DEFAULT_ROLLOUT_TOKEN_BUDGET, **engine_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        sampling: dict[str, Any] | None = None,
+        rollout_token_budget: int = DEFAULT_ROLLOUT_TOKEN_BUDGET,
+        **engine_kwargs: Any,
+    ) -> None:
         engine_kwargs.setdefault("worker_extension_cls", EXTENSION)
         self.tp_size = int(engine_kwargs.get("tensor_parallel_size", 1))
         if self.tp_size > 1:  # one process per rank on this node, not vLLM's own Ray executor
             engine_kwargs.setdefault("distributed_executor_backend", "mp")
-        self.policy = build_policy("vllm", PolicySettings(
-            model=model, mode="lockstep", sampling=SamplingConfig(**(sampling or {})),
-            rollout_token_budget=rollout_token_budget, engine_args=engine_kwargs))
+        self.policy = build_policy(
+            "vllm",
+            PolicySettings(
+                model=model,
+                mode="lockstep",
+                sampling=SamplingConfig(**(sampling or {})),
+                rollout_token_budget=rollout_token_budget,
+                engine_args=engine_kwargs,
+            ),
+        )
 
     def es_init(self, scope: str = "full", exact_revert: bool = False, revert_copy: str = "auto") -> None:
         if not isinstance(self.policy, VLLMPolicy):
@@ -108,8 +121,13 @@ class VLLMEngine(Engine):
         self.es = VLLMPerturbation(self.policy.llm, scope=scope, exact_revert=exact_revert, revert_copy=revert_copy)
 
 
-def vllm_spec(model: str, engine_kwargs: dict[str, Any], sampling: dict[str, Any] | None = None,
-              rollout_token_budget: int = DEFAULT_ROLLOUT_TOKEN_BUDGET, engines_per_gpu: int = 1) -> EngineSpec:
+def vllm_spec(
+    model: str,
+    engine_kwargs: dict[str, Any],
+    sampling: dict[str, Any] | None = None,
+    rollout_token_budget: int = DEFAULT_ROLLOUT_TOKEN_BUDGET,
+    engines_per_gpu: int = 1,
+) -> EngineSpec:
     """A :class:`VLLMEngine` per actor from the same keyword arguments ``vllm.LLM`` takes;
     ``tensor_parallel_size`` GPUs per engine, on one node.  ``engines_per_gpu=k`` packs k single-GPU
     engines on each GPU: each asks Ray for 1/k of a GPU and gets 1/k of ``gpu_memory_utilization``."""
@@ -122,6 +140,8 @@ def vllm_spec(model: str, engine_kwargs: dict[str, Any], sampling: dict[str, Any
         if tp > 1:
             raise ValueError(f"engines_per_gpu={k} needs single-GPU engines; tensor_parallel_size is {tp}")
         kwargs["gpu_memory_utilization"] = float(kwargs.get("gpu_memory_utilization", 0.9)) / k
-    return EngineSpec(factory=f"{__name__}:VLLMEngine", gpus=tp / k,
-                      kwargs={"model": model, "sampling": sampling, "rollout_token_budget": rollout_token_budget,
-                              **kwargs})
+    return EngineSpec(
+        factory=f"{__name__}:VLLMEngine",
+        gpus=tp / k,
+        kwargs={"model": model, "sampling": sampling, "rollout_token_budget": rollout_token_budget, **kwargs},
+    )

@@ -9,6 +9,7 @@ fingerprint (milliseconds, on the device); unless all agree the run stops with
 :class:`WeightsDiverged`.  The agreed fingerprint is the generation's ``weights_fingerprint``, so a
 history also says which weights it produced; the full SHA-256 is taken at the end (``checksum``).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence, cast
@@ -44,10 +45,20 @@ class MemberJob(BaseModel):
 
 def run_member_on(engine: Engine, job: MemberJob, engine_index: int) -> MemberResult:
     """On the actor: the member's episodes run here (their sandboxes on this node)."""
+
     def evaluate() -> MemberResult:
-        result = evaluate_member(engine.policy, job.env_id, job.tasks, job.seed, generation=job.generation,
-                                 member=job.member, samples=job.samples, engine_index=engine_index,
-                                 combiner=job.combiner, **job.rollout_kwargs)
+        result = evaluate_member(
+            engine.policy,
+            job.env_id,
+            job.tasks,
+            job.seed,
+            generation=job.generation,
+            member=job.member,
+            samples=job.samples,
+            engine_index=engine_index,
+            combiner=job.combiner,
+            **job.rollout_kwargs,
+        )
         return result.model_copy(update={"reward": toy_reward(result.rows)}) if job.toy_reward else result
 
     return run_perturbed(engine, job.seed, job.sigma, evaluate)
@@ -57,8 +68,9 @@ class PoolBackend:
     """The trainer's update backend over every engine of a pool, with the fingerprint check.
     ``revert_copy`` says where each engine keeps its exact-revert copy (:mod:`agent_envs.es.revert_copy`)."""
 
-    def __init__(self, pool: EnginePool, scope: str = "full", log: Callable[[str], None] = print,
-                 revert_copy: str = "auto") -> None:
+    def __init__(
+        self, pool: EnginePool, scope: str = "full", log: Callable[[str], None] = print, revert_copy: str = "auto"
+    ) -> None:
         self.pool, self.log = pool, log
         self.tp_size = int(pool.info[0]["tp_size"])
         started = pool.broadcast("es_init", scope, True, revert_copy)
@@ -83,13 +95,24 @@ class PoolESTrainer(ESTrainer):
     """:class:`ESTrainer` whose members run in parallel on the pool's engines.  Its history equals a
     one-engine run's, except each sample's ``engine_index``."""
 
-    def __init__(self, config: ESConfig, backend: PoolBackend, tasks: Sequence[Any], history_path: str, *,
-                 rollout_kwargs: dict[str, Any] | None = None, history: list[Record] | None = None,
-                 start_generation: int = 0, eval_hook: Callable[[int], dict[str, Any] | None] | None = None,
-                 log: Callable[[str], None] = print, combiner: FitnessCombiner | None = None) -> None:
+    def __init__(
+        self,
+        config: ESConfig,
+        backend: PoolBackend,
+        tasks: Sequence[Any],
+        history_path: str,
+        *,
+        rollout_kwargs: dict[str, Any] | None = None,
+        history: list[Record] | None = None,
+        start_generation: int = 0,
+        eval_hook: Callable[[int], dict[str, Any] | None] | None = None,
+        log: Callable[[str], None] = print,
+        combiner: FitnessCombiner | None = None,
+    ) -> None:
         # members are perturbed on the engines (run_member_on), so the trainer only updates through it
-        super().__init__(config, cast(Backend, backend), tasks, None, history_path, history, start_generation,
-                         eval_hook, log)
+        super().__init__(
+            config, cast(Backend, backend), tasks, None, history_path, history, start_generation, eval_hook, log
+        )
         self.pool = backend.pool
         self.rollout_kwargs = dict(rollout_kwargs or {})
         self.combiner = combiner
@@ -98,15 +121,29 @@ class PoolESTrainer(ESTrainer):
         #: score members with :func:`~agent_envs.es.population.toy_reward` (smoke runs on random weights)
         self.toy_reward = False
 
-    def evaluate_population(self, batch: Sequence[Any], seeds: Sequence[int], sigma: float,
-                            generation: int) -> list[MemberResult]:
-        jobs = [MemberJob(env_id=self.config.env_id, tasks=list(batch), seed=s, sigma=sigma, generation=generation,
-                          member=i, samples=self.config.train_samples, rollout_kwargs=self.rollout_kwargs,
-                          combiner=self.combiner, toy_reward=self.toy_reward)
-                for i, s in enumerate(seeds)]
+    def evaluate_population(
+        self, batch: Sequence[Any], seeds: Sequence[int], sigma: float, generation: int
+    ) -> list[MemberResult]:
+        jobs = [
+            MemberJob(
+                env_id=self.config.env_id,
+                tasks=list(batch),
+                seed=s,
+                sigma=sigma,
+                generation=generation,
+                member=i,
+                samples=self.config.train_samples,
+                rollout_kwargs=self.rollout_kwargs,
+                combiner=self.combiner,
+                toy_reward=self.toy_reward,
+            )
+            for i, s in enumerate(seeds)
+        ]
 
         def report(_: int, r: MemberResult) -> None:
-            self.log(f"[es]   generation={generation} member={r.member} seed={r.seed} reward={r.reward:.4f} "
-                     f"engine={r.engine_index}")
+            self.log(
+                f"[es]   generation={generation} member={r.member} seed={r.seed} reward={r.reward:.4f} "
+                f"engine={r.engine_index}"
+            )
 
         return self.pool.map(f"{__name__}:run_member_on", jobs, report, self.member_engines)

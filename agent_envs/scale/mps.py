@@ -7,6 +7,7 @@ when the host offers it: an MPS control daemon already running, or ``nvidia-cuda
 it through ``CUDA_MPS_PIPE_DIRECTORY``), is probed with a one-tensor CUDA client before any engine
 relies on it, and is shut down again by :meth:`MPS.stop`.  ``MPS.reason`` says what happened.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,9 @@ _PROBE = "import torch; torch.ones(1, device='cuda').sum().item(); torch.cuda.sy
 class MPS:
     """Whether engines on a shared GPU run under MPS, the environment they need, and why."""
 
-    def __init__(self, active: bool, reason: str, env: dict[str, str] | None = None,
-                 folders: list[str] | None = None) -> None:
+    def __init__(
+        self, active: bool, reason: str, env: dict[str, str] | None = None, folders: list[str] | None = None
+    ) -> None:
         self.active, self.reason, self.env = active, reason, dict(env or {})
         self._folders = list(folders or [])
 
@@ -46,8 +48,9 @@ class MPS:
 
 def _control(command: str, env: dict[str, str], timeout: float = 30.0) -> subprocess.CompletedProcess | None:
     try:
-        return subprocess.run([CONTROL], input=command + "\n", capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, **env})
+        return subprocess.run(
+            [CONTROL], input=command + "\n", capture_output=True, text=True, timeout=timeout, env={**os.environ, **env}
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
 
@@ -72,8 +75,7 @@ def start_mps(mode: str = "auto", probe_timeout_s: float = 180.0) -> MPS:
     env = {"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": logs}
     mps = MPS(True, f"started a daemon for this pool (pipe {pipe})", env, [pipe, logs])
     try:
-        started = subprocess.run([CONTROL, "-d"], capture_output=True, text=True, timeout=30,
-                                 env={**os.environ, **env})
+        started = subprocess.run([CONTROL, "-d"], capture_output=True, text=True, timeout=30, env={**os.environ, **env})
     except (OSError, subprocess.TimeoutExpired) as exc:
         mps.stop()
         return MPS(False, f"{CONTROL} -d failed: {exc}")
@@ -82,8 +84,13 @@ def start_mps(mode: str = "auto", probe_timeout_s: float = 180.0) -> MPS:
         said = (started.stderr or started.stdout).strip()[:300]
         return MPS(False, f"{CONTROL} -d exited {started.returncode}: {said}")
     try:
-        probe = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
-                               timeout=probe_timeout_s, env={**os.environ, **env})
+        probe = subprocess.run(
+            [sys.executable, "-c", _PROBE],
+            capture_output=True,
+            text=True,
+            timeout=probe_timeout_s,
+            env={**os.environ, **env},
+        )
         failed = probe.returncode != 0 and (probe.stderr.strip().splitlines() or ["no output"])[-1][:300]
     except (OSError, subprocess.TimeoutExpired) as exc:
         failed = str(exc)[:300]

@@ -14,6 +14,7 @@ profiling measures the free memory while it starts, and engines starting at once
 disturb each other's measurement.  Engines on different GPUs still start in parallel.  Engines
 sharing a GPU run under CUDA MPS when the host offers it (:mod:`agent_envs.scale.mps`).
 """
+
 from __future__ import annotations
 
 import collections
@@ -79,9 +80,15 @@ class EngineHost:
             self.build_span = (started, time.time())
 
     def ready(self) -> dict[str, Any]:
-        return {"index": self.index, "host": socket.gethostname(), "pid": os.getpid(), "gpus": self.gpus,
-                "tp_size": self.engine.tp_size, "build_span": self.build_span,
-                "start_s": round(self.build_span[1] - self.build_span[0], 3)}
+        return {
+            "index": self.index,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "gpus": self.gpus,
+            "tp_size": self.engine.tp_size,
+            "build_span": self.build_span,
+            "start_s": round(self.build_span[1] - self.build_span[0], 3),
+        }
 
     def es_init(self, scope: str, exact_revert: bool, revert_copy: str = "auto") -> dict[str, Any]:
         self.engine.es_init(scope, exact_revert, revert_copy)
@@ -121,10 +128,18 @@ class EnginePool:
     local one) unless Ray is already initialised.  ``monitor(event, fields)`` sees every
     ``started`` / ``dispatch`` / ``done`` / ``lost`` event."""
 
-    def __init__(self, spec: EngineSpec, engines: int, *, ray_address: str | None = None,
-                 start_timeout_s: float | None = None, monitor: Monitor | None = None,
-                 ray_init: dict[str, Any] | None = None, mps: str = "auto",
-                 start_lock_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        spec: EngineSpec,
+        engines: int,
+        *,
+        ray_address: str | None = None,
+        start_timeout_s: float | None = None,
+        monitor: Monitor | None = None,
+        ray_init: dict[str, Any] | None = None,
+        mps: str = "auto",
+        start_lock_dir: str | None = None,
+    ) -> None:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -145,8 +160,11 @@ class EnginePool:
             self._check_resources(ray.cluster_resources(), engines)
             if self.engines_per_gpu > 1:
                 self.mps = start_mps(mps)
-            print(f"[pool] {engines} engine(s), {self.engines_per_gpu} per GPU; {self.mps.describe()}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[pool] {engines} engine(s), {self.engines_per_gpu} per GPU; {self.mps.describe()}",
+                file=sys.stderr,
+                flush=True,
+            )
             bundle = {"CPU": spec.cpus, **({"GPU": spec.gpus} if spec.gpus else {})}
             timeout = (start_timeout_s or (900.0 if spec.gpus > 1 else 600.0)) * self.engines_per_gpu
             self.groups = [placement_group([bundle], strategy="STRICT_PACK") for _ in range(engines)]
@@ -154,10 +172,15 @@ class EnginePool:
             host = ray.remote(EngineHost)
             extra = {"runtime_env": {"env_vars": self.mps.env}} if self.mps.env else {}
             self.actors = [
-                host.options(num_cpus=spec.cpus, num_gpus=spec.gpus, max_restarts=0, **extra,
-                             scheduling_strategy=PlacementGroupSchedulingStrategy(g, placement_group_bundle_index=0))
-                .remote(spec.model_dump(), i, start_lock_dir)
-                for i, g in enumerate(self.groups)]
+                host.options(
+                    num_cpus=spec.cpus,
+                    num_gpus=spec.gpus,
+                    max_restarts=0,
+                    **extra,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(g, placement_group_bundle_index=0),
+                ).remote(spec.model_dump(), i, start_lock_dir)
+                for i, g in enumerate(self.groups)
+            ]
             self.info = ray.get([a.ready.remote() for a in self.actors], timeout=timeout)
         except BaseException:
             self.close()
@@ -171,8 +194,10 @@ class EnginePool:
         need = {"CPU": self.spec.cpus * engines, "GPU": self.spec.gpus * engines}
         short = [f"{k}: needs {v:g}, cluster has {total.get(k, 0):g}" for k, v in need.items() if total.get(k, 0) < v]
         if short:
-            raise ValueError(f"{engines} engine(s) of {self.spec.gpus} GPU(s) and {self.spec.cpus:g} CPU(s) "
-                             f"do not fit this Ray cluster ({'; '.join(short)})")
+            raise ValueError(
+                f"{engines} engine(s) of {self.spec.gpus} GPU(s) and {self.spec.cpus:g} CPU(s) "
+                f"do not fit this Ray cluster ({'; '.join(short)})"
+            )
 
     # ------------------------------------------------------------------ work
     def _drop(self, index: int, exc: BaseException) -> None:
@@ -181,8 +206,13 @@ class EnginePool:
             self.lost.append(index)
             self.monitor("lost", {"engine": index, "error": f"{type(exc).__name__}: {exc}"[:300]})
 
-    def map(self, function: str, jobs: Sequence[Any], on_result: Callable[[int, Any], None] | None = None,
-            engines: Sequence[int] | None = None) -> list[Any]:
+    def map(
+        self,
+        function: str,
+        jobs: Sequence[Any],
+        on_result: Callable[[int, Any], None] | None = None,
+        engines: Sequence[int] | None = None,
+    ) -> list[Any]:
         """Run ``function(engine, job, engine_index)`` (``"module:name"``) for every job on whichever
         engine is idle (of ``engines``, default all); results in job order.  A job whose engine dies is queued again; an exception
         raised by the job itself is re-raised here (after the other running jobs finished)."""

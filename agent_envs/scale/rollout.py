@@ -4,6 +4,7 @@ Every chunk keeps its rows' indices, so trajectory seeds and record keys are tho
 run.  Records are written (fsynced) as chunks come back; a chunk whose engine died is run again
 elsewhere, and only a finished chunk's records are ever written, so none is lost or doubled.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,8 +38,9 @@ def run_rows_on(engine: Engine, job: RowsJob, engine_index: int) -> list[dict[st
     """On the actor: run the chunk's episodes (sandboxes on this node) and return their rows."""
     kwargs = dict(job.run_kwargs)
     kwargs["tags"] = {**kwargs.get("tags", {}), "engine_index": engine_index}
-    records = run_episodes(job.env_id, job.tasks, engine.policy, samples=job.samples, row_indices=job.rows,
-                           progress=False, **kwargs)
+    records = run_episodes(
+        job.env_id, job.tasks, engine.policy, samples=job.samples, row_indices=job.rows, progress=False, **kwargs
+    )
     return [as_row(r) for r in records]
 
 
@@ -52,16 +54,33 @@ def comparable(record: EpisodeRecord | dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def pool_run_episodes(pool: EnginePool, env_id: str, tasks: Sequence[Any], *, samples: int = 1,
-                      out_path: str | Path | None = None, resume: bool = False, chunk_rows: int | None = None,
-                      progress: bool = True, **run_kwargs: Any) -> list[EpisodeRecord]:
+def pool_run_episodes(
+    pool: EnginePool,
+    env_id: str,
+    tasks: Sequence[Any],
+    *,
+    samples: int = 1,
+    out_path: str | Path | None = None,
+    resume: bool = False,
+    chunk_rows: int | None = None,
+    progress: bool = True,
+    **run_kwargs: Any,
+) -> list[EpisodeRecord]:
     """:func:`~agent_envs.rollout.run_episodes` over the pool (same arguments, same records)."""
     keys = [j.key for j in make_jobs(tasks, samples)]
     done = finished_records(out_path, resume)
     rows = sorted({j.row_index for j in make_jobs(tasks, samples) if j.key not in done})
     size = chunk_rows or max(1, math.ceil(len(rows) / (4 * len(pool.live))))
-    jobs = [RowsJob(env_id=env_id, tasks=[tasks[r] for r in rows[i:i + size]], rows=rows[i:i + size],
-                    samples=samples, run_kwargs=run_kwargs) for i in range(0, len(rows), size)]
+    jobs = [
+        RowsJob(
+            env_id=env_id,
+            tasks=[tasks[r] for r in rows[i : i + size]],
+            rows=rows[i : i + size],
+            samples=samples,
+            run_kwargs=run_kwargs,
+        )
+        for i in range(0, len(rows), size)
+    ]
     got: dict[str, EpisodeRecord] = {}
     writer = JsonlWriter(out_path) if out_path is not None else None
 
@@ -74,8 +93,11 @@ def pool_run_episodes(pool: EnginePool, env_id: str, tasks: Sequence[Any], *, sa
             if writer is not None:
                 writer.write(record)
         if progress:
-            print(f"[pool] chunk {index + 1}/{len(jobs)}: {len(got)} of {len(keys) - len(done)} episodes done",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[pool] chunk {index + 1}/{len(jobs)}: {len(got)} of {len(keys) - len(done)} episodes done",
+                file=sys.stderr,
+                flush=True,
+            )
 
     try:
         pool.map(f"{__name__}:run_rows_on", jobs, collect)

@@ -6,6 +6,7 @@ checksums are real, yet an episode costs milliseconds.  Made for ``MATH-ReAct-v0
 runs ``python3 -c 'print(k)'`` in the sandbox, with ``k`` the model's argmax on features drawn from
 the request seed; the next turn answers the number the tool printed.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,10 @@ class WeightChoicePolicy(Policy):
         return f"Final answer: \\boxed{{{found[0]}}}"
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
-        return [Completion(text=cut_at_stop(self.reply(r), r.stop)[0], finish_reason="stop", engine=self.name)
-                for r in requests]
+        return [
+            Completion(text=cut_at_stop(self.reply(r), r.stop)[0], finish_reason="stop", engine=self.name)
+            for r in requests
+        ]
 
 
 class TorchToyEngine(Engine):
@@ -55,8 +58,9 @@ class TorchToyEngine(Engine):
     ``start_seconds`` makes building it take that long, as a real engine's start does (its memory
     profiling), so tests can see whether engines sharing a GPU start one after another."""
 
-    def __init__(self, choices: int = 4, features: int = 8, hidden: int = 16, init_seed: int = 0,
-                 start_seconds: float = 0.0) -> None:
+    def __init__(
+        self, choices: int = 4, features: int = 8, hidden: int = 16, init_seed: int = 0, start_seconds: float = 0.0
+    ) -> None:
         torch.manual_seed(init_seed)
         self.model = nn.Sequential(nn.Linear(features, hidden), nn.Tanh(), nn.Linear(hidden, choices))
         self.policy = WeightChoicePolicy(self.model, features)

@@ -4,6 +4,7 @@ unbiased pass@k and max@k, distribution statistics.
 Pure functions of plain rows; what to compute for a run (the summary, an environment's own block)
 is wired in :mod:`agent_envs.rollout.metrics` and each environment's folder.
 """
+
 from __future__ import annotations
 
 import math

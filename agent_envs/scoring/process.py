@@ -1,5 +1,6 @@
 """Step scores -> one number per episode, and the record fields that carry them
 (docs/protocol.md#process-rewards)."""
+
 from __future__ import annotations
 
 import math
@@ -8,8 +9,7 @@ from typing import Any, Callable, Sequence
 
 from agent_envs.core.steps import StepScore
 
-AGGREGATIONS: dict[str, Callable[[list[float]], float]] = {"product": math.prod, "mean": statistics.fmean,
-                                                           "min": min}
+AGGREGATIONS: dict[str, Callable[[list[float]], float]] = {"product": math.prod, "mean": statistics.fmean, "min": min}
 
 
 def aggregate(scores: Sequence[float | None], how: str) -> float | None:

@@ -1,4 +1,5 @@
 """The score record every scorer returns (one shape, so runners and ES treat tasks alike)."""
+
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -31,5 +32,11 @@ class ScoreResult(BaseModel):
 
     def record_fields(self) -> dict[str, Any]:
         """The fields an episode record (and the last ``info``) carries for this score."""
-        return {"score": self.score, "score_method": self.label, "score_status": self.status,
-                "answer_status": self.answer_status, "prediction": self.prediction, **self.extras}
+        return {
+            "score": self.score,
+            "score_method": self.label,
+            "score_status": self.status,
+            "answer_status": self.answer_status,
+            "prediction": self.prediction,
+            **self.extras,
+        }

@@ -10,6 +10,7 @@ blocks reading the next block.  Kind ``R``: the interpreter lives on; ``X``: it 
 so it could write a status line too: the host takes one as a call's end only once this process
 is blocked reading its commands with nothing else left running (tools/python.py).
 """
+
 import _ast  # the builtin node classes: importing ``ast`` would double the start-up time
 import os
 import sys
@@ -52,6 +53,7 @@ def _threads():
         return len(os.listdir("/proc/self/task"))
     except OSError:
         import threading
+
         return threading.active_count()
 
 
@@ -74,6 +76,7 @@ def _block(code, scope):
         raise
     except BaseException as exc:  # noqa: BLE001 - everything a block raises is its output
         import traceback
+
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != "<python>":
             tb = tb.tb_next  # hide the driver's own frames
@@ -89,6 +92,7 @@ def main():
     os.close(null)
     if not sweep:  # no pid namespace: adopt orphans, so the host can find and kill them
         import ctypes
+
         ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
     scope = {"__name__": "__main__", "__builtins__": __builtins__}
     me = os.getpid()
@@ -113,8 +117,11 @@ def main():
         if sweep:
             _sweep()
         if _threads() > 1:
-            os.write(2, b"python: a thread was still running after the code finished; threads "
-                        b"cannot outlive a call, so the interpreter restarts.\n")
+            os.write(
+                2,
+                b"python: a thread was still running after the code finished; threads "
+                b"cannot outlive a call, so the interpreter restarts.\n",
+            )
             kind = "X"
         # the leading newline ends whatever the code may have written to this fd
         os.write(status_fd, b"\n%s %s %d\n" % (nonce, kind.encode(), rc))

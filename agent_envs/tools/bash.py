@@ -1,4 +1,5 @@
 """The ``bash`` tool: one shell command per call in the episode's sandbox, framed as an observation."""
+
 from __future__ import annotations
 
 from agent_envs.core.spec import Framing, ToolSpec

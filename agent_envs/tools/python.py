@@ -15,6 +15,7 @@ is killed before the call returns; the timeout kills the whole sandbox.  A timeo
 interpreter's whole life), a ``MemoryError`` or a thread left running ends the interpreter; the
 next call starts a fresh one, and :func:`format_python_observation` says so to the model.
 """
+
 from __future__ import annotations
 
 import os
@@ -71,8 +72,13 @@ class _Status:
         *lines, rest = (self.buf + data).split(b"\n")
         for line in lines:
             parts = line.split()
-            if len(parts) == 3 and parts[0] == self.nonce and parts[1] in (b"B", b"R", b"X") \
-                    and parts[2].lstrip(b"-").isdigit() and len(line) <= STATUS_LINE_MAX:
+            if (
+                len(parts) == 3
+                and parts[0] == self.nonce
+                and parts[1] in (b"B", b"R", b"X")
+                and parts[2].lstrip(b"-").isdigit()
+                and len(line) <= STATUS_LINE_MAX
+            ):
                 self.kind, self.rc = parts[1].decode(), int(parts[2])
         self.buf = rest[-STATUS_LINE_MAX:]
         return True
@@ -91,8 +97,8 @@ class _Interpreter:
         status_r, status_w = os.pipe()
         try:
             self.proc: subprocess.Popen[bytes] = sandbox.popen(
-                ["python3", "-u", "-c", DRIVER, str(status_w), "1" if sweep else "0"],
-                pass_fds=(status_w,))
+                ["python3", "-u", "-c", DRIVER, str(status_w), "1" if sweep else "0"], pass_fds=(status_w,)
+            )
         except BaseException:
             os.close(status_r)
             raise
@@ -107,8 +113,7 @@ class _Interpreter:
         self.commands = _procs.pipe_inode(self.proc.stdin.fileno())
         # wait for the driver's ready line, so that start-up is not charged to the first call
         self.status.nonce = b"boot"
-        pump([self.status], lambda: self.status.kind is not None or self.status.done,
-             time.monotonic() + BOOT_GRACE_S)
+        pump([self.status], lambda: self.status.kind is not None or self.status.done, time.monotonic() + BOOT_GRACE_S)
         if self.status.kind != "B":
             out = StreamReader(self.proc.stdout.fileno(), 4096)
             err = StreamReader(self.proc.stderr.fileno(), 4096)
@@ -133,7 +138,8 @@ class _Interpreter:
         if not self.sweep:
             self.sandbox.sweep(self.proc)
         return _procs.blocked_reading(self.driver, self.commands) and not _procs.running(
-            set(_procs.descendants(self.proc.pid)) - self.keep)
+            set(_procs.descendants(self.proc.pid)) - self.keep
+        )
 
     def run(self, code: bytes, timeout: float, keep: int) -> tuple[ExecResult, str | None]:
         """The call's result and, when the interpreter ended, why (for the notice)."""
@@ -149,8 +155,13 @@ class _Interpreter:
         def complete() -> bool:
             return self.status.done or (self.status.kind is not None and writer.done and self.idle())
 
-        finished = settle([out, err, self.status], complete, deadline, writer,
-                          pending=lambda: self.status.kind is not None or self.status.done)
+        finished = settle(
+            [out, err, self.status],
+            complete,
+            deadline,
+            writer,
+            pending=lambda: self.status.kind is not None or self.status.done,
+        )
         why = None
         if not finished:
             why = f"the call timed out after {timeout:.1f}s"
@@ -166,8 +177,13 @@ class _Interpreter:
                 self.close()
                 why = "the code left the interpreter unusable (see above)"
         rc = 124 if not finished else (self.status.rc if self.status.kind else self.proc.returncode)
-        return ExecResult(returncode=rc, timed_out=not finished, **captured(out, err),
-                          duration_s=time.monotonic() - started, timeout_s=timeout), why
+        return ExecResult(
+            returncode=rc,
+            timed_out=not finished,
+            **captured(out, err),
+            duration_s=time.monotonic() - started,
+            timeout_s=timeout,
+        ), why
 
     def processes(self) -> list[int]:
         return [] if self.dead else self.sandbox.process_ids(self.proc)
@@ -207,8 +223,9 @@ class PythonTool:
         self.config = self._sandbox.config
         if PROCESSES not in self._sandbox.capabilities:
             self._sandbox.close()
-            raise SandboxUnavailable(f"the python tool cannot run on the {self.config.backend!r} backend "
-                                     "yet; use 'bwrap' or 'none'")
+            raise SandboxUnavailable(
+                f"the python tool cannot run on the {self.config.backend!r} backend yet; use 'bwrap' or 'none'"
+            )
         #: the interpreter kills what each call started itself, inside its own pid namespace
         self._sweep = PID_NAMESPACE in self._sandbox.capabilities
         self._interp: _Interpreter | None = None
@@ -226,12 +243,12 @@ class PythonTool:
                 self._interp = _Interpreter(self._sandbox, self._sweep)
         except (OSError, ValueError) as exc:
             return ExecResult(returncode=126, launch_error=str(exc), duration_s=time.monotonic() - started)
-        result, why = self._interp.run(code.encode("utf-8", "surrogateescape"), limit,
-                                       self.config.limits.capture_keep)
+        result, why = self._interp.run(code.encode("utf-8", "surrogateescape"), limit, self.config.limits.capture_keep)
         if why is not None:
             self.restarts += 1
-            result.meta["notice"] = (f"[python] {why}; the interpreter was restarted, so variables and "
-                                     "imports from earlier calls are gone.")
+            result.meta["notice"] = (
+                f"[python] {why}; the interpreter was restarted, so variables and imports from earlier calls are gone."
+            )
         return result
 
     def processes(self) -> list[int]:
@@ -275,5 +292,10 @@ class PythonObserver:
 
 
 #: the declaration: ``{"code": "<python code>"}``, one persistent interpreter per episode
-PYTHON = ToolSpec("python", PythonObserver, argument="code", framing=Framing(label="Python", translate_newlines=True),
-                  needs=frozenset({PROCESSES}))
+PYTHON = ToolSpec(
+    "python",
+    PythonObserver,
+    argument="code",
+    framing=Framing(label="Python", translate_newlines=True),
+    needs=frozenset({PROCESSES}),
+)

@@ -7,6 +7,7 @@ x1, y1]}`` a region in the image's pixels (``x1``/``y1`` exclusive, as in PIL's 
 down and the observation says so.  Bad arguments give a warning text and no image, never an
 exception.  The image is read on the host by this trusted code; the model's input is numbers only.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -61,15 +62,18 @@ def _shown_value(value: Any) -> str:
 
 
 def _capped(text: str, limit: int = 80) -> str:
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def parse_view(arguments: dict[str, Any], width: int, height: int,
-               max_zoom: float = MAX_ZOOM) -> tuple[tuple[int, int, int, int], float]:
+def parse_view(
+    arguments: dict[str, Any], width: int, height: int, max_zoom: float = MAX_ZOOM
+) -> tuple[tuple[int, int, int, int], float]:
     """The (box, zoom) a view action asks for; :class:`ViewError` says what is wrong."""
     unknown = sorted(set(arguments) - {"box", "zoom"})
     if unknown:
-        raise ViewError(f"unknown argument(s) {_capped(', '.join(map(repr, unknown)))}; only 'box' and 'zoom' are accepted")
+        raise ViewError(
+            f"unknown argument(s) {_capped(', '.join(map(repr, unknown)))}; only 'box' and 'zoom' are accepted"
+        )
     box = arguments.get("box", [0, 0, width, height])
     if not isinstance(box, list) or len(box) != 4:
         raise ViewError(f"box must be a list of 4 numbers [x0, y0, x1, y1], got {_shown_value(box)}")
@@ -77,8 +81,10 @@ def parse_view(arguments: dict[str, Any], width: int, height: int,
     if x0 >= x1 or y0 >= y1:
         raise ViewError(f"box {_shown_value([x0, y0, x1, y1])} has no area; need x0 < x1 and y0 < y1")
     if x0 < 0 or y0 < 0 or x1 > width or y1 > height:
-        raise ViewError(f"box {_shown_value([x0, y0, x1, y1])} is outside the {width}x{height} image; "
-                        f"need 0 <= x0 < x1 <= {width} and 0 <= y0 < y1 <= {height}")
+        raise ViewError(
+            f"box {_shown_value([x0, y0, x1, y1])} is outside the {width}x{height} image; "
+            f"need 0 <= x0 < x1 <= {width} and 0 <= y0 < y1 <= {height}"
+        )
     zoom = arguments.get("zoom", 1)
     if isinstance(zoom, bool) or not isinstance(zoom, (int, float)) or not 0 < zoom <= max_zoom:
         raise ViewError(f"zoom must be a number above 0 and at most {max_zoom:g}, got {_shown_value(zoom)}")
@@ -104,8 +110,10 @@ def render(image: Any, box: tuple[int, int, int, int], zoom: float, max_pixels: 
 def view(image: Any, box: tuple[int, int, int, int], zoom: float, max_pixels: int, **facts: Any) -> Observation:
     """The observation showing ``box`` of ``image``: a line describing it, and the image."""
     region, note = render(image, box, zoom, max_pixels)
-    text = (f"Region {list(box)} of the {image.width}x{image.height} image at zoom {zoom:g}, "
-            f"shown as {region.width}x{region.height} pixels{note}.")
+    text = (
+        f"Region {list(box)} of the {image.width}x{image.height} image at zoom {zoom:g}, "
+        f"shown as {region.width}x{region.height} pixels{note}."
+    )
     part: Shown = shown(region, box=list(box), zoom=zoom, **facts)
     return Observation(text, (part,))
 
@@ -115,8 +123,16 @@ class ViewTool:
 
     name = "view"
 
-    def __init__(self, config: SandboxConfig, framing: Framing, limit: int, *, target: str,
-                 max_pixels: int = MAX_PIXELS, max_zoom: float = MAX_ZOOM) -> None:
+    def __init__(
+        self,
+        config: SandboxConfig,
+        framing: Framing,
+        limit: int,
+        *,
+        target: str,
+        max_pixels: int = MAX_PIXELS,
+        max_zoom: float = MAX_ZOOM,
+    ) -> None:
         source = next((m.host for m in config.mounts if m.target == target), None)
         if source is None:
             raise ValueError(f"the view tool needs an image mounted at {target}; the sandbox has none")
@@ -135,11 +151,14 @@ class ViewTool:
         try:
             box, zoom = parse_view(arguments, image.width, image.height, self.max_zoom)
         except ViewError as exc:
-            return (f"Invalid view arguments: {exc}. No image is shown. Use {{}} for the whole "
-                    f"{image.width}x{image.height} image, or {{\"box\": [x0, y0, x1, y1]}} in its pixels, "
-                    f"optionally with \"zoom\": z (0 < z <= {self.max_zoom:g}).")
-        return view(image, box, zoom, self.max_pixels, source=self.source, source_sha256=self._digest,
-                    target=self.target)
+            return (
+                f"Invalid view arguments: {exc}. No image is shown. Use {{}} for the whole "
+                f'{image.width}x{image.height} image, or {{"box": [x0, y0, x1, y1]}} in its pixels, '
+                f'optionally with "zoom": z (0 < z <= {self.max_zoom:g}).'
+            )
+        return view(
+            image, box, zoom, self.max_pixels, source=self.source, source_sha256=self._digest, target=self.target
+        )
 
     def close(self) -> None:
         self._image = None

@@ -1,4 +1,5 @@
 """The CLI's ``scripted`` Countdown baseline: search with the python tool, answer what it printed."""
+
 from __future__ import annotations
 
 import re
@@ -7,7 +8,7 @@ from typing import Any
 from agent_envs.protocol.messages import action_text, last_observation_body
 
 #: an exhaustive search over the numbers, run inside the python tool (the baseline's one call)
-SEARCH = '''from fractions import Fraction as F
+SEARCH = """from fractions import Fraction as F
 from itertools import permutations
 def s(v):
     if len(v) == 1:
@@ -23,7 +24,7 @@ def s(v):
                     return r
     return None
 r = s([(F(n), str(n)) for n in N])
-print(r[1] if r else "none")'''
+print(r[1] if r else "none")"""
 
 
 def baseline(request: Any) -> str:

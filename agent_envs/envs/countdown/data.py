@@ -1,5 +1,6 @@
 """Countdown tasks: a built-in seeded generator of solvable instances and a loader for the
 public ``nums``/``target`` layout (JSONL, or parquet through pyarrow, which ``datasets`` brings)."""
+
 from __future__ import annotations
 
 import json
@@ -80,8 +81,11 @@ def load(path: str | Path, limit: int | None = None) -> list[CountdownTask]:
         if not isinstance(row, dict) or "nums" not in row or "target" not in row:
             raise ValueError(f"{p}: {where} needs 'nums' and 'target'")
         try:
-            tasks.append(CountdownTask(id=str(row.get("id") or f"{p.stem}-{len(tasks)}"),
-                                       nums=tuple(row["nums"]), target=row["target"]))
+            tasks.append(
+                CountdownTask(
+                    id=str(row.get("id") or f"{p.stem}-{len(tasks)}"), nums=tuple(row["nums"]), target=row["target"]
+                )
+            )
         except (ValidationError, TypeError) as exc:
             raise ValueError(f"{p}: {where} is not a valid task: {exc}") from None
     return tasks

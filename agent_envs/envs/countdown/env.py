@@ -1,6 +1,7 @@
 """``Countdown-ReAct-v0``: reach a target number with a persistent python tool and a bash tool
 (docs/protocol.md#countdown).  ``single_turn=True`` is the common single-turn ES setup: one reply,
 no tools, the single-turn prompt."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,5 +1,6 @@
 """Countdown's own metrics: how often the final answer was a valid expression at all, and how far
 valid expressions landed from the target (a graded view of 0/1 rewards)."""
+
 from __future__ import annotations
 
 from fractions import Fraction
@@ -26,6 +27,8 @@ def countdown_metrics(rows: Sequence[Row], samples: int) -> Row | None:
 METRICS = MetricsSpec(
     key=KEY,
     block=countdown_metrics,
-    shown=(Metric("valid_expression_rate", label="valid expression rate"),
-           Metric("mean_target_distance", label="mean distance of valid expressions to the target")),
+    shown=(
+        Metric("valid_expression_rate", label="valid expression rate"),
+        Metric("mean_target_distance", label="mean distance of valid expressions to the target"),
+    ),
 )

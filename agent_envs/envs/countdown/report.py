@@ -1,5 +1,6 @@
 """Countdown trace logs, in the Math layout with the numbers and target as the problem, and its
 report fields."""
+
 from __future__ import annotations
 
 import functools

@@ -12,6 +12,7 @@ counts) are accepted.  Everything else scores 0 with a reason: unary minus or pl
 combines the given numbers, it does not negate them), ``**``, ``//``, ``%``, names, calls,
 attribute access, floats, division by zero, and answers longer than ``MAX_CHARS``.
 """
+
 from __future__ import annotations
 
 import ast
@@ -28,8 +29,12 @@ from agent_envs.scoring.result import ScoreResult
 SCORE_METHOD = "countdown_exact"
 
 MAX_CHARS = 300
-_OPS: dict[type[ast.operator], Callable[[Fraction, Fraction], Fraction]] = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
-        ast.Mult: lambda a, b: a * b, ast.Div: lambda a, b: a / b}
+_OPS: dict[type[ast.operator], Callable[[Fraction, Fraction], Fraction]] = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+}
 _BOXED = re.compile(r"^\\boxed\s*\{(.*)\}$", re.S)
 _RHS = re.compile(r"=\s*-?\d+(?:\.\d+)?\s*$")
 
@@ -106,7 +111,8 @@ def score(answer: str | None, task: CountdownTask) -> CountdownScore:
         return CountdownScore(reward=0.0, correct=False, reason=str(exc))
     shown = str(value)
     reason = _multiset_error(used, task.nums) or (
-        "" if value == task.target else f"value {shown} is not the target {task.target}")
+        "" if value == task.target else f"value {shown} is not the target {task.target}"
+    )
     return CountdownScore(reward=0.0 if reason else 1.0, correct=not reason, value=shown, reason=reason)
 
 
@@ -117,9 +123,14 @@ def countdown_score(last_completion: str, task: CountdownTask, *, termination_re
     answer = final_answer_line(strip_think(last_completion))
     verdict = score(answer, task) if termination_reason == "final_answer" else None
     return ScoreResult(
-        score=verdict.reward if verdict else 0.0, method=SCORE_METHOD, label=SCORE_METHOD,
-        status="ok" if verdict else "skipped", answer_status=answer_status(last_completion),
+        score=verdict.reward if verdict else 0.0,
+        method=SCORE_METHOD,
+        label=SCORE_METHOD,
+        status="ok" if verdict else "skipped",
+        answer_status=answer_status(last_completion),
         prediction=answer or "",
-        extras={"score_reason": verdict.reason if verdict else f"episode ended with {termination_reason}",
-                "value": verdict.value if verdict else None},
+        extras={
+            "score_reason": verdict.reason if verdict else f"episode ended with {termination_reason}",
+            "value": verdict.value if verdict else None,
+        },
     )

@@ -1,4 +1,5 @@
 """Exact Countdown solver: exhaustive search over Fractions (no floating point, no eval)."""
+
 from __future__ import annotations
 
 from fractions import Fraction
@@ -25,8 +26,12 @@ def solve(nums: Sequence[int], target: int) -> str | None:
             for j in range(i + 1, len(items)):
                 (a, ea), (b, eb) = items[i], items[j]
                 rest = [items[k] for k in range(len(items)) if k not in (i, j)]
-                options = [(a + b, f"({ea} + {eb})"), (a * b, f"({ea} * {eb})"),
-                           (a - b, f"({ea} - {eb})"), (b - a, f"({eb} - {ea})")]
+                options = [
+                    (a + b, f"({ea} + {eb})"),
+                    (a * b, f"({ea} * {eb})"),
+                    (a - b, f"({ea} - {eb})"),
+                    (b - a, f"({eb} - {ea})"),
+                ]
                 if b:
                     options.append((a / b, f"({ea} / {eb})"))
                 if a:

@@ -1,6 +1,7 @@
 """``Countdown-ReAct-v0`` as data: python and bash tools (either satisfies "tool required"), the
 Math-style action grammar with Countdown's texts, the built-in seeded generator as default data
 (docs/protocol.md#countdown)."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -23,12 +24,14 @@ BUILTIN_SIZE = 200
 PARSER = ParserSpec(truncated_and_relaxed=True)
 RULES = Rules(PARSER, texts.TOOL_REQUIRED, texts.FORMAT_WARNING, no_input=texts.NO_INPUT)
 #: single-turn mode: one reply, no tool required, the final answer is scored as is
-RULES_SINGLE_TURN = Rules(PARSER, texts.TOOL_REQUIRED, texts.SINGLE_TURN_FORMAT_WARNING, no_input=texts.NO_INPUT,
-                          require_tool=False)
+RULES_SINGLE_TURN = Rules(
+    PARSER, texts.TOOL_REQUIRED, texts.SINGLE_TURN_FORMAT_WARNING, no_input=texts.NO_INPUT, require_tool=False
+)
 
 
-def load_tasks(spec: Any = "builtin", *, n: int = BUILTIN_SIZE, seed: int = 0,
-               limit: int | None = None) -> list[CountdownTask]:
+def load_tasks(
+    spec: Any = "builtin", *, n: int = BUILTIN_SIZE, seed: int = 0, limit: int | None = None
+) -> list[CountdownTask]:
     """``"builtin"``: ``n`` generated solvable tasks (offline, seeded); a path: a JSONL/parquet
     file of ``nums``/``target`` rows; a list: task rows."""
     if isinstance(spec, str) and spec == "builtin":
@@ -60,5 +63,9 @@ SPEC = EnvSpec(
 )
 
 #: ``single_turn=True``, the common single-turn ES setup: one reply, no tool required, its own prompt
-SINGLE_TURN_SPEC = replace(SPEC, rules={"es": RULES_SINGLE_TURN, "http_eval": RULES_SINGLE_TURN}, max_turns=1,
-                           system_prompt="countdown/system_single_turn")
+SINGLE_TURN_SPEC = replace(
+    SPEC,
+    rules={"es": RULES_SINGLE_TURN, "http_eval": RULES_SINGLE_TURN},
+    max_turns=1,
+    system_prompt="countdown/system_single_turn",
+)

@@ -1,4 +1,5 @@
 """The Countdown task model (validated at the loader boundary)."""
+
 from __future__ import annotations
 
 from typing import Annotated

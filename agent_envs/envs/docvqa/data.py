@@ -46,14 +46,10 @@ DocSpec = str | Path | Iterable[Mapping[str, Any] | DocTask]
 
 
 def default_cache_dir() -> Path:
-    return Path(
-        os.environ.get("AGENT_ENVS_CACHE", Path.home() / ".cache" / "agent-envs")
-    )
+    return Path(os.environ.get("AGENT_ENVS_CACHE", Path.home() / ".cache" / "agent-envs"))
 
 
-def load_docvqa_tasks(
-    spec: DocSpec, *, limit: int | None = None, cache_dir: str | Path | None = None
-) -> list[DocTask]:
+def load_docvqa_tasks(spec: DocSpec, *, limit: int | None = None, cache_dir: str | Path | None = None) -> list[DocTask]:
     """Load DocVQA tasks from ``"builtin"``, ``"hf"``/``"lmms-lab/DocVQA"``, a file, or rows.
 
     ``cache_dir`` holds generated synthetic pages and images extracted from hub rows
@@ -74,16 +70,10 @@ def load_docvqa_tasks(
         if not path.is_file():
             problem = "path is not a file" if path.exists() else "file not found"
             raise DocDataError(f'DocVQA data {problem}: {path} (or use "builtin")')
-        tasks = (
-            _load_official_json(path, cache, limit)
-            if path.suffix == ".json"
-            else _load_jsonl(path, cache)
-        )
+        tasks = _load_official_json(path, cache, limit) if path.suffix == ".json" else _load_jsonl(path, cache)
     else:
         tasks = [
-            row
-            if isinstance(row, DocTask)
-            else _require(normalize_row(row, None, cache, f"row {i}"), row, f"row {i}")
+            row if isinstance(row, DocTask) else _require(normalize_row(row, None, cache, f"row {i}"), row, f"row {i}")
             for i, row in enumerate(spec)
         ]
     return tasks if limit is None else tasks[:limit]
@@ -91,8 +81,10 @@ def load_docvqa_tasks(
 
 def _require(task: DocTask | None, row: Mapping[str, Any], where: str) -> DocTask:
     if task is None:
-        raise DocDataError(f"{where}: needs a question, non-empty answers and an image; "
-                           f"this row has no {' and no '.join(_missing(row))}")
+        raise DocDataError(
+            f"{where}: needs a question, non-empty answers and an image; "
+            f"this row has no {' and no '.join(_missing(row))}"
+        )
     return task
 
 
@@ -111,8 +103,9 @@ def _missing(row: Mapping[str, Any]) -> list[str]:
     return [name for name, ok in present.items() if not ok]
 
 
-def _usable(rows: Iterable[tuple[str, Any]], data_file: Path | None, cache: Path, source: str,
-            limit: int | None = None) -> list[DocTask]:
+def _usable(
+    rows: Iterable[tuple[str, Any]], data_file: Path | None, cache: Path, source: str, limit: int | None = None
+) -> list[DocTask]:
     """Tasks of the usable rows; rows without a question, answers or an image are dropped, as
     the reference's data preparation does, with a warning that counts them by reason."""
     tasks: list[DocTask] = []
@@ -131,8 +124,11 @@ def _usable(rows: Iterable[tuple[str, Any]], data_file: Path | None, cache: Path
         return tasks
     reasons = ", ".join(f"{n} with {why}" for why, n in dropped.most_common())
     if not tasks:
-        hint = ("; a test split carries no answers (use the validation split)"
-                if all("answers" in why for why in dropped) else "")
+        hint = (
+            "; a test split carries no answers (use the validation split)"
+            if all("answers" in why for why in dropped)
+            else ""
+        )
         raise DocDataError(f"{source}: every one of its {seen} rows was dropped ({reasons}){hint}")
     warnings.warn(f"{source}: dropped {sum(dropped.values())} of {seen} rows ({reasons})", stacklevel=3)
     return tasks
@@ -148,9 +144,7 @@ def _prefixed_id(raw_id: Any) -> str:
     return text if text.startswith("docvqa_") else f"docvqa_{text}"
 
 
-def normalize_row(
-    row: Mapping[str, Any], data_file: Path | None, cache: Path, where: str = "row"
-) -> DocTask | None:
+def normalize_row(row: Mapping[str, Any], data_file: Path | None, cache: Path, where: str = "row") -> DocTask | None:
     """One raw row -> task; None when it lacks a question, answers or an image (dropped)."""
     if not isinstance(row, Mapping):
         raise DocDataError(f"{where}: expected a JSON object, got {type(row).__name__}")
@@ -165,16 +159,12 @@ def normalize_row(
         "docId",
         "question_types",
     }
-    extra = {
-        k: v for k, v in row.items() if k not in known and _is_json_scalar_or_list(v)
-    }
+    extra = {k: v for k, v in row.items() if k not in known and _is_json_scalar_or_list(v)}
     if "docId" in row:
         extra["doc_id"] = row["docId"]
     if "question_types" in row:
         extra["question_types"] = row["question_types"]
-    path = _image_path(
-        image, str(raw_id).removeprefix("docvqa_"), data_file, cache, where
-    )
+    path = _image_path(image, str(raw_id).removeprefix("docvqa_"), data_file, cache, where)
     try:
         return DocTask(
             **{
@@ -193,16 +183,15 @@ def _is_json_scalar_or_list(value: Any) -> bool:
     return isinstance(value, (str, int, float, bool, list, dict)) or value is None
 
 
-def _image_path(
-    image: Any, stem: str, data_file: Path | None, cache: Path, where: str
-) -> Path:
+def _image_path(image: Any, stem: str, data_file: Path | None, cache: Path, where: str) -> Path:
     """A host path for the row's image: resolve a path, or write raw bytes / PIL images as PNG."""
-    if isinstance(
-        image, Mapping
-    ):  # HF Image feature with decoding off: {"bytes", "path"}
+    if isinstance(image, Mapping):  # HF Image feature with decoding off: {"bytes", "path"}
         image = image.get("bytes") or image.get("path")
-    path = (resolve_image_path(str(image), data_file, where) if isinstance(image, (str, Path))
-            else write_png(image, cache / "docvqa_images" / f"{stem}.png", where))
+    path = (
+        resolve_image_path(str(image), data_file, where)
+        if isinstance(image, (str, Path))
+        else write_png(image, cache / "docvqa_images" / f"{stem}.png", where)
+    )
     check_pixels(path, where)
     return path
 
@@ -295,8 +284,9 @@ def write_png(image: Any, target: Path, where: str = "row") -> Path:
 
 
 def _load_jsonl(path: Path, cache: Path) -> list[DocTask]:
-    return [_require(normalize_row(row, path, cache, where), row, where)
-            for where, row in jsonl_rows(path, DocDataError)]
+    return [
+        _require(normalize_row(row, path, cache, where), row, where) for where, row in jsonl_rows(path, DocDataError)
+    ]
 
 
 def _load_official_json(path: Path, cache: Path, limit: int | None) -> list[DocTask]:
@@ -304,14 +294,10 @@ def _load_official_json(path: Path, cache: Path, limit: int | None) -> list[DocT
     try:
         payload = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise DocDataError(
-            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})"
-        ) from exc
+        raise DocDataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
     rows = payload.get("data") if isinstance(payload, dict) else payload
     if not isinstance(rows, list):
-        raise DocDataError(
-            f"{path}: expected a list of rows or an object with a 'data' list"
-        )
+        raise DocDataError(f"{path}: expected a list of rows or an object with a 'data' list")
     sourced = (
         (f"{path} data[{i}]", {"source": "DocVQA", **row} if isinstance(row, Mapping) else row)
         for i, row in enumerate(rows)
@@ -323,13 +309,9 @@ def _load_hf(cache: Path, limit: int | None) -> list[DocTask]:
     try:
         import datasets
 
-        rows = datasets.load_dataset(
-            HF_REPO, HF_CONFIG, split=HF_SPLIT, revision=HF_REVISION
-        )
+        rows = datasets.load_dataset(HF_REPO, HF_CONFIG, split=HF_SPLIT, revision=HF_REVISION)
         rows = rows.cast_column("image", datasets.Image(decode=False))
-    except (
-        Exception
-    ) as exc:  # any hub/network/cache failure means the same thing to the user
+    except Exception as exc:  # any hub/network/cache failure means the same thing to the user
         raise DocDataError(
             f"could not load {HF_REPO!r} ({HF_CONFIG}/{HF_SPLIT}) from the Hugging Face hub "
             f'({type(exc).__name__}: {exc}); offline, use "builtin", an official val_v1.0.json '

@@ -1,6 +1,7 @@
 """``DocVQA-CLI-v0``: answer a question about a page image through shell and OCR commands only
 (docs/protocol.md#docvqa-tool, ES runner).  The model never sees the image; the sandbox binds it read-only at
 ``/workspace/document.png``."""
+
 from __future__ import annotations
 
 from agent_envs.envs.args import EnvOptions
@@ -28,8 +29,13 @@ class DocVQACLIEnv(ReActEnv):
         check_image(task.image, f"task {task.id}")
 
     def _score(self, ep: EpisodeState) -> ScoreResult:
-        return docvqa_score(ep.last_completion, ep.task.answers, termination_reason=ep.termination_reason,
-                            used_bash=ep.used_bash, variant=self.options.anls_variant)
+        return docvqa_score(
+            ep.last_completion,
+            ep.task.answers,
+            termination_reason=ep.termination_reason,
+            used_bash=ep.used_bash,
+            variant=self.options.anls_variant,
+        )
 
 
 Env = DocVQACLIEnv

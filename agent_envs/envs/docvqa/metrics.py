@@ -5,6 +5,7 @@ bash), because that is what the published Mean4 (0.50426) and max@4 are; the sha
 use the raw ``anls``/``acc`` fields, as upstream does.  ``acc`` is ANLS > 0.5; the cards' "Accuracy"
 is exact match (``exact_mean``/``exact_pass``: the normalised prediction equals a gold answer, score 1).
 """
+
 from __future__ import annotations
 
 from typing import Sequence

@@ -1,4 +1,5 @@
 """DocVQA's trace logs in the reference byte format (docs/protocol.md#trace-logs) and its report fields."""
+
 from __future__ import annotations
 
 import json
@@ -54,7 +55,9 @@ def report_fields(row: Row) -> ReportFields:
     task = task_of(row)
     answers = row.get("answers", task.get("answers"))
     anls = row.get("anls")
-    return ReportFields(question=str(row.get("question") or task.get("question") or ""),
-                        gold=" | ".join(str(a) for a in answers) if answers else None,
-                        image=row.get("image") or None,
-                        score_note=f"ANLS {anls:.4f}" if isinstance(anls, (int, float)) else None)
+    return ReportFields(
+        question=str(row.get("question") or task.get("question") or ""),
+        gold=" | ".join(str(a) for a in answers) if answers else None,
+        image=row.get("image") or None,
+        score_note=f"ANLS {anls:.4f}" if isinstance(anls, (int, float)) else None,
+    )

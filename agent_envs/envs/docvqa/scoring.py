@@ -1,4 +1,5 @@
 """DocVQA answer extraction and ANLS scoring (docs/protocol.md#docvqa-scoring)."""
+
 from __future__ import annotations
 
 import re
@@ -106,7 +107,11 @@ def docvqa_score(
     else:
         score, method = raw, "anls"
     return ScoreResult(
-        score=score, method=method, label=LABEL_PREFIX + method, status="ok",
-        answer_status=answer_status(text), prediction=prediction,
+        score=score,
+        method=method,
+        label=LABEL_PREFIX + method,
+        status="ok",
+        answer_status=answer_status(text),
+        prediction=prediction,
         extras={"anls": raw, "vlns": raw, "acc": anls_accuracy(raw)},
     )

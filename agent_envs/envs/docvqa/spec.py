@@ -1,6 +1,7 @@
 """``DocVQA-CLI-v0`` as data: 50 turns, 512 tokens per turn, a 32,768-token trajectory cap, the bash
 tool with DocVQA's framing, the page image mounted read-only at ``/workspace/document.png``, its
 ANLS metrics and report fields."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -38,8 +39,9 @@ SPEC = EnvSpec(
     entry_point="agent_envs.envs.docvqa.env:Env",
     rules={"es": RULES_ES, "http_eval": RULES_HTTP},
     tools=(BASH.with_(framing=FRAMING),),
-    report=ReportSpec(trace_prefix="docvqa", success_at=0.5, success_strict=True, render_trace=render_docvqa,
-                      fields=report_fields),
+    report=ReportSpec(
+        trace_prefix="docvqa", success_at=0.5, success_strict=True, render_trace=render_docvqa, fields=report_fields
+    ),
     system_prompt="docvqa/system",
     user_prompt="docvqa/user",
     skill_separator=texts.DOCVQA_SKILL_SUFFIX,

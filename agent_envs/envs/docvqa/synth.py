@@ -183,9 +183,7 @@ def _city(rng: random.Random) -> str:
 
 
 def _phone(rng: random.Random) -> str:
-    return (
-        f"({rng.randint(201, 989)}) {rng.randint(200, 999)}-{rng.randint(0, 9999):04d}"
-    )
+    return f"({rng.randint(201, 989)}) {rng.randint(200, 999)}-{rng.randint(0, 9999):04d}"
 
 
 def _date(rng: random.Random, year: int | None = None) -> str:
@@ -215,9 +213,7 @@ def _invoice(rng: random.Random, family: tuple[str, str]) -> Page:
     c.text(150, 235, _street(rng), 32)
     c.text(150, 280, _city(rng), 32)
     c.text(1550, 150, "INVOICE", 72, bold=True, anchor="ra")
-    for k, (label, value) in enumerate(
-        (("Invoice No:", number), ("Invoice Date:", issued), ("Due Date:", due))
-    ):
+    for k, (label, value) in enumerate((("Invoice No:", number), ("Invoice Date:", issued), ("Due Date:", due))):
         c.text(1000, 380 + 50 * k, label, 32, bold=True)
         c.text(1260, 380 + 50 * k, value, 32)
     parties = {}
@@ -297,9 +293,7 @@ def _invoice(rng: random.Random, family: tuple[str, str]) -> Page:
             Question(f"What is the amount for {item}?", _money(amount)[1]),
             Question(f"What quantity of {item} was ordered?", [str(qty)]),
             Question("Which company issued the invoice?", [seller]),
-            Question(
-                "What account number should be quoted with the remittance?", [account]
-            ),
+            Question("What account number should be quoted with the remittance?", [account]),
         ],
     )
 
@@ -307,9 +301,7 @@ def _invoice(rng: random.Random, family: tuple[str, str]) -> Page:
 def _receipt(rng: random.Random, family: tuple[str, str]) -> Page:
     c = _Canvas(MONO_FAMILY)
     store, phone = f"{rng.choice(COMPANY_A).upper()} MARKET", _phone(rng)
-    date = (
-        f"{rng.randint(1, 12):02d}/{rng.randint(1, 28):02d}/{rng.randint(1980, 1999)}"
-    )
+    date = f"{rng.randint(1, 12):02d}/{rng.randint(1, 28):02d}/{rng.randint(1980, 1999)}"
     clock, number = (
         f"{rng.randint(7, 21):02d}:{rng.randint(0, 59):02d}",
         str(rng.randint(100000, 999999)),
@@ -382,9 +374,7 @@ def _receipt(rng: random.Random, family: tuple[str, str]) -> Page:
 def _form(rng: random.Random, family: tuple[str, str]) -> Page:
     c = _Canvas(family)
     applicant, contact = _name(rng), _name(rng)
-    birth = (
-        f"{rng.randint(1, 12):02d}/{rng.randint(1, 28):02d}/{rng.randint(1930, 1965)}"
-    )
+    birth = f"{rng.randint(1, 12):02d}/{rng.randint(1, 28):02d}/{rng.randint(1930, 1965)}"
     phone_a, phone_c = _phone(rng), _phone(rng)
     employer, position = _company(rng), rng.choice(POSITIONS)
     start, salary = _date(rng), rng.randint(18, 95) * 1000
@@ -435,9 +425,7 @@ def _form(rng: random.Random, family: tuple[str, str]) -> Page:
             Question("What is the name of the applicant?", [applicant]),
             Question("What is the applicant's date of birth?", [birth]),
             Question("What is the applicant's telephone number?", [phone_a]),
-            Question(
-                "What is the telephone number of the emergency contact?", [phone_c]
-            ),
+            Question("What is the telephone number of the emergency contact?", [phone_c]),
             Question("Who is the emergency contact?", [contact]),
             Question("What is the relationship of the emergency contact?", [relation]),
             Question("Who is the employer?", [employer]),
@@ -452,9 +440,7 @@ def _form(rng: random.Random, family: tuple[str, str]) -> Page:
 def _letter(rng: random.Random, family: tuple[str, str]) -> Page:
     c = _Canvas(family)
     org, sender, recipient = _company(rng), _name(rng), _name(rng)
-    title = rng.choice(
-        ("Director of Research", "Vice President", "Program Manager", "Treasurer")
-    )
+    title = rng.choice(("Director of Research", "Vice President", "Program Manager", "Treasurer"))
     dated, meeting = _date(rng), _date(rng)
     city = rng.choice(CITIES)[0]
     grant, attendees = _dollars(rng.randint(5, 250) * 500), rng.randint(12, 90)
@@ -462,9 +448,7 @@ def _letter(rng: random.Random, family: tuple[str, str]) -> Page:
     c.text(850, 225, f"{_street(rng)}  |  {_city(rng)}", 30, anchor="ma")
     c.rule(280, width=4)
     c.text(150, 360, dated, 34)
-    for k, line in enumerate(
-        (f"Dr. {recipient}", _company(rng), _street(rng), _city(rng))
-    ):
+    for k, line in enumerate((f"Dr. {recipient}", _company(rng), _street(rng), _city(rng))):
         c.text(150, 460 + 48 * k, line, 34)
     c.text(150, 700, f"Dear Dr. {recipient.split()[-1]}:", 34)
     body = (
@@ -475,9 +459,7 @@ def _letter(rng: random.Random, family: tuple[str, str]) -> Page:
         "at least two weeks before the meeting."
     )
     y = c.paragraph(150, 790, body, 34, 1400) + 40
-    y = c.paragraph(
-        150, y, "If you have any questions, do not hesitate to contact me.", 34, 1400
-    )
+    y = c.paragraph(150, y, "If you have any questions, do not hesitate to contact me.", 34, 1400)
     c.text(150, y + 60, "Sincerely,", 34)
     c.text(150, y + 200, sender, 34)
     c.text(150, y + 248, title, 34)
@@ -487,9 +469,7 @@ def _letter(rng: random.Random, family: tuple[str, str]) -> Page:
         "letter",
         c.image,
         [
-            Question(
-                "To whom is the letter addressed?", [f"Dr. {recipient}", recipient]
-            ),
+            Question("To whom is the letter addressed?", [f"Dr. {recipient}", recipient]),
             Question("What is the date of the letter?", [dated]),
             Question("Who signed the letter?", [sender]),
             Question("What is the title of the sender?", [title]),
@@ -549,9 +529,7 @@ def _table(rng: random.Random, family: tuple[str, str]) -> Page:
     ]
     j = rng.randrange(3)
     questions += [
-        Question(
-            f"What are the total expenses for {years[j]}?", _dollars(totals[j])[1]
-        ),
+        Question(f"What are the total expenses for {years[j]}?", _dollars(totals[j])[1]),
         Question("What is the name of the organization?", [org]),
         Question("What is the title of the statement?", ["STATEMENT OF EXPENSES"]),
         Question("Who prepared the statement?", [preparer]),
@@ -578,19 +556,13 @@ SCAN_QUALITIES = {  # name: (weight, max |rotation| deg, blur range, noise sd ra
 }
 
 
-def _scan(
-    image: Image.Image, quality: str, rng: random.Random, noise: np.random.Generator
-) -> Image.Image:
+def _scan(image: Image.Image, quality: str, rng: random.Random, noise: np.random.Generator) -> Image.Image:
     """Rotation, low-resolution resampling, blur, faded ink, sensor noise and a JPEG round trip."""
     _, tilt, blur, sd, jpeg, scale, fade = SCAN_QUALITIES[quality]
-    image = image.rotate(
-        rng.uniform(-tilt, tilt), resample=Image.Resampling.BICUBIC, fillcolor=255
-    )
+    image = image.rotate(rng.uniform(-tilt, tilt), resample=Image.Resampling.BICUBIC, fillcolor=255)
     if scale < 1.0:
         small = (round(PAGE_SIZE[0] * scale), round(PAGE_SIZE[1] * scale))
-        image = image.resize(small, Image.Resampling.BILINEAR).resize(
-            PAGE_SIZE, Image.Resampling.BICUBIC
-        )
+        image = image.resize(small, Image.Resampling.BILINEAR).resize(PAGE_SIZE, Image.Resampling.BICUBIC)
     image = image.filter(ImageFilter.GaussianBlur(rng.uniform(*blur)))
     pixels = 255.0 - (255.0 - np.asarray(image, dtype=np.float32)) * fade
     pixels += noise.standard_normal(pixels.shape, dtype=np.float32) * rng.uniform(*sd)
@@ -614,9 +586,7 @@ def ocr_text(image_path: Path) -> str:
         check=False,
     )
     if done.returncode != 0:
-        raise RuntimeError(
-            f"tesseract failed on {image_path}: {done.stderr.strip()[-300:]}"
-        )
+        raise RuntimeError(f"tesseract failed on {image_path}: {done.stderr.strip()[-300:]}")
     return done.stdout
 
 
@@ -630,9 +600,7 @@ def best_ocr_anls(ocr: str, answers: list[str]) -> float:
             width = len(gold.split())
             for size in range(max(1, width - 2), width + 3):
                 for start in range(len(tokens) - size + 1):
-                    best = max(
-                        best, anls(" ".join(tokens[start : start + size]), [gold])
-                    )
+                    best = max(best, anls(" ".join(tokens[start : start + size]), [gold]))
                     if best == 1.0:
                         return best
     return best
@@ -658,9 +626,7 @@ def _page_job(args: tuple[int, int, str]) -> tuple[list[dict[str, Any]], int]:
     path = Path(out_dir) / name
     image.save(path, format="PNG", dpi=(DPI, DPI), compress_level=3)
     text = ocr_text(path)
-    candidates = rng.sample(
-        page.questions, min(QUESTIONS_PER_PAGE, len(page.questions))
-    )
+    candidates = rng.sample(page.questions, min(QUESTIONS_PER_PAGE, len(page.questions)))
     kept = []
     for k, q in enumerate(candidates):
         score = best_ocr_anls(text, q.answers)
@@ -683,22 +649,16 @@ def _page_job(args: tuple[int, int, str]) -> tuple[list[dict[str, Any]], int]:
     return kept, len(candidates) - len(kept)
 
 
-def generate_docvqa_tasks(
-    n_questions: int, seed: int = 0, out_dir: str | Path = "."
-) -> list[DocTask]:
+def generate_docvqa_tasks(n_questions: int, seed: int = 0, out_dir: str | Path = ".") -> list[DocTask]:
     """Generate ``n_questions`` OCR-checked questions; write pages, tasks.jsonl, manifest.json.
 
     Pages are processed in order by a pool of ``WORKERS`` processes and the first
     ``n_questions`` kept questions are returned, so the result depends only on the seed.
     """
     if n_questions < 1 or seed < 0:
-        raise ValueError(
-            f"need n_questions >= 1 and seed >= 0, got {n_questions}, {seed}"
-        )
+        raise ValueError(f"need n_questions >= 1 and seed >= 0, got {n_questions}, {seed}")
     if shutil.which("tesseract") is None:
-        raise RuntimeError(
-            "the synthetic DocVQA set needs the tesseract CLI (apt: tesseract-ocr)"
-        )
+        raise RuntimeError("the synthetic DocVQA set needs the tesseract CLI (apt: tesseract-ocr)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -707,9 +667,7 @@ def generate_docvqa_tasks(
         while len(rows) < n_questions:
             if pages > 50 + n_questions:  # every page keeps some questions in practice
                 raise RuntimeError("synthetic page generation keeps too few questions")
-            batch = max(
-                WORKERS, -(-(n_questions - len(rows)) // (QUESTIONS_PER_PAGE - 1))
-            )
+            batch = max(WORKERS, -(-(n_questions - len(rows)) // (QUESTIONS_PER_PAGE - 1)))
             jobs = [(seed, i, str(out)) for i in range(pages, pages + batch)]
             for kept, lost in pool.imap(_page_job, jobs):
                 rows.extend(kept)
@@ -732,20 +690,13 @@ def generate_docvqa_tasks(
         "dropped": dropped,
         "seconds": round(time.perf_counter() - started, 2),
     }
-    (out / "manifest.json").write_text(
-        json.dumps(manifest, indent=2) + "\n", encoding="utf-8"
-    )
-    return [
-        DocTask.model_validate({**row, "image": str(out / row["image"])})
-        for row in rows
-    ]
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return [DocTask.model_validate({**row, "image": str(out / row["image"])}) for row in rows]
 
 
 def builtin_cache_dir(n_questions: int, seed: int, cache_root: Path) -> Path:
     """Folder named by a hash of the generator version and parameters."""
-    key = json.dumps(
-        {"version": VERSION, "n": n_questions, "seed": seed, "size": PAGE_SIZE}
-    )
+    key = json.dumps({"version": VERSION, "n": n_questions, "seed": seed, "size": PAGE_SIZE})
     return cache_root / "synthetic_docs" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 

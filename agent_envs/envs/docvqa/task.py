@@ -1,5 +1,6 @@
 """The DocVQA task payload; extra fields (``doc_id``, the synthetic set's OCR difficulty, ...)
 travel into episode records untouched."""
+
 from __future__ import annotations
 
 from typing import Any

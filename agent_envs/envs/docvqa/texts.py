@@ -1,4 +1,5 @@
 """DocVQA's warning texts and skill separator, byte for byte (docs/protocol.md#warning-and-observation-texts)."""
+
 from __future__ import annotations
 
 from agent_envs.protocol.messages import ACTION_BLOCK
@@ -8,8 +9,7 @@ DOCVQA_TOOL_REQUIRED = (
     "Tool observations are text only; then provide Final answer."
 )
 DOCVQA_FORMAT_WARNING_ES = (
-    f"No valid action was parsed. Use exactly:\n{ACTION_BLOCK}\n"
-    "or, after tool use, Final answer: <short answer>"
+    f"No valid action was parsed. Use exactly:\n{ACTION_BLOCK}\nor, after tool use, Final answer: <short answer>"
 )
 DOCVQA_FORMAT_WARNING_HTTP = (
     f"No valid action was parsed. Use exactly:\n{ACTION_BLOCK}\n"

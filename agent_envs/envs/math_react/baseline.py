@@ -1,4 +1,5 @@
 """The CLI's ``scripted`` Math baseline: one real bash call, then an answer read off its output."""
+
 from __future__ import annotations
 
 import re

@@ -30,9 +30,7 @@ class MathDataError(ValueError):
 MathSpec = str | Path | Iterable[Mapping[str, Any] | MathTask]
 
 
-def load_math_tasks(
-    spec: MathSpec, *, limit: int | None = None, seed: int = 0
-) -> list[MathTask]:
+def load_math_tasks(spec: MathSpec, *, limit: int | None = None, seed: int = 0) -> list[MathTask]:
     """Load math tasks from ``"builtin"``, ``"dapo"``/``"aime"``, a JSONL path, or rows.
 
     ``seed`` only affects the built-in synthetic set; files and hub sets keep their order.
@@ -56,9 +54,7 @@ def _to_task(row: Mapping[str, Any] | MathTask, where: str) -> MathTask:
     if isinstance(row, MathTask):
         return row
     if not isinstance(row, Mapping):
-        raise MathDataError(
-            f"{where}: expected a JSON object, got {type(row).__name__}"
-        )
+        raise MathDataError(f"{where}: expected a JSON object, got {type(row).__name__}")
     missing = [k for k in ("id", "question", "answer") if row.get(k) is None]
     if missing:
         raise MathDataError(f"{where}: missing field(s) {', '.join(missing)}")
@@ -80,9 +76,7 @@ def _load_hf(name: str) -> list[MathTask]:
         import datasets
 
         rows = datasets.load_dataset(repo, split="train")
-    except (
-        Exception
-    ) as exc:  # any hub/network/cache failure means the same thing to the user
+    except Exception as exc:  # any hub/network/cache failure means the same thing to the user
         raise MathDataError(
             f"could not load {repo!r} from the Hugging Face hub ({type(exc).__name__}: {exc}); "
             'offline, pass a JSONL file of {id, question, answer, source} rows or "builtin"'
@@ -132,9 +126,7 @@ def verify_sha256sums(directory: str | Path) -> dict[str, str]:
     if not sums.is_file():
         raise MathDataError(f"no SHA256SUMS file in {directory}")
     checked: dict[str, str] = {}
-    for lineno, line in enumerate(
-        sums.read_text(encoding="utf-8").splitlines(), start=1
-    ):
+    for lineno, line in enumerate(sums.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
         parts = line.split(maxsplit=1)
@@ -146,8 +138,6 @@ def verify_sha256sums(directory: str | Path) -> dict[str, str]:
             raise MathDataError(f"{sums}:{lineno}: listed file is missing: {target}")
         actual = sha256_file(target)
         if actual != expected:
-            raise MathDataError(
-                f"SHA-256 mismatch for {target}: expected {expected}, got {actual}"
-            )
+            raise MathDataError(f"SHA-256 mismatch for {target}: expected {expected}, got {actual}")
         checked[name] = actual
     return checked

@@ -1,4 +1,5 @@
 """``MATH-ReAct-v0``: solve a math problem with a sandboxed bash tool (docs/protocol.md#math-tool, ES runner)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -41,8 +42,10 @@ class MathReActEnv(ReActEnv):
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
         if not self.options.blocklist and self.sandbox_config.backend == "none":
-            raise ValueError('blocklist=False needs a sandbox: with sandbox="none" commands run on the host, '
-                             "where the blocklist is always on")
+            raise ValueError(
+                'blocklist=False needs a sandbox: with sandbox="none" commands run on the host, '
+                "where the blocklist is always on"
+            )
 
     def _screen(self, tool: str, command: Any, runner: Any) -> str | None:
         """The reference runner logged every command, then refused blocked ones without running them.
@@ -58,9 +61,14 @@ class MathReActEnv(ReActEnv):
         return None
 
     def _score(self, ep: EpisodeState) -> ScoreResult:
-        return math_score(ep.last_completion, ep.task.answer, scorer=self.options.scorer,
-                          termination_reason=ep.termination_reason, used_bash=ep.used_bash,
-                          timeout_s=self.options.score_timeout_s)
+        return math_score(
+            ep.last_completion,
+            ep.task.answer,
+            scorer=self.options.scorer,
+            termination_reason=ep.termination_reason,
+            used_bash=ep.used_bash,
+            timeout_s=self.options.score_timeout_s,
+        )
 
 
 Env = MathReActEnv

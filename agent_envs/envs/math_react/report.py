@@ -1,4 +1,5 @@
 """Math trace logs in the reference byte format (docs/protocol.md#trace-logs) and its report fields."""
+
 from __future__ import annotations
 
 from agent_envs.core.spec import ReportFields, Row
@@ -41,5 +42,6 @@ def report_fields(row: Row) -> ReportFields:
     """The problem and its gold answer."""
     task = task_of(row)
     answer = row.get("answer", task.get("answer"))
-    return ReportFields(question=str(row.get("question") or task.get("question") or ""),
-                        gold=None if answer is None else str(answer))
+    return ReportFields(
+        question=str(row.get("question") or task.get("question") or ""), gold=None if answer is None else str(answer)
+    )

@@ -6,6 +6,7 @@ long-lived child process with its own timeouts disabled, and the parent enforces
 limit by killing that child, which works from any thread and reports a timeout as such.
 Run as ``python -m agent_envs.envs.math_react.scoring`` this module *is* that child.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -105,8 +106,13 @@ class _VerifyWorker:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "agent_envs.envs.math_react.scoring"], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, encoding="utf-8", env=env,
+                [sys.executable, "-m", "agent_envs.envs.math_react.scoring"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                encoding="utf-8",
+                env=env,
             )
         except OSError:  # e.g. out of file descriptors: try again on the next call
             return False
@@ -199,9 +205,14 @@ def math_score(
     explicit = explicit_answer(last_completion)
 
     def result(score: float, method: str, status: str) -> ScoreResult:
-        return ScoreResult(score=score, method=method, label=LABEL_PREFIX + method, status=status,
-                           answer_status=answer_status(last_completion),
-                           prediction=math_prediction(last_completion))
+        return ScoreResult(
+            score=score,
+            method=method,
+            label=LABEL_PREFIX + method,
+            status=status,
+            answer_status=answer_status(last_completion),
+            prediction=math_prediction(last_completion),
+        )
 
     if termination_reason in ZEROING_TERMINATIONS:
         return result(0.0, str(termination_reason), "skipped")

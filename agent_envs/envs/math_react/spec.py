@@ -1,5 +1,6 @@
 """``MATH-ReAct-v0`` as data: 50 turns, 4096 tokens per turn, no trajectory cap, the bash tool with
 Math's framing and blocklist text, two rule sets (ES runner, HTTP evaluator)."""
+
 from __future__ import annotations
 
 from agent_envs.core.spec import EnvSpec, Framing, ParserSpec, ReportSpec, Rules
@@ -15,8 +16,9 @@ PARSER_HTTP = ParserSpec(require_bash_command=True)  # repo-react-v1
 RULES_ES = Rules(PARSER_ES, texts.MATH_TOOL_REQUIRED, texts.MATH_FORMAT_WARNING)
 RULES_HTTP = Rules(PARSER_HTTP, texts.MATH_TOOL_REQUIRED, texts.MATH_FORMAT_WARNING)
 #: the HTTP evaluator with the first-turn rule of docs/protocol.md#first-turn-rule
-RULES_HTTP_MATCHED = Rules(PARSER_HTTP, texts.MATH_TOOL_REQUIRED, texts.MATH_FORMAT_WARNING,
-                           first_turn=texts.MATH_FIRST_TURN)
+RULES_HTTP_MATCHED = Rules(
+    PARSER_HTTP, texts.MATH_TOOL_REQUIRED, texts.MATH_FORMAT_WARNING, first_turn=texts.MATH_FIRST_TURN
+)
 #: the reference math runner read its pipes in text mode and cut floor(limit/2) per side
 FRAMING = Framing(translate_newlines=True)
 

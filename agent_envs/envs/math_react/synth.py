@@ -32,9 +32,7 @@ def _coprime_count(rng: random.Random) -> Problem:
     m = prod(p ** rng.randint(1, 2) for p in primes)
     n = rng.randint(20_000, 99_999)
     count = 0
-    for mask in range(
-        1 << len(primes)
-    ):  # inclusion-exclusion over the distinct prime factors
+    for mask in range(1 << len(primes)):  # inclusion-exclusion over the distinct prime factors
         chosen = [p for i, p in enumerate(primes) if mask >> i & 1]
         count += (-1) ** len(chosen) * (n // prod(chosen))
     q = f"How many integers k with 1 <= k <= {n} satisfy gcd(k, {m}) = 1?"
@@ -66,9 +64,7 @@ def _sum_of_divisors(rng: random.Random) -> Problem:
 
 def _num_divisors(rng: random.Random) -> Problem:
     fac = _factored_number(rng)
-    fac[rng.choice(list(fac))] += rng.randint(
-        2, 6
-    )  # one large exponent makes guessing harder
+    fac[rng.choice(list(fac))] += rng.randint(2, 6)  # one large exponent makes guessing harder
     n = prod(p**e for p, e in fac.items())
     count = prod(e + 1 for e in fac.values())
     return f"How many positive divisors does {n} have?", count, {"n": n}
@@ -78,10 +74,7 @@ def _unit_fractions(rng: random.Random) -> Problem:
     denominators = sorted(rng.sample(range(2, 60), rng.randint(4, 7)))
     total = sum(Fraction(1, d) for d in denominators)
     terms = " + ".join(f"1/{d}" for d in denominators)
-    q = (
-        f"Write {terms} as a fraction p/q in lowest terms with p and q positive integers. "
-        "What is p + q?"
-    )
+    q = f"Write {terms} as a fraction p/q in lowest terms with p and q positive integers. What is p + q?"
     return q, total.numerator + total.denominator, {"denominators": denominators}
 
 
@@ -121,9 +114,7 @@ def generate_math_tasks(n: int, seed: int = 0) -> list[MathTask]:
     tasks = []
     for i in range(n):
         family = names[i % len(names)]
-        question, answer, params = FAMILIES[family](
-            random.Random(f"synth_math:{seed}:{i}")
-        )
+        question, answer, params = FAMILIES[family](random.Random(f"synth_math:{seed}:{i}"))
         tasks.append(
             MathTask(
                 id=f"synth_math_{seed}_{i}",

@@ -1,4 +1,5 @@
 """The Math task payload; extra fields (provenance) travel into episode records untouched."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,5 @@
 """``Countdown-Tools-v0``: the Countdown environment with native tool calls (docs/protocol.md#native-tool-calls)."""
+
 from __future__ import annotations
 
 from agent_envs.core.spec import EnvSpec

@@ -1,5 +1,6 @@
 """The CLI's ``scripted`` DocVQA-VL baseline: view the whole page, then DocVQA's OCR baseline
 (OCR the page, answer with its first text line)."""
+
 from __future__ import annotations
 
 from typing import Any

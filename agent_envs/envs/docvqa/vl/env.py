@@ -3,6 +3,7 @@
 The same tasks, sandbox, budgets and ANLS scorer; ``page_in_prompt=True`` also puts the whole page
 (within the view tool's pixel cap) in the first user message; ``max_view_pixels`` sets that cap.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -41,8 +42,15 @@ class DocVQAVLEnv(DocVQACLIEnv):
         if not self.options.page_in_prompt:
             return ()
         page, digest = load_page(task.image)
-        return view(page, (0, 0, page.width, page.height), 1.0, self.options.max_view_pixels,
-                    source=task.image, source_sha256=digest, target=DOCUMENT_PATH).images
+        return view(
+            page,
+            (0, 0, page.width, page.height),
+            1.0,
+            self.options.max_view_pixels,
+            source=task.image,
+            source_sha256=digest,
+            target=DOCUMENT_PATH,
+        ).images
 
 
 Env = DocVQAVLEnv

@@ -1,6 +1,7 @@
 """``DocVQA-VL-v0`` as data: DocVQA-CLI-v0's budgets, tasks, mounts, scorer and report, plus a
 ``view`` tool that shows the model a region of the page as an image (docs/protocol.md#view-tool).
 The OCR tools stay: bash runs in the same sandbox with the page at ``/workspace/document.png``."""
+
 from __future__ import annotations
 
 from dataclasses import replace
