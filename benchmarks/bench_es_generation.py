@@ -139,8 +139,16 @@ def generation_row(name: str, engines: int, trainer: Any, record: dict[str, Any]
         "tok_s": tokens / timing["wall_s"],
         "perturb_s": statistics.mean(perturb) if perturb else None,
         "fingerprint_s": timing["fingerprint_s"],
-        "note": note,
+        "note": "; ".join([note, *phases(timing)]).strip("; "),
     }
+
+
+def phases(timing: dict[str, Any]) -> list[str]:
+    """The generation's phases the trainer timed beyond the wall (the low-rank trainer times writing and
+    registering the adapters apart from the members' rollouts), so a slow row says where it went."""
+    return [
+        f"{key} {timing[key]:.2f}" for key in ("adapters_s", "rollouts_s", "update_s") if timing.get(key) is not None
+    ]
 
 
 def raw_row(name: str, result: dict[str, Any]) -> dict[str, Any]:
