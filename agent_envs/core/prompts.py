@@ -9,6 +9,9 @@ from __future__ import annotations
 import hashlib
 from importlib import resources
 from pathlib import Path
+from typing import Any
+
+from agent_envs.core.jsonl import jsonl_rows
 
 
 def _read(path: Path) -> str:
@@ -47,3 +50,36 @@ def read_skill(path: str | Path) -> tuple[str, str]:
         return data.decode("utf-8"), hashlib.sha256(data).hexdigest()
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"skill file {path}: {exc}") from None
+
+
+#: the roles a few-shot file alternates, in order (docs/protocol.md#few-shot-turns)
+FEW_SHOT_ROLES = ("user", "assistant")
+
+
+def few_shot_turns(source: str | Path | list[Any]) -> tuple[dict[str, str], ...]:
+    """Worked examples as earlier chat turns (docs/protocol.md#few-shot-turns): a JSONL file (or a
+    list) of ``{"role": ..., "content": ...}`` messages, user and assistant in turn, starting with
+    a user message and ending with an assistant one.  Anything else is a ValueError naming the
+    file and line."""
+    if isinstance(source, list):
+        rows: list[tuple[str, Any]] = [(f"few-shot turns: item {i}", row) for i, row in enumerate(source, 1)]
+        whole = "few-shot turns"
+    else:
+        path, whole = Path(source), f"few-shot file {source}"
+        try:
+            rows = list(jsonl_rows(path, ValueError))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{whole}: {exc}") from None
+    turns: list[dict[str, str]] = []
+    for where, row in rows:
+        role = FEW_SHOT_ROLES[len(turns) % 2]
+        if not isinstance(row, dict) or set(row) != {"role", "content"}:
+            raise ValueError(f'{where}: expected an object with exactly "role" and "content"')
+        if row["role"] != role:
+            raise ValueError(f"{where}: expected role {role!r} (user and assistant in turn), got {row['role']!r}")
+        if not isinstance(row["content"], str) or not row["content"].strip():
+            raise ValueError(f"{where}: content must be a non-empty string")
+        turns.append({"role": role, "content": row["content"]})
+    if not turns or len(turns) % 2:
+        raise ValueError(f"{whole}: expected user/assistant pairs ending with an assistant message, got {len(turns)}")
+    return tuple(turns)

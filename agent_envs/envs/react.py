@@ -14,13 +14,14 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import gymnasium as gym
 
 from agent_envs.core.content import copy_message, text_of, text_part, transcript
 from agent_envs.core.observation import Observation, Shown, split
-from agent_envs.core.prompts import fill, load_prompt, sha256
+from agent_envs.core.prompts import few_shot_turns, fill, load_prompt, sha256
 from agent_envs.core.spec import EnvSpec, Rules, Tool
 from agent_envs.core.steps import StepContext, StepScore, StepScorer
 from agent_envs.core.tasks import episode_key
@@ -122,6 +123,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         system_prompt: str | None = None,
         prompt_file: str | None = None,
         skill: str | None = None,
+        few_shot: str | Path | list[Any] | None = None,
         compat: str = "es",
         render_mode: str | None = None,
         dataset_kwargs: dict[str, Any] | None = None,
@@ -170,13 +172,15 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         self.token_trajectories = args.token_trajectories
         self.system_prompt = self._system_prompt(system_prompt, prompt_file, skill)
         self.user_template = load_prompt(es.user_prompt)
+        #: worked examples sent as earlier chat turns, before the task (docs/protocol.md#few-shot-turns)
+        self.few_shot = () if few_shot is None else few_shot_turns(few_shot)
         self._dataset_spec = dataset if tasks is None else list(tasks)
         self._dataset_kwargs = dict(dataset_kwargs or {})
         self._tasks: list[Any] | None = None
         self._tools: dict[str, Tool] = {}
         self._ep: EpisodeState | None = None
         per_turn = 1 + (self.rules.parser.max_calls if self.rules.parser.native_tool_calls else 1)
-        self.observation_space = Conversation(max_messages=2 + per_turn * self.max_turns)
+        self.observation_space = Conversation(max_messages=self._prompt_len + per_turn * self.max_turns)
         self.action_space = CompletionText()
 
     # ----- subclass hooks -------------------------------------------------------------------------
@@ -240,6 +244,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         images = self._prompt_images(task)
         messages: Chat = [
             {"role": "system", "content": self.system_prompt},
+            *(dict(m) for m in self.few_shot),
             {"role": "user", "content": [text_part(user), *(i.part for i in images)] if images else user},
         ]
         self._ep = EpisodeState(
@@ -307,7 +312,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             return self._finish("final_answer", None)
         new_messages = [self._act(ep, text, d) for d in decisions]
         if ep.trajectory is not None:
-            ep.trajectory.add_observations(ep.messages[:2], new_messages)
+            ep.trajectory.add_observations(ep.messages[: self._prompt_len], new_messages)
         if self.step_scorer is not None:
             scores = self.step_scorer.score_sync(self.step_contexts(len(ep.step_scores)))
             ep.step_scores += scores
@@ -357,7 +362,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
                 env_id=self.env_id,
                 key=self._key(ep),
                 turn=step["turn"],
-                question=text_of(ep.messages[1]["content"]),
+                question=text_of(ep.messages[self._prompt_len - 1]["content"]),
                 task=task,
                 messages=_copy_chat(ep.messages[:end]),
                 assistant=step["assistant"],
@@ -399,6 +404,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             "sandbox": self.sandbox_config.model_dump(mode="json", exclude={"mounts"}),
             "system_prompt_sha256": sha256(self.system_prompt),
             "user_template_sha256": sha256(self.user_template),
+            **({"few_shot_sha256": sha256(json.dumps(self.few_shot))} if self.few_shot else {}),
             "compat": self.compat,
             # the engine sees the token history instead of the re-rendered chat (docs/rl.md#token-trajectories)
             **({"token_trajectories": True} if self.token_trajectories else {}),
@@ -413,6 +419,11 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         return self.options.model_dump(mode="json")
 
     # ----- internals ------------------------------------------------------------------------------
+    @property
+    def _prompt_len(self) -> int:
+        """Messages before the model's first reply: the system prompt, the few-shot turns, the task."""
+        return 2 + len(self.few_shot)
+
     def _system_prompt(self, text: str | None, prompt_file: str | None, skill: str | None) -> str:
         if text is not None and prompt_file is not None:
             raise ValueError("give system_prompt or prompt_file, not both")
