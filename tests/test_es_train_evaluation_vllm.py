@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_cpu import REPO, script_env, smollm2, vllm_python
+from vllm_cpu import REPO, es_train_flags, script_env, smollm2, vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_tmpdir")]
 
@@ -59,28 +59,10 @@ def test_es_train_evaluates_before_between_and_after_training_and_replays_for_ev
     _write_set(tmp_path / "aime.jsonl", "aime", 1)
     skill = tmp_path / "skill.md"
     skill.write_text("Answer with one number.\n")
-    common = [
-        "--model",
-        str(model),
-        "--population",
-        "2",
-        "--case-batch",
-        "2",
-        "--max-turns",
-        "2",
-        "--max-tokens",
-        "24",
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "2048",
-        "--gpu-memory-utilization",
-        "0.2",
+    common = es_train_flags(
+        model,
+        1,
         "--exact-revert",
-        "--sandbox",
-        "bwrap",
-        "--generations",
-        "1",
         "--seed",
         str(SEED),
         "--eval",
@@ -95,7 +77,7 @@ def test_es_train_evaluates_before_between_and_after_training_and_replays_for_ev
         "--skill-file",
         str(skill),
         "--write-trace-logs",
-    ]
+    )
     (tmp_path / "train").mkdir()
     history = tmp_path / "train" / "history.json"
     training = _run(

