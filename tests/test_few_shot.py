@@ -115,3 +115,28 @@ def test_a_missing_file_is_refused_by_name(tmp_path):
 def test_a_bad_list_item_is_named():
     with pytest.raises(ValueError, match=r"few-shot turns: item 2: expected role 'assistant'"):
         few_shot_turns([SHOTS[0], SHOTS[0]])
+
+
+@pytest.mark.parametrize("env_id", ["Countdown-ReAct-v0", "MATH-ReAct-v0"])
+def test_the_scripted_baselines_read_the_task_not_the_first_example(env_id):
+    """The CLI's scripted baselines find the task as the message their first turn ends with: with
+    worked examples before it, real episodes (bwrap) still solve every task."""
+    from agent_envs.envs.countdown.data import generate
+    from agent_envs.envs.registry import spec
+    from agent_envs.policy.scripted import ScriptedPolicy
+    from agent_envs.rollout.runner import run_episodes
+
+    tasks = (
+        generate(2, seed=3)
+        if env_id.startswith("Countdown")
+        else [{"id": "m", "question": "Write the number 42.", "answer": "42"}]
+    )
+    records = run_episodes(
+        env_id,
+        tasks,
+        ScriptedPolicy(spec(env_id).baseline),
+        mode="lockstep",
+        env_kwargs={"sandbox": "bwrap", "few_shot": list(SHOTS)},
+        progress=False,
+    )
+    assert [r.score for r in records] == [1.0] * len(tasks), [r.termination_reason for r in records]

@@ -41,6 +41,15 @@ def observation_message(name: str, body: str, images: Sequence[Part] = ()) -> Me
     return {"role": "user", "content": [text_part(text), *images] if images else text}
 
 
+def task_turn_text(messages: Sequence[Message]) -> str | None:
+    """The task's user message when ``messages`` ends with it (an episode's first turn), else None:
+    every later turn ends with an observation.  Worked examples sent as earlier chat turns
+    (docs/protocol.md#few-shot-turns) come before the task, so the first message is not it."""
+    last = messages[-1]
+    text = text_of(last["content"])
+    return None if last["role"] != "user" or text.startswith("Observation from ") else text
+
+
 def with_skill(system_prompt: str, skill: str, suffix: str) -> str:
     """Append ``suffix`` + the stripped skill; an empty or blank skill leaves the prompt as is."""
     skill = skill.strip()

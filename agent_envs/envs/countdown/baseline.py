@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from agent_envs.protocol.messages import action_text, last_observation_body
+from agent_envs.protocol.messages import action_text, last_observation_body, task_turn_text
 
 #: an exhaustive search over the numbers, run inside the python tool (the baseline's one call)
 SEARCH = """from fractions import Fraction as F
@@ -28,8 +28,8 @@ print(r[1] if r else "none")"""
 
 
 def baseline(request: Any) -> str:
-    if not any(m["role"] == "assistant" for m in request.messages):
-        user = request.messages[1]["content"]
+    user = task_turn_text(request.messages)
+    if user is not None:
         nums = re.search(r"Numbers: ([\d, ]+)", user)
         target = re.search(r"Target: (\d+)", user)
         setup = f"N = [{nums.group(1) if nums else ''}]\nT = {target.group(1) if target else 0}\n"
