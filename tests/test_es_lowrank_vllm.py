@@ -3,9 +3,11 @@ adapters (its Punica CPU kernels), so a member is an adapter here exactly as on 
 
 - scripts/es_lowrank_check.py: every member's prompts mixed in one batch through their adapters
   give the tokens (and, teacher-forced, the log-probabilities within 1e-3) of the engine with the
-  same perturbation merged into its weights; the weights come back bit for bit.
+  same perturbation merged into its weights; the weights come back bit for bit; the resident
+  adapters rewritten in place as new members (no add_lora) equal those members freshly loaded, in
+  tokens and in every CPU and GPU-slot LoRA tensor, bit for bit.
 - examples/es_train.py --perturbation lowrank: two generations end to end (AsyncVLLMPolicy, all
-  members at once), no adapter folder left behind, and a replay onto a fresh engine and onto the
+  members at once; generation 1 refreshes generation 0's adapters in place), no adapter folder left behind, and a replay onto a fresh engine and onto the
   checkpoint folder (agent_envs.es.lowrank.replay_onto) reproduces the trained checksum.
 """
 
@@ -48,6 +50,10 @@ def test_adapter_outputs_equal_the_merged_perturbation() -> None:
         m["max_abs_logprob_diff_base_vs_merged"] > 100 * m["max_abs_logprob_diff_adapter_vs_merged"]
         for m in out["members"]
     )
+    refresh = out["refresh"]
+    assert refresh["unsupported"] is None and refresh["add_lora_calls"] == 0, refresh
+    assert refresh["worker"]["adapters"] == 3 and refresh["worker"]["slots"] == 3 and refresh["changed"], refresh
+    assert refresh["tokens_equal_fresh"] and refresh["tensors_equal_fresh"], refresh
 
 
 def test_lowrank_training_replays_bit_exactly(tmp_path: Path) -> None:
@@ -107,6 +113,9 @@ def test_lowrank_training_replays_bit_exactly(tmp_path: Path) -> None:
     rows = [row for r in updates for sample in r["samples"] for row in sample["result"]]
     assert len(rows) == 2 * 3 * 2 and all(row["termination_reason"] != "request_error" for row in rows)
     assert list(adapters.iterdir()) == []  # every generation's adapters removed
+    output = train.stdout + train.stderr
+    assert output.count("low-rank adapters written") == 1 and output.count("low-rank adapters refreshed") == 1
+    assert "cannot rewrite adapters in place" not in output
     trained = [line for line in train.stdout.splitlines() if "final weights checksum" in line][-1].split()[-1]
     assert trained != config["base_checksum"]
 

@@ -2,11 +2,15 @@
 adapter (docs/protocol.md#low-rank-es), so all P x B episodes of a generation are in flight together
 and the engine batches them (vLLM's multi-LoRA batching).
 
-Per generation: the members' adapters are written to a fresh folder (``/dev/shm`` when there is
-one; members drawn in parallel) and registered with the policy (a vLLM policy loads them into the
-engine there and then, not in the middle of the rollouts), every member's case batch runs in its own thread through an
-:class:`~agent_envs.policy.adapter.AdapterPolicy` view, the adapters are unregistered and their
-folder removed, whatever happened, and the update runs in place inside the workers from the seeds.
+The first generation writes the members' adapters to a fresh folder (``/dev/shm`` when there is
+one; members drawn in parallel) and registers them with the policy (a vLLM policy loads them into the
+engine there and then, not in the middle of the rollouts); every member's case batch runs in its own thread through an
+:class:`~agent_envs.policy.adapter.AdapterPolicy` view, the folder is removed, and the update runs in
+place inside the workers from the seeds.  With a backend that can ``refresh`` (a vLLM engine) the
+adapters stay registered under stable names and every later generation rewrites them in place
+inside the workers (:mod:`agent_envs.es.lora_slots`: no files, no loading); they are unregistered
+when the run ends or fails.  Where the engine cannot, the reason is logged once and every generation
+writes, registers and unregisters its own adapters (as with a backend without ``refresh``).
 The base weights never change while members are evaluated, so there is nothing to revert and a
 replay (the updates alone) rebuilds the trained weights bit for bit.
 """
@@ -18,7 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import closing, contextmanager
+from contextlib import AbstractContextManager, closing, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +39,11 @@ def adapter_name(generation: int, member: int) -> str:
     return f"es-g{generation}-m{member}"
 
 
+def resident_name(member: int) -> str:
+    """A resident adapter's name for the whole run (its weights are rewritten in place)."""
+    return f"es-m{member}"
+
+
 @contextmanager
 def member_adapters(
     policy: Any,
@@ -44,12 +53,17 @@ def member_adapters(
     rank: int,
     generation: int,
     root: str | Path | None = None,
+    names_of: Callable[[int], str] | None = None,
+    keep: bool = False,
 ) -> Iterator[list[str]]:
-    """Write and register one adapter per member; on exit unregister them and remove the folder."""
+    """Write and register one adapter per member (named ``names_of(member)``, default
+    :func:`adapter_name`); on exit remove the folder and unregister them (with ``keep`` only after
+    an error: the engine holds them loaded, and a reload could only fail, never read stale files)."""
     folder = Path(tempfile.mkdtemp(prefix=f"agent-envs-lowrank-g{generation}-", dir=root or adapter_root()))
     names: list[str] = []
+    kept = False
     try:
-        wanted = [adapter_name(generation, member) for member in range(len(seeds))]
+        wanted = [(names_of or (lambda m: adapter_name(generation, m)))(member) for member in range(len(seeds))]
         jobs = list(zip(wanted, seeds))
         # closed before the folder is removed: no writer may still be running then
         with closing(
@@ -59,9 +73,10 @@ def member_adapters(
                 policy.add_adapter(name, path)
                 names.append(name)
         yield names
+        kept = keep
     finally:
         try:
-            for name in names:
+            for name in [] if kept else names:
                 policy.remove_adapter(name)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
@@ -88,29 +103,83 @@ class LowRankESTrainer(ESTrainer):
         self.lowrank: Any = backend
         self.evaluate_through: AdapterEvaluate = evaluate
         self.policy, self.adapter_dir = policy, adapter_dir
-        self._timing: dict[str, float] = {}
+        self._timing: dict[str, Any] = {}
+        #: the adapters kept registered across generations and rewritten in place (empty: none yet)
+        self.resident: list[str] = []
+        #: why in-place refresh is off (None while it is on): a backend without ``refresh``, or the engine's reason
+        self.refresh_off: str | None = (
+            None
+            if hasattr(backend, "refresh") and hasattr(policy, "lora_id")
+            else "the backend or policy cannot rewrite adapters in place"
+        )
+
+    def _adapters(self, seeds: Sequence[int], sigma: float, generation: int) -> AbstractContextManager[list[str]]:
+        """The members' adapter names: the resident ones rewritten in place, else freshly written ones
+        (kept resident when refresh is on)."""
+        if self.resident and self.refresh_off is None:
+            reason = self.lowrank.refresh([self.policy.lora_id(n) for n in self.resident], seeds, sigma)
+            if reason is None:
+                self._timing["adapters"] = "refreshed"
+                return nullcontext(self.resident)
+            self.refresh_off = f"the engine cannot rewrite adapters in place: {reason}"
+            self.log(f"[es] low-rank: {self.refresh_off}; writing and loading adapter folders every generation")
+            self.release_adapters()
+        keep = self.refresh_off is None
+        self._timing["adapters"] = "written"
+        return member_adapters(
+            self.policy,
+            self.lowrank.targets,
+            seeds,
+            sigma,
+            self.lowrank.rank,
+            generation,
+            self.adapter_dir,
+            names_of=resident_name if keep else None,
+            keep=keep,
+        )
+
+    def release_adapters(self) -> None:
+        """Unregister the resident adapters (when the run ends, fails, or refresh turns off)."""
+        names, self.resident = self.resident, []
+        for name in names:
+            self.policy.remove_adapter(name)
 
     def evaluate_population(
         self, batch: Sequence[Any], seeds: Sequence[int], sigma: float, generation: int
     ) -> list[MemberResult]:
         start = time.perf_counter()
-        with member_adapters(
-            self.policy, self.lowrank.targets, seeds, sigma, self.lowrank.rank, generation, self.adapter_dir
-        ) as names:
-            written = time.perf_counter()
-            with ThreadPoolExecutor(max_workers=len(seeds), thread_name_prefix="es-member") as pool:
-                futures = [
-                    pool.submit(self.evaluate_through, batch, seed, generation, member, adapter=name)
-                    for member, (seed, name) in enumerate(zip(seeds, names))
-                ]
-                results = [f.result() for f in futures]
-        self._timing = {"adapters_s": written - start, "rollouts_s": time.perf_counter() - written}
+        try:
+            with self._adapters(seeds, sigma, generation) as names:
+                if self.refresh_off is None:
+                    self.resident = names
+                written = time.perf_counter()
+                with ThreadPoolExecutor(max_workers=len(seeds), thread_name_prefix="es-member") as pool:
+                    futures = [
+                        pool.submit(self.evaluate_through, batch, seed, generation, member, adapter=name)
+                        for member, (seed, name) in enumerate(zip(seeds, names))
+                    ]
+                    results = [f.result() for f in futures]
+        except BaseException:
+            self.release_adapters()
+            raise
+        self._timing.update(adapters_s=written - start, rollouts_s=time.perf_counter() - written)
         return results
 
     def apply_update(self, seeds: Sequence[int], weights: Sequence[float], sigma: float) -> Any:
         return self.lowrank.update(seeds, weights, self.config.alpha, sigma)
 
     def step(self, generation: int) -> Record:
+        self._timing = {}
         record = super().step(generation)
-        self.last_timing.update(self._timing)  # writing the adapters, every member's rollouts
+        self.last_timing.update(self._timing)  # writing or refreshing the adapters, every member's rollouts
+        self.log(
+            f"[es] low-rank adapters {self._timing['adapters']} in {self._timing['adapters_s']:.3f} s, "
+            f"rollouts {self._timing['rollouts_s']:.1f} s"
+        )
         return record
+
+    def run(self) -> list[Record]:
+        try:
+            return super().run()
+        finally:
+            self.release_adapters()

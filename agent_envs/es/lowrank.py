@@ -120,11 +120,15 @@ def update_coefficients(weights: Sequence[float], alpha: float, sigma: float) ->
     return [float(alpha) * float(w) / (n * float(sigma)) for w in weights]
 
 
+#: where an update's factors come from: :func:`factors`, or arrays already drawn from it
+FactorSource = Callable[[int, Target, int], tuple[np.ndarray, np.ndarray]]
+
+
 def update_terms(
-    seeds: Sequence[int], coefs: Sequence[float], target: Target, rank: int
+    seeds: Sequence[int], coefs: Sequence[float], target: Target, rank: int, draw: FactorSource = factors
 ) -> tuple[np.ndarray, np.ndarray]:
     """``([c_1 A_1 | ... | c_N A_N], [B_1 | ... | B_N])`` of ``target``: float32, on the host."""
-    pairs = [factors(s, target, rank) for s in seeds]
+    pairs = [draw(s, target, rank) for s in seeds]
     left = np.concatenate([a * np.float32(c) for (a, _), c in zip(pairs, coefs)], axis=1)
     return left, np.concatenate([b for _, b in pairs], axis=1)
 
@@ -148,12 +152,17 @@ def delta(
 
 
 def deltas(
-    seeds: Sequence[int], coefs: Sequence[float], targets: Sequence[Target], rank: int, devices: Sequence[Any]
+    seeds: Sequence[int],
+    coefs: Sequence[float],
+    targets: Sequence[Target],
+    rank: int,
+    devices: Sequence[Any],
+    draw: FactorSource = factors,
 ) -> Iterator[torch.Tensor]:
-    """:func:`delta` of each target in order (on ``devices[k]``), the factors drawn on
+    """:func:`delta` of each target in order (on ``devices[k]``), the factors drawn (by ``draw``) on
     :data:`FACTOR_THREADS` threads a few targets ahead of the products: the same bits as one
     :func:`delta` after another."""
-    terms = in_parallel(lambda target: update_terms(seeds, coefs, target, rank), targets)
+    terms = in_parallel(lambda target: update_terms(seeds, coefs, target, rank, draw), targets)
     for (left, right), device in zip(terms, devices):
         yield product(left, right, device)
 
@@ -247,6 +256,11 @@ class LowRankPerturber:
         self.updates: list[dict[str, Any]] = []
         self.merged: dict[str, Any] | None = None
         self._saved: list[torch.Tensor] = []
+        #: factors drawn for resident adapters (:meth:`member_factors`), by seed and target name,
+        #: used by the next :meth:`update` instead of drawing them again, then dropped
+        self.drawn: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+        #: how many members of the last update came from kept factors
+        self.kept_factors = 0
 
     def status(self) -> dict[str, Any]:
         return {
@@ -298,15 +312,30 @@ class LowRankPerturber:
         merged, self.merged, self._saved = self.merged, None, []
         return {"ok": True, "reverted": True, **merged}
 
+    def member_factors(self, seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Member ``seed``'s factors of every target, kept for the update of the same seeds."""
+        drawn = {t.name: factors(seed, t, self.rank) for t in self.targets}
+        self.drawn[int(seed)] = drawn
+        return drawn
+
+    def _kept_or_drawn(self, seed: int, target: Target, rank: int) -> tuple[np.ndarray, np.ndarray]:
+        kept = self.drawn.get(seed)
+        return kept[target.name] if kept is not None and rank == self.rank else factors(seed, target, rank)
+
     def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float, sigma: float) -> dict[str, Any]:
-        """``W += alpha / (N * sigma) * sum_i w_i A_i B_i^T`` on every target."""
+        """``W += alpha / (N * sigma) * sum_i w_i A_i B_i^T`` on every target (from the factors kept
+        by :meth:`member_factors` where there are some: the same arrays, so the same bits)."""
         self._check_unmerged("update")
         if len(seeds) != len(weights):
             raise ValueError(f"seeds and weights must be of equal length ({len(seeds)} vs {len(weights)})")
         seeds = [int(s) for s in seeds]
         coefs = update_coefficients(weights, alpha, sigma)
-        with torch.no_grad():
-            self._add(deltas(seeds, coefs, self.targets, self.rank, self._devices()))
+        self.kept_factors = sum(s in self.drawn for s in seeds)  # not in the result: that is recorded
+        try:
+            with torch.no_grad():
+                self._add(deltas(seeds, coefs, self.targets, self.rank, self._devices(), self._kept_or_drawn))
+        finally:
+            self.drawn.clear()
         self.updates.append(
             {"seeds": seeds, "weights": [float(w) for w in weights], "alpha": float(alpha), "sigma": float(sigma)}
         )
@@ -351,6 +380,12 @@ def write_adapter(
     }
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
     return folder
+
+
+def adapter_tensors(a: np.ndarray, b: np.ndarray, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PEFT's ``(lora_A, lora_B)`` of factors ``(A, B)``: ``B^T`` (R x in) and ``sigma * A`` (out x R),
+    float32: what an adapter folder holds and what a resident adapter is rewritten with."""
+    return torch.from_numpy(np.ascontiguousarray(b.T)), torch.from_numpy(a * np.float32(sigma))
 
 
 def adapter_root() -> Path:

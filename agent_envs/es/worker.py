@@ -22,8 +22,9 @@ from typing import Any, Sequence
 
 import torch
 
+from . import lora_slots
 from .fingerprint import combine as combine_fingerprints
-from .lowrank import LowRankPerturber, Target
+from .lowrank import LowRankPerturber, Target, adapter_tensors, in_parallel
 from .perturb import CHUNK, SeededPerturber
 
 PLAIN_LINEAR_ENV = "AGENT_ENVS_ES_CPU_PLAIN_LINEAR"
@@ -156,6 +157,37 @@ class ESWorkerExtension:
         self, seeds: Sequence[int], weights: Sequence[float], alpha: float, sigma: float
     ) -> dict[str, Any]:
         return self._es_lowrank_state().update(seeds, weights, alpha, sigma)
+
+    def es_lowrank_refresh(self, lora_ids: Sequence[int], seeds: Sequence[int], sigma: float) -> dict[str, Any]:
+        """Rewrite resident adapters ``lora_ids`` in place as members ``seeds`` (no files, no
+        ``add_lora``; :mod:`agent_envs.es.lora_slots`); the factors are kept for the update.
+        ``{"ok": False, "unsupported": reason}`` (nothing written) where this engine cannot."""
+        state = self._es_lowrank_state()
+        if len(lora_ids) != len(seeds):
+            raise ValueError(f"{len(lora_ids)} adapter ids for {len(seeds)} member seeds")
+        start = time.perf_counter()
+        try:
+            manager = lora_slots.adapter_manager(self.model_runner)  # type: ignore[attr-defined]
+            places = lora_slots.plan(manager, [int(i) for i in lora_ids], state.targets, state.rank)
+        except lora_slots.Unsupported as exc:
+            return {"ok": False, "unsupported": str(exc)}
+        state.drawn.clear()
+
+        def rewrite(job: tuple[lora_slots.AdapterTensors, int]) -> None:
+            adapter, seed = job
+            for name, (a, b) in state.member_factors(int(seed)).items():
+                adapter.write(name.removesuffix(".weight"), *adapter_tensors(a, b, sigma))
+
+        with torch.no_grad():
+            for _ in in_parallel(rewrite, list(zip(places, seeds))):
+                pass
+            slots = lora_slots.copy_into_slots(manager, [int(i) for i in lora_ids])
+        return {"ok": True, "adapters": len(places), "slots": slots, "seconds": time.perf_counter() - start}
+
+    def es_lowrank_slot_digest(self, lora_id: int) -> str:
+        """SHA-256 of adapter ``lora_id``'s CPU and GPU-slot LoRA tensors (:func:`lora_slots.slot_digest`)."""
+        manager = lora_slots.adapter_manager(self.model_runner)  # type: ignore[attr-defined]
+        return lora_slots.slot_digest(manager, int(lora_id))
 
     def es_lowrank_apply(self, seed: int, sigma: float) -> dict[str, Any]:
         return self._es_lowrank_state().apply(seed, sigma)
@@ -291,6 +323,8 @@ class VLLMLowRank(_WorkerCalls):
         self.init_result = self._call("es_lowrank_init", self.rank, list(target_modules or []))
         self.targets = [Target(str(n), int(o), int(i)) for n, o, i in self.init_result[0]["targets"]]
         self.base_checksum = str(self.init_result[0]["checksum"])
+        #: the last :meth:`refresh`'s first worker's answer
+        self.last_refresh: dict[str, Any] = {}
 
     def update(
         self, seeds: Sequence[int], weights: Sequence[float], alpha: float, sigma: float | None = None
@@ -300,6 +334,18 @@ class VLLMLowRank(_WorkerCalls):
         return self._changed(
             "es_lowrank_update", [int(s) for s in seeds], [float(w) for w in weights], float(alpha), float(sigma)
         )
+
+    def refresh(self, lora_ids: Sequence[int], seeds: Sequence[int], sigma: float) -> str | None:
+        """Rewrite the resident adapters ``lora_ids`` in place as members ``seeds`` (the prefix cache
+        is reset: KV computed under the adapters' old weights must not be reused).  None when done,
+        else why this engine cannot (nothing was written: load adapter folders instead)."""
+        results = self._changed("es_lowrank_refresh", [int(i) for i in lora_ids], [int(s) for s in seeds], float(sigma))
+        self.last_refresh = results[0]
+        reasons = [str(r["unsupported"]) for r in results if not r["ok"]]
+        return reasons[0] if reasons else None
+
+    def slot_digest(self, lora_id: int) -> str:
+        return self._call("es_lowrank_slot_digest", int(lora_id))[0]
 
     def apply(self, seed: int, sigma: float) -> list[Any]:
         """Merge member ``seed``'s perturbation into the weights (to compare with its adapter)."""

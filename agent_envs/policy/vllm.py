@@ -140,6 +140,10 @@ class _LoRAAdapters:
             raise ValueError(f"adapter {name!r} ({path}): the engine could not load it: {exc}") from exc
         self.adapters[name] = request
 
+    def lora_id(self, name: str) -> int:
+        """The engine's integer id of registered adapter ``name``."""
+        return int(self.adapters[name].lora_int_id)
+
     def remove_adapter(self, name: str) -> None:
         """Forget ``name`` and unload it from the engine (no-op for an unknown name)."""
         lora = self.adapters.pop(name, None)

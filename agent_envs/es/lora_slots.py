@@ -1,0 +1,165 @@
+"""Rewrite a LoRA adapter that a vLLM worker already holds, in place (docs/protocol.md#low-rank-es).
+
+Loading P adapters per generation (``add_lora``: read, cast, pin, copy into the GPU slots, one
+after another inside the engine) left an H200 idle for seconds per generation.  The low-rank
+trainer therefore keeps its P adapters resident under stable ids and, each generation, overwrites
+their weights here: the values are exactly what a fresh load of the same PEFT folder gives (same
+float32 source, the same ``.to(lora_dtype)`` cast), so nothing recorded changes.
+
+This is the one place that relies on vLLM internals (checked on vLLM 0.26 and 0.32):
+
+- ``model_runner.lora_manager`` (the worker's LoRA manager) and its ``_adapter_manager``;
+- ``get_adapter(id)``: the CPU ``LoRAModel`` vLLM loaded, whose ``loras[module]`` is a
+  ``LoRALayerWeights`` (``lora_a`` R x in, ``lora_b`` out x R, ``scaling``) or, for a fused layer
+  listed in ``packed_modules`` (``qkv_proj``, ``gate_up_proj``), a ``PackedLoRALayerWeights`` whose
+  ``lora_a``/``lora_b``/``scaling`` are lists in that mapping's order;
+- ``capacity`` (CPU adapters kept: an evicted adapter would be reloaded from its folder, which is
+  gone), ``lora_index_to_id`` (the GPU slot of an active adapter), ``modules`` and
+  ``_get_lora_layer_weights`` + ``set_lora``/``reset_lora``: the loop vLLM's ``activate_adapter``
+  runs to copy an adapter into its slot.
+
+Anything missing or of another shape raises :class:`Unsupported` before any tensor is written,
+and the trainer goes back to loading adapter folders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .lowrank import Target
+
+MANAGER_ATTRS = ("get_adapter", "capacity", "lora_index_to_id", "modules", "packed_modules", "_get_lora_layer_weights")
+
+
+class Unsupported(Exception):
+    """This engine's LoRA structures are not the ones :mod:`lora_slots` knows how to rewrite."""
+
+
+def adapter_manager(model_runner: Any) -> Any:
+    """The worker's LoRA model manager (``model_runner.lora_manager._adapter_manager``)."""
+    manager = getattr(getattr(model_runner, "lora_manager", None), "_adapter_manager", None)
+    if manager is None:
+        raise Unsupported("the worker has no LoRA manager (model_runner.lora_manager._adapter_manager)")
+    missing = [name for name in MANAGER_ATTRS if not hasattr(manager, name)]
+    if missing:
+        raise Unsupported(f"the LoRA manager {type(manager).__name__} lacks {missing}")
+    return manager
+
+
+class AdapterTensors:
+    """Where each target's ``(lora_a, lora_b)`` lives in one resident adapter's CPU ``LoRAModel``."""
+
+    def __init__(self, manager: Any, lora_id: int, targets: Sequence[Target], rank: int) -> None:
+        self.lora_id = int(lora_id)
+        lora_model = manager.get_adapter(self.lora_id)
+        if lora_model is None:
+            raise Unsupported(f"adapter id {lora_id} is not resident in the worker")
+        held = _unpacked(manager, lora_model)
+        wanted = {t.name.removesuffix(".weight"): t for t in targets}
+        if set(held) != set(wanted):
+            extra, absent = sorted(set(held) - set(wanted)), sorted(set(wanted) - set(held))
+            raise Unsupported(
+                f"adapter {lora_id}: modules differ from the targets (extra {extra[:2]}, absent {absent[:2]})"
+            )
+        self.places: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for module, target in wanted.items():
+            weights, index = held[module]
+            a, b, scaling = (
+                getattr(weights, k) if index is None else getattr(weights, k)[index]
+                for k in ("lora_a", "lora_b", "scaling")
+            )
+            if scaling != 1:
+                raise Unsupported(f"adapter {lora_id} {module}: scaling {scaling}, expected 1")
+            if not (
+                isinstance(a, torch.Tensor)
+                and isinstance(b, torch.Tensor)
+                and tuple(a.shape) == (rank, target.in_features)
+                and tuple(b.shape) == (target.out_features, rank)
+            ):
+                got = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in (a, b)]
+                raise Unsupported(
+                    f"adapter {lora_id} {module}: lora_a/lora_b are {got}, expected "
+                    f"{(rank, target.in_features)} and {(target.out_features, rank)}"
+                )
+            self.places[module] = (a, b)
+
+    def write(self, module: str, lora_a: torch.Tensor, lora_b: torch.Tensor) -> None:
+        """Overwrite one module's factors with float32 ``lora_a`` (R x in), ``lora_b`` (out x R),
+        cast as vLLM's load casts them."""
+        a, b = self.places[module]
+        a.copy_(lora_a.to(device=a.device, dtype=a.dtype))
+        b.copy_(lora_b.to(device=b.device, dtype=b.dtype))
+
+
+def _unpacked(manager: Any, lora_model: Any) -> dict[str, tuple[Any, int | None]]:
+    """``{unpacked module name: (layer weights, index in a packed one or None)}``."""
+    held: dict[str, tuple[Any, int | None]] = {}
+    for name, weights in lora_model.loras.items():
+        subs = manager.packed_modules.get(name)
+        if subs:
+            if not all(isinstance(getattr(weights, k, None), list) for k in ("lora_a", "lora_b", "scaling")):
+                raise Unsupported(f"{name}: a packed module whose LoRA weights are not lists")
+            for index, sub in enumerate(subs):
+                if weights.lora_a[index] is not None:
+                    held[sub] = (weights, index)
+        else:
+            held[name] = (weights, None)
+    return held
+
+
+def plan(manager: Any, lora_ids: Sequence[int], targets: Sequence[Target], rank: int) -> list[AdapterTensors]:
+    """Every adapter's places, all checked before anything is written."""
+    if manager.capacity < len(lora_ids):
+        raise Unsupported(
+            f"the engine keeps {manager.capacity} CPU adapters (max_cpu_loras), fewer than {len(lora_ids)}"
+        )
+    return [AdapterTensors(manager, lora_id, targets, rank) for lora_id in lora_ids]
+
+
+def copy_into_slots(manager: Any, lora_ids: Sequence[int]) -> int:
+    """Copy each active adapter's (rewritten) CPU weights into its GPU slot, as ``activate_adapter``
+    does; an inactive one is copied from the CPU when next activated.  Returns the slots written."""
+    written = 0
+    for lora_id in lora_ids:
+        if lora_id not in manager.lora_index_to_id:
+            continue
+        index = manager.lora_index_to_id.index(lora_id)
+        lora_model = manager.get_adapter(lora_id)
+        for module_name, module in manager.modules.items():
+            weights = manager._get_lora_layer_weights(lora_model, module_name)
+            if weights:
+                module.set_lora(index, weights.lora_a, weights.lora_b)
+            else:
+                module.reset_lora(index)
+        written += 1
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()  # the copies read pinned host memory a later refresh overwrites
+    return written
+
+
+def slot_digest(manager: Any, lora_id: int) -> str:
+    """SHA-256 over the adapter's CPU ``LoRAModel`` tensors and its GPU-slot tensors (every module's
+    ``lora_a_stacked``/``lora_b_stacked`` row), in module order: equal for a rewritten adapter and a
+    freshly loaded one of the same values, whatever their ids and slots."""
+    import hashlib
+
+    digest = hashlib.sha256()
+
+    def add(label: str, tensor: torch.Tensor) -> None:
+        digest.update(label.encode("utf-8"))
+        digest.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
+
+    lora_model = manager.get_adapter(lora_id)
+    for module, (weights, index) in sorted(_unpacked(manager, lora_model).items()):
+        add(module, weights.lora_a if index is None else weights.lora_a[index])
+        add(module, weights.lora_b if index is None else weights.lora_b[index])
+    slot = manager.lora_index_to_id.index(lora_id)
+    for module_name, module in manager.modules.items():
+        for kind in ("lora_a_stacked", "lora_b_stacked"):
+            stacks = getattr(module, kind, ())
+            for k, stacked in enumerate((stacks,) if isinstance(stacks, torch.Tensor) else stacks):
+                add(f"{module_name}.{kind}.{k}", stacked[slot])
+    return digest.hexdigest()

@@ -1,0 +1,200 @@
+"""Resident low-rank adapters rewritten in place (agent_envs/es/batched.py, agent_envs/es/lora_slots.py,
+LowRankPerturber's kept factors), without vLLM: the trainer's lifecycle with a backend that can
+refresh and one whose engine cannot (falls back to adapter folders, saying why once), the update
+from kept factors, and lora_slots' checks on vLLM-shaped LoRA structures.  The real engine's refresh
+is checked bit for bit by scripts/es_lowrank_check.py (tests/test_es_lowrank_vllm.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from test_es_lowrank import AdapterRegistry, lowrank_config, tiny_llama
+
+from agent_envs.es import lora_slots
+from agent_envs.es.batched import LowRankESTrainer
+from agent_envs.es.history import load_history
+from agent_envs.es.lowrank import LowRankPerturber, Target, adapter_tensors, factors
+from agent_envs.es.population import MemberResult
+
+FIRST = "model.layers.0.self_attn.q_proj"
+
+
+class IdRegistry(AdapterRegistry):
+    """A policy that gives adapters engine ids and reads what each one holds (its first target's lora_B)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: dict[str, int] = {}
+        self.held: dict[int, torch.Tensor] = {}
+
+    def add_adapter(self, name: str, path: Path) -> None:
+        from safetensors.torch import load_file
+
+        super().add_adapter(name, path)
+        self.ids[name] = len(self.added)
+        self.held[self.ids[name]] = load_file(str(Path(path) / "adapter_model.safetensors"))[
+            f"base_model.model.{FIRST}.lora_B.weight"
+        ]
+
+    def remove_adapter(self, name: str) -> None:
+        super().remove_adapter(name)
+        self.held.pop(self.ids.pop(name, -1), None)
+
+    def lora_id(self, name: str) -> int:
+        return self.ids[name]
+
+
+class Refreshing(LowRankPerturber):
+    """The toy backend with the engine's ``refresh``: rewrites what the registry's adapters hold."""
+
+    def __init__(self, model: torch.nn.Module, registry: IdRegistry, unsupported: str | None = None) -> None:
+        super().__init__(model, 2)
+        self.registry, self.unsupported, self.calls = registry, unsupported, []
+
+    def refresh(self, lora_ids: list[int], seeds: list[int], sigma: float) -> str | None:
+        self.calls.append((list(lora_ids), list(seeds)))
+        if self.unsupported:
+            return self.unsupported
+        target = next(t for t in self.targets if t.name == f"{FIRST}.weight")
+        for lora_id, seed in zip(lora_ids, seeds):
+            self.registry.held[lora_id] = adapter_tensors(*self.member_factors(seed)[target.name], sigma)[1]
+        return None
+
+
+def train(tmp_path: Path, backend_of: Any) -> tuple[Any, IdRegistry, list[dict[str, Any]], list[str]]:
+    registry, logs, seen = IdRegistry(), [], []
+    backend = backend_of(tiny_llama(), registry)
+
+    def evaluate(tasks: Any, seed: int, generation: int, member: int, adapter: str | None = None) -> MemberResult:
+        seen.append(adapter)
+        reward = float(registry.held[registry.lora_id(adapter)].sum())
+        return MemberResult(generation=generation, member=member, seed=seed, reward=reward, rows=[])
+
+    history = tmp_path / f"h{len(list(tmp_path.iterdir()))}.json"
+    (tmp_path / "adapters").mkdir(exist_ok=True)
+    config = lowrank_config(backend.targets, base_checksum=backend.checksum())
+    tasks = [{"id": f"t{i}"} for i in range(5)]
+    trainer = LowRankESTrainer(
+        config, backend, registry, tasks, evaluate, str(history), adapter_dir=tmp_path / "adapters", log=logs.append
+    )
+    trainer.run()
+    assert registry.paths == {} and list((tmp_path / "adapters").iterdir()) == []  # unregistered, folders gone
+    return backend, registry, [r for r in load_history(history) if "rewards" in r], logs
+
+
+def test_resident_adapters_are_loaded_once_and_refreshed_with_the_same_records(tmp_path: Path) -> None:
+    plain, _, files_records, files_logs = train(tmp_path, lambda model, registry: LowRankPerturber(model, 2))
+    backend, registry, records, logs = train(tmp_path, Refreshing)
+    assert registry.added == ["es-m0", "es-m1", "es-m2", "es-m3"]  # loaded once, in generation 0
+    ids = [1, 2, 3, 4]
+    assert backend.calls == [(ids, records[1]["seeds"]), (ids, records[2]["seeds"])]
+    assert records == files_records and backend.checksum() == plain.checksum()
+    assert backend.kept_factors == 4 and backend.drawn == {}
+    assert sum("adapters refreshed" in line for line in logs) == 2
+    assert not any("refreshed" in line for line in files_logs)
+
+
+def test_an_engine_that_cannot_refresh_falls_back_to_folders_and_says_why_once(tmp_path: Path) -> None:
+    _, _, files_records, _ = train(tmp_path, lambda model, registry: LowRankPerturber(model, 2))
+    backend, registry, records, logs = train(
+        tmp_path, lambda model, registry: Refreshing(model, registry, "unsupported: no slots here")
+    )
+    assert len(backend.calls) == 1  # asked once, in generation 1, then never again
+    assert registry.added == [f"es-m{m}" for m in range(4)] + [f"es-g{g}-m{m}" for g in (1, 2) for m in range(4)]
+    assert records == files_records
+    reasons = [line for line in logs if "no slots here" in line]
+    assert len(reasons) == 1 and "writing and loading adapter folders" in reasons[0]
+
+
+def test_the_update_from_kept_factors_has_the_bits_of_drawing_again() -> None:
+    seeds, weights = [11, 12, 13], [0.5, -1.0, 0.25]
+    drawn_again, kept, poisoned = (LowRankPerturber(tiny_llama(), 2) for _ in range(3))
+    base = kept.checksum()
+    for seed in seeds:
+        kept.member_factors(seed)
+        poisoned.member_factors(seed)
+    for factors_of in poisoned.drawn.values():  # the update must read the kept arrays, not draw anew
+        for name, (a, b) in factors_of.items():
+            factors_of[name] = (a * 0, b)
+    drawn_again.update(seeds, weights, 0.01, 0.02)
+    kept.update(seeds, weights, 0.01, 0.02)
+    assert kept.kept_factors == 3 and drawn_again.kept_factors == 0 and kept.drawn == {}
+    assert kept.checksum() == drawn_again.checksum() != base
+    poisoned.update(seeds, weights, 0.01, 0.02)
+    assert poisoned.checksum() == base
+
+
+# -- lora_slots on vLLM-shaped structures (LoRAModel.loras, packed lists, GPU slots) ---------------
+class Layer:
+    """A LoRA-wrapped layer's ``set_lora``/``reset_lora`` into its slots, as vLLM's layers do."""
+
+    def __init__(self) -> None:
+        self.slots: dict[int, Any] = {}
+
+    def set_lora(self, index: int, a: Any, b: Any) -> None:
+        self.slots[index] = (a, b)
+
+    def reset_lora(self, index: int) -> None:
+        self.slots[index] = None
+
+
+def fake_manager(dtype: torch.dtype = torch.bfloat16, scaling: float = 1.0) -> tuple[Any, list[Target]]:
+    targets = [Target("m.qkv.q.weight", 6, 4), Target("m.qkv.k.weight", 2, 4), Target("m.o.weight", 4, 6)]
+
+    def zeros(*shape: int) -> torch.Tensor:
+        return torch.zeros(shape, dtype=dtype)
+
+    loras = {
+        "m.qkv": SimpleNamespace(lora_a=[zeros(2, 4), zeros(2, 4)], lora_b=[zeros(6, 2), zeros(2, 2)], scaling=[1, 1]),
+        "m.o": SimpleNamespace(lora_a=zeros(2, 6), lora_b=zeros(4, 2), scaling=scaling),
+    }
+    model = SimpleNamespace(loras=loras)
+    manager = SimpleNamespace(
+        get_adapter={7: model}.get,
+        capacity=2,
+        lora_index_to_id=[None, 7],
+        modules={"m.qkv": Layer(), "m.o": Layer(), "lm_head": Layer()},
+        packed_modules={"m.qkv": ["m.qkv.q", "m.qkv.k"]},
+        _get_lora_layer_weights=lambda lora_model, name: lora_model.loras.get(name),
+    )
+    return manager, targets
+
+
+def test_lora_slots_rewrite_packed_and_plain_modules_as_a_load_casts_them() -> None:
+    manager, targets = fake_manager()
+    runner = SimpleNamespace(lora_manager=SimpleNamespace(_adapter_manager=manager))
+    assert lora_slots.adapter_manager(runner) is manager
+    [adapter] = lora_slots.plan(manager, [7], targets, 2)
+    for target in targets:
+        adapter.write(target.name.removesuffix(".weight"), *adapter_tensors(*factors(5, target, 2), 0.1))
+    loras = manager.get_adapter(7).loras
+    k_a, k_b = adapter_tensors(*factors(5, targets[1], 2), 0.1)
+    assert torch.equal(loras["m.qkv"].lora_a[1], k_a.to(torch.bfloat16))
+    assert torch.equal(loras["m.qkv"].lora_b[1], k_b.to(torch.bfloat16))
+    assert lora_slots.copy_into_slots(manager, [7]) == 1
+    assert manager.modules["m.o"].slots[1][0] is loras["m.o"].lora_a and manager.modules["lm_head"].slots[1] is None
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda m, t: m.get_adapter(7).loras["m.o"].__setattr__("lora_a", torch.zeros(6, 2)), "lora_a/lora_b are"),
+        (lambda m, t: m.get_adapter(7).loras["m.o"].__setattr__("scaling", 0.5), "scaling 0.5"),
+        (lambda m, t: t.pop(), "modules differ"),
+        (lambda m, t: m.__setattr__("capacity", 0), "max_cpu_loras"),
+        (lambda m, t: m.__setattr__("get_adapter", {}.get), "not resident"),
+    ],
+)
+def test_lora_slots_refuse_what_they_do_not_know_before_writing(change: Any, reason: str) -> None:
+    manager, targets = fake_manager()
+    change(manager, targets)
+    with pytest.raises(lora_slots.Unsupported, match=reason):
+        lora_slots.plan(manager, [7], targets, 2)
+    with pytest.raises(lora_slots.Unsupported, match="no LoRA manager"):
+        lora_slots.adapter_manager(SimpleNamespace())
+    with pytest.raises(lora_slots.Unsupported, match="lacks"):
+        lora_slots.adapter_manager(SimpleNamespace(lora_manager=SimpleNamespace(_adapter_manager=object())))
