@@ -37,6 +37,7 @@ perturbation under CUDA graphs changes fixed-seed samples and both reverts resto
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -359,7 +360,14 @@ class Bench:
             # the same requests again without the trainer around them: how much of the gap to raw at
             # P x B the engine's multi-LoRA serving takes, and how much the loop around it
             groups = by_turn([calls])
-            with member_adapters(run.policy, run.backend.targets, record["seeds"], record["sigma"], self.args.rank, 1):
+            resident = {p.request.adapter for p in calls} <= set(run.policy.adapters)  # else gone with the generation
+            with (
+                contextlib.nullcontext()
+                if resident
+                else member_adapters(
+                    run.policy, run.backend.targets, record["seeds"], record["sigma"], self.args.rank, 1
+                )
+            ):
                 through = raw_async(run.policy, groups, adapters=True)
             plain = raw_async(run.policy, groups, adapters=False)
             self.rows += [
