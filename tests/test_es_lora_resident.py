@@ -198,3 +198,69 @@ def test_lora_slots_refuse_what_they_do_not_know_before_writing(change: Any, rea
         lora_slots.adapter_manager(SimpleNamespace())
     with pytest.raises(lora_slots.Unsupported, match="lacks"):
         lora_slots.adapter_manager(SimpleNamespace(lora_manager=SimpleNamespace(_adapter_manager=object())))
+
+
+class StackedLayer:
+    """vLLM's slot layout (``lora_*_stacked``: per slice ``[slot, 1, rows, cols]``) and its per-adapter
+    ``set_lora``: reset the slot, copy each slice into its corner."""
+
+    def __init__(self, a_shapes: list[tuple[int, int]], b_shapes: list[tuple[int, int]], slots: int = 3) -> None:
+        self.lora_a_stacked = tuple(torch.full((slots, 1, *s), 9.0, dtype=torch.bfloat16) for s in a_shapes)
+        self.lora_b_stacked = tuple(torch.full((slots, 1, *s), 9.0, dtype=torch.bfloat16) for s in b_shapes)
+        self.set_calls = 0
+
+    def reset_lora(self, index: int) -> None:
+        for stacked in (*self.lora_a_stacked, *self.lora_b_stacked):
+            stacked[index] = 0
+
+    def set_lora(self, index: int, a: Any, b: Any) -> None:
+        self.set_calls += 1
+        self.reset_lora(index)
+        for stacks, parts in ((self.lora_a_stacked, a), (self.lora_b_stacked, b)):
+            for stacked, part in zip(stacks, parts if isinstance(parts, list) else [parts]):
+                stacked[index, 0, : part.shape[0], : part.shape[1]].copy_(part)
+
+
+def test_stacked_slots_are_written_at_once_exactly_as_set_lora_writes_them() -> None:
+    """Every adapter's slot of a stacked layer in one fill and one copy per stacked tensor: the same
+    contents as vLLM's per-adapter ``set_lora`` (zero padding beyond the rank included), no
+    ``set_lora`` call; a layer of another layout still gets ``set_lora``."""
+
+    def manager_with_two_adapters() -> Any:
+        manager, targets = fake_manager()
+        other = SimpleNamespace(loras={k: copy_weights(v) for k, v in manager.get_adapter(7).loras.items()})
+        models = {7: manager.get_adapter(7), 8: other}
+        for seed, model in ((5, models[7]), (6, models[8])):
+            for weights in model.loras.values():
+                for part in (weights.lora_a if isinstance(weights.lora_a, list) else [weights.lora_a]) + (
+                    weights.lora_b if isinstance(weights.lora_b, list) else [weights.lora_b]
+                ):
+                    part.copy_(torch.randn(part.shape, generator=torch.Generator().manual_seed(seed)))
+        manager.get_adapter, manager.lora_index_to_id = models.get, [8, None, 7]
+        manager.modules = {
+            "m.qkv": StackedLayer([(8, 4), (8, 4)], [(6, 8), (2, 8)]),  # max rank 8 > the adapters' 2
+            "m.o": StackedLayer([(8, 6)], [(4, 8)]),
+            "lm_head": Layer(),
+        }
+        return manager
+
+    batched, one_by_one = manager_with_two_adapters(), manager_with_two_adapters()
+    assert lora_slots.copy_into_slots(batched, [7, 8]) == 2
+    for lora_id in (7, 8):
+        slot, model = one_by_one.lora_index_to_id.index(lora_id), one_by_one.get_adapter(lora_id)
+        for name in ("m.qkv", "m.o"):
+            one_by_one.modules[name].set_lora(slot, model.loras[name].lora_a, model.loras[name].lora_b)
+    for name in ("m.qkv", "m.o"):
+        layer, reference = batched.modules[name], one_by_one.modules[name]
+        assert layer.set_calls == 0
+        for kind in ("lora_a_stacked", "lora_b_stacked"):
+            for got, want in zip(getattr(layer, kind), getattr(reference, kind)):
+                assert torch.equal(got[[0, 2]], want[[0, 2]]) and bool((got[1] == 9).all())  # slot 1 untouched
+    assert batched.modules["lm_head"].slots == {0: None, 2: None}  # no weights there: reset as before
+
+
+def copy_weights(weights: Any) -> Any:
+    def clone(value: Any) -> Any:
+        return [v.clone() for v in value] if isinstance(value, list) else value.clone()
+
+    return SimpleNamespace(lora_a=clone(weights.lora_a), lora_b=clone(weights.lora_b), scaling=weights.scaling)
