@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from vllm_cpu import REPO, run_result, script_env, smollm2, vllm_python
+from vllm_cpu import REPO, es_train_flags, run_result, script_env, smollm2, vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_tmpdir")]
 
@@ -63,41 +63,27 @@ def test_lowrank_training_replays_bit_exactly(tmp_path: Path) -> None:
     env = script_env(VLLM_ENABLE_V1_MULTIPROCESSING="0", AGENT_ENVS_ES_CPU_PLAIN_LINEAR="1")
     common = [
         str(REPO / "examples" / "es_train.py"),
-        "--model",
-        str(model),
-        "--train",
-        "builtin",
-        "--population",
-        "3",
-        "--case-batch",
-        "2",
-        "--max-turns",
-        "2",
-        "--max-tokens",
-        "16",
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "2048",
-        "--gpu-memory-utilization",
-        "0.2",
-        "--sandbox",
-        "bwrap",
-        "--generations",
-        "2",
-        "--perturbation",
-        "lowrank",
-        "--rank",
-        "2",
-        "--sigma-start",
-        "0.01",
-        "--sigma-end",
-        "0.01",
-        "--alpha",
-        "0.0005",
-        "--toy-reward",
-        "--adapter-dir",
-        str(adapters),
+        *es_train_flags(
+            model,
+            2,
+            "--train",
+            "builtin",
+            "--perturbation",
+            "lowrank",
+            "--rank",
+            "2",
+            "--sigma-start",
+            "0.01",
+            "--sigma-end",
+            "0.01",
+            "--alpha",
+            "0.0005",
+            "--toy-reward",
+            "--adapter-dir",
+            str(adapters),
+            population=3,
+            max_tokens=16,
+        ),
     ]
     history = tmp_path / "history.json"
     train = subprocess.run(
