@@ -257,6 +257,7 @@ def test_stacked_slots_are_written_at_once_exactly_as_set_lora_writes_them() -> 
             for got, want in zip(getattr(layer, kind), getattr(reference, kind)):
                 assert torch.equal(got[[0, 2]], want[[0, 2]]) and bool((got[1] == 9).all())  # slot 1 untouched
     assert batched.modules["lm_head"].slots == {0: None, 2: None}  # no weights there: reset as before
+    assert lora_slots.copy_into_slots(batched, [99]) == 0  # an adapter without a GPU slot: nothing to copy
 
 
 def copy_weights(weights: Any) -> Any:

@@ -131,6 +131,8 @@ def copy_into_slots(manager: Any, lora_ids: Sequence[int]) -> int:
     active = [
         (manager.lora_index_to_id.index(i), manager.get_adapter(i)) for i in lora_ids if i in manager.lora_index_to_id
     ]
+    if not active:  # none of them holds a GPU slot now: each is copied in when next activated
+        return 0
     for module_name, module in manager.modules.items():
         weights = [manager._get_lora_layer_weights(lora_model, module_name) for _, lora_model in active]
         if not (all(weights) and _copy_stacked(module, [slot for slot, _ in active], weights)):
