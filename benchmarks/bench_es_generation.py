@@ -183,9 +183,16 @@ def generation_row(name: str, engines: int, trainer: Any, record: dict[str, Any]
 def phases(timing: dict[str, Any]) -> list[str]:
     """The generation's phases the trainer timed beyond the wall (the low-rank trainer times writing and
     registering the adapters apart from the members' rollouts), so a slow row says where it went."""
-    return [
+    named = [
         f"{key} {timing[key]:.2f}" for key in ("adapters_s", "rollouts_s", "update_s") if timing.get(key) is not None
     ]
+    refresh = timing.get("refresh") or {}
+    if {"prefetched", "wait_s", "write_s", "slots_s"} <= set(refresh):  # the engine's parts of a refresh
+        named.append(
+            f"refresh: {refresh['prefetched']} drawn ahead, wait {refresh['wait_s']:.2f}, "
+            f"write {refresh['write_s']:.2f}, slots {refresh['slots_s']:.2f}"
+        )
+    return named
 
 
 def raw_row(name: str, result: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ loaded: greedy tokens equal, and the CPU and GPU-slot LoRA tensors equal bit for
 write-and-load path's.
 
     python scripts/es_lowrank_check.py --model <hf folder> [--cpu] [--rank 4] [--sigma 0.01]
+        [--load-format dummy]   # a config and tokenizer folder is enough (scripts/gpu_engine.dense_qwen3)
 
 Prints one ``RESULT {json}`` line.
 """
@@ -59,6 +60,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--members", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=12)
     ap.add_argument("--eager", action="store_true", help="enforce_eager=True (no CUDA graphs)")
+    ap.add_argument(
+        "--load-format", default="auto", help="vLLM load_format: 'dummy' takes a config-only folder (random weights)"
+    )
     return ap.parse_args()
 
 
@@ -78,6 +82,7 @@ def build_llm(args: argparse.Namespace):
         "max_cpu_loras": 2 * args.members,
         "max_lora_rank": lora_rank_slot(args.rank),
         "enforce_eager": args.eager or args.cpu,
+        "load_format": args.load_format,
     }
     if args.tokenizer:
         kwargs["tokenizer"] = args.tokenizer
@@ -104,8 +109,9 @@ def bad_adapter_refused(policy, root: Path) -> str | None:
 
 
 def refreshed_equals_fresh(llm, policy, es, loras, generate, args, root: Path) -> dict:
-    """Rewrite the resident ``loras`` in place as new members; compare with the same members loaded
-    from freshly written folders (tokens, and the LoRA tensors bit for bit)."""
+    """Rewrite the resident ``loras`` in place as new members, from adapters drawn ahead as the trainer
+    does; compare with the same members loaded from freshly written folders (tokens, and the LoRA
+    tensors bit for bit)."""
     from agent_envs.es.batched import member_adapters
 
     seeds = [2038074743 + 104729 * i for i in range(len(loras))]
@@ -114,6 +120,7 @@ def refreshed_equals_fresh(llm, policy, es, loras, generate, args, root: Path) -
     engine, add_lora, calls = llm.llm_engine, llm.llm_engine.add_lora, []
     engine.add_lora = lambda *a, **k: calls.append(a) or add_lora(*a, **k)
     try:
+        es.prefetch(seeds, args.sigma)
         start = time.perf_counter()
         unsupported = es.refresh(ids, seeds, args.sigma)
         refresh_s = time.perf_counter() - start

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from test_es_lowrank import AdapterRegistry, lowrank_config, tiny_llama
@@ -54,14 +55,17 @@ class Refreshing(LowRankPerturber):
     def __init__(self, model: torch.nn.Module, registry: IdRegistry, unsupported: str | None = None) -> None:
         super().__init__(model, 2)
         self.registry, self.unsupported, self.calls = registry, unsupported, []
+        #: per refresh: how many members came from the adapters drawn ahead
+        self.prefetched: list[int] = []
 
     def refresh(self, lora_ids: list[int], seeds: list[int], sigma: float) -> str | None:
         self.calls.append((list(lora_ids), list(seeds)))
         if self.unsupported:
             return self.unsupported
-        target = next(t for t in self.targets if t.name == f"{FIRST}.weight")
+        ready = self.take_prefetched(seeds, sigma)  # as the worker's es_lowrank_refresh
+        self.prefetched.append(sum(s in ready for s in seeds))
         for lora_id, seed in zip(lora_ids, seeds):
-            self.registry.held[lora_id] = adapter_tensors(*self.member_factors(seed)[target.name], sigma)[1]
+            self.registry.held[lora_id] = self.member_adapter(seed, sigma, ready)[FIRST][1]
         return None
 
 
@@ -94,6 +98,7 @@ def test_resident_adapters_are_loaded_once_and_refreshed_with_the_same_records(t
     assert backend.calls == [(ids, records[1]["seeds"]), (ids, records[2]["seeds"])]
     assert records == files_records and backend.checksum() == plain.checksum()
     assert backend.kept_factors == 4 and backend.drawn == {}
+    assert backend.prefetched == [4, 4]  # each refresh took the adapters drawn during the generation before
     assert sum("adapters refreshed" in line for line in logs) == 2
     assert not any("refreshed" in line for line in files_logs)
 
@@ -115,8 +120,8 @@ def test_the_update_from_kept_factors_has_the_bits_of_drawing_again() -> None:
     drawn_again, kept, poisoned = (LowRankPerturber(tiny_llama(), 2) for _ in range(3))
     base = kept.checksum()
     for seed in seeds:
-        kept.member_factors(seed)
-        poisoned.member_factors(seed)
+        kept.member_adapter(seed, 0.02)
+        poisoned.member_adapter(seed, 0.02)
     for factors_of in poisoned.drawn.values():  # the update must read the kept arrays, not draw anew
         for name, (a, b) in factors_of.items():
             factors_of[name] = (a * 0, b)
@@ -265,3 +270,21 @@ def copy_weights(weights: Any) -> Any:
         return [v.clone() for v in value] if isinstance(value, list) else value.clone()
 
     return SimpleNamespace(lora_a=clone(weights.lora_a), lora_b=clone(weights.lora_b), scaling=weights.scaling)
+
+
+def test_adapters_drawn_ahead_are_the_bits_of_drawing_now_and_only_for_their_seeds_and_sigma() -> None:
+    ahead, now = LowRankPerturber(tiny_llama(), 2), LowRankPerturber(tiny_llama(), 2)
+    ahead.prefetch([5, 6], 0.02)
+    ready = ahead.take_prefetched([5, 6], 0.02)
+    assert sorted(ready) == [5, 6] and ahead.take_prefetched([5, 6], 0.02) == {}  # used once
+    for seed in (5, 6):
+        got, fresh = ahead.member_adapter(seed, 0.02, ready), now.member_adapter(seed, 0.02)
+        assert got.keys() == fresh.keys() and len(got) == len(ahead.targets)
+        for module, (lora_a, lora_b) in got.items():
+            assert torch.equal(lora_a, fresh[module][0]) and torch.equal(lora_b, fresh[module][1])
+    for name, (a, b) in ahead.drawn[5].items():  # the update's kept factors too
+        assert np.array_equal(a, now.drawn[5][name][0]) and np.array_equal(b, now.drawn[5][name][1])
+    ahead.prefetch([5, 6], 0.02)
+    assert ahead.take_prefetched([6, 5], 0.02) == {}  # another order: other members in the slots
+    ahead.prefetch([5, 6], 0.02)
+    assert ahead.take_prefetched([5, 6], 0.03) == {}  # another sigma: other adapter tensors

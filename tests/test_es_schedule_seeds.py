@@ -73,6 +73,13 @@ def test_resume_fast_forward_matches_stream() -> None:
     assert SeedStream(20260627, 16, start_generation=37).next_generation()[0] == 36487471
 
 
+def test_peek_shows_the_next_generation_without_advancing_the_stream() -> None:
+    stream = SeedStream(20260627, 16, start_generation=36)
+    ahead = stream.peek()
+    assert ahead == stream.peek() and ahead[:2] == [989551694, 1342805843]
+    assert stream.next_generation() == ahead and stream.next_generation()[0] == 36487471
+
+
 def test_seed_sequence_validation() -> None:
     stored = population_seeds(7, 2, 3)
     assert check_seed_sequence(stored, 7, 2) == 3

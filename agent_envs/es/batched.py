@@ -152,6 +152,7 @@ class LowRankESTrainer(ESTrainer):
             with self._adapters(seeds, sigma, generation) as names:
                 if self.refresh_off is None:
                     self.resident = names
+                    self._draw_ahead(generation)
                 written = time.perf_counter()
                 with ThreadPoolExecutor(max_workers=len(seeds), thread_name_prefix="es-member") as pool:
                     futures = [
@@ -165,15 +166,33 @@ class LowRankESTrainer(ESTrainer):
         self._timing.update(adapters_s=written - start, rollouts_s=time.perf_counter() - written)
         return results
 
+    def _draw_ahead(self, generation: int) -> None:
+        """Have the engine draw the next generation's adapters while this generation's rollouts run
+        (its seeds and sigma are known now), so its refresh only copies them."""
+        if generation + 1 < self.config.generations and hasattr(self.lowrank, "prefetch"):
+            self.lowrank.prefetch(self.seeds.peek(), self.sigma(generation + 1))
+
     def apply_update(self, seeds: Sequence[int], weights: Sequence[float], sigma: float) -> Any:
         return self.lowrank.update(seeds, weights, self.config.alpha, sigma)
 
     def step(self, generation: int) -> Record:
         self._timing = {}
         record = super().step(generation)
+        refreshed = getattr(self.lowrank, "last_refresh", {}) if self._timing["adapters"] == "refreshed" else {}
+        if refreshed:  # the engine's own times: waiting for the factors drawn ahead, CPU writes, GPU slots
+            self._timing["refresh"] = {
+                k: refreshed[k] for k in ("prefetched", "wait_s", "write_s", "slots_s") if k in refreshed
+            }
         self.last_timing.update(self._timing)  # writing or refreshing the adapters, every member's rollouts
+        parts = self._timing.get("refresh", {})
+        detail = (
+            f" ({parts['prefetched']} drawn ahead; waited {parts['wait_s']:.3f} s, wrote {parts['write_s']:.3f} s, "
+            f"slots {parts['slots_s']:.3f} s)"
+            if {"prefetched", "wait_s", "write_s", "slots_s"} <= set(parts)
+            else ""
+        )
         self.log(
-            f"[es] low-rank adapters {self._timing['adapters']} in {self._timing['adapters_s']:.3f} s, "
+            f"[es] low-rank adapters {self._timing['adapters']} in {self._timing['adapters_s']:.3f} s{detail}, "
             f"rollouts {self._timing['rollouts_s']:.1f} s"
         )
         return record

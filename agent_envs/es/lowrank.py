@@ -55,6 +55,12 @@ LORA_RANK_SLOTS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 #: threads that draw factors: NumPy's generators release the GIL, so a 4B model's population of
 #: factors (about 130 million normals at P=16, rank 4) is drawn in parallel rather than in seconds
 FACTOR_THREADS = max(1, min(32, os.cpu_count() or 1))
+#: threads that draw the next generation's adapters while this generation's rollouts run: fewer,
+#: because the engine's own loop needs the host then (16 members take about a second on four)
+PREFETCH_THREADS = max(1, FACTOR_THREADS // 4)
+
+#: one member's factors by target name and its PEFT tensors ``(lora_A, lora_B)`` by module name
+MemberDraw = tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, tuple[torch.Tensor, torch.Tensor]]]
 
 
 @dataclass(frozen=True)
@@ -184,6 +190,12 @@ def in_parallel(fn: Callable[[T], R], items: Sequence[T], threads: int | None = 
             yield pending.popleft().result()
 
 
+def member_draw(targets: Sequence[Target], seed: int, sigma: float, rank: int) -> MemberDraw:
+    """Member ``seed``'s factors of every target and the adapter tensors made of them."""
+    drawn = {t.name: factors(seed, t, rank) for t in targets}
+    return drawn, {name.removesuffix(".weight"): adapter_tensors(a, b, sigma) for name, (a, b) in drawn.items()}
+
+
 def find_slots(model: nn.Module, target_modules: Sequence[str] | None = None) -> list[Slot]:
     """The targeted weights of ``model`` (a torch model or a vLLM one, LoRA-wrapped or not), in
     module order.  A fused vLLM layer is split into its unpacked weights by ``output_sizes``."""
@@ -256,11 +268,14 @@ class LowRankPerturber:
         self.updates: list[dict[str, Any]] = []
         self.merged: dict[str, Any] | None = None
         self._saved: list[torch.Tensor] = []
-        #: factors drawn for resident adapters (:meth:`member_factors`), by seed and target name,
+        #: factors drawn for resident adapters (:meth:`member_adapter`), by seed and target name,
         #: used by the next :meth:`update` instead of drawing them again, then dropped
         self.drawn: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         #: how many members of the last update came from kept factors
         self.kept_factors = 0
+        #: the draws :meth:`prefetch` started: (seeds, sigma, their draws by seed)
+        self._ahead: tuple[tuple[int, ...], float, Future[dict[int, MemberDraw]]] | None = None
+        self._background: ThreadPoolExecutor | None = None
 
     def status(self) -> dict[str, Any]:
         return {
@@ -312,11 +327,37 @@ class LowRankPerturber:
         merged, self.merged, self._saved = self.merged, None, []
         return {"ok": True, "reverted": True, **merged}
 
-    def member_factors(self, seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Member ``seed``'s factors of every target, kept for the update of the same seeds."""
-        drawn = {t.name: factors(seed, t, self.rank) for t in self.targets}
+    def prefetch(self, seeds: Sequence[int], sigma: float) -> dict[str, Any]:
+        """Start drawing members ``seeds``' adapters at ``sigma`` in the background (the next
+        generation's, while this one's rollouts run; the seeds and sigma are pure functions of the
+        run's config), so the refresh that asks for the same seeds and sigma only copies them."""
+        seeds_t, sigma_f, targets, rank = tuple(int(s) for s in seeds), float(sigma), list(self.targets), self.rank
+
+        def draw_all() -> dict[int, MemberDraw]:
+            draws = in_parallel(lambda s: member_draw(targets, s, sigma_f, rank), list(seeds_t), PREFETCH_THREADS)
+            return dict(zip(seeds_t, draws))
+
+        if self._background is None:
+            self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="es-prefetch")
+        self._ahead = (seeds_t, sigma_f, self._background.submit(draw_all))
+        return {"ok": True, "prefetching": len(seeds_t)}
+
+    def take_prefetched(self, seeds: Sequence[int], sigma: float) -> dict[int, MemberDraw]:
+        """The draws :meth:`prefetch` started for exactly ``seeds`` at ``sigma`` (waiting for them
+        to finish), else ``{}``; a prefetch is used once either way."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None or ahead[0] != tuple(int(s) for s in seeds) or ahead[1] != float(sigma):
+            return {}
+        return ahead[2].result()
+
+    def member_adapter(
+        self, seed: int, sigma: float, ready: dict[int, MemberDraw] | None = None
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Member ``seed``'s adapter tensors by module (from ``ready`` when it holds them, else
+        drawn now); its factors are kept for the update of the same seeds."""
+        drawn, tensors = (ready or {}).get(int(seed)) or member_draw(self.targets, seed, sigma, self.rank)
         self.drawn[int(seed)] = drawn
-        return drawn
+        return tensors
 
     def _kept_or_drawn(self, seed: int, target: Target, rank: int) -> tuple[np.ndarray, np.ndarray]:
         kept = self.drawn.get(seed)
@@ -324,7 +365,7 @@ class LowRankPerturber:
 
     def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float, sigma: float) -> dict[str, Any]:
         """``W += alpha / (N * sigma) * sum_i w_i A_i B_i^T`` on every target (from the factors kept
-        by :meth:`member_factors` where there are some: the same arrays, so the same bits)."""
+        by :meth:`member_adapter` where there are some: the same arrays, so the same bits)."""
         self._check_unmerged("update")
         if len(seeds) != len(weights):
             raise ValueError(f"seeds and weights must be of equal length ({len(seeds)} vs {len(weights)})")

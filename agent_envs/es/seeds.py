@@ -38,6 +38,12 @@ class SeedStream:
         self.generation += 1
         return seeds
 
+    def peek(self) -> list[int]:
+        """The seeds :meth:`next_generation` will return, without advancing the stream."""
+        ahead = random.Random()
+        ahead.setstate(self._rng.getstate())
+        return [ahead.randrange(1, SEED_HIGH) for _ in range(self.population)]
+
 
 def population_seeds(seed: int, population: int, generations: int) -> list[list[int]]:
     """The seeds of generations ``0 .. generations-1``."""

@@ -24,7 +24,7 @@ import torch
 
 from . import lora_slots
 from .fingerprint import combine as combine_fingerprints
-from .lowrank import LowRankPerturber, Target, adapter_tensors, in_parallel
+from .lowrank import LowRankPerturber, Target, in_parallel
 from .perturb import CHUNK, SeededPerturber
 
 PLAIN_LINEAR_ENV = "AGENT_ENVS_ES_CPU_PLAIN_LINEAR"
@@ -160,7 +160,9 @@ class ESWorkerExtension:
 
     def es_lowrank_refresh(self, lora_ids: Sequence[int], seeds: Sequence[int], sigma: float) -> dict[str, Any]:
         """Rewrite resident adapters ``lora_ids`` in place as members ``seeds`` (no files, no
-        ``add_lora``; :mod:`agent_envs.es.lora_slots`); the factors are kept for the update.
+        ``add_lora``; :mod:`agent_envs.es.lora_slots`); the factors are kept for the update.  The
+        adapters :meth:`es_lowrank_prefetch` drew for these seeds are used; the answer times the wait
+        for them, the writes into the CPU adapters and the copy into the GPU slots.
         ``{"ok": False, "unsupported": reason}`` (nothing written) where this engine cannot."""
         state = self._es_lowrank_state()
         if len(lora_ids) != len(seeds):
@@ -171,18 +173,35 @@ class ESWorkerExtension:
             places = lora_slots.plan(manager, [int(i) for i in lora_ids], state.targets, state.rank)
         except lora_slots.Unsupported as exc:
             return {"ok": False, "unsupported": str(exc)}
+        ready = state.take_prefetched(seeds, sigma)
+        waited = time.perf_counter()
         state.drawn.clear()
 
         def rewrite(job: tuple[lora_slots.AdapterTensors, int]) -> None:
             adapter, seed = job
-            for name, (a, b) in state.member_factors(int(seed)).items():
-                adapter.write(name.removesuffix(".weight"), *adapter_tensors(a, b, sigma))
+            for module, tensors in state.member_adapter(int(seed), sigma, ready).items():
+                adapter.write(module, *tensors)
 
         with torch.no_grad():
             for _ in in_parallel(rewrite, list(zip(places, seeds))):
                 pass
+            written = time.perf_counter()
             slots = lora_slots.copy_into_slots(manager, [int(i) for i in lora_ids])
-        return {"ok": True, "adapters": len(places), "slots": slots, "seconds": time.perf_counter() - start}
+        done = time.perf_counter()
+        return {
+            "ok": True,
+            "adapters": len(places),
+            "slots": slots,
+            "prefetched": sum(int(s) in ready for s in seeds),
+            "seconds": done - start,
+            "wait_s": waited - start,
+            "write_s": written - waited,
+            "slots_s": done - written,
+        }
+
+    def es_lowrank_prefetch(self, seeds: Sequence[int], sigma: float) -> dict[str, Any]:
+        """Start drawing the adapters of the next refresh's members in the background (returns at once)."""
+        return self._es_lowrank_state().prefetch([int(s) for s in seeds], float(sigma))
 
     def es_lowrank_slot_digest(self, lora_id: int) -> str:
         """SHA-256 of adapter ``lora_id``'s CPU and GPU-slot LoRA tensors (:func:`lora_slots.slot_digest`)."""
@@ -343,6 +362,11 @@ class VLLMLowRank(_WorkerCalls):
         self.last_refresh = results[0]
         reasons = [str(r["unsupported"]) for r in results if not r["ok"]]
         return reasons[0] if reasons else None
+
+    def prefetch(self, seeds: Sequence[int], sigma: float) -> None:
+        """Have the workers draw members ``seeds``' adapters at ``sigma`` now, in the background, for
+        the :meth:`refresh` that asks for them (no weight changes: nothing to reset)."""
+        self._call("es_lowrank_prefetch", [int(s) for s in seeds], float(sigma))
 
     def slot_digest(self, lora_id: int) -> str:
         return self._call("es_lowrank_slot_digest", int(lora_id))[0]
