@@ -20,7 +20,8 @@ flags a user would pass, and runs one timed generation (``trainer.step``) after 
   every member an adapter, all served at once by one engine; then the requests of its timed
   generation (recorded) are replayed on its ``AsyncLLM`` with nothing else running, each turn at
   once, through the members' adapters and with none: what multi-LoRA serving itself costs against
-  what the loop around it costs.
+  what the loop around it costs.  Without the pool in the run (``--variants lowrank``),
+  the raw rows are measured after it on a plain engine, replaying those same requests.
 
 Engine starts are the expensive part on a GPU (60-150 s each with CUDA graphs), so one pool of k
 engines serves the raw rows and both full-rank rows; the old path and the low-rank engine start
@@ -242,6 +243,8 @@ class Bench:
         self.rows: list[dict[str, Any]] = []
         self.notes: list[str] = []
         self.raw: dict[str, float] = {}
+        #: whether this run measured the raw rows (the pool's engine 0, or a plain engine after the low-rank row)
+        self.raw_measured = False
         self.check_ok: bool | None = None
 
     def flags(self, name: str, *extra: str) -> Any:
@@ -316,7 +319,7 @@ class Bench:
                 raw_row(f"raw llm.generate at B ({a.raw_members} members' turns)", raw_b),
                 raw_row("raw llm.generate at P x B (all members' turn t at once)", raw_pb),
             ]
-            self.raw = {"B": self.rows[-2]["tok_s"], "PB": self.rows[-1]["tok_s"]}
+            self.raw, self.raw_measured = {"B": self.rows[-2]["tok_s"], "PB": self.rows[-1]["tok_s"]}, True
             trainer.member_engines = [0]
             self.rows.append(
                 generation_row(
@@ -382,6 +385,44 @@ class Bench:
                 raw_row("raw AsyncLLM at P x B on the LoRA engine, no adapter (same requests)", plain),
             ]
         wait_for_free_gpu(self.args.gpu_memory_utilization)
+        if not self.raw_measured:
+            self.plain_raw_rows(calls)
+
+    def plain_raw_rows(self, calls: list[Any]) -> None:
+        """Raw ``llm.generate`` at B and at P x B where the pool (which measures them) did not run in
+        this run: the low-rank generation's own requests on a plain engine (es_train's full-rank
+        engine, no LoRA), so the low-rank row's shares come from one run; merged raw rows give way."""
+        from types import SimpleNamespace
+
+        from agent_envs.es.batched import resident_name
+
+        a = self.args
+        args = self.flags("raw", "--mode", "lockstep")
+        policy, _ = self.es_train.build_policy(args, self.es_train.make_engine_kwargs(args))
+        try:
+            engine = SimpleNamespace(policy=policy)
+            population = by_turn([calls])
+            first = [
+                g
+                for m in range(a.raw_members)
+                for g in by_turn([[p for p in calls if p.request.adapter == resident_name(m)]])
+            ]
+            raw_generate(engine, population, 8)  # warm the batch-P x B shapes
+            raw_b, raw_pb = raw_generate(engine, first), raw_generate(engine, population)
+        finally:
+            policy.close()
+        merged = [r for r in self.rows if r["variant"].startswith("raw llm.generate")]
+        self.rows = [
+            raw_row(f"raw llm.generate at B ({a.raw_members} members' turns)", raw_b),
+            raw_row("raw llm.generate at P x B (all members' turn t at once)", raw_pb),
+            *[r for r in self.rows if r not in merged],
+        ]
+        self.raw, self.raw_measured = {"B": self.rows[0]["tok_s"], "PB": self.rows[1]["tok_s"]}, True
+        self.notes.append(
+            "raw rows measured in this run on a plain engine (no LoRA), replaying the low-rank generation's "
+            + ("requests; the merged rows' shares are against them" if merged else "requests")
+        )
+        wait_for_free_gpu(a.gpu_memory_utilization)
 
     def old_rows(self) -> None:
         """The path before this change, on a subset of the members, scaled to the population."""

@@ -516,24 +516,6 @@ def describe_start(backend: Any, config: ESConfig) -> None:
     )
 
 
-#: vLLM's switch that runs each layer's LoRA kernels on a second CUDA stream, beside the base matmul
-LORA_DUAL_STREAM_ENV = "VLLM_LORA_ENABLE_DUAL_STREAM"
-
-
-def lora_dual_stream() -> str:
-    """Low-rank on a CUDA GPU: the members' LoRA kernels overlap the base layers' matmuls (measured
-    faster at P x B on an H200: docs/scaling.md), unless the environment already chose; set before
-    the engine starts, which reads it when it builds its LoRA layers.  Returns what was decided."""
-    if LORA_DUAL_STREAM_ENV in os.environ:
-        return f"{LORA_DUAL_STREAM_ENV}={os.environ[LORA_DUAL_STREAM_ENV]} (from the environment)"
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cuda_alike():
-        return "one stream (not a CUDA device)"
-    os.environ[LORA_DUAL_STREAM_ENV] = "1"
-    return f"{LORA_DUAL_STREAM_ENV}=1"
-
-
 @contextlib.contextmanager
 def single_engine_run(
     args: argparse.Namespace,
@@ -544,17 +526,16 @@ def single_engine_run(
     combiner: FitnessCombiner | None,
 ) -> Iterator[ESRun]:
     env_kwargs = make_env_kwargs(args, setup.skill)
-    lowrank = args.perturbation == "lowrank"
-    streams = lora_dual_stream() if lowrank else ""
     policy, engine = build_policy(args, make_engine_kwargs(args))
     try:
+        lowrank = args.perturbation == "lowrank"
         if lowrank:
             backend: Any = VLLMLowRank(engine, args.rank)
             config.lowrank_targets = [t.as_list() for t in backend.targets]
             config.base_checksum = backend.base_checksum
             print(
-                f"[es] low-rank: {len(backend.targets)} weights, rank {args.rank}, every member an adapter "
-                f"(LoRA kernels: {streams}); weights {backend.fingerprint()}",
+                f"[es] low-rank: {len(backend.targets)} weights, rank {args.rank}, every member an adapter; "
+                f"weights {backend.fingerprint()}",
                 file=sys.stderr,
             )
         else:

@@ -284,7 +284,36 @@ def test_adapters_drawn_ahead_are_the_bits_of_drawing_now_and_only_for_their_see
             assert torch.equal(lora_a, fresh[module][0]) and torch.equal(lora_b, fresh[module][1])
     for name, (a, b) in ahead.drawn[5].items():  # the update's kept factors too
         assert np.array_equal(a, now.drawn[5][name][0]) and np.array_equal(b, now.drawn[5][name][1])
+    now.update([5, 6], [1.0, -0.5], 0.01, 0.02)  # drew nothing ahead: stacks the kept factors itself
+    ahead.update([5, 6], [1.0, -0.5], 0.01, 0.02)  # the factors the prefetch stacked
+    assert ahead.kept_factors == 2 and ahead.checksum() == now.checksum()
     ahead.prefetch([5, 6], 0.02)
     assert ahead.take_prefetched([6, 5], 0.02) == {}  # another order: other members in the slots
     ahead.prefetch([5, 6], 0.02)
     assert ahead.take_prefetched([5, 6], 0.03) == {}  # another sigma: other adapter tensors
+
+
+def test_stacked_factors_drawn_ahead_serve_only_the_update_of_the_same_seeds_in_order() -> None:
+    ahead, plain = LowRankPerturber(tiny_llama(), 2), LowRankPerturber(tiny_llama(), 2)
+    ahead.prefetch([7, 8], 0.02)
+    for seed in (7, 8):
+        ahead.member_adapter(seed, 0.02, ahead.take_prefetched([7, 8], 0.02) if seed == 7 else None)
+    ahead.update([8, 7], [0.5, 1.0], 0.01, 0.02)  # another order: the stacks do not fit, factors re-stacked
+    plain.update([8, 7], [0.5, 1.0], 0.01, 0.02)
+    assert ahead.checksum() == plain.checksum()
+
+
+def test_write_all_refuses_modules_and_shapes_the_adapter_does_not_hold() -> None:
+    targets = [Target(f"{FIRST}.weight", 8, 6)]
+    held = SimpleNamespace(
+        lora_a=torch.zeros(2, 6, dtype=torch.bfloat16), lora_b=torch.zeros(8, 2, dtype=torch.bfloat16), scaling=1
+    )
+    manager = SimpleNamespace(get_adapter=lambda i: SimpleNamespace(loras={FIRST: held}), packed_modules={})
+    adapter = lora_slots.AdapterTensors(manager, 1, targets, 2)
+    lora_a, lora_b = torch.randn(2, 6), torch.randn(8, 2)
+    adapter.write_all({FIRST: (lora_a, lora_b)})
+    assert torch.equal(held.lora_a, lora_a.to(torch.bfloat16)) and torch.equal(held.lora_b, lora_b.to(torch.bfloat16))
+    with pytest.raises(KeyError, match="no modules"):
+        adapter.write_all({"model.layers.0.mlp.up_proj": (lora_a, lora_b)})
+    with pytest.raises(ValueError, match=r"a \(8, 3\) tensor"):
+        adapter.write_all({FIRST: (lora_a, torch.randn(8, 3))})

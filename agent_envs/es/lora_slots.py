@@ -89,9 +89,23 @@ class AdapterTensors:
     def write(self, module: str, lora_a: torch.Tensor, lora_b: torch.Tensor) -> None:
         """Overwrite one module's factors with float32 ``lora_a`` (R x in), ``lora_b`` (out x R),
         cast as vLLM's load casts them."""
-        a, b = self.places[module]
-        a.copy_(lora_a.to(device=a.device, dtype=a.dtype))
-        b.copy_(lora_b.to(device=b.device, dtype=b.dtype))
+        self.write_all({module: (lora_a, lora_b)})
+
+    def write_all(self, tensors: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """:meth:`write` of every module in ``tensors`` in one ``torch._foreach_copy_`` (the cast to
+        the adapter's dtype inside it is the one ``.to`` makes; thousands of small copies would
+        otherwise each cost a Python round trip)."""
+        unknown = sorted(set(tensors) - set(self.places))
+        if unknown:
+            raise KeyError(f"adapter {self.lora_id} has no modules {unknown[:3]}")
+        places = [t for module in tensors for t in self.places[module]]
+        values = [t for pair in tensors.values() for t in pair]
+        for place, value in zip(places, values, strict=True):
+            if place.shape != value.shape:
+                raise ValueError(
+                    f"adapter {self.lora_id}: a {tuple(value.shape)} tensor for a {tuple(place.shape)} place"
+                )
+        torch._foreach_copy_(places, values)
 
 
 def _unpacked(manager: Any, lora_model: Any) -> dict[str, tuple[Any, int | None]]:

@@ -131,21 +131,33 @@ FactorSource = Callable[[int, Target, int], tuple[np.ndarray, np.ndarray]]
 
 
 def update_terms(
-    seeds: Sequence[int], coefs: Sequence[float], target: Target, rank: int, draw: FactorSource = factors
-) -> tuple[np.ndarray, np.ndarray]:
-    """``([c_1 A_1 | ... | c_N A_N], [B_1 | ... | B_N])`` of ``target``: float32, on the host."""
+    seeds: Sequence[int], target: Target, rank: int, draw: FactorSource = factors
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([A_1 | ... | A_N], [B_1 | ... | B_N])`` of ``target``: float32 host tensors, unscaled (the
+    coefficients are applied by :func:`product`, on its device)."""
     pairs = [draw(s, target, rank) for s in seeds]
-    left = np.concatenate([a * np.float32(c) for (a, _), c in zip(pairs, coefs)], axis=1)
-    return left, np.concatenate([b for _, b in pairs], axis=1)
+    return (
+        torch.from_numpy(np.concatenate([a for a, _ in pairs], axis=1)),
+        torch.from_numpy(np.concatenate([b for _, b in pairs], axis=1)),
+    )
 
 
-def product(left: np.ndarray, right: np.ndarray, device: torch.device | str = "cpu") -> torch.Tensor:
-    """``left @ right^T`` on ``device`` at full float32 matmul precision."""
-    left_t, right_t = torch.from_numpy(left).to(device), torch.from_numpy(right).to(device)
+def coefficient_row(coefs: Sequence[float], rank: int) -> torch.Tensor:
+    """``[c_1] * R + ... + [c_N] * R`` in float32: the column scales of ``[A_1 | ... | A_N]``."""
+    return torch.from_numpy(np.repeat(np.asarray(coefs, dtype=np.float32), rank))
+
+
+def product(
+    stacked_a: torch.Tensor, stacked_b: torch.Tensor, coef_row: torch.Tensor, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """``(stacked_a * coef_row) @ stacked_b^T`` on ``device`` at full float32 matmul precision (each
+    column scaled by one correctly rounded float32 multiply: the same bits on any device)."""
+    left = stacked_a.to(device) * coef_row.to(device)
+    right = stacked_b.to(device)
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")  # no TF32: the same bits on every run of this device
     try:
-        return left_t @ right_t.T
+        return left @ right.T
     finally:
         torch.set_float32_matmul_precision(previous)
 
@@ -154,7 +166,11 @@ def delta(
     seeds: Sequence[int], coefs: Sequence[float], target: Target, rank: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
     """``sum_i coef_i A_i B_i^T`` as one float32 product on ``device`` (full float32 matmul precision)."""
-    return product(*update_terms(seeds, coefs, target, rank), device)
+    return product(*update_terms(seeds, target, rank), coefficient_row(coefs, rank), device)
+
+
+#: where an update's stacked factors come from, by target: :func:`update_terms`, or already stacked
+TermSource = Callable[[Target], tuple[torch.Tensor, torch.Tensor]]
 
 
 def deltas(
@@ -164,13 +180,15 @@ def deltas(
     rank: int,
     devices: Sequence[Any],
     draw: FactorSource = factors,
+    stacked: TermSource | None = None,
 ) -> Iterator[torch.Tensor]:
-    """:func:`delta` of each target in order (on ``devices[k]``), the factors drawn (by ``draw``) on
-    :data:`FACTOR_THREADS` threads a few targets ahead of the products: the same bits as one
-    :func:`delta` after another."""
-    terms = in_parallel(lambda target: update_terms(seeds, coefs, target, rank, draw), targets)
-    for (left, right), device in zip(terms, devices):
-        yield product(left, right, device)
+    """:func:`delta` of each target in order (on ``devices[k]``): the factors drawn (by ``draw``) and
+    stacked on :data:`FACTOR_THREADS` threads a few targets ahead of the products, or taken from
+    ``stacked``; the same bits as one :func:`delta` after another."""
+    terms = map(stacked, targets) if stacked else in_parallel(lambda t: update_terms(seeds, t, rank, draw), targets)
+    row = coefficient_row(coefs, rank)
+    for (stacked_a, stacked_b), device in zip(terms, devices):
+        yield product(stacked_a, stacked_b, row, device)
 
 
 def in_parallel(fn: Callable[[T], R], items: Sequence[T], threads: int | None = None) -> Generator[R, None, None]:
@@ -188,6 +206,15 @@ def in_parallel(fn: Callable[[T], R], items: Sequence[T], threads: int | None = 
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
+
+
+@dataclass(frozen=True)
+class DrawnAhead:
+    """What :meth:`LowRankPerturber.prefetch` drew: each member's draw by seed, and each target's
+    factors stacked in member order (:func:`update_terms`) for the update of the same seeds."""
+
+    draws: dict[int, MemberDraw]
+    stacked: dict[str, tuple[torch.Tensor, torch.Tensor]]
 
 
 def member_draw(targets: Sequence[Target], seed: int, sigma: float, rank: int) -> MemberDraw:
@@ -273,9 +300,11 @@ class LowRankPerturber:
         self.drawn: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         #: how many members of the last update came from kept factors
         self.kept_factors = 0
-        #: the draws :meth:`prefetch` started: (seeds, sigma, their draws by seed)
-        self._ahead: tuple[tuple[int, ...], float, Future[dict[int, MemberDraw]]] | None = None
+        #: the draws :meth:`prefetch` started: (seeds, sigma, what it drew)
+        self._ahead: tuple[tuple[int, ...], float, Future[DrawnAhead]] | None = None
         self._background: ThreadPoolExecutor | None = None
+        #: the stacked factors of the members a refresh took from a prefetch: (seeds, by target name)
+        self._stacked: tuple[tuple[int, ...], dict[str, tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     def status(self) -> dict[str, Any]:
         return {
@@ -330,12 +359,20 @@ class LowRankPerturber:
     def prefetch(self, seeds: Sequence[int], sigma: float) -> dict[str, Any]:
         """Start drawing members ``seeds``' adapters at ``sigma`` in the background (the next
         generation's, while this one's rollouts run; the seeds and sigma are pure functions of the
-        run's config), so the refresh that asks for the same seeds and sigma only copies them."""
+        run's config), so the refresh that asks for the same seeds and sigma only copies them and
+        the update of those seeds finds its factors stacked."""
         seeds_t, sigma_f, targets, rank = tuple(int(s) for s in seeds), float(sigma), list(self.targets), self.rank
 
-        def draw_all() -> dict[int, MemberDraw]:
-            draws = in_parallel(lambda s: member_draw(targets, s, sigma_f, rank), list(seeds_t), PREFETCH_THREADS)
-            return dict(zip(seeds_t, draws))
+        def draw_all() -> DrawnAhead:
+            draws = dict(
+                zip(seeds_t, in_parallel(lambda s: member_draw(targets, s, sigma_f, rank), seeds_t, PREFETCH_THREADS))
+            )
+
+            def pick(seed: int, target: Target, _: int) -> tuple[np.ndarray, np.ndarray]:
+                return draws[seed][0][target.name]
+
+            stacked = in_parallel(lambda t: update_terms(seeds_t, t, rank, pick), targets, PREFETCH_THREADS)
+            return DrawnAhead(draws, dict(zip([t.name for t in targets], stacked)))
 
         if self._background is None:
             self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="es-prefetch")
@@ -344,11 +381,15 @@ class LowRankPerturber:
 
     def take_prefetched(self, seeds: Sequence[int], sigma: float) -> dict[int, MemberDraw]:
         """The draws :meth:`prefetch` started for exactly ``seeds`` at ``sigma`` (waiting for them
-        to finish), else ``{}``; a prefetch is used once either way."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None or ahead[0] != tuple(int(s) for s in seeds) or ahead[1] != float(sigma):
+        to finish), else ``{}``; a prefetch is used once either way.  Its stacked factors are kept
+        for the next :meth:`update`."""
+        ahead, self._ahead, self._stacked = self._ahead, None, None
+        seeds_t = tuple(int(s) for s in seeds)
+        if ahead is None or ahead[0] != seeds_t or ahead[1] != float(sigma):
             return {}
-        return ahead[2].result()
+        drawn = ahead[2].result()
+        self._stacked = (seeds_t, drawn.stacked)
+        return drawn.draws
 
     def member_adapter(
         self, seed: int, sigma: float, ready: dict[int, MemberDraw] | None = None
@@ -371,12 +412,25 @@ class LowRankPerturber:
             raise ValueError(f"seeds and weights must be of equal length ({len(seeds)} vs {len(weights)})")
         seeds = [int(s) for s in seeds]
         coefs = update_coefficients(weights, alpha, sigma)
-        self.kept_factors = sum(s in self.drawn for s in seeds)  # not in the result: that is recorded
+        kept = self._stacked[1] if self._stacked and self._stacked[0] == tuple(seeds) else None
+        # not in the result (that is recorded): how many members' factors were already drawn
+        self.kept_factors = len(seeds) if kept else sum(s in self.drawn for s in seeds)
         try:
             with torch.no_grad():
-                self._add(deltas(seeds, coefs, self.targets, self.rank, self._devices(), self._kept_or_drawn))
+                self._add(
+                    deltas(
+                        seeds,
+                        coefs,
+                        self.targets,
+                        self.rank,
+                        self._devices(),
+                        self._kept_or_drawn,
+                        (lambda target: kept[target.name]) if kept else None,
+                    )
+                )
         finally:
             self.drawn.clear()
+            self._stacked = None
         self.updates.append(
             {"seeds": seeds, "weights": [float(w) for w in weights], "alpha": float(alpha), "sigma": float(sigma)}
         )

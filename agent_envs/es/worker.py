@@ -179,8 +179,7 @@ class ESWorkerExtension:
 
         def rewrite(job: tuple[lora_slots.AdapterTensors, int]) -> None:
             adapter, seed = job
-            for module, tensors in state.member_adapter(int(seed), sigma, ready).items():
-                adapter.write(module, *tensors)
+            adapter.write_all(state.member_adapter(int(seed), sigma, ready))
 
         with torch.no_grad():
             for _ in in_parallel(rewrite, list(zip(places, seeds))):
