@@ -243,8 +243,8 @@ class Bench:
         self.rows: list[dict[str, Any]] = []
         self.notes: list[str] = []
         self.raw: dict[str, float] = {}
-        #: whether this run measured the raw rows (the pool's engine 0, or a plain engine after the low-rank row)
-        self.raw_measured = False
+        #: the low-rank timed generation's requests (recorded), for :meth:`plain_raw_rows`
+        self.lowrank_calls: list[Any] = []
         self.check_ok: bool | None = None
 
     def flags(self, name: str, *extra: str) -> Any:
@@ -319,7 +319,7 @@ class Bench:
                 raw_row(f"raw llm.generate at B ({a.raw_members} members' turns)", raw_b),
                 raw_row("raw llm.generate at P x B (all members' turn t at once)", raw_pb),
             ]
-            self.raw, self.raw_measured = {"B": self.rows[-2]["tok_s"], "PB": self.rows[-1]["tok_s"]}, True
+            self.raw = {"B": self.rows[-2]["tok_s"], "PB": self.rows[-1]["tok_s"]}
             trainer.member_engines = [0]
             self.rows.append(
                 generation_row(
@@ -384,19 +384,21 @@ class Bench:
                 raw_row("raw AsyncLLM at P x B through the members' adapters (same requests)", through),
                 raw_row("raw AsyncLLM at P x B on the LoRA engine, no adapter (same requests)", plain),
             ]
+        self.lowrank_calls = calls
         wait_for_free_gpu(self.args.gpu_memory_utilization)
-        if not self.raw_measured:
-            self.plain_raw_rows(calls)
 
-    def plain_raw_rows(self, calls: list[Any]) -> None:
+    def plain_raw_rows(self) -> None:
         """Raw ``llm.generate`` at B and at P x B where the pool (which measures them) did not run in
         this run: the low-rank generation's own requests on a plain engine (es_train's full-rank
-        engine, no LoRA), so the low-rank row's shares come from one run; merged raw rows give way."""
+        engine, no LoRA), so the low-rank row's shares come from one run; merged raw rows give way.
+        A step of its own, after the low-rank rows are saved."""
         from types import SimpleNamespace
 
         from agent_envs.es.batched import resident_name
 
-        a = self.args
+        a, calls = self.args, self.lowrank_calls
+        if not calls:
+            raise RuntimeError("no low-rank generation was recorded in this run to replay raw")
         args = self.flags("raw", "--mode", "lockstep")
         policy, _ = self.es_train.build_policy(args, self.es_train.make_engine_kwargs(args))
         try:
@@ -417,7 +419,7 @@ class Bench:
             raw_row("raw llm.generate at P x B (all members' turn t at once)", raw_pb),
             *[r for r in self.rows if r not in merged],
         ]
-        self.raw, self.raw_measured = {"B": self.rows[0]["tok_s"], "PB": self.rows[1]["tok_s"]}, True
+        self.raw = {"B": self.rows[0]["tok_s"], "PB": self.rows[1]["tok_s"]}
         self.notes.append(
             "raw rows measured in this run on a plain engine (no LoRA), replaying the low-rank generation's "
             + ("requests; the merged rows' shares are against them" if merged else "requests")
@@ -635,9 +637,12 @@ def main() -> int:
             _temp_dir=str(work / "ray"),
             **({"num_gpus": 1, "num_cpus": 4} if args.cpu else {}),
         )  # --cpu: a declared GPU, as on a GPU host
+    if "lowrank" in variants and "pool" not in variants:
+        variants.add("raw")  # the raw rows, measured by the pool's engine 0 when it runs
     steps: list[tuple[str, Callable[[], None]]] = [
         ("pool", bench.pool_rows),
         ("lowrank", bench.lowrank_rows),
+        ("raw", bench.plain_raw_rows),
         ("old", bench.old_rows),
     ]
     try:
