@@ -8,8 +8,9 @@ engine there and then, not in the middle of the rollouts); every member's case b
 :class:`~agent_envs.policy.adapter.AdapterPolicy` view, the folder is removed, and the update runs in
 place inside the workers from the seeds.  With a backend that can ``refresh`` (a vLLM engine) the
 adapters stay registered under stable names and every later generation rewrites them in place
-inside the workers (:mod:`agent_envs.es.lora_slots`: no files, no loading); they are unregistered
-when the run ends or fails.  Where the engine cannot, the reason is logged once and every generation
+inside the workers (:mod:`agent_envs.es.lora_slots`: no files, no loading; the workers draw them
+while the generation before runs its rollouts, when the backend can ``prefetch``); they are
+unregistered when the run ends or fails.  Where the engine cannot, the reason is logged once and every generation
 writes, registers and unregisters its own adapters (as with a backend without ``refresh``).
 The base weights never change while members are evaluated, so there is nothing to revert and a
 replay (the updates alone) rebuilds the trained weights bit for bit.
