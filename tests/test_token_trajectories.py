@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -196,70 +197,16 @@ def test_export_round_trip_and_cli(tokenizer, tmp_path):
         load_token_export(tmp_path / "bad.jsonl")
 
 
-def test_cli_eval_with_token_trajectories_then_export(tmp_path, capsys):
-    out = tmp_path / "run"
-    code = main(
-        [
-            "eval",
-            "--env",
-            "MATH-ReAct-v0",
-            "--policy",
-            "scripted",
-            "--model",
-            str(smollm2_hf_dir()),
-            "--limit",
-            "2",
-            "--max-turns",
-            "3",
-            "--out",
-            str(out),
-            "--no-progress",
-            "--no-report",
-            "--token-trajectories",
-        ]
-    )
-    assert code == 0 and json.loads((out / "config.json").read_text())["token_trajectories"] is True
-    assert main(["export", str(out), "--format", "tokens"]) == 0
-    assert "2 episode(s)" in capsys.readouterr().out
-    episodes = load_token_export(out / "tokens.jsonl")
-    assert len(episodes) == 2 and all(sum(e.loss_mask) > 0 for e in episodes)
-    plain = tmp_path / "plain"
-    assert (
-        main(
-            [
-                "eval",
-                "--env",
-                "MATH-ReAct-v0",
-                "--policy",
-                "scripted",
-                "--limit",
-                "1",
-                "--max-turns",
-                "3",
-                "--out",
-                str(plain),
-                "--no-progress",
-                "--no-report",
-            ]
-        )
-        == 0
-    )
-    assert "token_trajectories" not in json.loads((plain / "config.json").read_text())
-    assert main(["export", str(plain), "--format", "tokens"]) == 2
-    assert "no episode" in capsys.readouterr().err
-
-
-def test_resume_keeps_the_token_trajectories_setting(tmp_path, capsys):
-    """A run with trajectories does not resume without them (records would mix two formats)."""
-    out = tmp_path / "run"
-    args = [
+def scripted_eval(out: Path, limit: int = 1) -> list[str]:
+    """``agent-envs eval`` of the scripted policy on MATH-ReAct-v0, 3 turns, no report."""
+    return [
         "eval",
         "--env",
         "MATH-ReAct-v0",
         "--policy",
         "scripted",
         "--limit",
-        "1",
+        str(limit),
         "--max-turns",
         "3",
         "--out",
@@ -267,6 +214,26 @@ def test_resume_keeps_the_token_trajectories_setting(tmp_path, capsys):
         "--no-progress",
         "--no-report",
     ]
+
+
+def test_cli_eval_with_token_trajectories_then_export(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main([*scripted_eval(out, limit=2), "--model", str(smollm2_hf_dir()), "--token-trajectories"])
+    assert code == 0 and json.loads((out / "config.json").read_text())["token_trajectories"] is True
+    assert main(["export", str(out), "--format", "tokens"]) == 0
+    assert "2 episode(s)" in capsys.readouterr().out
+    episodes = load_token_export(out / "tokens.jsonl")
+    assert len(episodes) == 2 and all(sum(e.loss_mask) > 0 for e in episodes)
+    plain = tmp_path / "plain"
+    assert main(scripted_eval(plain)) == 0
+    assert "token_trajectories" not in json.loads((plain / "config.json").read_text())
+    assert main(["export", str(plain), "--format", "tokens"]) == 2
+    assert "no episode" in capsys.readouterr().err
+
+
+def test_resume_keeps_the_token_trajectories_setting(tmp_path, capsys):
+    """A run with trajectories does not resume without them (records would mix two formats)."""
+    args = scripted_eval(tmp_path / "run")
     assert main([*args, "--token-trajectories"]) == 2  # no tokenizer to render ids with: said at once
     assert "pass --model with the model's folder" in capsys.readouterr().err
     args += ["--model", str(smollm2_hf_dir())]
