@@ -57,6 +57,12 @@ class Refreshing(LowRankPerturber):
         self.registry, self.unsupported, self.calls = registry, unsupported, []
         #: per refresh: how many members came from the adapters drawn ahead
         self.prefetched: list[int] = []
+        #: the seeds each prefetch was asked for
+        self.asked: list[list[int]] = []
+
+    def prefetch(self, seeds: list[int], sigma: float) -> dict[str, Any]:
+        self.asked.append(list(seeds))
+        return super().prefetch(seeds, sigma)
 
     def refresh(self, lora_ids: list[int], seeds: list[int], sigma: float) -> str | None:
         self.calls.append((list(lora_ids), list(seeds)))
@@ -99,6 +105,7 @@ def test_resident_adapters_are_loaded_once_and_refreshed_with_the_same_records(t
     assert records == files_records and backend.checksum() == plain.checksum()
     assert backend.kept_factors == 4 and backend.drawn == {}
     assert backend.prefetched == [4, 4]  # each refresh took the adapters drawn during the generation before
+    assert backend.asked == [records[1]["seeds"], records[2]["seeds"]]  # none after the last generation
     assert sum("adapters refreshed" in line for line in logs) == 2
     assert not any("refreshed" in line for line in files_logs)
 
