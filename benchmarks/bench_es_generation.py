@@ -187,12 +187,10 @@ def phases(timing: dict[str, Any]) -> list[str]:
     named = [
         f"{key} {timing[key]:.2f}" for key in ("adapters_s", "rollouts_s", "update_s") if timing.get(key) is not None
     ]
-    refresh = timing.get("refresh") or {}
-    if {"prefetched", "wait_s", "write_s", "slots_s"} <= set(refresh):  # the engine's parts of a refresh
-        named.append(
-            f"refresh: {refresh['prefetched']} drawn ahead, wait {refresh['wait_s']:.2f}, "
-            f"write {refresh['write_s']:.2f}, slots {refresh['slots_s']:.2f}"
-        )
+    if timing.get("refresh"):  # the engine's parts of a refresh
+        from agent_envs.es.batched import describe_refresh
+
+        named.append(f"refresh: {describe_refresh(timing['refresh'])}")
     return named
 
 
@@ -312,14 +310,7 @@ class Bench:
                 f"engine 0 KV cache {capacity} tokens; raw at P x B needs about "
                 f"{len(population[-1]) * longest} at its last turn"
             )
-            pool.call(0, f"{HERE}:raw_generate", population, 8)  # warm the batch-P x B shapes
-            raw_b = pool.call(0, f"{HERE}:raw_generate", first)
-            raw_pb = pool.call(0, f"{HERE}:raw_generate", population)
-            self.rows += [
-                raw_row(f"raw llm.generate at B ({a.raw_members} members' turns)", raw_b),
-                raw_row("raw llm.generate at P x B (all members' turn t at once)", raw_pb),
-            ]
-            self.raw = {"B": self.rows[-2]["tok_s"], "PB": self.rows[-1]["tok_s"]}
+            self.rows += self.raw_rows(lambda *args: pool.call(0, f"{HERE}:raw_generate", *args), first, population)
             trainer.member_engines = [0]
             self.rows.append(
                 generation_row(
@@ -387,6 +378,20 @@ class Bench:
         self.lowrank_calls = calls
         wait_for_free_gpu(self.args.gpu_memory_utilization)
 
+    def raw_rows(
+        self, generate: Callable[..., dict[str, Any]], first: list[list[Any]], population: list[list[Any]]
+    ) -> list[dict[str, Any]]:
+        """Raw ``llm.generate`` (``generate(groups[, max_tokens])`` on one engine) at B (``first``: the
+        first members' turns) and at P x B (``population``: each turn at once): their rows, which
+        this run's shares are then taken against."""
+        generate(population, 8)  # warm the batch-P x B shapes
+        rows = [
+            raw_row(f"raw llm.generate at B ({self.args.raw_members} members' turns)", generate(first)),
+            raw_row("raw llm.generate at P x B (all members' turn t at once)", generate(population)),
+        ]
+        self.raw = {"B": rows[0]["tok_s"], "PB": rows[1]["tok_s"]}
+        return rows
+
     def plain_raw_rows(self) -> None:
         """Raw ``llm.generate`` at B and at P x B where the pool (which measures them) did not run in
         this run: the low-rank generation's own requests on a plain engine (es_train's full-rank
@@ -409,17 +414,11 @@ class Bench:
                 for m in range(a.raw_members)
                 for g in by_turn([[p for p in calls if p.request.adapter == resident_name(m)]])
             ]
-            raw_generate(engine, population, 8)  # warm the batch-P x B shapes
-            raw_b, raw_pb = raw_generate(engine, first), raw_generate(engine, population)
+            raw = self.raw_rows(lambda *args: raw_generate(engine, *args), first, population)
         finally:
             policy.close()
         merged = [r for r in self.rows if r["variant"].startswith("raw llm.generate")]
-        self.rows = [
-            raw_row(f"raw llm.generate at B ({a.raw_members} members' turns)", raw_b),
-            raw_row("raw llm.generate at P x B (all members' turn t at once)", raw_pb),
-            *[r for r in self.rows if r not in merged],
-        ]
-        self.raw = {"B": self.rows[0]["tok_s"], "PB": self.rows[1]["tok_s"]}
+        self.rows = [*raw, *[r for r in self.rows if r not in merged]]
         self.notes.append(
             "raw rows measured in this run on a plain engine (no LoRA), replaying the low-rank generation's "
             + ("requests; the merged rows' shares are against them" if merged else "requests")

@@ -18,7 +18,7 @@ from test_es_lowrank import AdapterRegistry, lowrank_config, tiny_llama
 from agent_envs.es import lora_slots
 from agent_envs.es.batched import LowRankESTrainer
 from agent_envs.es.history import load_history
-from agent_envs.es.lowrank import LowRankPerturber, Target, adapter_tensors, factors
+from agent_envs.es.lowrank import LowRankPerturber, Target, adapter_tensors, factors, member_draw
 from agent_envs.es.population import MemberResult
 
 FIRST = "model.layers.0.self_attn.q_proj"
@@ -181,8 +181,7 @@ def test_lora_slots_rewrite_packed_and_plain_modules_as_a_load_casts_them() -> N
     runner = SimpleNamespace(lora_manager=SimpleNamespace(_adapter_manager=manager))
     assert lora_slots.adapter_manager(runner) is manager
     [adapter] = lora_slots.plan(manager, [7], targets, 2)
-    for target in targets:
-        adapter.write(target.name.removesuffix(".weight"), *adapter_tensors(*factors(5, target, 2), 0.1))
+    adapter.write_all(member_draw(targets, 5, 0.1, 2)[1])
     loras = manager.get_adapter(7).loras
     k_a, k_b = adapter_tensors(*factors(5, targets[1], 2), 0.1)
     assert torch.equal(loras["m.qkv"].lora_a[1], k_a.to(torch.bfloat16))

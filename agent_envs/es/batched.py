@@ -45,6 +45,19 @@ def resident_name(member: int) -> str:
     return f"es-m{member}"
 
 
+#: a worker's refresh answer, timed (``es_lowrank_refresh``): members whose adapters were drawn
+#: ahead, the wait for them, the writes into the CPU adapters, the copy into the GPU slots
+REFRESH_PARTS = ("prefetched", "wait_s", "write_s", "slots_s")
+
+
+def describe_refresh(parts: dict[str, Any]) -> str:
+    """The :data:`REFRESH_PARTS` of one refresh, for a log line or a benchmark note."""
+    return (
+        f"{parts['prefetched']} drawn ahead; waited {parts['wait_s']:.3f} s, wrote {parts['write_s']:.3f} s, "
+        f"slots {parts['slots_s']:.3f} s"
+    )
+
+
 @contextmanager
 def member_adapters(
     policy: Any,
@@ -180,18 +193,10 @@ class LowRankESTrainer(ESTrainer):
         self._timing = {}
         record = super().step(generation)
         refreshed = getattr(self.lowrank, "last_refresh", {}) if self._timing["adapters"] == "refreshed" else {}
-        if refreshed:  # the engine's own times: waiting for the factors drawn ahead, CPU writes, GPU slots
-            self._timing["refresh"] = {
-                k: refreshed[k] for k in ("prefetched", "wait_s", "write_s", "slots_s") if k in refreshed
-            }
+        if set(REFRESH_PARTS) <= set(refreshed):  # the engine's own times of the refresh
+            self._timing["refresh"] = {k: refreshed[k] for k in REFRESH_PARTS}
         self.last_timing.update(self._timing)  # writing or refreshing the adapters, every member's rollouts
-        parts = self._timing.get("refresh", {})
-        detail = (
-            f" ({parts['prefetched']} drawn ahead; waited {parts['wait_s']:.3f} s, wrote {parts['write_s']:.3f} s, "
-            f"slots {parts['slots_s']:.3f} s)"
-            if {"prefetched", "wait_s", "write_s", "slots_s"} <= set(parts)
-            else ""
-        )
+        detail = f" ({describe_refresh(self._timing['refresh'])})" if "refresh" in self._timing else ""
         self.log(
             f"[es] low-rank adapters {self._timing['adapters']} in {self._timing['adapters_s']:.3f} s{detail}, "
             f"rollouts {self._timing['rollouts_s']:.1f} s"

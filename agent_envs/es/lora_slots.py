@@ -86,15 +86,10 @@ class AdapterTensors:
                 )
             self.places[module] = (a, b)
 
-    def write(self, module: str, lora_a: torch.Tensor, lora_b: torch.Tensor) -> None:
-        """Overwrite one module's factors with float32 ``lora_a`` (R x in), ``lora_b`` (out x R),
-        cast as vLLM's load casts them."""
-        self.write_all({module: (lora_a, lora_b)})
-
     def write_all(self, tensors: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """:meth:`write` of every module in ``tensors`` in one ``torch._foreach_copy_`` (the cast to
-        the adapter's dtype inside it is the one ``.to`` makes; thousands of small copies would
-        otherwise each cost a Python round trip)."""
+        """Overwrite each module's factors with float32 ``(lora_a, lora_b)`` (R x in, out x R), cast
+        as vLLM's load casts them, in one ``torch._foreach_copy_`` (its cast is the one ``.to``
+        makes; thousands of small copies would otherwise each cost a Python round trip)."""
         unknown = sorted(set(tensors) - set(self.places))
         if unknown:
             raise KeyError(f"adapter {self.lora_id} has no modules {unknown[:3]}")

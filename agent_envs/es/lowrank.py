@@ -454,10 +454,10 @@ def write_adapter(
     folder.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
     for target in targets:
-        a, b = factors(seed, target, rank)
         module = target.name.removesuffix(".weight")
-        tensors[f"base_model.model.{module}.lora_A.weight"] = torch.from_numpy(np.ascontiguousarray(b.T))
-        tensors[f"base_model.model.{module}.lora_B.weight"] = torch.from_numpy(a * np.float32(sigma))
+        lora_a, lora_b = adapter_tensors(*factors(seed, target, rank), sigma)
+        tensors[f"base_model.model.{module}.lora_A.weight"] = lora_a
+        tensors[f"base_model.model.{module}.lora_B.weight"] = lora_b
     save_file(tensors, str(folder / "adapter_model.safetensors"))
     modules = sorted({t.name.removesuffix(".weight").rpartition(".")[2] for t in targets})
     config = {
