@@ -616,35 +616,35 @@ def main() -> int:
     from gpu_engine import QWEN3_4B, TINY_QWEN3, dense_qwen3
 
     work = Path(tempfile.mkdtemp(prefix="bench-es-"))
-    earlier = json.loads(args.merge.read_text()) if args.merge else None
-    bench = Bench(
-        args,
-        es_train,
-        dense_qwen3(args.tokenizer.expanduser(), TINY_QWEN3 if args.cpu else QWEN3_4B, work / "model"),
-        work,
-    )
-    if earlier:
-        bench.rows, bench.raw, bench.check_ok = list(earlier["rows"]), dict(earlier["raw"]), earlier.get("check_ok")
-        bench.notes += [*earlier["notes"], f"rows above this run's were measured by an earlier run ({args.merge})"]
     ray = None
-    if "pool" in variants:  # only the pool's rows need Ray (the low-rank and old rows run in this process)
-        import ray
+    try:  # the work folder (model config, Ray's files) goes whatever fails, set-up included
+        earlier = json.loads(args.merge.read_text()) if args.merge else None
+        bench = Bench(
+            args,
+            es_train,
+            dense_qwen3(args.tokenizer.expanduser(), TINY_QWEN3 if args.cpu else QWEN3_4B, work / "model"),
+            work,
+        )
+        if earlier:
+            bench.rows, bench.raw, bench.check_ok = list(earlier["rows"]), dict(earlier["raw"]), earlier.get("check_ok")
+            bench.notes += [*earlier["notes"], f"rows above this run's were measured by an earlier run ({args.merge})"]
+        if "pool" in variants:  # only the pool's rows need Ray (the low-rank and old rows run in this process)
+            import ray
 
-        ray.init(
-            include_dashboard=False,
-            log_to_driver=False,
-            _temp_dir=str(work / "ray"),
-            **({"num_gpus": 1, "num_cpus": 4} if args.cpu else {}),
-        )  # --cpu: a declared GPU, as on a GPU host
-    if "lowrank" in variants and "pool" not in variants:
-        variants.add("raw")  # the raw rows, measured by the pool's engine 0 when it runs
-    steps: list[tuple[str, Callable[[], None]]] = [
-        ("pool", bench.pool_rows),
-        ("lowrank", bench.lowrank_rows),
-        ("raw", bench.plain_raw_rows),
-        ("old", bench.old_rows),
-    ]
-    try:
+            ray.init(
+                include_dashboard=False,
+                log_to_driver=False,
+                _temp_dir=str(work / "ray"),
+                **({"num_gpus": 1, "num_cpus": 4} if args.cpu else {}),
+            )  # --cpu: a declared GPU, as on a GPU host
+        if "lowrank" in variants and "pool" not in variants:
+            variants.add("raw")  # the raw rows, measured by the pool's engine 0 when it runs
+        steps: list[tuple[str, Callable[[], None]]] = [
+            ("pool", bench.pool_rows),
+            ("lowrank", bench.lowrank_rows),
+            ("raw", bench.plain_raw_rows),
+            ("old", bench.old_rows),
+        ]
         for name, step in steps:
             if name in variants:
                 try:
