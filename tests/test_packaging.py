@@ -1,4 +1,5 @@
-"""The wheel that ``pip install .`` (and so the Dockerfile) builds ships every module and the prompts."""
+"""The wheel that ``pip install .`` (and so the Dockerfile) builds ships every module, the prompts and the
+package's data files (the tuned LoRA kernel settings)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,5 @@ def test_wheel_has_every_module_and_the_prompts(tmp_path: Path) -> None:
         f"agent_envs/_prompts/{p.relative_to(REPO / 'prompts').as_posix()}" for p in (REPO / "prompts").glob("*/*.txt")
     }
     assert prompts and modules - names == set() and prompts - names == set()
+    data = {p.relative_to(REPO).as_posix() for p in (REPO / "agent_envs").rglob("*.json")}  # LoRA kernel settings
+    assert data and data - names == set()
