@@ -79,6 +79,7 @@ from agent_envs.es.evaluation import (
 )
 from agent_envs.es.fingerprint import combine_checksums
 from agent_envs.es.history import ESConfig, ReplayMismatch, checked_generations, load_history, replay_is_exact, resume
+from agent_envs.es.lora_kernels import use_tuned
 from agent_envs.es.lowrank import lora_rank_slot
 from agent_envs.es.normalize import NORMALIZATIONS
 from agent_envs.es.population import ESTrainer, evaluate_member, member_concurrency, toy_reward
@@ -526,9 +527,11 @@ def single_engine_run(
     combiner: FitnessCombiner | None,
 ) -> Iterator[ESRun]:
     env_kwargs = make_env_kwargs(args, setup.skill)
+    lowrank = args.perturbation == "lowrank"
+    if lowrank:  # before the engine starts: vLLM reads its LoRA kernel settings once
+        print(f"[es] low-rank: {use_tuned(args.model, args.population, lora_rank_slot(args.rank))}", file=sys.stderr)
     policy, engine = build_policy(args, make_engine_kwargs(args))
     try:
-        lowrank = args.perturbation == "lowrank"
         if lowrank:
             backend: Any = VLLMLowRank(engine, args.rank)
             config.lowrank_targets = [t.as_list() for t in backend.targets]
