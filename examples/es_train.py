@@ -528,8 +528,9 @@ def single_engine_run(
 ) -> Iterator[ESRun]:
     env_kwargs = make_env_kwargs(args, setup.skill)
     lowrank = args.perturbation == "lowrank"
-    if lowrank:  # before the engine starts: vLLM reads its LoRA kernel settings once
-        print(f"[es] low-rank: {use_tuned(args.model, args.population, lora_rank_slot(args.rank))}", file=sys.stderr)
+    if lowrank:  # before the engine starts: vLLM reads its LoRA kernel settings once; the history keeps which
+        config.lora_kernels = use_tuned(args.model, args.population, lora_rank_slot(args.rank))
+        print(f"[es] low-rank: {config.lora_kernels}", file=sys.stderr)
     policy, engine = build_policy(args, make_engine_kwargs(args))
     try:
         if lowrank:

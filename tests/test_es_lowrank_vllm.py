@@ -93,6 +93,7 @@ def test_lowrank_training_replays_bit_exactly(tmp_path: Path) -> None:
     records = json.loads(history.read_text())
     config = records[0]["config"]
     assert config["perturbation"] == "lowrank" and config["rank"] == 2 and len(config["lowrank_targets"]) == 210
+    assert config["lora_kernels"].startswith("vLLM's default LoRA kernel settings")  # which settings the engine had
     updates = [r for r in records if "rewards" in r]
     assert [r["generation"] for r in updates] == [0, 1]
     assert all(len(set(r["rewards"])) == 3 for r in updates)  # each member generated through its own adapter
