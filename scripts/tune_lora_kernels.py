@@ -8,8 +8,9 @@ the engine's token budget), times each setting inside a CUDA graph (as the engin
 vLLM's default wherever it is not beaten, and writes the files vLLM reads from
 ``VLLM_TUNED_CONFIG_FOLDER`` (``{GPU}_SHRINK.json``, ``{GPU}_EXPAND_TRUE.json``; the layout of vLLM's
 ``vllm/lora/ops/triton_ops/README_TUNING.md``) with ``tuned_for.json`` (shape, adapter slots, rank
-slot): ``agent_envs.es.lora_kernels`` uses such a folder only for an engine that matches it.  Compiling is the slow part: worker processes compile every setting first
-(Triton's disk cache), then one process times them, so the GPU is timed alone.
+slot): ``agent_envs.es.lora_kernels`` uses such a folder only for an engine that matches it.
+Compiling is the slow part: worker processes compile every setting first (Triton's disk cache),
+then one process times them, so the GPU is timed alone.
 
     python scripts/tune_lora_kernels.py --out DIR            # Qwen3-4B shape, 16 adapters, rank slot 8
     python scripts/tune_lora_kernels.py --out DIR --model MODEL_DIR --max-loras 32
@@ -31,7 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_engine import QWEN3_4B  # noqa: E402
 
-from agent_envs.es.lora_kernels import SHAPE_KEYS, local_model_shape, model_shape  # noqa: E402
+from agent_envs.es.lora_kernels import ENV, SHAPE_KEYS, local_model_shape, model_shape  # noqa: E402
 
 SHRINK_GRID = dict(block_m=(16, 32, 64), block_k=(32, 64, 128, 256), split_k=(1, 2, 4, 8, 16, 32), num_stages=(2,))
 EXPAND_GRID = dict(block_m=(16, 32, 64), block_n=(32, 64, 128, 256), num_warps=(4,), num_stages=(2, 3))
@@ -165,7 +166,7 @@ def put(tree: dict[str, Any], key: tuple[str, ...], value: Any) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="folder for the JSON files (VLLM_TUNED_CONFIG_FOLDER)")
+    parser.add_argument("--out", required=True, help=f"folder for the JSON files (what {ENV} names)")
     parser.add_argument("--model", help="a model folder: its config.json's shape (default: the Qwen3-4B shape)")
     parser.add_argument("--max-loras", type=int, default=16, help="the engine's max_loras (es_train: the population)")
     parser.add_argument("--rank-slot", type=int, default=8, help="the engine's max_lora_rank")
@@ -173,7 +174,7 @@ def main() -> None:
     parser.add_argument("--compile-workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     parser.add_argument("--budget-s", type=float, default=240, help="stop timing after this long (vLLM defaults kept)")
     args = parser.parse_args()
-    os.environ.pop("VLLM_TUNED_CONFIG_FOLDER", None)  # the defaults compared against are vLLM's own
+    os.environ.pop(ENV, None)  # the defaults compared against are vLLM's own
     model = local_model_shape(args.model) if args.model else model_shape(QWEN3_4B)
     if model is None:
         parser.error(f"--model {args.model}: no config.json with {', '.join(SHAPE_KEYS)}")

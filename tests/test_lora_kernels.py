@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from agent_envs.es import lora_kernels
-from agent_envs.es.lora_kernels import ENV, SHIPPED, choose, local_model_shape, use_tuned
+from agent_envs.es.lora_kernels import ENV, SHIPPED, choose, local_model_shape, model_shape, use_tuned
 from tests.vllm_cpu import script_env, vllm_python
 
 TUNED = json.loads((SHIPPED / "tuned_for.json").read_text())
@@ -63,7 +62,7 @@ def test_a_users_own_folder_wins_and_an_unknown_shape_keeps_the_defaults(tmp_pat
 
 
 def test_head_dim_defaults_to_hidden_over_heads() -> None:
-    shape = lora_kernels.model_shape({**TUNED["shape"], "head_dim": None, "hidden_size": 4096})
+    shape = model_shape({**TUNED["shape"], "head_dim": None, "hidden_size": 4096})
     assert shape["head_dim"] == 4096 // TUNED["shape"]["num_attention_heads"]
 
 
