@@ -63,6 +63,7 @@ RESUME_IDENTITY = (
     "sandbox",
     "step_scorer",
     "skill_sha256",
+    "prompts",
     "token_trajectories",
 )
 
@@ -139,6 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="skill text appended to the system prompt (docs/protocol.md#skill-injection)",
+    )
+    ev.add_argument(
+        "--prompts",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="prompt profile: a folder laid out like prompts/ holding the reference's system prompt, "
+        "checked against its published SHA-256 (docs/protocol.md#prompt-profiles)",
     )
     for flag in SAMPLING_FLAGS:
         ev.add_argument("--" + flag.replace("_", "-"), type=int if flag == "top_k" else float, default=None)
@@ -481,6 +490,8 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
             env_kwargs["skill"], skill_sha256 = read_skill(args.skill_file)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+    if args.prompts is not None:
+        env_kwargs["prompts"] = str(args.prompts)
     if args.token_trajectories:
         env_kwargs["token_trajectories"] = True
     if max_turns is not None:
@@ -506,6 +517,7 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
         "argv": sys.argv[1:],
         "skill_file": None if args.skill_file is None else str(args.skill_file),
         "skill_sha256": skill_sha256,
+        "prompts": None if args.prompts is None else str(args.prompts),
     }
     pooled = args.engines > 1 or args.ray_address is not None
     if pooled and kind == "vllm" and args.mode == "async":  # each actor drives the offline engine

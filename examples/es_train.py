@@ -93,6 +93,7 @@ from agent_envs.policy.vllm import DEFAULT_ROLLOUT_TOKEN_BUDGET, REFERENCE_TOKEN
 from agent_envs.scale.mps import MODES as MPS_MODES
 from agent_envs.rewards.combine import FitnessCombiner
 from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
+from agent_envs.core.prompts import PROFILE, profile_prompt, sha256
 from agent_envs.core.steps import StepScorer
 from agent_envs.scoring.process import AGGREGATIONS
 from agent_envs.rollout import run_episodes
@@ -160,6 +161,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-turns", type=int, default=50)
     p.add_argument("--max-tokens", type=int, default=None, help="per-turn tokens (env default: 4096 / 512)")
     p.add_argument("--sandbox", default="bwrap", choices=["bwrap", "none", "docker"])
+    p.add_argument(
+        "--prompts",
+        default=None,
+        metavar="DIR",
+        help="prompt profile: the reference's system prompt, checked against its published SHA-256 "
+        "(docs/protocol.md#prompt-profiles)",
+    )
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--max-model-len", type=int, default=32768)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
@@ -389,11 +397,24 @@ def make_env_kwargs(args: argparse.Namespace, skill: str | None = None) -> dict[
         "max_turns": args.max_turns,
         "sandbox": args.sandbox,
         "skill": skill,
+        **({"prompts": args.prompts} if args.prompts else {}),
         **dict(args.env_arg),
     }
     if args.max_tokens is not None:
         env_kwargs["max_tokens_per_turn"] = args.max_tokens
     return env_kwargs
+
+
+def prompt_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """``--prompts``: the profile's system prompt checked against its published SHA-256 before any
+    engine starts, and recorded in the history's config (docs/protocol.md#prompt-profiles)."""
+    if not args.prompts:
+        return {}
+    try:
+        text = profile_prompt(args.prompts, registry.spec(args.env).system_prompt)
+    except ValueError as exc:
+        raise SystemExit(f"--prompts: {exc}") from None
+    return {"prompts": args.prompts, "prompt_profile": PROFILE, "system_prompt_sha256": sha256(text)}
 
 
 @dataclass
@@ -425,7 +446,7 @@ def open_run(args: argparse.Namespace) -> Iterator[ESRun]:
         except ValueError as exc:
             raise SystemExit(str(exc)) from None
         train = load_tasks(args.env, args.train) if args.train else []
-        config = make_config(args, combiner).model_copy(update=setup.config)
+        config = make_config(args, combiner).model_copy(update={**setup.config, **prompt_settings(args)})
         if args.eval_only:
             try:
                 eval_only_plan(

@@ -2,12 +2,19 @@
 
 Templates use the literal placeholder ``{question}`` and are filled with ``str.replace`` so braces in
 questions (LaTeX) are never interpreted.  Files are read without the final newline that editors add.
+
+The shipped system prompts are this package's own wording; the reference's texts are not in the
+repository.  :data:`PUBLISHED_TEXTS` (the one home of docs/protocol.md#prompt-hashes) lists the
+SHA-256 of the reference's texts, and a *prompt profile* (:func:`profile_prompt`) is a folder laid
+out like ``prompts/`` whose system prompts must hash to those values: how a user who holds the
+original texts runs with them exactly (docs/protocol.md#prompt-profiles).
 """
 
 from __future__ import annotations
 
 import hashlib
 from importlib import resources
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +48,79 @@ def fill(template: str, question: str) -> str:
 
 def sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class PublishedText:
+    """A text of the reference whose SHA-256 (of its UTF-8 bytes) docs/protocol.md#prompt-hashes lists."""
+
+    #: the table row's description
+    label: str
+    chars: int
+    sha256: str
+    #: the shipped prompt a profile's file of the same name replaces (``"<env folder>/system"``); None
+    #: for the texts a profile does not hold
+    prompt: str | None = None
+
+
+#: docs/protocol.md#prompt-hashes, row by row (tests check the page against this table)
+PUBLISHED_TEXTS: tuple[PublishedText, ...] = (
+    PublishedText(
+        "DocVQA system prompt", 845, "617703849766c9b52c752bc792e7d279fcdc75fcbac86c2598a0d4a2291dd711", "docvqa/system"
+    ),
+    PublishedText(
+        'Math system prompt (profile "repo-react-v1", the ES runner\'s)',
+        658,
+        "aed339572cb4696b1061c4816670b7c480b34ca37c3880c5c1dd7b8c14d9da44",
+        "math_react/system",
+    ),
+    PublishedText(
+        'Math system prompt, profile "matched-agentic" (HTTP default, GRPO training; no counterpart here)',
+        718,
+        "eb7aa0ae27710b21b81aa3ba7908c6fe2c3108c29d7360726f33c875fc0209ea",
+    ),
+    PublishedText(
+        "DocVQA user message for the question `What is the invoice number?`",
+        187,
+        "d4abe0328a55adb9360bc675a9b816aee56095536c5c7152da38393e74a4987d",
+    ),
+    PublishedText(
+        "DocVQA format warning, HTTP wording", 170, "ac4f675528c9a7cb4ecb5bfc9d89ea3d0b194303c4a7450945c53d51d7046c4c"
+    ),
+    PublishedText(
+        "DocVQA tool-required warning", 138, "098885d4186e06107118d25a800a7e895401bef9a631bf65a5699f86a76c7345"
+    ),
+)
+#: the texts a prompt profile holds, by shipped prompt name
+PUBLISHED_PROMPTS: dict[str, PublishedText] = {t.prompt: t for t in PUBLISHED_TEXTS if t.prompt is not None}
+#: what a run records of a prompt profile (the environment's config hash and settings)
+PROFILE = "published"
+
+
+def profile_prompt(directory: str | Path, name: str) -> str:
+    """The system prompt ``name`` (``"<env folder>/system"``) of the prompt profile in ``directory``
+    (``<directory>/<name>.txt``, the layout of ``prompts/``), checked against its published SHA-256
+    (docs/protocol.md#prompt-profiles).  A missing file, a prompt without a published hash and a
+    text that hashes differently are ValueErrors; the last names both hashes."""
+    published = PUBLISHED_PROMPTS.get(name)
+    if published is None:
+        known = ", ".join(sorted(PUBLISHED_PROMPTS))
+        raise ValueError(f"prompt profile {directory}: no published SHA-256 for {name!r} (a profile holds {known})")
+    path = Path(directory) / f"{name}.txt"
+    if not path.is_file():
+        raise ValueError(f"prompt profile {directory}: {path} not found (a profile is laid out like prompts/)")
+    try:
+        text = _read(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"prompt profile {directory}: {path}: {exc}") from None
+    got = sha256(text)
+    if got != published.sha256:
+        raise ValueError(
+            f"prompt profile {directory}: {path} has SHA-256 {got} ({len(text)} characters, a final newline "
+            f"dropped), not the published {published.sha256} ({published.chars} characters) of the "
+            f"{published.label}"
+        )
+    return text
 
 
 def read_skill(path: str | Path) -> tuple[str, str]:

@@ -21,7 +21,7 @@ import gymnasium as gym
 
 from agent_envs.core.content import copy_message, text_of, text_part, transcript
 from agent_envs.core.observation import Observation, Shown, split
-from agent_envs.core.prompts import few_shot_turns, fill, load_prompt, sha256
+from agent_envs.core.prompts import PROFILE, few_shot_turns, fill, load_prompt, profile_prompt, sha256
 from agent_envs.core.spec import EnvSpec, Rules, Tool
 from agent_envs.core.steps import StepContext, StepScore, StepScorer
 from agent_envs.core.tasks import episode_key
@@ -122,6 +122,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         sandbox: Any = "bwrap",
         system_prompt: str | None = None,
         prompt_file: str | None = None,
+        prompts: str | Path | None = None,
         skill: str | None = None,
         few_shot: str | Path | list[Any] | None = None,
         compat: str = "es",
@@ -170,6 +171,8 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         #: keep each episode as the token ids the engine sees and samples (records grow by them);
         #: ``reset`` refuses it without a tokenizer
         self.token_trajectories = args.token_trajectories
+        #: the prompt profile folder (docs/protocol.md#prompt-profiles), or None for the shipped prompts
+        self.prompts = None if prompts is None else str(prompts)
         self.system_prompt = self._system_prompt(system_prompt, prompt_file, skill)
         self.user_template = load_prompt(es.user_prompt)
         #: worked examples sent as earlier chat turns, before the task (docs/protocol.md#few-shot-turns)
@@ -179,7 +182,10 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         self._tasks: list[Any] | None = None
         self._tools: dict[str, Tool] = {}
         self._ep: EpisodeState | None = None
-        per_turn = 1 + (self.rules.parser.max_calls if self.rules.parser.native_tool_calls else 1)
+        # a reply and its observation; under native calls a tool message per call run and one for
+        # all the calls past the cap (docs/protocol.md#native-tool-calls)
+        parser = self.rules.parser
+        per_turn = 1 + (parser.max_calls + 1 if parser.native_tool_calls else 1)
         self.observation_space = Conversation(max_messages=self._prompt_len + per_turn * self.max_turns)
         self.action_space = CompletionText()
 
@@ -298,7 +304,8 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         ep.last_completion = text
         reply: dict[str, Any] = {"role": "assistant", "content": text}
         if completion.tool_calls and self.rules.parser.native_tool_calls:  # a server's calls, as it sent them
-            reply["tool_calls"] = [dict(c) for c in completion.tool_calls]
+            # up to the cap: each call the chat keeps has its tool message (docs/protocol.md#native-tool-calls)
+            reply["tool_calls"] = [dict(c) for c in completion.tool_calls[: self.rules.parser.max_calls]]
         ep.messages.append(reply)
         if ep.trajectory is not None:
             ep.trajectory.add_completion(completion)
@@ -404,6 +411,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             "sandbox": self.sandbox_config.model_dump(mode="json", exclude={"mounts"}),
             "system_prompt_sha256": sha256(self.system_prompt),
             "user_template_sha256": sha256(self.user_template),
+            **({"prompt_profile": PROFILE} if self.prompts is not None else {}),
             **({"few_shot_sha256": sha256(json.dumps(self.few_shot))} if self.few_shot else {}),
             "compat": self.compat,
             # the engine sees the token history instead of the re-rendered chat (docs/rl.md#token-trajectories)
@@ -416,7 +424,8 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
     def env_settings(self) -> dict[str, Any]:
         """The environment's own options that change outcomes (e.g. Math's ``scorer``): what a run
         records so that its card can say how it was scored."""
-        return self.options.model_dump(mode="json")
+        own = self.options.model_dump(mode="json")
+        return own if self.prompts is None else {**own, "prompt_profile": PROFILE}
 
     # ----- internals ------------------------------------------------------------------------------
     @property
@@ -425,9 +434,12 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         return 2 + len(self.few_shot)
 
     def _system_prompt(self, text: str | None, prompt_file: str | None, skill: str | None) -> str:
-        if text is not None and prompt_file is not None:
-            raise ValueError("give system_prompt or prompt_file, not both")
-        base = text if text is not None else load_prompt(prompt_file or self.env_spec.system_prompt)
+        if sum(x is not None for x in (text, prompt_file, self.prompts)) > 1:
+            raise ValueError("give one of system_prompt, prompt_file and prompts")
+        if self.prompts is not None:  # the reference's text, checked (docs/protocol.md#prompt-profiles)
+            base = profile_prompt(self.prompts, self.env_spec.system_prompt)
+        else:
+            base = text if text is not None else load_prompt(prompt_file or self.env_spec.system_prompt)
         return msgs.with_skill(base, skill or "", self.env_spec.skill_separator)
 
     def _user_message(self, task: Any) -> str:
@@ -525,7 +537,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         record = self._record(ep, result)
         info = self._info()
         info.update(result.record_fields())
-        info["episode"] = record
+        info["record"] = record  # not "episode": Gymnasium's RecordEpisodeStatistics writes that key
         reward = float(record["score"])
         terminated = reason == "final_answer"
         return _copy_chat(ep.messages), reward, terminated, not terminated, info
@@ -551,7 +563,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             "generated_tokens": ep.generated_tokens,
             "trajectory_tokens": ep.trajectory_tokens,
             "attempted_trajectory_tokens": ep.attempted_trajectory_tokens,
-            "react_steps": [_copy_step(s) for s in ep.steps],
+            "react_steps": _record_steps(ep.steps),
             "trace_rounds": len(ep.steps),
             "turns": ep.turn,
             "tool_calls": ep.tool_calls,
@@ -636,6 +648,18 @@ def _copy_step(step: dict[str, Any]) -> dict[str, Any]:
         if key in step:
             copied[key] = bounded_copy(step[key])
     return copied
+
+
+def _record_steps(steps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The record's copy of ``steps``, a turn's text kept on its first step only (the steps of one
+    turn share it): a record grows with what the model wrote, not with its calls times that."""
+    out = []
+    for i, step in enumerate(steps):
+        copied = _copy_step(step)
+        if i and steps[i - 1]["turn"] == step["turn"]:
+            del copied["assistant"]
+        out.append(copied)
+    return out
 
 
 def _as_completion(action: Any) -> Completion:
