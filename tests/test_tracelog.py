@@ -111,17 +111,28 @@ def test_docvqa_success_has_empty_failure_reason_and_react_error_wins():
     assert "\nFailure reason: max_react_turns_exceeded\n" in text
 
 
-def test_math_body_format():
-    text = render(_math_row(0.0), MATH)
-    assert text.startswith(
+def test_math_body_byte_format():
+    """The reference's blank lines around the problem, expected answer and prediction (TL1); each
+    observation stripped, an all-whitespace one without a section (TL2); a step without an action
+    has no Action section."""
+    steps = [*STEPS[:2], {**STEPS[1], "observation": "   spaced  \n"}, {**STEPS[2], "observation": " \n\t"}]
+    expected = (
         "# Chat History math_reasoning_dapo_1/x\n\nTask ID: dapo_1/x\nSetting: math_reasoning\nSample index: 3\n"
         "Score: 0.0\nScore method: math_paper_react_cli_exact_fallback\nOutcome: FAILED\n"
-        "Failure reason: Score was 0.\n\n## Problem\nWhat is 6*7?\n\nExpected answer: 42\n## Trace\n\n## Round 1\n"
+        "Failure reason: Score was 0.\n\n"
+        "## Problem\n\nWhat is 6*7?\n\nExpected answer: 42\n\n"
+        "## Trace\n\n"
+        "## Round 1\n\n### Assistant\n\nLook first.\nAction: {...}\n\n"
+        "### Action\n\n```json\n"
+        '{"name": "bash", "arguments": {"command": "tesseract /workspace/document.png - | head"}}\n```\n\n'
+        "### Observation\n\n```text\nInvoice n° 123\n[exit_code] 0\n```\n\n"
+        "## Round 2\n\n### Assistant\n\nno action here\n\n### Observation\n\n```text\nFormat warning\n```\n\n"
+        "## Round 3\n\n### Assistant\n\nno action here\n\n### Observation\n\n```text\nspaced\n```\n\n"
+        '## Round 4\n\n### Assistant\n\nAction: {"name": "bash"}\n\n'
+        '### Action\n\n```json\n{"name": "bash", "arguments": {}}\n```\n\n'
+        "## Prediction\n\n42\n\n---\n\n## RESULT\nFAILED\n"
     )
-    # a step without an action has no Action section; an empty observation has no Observation section
-    assert "## Round 2\n\n### Assistant\n\nno action here\n\n### Observation\n" in text
-    assert '## Round 3\n\n### Assistant\n\nAction: {"name": "bash"}\n\n### Action\n\n```json\n' in text
-    assert text.endswith('{"name": "bash", "arguments": {}}\n```\n\n## Prediction\n42\n---\n## RESULT\nFAILED\n')
+    assert render(_math_row(0.0, react_steps=steps), MATH) == expected
 
 
 def test_write_uses_utf8_with_replacement(tmp_path):

@@ -1,6 +1,6 @@
-"""The parts of a trace log every environment shares, in the reference byte format
-(docs/protocol.md#trace-logs): the rounds of an episode; each environment's renderer adds its
-header and result around them."""
+"""The parts of a trace log every environment shares, in the reference's layout
+(docs/protocol.md#trace-logs; tests/test_tracelog.py checks the bytes): the rounds of an episode;
+each environment's renderer adds its header and result around them."""
 
 from __future__ import annotations
 
@@ -17,16 +17,23 @@ def task_of(row: Row) -> Row:
 
 
 def rounds(steps: Sequence[Row]) -> list[str]:
-    """The ``## Round N`` sections of ``react_steps``: assistant text, action, observation, images."""
+    """The ``## Round N`` sections of ``react_steps``: assistant text, action, observation, images.
+    Assistant text and observation are written stripped, and an observation that is all whitespace
+    has no section (the reference's writer)."""
     lines: list[str] = []
+    said = 0  # the last round that carried its turn's text (later steps of that turn share it)
     for i, step in enumerate(steps, 1):
-        lines += [f"## Round {i}", "", "### Assistant", "", str(step.get("assistant", "")).strip(), ""]
+        if "assistant" in step or not said:
+            said, text = i, str(step.get("assistant", "")).strip()
+        else:
+            text = f"(the completion of round {said})"
+        lines += [f"## Round {i}", "", "### Assistant", "", text, ""]
         action = step.get("action")
         if action is not None:
             lines += ["### Action", "", "```json", json.dumps(action, ensure_ascii=False), "```", ""]
-        observation = step.get("observation")
+        observation = str(step.get("observation") or "").strip()
         if observation:
-            lines += ["### Observation", "", "```text", str(observation), "```", ""]
+            lines += ["### Observation", "", "```text", observation, "```", ""]
         images = step.get("images")
         if images:  # what the model was shown, never pixels (docs/protocol.md#image-observations)
             lines += ["### Images shown", "", *(_image_line(f) for f in images if isinstance(f, dict)), ""]

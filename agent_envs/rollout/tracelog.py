@@ -1,4 +1,5 @@
-"""Markdown trajectory logs in the reference byte format (docs/protocol.md#trace-logs).
+"""Markdown trajectory logs in the reference's layout (docs/protocol.md#trace-logs; tests/test_tracelog.py
+checks the bytes).
 
 These files are what the skill-distillation step reads, so names and bodies follow the
 reference exactly; only the choice of directory is ours.  The environment's

@@ -1,4 +1,4 @@
-"""DocVQA's trace logs in the reference byte format (docs/protocol.md#trace-logs) and its report fields."""
+"""DocVQA's trace logs in the reference's layout (docs/protocol.md#trace-logs) and its report fields."""
 
 from __future__ import annotations
 

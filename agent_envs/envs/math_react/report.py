@@ -1,4 +1,4 @@
-"""Math trace logs in the reference byte format (docs/protocol.md#trace-logs) and its report fields."""
+"""Math trace logs in the reference's layout (docs/protocol.md#trace-logs) and its report fields."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from agent_envs.protocol.tracelog import rounds, task_of
 
 
 def render_math(row: Row, result: str) -> str:
-    """docs/protocol.md#trace-logs, read literally: the Math ``## Problem`` and ``## Prediction`` have no blank line after."""
+    """docs/protocol.md#trace-logs: blocks separated by blank lines, as DocVQA's (the reference's writer)."""
     task = task_of(row)
     score = float(row.get("score") or 0.0)
     failure = row.get("react_error") or ("Score was 0." if score < 1.0 else "")
@@ -23,15 +23,20 @@ def render_math(row: Row, result: str) -> str:
         f"Failure reason: {failure}",
         "",
         "## Problem",
+        "",
         str(row.get("question", task.get("question", ""))),
         "",
         f"Expected answer: {row.get('answer', task.get('answer', ''))}",
+        "",
         "## Trace",
         "",
         *rounds(row.get("react_steps") or []),
         "## Prediction",
+        "",
         str(row.get("prediction", "")),
+        "",
         "---",
+        "",
         "## RESULT",
         result,
     ]
