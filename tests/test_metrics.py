@@ -49,11 +49,20 @@ def test_es_summary_accounting_5_10_2():
     assert s["termination_reasons"] == {"final_answer": 2, "request_error": 1, "max_turns": 1}
 
 
-def test_es_pass_needs_a_perfect_score_and_empty_sample_is_minus_one():
+def test_es_pass_needs_a_perfect_score_and_by_sample_lists_the_indexes_present():
     rows = [_row("a", 0, 0.99), _row("b", 0, 1.0)]
     s = es_summary(rows, samples=2)
     assert s["pass@2_count"] == 1  # 0.99 is not a pass, even for DocVQA ANLS
-    assert s["by_sample"]["1"] == {"count": 0, "mean_score": -1.0}
+    assert s["by_sample"] == {"0": {"count": 2, "mean_score": pytest.approx(0.995)}}
+    # M4: samples 4-7 of a run are keyed "4".."7" (the reference's summarize_rows), in numeric order
+    rows = [_row(t, i, float(i == 5)) for i in (10, 7, 6, 5, 4) for t in "ab"]
+    assert es_summary(rows, samples=4)["by_sample"] == {
+        "4": {"count": 2, "mean_score": 0.0},
+        "5": {"count": 2, "mean_score": 1.0},
+        "6": {"count": 2, "mean_score": 0.0},
+        "7": {"count": 2, "mean_score": 0.0},
+        "10": {"count": 2, "mean_score": 0.0},
+    }
 
 
 # ----------------------------------------------------------------------------- unbiased @k

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 from agent_envs.core.spec import EnvSpec
 from agent_envs.scoring.metrics import clamped_score
 
-from .metrics import Records, diagnostics, es_summary
+from .metrics import NO_SAMPLE_ROWS, Records, diagnostics, es_summary
 from .records import as_row
 
 Row = dict[str, Any]
@@ -54,8 +54,8 @@ def dataset_card(
         f"mean@{k}": ratio(int(sum(scores)), len(rows)) if binary else {"value": es["mean_score"]},
         f"max@{k}": es[f"max@{k}"],
         f"pass@{k}": ratio(es[f"pass@{k}_count"], tasks),
-        "acc@1": ratio(int(sum(first)), len(first)) if binary else {"value": es["by_sample"]["0"]["mean_score"]},
-        "per_sample": [es["by_sample"][str(i)]["mean_score"] for i in range(k)],
+        "acc@1": ratio(int(sum(first)), len(first)) if binary else {"value": _sample_mean(es, 0)},
+        "per_sample": [_sample_mean(es, i) for i in range(k)],
         "final_answer": ratio(terminations.get("final_answer", 0), len(rows)),
         "terminations": dict(terminations),
         "request_errors": sum(terminations.get(t, 0) for t in REQUEST_FAILURES),
@@ -69,6 +69,11 @@ def dataset_card(
         card["env_metrics"] = own.key
         card[own.key] = block
     return card
+
+
+def _sample_mean(es: Row, index: int) -> float:
+    """Sample ``index``'s mean score in an ES summary (-1.0 when no row has that index)."""
+    return float(es["by_sample"].get(str(index), NO_SAMPLE_ROWS)["mean_score"])
 
 
 def _num(value: Any) -> str:

@@ -34,18 +34,23 @@ def _rows(records: Records) -> list[Row]:
 
 
 # --------------------------------------------------------------------------- ES summary
+#: a ``by_sample`` entry for a sample index without rows (what per-sample tables show for it)
+NO_SAMPLE_ROWS: Row = {"count": 0, "mean_score": -1.0}
+
+
 def es_summary(records: Records, samples: int, items: int | None = None, include_rows: bool = False) -> Row:
-    """``summarize_rows`` of the ES runner, field for field."""
+    """``summarize_rows`` of the ES runner, field for field; ``by_sample`` is keyed by the sample
+    indexes the rows have (docs/protocol.md#metrics)."""
     rows = _rows(records)
     scores = [clamped_score(r) for r in rows]
     tasks = by_task(rows)
     n_items = items if items is not None else len(tasks)
     best = [max(clamped_score(r) for r in group) for group in tasks.values()]
     pass_count = sum(1 for b in best if b >= 1.0)
-    by_sample: dict[str, Row] = {}
-    for idx in range(samples):
-        s = [clamped_score(r) for r in rows if int(r.get("sample_index", -1)) == idx]
-        by_sample[str(idx)] = {"count": len(s), "mean_score": mean(s) if s else -1.0}
+    per_sample: dict[int, list[float]] = {}
+    for r in rows:  # the sample indexes the rows have, whatever ``samples`` says (the reference's keys)
+        per_sample.setdefault(int(r.get("sample_index", -1)), []).append(clamped_score(r))
+    by_sample = {str(i): {"count": len(s), "mean_score": mean(s)} for i, s in sorted(per_sample.items())}
     out: Row = {
         "count": len(rows),
         "valid_count": len(rows),
