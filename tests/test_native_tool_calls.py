@@ -18,6 +18,7 @@ from agent_envs.policy.base import Completion, GenerationRequest
 from agent_envs.policy.hf import smollm2_tokenizer
 from agent_envs.policy.scripted import RecordingPolicy, ScriptedPolicy
 from agent_envs.protocol.decision import decide_turn, with_tools
+from agent_envs.protocol.tracelog import rounds
 from agent_envs.protocol.native import MALFORMED_CALL, call_text, parse_server_calls, parse_text_calls, visible_text
 from agent_envs.rollout.runner import run_episodes
 from agent_envs.core.tokens import TokenCounter
@@ -68,9 +69,9 @@ def test_unknown_tools_and_empty_commands():
 def test_several_calls_run_in_order_up_to_the_cap():
     calls = [call_text("bash", {"command": f"echo {i}"}) for i in range(10)]
     decisions = decide_turn("".join(calls), used_bash=False, flavour=RULES)
-    assert [d.act_kind for d in decisions] == ["run"] * 8 + ["skipped_call"] * 2
+    assert [d.act_kind for d in decisions] == ["run"] * 8 + ["skipped_call"]  # one answer for all past the cap
     assert [d.command for d in decisions[:8]] == [f"echo {i}" for i in range(8)]
-    assert decisions[9].observation == "Not executed: at most 8 tool calls are run per turn."
+    assert decisions[8].observation == "Not executed: 2 more tool calls; at most 8 tool calls are run per turn."
 
 
 def test_final_answers_and_format_warnings():
@@ -116,7 +117,7 @@ def test_several_calls_in_one_turn_each_get_a_tool_message():
         assert tools[0]["content"] == "one\n\n[exit_code] 0" and tools[3]["content"] == "two\n\n[exit_code] 0"
         assert "never" not in json.dumps(messages[3:])
         messages, reward, terminated, truncated, info = env.step("Final answer: \\boxed{0}")
-        record = info["episode"]
+        record = info["record"]
         assert terminated and record["tool_calls"] == 2 and len(record["react_steps"]) == 4 and record["turns"] == 2
         assert record["turn_log"][0]["decision"] == "run,unknown_action,malformed_call,run"
     finally:
@@ -313,3 +314,48 @@ def test_server_tool_calls_reach_the_episode_through_either_openai_path(mode):
         "name": "bash",
         "tool_call_id": "call_9",
     }
+
+
+def test_thousands_of_calls_in_one_turn_give_a_record_linear_in_the_text():
+    """2,000 calls in one completion: 8 run, the rest get one answer; the turn's text is stored once,
+    and the chat stays inside the declared observation space (it once grew a record to 344 MB)."""
+    env = gym.make("MATH-Tools-v0", dataset="builtin", sandbox="bwrap", max_turns=2)
+    try:
+        env.reset(seed=0)
+        text = "".join(call_text("bash", {"command": f"echo {i}"}) for i in range(2000))
+        messages, *_ = env.step(text)
+        assert env.observation_space.contains(messages)
+        assert [m["role"] for m in messages[3:]] == ["tool"] * 8 + ["user"]
+        assert messages[-1]["content"].endswith(
+            "Not executed: 1992 more tool calls; at most 8 tool calls are run per turn."
+        )
+        messages, reward, terminated, truncated, info = env.step("Final answer: \\boxed{0}")
+        record = info["record"]
+        assert env.observation_space.contains(messages)
+        assert record["tool_calls"] == 8 and len(record["react_steps"]) == 9
+        assert record["turn_log"][0]["decision"] == ",".join(["run"] * 8 + ["skipped_call"])
+        assert record["react_steps"][0]["assistant"] == text
+        assert not any("assistant" in s for s in record["react_steps"][1:])  # the turn's text, once
+        assert len(json.dumps(record)) < 2 * len(text) + 20_000
+        log = "\n".join(rounds(record["react_steps"]))  # the trace log names the round whose text it is
+        assert log.count(text.strip()) == 1 and "(the completion of round 1)" in log
+    finally:
+        env.close()
+
+
+def test_a_server_sending_thousands_of_calls_keeps_a_valid_chat():
+    """Each call the chat keeps on the assistant message has its tool message (strict servers refuse
+    a call without one); the calls past the cap are answered once."""
+    env = gym.make("MATH-Tools-v0", dataset="builtin", sandbox="bwrap", max_turns=2)
+    try:
+        env.reset(seed=0)
+        entries = [
+            {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": '{"command": "echo 1"}'}}
+            for i in range(2000)
+        ]
+        messages, *_ = env.step(Completion(text="", tool_calls=entries, finish_reason="tool_calls"))
+        assert env.observation_space.contains(messages)
+        assert messages[2]["tool_calls"] == entries[:8]
+        assert [m.get("tool_call_id") for m in messages[3:]] == [f"c{i}" for i in range(8)] + [None]
+    finally:
+        env.close()

@@ -336,6 +336,13 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             return self._finish("context_length_exceeded", "context_length_exceeded")
         return _copy_chat(ep.messages), 0.0, False, False, self._info()
 
+    def end_episode(self, reason: str, react_error: str) -> tuple[Chat, float, bool, bool, dict[str, Any]]:
+        """End the running episode from outside, scored like ``max_turns``: what a wrapper that cut
+        it calls (Gymnasium's ``TimeLimit`` through :class:`~agent_envs.envs.time_limit.RecordTruncation`),
+        so that the cut episode still gets its record and a reason of its own."""
+        self._require_running()
+        return self._finish(reason, react_error)
+
     def generation_request(self) -> GenerationRequest:
         """What to generate next: the chat, the turn's seed, the token budget and the stop string;
         with token trajectories also the exact prompt ids and a request for log-probabilities."""
@@ -388,6 +395,16 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
     def close(self) -> None:
         self._close_sandbox()
         super().close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled and copied (subprocess vector envs, Ray) whole, except a running episode's tools:
+        their processes and sandbox files cannot be copied, so that is refused with a reason."""
+        if self._tools:
+            raise TypeError(
+                f"{self.env_id}: cannot pickle or copy the environment while its episode's tools are running "
+                f"({', '.join(self._tools)}); do it before the first tool call of an episode or after it ends"
+            )
+        return self.__dict__.copy()
 
     # ----- properties -----------------------------------------------------------------------------
     @property

@@ -27,7 +27,8 @@ class Decision:
     use).  ``observation_name`` is the name to put in ``Observation from <name>:``.  The tool's
     input is ``command`` (the text of its argument), or ``arguments`` for a tool that takes the
     action's whole ``arguments`` object.  Under a native parser also ``malformed_call`` and
-    ``skipped_call`` (reply, no tool use), and ``call`` is the tool call the decision answers.
+    ``skipped_call`` (reply, no tool use; one for all the calls past the cap), and ``call`` is the
+    tool call the decision answers (none for ``skipped_call``).
     """
 
     kind: Literal["final", "warn", "act"]
@@ -110,7 +111,8 @@ def decide_turn(
     completion: str, *, used_bash: bool, flavour: Rules, tool_calls: Sequence[Any] | None = None
 ) -> list[Decision]:
     """Every decision one completion calls for: the one of :func:`decide` under a ReAct parser;
-    under a native parser one per tool call, in order (docs/protocol.md#native-tool-calls).
+    under a native parser one per tool call, in order, up to the cap, and one for all the calls past it
+    (docs/protocol.md#native-tool-calls).
 
     ``tool_calls``: the calls a server parsed out of the text (OpenAI shape), read instead of it."""
     if not flavour.parser.native_tool_calls:
@@ -123,18 +125,17 @@ def decide_turn(
         done = used_bash or not flavour.require_tool
         return [Decision("final", final_answer=final) if done else _warn(flavour.tool_required)]
     limit = flavour.parser.max_calls
-    return [
-        _native_act(call, flavour)
-        if i < limit
-        else Decision(
-            "act",
-            act_kind="skipped_call",
-            observation_name=call.name or msg.FORMAT_CHECK,
-            observation=native.SKIPPED_CALL.format(limit=limit),
-            call=call,
+    decisions = [_native_act(call, flavour) for call in calls[:limit]]
+    if len(calls) > limit:  # one answer for them all: a record grows with the text, not with calls x text
+        decisions.append(
+            Decision(
+                "act",
+                act_kind="skipped_call",
+                observation_name=msg.FORMAT_CHECK,
+                observation=native.skipped_calls(len(calls) - limit, limit),
+            )
         )
-        for i, call in enumerate(calls)
-    ]
+    return decisions
 
 
 def _native_act(call: native.Call, rules: Rules) -> Decision:

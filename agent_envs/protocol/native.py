@@ -30,8 +30,6 @@ _ACTION = re.compile(r"Action:\s*(\{.*\})\s*\Z", re.DOTALL)
 MALFORMED_CALL = (
     'Tool call not understood: write <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call> with valid JSON.'
 )
-#: what each call past ``ParserSpec.max_calls`` gets back (it is not executed)
-SKIPPED_CALL = "Not executed: at most {limit} tool calls are run per turn."
 
 
 @dataclass(frozen=True)
@@ -126,6 +124,12 @@ def function_schema(name: str, argument: str, description: str, argument_descrip
 def call_text(name: str, arguments: Mapping[str, Any]) -> str:
     """A well-formed call as a model writes it (what a scripted baseline writes)."""
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": dict(arguments)}) + "\n</tool_call>"
+
+
+def skipped_calls(count: int, limit: int) -> str:
+    """The one answer to the ``count`` calls past ``ParserSpec.max_calls`` (none of them is executed)."""
+    calls = "tool call" if count == 1 else "tool calls"
+    return f"Not executed: {count} more {calls}; at most {limit} tool calls are run per turn."
 
 
 def tool_message(call: Call, body: str) -> Message:

@@ -287,7 +287,9 @@ def turns(row: Row, images: dict[str, str | None] | None = None) -> list[Row]:
     ``completion``."""
     images = {} if images is None else images
     react_steps = row.get("react_steps") or []
-    steps = {int(s.get("turn", i + 1)): s for i, s in enumerate(react_steps)}
+    steps: dict[int, Row] = {}
+    for i, s in enumerate(react_steps):  # a turn's first step: the one that carries its text
+        steps.setdefault(int(s.get("turn", i + 1)), s)
     step_scores = _step_scores(row, react_steps)
     log = row.get("turn_log") or []
     tool_s = row.get("turn_tool_s") or []
