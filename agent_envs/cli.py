@@ -37,7 +37,9 @@ from agent_envs.rollout.resume import DamagedRecords, read_records
 from agent_envs.rollout.runlock import RunFolderBusy, RunLock
 from agent_envs.rollout.runner import DEFAULT_BASE_SEED, MODES, run_episodes
 from agent_envs.rollout.tracelog import write_trace_logs
+from agent_envs.sandbox.base import SandboxUnavailable
 from agent_envs.sandbox.factory import BACKENDS as SANDBOX_BACKENDS
+from agent_envs.sandbox.factory import check_backend
 
 if TYPE_CHECKING:
     from agent_envs.scale.pool import EnginePool
@@ -534,6 +536,10 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
         _check_resume(out / "config.json", config)
     tasks, config["env_settings"] = _load_tasks(args.env, args.data, env_kwargs, limit)
     _unique_ids(tasks, args.data)
+    try:  # a missing daemon is one line now, not every episode's error (docs/docker.md)
+        check_backend(env_kwargs["sandbox"])
+    except SandboxUnavailable as exc:
+        raise UsageError(str(exc)) from None
     if kind == "cpu":
         print(
             f"[agent-envs] embedded default: {len(tasks)} task(s) of {args.data!r} with the small CPU model, "

@@ -188,3 +188,38 @@ def test_bad_request_flags(tmp_path, capsys, flags, message):
     argv = ["eval", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", *flags, "--out", str(tmp_path / "r")]
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def _no_docker_daemon(tmp_path: Path, monkeypatch) -> None:
+    """DOCKER_HOST at a socket that does not exist: the docker CLI finds no daemon (none is needed)."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
+
+
+def test_an_unreachable_docker_daemon_stops_eval_before_any_episode(tmp_path, capsys, monkeypatch, no_policy):
+    """docs/docker.md: SandboxUnavailable with the fix, one line, before the policy and any episode
+    (it once ran 200 episodes whose every observation was the error, exit 0)."""
+    _no_docker_daemon(tmp_path, monkeypatch)
+    out = tmp_path / "run"
+    argv = ["eval", "--policy", "scripted", "--env", "MATH-ReAct-v0", "--sandbox", "docker", "--out", str(out)]
+    assert cli.main([*argv, "--limit", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("agent-envs eval: error: docker backend: ") and err.count("\n") == 1, err
+    assert "no Docker daemon reachable" in err or "CLI is not on PATH" in err
+    assert not (out / "records.jsonl").exists()
+
+
+def test_a_sandbox_failing_mid_run_is_an_infrastructure_error_not_the_models_observation(tmp_path, monkeypatch):
+    """The daemon goes away after the check: each episode is an error row (re-run by --resume),
+    never an observation the model is scored on."""
+    from agent_envs.policy.scripted import ScriptedPolicy
+    from agent_envs.envs import registry
+    from agent_envs.rollout.runner import run_episodes
+
+    _no_docker_daemon(tmp_path, monkeypatch)
+    spec = registry.spec("MATH-ReAct-v0")
+    tasks = spec.load_tasks("builtin")[:2]
+    records = run_episodes(
+        "MATH-ReAct-v0", tasks, ScriptedPolicy(spec.baseline), env_kwargs={"sandbox": "docker"}, progress=False
+    )
+    assert [r.termination_reason for r in records] == ["env_error"] * 2
+    assert all("docker backend" in str(r.error) and not r.react_steps for r in records)

@@ -170,6 +170,11 @@ class Sandbox(abc.ABC):
     def __init__(self, config: SandboxConfig) -> None:
         """Every backend is built from its config alone (:func:`agent_envs.sandbox.factory.make_sandbox`)."""
 
+    @classmethod
+    def check(cls, config: SandboxConfig) -> None:
+        """Raise :class:`SandboxUnavailable` (with the fix) when this backend cannot run ``config``
+        here: what a run asks once before its first episode (default: nothing to ask)."""
+
     @abc.abstractmethod
     def run(self, command: str, timeout: float | None = None) -> ExecResult:
         """Run ``command`` with bash; ``timeout`` overrides ``config.limits.timeout_s``."""

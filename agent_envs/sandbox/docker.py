@@ -43,6 +43,8 @@ KEEPALIVE_UID = 65534
 COMMAND_UID_BASE = 200_000
 #: extra host seconds granted to the docker CLI beyond the in-container timeout
 HOST_GRACE_S = 15.0
+#: how long the check before a run waits for the daemon (a TCP host that drops packets)
+CHECK_TIMEOUT_S = 30
 
 # $1 = timeout seconds, $2 = the bash program (ulimit + cwd trap + the model's command).
 # The outer shell restores the cwd, runs the program under `timeout -s KILL` (which kills its
@@ -74,19 +76,51 @@ def _docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
     return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
+def _require_cli() -> None:
+    if shutil.which("docker") is None:
+        raise SandboxUnavailable("docker backend: the `docker` CLI is not on PATH (install docker.io)")
+
+
+def _explain(image: str, stderr: str) -> str:
+    """What a failed docker command means, with the fix, on one line."""
+    host = os.environ.get("DOCKER_HOST", "the default socket")
+    said = " ".join(stderr.split())
+    if "Cannot connect" in stderr or "connect: " in stderr:
+        return f"docker backend: no Docker daemon reachable at {host}: {said}"
+    if "No such image" in stderr or "not found" in stderr:
+        return (
+            f"docker backend: image {image!r} is missing on {host}; build it "
+            f"(docker build -t {image} . or docker/build_local_image.sh {image}): {said}"
+        )
+    return f"docker backend: cannot start a container: {said}"
+
+
 class DockerSandbox(Sandbox):
     """One container per episode (``mode="persistent"``) or per command (``mode="fresh"``)."""
 
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config
-        if shutil.which("docker") is None:
-            raise SandboxUnavailable("docker backend: the `docker` CLI is not on PATH (install docker.io)")
+        _require_cli()
         # the command uid is neither a file's owner nor in its group: only world-readable files work
         self._mounts, self._staged = staged_mounts(config, lambda p: not p.stat().st_mode & 0o004)
         self.sandbox_id = secrets.token_hex(6)
         self.uid = COMMAND_UID_BASE + secrets.randbelow(1 << 16)
         self._container: str | None = None
         self._closed = False
+
+    @classmethod
+    def check(cls, config: SandboxConfig) -> None:
+        """The CLI, the daemon and the image, asked once (``docker image inspect`` needs all three)."""
+        _require_cli()
+        try:
+            res = _docker("image", "inspect", "--format", "{{.Id}}", config.docker_image, timeout=CHECK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            host = os.environ.get("DOCKER_HOST", "the default socket")
+            raise SandboxUnavailable(
+                f"docker backend: the Docker daemon at {host} did not answer within {CHECK_TIMEOUT_S} s"
+            ) from None
+        if res.returncode != 0:
+            raise SandboxUnavailable(_explain(config.docker_image, res.stderr))
 
     # -- container lifecycle -------------------------------------------------------------
     def _run_args(self, name: str) -> list[str]:
@@ -149,21 +183,9 @@ class DockerSandbox(Sandbox):
             if res.returncode != 0:
                 _LIVE.discard(name)
                 _remove_containers([name])
-                raise SandboxUnavailable(self._explain(res.stderr))
+                raise SandboxUnavailable(_explain(self.config.docker_image, res.stderr))
             self._container = name
         return self._container
-
-    def _explain(self, stderr: str) -> str:
-        host = os.environ.get("DOCKER_HOST", "the default socket")
-        if "Cannot connect" in stderr or "connect: " in stderr:
-            return f"docker backend: no Docker daemon reachable at {host}: {stderr.strip()}"
-        if "No such image" in stderr or "not found" in stderr:
-            return (
-                f"docker backend: image {self.config.docker_image!r} is missing on {host}; build it "
-                f"(docker build -t {self.config.docker_image} . or docker/build_local_image.sh "
-                f"{self.config.docker_image}): {stderr.strip()}"
-            )
-        return f"docker backend: cannot start a container: {stderr.strip()}"
 
     def _drop_container(self) -> None:
         if self._container is not None:

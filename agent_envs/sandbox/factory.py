@@ -102,6 +102,13 @@ def backends_with(needs: frozenset[str]) -> list[str]:
     return [b for b in BACKENDS if needs <= backend_class(b).capabilities]
 
 
+def check_backend(spec: SandboxConfig | str | dict[str, Any] | None) -> None:
+    """Raise :class:`~agent_envs.sandbox.base.SandboxUnavailable` when ``spec``'s backend cannot run
+    here (a run asks before its first episode, so a missing daemon is not every episode's error)."""
+    config = effective(resolve_config(spec))
+    backend_class(config.backend).check(config)
+
+
 def make_sandbox(spec: SandboxConfig | str | dict[str, Any] | None) -> Sandbox:
     config = effective(resolve_config(spec))
     return backend_class(config.backend)(config)

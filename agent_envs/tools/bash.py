@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agent_envs.core.spec import Framing, ToolSpec
-from agent_envs.core.types import error_text
+from agent_envs.core.types import InfrastructureError, error_text
 from agent_envs.sandbox.base import Sandbox, SandboxConfig
 from agent_envs.sandbox.factory import make_sandbox
 from agent_envs.sandbox.output import LAUNCH_ERROR_PREFIX, format_observation
@@ -30,6 +30,9 @@ class BashTool:
         sandbox = self.ensure_sandbox()
         try:
             result = sandbox.run(command)
+        except InfrastructureError:  # the machine's fault, never the model's observation (docs/reliability.md)
+            self.close()
+            raise
         except Exception as exc:  # a dead sandbox must not end a user's training loop
             self.close()
             return LAUNCH_ERROR_PREFIX + error_text(exc)
