@@ -34,7 +34,7 @@ from agent_envs.rollout.metrics import group_metrics, paired_bootstrap, summariz
 from agent_envs.core.tasks import task_id
 from agent_envs.rollout.records import ERROR_TERMINATIONS, load_records
 from agent_envs.rollout.resume import DamagedRecords, read_records
-from agent_envs.rollout.runlock import RunFolderBusy, RunLock
+from agent_envs.rollout.runlock import RunLock, RunLockError
 from agent_envs.rollout.runner import DEFAULT_BASE_SEED, MODES, run_episodes
 from agent_envs.rollout.tracelog import write_trace_logs
 from agent_envs.sandbox.base import SandboxUnavailable
@@ -432,7 +432,7 @@ def _unique_ids(tasks: Sequence[Any], data: str) -> None:
 def _run_lock(out: Path) -> RunLock:
     try:
         return RunLock(out).acquire()
-    except RunFolderBusy as exc:
+    except RunLockError as exc:
         raise UsageError(str(exc)) from None
 
 

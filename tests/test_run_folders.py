@@ -72,6 +72,48 @@ def test_a_second_writer_is_refused_naming_the_first_and_a_killed_holder_leaves_
     assert cli.main([*EVAL, "--out", str(out)]) == 0  # the kernel dropped the dead holder's lock
 
 
+@pytest.mark.parametrize("kind", ["symlink", "dangling symlink", "directory", "fifo"])
+def test_a_lock_that_is_not_a_plain_file_is_refused_in_one_line_and_left_alone(tmp_path, capsys, no_policy, kind):
+    """``<out>/.lock`` a symlink is never followed (eval once truncated and rewrote its target); a
+    directory or FIFO is one line, not a traceback (or a hang)."""
+    out, target = tmp_path / "run", tmp_path / "precious.txt"
+    out.mkdir()
+    target.write_text("keep me\n")
+    lock = out / ".lock"
+    if kind == "symlink":
+        lock.symlink_to(target)
+    elif kind == "dangling symlink":
+        lock.symlink_to(tmp_path / "created-through-the-link")
+    elif kind == "directory":
+        lock.mkdir()
+    else:
+        os.mkfifo(lock)
+    assert cli.main([*EVAL, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"agent-envs eval: error: {lock} cannot be the run lock: it is a ") and err.count("\n") == 1
+    assert target.read_text() == "keep me\n" and not (tmp_path / "created-through-the-link").exists()
+    assert not (out / "config.json").exists()
+
+
+def test_a_refusal_shows_the_holder_sanitised_and_short(tmp_path):
+    """The lock file is anyone's text: terminal escapes and a 3 KB "pid" never reach stderr whole."""
+    import fcntl
+
+    from agent_envs.rollout.runlock import RunFolderBusy, RunLock
+
+    (tmp_path / ".lock").write_text(json.dumps({"pid": "\x1b[2J" + "9" * 3000, "host": "h\x07\r", "started": "t"}))
+    fd = os.open(tmp_path / ".lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by this open file: RunLock's own open is refused
+        with pytest.raises(RunFolderBusy) as refused:
+            RunLock(tmp_path).acquire()
+    finally:
+        os.close(fd)
+    message = str(refused.value)
+    assert message.isprintable() and len(message) < 400 + len(str(tmp_path)), message
+    assert "pid ?[2J9999" in message and "on host h??" in message
+
+
 def _damaged(run: Path, tmp_path: Path, edit) -> Path:
     copy = tmp_path / "damaged"
     shutil.copytree(run, copy)
