@@ -125,7 +125,7 @@ def test_random_and_adversarial_completions_never_raise(env_id):
             assert isinstance(reward, float)
             if terminated or truncated:
                 ended += 1
-                record = info["episode"]
+                record = info["record"]
                 assert record["termination_reason"] in TERMINATIONS and 0.0 <= record["score"] <= 1.0
                 # a record crosses processes and files: copy, pickle and JSON must all take it
                 assert pickle.loads(pickle.dumps(copy.deepcopy(record))) == json.loads(json.dumps(record))
@@ -159,7 +159,7 @@ class _Totality:
         assert isinstance(reward, float) and 0.0 <= reward <= 1.0
         if terminated or truncated:
             self.running = False
-            record = info["episode"]
+            record = info["record"]
             assert record["termination_reason"] in TERMINATIONS, record["react_error"]
             EpisodeRecord.model_validate(record)  # what the runner keeps, and writes:
             json.loads(dumps_line(record))

@@ -114,7 +114,7 @@ def test_a_docvqa_record_without_tool_use_keeps_its_last_completion():
         *_, info = env.step("The total is 42")
     finally:
         env.close()
-    record = info["episode"]
+    record = info["record"]
     assert (record["termination_reason"], record["used_bash"]) == ("max_turns", False)
     assert record["response"] == record["completion"] == "The total is 42"
     assert (record["score"], record["prediction"], record["score_method"]) == (
@@ -153,7 +153,7 @@ def test_a_stored_action_keeps_its_parts_below_100_levels_as_json_text():
     finally:
         env.close()
     assert messages[-1]["content"] == "Observation from bash:\nhi\n[exit_code] 0"
-    action = info["episode"]["react_steps"][0]["action"]
+    action = info["record"]["react_steps"][0]["action"]
     assert action["name"] == "bash" and action["arguments"]["command"] == "echo hi"
     value = action["arguments"]["x"]
     for _ in range(98):  # below the action and its arguments, 98 levels of the list are kept as they were

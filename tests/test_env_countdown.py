@@ -81,7 +81,7 @@ def test_python_tool_keeps_state_and_a_solved_episode_scores_one(env):
     )
     assert messages[5]["content"] == "Observation from python:\n83 [3, 4, 5, 25]\n\n[exit_code] 0"
     assert reward == 1.0 and info["termination_reason"] == "final_answer"
-    record = info["episode"]
+    record = info["record"]
     assert record["score_method"] == "countdown_exact" and record["value"] == "83" and record["tool_calls"] == 2
 
 
@@ -91,7 +91,7 @@ def test_a_search_run_in_the_python_tool_solves_and_scores_one(env, task):
     messages, *_ = env.step(_act("python", f"N = {list(task.nums)}\nT = {task.target}\n{SEARCH}"))
     found = messages[-1]["content"].splitlines()[1]  # the expression the search printed
     _, reward, _, _, info = env.step(f"Final answer: \\boxed{{{found}}}")
-    assert reward == 1.0, (found, info["episode"]["score_reason"])
+    assert reward == 1.0, (found, info["record"]["score_reason"])
 
 
 def test_bash_satisfies_tool_required_and_its_blocklist_has_countdown_text(env):
@@ -129,7 +129,7 @@ def test_bad_answers_score_zero_without_executing_anything(env, tmp_path, answer
         env, _act("python", "print(1)"), f"Final answer: \\boxed{{{answer.format(marker=marker)}}}"
     )
     assert reward == 0.0 and info["termination_reason"] == "final_answer"
-    assert reason in info["episode"]["score_reason"]
+    assert reason in info["record"]["score_reason"]
     assert not marker.exists()
 
 

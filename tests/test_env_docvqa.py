@@ -45,7 +45,7 @@ def test_real_pages_ocr_then_gold_scores_one(real_tasks):
             assert len(messages[-1]["content"]) > 200  # real OCR text came back
             _, reward, terminated, truncated, info = env.step(f"Final answer: {task.answers[0]}")
             assert terminated and reward == 1.0, info
-            ep = info["episode"]
+            ep = info["record"]
             assert ep["anls"] == 1.0 and ep["acc"] == 1.0
             assert ep["score_method"] == "docvqa_paper_react_cli_anls"
             assert ep["tool_image"] == "/workspace/document.png"
@@ -115,7 +115,7 @@ def test_trajectory_cap_counts_observations():
         env.reset(seed=0)
         messages, reward, terminated, truncated, info = env.step(bash("python3 -c 'print(400 * chr(120))'"))
         assert truncated and info["termination_reason"] == "max_response_tokens_exceeded"
-        ep = info["episode"]
+        ep = info["record"]
         assert ep["attempted_trajectory_tokens"] >= 60 > ep["trajectory_tokens"] == ep["generated_tokens"]
         assert messages[-1]["content"].startswith("Observation from bash:")
     finally:
@@ -130,7 +130,7 @@ def test_attempted_trajectory_tokens_is_an_integer_like_the_reference(real_tasks
         env.reset(options={"row_index": 0})
         for text in completions:
             *_, info = env.step(text)
-        ep = info["episode"]
+        ep = info["record"]
         assert type(ep["attempted_trajectory_tokens"]) is int
         assert ep["attempted_trajectory_tokens"] == ep["trajectory_tokens"] > ep["generated_tokens"]
     finally:
@@ -168,7 +168,7 @@ def test_trajectory_cap_boundary(real_tasks, generated, cut_before_parsing):
         env.reset(options={"row_index": 0})
         messages, _, _, truncated, info = env.step(Completion(text="thinking", token_ids=[0] * generated))
         assert truncated and info["termination_reason"] == "max_response_tokens_exceeded"
-        ep = info["episode"]
+        ep = info["record"]
         assert ep["generated_tokens"] == ep["trajectory_tokens"] == generated
         if cut_before_parsing:
             assert messages[-1]["role"] == "assistant" and ep["attempted_trajectory_tokens"] == generated
@@ -188,7 +188,7 @@ def test_smoke_one_ocr_turn_then_answer(real_tasks):
         messages, *_ = env.step(OCR)
         assert "[exit_code] 0" in messages[-1]["content"]
         _, reward, terminated, _, info = env.step("Final answer: smoke")
-        ep = info["episode"]
+        ep = info["record"]
         assert terminated and ep["used_bash"] and ep["prediction"] == "smoke" and ep["anls"] == 1.0 == reward
     finally:
         env.close()

@@ -159,7 +159,7 @@ def test_scores_exactly_as_the_same_answer_in_docvqa_cli(real_tasks, answer_inde
         finally:
             env.close()
         assert terminated
-        records[env_id] = info["episode"]
+        records[env_id] = info["record"]
     fields = (
         "score",
         "score_method",
@@ -185,7 +185,7 @@ def test_record_keeps_facts_not_pixels(env, real_tasks):
     messages, *_ = env.step(view(box=[0, 0, 600, 400], zoom=1.5))
     url = messages[-1]["content"][1]["image_url"]["url"]
     *_, info = env.step("Final answer: x")
-    record = info["episode"]
+    record = info["record"]
     facts = record["react_steps"][0]["images"]
     assert facts == [
         {
@@ -219,7 +219,7 @@ def test_page_in_prompt_puts_the_capped_page_after_the_task_text(real_tasks):
         assert same_pixels(image, page.resize(image.size, Image.Resampling.LANCZOS).convert("RGB"))
         env.step(OCR)
         *_, info = env.step("Final answer: x")
-        [facts] = info["episode"]["prompt_images"]
+        [facts] = info["record"]["prompt_images"]
         assert facts["box"] == [0, 0, page.width, page.height] and facts["size"] == list(image.size)
         assert env.unwrapped.config_hash != plain.unwrapped.config_hash
     finally:
@@ -269,7 +269,7 @@ def test_without_a_processor_image_counts_are_estimates(real_tasks):
         ep = env.unwrapped._ep
         assert ep.trajectory_tokens - ep.generated_tokens == text_cost + 10 * 2
         *_, info = env.step("Final answer: x")
-        assert info["episode"]["token_counts_exact"] is False
+        assert info["record"]["token_counts_exact"] is False
     finally:
         env.close()
 
@@ -350,7 +350,7 @@ def test_report_flags_a_page_that_changed_after_the_run(tmp_path, real_tasks):
         *_, info = env.step("Final answer: x")
     finally:
         env.close()
-    [facts] = info["episode"]["react_steps"][0]["images"]
+    [facts] = info["record"]["react_steps"][0]["images"]
     assert rerender(facts)[1] is None
     Image.new("L", (800, 800), 255).save(page)  # a different size too: the cache sees the change
     image, problem = rerender(facts)

@@ -45,7 +45,7 @@ def test_scripted_episode_scores_one(env):
     messages, reward, terminated, truncated, info = env.step("Final answer: \\boxed{42}")
     assert reward == 1.0 and terminated and not truncated
     assert info["termination_reason"] == "final_answer"
-    ep = info["episode"]
+    ep = info["record"]
     assert ep["used_bash"] and ep["prediction"] == "42"
     assert ep["score_method"].startswith("math_paper_react_cli_")
     assert ep["trace_rounds"] == 1 and ep["react_steps"][0]["action"]["name"] == "bash"
@@ -69,9 +69,9 @@ def test_prose_until_turn_limit_truncates(env):
             assert not (terminated or truncated)
     assert truncated and not terminated
     assert info["termination_reason"] == "max_turns"
-    assert info["episode"]["react_error"] == "max_react_turns_exceeded"
+    assert info["record"]["react_error"] == "max_react_turns_exceeded"
     assert reward == 0.0
-    assert info["episode"]["score_method"] == "math_paper_react_cli_no_bash_tool_use"
+    assert info["record"]["score_method"] == "math_paper_react_cli_no_bash_tool_use"
 
 
 def test_turn_seeds_follow_protocol(env):
@@ -91,7 +91,7 @@ def test_request_error_ends_episode_without_raising(env):
     )
     assert truncated and not terminated and reward == 0.0
     assert info["termination_reason"] == "request_error"
-    assert info["episode"]["score_method"] == "math_paper_react_cli_request_error"
+    assert info["record"]["score_method"] == "math_paper_react_cli_request_error"
 
 
 def test_step_after_end_is_a_clear_error(env):

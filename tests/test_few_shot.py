@@ -56,7 +56,7 @@ def test_the_examples_come_between_the_system_prompt_and_the_task(tmp_path):
     assert env.observation_space.contains(obs)
     _, reward, terminated, _, info = env.step("6 * 7 = 42\nFinal answer: \\boxed{6 * 7}")
     assert (reward, terminated, info["termination_reason"]) == (1.0, True, "final_answer")
-    assert info["episode"]["task"]["nums"] == [6, 7]  # scored against the task, not an example
+    assert info["record"]["task"]["nums"] == [6, 7]  # scored against the task, not an example
 
 
 def test_a_list_gives_the_same_turns_as_the_file(tmp_path):

@@ -60,7 +60,7 @@ def test_environment_scores_each_step_when_used_directly():
         contexts = env.unwrapped.step_contexts()
     finally:
         env.close()
-    record = infos[-1]["episode"]
+    record = infos[-1]["record"]
     assert [c.turn for c in contexts] == [s["turn"] for s in record["react_steps"]] == [1, 2]
     expected = [text_score(c) for c in contexts]
     assert [i["step_score"] for i in infos[:2]] == expected and "step_score" not in infos[2]

@@ -63,7 +63,7 @@ def test_a_profile_with_the_published_text_runs_and_is_recorded(profile, tmp_pat
     *_, info = env.step("Final answer: \\boxed{2}")
     assert info["termination_reason"] == "max_turns"
     assert env.unwrapped.env_settings["prompt_profile"] == "published"
-    assert info["episode"]["env_config_hash"] != plain.unwrapped.config_hash
+    assert info["record"]["env_config_hash"] != plain.unwrapped.config_hash
     out = tmp_path / "run"
     argv = ["eval", "--env", "MATH-ReAct-v0", "--policy", "scripted", "--limit", "1", "--max-turns", "1"]
     argv += ["--no-progress", "--no-report", "--no-trace-logs", "--sandbox", "none", "--out", str(out)]

@@ -33,7 +33,7 @@ def test_an_unforeseen_exception_on_the_text_ends_the_episode_as_invalid_output(
     try:
         env.reset(seed=0)
         _, reward, terminated, truncated, info = env.step(BASH)
-        record = info["episode"]
+        record = info["record"]
         assert (reward, terminated, truncated) == (0.0, False, True)
         assert record["termination_reason"] == INVALID_OUTPUT == record["score_method"]
         assert record["react_error"] == "OverflowError: int too large to convert to float"

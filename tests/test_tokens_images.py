@@ -60,7 +60,7 @@ def test_env_counts_with_a_processor_are_exact_at_every_turn(processor, docvqa_d
             assert ep.trajectory_tokens - ep.generated_tokens == observation_costs
         # the policy-side count of the turn equals the processor's count of the chat it was given
         *_, info = env.step("Final answer: x")
-        record = info["episode"]
+        record = info["record"]
         assert record["token_counts_exact"] is True
         assert record["turn_log"][-1]["prompt_tokens"] == processor_count(processor, messages)
         # the counts include the images: 4 of them (page + 3 views), at least 16 tokens each (a global view)

@@ -1,6 +1,6 @@
 """Episode records and the crash-safe JSONL writer.
 
-One record per finished episode.  It is the environment's ``info["episode"]`` row (protocol
+One record per finished episode.  It is the environment's ``info["record"]`` row (protocol
 docs/protocol.md#records) plus what only the runner knows: true per-episode wall time, the number of policy
 calls, summed usage and which engine answered.  Each line is flushed and fsynced as soon as its
 episode ends, so a killed run loses at most the line being written (see :mod:`.resume`).

@@ -149,7 +149,7 @@ class _Episode:
                 self.new_contexts = self.env.get_wrapper_attr("step_contexts")(self.steps_taken)
                 self.steps_taken += len(self.new_contexts)
             if terminated or truncated:
-                self.episode = dict(info["episode"])
+                self.episode = dict(info["record"])
                 self.finished = time.perf_counter()
             else:
                 self.request = self.env.get_wrapper_attr("generation_request")()
