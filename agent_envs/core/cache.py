@@ -10,7 +10,10 @@ for all of them, :func:`build_once`:
   (an older layout, a copy interrupted by hand) is never taken as finished;
 * one builder at a time: an exclusive ``flock`` on ``<target>.lock`` beside the folder; the others
   wait for it and then find the folder finished (a lock is released when its process dies, so a
-  killed builder never blocks the next one);
+  killed builder never blocks the next one).  A waiter says on stderr, once, what it waits for
+  (the folder, the lock and the holder's pid, which the holder writes into the lock file) and gives
+  up with :class:`BuildWaitTimeout` after ``wait_s`` (default :data:`WAIT_S`): a holder alive for
+  that long is stuck, and waiting silently forever is the worst answer;
 * the build happens in a staging sibling (``.<name>.*.partial``) renamed over the target; should
   the target be finished by someone who did not take the lock, that counts as success.  Staging
   folders left by killed builders are removed by the next builder, under the lock.
@@ -25,30 +28,41 @@ import contextlib
 import fcntl
 import os
 import shutil
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
 #: written last into a finished folder; its absence means "not finished"
 MARKER = ".agent-envs-complete"
+#: how long a process waits for another one's build before giving up (builds take seconds to minutes)
+WAIT_S = 1800.0
+
+
+class BuildWaitTimeout(TimeoutError):
+    """Another process held a cache folder's build lock for longer than the caller would wait."""
 
 
 def is_complete(folder: str | os.PathLike[str]) -> bool:
     return (Path(folder) / MARKER).is_file()
 
 
-def build_once(target: str | os.PathLike[str], build: Callable[[Path], object], *, mode: int = 0o755) -> bool:
+def build_once(
+    target: str | os.PathLike[str], build: Callable[[Path], object], *, mode: int = 0o755, wait_s: float = WAIT_S
+) -> bool:
     """Make sure ``target`` is a finished folder, calling ``build(staging)`` to fill a fresh staging
     folder when it is not (what it returns is ignored).  Returns True when this call built it, False when it was already there
     (or another process finished it first).  ``mode`` is the folder's permission bits (the
     sandbox's unprivileged user reads the synthetic pages, so 0o755 rather than mkdtemp's 0o700).
     An exception from ``build`` propagates and leaves neither a target nor a staging folder.
+    Raises :class:`BuildWaitTimeout` when another process holds the lock for more than ``wait_s``.
     """
     target = Path(target)
     if is_complete(target):
         return False
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive(target.with_name(target.name + ".lock")) as locked:
+    with _exclusive(target, wait_s) as locked:
         if is_complete(target):
             return False
         if locked:
@@ -64,19 +78,62 @@ def build_once(target: str | os.PathLike[str], build: Callable[[Path], object], 
 
 
 @contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[bool]:
-    """Hold an exclusive lock on ``lock_path``; yields False where the file system has no locks
-    (then the rename rule alone keeps the folder whole, at the cost of building it twice)."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+def _exclusive(target: Path, wait_s: float) -> Iterator[bool]:
+    """Hold the exclusive lock of ``target``; yields False where the file system has no locks
+    (then the rename rule alone keeps the folder whole, at the cost of building it twice).  The
+    holder writes its pid into the lock file for waiters to name; O_NOFOLLOW, so that write never
+    lands in a file a symlink points to."""
+    lock_path = target.with_name(target.name + ".lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
+        if not _wait_for_lock(fd, target, lock_path, wait_s):
             yield False
             return
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield True
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def _wait_for_lock(fd: int, target: Path, lock_path: Path, wait_s: float) -> bool:
+    """Take the lock at once, or say once what we wait for and poll until ``wait_s`` has passed
+    (``flock`` itself has no deadline; a poll every second at most costs nothing beside a build).
+    False where the file system has no locks."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        pass
+    except OSError:
+        return False
+    holder = _holder(fd)
+    print(
+        f"[agent-envs] waiting for {holder} to finish building {target} (lock {lock_path}); "
+        f"giving up after {wait_s:.0f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    deadline, pause = time.monotonic() + wait_s, 0.05
+    while True:
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise BuildWaitTimeout(
+                    f"{holder} has held {lock_path} for over {wait_s:.0f} s without finishing {target}; "
+                    "if it is stuck, end it and try again"
+                ) from None
+        pause = min(2 * pause, 1.0)
+
+
+def _holder(fd: int) -> str:
+    """``process 1234`` from the lock file, or ``another process`` (only digits are trusted: the
+    file is shared, and its text is never echoed)."""
+    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    return f"process {int(text)}" if text.isdigit() and len(text) < 12 else "another process"
 
 
 def _remove_stale_staging(target: Path) -> None:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import multiprocessing
 import os
 import random
 import shutil
 import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -31,6 +31,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 from agent_envs.core.cache import MARKER, build_once, is_complete
+from agent_envs.core.workers import FreshPool
 from agent_envs.envs.docvqa.task import DocTask
 from agent_envs.envs.docvqa.scoring import anls, normalize
 
@@ -613,9 +614,8 @@ def difficulty_label(score: float) -> str:
 # ---------------------------------------------------------------- generation pipeline
 
 
-def _page_job(args: tuple[int, int, str]) -> tuple[list[dict[str, Any]], int]:
+def _page_job(seed: int, index: int, out_dir: str) -> tuple[list[dict[str, Any]], int]:
     """Draw, degrade, save and OCR page ``index``; return (kept task rows, dropped count)."""
-    seed, index, out_dir = args
     rng = random.Random(f"synth_docs:{seed}:{index}")
     kind = list(LAYOUTS)[index % len(LAYOUTS)]
     page = LAYOUTS[kind](rng, rng.choice(FONT_FAMILIES))
@@ -652,24 +652,29 @@ def _page_job(args: tuple[int, int, str]) -> tuple[list[dict[str, Any]], int]:
 def generate_docvqa_tasks(n_questions: int, seed: int = 0, out_dir: str | Path = ".") -> list[DocTask]:
     """Generate ``n_questions`` OCR-checked questions; write pages, tasks.jsonl, manifest.json.
 
-    Pages are processed in order by a pool of ``WORKERS`` processes and the first
-    ``n_questions`` kept questions are returned, so the result depends only on the seed.
+    Pages are processed in order by ``WORKERS`` worker processes and the first
+    ``n_questions`` kept questions are returned, so the result depends only on the seed.  The
+    workers are fresh interpreters of :class:`agent_envs.core.workers.FreshPool`, not a
+    ``multiprocessing`` pool: this runs on a user's first ``env.reset()``, from scripts without a
+    ``__main__`` guard, ``python -`` and notebooks, whose main a spawned child would run again (or
+    fail to find).  Process workers rather than threads: drawing and scoring hold the GIL, and
+    threads were about a third slower on two cores.
     """
     if n_questions < 1 or seed < 0:
         raise ValueError(f"need n_questions >= 1 and seed >= 0, got {n_questions}, {seed}")
     if shutil.which("tesseract") is None:
         raise RuntimeError("the synthetic DocVQA set needs the tesseract CLI (apt: tesseract-ocr)")
-    out = Path(out_dir)
+    out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     started, dropped, pages = time.perf_counter(), 0, 0
-    with multiprocessing.get_context("spawn").Pool(WORKERS) as pool:
+    with FreshPool(_page_job, WORKERS) as pool:
         while len(rows) < n_questions:
             if pages > 50 + n_questions:  # every page keeps some questions in practice
                 raise RuntimeError("synthetic page generation keeps too few questions")
             batch = max(WORKERS, -(-(n_questions - len(rows)) // (QUESTIONS_PER_PAGE - 1)))
             jobs = [(seed, i, str(out)) for i in range(pages, pages + batch)]
-            for kept, lost in pool.imap(_page_job, jobs):
+            for kept, lost in pool.map(jobs):
                 rows.extend(kept)
                 dropped += lost
             pages += batch
@@ -710,10 +715,20 @@ def builtin_tasks_file(n_questions: int, seed: int, cache_root: Path) -> Path:
 
     Generated once however many processes ask at the same time, and never seen half-written
     (:func:`agent_envs.core.cache.build_once`).  A finished set whose pages were deleted by hand loses
-    its marker and is generated again.
+    its marker and is generated again.  The builder says so on stderr, since the first reset of
+    DocVQA-CLI-v0 otherwise looks stuck for the half minute the default set takes on two cores.
     """
     target = builtin_cache_dir(n_questions, seed, cache_root)
     if is_complete(target) and _pages_missing(target):
         (target / MARKER).unlink(missing_ok=True)
-    build_once(target, lambda out: generate_docvqa_tasks(n_questions, seed, out))
+
+    def build(out: Path) -> None:
+        print(
+            f"[agent-envs] generating {n_questions} synthetic DocVQA questions into {target} (once)",
+            file=sys.stderr,
+            flush=True,
+        )
+        generate_docvqa_tasks(n_questions, seed, out)
+
+    build_once(target, build)
     return target / "tasks.jsonl"
