@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..protocol.budget import exceeds_context
+from ..protocol.budget import context_detail, exceeds_context
 from ..protocol.messages import STOP
 from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest
 
@@ -35,6 +35,10 @@ class SamplingConfig(BaseModel):
     def stop_for(self, request: GenerationRequest) -> list[str]:
         return list(request.stop) if request.stop else list(self.stop)
 
+    def for_request(self, request: GenerationRequest) -> SamplingConfig:
+        """These settings with the request's own on top (``GenerationRequest.sampling``), checked."""
+        return self if not request.sampling else SamplingConfig(**{**self.model_dump(), **request.sampling})
+
 
 def context_overflow(
     prompt_tokens: int, max_tokens: int | None, max_model_len: int | None, engine: str
@@ -46,7 +50,7 @@ def context_overflow(
         error=CONTEXT_LENGTH_EXCEEDED,
         prompt_tokens=prompt_tokens,
         engine=engine,
-        error_message=f"prompt_tokens {prompt_tokens} + max_tokens {max_tokens} > max_model_len {max_model_len}",
+        error_message=context_detail(prompt_tokens, max_tokens, max_model_len),
     )
 
 

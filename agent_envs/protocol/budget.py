@@ -18,6 +18,11 @@ def generation_reserve(max_tokens: int | None) -> int:
     return token_cap(max_tokens) or 1
 
 
+def context_detail(prompt_tokens: int, max_tokens: int | None, max_model_len: int | None) -> str:
+    """What a ``context_length_exceeded`` outcome says beside the reason: the numbers that did not fit."""
+    return f"prompt_tokens {prompt_tokens} + max_tokens {max_tokens} > max_model_len {max_model_len}"
+
+
 def exceeds_context(prompt_tokens: int, max_tokens: int | None, max_model_len: int | None) -> bool:
     """True when the prompt leaves less than the generation reserve free (unknown window: fits)."""
     return max_model_len is not None and prompt_tokens + generation_reserve(max_tokens) > max_model_len
