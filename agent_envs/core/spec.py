@@ -193,6 +193,20 @@ class MetricsSpec:
     at_k_labels: Mapping[str, str] = field(default_factory=dict)
 
 
+# The defaults below, like every callable of a spec, are module-level functions (no lambdas): an
+# environment holds its spec, and pickling or copying the environment pickles the spec by reference.
+def no_mounts(task: Any) -> list[Mount]:
+    return []
+
+
+def no_images(task: Any) -> list[str]:
+    return []
+
+
+def no_task_fields(task: Any) -> Row:
+    return {}
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     """One environment's protocol: budgets, prompts, tasks, rules, tools, mounts, scoring, report.
@@ -219,14 +233,14 @@ class EnvSpec:
     #: the pydantic task model a ``reset(options={"task": ...})`` payload is validated with
     task_model: type[BaseModel] | None = None
     #: sandbox mounts an episode needs, built from its task
-    mounts: Callable[[Any], list[Mount]] = lambda task: []
+    mounts: Callable[[Any], list[Mount]] = no_mounts
     #: ``(template, task) -> first user message``; None: ``{question}`` filled with ``task.question``
     user_message: Callable[[str, Any], str] | None = None
     #: host paths of the images a step scorer is shown with every step of a task
     #: (docs/protocol.md#process-rewards)
-    step_images: Callable[[Any], list[str]] = lambda task: []
+    step_images: Callable[[Any], list[str]] = no_images
     #: fields of the task every record repeats at its top level, before its score fields
-    task_fields: Callable[[Any], Row] = lambda task: {}
+    task_fields: Callable[[Any], Row] = no_task_fields
     #: the environment's own summary metrics (None: only the shared ones)
     metrics: MetricsSpec | None = None
     #: the ``scripted`` policy's answer, ``request -> completion``: one real tool call, then an

@@ -122,6 +122,11 @@ class TokenCounter:
             self._template = _unpooled(self.tokenizer, "apply_chat_template")
             self._encode = _direct_encoder(self.tokenizer)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled and copied as its arguments: the lock, memos and probe results are this process's
+        (an environment that holds a counter pickles for subprocess vector envs and Ray)."""
+        return (type(self), (self.tokenizer, self.enable_thinking, self.processor, self.tools))
+
     @property
     def exact(self) -> bool:
         """Whether text counts are exact (a tokenizer is known)."""

@@ -43,8 +43,18 @@ def register_all() -> None:
     """``gym.register`` every environment (idempotent)."""
     import gymnasium as gym
 
+    from gymnasium.envs.registration import WrapperSpec
+
+    # applied outside a TimeLimit, so that its cut ends the episode with a record (envs/time_limit.py)
+    record_truncation = WrapperSpec("RecordTruncation", "agent_envs.envs.time_limit:RecordTruncation", {})
     for env_id, env_spec in SPECS.items():
         if env_id not in gym.registry:
             # max_episode_steps is left unset: the environment enforces its own turn limit and
-            # reports it as termination_reason="max_turns" (TimeLimit would hide the reason).
-            gym.register(id=env_id, entry_point=env_spec.entry_point, nondeterministic=False)
+            # reports it as termination_reason="max_turns"; a TimeLimit of the caller's ends it
+            # with "time_limit"
+            gym.register(
+                id=env_id,
+                entry_point=env_spec.entry_point,
+                nondeterministic=False,
+                additional_wrappers=(record_truncation,),
+            )

@@ -1,11 +1,17 @@
-"""Gymnasium spaces for chat conversations (observations) and completion text (actions)."""
+"""Gymnasium spaces for chat conversations (observations) and completion text (actions), and the
+functions Gymnasium's wrappers and vector envs look up by space: the padding chat of
+``FrameStackObservation`` and ``DelayObservation``, and the shared memory of ``AsyncVectorEnv``
+(which it uses by default)."""
 
 from __future__ import annotations
 
-from typing import Any
+from types import ModuleType
+from typing import Any, Iterator
 
 import numpy as np
 from gymnasium.spaces import Space
+from gymnasium.vector.utils import create_shared_memory, read_from_shared_memory, write_to_shared_memory
+from gymnasium.wrappers.utils import create_zero_array
 
 from agent_envs.core.types import Completion
 
@@ -94,3 +100,50 @@ def _content_ok(content: Any) -> bool:
 def _text(rng: np.random.Generator) -> str:
     n = int(rng.integers(1, 12))
     return " ".join(_WORDS[int(i)] for i in rng.integers(0, len(_WORDS), size=n))
+
+
+@create_zero_array.register(Conversation)
+def _zero_chat(space: Conversation) -> Chat:  # type: ignore[misc]  # mypy misreads the generic fallback
+    """The chat closest to empty that is still in the space (one blank system message)."""
+    return [{"role": "system", "content": ""}]
+
+
+class SharedChats:
+    """The batch of chats an ``AsyncVectorEnv`` shares between its worker processes: one slot per
+    environment in a list kept by a manager process, since a chat has no fixed size to lay out in
+    a shared array.  Reads see the workers' latest writes; a deep copy (what the vector env returns
+    unless ``copy=False``) is a tuple of chats, as without shared memory."""
+
+    def __init__(self, slots: Any, n: int):
+        self.slots = slots
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> Chat:
+        chat: Chat = self.slots[index]
+        return chat
+
+    def __iter__(self) -> Iterator[Chat]:
+        return iter(self.slots[: self.n])
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> tuple[Chat, ...]:
+        return tuple(self.slots[: self.n])  # one round trip, already a copy
+
+
+@create_shared_memory.register(Conversation)
+def _create_shared_chats(space: Conversation, n: int = 1, ctx: ModuleType | Any = None) -> Any:
+    import multiprocessing
+
+    return (ctx or multiprocessing).Manager().list([None] * n)  # the list's proxy keeps its manager alive
+
+
+@read_from_shared_memory.register(Conversation)
+def _read_shared_chats(space: Conversation, shared_memory: Any, n: int = 1) -> SharedChats:
+    return SharedChats(shared_memory, n)
+
+
+@write_to_shared_memory.register(Conversation)
+def _write_shared_chat(space: Conversation, index: int, value: Chat, shared_memory: Any) -> None:
+    shared_memory[index] = value

@@ -41,6 +41,15 @@ def load_tasks(
     return [CountdownTask.model_validate(row) for row in list(spec)[:limit]]
 
 
+def user_message(template: str, task: CountdownTask) -> str:
+    return task.fill(template)
+
+
+def task_fields(task: CountdownTask) -> dict[str, Any]:
+    """The target and the numbers, as records list them."""
+    return {"target": task.target, "nums": list(task.nums)}
+
+
 SPEC = EnvSpec(
     id="Countdown-ReAct-v0",
     entry_point="agent_envs.envs.countdown.env:Env",
@@ -55,8 +64,8 @@ SPEC = EnvSpec(
     max_trajectory_tokens=None,
     load_tasks=load_tasks,
     task_model=CountdownTask,
-    user_message=lambda template, task: task.fill(template),
-    task_fields=lambda task: {"target": task.target, "nums": list(task.nums)},
+    user_message=user_message,
+    task_fields=task_fields,
     metrics=METRICS,
     baseline=baseline,
     description="Reach a target from 3-4 numbers with + - * /, each used once; python and bash tools.",

@@ -34,6 +34,11 @@ def task_fields(task: Any) -> Row:
     return {"answers": list(task.answers), "image": task.image, "tool_image": DOCUMENT_PATH}
 
 
+def step_images(task: Any) -> list[str]:
+    """The page, shown to a step scorer with every step."""
+    return [str(task.image)]
+
+
 SPEC = EnvSpec(
     id="DocVQA-CLI-v0",
     entry_point="agent_envs.envs.docvqa.env:Env",
@@ -51,7 +56,7 @@ SPEC = EnvSpec(
     load_tasks=load_docvqa_tasks,
     task_model=DocTask,
     mounts=mounts,
-    step_images=lambda task: [str(task.image)],
+    step_images=step_images,
     task_fields=task_fields,
     metrics=METRICS,
     baseline=baseline,

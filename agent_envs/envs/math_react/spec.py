@@ -3,6 +3,8 @@ Math's framing and blocklist text, two rule sets (ES runner, HTTP evaluator)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from agent_envs.core.spec import EnvSpec, Framing, ParserSpec, ReportSpec, Rules
 from agent_envs.envs.math_react import texts
 from agent_envs.envs.math_react.baseline import baseline
@@ -22,6 +24,12 @@ RULES_HTTP_MATCHED = Rules(
 #: the reference math runner read its pipes in text mode and cut floor(limit/2) per side
 FRAMING = Framing(translate_newlines=True)
 
+
+def task_fields(task: MathTask) -> dict[str, Any]:
+    """The gold answer, as records list it."""
+    return {"answer": task.answer}
+
+
 SPEC = EnvSpec(
     id="MATH-ReAct-v0",
     entry_point="agent_envs.envs.math_react.env:Env",
@@ -36,7 +44,7 @@ SPEC = EnvSpec(
     max_trajectory_tokens=None,
     load_tasks=load_math_tasks,
     task_model=MathTask,
-    task_fields=lambda task: {"answer": task.answer},
+    task_fields=task_fields,
     baseline=baseline,
     description="Solve a math problem with a sandboxed bash tool; score 0/1 on the boxed answer.",
 )
