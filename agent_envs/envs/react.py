@@ -27,13 +27,20 @@ from agent_envs.core.steps import StepContext, StepScore, StepScorer
 from agent_envs.core.tasks import episode_key
 from agent_envs.core.tokens import PromptTally, TokenCounter
 from agent_envs.core.trajectory import TokenTrajectory, first_drift
-from agent_envs.core.types import INVALID_OUTPUT, MACHINE_FAULTS, Completion, GenerationRequest, error_text
+from agent_envs.core.types import (
+    CONTEXT_LENGTH_EXCEEDED,
+    INVALID_OUTPUT,
+    MACHINE_FAULTS,
+    Completion,
+    GenerationRequest,
+    error_text,
+)
 from agent_envs.envs.args import EnvArgs, EnvOptions, ResetOptions
 from agent_envs.envs.spaces import Chat, CompletionText, Conversation
 from agent_envs.protocol import messages as msgs
 from agent_envs.protocol import native
 from agent_envs.protocol.blocklist import is_blocked
-from agent_envs.protocol.budget import exceeds_context
+from agent_envs.protocol.budget import context_detail, exceeds_context
 from agent_envs.protocol.decision import Decision, decide_turn, with_tools
 from agent_envs.protocol.messages import STOP
 from agent_envs.protocol.nesting import bounded_copy
@@ -67,6 +74,11 @@ class EpisodeState:
     last_completion: str = ""
     termination_reason: str | None = None
     react_error: str | None = None
+    #: what a ``context_length_exceeded`` says beside ``react_error``: the numbers that did not fit
+    react_error_detail: str | None = None
+    #: set at ``reset`` when the first prompt cannot fit the context window (that detail): the first
+    #: ``step`` ends the episode whatever it is given, before any generation counts
+    overflow: str | None = None
     tool_calls: int = 0
     #: what records keep of the images in the first user message (docs/protocol.md#image-observations)
     prompt_images: list[dict[str, Any]] = field(default_factory=list)
@@ -158,6 +170,9 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         self.max_turns = args.max_turns
         self.max_tokens_per_turn = args.max_tokens_per_turn
         self.max_trajectory_tokens = args.max_trajectory_tokens or None
+        #: observation and warning tokens join ``trajectory_tokens`` where the protocol has a trajectory
+        #: cap (DocVQA), also when it is lifted (0 or None, as the reference's ``max_total_tokens=0``)
+        self.counts_observations = es.max_trajectory_tokens is not None or self.max_trajectory_tokens is not None
         self.max_model_len = args.max_model_len
         self.compat = compat
         self.sandbox_config: SandboxConfig = resolve_config(sandbox)
@@ -264,6 +279,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             prompt_images=[i.facts for i in images],
             trajectory=TokenTrajectory.start(self.counter, messages) if self.token_trajectories else None,
         )
+        self._ep.overflow = self._overflow()
         return _copy_chat(messages), self._info()
 
     def step(self, action: str | Completion | dict[str, Any]) -> tuple[Chat, float, bool, bool, dict[str, Any]]:
@@ -278,9 +294,16 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
 
     def _step(self, ep: EpisodeState, completion: Completion) -> tuple[Chat, float, bool, bool, dict[str, Any]]:
         ep.step_info = {}
-        if completion.error is not None:
-            reason = "context_length_exceeded" if completion.error == "context_length_exceeded" else "request_error"
-            return self._finish(reason, completion.error_message or completion.error)
+        if ep.overflow is not None:  # the environment's outcome, whatever the policy made of the prompt
+            return self._finish(CONTEXT_LENGTH_EXCEEDED, CONTEXT_LENGTH_EXCEEDED, detail=ep.overflow)
+        if completion.error == CONTEXT_LENGTH_EXCEEDED:
+            return self._finish(CONTEXT_LENGTH_EXCEEDED, CONTEXT_LENGTH_EXCEEDED, detail=completion.error_message)
+        if completion.error is not None:  # the failed turn's prompt counts (docs/protocol.md#records)
+            prompt_tokens = completion.prompt_tokens
+            ep.max_context_tokens = max(
+                ep.max_context_tokens, ep.tally.prompt_tokens() if prompt_tokens is None else prompt_tokens
+            )
+            return self._finish("request_error", completion.error_message or completion.error)
         text = completion.text
         turn_info: dict[str, Any] = {
             "turn": ep.turn + 1,
@@ -324,24 +347,18 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             scores = self.step_scorer.score_sync(self.step_contexts(len(ep.step_scores)))
             ep.step_scores += scores
             ep.step_info = {"step_score": scores[-1].score, "step_score_error": scores[-1].error}
-        if cap is not None:
+        if self.counts_observations:
             attempted = ep.trajectory_tokens + sum(self.counter.message_tokens(m) for m in new_messages)
             ep.attempted_trajectory_tokens = attempted
-            if attempted >= cap:
+            if cap is not None and attempted >= cap:
                 return self._finish("max_response_tokens_exceeded", "max_response_tokens_exceeded")
             ep.trajectory_tokens = attempted
         if ep.turn >= self.max_turns:
             return self._finish("max_turns", "max_react_turns_exceeded")
-        if not self._next_prompt_fits():
-            return self._finish("context_length_exceeded", "context_length_exceeded")
+        overflow = self._overflow()
+        if overflow is not None:
+            return self._finish(CONTEXT_LENGTH_EXCEEDED, CONTEXT_LENGTH_EXCEEDED, detail=overflow)
         return _copy_chat(ep.messages), 0.0, False, False, self._info()
-
-    def end_episode(self, reason: str, react_error: str) -> tuple[Chat, float, bool, bool, dict[str, Any]]:
-        """End the running episode from outside, scored like ``max_turns``: what a wrapper that cut
-        it calls (Gymnasium's ``TimeLimit`` through :class:`~agent_envs.envs.time_limit.RecordTruncation`),
-        so that the cut episode still gets its record and a reason of its own."""
-        self._require_running()
-        return self._finish(reason, react_error)
 
     def end_episode(self, reason: str, react_error: str) -> tuple[Chat, float, bool, bool, dict[str, Any]]:
         """End the running episode from outside, scored like ``max_turns``: what a wrapper that cut
@@ -402,16 +419,6 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
     def close(self) -> None:
         self._close_sandbox()
         super().close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickled and copied (subprocess vector envs, Ray) whole, except a running episode's tools:
-        their processes and sandbox files cannot be copied, so that is refused with a reason."""
-        if self._tools:
-            raise TypeError(
-                f"{self.env_id}: cannot pickle or copy the environment while its episode's tools are running "
-                f"({', '.join(self._tools)}); do it before the first tool call of an episode or after it ends"
-            )
-        return self.__dict__.copy()
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled and copied (subprocess vector envs, Ray) whole, except a running episode's tools:
@@ -547,25 +554,33 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
                     f"sandbox backend, which lacks {', '.join(missing)}; use {usable}"
                 )
 
-    def _next_prompt_fits(self) -> bool:
+    def _overflow(self) -> str | None:
+        """Why the next prompt cannot fit the context window, or None when it fits or the window or
+        an exact count is unknown (docs/protocol.md#budgets-and-termination)."""
         ep = self._ep
         assert ep is not None
         if self.max_model_len is None:
-            return True
+            return None
         if ep.trajectory is not None and ep.trajectory.active:  # the ids the next request sends
-            return not exceeds_context(len(ep.trajectory.ids), self.max_tokens_per_turn, self.max_model_len)
-        if not self.counter.exact_for(ep.messages):
-            return True
-        return not exceeds_context(ep.tally.prompt_tokens(), self.max_tokens_per_turn, self.max_model_len)
+            prompt_tokens = len(ep.trajectory.ids)
+        elif self.counter.exact_for(ep.messages):
+            prompt_tokens = ep.tally.prompt_tokens()
+        else:
+            return None
+        if not exceeds_context(prompt_tokens, self.max_tokens_per_turn, self.max_model_len):
+            return None
+        return context_detail(prompt_tokens, self.max_tokens_per_turn, self.max_model_len)
 
     def _finish(
-        self, reason: str, react_error: str | None, scored: bool = True
+        self, reason: str, react_error: str | None, scored: bool = True, detail: str | None = None
     ) -> tuple[Chat, float, bool, bool, dict[str, Any]]:
-        """End the episode; ``scored=False`` (text that could not be handled) skips the scorer: 0."""
+        """End the episode; ``scored=False`` (text that could not be handled) skips the scorer: 0;
+        ``detail``: what the record says beside ``react_error``."""
         ep = self._ep
         assert ep is not None
         ep.termination_reason = reason
         ep.react_error = react_error
+        ep.react_error_detail = detail
         self._close_sandbox()
         result = self._score(ep) if scored else _UNHANDLED
         record = self._record(ep, result)
@@ -592,6 +607,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             "used_bash": ep.used_bash,
             "termination_reason": ep.termination_reason,
             "react_error": ep.react_error,
+            "react_error_detail": ep.react_error_detail,
             "context_trims": 0,
             "max_context_tokens": ep.max_context_tokens,
             "generated_tokens": ep.generated_tokens,
