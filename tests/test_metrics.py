@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from pathlib import Path
 
 import pytest
 
@@ -252,3 +253,20 @@ def test_summary_reports_the_mean_without_error_episodes_next_to_the_es_mean():
     assert s["es"]["mean_score"] == pytest.approx(1.5 / 4)  # the reference's mean: errors count as 0
     assert s["non_error"] == {"count": 2, "mean_score": pytest.approx(0.75)}
     assert summarize(rows[2:], 1)["non_error"] == {"count": 0, "mean_score": None}
+
+
+def test_docvqa_readme_metrics_come_from_the_es_score_and_the_difference_is_declared():
+    """M3: on error rows the README metrics (ES runner's summarize_rows) count 0, where the HTTP
+    evaluator's summarize_output averages the valid rows' raw fields; diagnostics give the latter."""
+    rows = [
+        _row("a", 0, 1.0, anls=1.0, acc=1.0, termination_reason="final_answer"),
+        _row("a", 1, -1.0, anls=-1.0, acc=0.0, error="boom", termination_reason="request_error"),
+        _row("b", 0, 0.0, anls=0.6, acc=1.0, termination_reason="max_turns", react_error="max_react_turns_exceeded"),
+        _row("b", 1, -1.0, anls=-1.0, acc=0.0, error="boom", termination_reason="request_error"),
+    ]
+    s = summarize(rows, samples=2, spec=DOCVQA)
+    assert s["docvqa"]["acc_mean2"] == pytest.approx(0.25)  # the ES score: no bash, error rows 0
+    assert s["diagnostics"]["mean_accuracy"] == pytest.approx(1.0)  # valid rows' raw acc
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "protocol.md").read_text()
+    table = docs.split("## Differences and parity switches", 1)[1].split("\n## ", 1)[0]
+    assert "summarize_output" in table and "diagnostics" in table
