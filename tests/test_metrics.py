@@ -270,3 +270,17 @@ def test_docvqa_readme_metrics_come_from_the_es_score_and_the_difference_is_decl
     docs = (Path(__file__).resolve().parents[1] / "docs" / "protocol.md").read_text()
     table = docs.split("## Differences and parity switches", 1)[1].split("\n## ", 1)[0]
     assert "summarize_output" in table and "diagnostics" in table
+
+
+def test_sums_run_in_row_then_sample_order_whatever_the_record_order():
+    """M1: (0.1 + 0.2) + 0.3 and (0.3 + 0.2) + 0.1 differ in the last bit; the reference sums in
+    (row_index, sample_index) order."""
+    scores = {(0, 0): 0.1, (0, 1): 0.2, (1, 0): 0.3}
+    rows = [
+        _row(f"t{r}", s, v, anls=v, row_index=r, termination_reason="final_answer")
+        for (r, s), v in reversed(scores.items())
+    ]
+    s = summarize(rows, samples=2, spec=DOCVQA)
+    assert s["es"]["mean_score"] == (0.1 + 0.2 + 0.3) / 3 != (0.3 + 0.2 + 0.1) / 3
+    assert s["docvqa"]["anls_mean2"] == (0.1 + 0.2 + 0.3) / 3
+    assert s["es"]["max@2"] == (0.2 + 0.3) / 2

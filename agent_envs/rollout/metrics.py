@@ -30,7 +30,12 @@ Records = Iterable[EpisodeRecord | Row]
 
 
 def _rows(records: Records) -> list[Row]:
-    return [as_row(r) for r in records]
+    """The records as rows in (row_index, sample_index) order, the order the reference sums in (a
+    float sum's last bit depends on it); without a row index on every record, in record order."""
+    rows = [as_row(r) for r in records]
+    if all(isinstance(r.get("row_index"), int) for r in rows):
+        rows.sort(key=lambda r: (r["row_index"], int(r.get("sample_index", 0))))
+    return rows
 
 
 # --------------------------------------------------------------------------- ES summary
