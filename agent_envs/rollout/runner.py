@@ -36,6 +36,7 @@ from agent_envs.core.steps import StepContext, StepScore, StepScorer
 from agent_envs.scoring.process import process_fields
 
 from .gather import ScoreGatherer
+from .progress import Progress
 from .records import EpisodeRecord, JsonlWriter, as_row
 from .resume import prepare_resume
 
@@ -179,7 +180,7 @@ class _Context:
         base_seed: int,
         tags: dict[str, Any],
         writer: JsonlWriter | None,
-        progress: "_Progress",
+        progress: Progress,
         scorer: StepScorer | None = None,
         env_id: str | None = None,
     ):
@@ -216,7 +217,7 @@ class _Context:
         if self.writer is not None:
             self.writer.write(record)
         self.records[record.key] = record
-        self.progress.update(record)
+        self.progress.update(record.score, record.generated_tokens)
         return record
 
     def _record(self, ep: _Episode) -> EpisodeRecord:
@@ -266,36 +267,6 @@ class _Context:
         return EpisodeRecord.model_validate(row)
 
 
-class _Progress:
-    """tqdm on stderr: episodes done, mean reward so far, generated tokens per second."""
-
-    def __init__(self, total: int, enabled: bool, desc: str):
-        self.started = time.perf_counter()
-        self.count = 0
-        self.reward = 0.0
-        self.tokens = 0
-        self.bar = None
-        if enabled and total:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, file=sys.stderr, desc=desc, unit="ep", dynamic_ncols=True)
-
-    def update(self, record: EpisodeRecord) -> None:
-        self.count += 1
-        self.reward += max(0.0, record.score)
-        self.tokens += record.generated_tokens
-        if self.bar is not None:
-            elapsed = max(time.perf_counter() - self.started, 1e-9)
-            self.bar.set_postfix(
-                mean_reward=f"{self.reward / self.count:.3f}", tok_s=f"{self.tokens / elapsed:.0f}", refresh=False
-            )
-            self.bar.update(1)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 # --------------------------------------------------------------------------- lockstep
 def _generate_batch(policy: Policy, requests: Sequence[GenerationRequest]) -> list[Completion]:
     """One batched call; a failure is retried request by request (:func:`batch_or_each`)."""
@@ -317,6 +288,7 @@ def _run_lockstep(ctx: _Context, jobs: Sequence[Job], batch_size: int, pool: Thr
             for _, ep in live:
                 ep.generation_s.append(time.perf_counter() - t)
             list(pool.map(_Episode.advance, [ep for _, ep in live], completions))
+            ctx.progress.turn(len(live))
             if ctx.scorer is not None:
                 _score_turn(ctx.scorer, [ep for _, ep in live])
             live = _settle(ctx, envs, live)
@@ -385,6 +357,7 @@ async def _run_async(ctx: _Context, jobs: Sequence[Job], concurrency: int, pool:
                 completion = await agenerate(ep.request)
                 ep.generation_s.append(time.perf_counter() - t)
                 await loop.run_in_executor(pool, ep.advance, completion)
+                ctx.progress.turn()
                 if gatherer is not None:  # scored alongside: this episode generates on meanwhile
                     scores += [gatherer.submit(c) for c in ep.new_contexts]
             ep.step_scores = list(await asyncio.gather(*scores))
@@ -501,7 +474,7 @@ def run_episodes(
         raise ValueError("task ids are not unique: records are keyed by '<task_id>:sampleNN'")
 
     make_env = _env_factory(env_id_or_factory, policy, env_kwargs)
-    bar = _Progress(len(todo), progress, desc=f"{mode}")
+    bar = Progress(len(todo), progress, desc=mode)
     writer = JsonlWriter(out_path) if out_path is not None else None
     ctx = _Context(
         make_env,
