@@ -53,7 +53,7 @@ def test_non_finite_endpoint_raises(bad: float) -> None:
 
 
 def test_schedule_names_and_negative_warmup() -> None:
-    assert sigma_at_step(1.0, 0.0, 1, 3, "Co_sine") == pytest.approx(0.5)
+    assert sigma_at_step(1.0, 0.0, 1, 3, "Cosine") == pytest.approx(0.5)
     assert sigma_at_step(1.0, 0.0, 2, 3, "constant") == 1.0
     with pytest.raises(ValueError, match="warmup"):
         sigma_at_step(1.0, 0.0, 1, 3, "linear", warmup=-1)
@@ -170,3 +170,28 @@ def test_endpoint_serial_mapping() -> None:
 
     assert map_endpoint_serial(list(range(9)), ["a", "b"], job) == [i * 10 for i in range(9)]
     assert seen == {"a": [0, 2, 4, 6, 8], "b": [1, 3, 5, 7]} and not overlap
+
+
+def test_zscore_with_ddof_above_one_divides_by_n_minus_one() -> None:
+    """N1: the reference's torch.std(unbiased=bool(ddof)): ddof 2 and 3 act as ddof 1."""
+    rewards = [0.0, 0.25, 1.0, 0.5, 0.75]
+    assert (
+        normalize_rewards(rewards, ddof=2) == normalize_rewards(rewards, ddof=3) == normalize_rewards(rewards, ddof=1)
+    )
+    assert normalize_rewards(rewards, ddof=2) != normalize_rewards(rewards, ddof=0)
+    assert normalize_rewards([0.1, 0.9], ddof=2) == [0.0, 0.0]  # N <= ddof: no update, as there
+
+
+@pytest.mark.parametrize("name", ["rank", "z-score", "z_score", "centeredrank"])
+def test_normalisation_names_the_reference_refuses(name: str) -> None:
+    """N2: only zscore, centered_rank and none / identity / off."""
+    with pytest.raises(ValueError, match="unknown reward normalization"):
+        normalize_rewards([0.1, 0.2], name)
+
+
+@pytest.mark.parametrize("name", ["co_sine", "co-sine", "lin_ear"])
+def test_schedule_names_the_reference_refuses(name: str) -> None:
+    """N2: ``co_sine`` is not ``cosine`` there."""
+    with pytest.raises(ValueError, match="unknown sigma schedule"):
+        sigma_at_step(1e-3, 5e-4, 0, 25, name)
+    assert sigma_at_step(1e-3, 5e-4, 24, 25, "Cosine") == 5e-4

@@ -12,12 +12,10 @@ from typing import Sequence
 import torch
 
 NORMALIZATIONS = ("zscore", "centered_rank", "none")
+#: the names the reference accepts, and no others (``rank``, ``z-score`` are refused as there)
 _ALIASES = {
-    "z_score": "zscore",
     "zscore": "zscore",
     "centered_rank": "centered_rank",
-    "centeredrank": "centered_rank",
-    "rank": "centered_rank",
     "none": "none",
     "identity": "none",
     "off": "none",
@@ -25,7 +23,7 @@ _ALIASES = {
 
 
 def normalize_method(method: str) -> str:
-    key = str(method).strip().lower().replace("-", "_")
+    key = str(method).strip().lower()
     if key not in _ALIASES:
         raise ValueError(f"unknown reward normalization {method!r}; expected zscore, centered_rank or none")
     return _ALIASES[key]
@@ -63,8 +61,8 @@ def normalize_rewards(
         w = ranks / (n - 1) - 0.5
     elif n <= int(ddof):
         w = torch.zeros(n, dtype=torch.float32)
-    else:
-        std = torch.std(r, correction=int(ddof))
+    else:  # the reference's torch.std(unbiased=bool(ddof)): any ddof >= 1 divides by n - 1
+        std = torch.std(r, correction=1 if int(ddof) else 0)
         w = (r - r.mean()) / (std + eps)
     return [float(x) for x in w]
 

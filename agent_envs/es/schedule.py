@@ -12,8 +12,9 @@ SCHEDULES = ("constant", "linear", "cosine")
 
 
 def normalize_schedule(schedule: str) -> str:
-    """Accept ``Cosine``/``co_sine``-style spellings; reject anything else by name."""
-    name = str(schedule).strip().lower().replace("_", "").replace("-", "")
+    """One of :data:`SCHEDULES` in any letter case, hyphens read as underscores (the reference's
+    spelling rule, so ``co_sine`` is refused as there); anything else is a ValueError naming it."""
+    name = str(schedule).strip().lower().replace("-", "_")
     if name not in SCHEDULES:
         raise ValueError(f"unknown sigma schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
     return name
