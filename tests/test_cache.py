@@ -4,6 +4,8 @@ failing builder leaves nothing that looks finished, and "someone else finished f
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
 import subprocess
 import sys
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent_envs.core import cache
-from agent_envs.core.cache import MARKER, build_once, is_complete
+from agent_envs.core.cache import MARKER, BuildWaitTimeout, build_once, is_complete
 
 REPO = Path(__file__).resolve().parent.parent
 #: a child that builds ``argv[1]`` with 50 files once told "go" on stdin; it appends its pid to
@@ -75,7 +77,7 @@ def test_without_locks_the_rename_loser_counts_the_winners_folder_as_success(tmp
     """Where the file system has no locks both build; the one whose rename loses returns False."""
 
     @contextlib.contextmanager
-    def no_lock(path):
+    def no_lock(*_):
         yield False
 
     monkeypatch.setattr(cache, "_exclusive", no_lock)
@@ -142,3 +144,30 @@ def test_a_builder_killed_mid_build_blocks_nobody_and_its_staging_is_removed(tmp
 def test_the_folder_gets_the_requested_mode(tmp_path: Path):
     build_once(tmp_path / "pages", lambda out: None, mode=0o755)
     assert (tmp_path / "pages").stat().st_mode & 0o777 == 0o755
+
+
+def test_a_held_lock_is_named_then_given_up_on_with_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "folder"
+    holder = os.open(tmp_path / "folder.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        os.write(holder, b"4242\n")
+        fcntl.flock(holder, fcntl.LOCK_EX)  # another open file: build_once's lock conflicts with it
+        with pytest.raises(BuildWaitTimeout, match=r"process 4242 has held .*folder\.lock for over 0 s"):
+            build_once(target, lambda out: pytest.fail("built under someone else's lock"), wait_s=0.2)
+    finally:
+        os.close(holder)
+    assert capsys.readouterr().err.startswith(f"[agent-envs] waiting for process 4242 to finish building {target}")
+    assert build_once(target, lambda out: (out / "x").write_text("x")) and (target / "x").is_file()
+    assert (tmp_path / "folder.lock").read_text() == f"{os.getpid()}\n"  # the holder names itself
+
+
+def test_lock_file_that_is_a_symlink_is_refused_not_written_through(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    (tmp_path / "folder.lock").symlink_to(victim)
+    with pytest.raises(OSError) as refused:
+        build_once(tmp_path / "folder", lambda out: None)
+    assert refused.value.errno == errno.ELOOP
+    assert victim.read_text() == "keep me"

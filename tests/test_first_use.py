@@ -6,12 +6,11 @@ processes once came from a ``spawn`` pool, which ran an unguarded script again i
 build serves every test here, in this order: an unguarded script file starts the build on an empty
 cache and is SIGKILLed mid-way; the same lines on standard input take over, clear what the killed
 builder left and build every page; a second copy of the file, started meanwhile, waits (saying for
-what) and finishes.  The lock's own rules are checked in-process, in milliseconds.
+what) and finishes.  The lock's own rules are in tests/test_cache.py.
 """
 
 from __future__ import annotations
 
-import fcntl
 import math
 import os
 import shutil
@@ -26,7 +25,6 @@ from typing import IO
 
 import pytest
 
-from agent_envs.core.cache import BuildWaitTimeout, build_once
 from agent_envs.core.workers import FreshPool, WorkerError
 
 SCRIPT = """print("script-start", flush=True)
@@ -171,33 +169,7 @@ def test_waiter_says_what_it_waits_for(first_use: FirstUse) -> None:
     assert note in first_use.waiter.stderr() and ".lock)" in first_use.waiter.stderr()
 
 
-# ---------------------------------------------------------------- the lock and the workers, in-process
-
-
-def test_a_held_lock_is_named_then_given_up_on_with_a_clear_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    target = tmp_path / "folder"
-    holder = os.open(tmp_path / "folder.lock", os.O_RDWR | os.O_CREAT)
-    try:
-        os.write(holder, b"4242\n")
-        fcntl.flock(holder, fcntl.LOCK_EX)  # another open file: build_once's lock conflicts with it
-        with pytest.raises(BuildWaitTimeout, match=r"process 4242 has held .*folder\.lock for over 0 s"):
-            build_once(target, lambda out: pytest.fail("built under someone else's lock"), wait_s=0.2)
-    finally:
-        os.close(holder)
-    assert capsys.readouterr().err.startswith(f"[agent-envs] waiting for process 4242 to finish building {target}")
-    assert build_once(target, lambda out: (out / "x").write_text("x")) and (target / "x").is_file()
-    assert (tmp_path / "folder.lock").read_text() == f"{os.getpid()}\n"  # the holder names itself
-
-
-def test_lock_file_that_is_a_symlink_is_refused_not_written_through(tmp_path: Path) -> None:
-    victim = tmp_path / "victim"
-    victim.write_text("keep me")
-    (tmp_path / "folder.lock").symlink_to(victim)
-    with pytest.raises(OSError):
-        build_once(tmp_path / "folder", lambda out: None)
-    assert victim.read_text() == "keep me"
+# ---------------------------------------------------------------- the workers, in-process
 
 
 def test_fresh_pool_keeps_job_order_and_reports_a_job_error() -> None:
