@@ -262,6 +262,22 @@ def test_frozen_key_seeds_drive_every_held_out_episode(tmp_path):
         load_key_seeds(path)
 
 
+def test_key_seed_files_coerce_integer_text_and_refuse_an_empty_map(tmp_path):
+    """K1: the reference's int(seed) reads "12" and 13.0; it refuses an empty file; a boolean, a
+    fraction or a negative seed stays refused here (declared in docs/protocol.md)."""
+    path = tmp_path / "keys.jsonl"
+    path.write_text('{"key": "a:sample00", "seed": "12"}\n\n{"key": "b:sample00", "seed": 13.0}\n')
+    assert load_key_seeds(path)[0] == {"a:sample00": 12, "b:sample00": 13}
+    for text in ("", "\n  \n"):
+        path.write_text(text)
+        with pytest.raises(ValueError, match="no key-to-seed lines"):
+            load_key_seeds(path)
+    for seed in ("x", "1.5", 1.5, -3, False):
+        path.write_text(json.dumps({"key": "a:sample00", "seed": seed}) + "\n")
+        with pytest.raises(ValueError, match="line 1: expected"):
+            load_key_seeds(path)
+
+
 def test_skill_file_is_recorded_and_reaches_the_prompt(tmp_path):
     skill = tmp_path / "skill.md"
     skill.write_text("Always print the number first.\n")

@@ -95,7 +95,10 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
 
 
 def load_key_seeds(path: str | os.PathLike[str], expected_sha256: str | None = None) -> tuple[dict[str, int], str]:
-    """A frozen key-to-seed map: one ``{"key", "seed"}`` object per line, each key once."""
+    """A frozen key-to-seed map: one ``{"key", "seed"}`` object per line, each key once, at least one
+    (docs/protocol.md#differences-and-parity-switches).  A seed written as integer text (``"12"``) or
+    an integral float is read as that integer, as the reference's ``int(seed)``; a boolean, a fraction
+    and a negative seed are refused (the reference's ``int()`` turned them into other seeds)."""
     digest = file_sha256(path)
     if expected_sha256 is not None and digest != expected_sha256.lower():
         raise ValueError(f"{path}: SHA-256 {digest} is not the expected {expected_sha256}")
@@ -107,13 +110,29 @@ def load_key_seeds(path: str | os.PathLike[str], expected_sha256: str | None = N
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path} line {number}: not JSON ({exc.msg})") from None
-        key, seed = (row.get("key"), row.get("seed")) if isinstance(row, dict) else (None, None)
-        if not isinstance(key, str) or isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        key, seed = (row.get("key"), _seed(row.get("seed"))) if isinstance(row, dict) else (None, None)
+        if not isinstance(key, str) or seed is None:
             raise ValueError(f'{path} line {number}: expected {{"key": "<task>:sampleNN", "seed": <int >= 0>}}')
         if key in seeds:
             raise ValueError(f"{path} line {number}: duplicate key {key!r}")
         seeds[key] = seed
+    if not seeds:
+        raise ValueError(f"{path}: no key-to-seed lines (an empty map would leave every episode unseeded by it)")
     return seeds, digest
+
+
+def _seed(value: Any) -> int | None:
+    """A key-seed file's seed as an integer >= 0: an int, integer text or an integral float; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value if isinstance(value, int) and value >= 0 else None
 
 
 @dataclass(frozen=True)
