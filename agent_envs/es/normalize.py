@@ -67,6 +67,12 @@ def normalize_rewards(
     return [float(x) for x in w]
 
 
+def weight_norm(weights: Sequence[float]) -> float:
+    """The update's reported ``weight_norm``: the L2 norm of the weights taken in float32, as the
+    reference reports it (about sqrt(N) for z-scores; docs/protocol.md#reward-normalisation-and-update)."""
+    return float(torch.linalg.vector_norm(torch.tensor([float(w) for w in weights], dtype=torch.float32)))
+
+
 def population_std(values: Sequence[float]) -> float:
     """Population (ddof 0) standard deviation, the history's ``reward_std``."""
     if not values:
