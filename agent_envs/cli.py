@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from agent_envs import __version__
 from agent_envs.core.atomic import atomic_write
 from agent_envs.core.prompts import read_skill
 from agent_envs.core.spec import EnvSpec, Metric
@@ -86,11 +87,12 @@ def _key_value(text: str) -> tuple[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="agent-envs", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="agent-envs", description=__doc__.splitlines()[0].replace("``", ""))
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, help="agent-envs COMMAND --help shows its options")
 
     ev = sub.add_parser("eval", help="run episodes and write records, summary and trace logs")
-    ev.add_argument("--env", choices=ENV_IDS, default=ENV_IDS[0])
+    ev.add_argument("--env", choices=ENV_IDS, default=ENV_IDS[0], help=f"the environment (default {ENV_IDS[0]})")
     ev.add_argument(
         "--data",
         action="append",
@@ -136,7 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help='extra environment keyword (value parsed as JSON), e.g. scorer="exact"',
     )
-    ev.add_argument("--samples", type=int, default=1)
+    ev.add_argument(
+        "--samples", type=int, default=1, help="episodes per task, each with its own trajectory seed (default 1)"
+    )
     ev.add_argument(
         "--skill-file",
         type=Path,
@@ -152,11 +156,28 @@ def build_parser() -> argparse.ArgumentParser:
         "checked against its published SHA-256 (docs/protocol.md#prompt-profiles)",
     )
     for flag in SAMPLING_FLAGS:
-        ev.add_argument("--" + flag.replace("_", "-"), type=int if flag == "top_k" else float, default=None)
+        ev.add_argument(
+            "--" + flag.replace("_", "-"),
+            type=int if flag == "top_k" else float,
+            default=None,
+            help=f"sampling {flag.replace('_', ' ')} (default {SamplingConfig.model_fields[flag].default}, "
+            "the protocol's; docs/protocol.md#sampling-and-seeds)",
+        )
     ev.add_argument("--seed", type=int, default=DEFAULT_BASE_SEED, help="base seed of the trajectory seeds")
-    ev.add_argument("--mode", choices=MODES, default="async")
+    ev.add_argument(
+        "--mode",
+        choices=MODES,
+        default="async",
+        help="async (default): each episode asks for its next turn when ready; lockstep: one batched "
+        "generation per turn for all episodes in flight",
+    )
     ev.add_argument("--concurrency", type=int, default=None, help="episodes in flight (async) or batch size (lockstep)")
-    ev.add_argument("--tool-workers", type=int, default=None)
+    ev.add_argument(
+        "--tool-workers",
+        type=int,
+        default=None,
+        help="threads stepping environments and tools (default: --concurrency)",
+    )
     ev.add_argument(
         "--engines",
         type=int,
@@ -164,16 +185,41 @@ def build_parser() -> argparse.ArgumentParser:
         help="run N engines as Ray actors (vllm: one GPU or TP group each; docs/scaling.md)",
     )
     ev.add_argument("--ray-address", default=None, help="join this Ray cluster (multi-node) instead of a local one")
-    ev.add_argument("--sandbox", choices=SANDBOX_BACKENDS, default="bwrap")
-    ev.add_argument("--max-turns", type=int, default=None)
-    ev.add_argument("--max-tokens-per-turn", type=int, default=None)
+    ev.add_argument(
+        "--sandbox",
+        choices=SANDBOX_BACKENDS,
+        default="bwrap",
+        help="where tool commands run (default bwrap; docs/sandbox.md)",
+    )
+    ev.add_argument(
+        "--max-turns",
+        type=int,
+        default=None,
+        help=f"generations per episode (default: the environment's; {CPU_DEFAULTS['max_turns']} for the embedded model)",
+    )
+    ev.add_argument(
+        "--max-tokens-per-turn",
+        type=int,
+        default=None,
+        help=f"tokens per generation (default: the environment's; {CPU_DEFAULTS['max_tokens_per_turn']} for the "
+        "embedded model)",
+    )
     ev.add_argument("--out", type=Path, default=None, help="run directory (default runs/<env>-<time>)")
     ev.add_argument(
         "--resume", action="store_true", help="keep finished records in --out, re-run missing or failed ones"
     )
     ev.add_argument("--limit", type=int, default=None, help="first N tasks only")
-    ev.add_argument("--trace-logs", action=argparse.BooleanOptionalAction, default=True)
-    ev.add_argument("--no-progress", action="store_true")
+    ev.add_argument(
+        "--trace-logs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write one markdown trace log per episode under OUT/trace_logs (docs/protocol.md#trace-logs)",
+    )
+    ev.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress on stderr (a bar on a terminal, otherwise a line every 15 s and at the end)",
+    )
     ev.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
     ev.add_argument(
         "--token-trajectories",
@@ -183,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_scorer_arguments(ev)
 
     sm = sub.add_parser("summarize", help="print the metrics of one or more run directories")
-    sm.add_argument("runs", nargs="+", type=Path)
+    sm.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run folders (or their records.jsonl)")
     sm.add_argument("--group", type=int, default=None, metavar="K", help="also metrics per group of K samples")
     sm.add_argument(
         "--best-by",
@@ -192,15 +238,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --group: the metric that picks the best group (e.g. anls_mean4)",
     )
     sm.add_argument("--card", action="store_true", help="print the card-style summary of the runs (docs/cards.md)")
-    sm.add_argument("--json", action="store_true")
+    sm.add_argument("--json", action="store_true", help="print the summaries as one JSON object instead of tables")
 
     cp = sub.add_parser("compare", help="paired bootstrap of two runs on the same tasks (B vs A)")
-    cp.add_argument("run_a", type=Path)
-    cp.add_argument("run_b", type=Path)
-    cp.add_argument("--bootstrap-samples", type=int, default=10_000)
+    cp.add_argument("run_a", type=Path, metavar="RUN_A", help="the baseline run folder (A)")
+    cp.add_argument("run_b", type=Path, metavar="RUN_B", help="the run compared with it, on the same tasks (B)")
+    cp.add_argument("--bootstrap-samples", type=int, default=10_000, help="bootstrap resamples (default 10000)")
+    cp.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
 
     rp = sub.add_parser("report", help="write a self-contained HTML report of one run, or of runs side by side")
-    rp.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    rp.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="one run folder, or several side by side")
     rp.add_argument(
         "--out", type=Path, default=None, help="output file (default RUN_DIR/report.html, or RUN_A/report-vs-B.html)"
     )
@@ -210,10 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay an ES history on a fresh engine and save it, with "
         "manifest.json and verification.json (docs/scaling.md)",
     )
-    ex.add_argument("--history", required=True, type=Path)
+    ex.add_argument("--history", required=True, type=Path, help="the ES run's history.json")
     ex.add_argument("--model", required=True, help="the base model the history was trained from")
     ex.add_argument("--tp", type=int, default=1, help="tensor_parallel_size of the engine and the saved state")
-    ex.add_argument("--out", required=True, type=Path)
+    ex.add_argument("--out", required=True, type=Path, help="folder to write the checkpoint into")
     ex.add_argument("--generations", type=int, default=None, help="replay only the first N updates")
     ex.add_argument(
         "--format",
@@ -222,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: sharded_state for --tp > 1, safetensors for --tp 1",
     )
     vc = sub.add_parser("verify-checkpoint", help="re-check an exported folder on a fresh engine")
-    vc.add_argument("folder", type=Path)
+    vc.add_argument("folder", type=Path, help="a folder written by export-checkpoint")
     vc.add_argument("--tp", type=int, default=None, help="load with this tensor_parallel_size (the manifest's)")
     for checkpoint_parser in (ex, vc):
         checkpoint_parser.add_argument(
@@ -234,8 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
             help="passed to vllm.LLM, e.g. dtype=float32",
         )
     tk = sub.add_parser("export", help="write a run's episodes for a trainer (token sequences, masks, rewards)")
-    tk.add_argument("run", type=Path, metavar="RUN_DIR")
-    tk.add_argument("--format", choices=("tokens",), required=True)
+    tk.add_argument("run", type=Path, metavar="RUN_DIR", help="a run made with eval --token-trajectories")
+    tk.add_argument(
+        "--format", choices=("tokens",), required=True, help="tokens: one training sequence per episode (docs/rl.md)"
+    )
     tk.add_argument("--out", type=Path, default=None, help="output file (default RUN_DIR/tokens.jsonl)")
 
     # listed for --help only: main() hands everything after "serve" to the server's own parser
@@ -776,9 +825,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
         result = paired_bootstrap(before, after, samples=args.bootstrap_samples)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    print(json.dumps(result, indent=2))
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    runs = [("A", str(args.run_a), result["mean_anls_before"]), ("B", str(args.run_b), result["mean_anls_after"])]
+    width = max(len(name) for _, name, _ in runs)
+    print(f"   {'run'.ljust(width)}  mean")
+    print("\n".join(f"{label}  {name.ljust(width)}  {mean:.4f}" for label, name, mean in runs))
     lo, hi = result["bootstrap_95_ci"]
-    print(f"delta {result['mean_anls_delta']:+.4f} over {result['paired_tasks']} tasks, 95% CI [{lo:+.4f}, {hi:+.4f}]")
+    print(
+        f"delta {result['mean_anls_delta']:+.4f} over {result['paired_tasks']} tasks, 95% CI [{lo:+.4f}, {hi:+.4f}] "
+        f"({result['bootstrap_samples']} bootstrap samples)"
+    )
     return 0
 
 
@@ -861,11 +919,23 @@ def cmd_serve(argv: Sequence[str]) -> int:
     return int(serve(list(argv)) or 0)
 
 
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line, where an argument a subcommand does not know is reported with that
+    subcommand's usage (argparse reports it with the top-level usage, which shows none of the
+    subcommand's options); exits 2 on bad input, as argparse does."""
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"]:
         return cmd_serve(argv[1:])
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     handler = {
         "eval": cmd_eval,
         "summarize": cmd_summarize,

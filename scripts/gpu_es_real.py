@@ -363,7 +363,7 @@ def held_out_summary(record: dict[str, Any]) -> dict[str, Any] | None:
 def compare(before: Path, after: Path, folder: Path) -> dict[str, Any]:
     """``agent-envs compare before after``: its JSON, also kept as compare.json."""
     proc = subprocess.run(
-        [sys.executable, "-m", "agent_envs.cli", "compare", str(before), str(after)],
+        [sys.executable, "-m", "agent_envs.cli", "compare", str(before), str(after), "--json"],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -372,9 +372,7 @@ def compare(before: Path, after: Path, folder: Path) -> dict[str, Any]:
     )
     if proc.returncode != 0:
         raise SystemExit(f"agent-envs compare failed: {proc.stderr[-2000:]}")
-    text = proc.stdout
-    result = json.loads(text[: text.rindex("}") + 1])
-    result["line"] = text.strip().splitlines()[-1]
+    result = json.loads(proc.stdout)
     (folder / "compare.json").write_text(json.dumps(result, indent=2))
     return result
 

@@ -110,9 +110,8 @@ def test_summarize_and_compare(math_run, capsys):
     assert main(["summarize", str(math_run), "--group", "1"]) == 0
     text = capsys.readouterr().out
     assert "\n0      0-0" in text and "\n1      1-1" in text and "best group by mean_score: 0" in text
-    assert main(["compare", str(math_run), str(math_run)]) == 0
-    out = capsys.readouterr().out
-    result = json.loads(out[: out.rindex("}") + 1])
+    assert main(["compare", str(math_run), str(math_run), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
     assert result["paired_tasks"] == 3 and result["mean_anls_delta"] == 0.0
     assert result["bootstrap_95_ci"] == [0.0, 0.0]
 

@@ -324,8 +324,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, payload)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="agent-envs serve", description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agent-envs serve",
+        description="Serve a policy over an OpenAI-compatible HTTP API on 127.0.0.1 "
+        "(POST /v1/chat/completions, GET /v1/models).",
+    )
     parser.add_argument(
         "--policy",
         choices=["cpu", "transformers"],
@@ -333,9 +337,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="cpu: the embedded SmolLM2-135M; transformers: --model path",
     )
     parser.add_argument("--model", help="model folder for --policy transformers")
-    parser.add_argument("--served-model-name", default="agent-envs")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--max-model-len", type=int)
+    parser.add_argument(
+        "--served-model-name", default="agent-envs", help="the model name /v1/models lists (default agent-envs)"
+    )
+    parser.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (default 8000)")
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        help="context window in tokens: a prompt whose max_tokens do not fit gets a 400 (default: the policy's)",
+    )
     parser.add_argument(
         "--max-body-mib",
         type=float,
@@ -349,6 +359,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="SECONDS",
         help="time a client has to send a whole request",
     )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not (args.max_body_mib > 0 and args.read_timeout > 0):
         parser.error("--max-body-mib and --read-timeout must be > 0")
