@@ -11,7 +11,7 @@ import pytest
 from agent_envs.es.normalize import normalize_rewards
 from agent_envs.es.population import evaluate_member, map_endpoint_serial
 from agent_envs.rollout.metrics import es_summary
-from agent_envs.es.schedule import sigma_at_step
+from agent_envs.es.schedule import interval_evaluation_due, sigma_at_step
 from agent_envs.es.seeds import (
     SeedStream,
     case_batch,
@@ -195,3 +195,11 @@ def test_schedule_names_the_reference_refuses(name: str) -> None:
     with pytest.raises(ValueError, match="unknown sigma schedule"):
         sigma_at_step(1e-3, 5e-4, 0, 25, name)
     assert sigma_at_step(1e-3, 5e-4, 24, 25, "Cosine") == 5e-4
+
+
+def test_interval_evaluations_follow_the_interval_and_none_at_zero() -> None:
+    """R2: interval 0 runs no interval evaluation, not even after the last generation."""
+    due = [g for g in range(25) if interval_evaluation_due(g, 25, 10)]
+    assert due == [9, 19, 24]
+    assert [g for g in range(3) if interval_evaluation_due(g, 3, 1)] == [0, 1, 2]
+    assert not any(interval_evaluation_due(g, 25, 0) for g in range(25))

@@ -48,3 +48,10 @@ def sigma_at_step(
     progress = min(max((step - warmup) / max(1, total - 1 - warmup), 0.0), 1.0)
     weight = progress if kind == "linear" else 0.5 * (1.0 - math.cos(math.pi * progress))
     return start + (end - start) * weight
+
+
+def interval_evaluation_due(generation: int, generations: int, interval: int) -> bool:
+    """Whether the held-out sets are evaluated after 0-based ``generation`` of ``generations``: after
+    every ``interval``-th update and after the last, and never with ``interval`` 0, as the reference
+    (docs/scaling.md#es-evaluation)."""
+    return interval > 0 and ((generation + 1) % interval == 0 or generation == generations - 1)
