@@ -8,9 +8,9 @@ from standard input makes every child fail instead (``<stdin>`` is not a file), 
 ends.  ``fork`` copies a process whose other threads (the async runner, an inference engine) may
 hold locks, and the child can hang on them.
 
-So :class:`FreshPool` starts each worker as a fresh interpreter running this module
-(``python -m agent_envs.core.workers MODULE:FUNCTION PARENT_PID``): it imports the function's module
-and nothing of the caller, so it behaves the same whether the caller is a script, ``python -c``,
+So :class:`FreshPool` starts each worker as a fresh interpreter (``python -c`` with :data:`BOOT`)
+that takes the caller's ``sys.path``, as a spawned child would, then imports the function's module
+and nothing else of the caller's: it behaves the same whether the caller is a script, ``python -c``,
 standard input, a notebook or a thread.  Jobs and results travel as JSON lines over the worker's
 stdin and stdout.  A worker ends when its stdin closes, and Linux kills it when the thread that
 started it dies (``PR_SET_PDEATHSIG``), so a killed caller leaves no worker writing into a staging
@@ -30,7 +30,6 @@ import sys
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
@@ -38,8 +37,15 @@ from typing import IO, Any
 PR_SET_PDEATHSIG = 1
 #: jobs sent ahead to each worker, so it never waits for the caller to read the previous result
 QUEUED_PER_WORKER = 2
-#: the folder holding the ``agent_envs`` package, put first on the workers' import path
-_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+#: the caller's ``sys.path`` (JSON), handed to its workers
+PATH_VARIABLE = "AGENT_ENVS_WORKER_SYS_PATH"
+#: a worker's program: argv is ``MODULE:FUNCTION PARENT_PID``
+BOOT = (
+    "import json, os, sys; "
+    f"sys.path[:] = json.loads(os.environ.pop({PATH_VARIABLE!r})); "
+    "from agent_envs.core.workers import _serve; "
+    "_serve(sys.argv[1], int(sys.argv[2]))"
+)
 
 
 class WorkerError(RuntimeError):
@@ -53,11 +59,12 @@ class FreshPool:
     them."""
 
     def __init__(self, function: Callable[..., Any], workers: int) -> None:
-        if function.__module__ == "__main__" or "." in function.__qualname__:
+        module = sys.modules.get(function.__module__)
+        if function.__module__ == "__main__" or getattr(module, function.__qualname__, None) is not function:
             raise ValueError(f"{function.__qualname__} must be a module-level function of an importable module")
         self.target = f"{function.__module__}:{function.__qualname__}"
-        path = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        command = [sys.executable, "-m", __name__, self.target, str(os.getpid())]
+        command = [sys.executable, "-c", BOOT, self.target, str(os.getpid())]
+        env = {**os.environ, PATH_VARIABLE: json.dumps(sys.path)}
         self._procs: list[subprocess.Popen[str]] = []
         try:
             for _ in range(workers):
@@ -66,7 +73,7 @@ class FreshPool:
                         command,
                         stdin=subprocess.PIPE,
                         stdout=subprocess.PIPE,
-                        env={**os.environ, "PYTHONPATH": path},
+                        env=env,
                         text=True,
                         encoding="utf-8",
                     )
@@ -85,7 +92,7 @@ class FreshPool:
         try:
             for index, job in enumerate(jobs):
                 proc = self._procs[index % len(self._procs)]
-                _send(proc, job)
+                self._send(proc, job)
                 pending.append(proc)
                 if len(pending) == QUEUED_PER_WORKER * len(self._procs):
                     results.append(self._receive(pending.popleft()))
@@ -95,15 +102,26 @@ class FreshPool:
             raise
         return results
 
+    def _send(self, proc: subprocess.Popen[str], job: Sequence[Any]) -> None:
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(json.dumps(list(job)) + "\n")
+            proc.stdin.flush()
+        except BrokenPipeError:
+            raise self._ended(proc) from None
+
     def _receive(self, proc: subprocess.Popen[str]) -> Any:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         if not line:
-            raise WorkerError(f"a worker running {self.target} ended with exit code {proc.wait()} (see its stderr)")
+            raise self._ended(proc)
         reply = json.loads(line)
         if "error" in reply:
             raise WorkerError(f"{self.target}: {reply['error']}")
         return reply["result"]
+
+    def _ended(self, proc: subprocess.Popen[str]) -> WorkerError:
+        return WorkerError(f"a worker running {self.target} ended with exit code {proc.wait()} (see its stderr)")
 
     def close(self, *, kill: bool = False) -> None:
         procs, self._procs = self._procs, []
@@ -127,12 +145,6 @@ class FreshPool:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close(kill=kind is not None)
-
-
-def _send(proc: subprocess.Popen[str], job: Sequence[Any]) -> None:
-    assert proc.stdin is not None
-    proc.stdin.write(json.dumps(list(job)) + "\n")
-    proc.stdin.flush()
 
 
 def _die_with(parent: int) -> None:
@@ -160,7 +172,3 @@ def _serve(target: str, parent: int) -> None:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
-
-
-if __name__ == "__main__":
-    _serve(sys.argv[1], int(sys.argv[2]))

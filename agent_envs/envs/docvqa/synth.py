@@ -41,7 +41,8 @@ PAGE_SIZE = (1700, 2200)  # US Letter at 200 dpi
 DPI = 200
 QUESTIONS_PER_PAGE = 8
 MIN_OCR_ANLS = 0.5
-WORKERS = 2
+#: worker processes of a build: one a core, 2 to 8 (the questions and pages kept do not depend on it)
+WORKERS = min(8, max(2, len(os.sched_getaffinity(0))))
 FONT_DIRS = (
     Path("/usr/share/fonts/truetype/dejavu"),
     Path("/usr/share/fonts/truetype/liberation"),
