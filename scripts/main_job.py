@@ -81,7 +81,18 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument(
         "--install-s", type=float, default=None, help="seconds the installation took (printed with the rest)"
     )
-    return p.parse_known_args(argv)
+    p.add_argument("--check", action="store_true", help="only check the arguments (run_main.sh, before installing)")
+    args, extra = p.parse_known_args(argv)
+    check_eval_args(extra)
+    return args, extra
+
+
+def check_eval_args(extra: list[str]) -> None:
+    """The arguments passed on to ``agent-envs eval``, checked by eval's own parser before anything
+    is installed or run: a bad one exits 2 with eval's usage."""
+    from agent_envs.cli import parse_args as parse_cli
+
+    parse_cli(["eval", *extra])
 
 
 def embedded(extra: list[str]) -> bool:
@@ -205,6 +216,8 @@ def summary_table(all_jobs: list[Job]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args, extra = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.check:
+        return 0
     out = args.out or REPO / "runs" / f"main-{time.strftime('%Y%m%d-%H%M%S')}"
     caches_s = prepare_caches(extra)
     all_jobs = jobs(out, args.limit, extra)

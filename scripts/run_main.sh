@@ -10,6 +10,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$EPOCHREALTIME
+# the arguments are checked before anything is installed or run, where the package can be imported
+# (on a machine that has never installed it they are checked after the installation, before any run)
+case " $* " in *" -h "* | *" --help "*) exec "${PYTHON:-python3}" scripts/main_job.py --help ;; esac
+if "${PYTHON:-python3}" -c "import agent_envs.cli" >/dev/null 2>&1; then
+  "${PYTHON:-python3}" scripts/main_job.py --check "$@"
+fi
 bash scripts/install.sh
 install_s=$(awk -v a="$started" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
 echo "[main] installed in ${install_s} s"

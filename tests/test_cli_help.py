@@ -1,12 +1,15 @@
 """A command line that explains itself (issue 36): ``--version``, help on every option of every
 command, descriptions without docstring markup, a bad option answered with its own command's
-usage, and ``compare --json``."""
+usage (also by ``scripts/run_main.sh``, before it installs or runs anything), and ``compare --json``."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +17,7 @@ from agent_envs import __version__
 from agent_envs.cli import build_parser, main
 from agent_envs.policy import server
 
+REPO = Path(__file__).resolve().parent.parent
 #: reStructuredText that reads as noise in a terminal: roles (:class:`X`) and inline literals (``x``)
 MARKUP = re.compile(r":[a-z]+:`|``")
 
@@ -91,3 +95,16 @@ def test_compare_prints_a_table_or_with_json_only_json(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split() == ["A", str(a), "0.2500"] and lines[2].split() == ["B", str(b), "0.7500"]
     assert lines[3].startswith("delta +0.5000 over 4 tasks, 95% CI [")
+
+
+def test_run_main_checks_its_arguments_before_installing_or_running_anything():
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "run_main.sh"), "--limit", "1", "--bogus"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "AGENT_ENVS_MAIN_OUT": "/nonexistent/never-written"},
+    )
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "agent-envs eval: error: unrecognized arguments: --bogus" in proc.stderr
+    assert "[install]" not in proc.stdout + proc.stderr and "[main]" not in proc.stdout
