@@ -26,6 +26,7 @@ from typing import IO
 import pytest
 
 from agent_envs.core.workers import FreshPool, WorkerError
+from agent_envs.envs.docvqa.synth import WORKERS
 
 SCRIPT = """print("script-start", flush=True)
 import gymnasium as gym, agent_envs
@@ -147,7 +148,7 @@ def _finished(script: Script) -> None:
 
 
 def test_unguarded_script_builds_on_an_empty_cache_without_running_again(first_use: FirstUse) -> None:
-    assert first_use.pages_at_kill > 0 and len(first_use.workers_of_killed) == 2
+    assert first_use.pages_at_kill > 0 and len(first_use.workers_of_killed) == WORKERS
     assert first_use.killed.stdout().count("script-start") == 1
     _finished(first_use.waiter)  # the same file, run to the end once the pages were there
 
