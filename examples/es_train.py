@@ -36,7 +36,10 @@ Options (see ``--help``): --env, --model, --train, held-out evaluation (--eval N
 --sigma-total-steps, --alpha, --normalization/--ddof/--eps, --scope, --seed, --eval-interval,
 --eval-samples, --eval-out (held-out records before and after, for ``agent-envs compare``), --env-arg, --sampling,
 --history, --resume (+ --resume-generations), --exact-revert (+ --revert-copy), --perturbation
-full|lowrank (+ --rank, --adapter-dir), --max-turns, --max-tokens,
+full|lowrank (+ --rank, --adapter-dir), the update rule (--mirrored, --optimizer sgd|adam with
+--adam-beta1/--adam-beta2/--adam-eps) and --member-sampling protocol|greedy|temperature=T
+(docs/protocol.md#mirrored-pairs, #optimiser, #member-sampling), progress (--metrics, --tensorboard,
+--wandb; docs/scaling.md#watching-an-es-run), --max-turns, --max-tokens,
 --sandbox, --mode, --concurrency, --toy-reward, process rewards (--step-scorer judge|vlm-prm with
 --judge-url/--judge-model/--judge-prompt or --prm-base/--prm-adapter, --process-weight, --process-aggregation:
 docs/protocol.md#fitness-combiner), engine settings (--dtype, --max-model-len, --gpu-memory-utilization,
@@ -81,10 +84,14 @@ from agent_envs.es.fingerprint import combine_checksums
 from agent_envs.es.history import ESConfig, ReplayMismatch, checked_generations, load_history, replay_is_exact, resume
 from agent_envs.es.lora_kernels import use_tuned
 from agent_envs.es.lowrank import lora_rank_slot
+from agent_envs.es.member_sampling import member_sampling_settings, normalize_member_sampling
 from agent_envs.es.normalize import NORMALIZATIONS
 from agent_envs.es.population import ESTrainer, evaluate_member, member_concurrency, toy_reward
 from agent_envs.es.revert_copy import LOCATIONS
+from agent_envs.es.progress import Progress, check_backends, metrics_path, plot_metrics, read_metrics
 from agent_envs.es.schedule import SCHEDULES
+from agent_envs.es.seeds import check_mirrored
+from agent_envs.es.update_rule import OPTIMIZERS, check_adam
 from agent_envs.es.worker import EXTENSION, VLLMLowRank, VLLMPerturbation
 from agent_envs.policy import factory
 from agent_envs.policy.adapter import AdapterPolicy
@@ -118,7 +125,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eps", type=float, default=1e-8)
     p.add_argument("--scope", default="full", choices=["full", "all_linear"])
     p.add_argument("--seed", type=int, default=DEFAULT_BASE_SEED)
-    p.add_argument("--eval-interval", type=int, default=10, help="0: only after the last generation")
+    p.add_argument("--eval-interval", type=int, default=10, help="0: no interval evaluation")
     p.add_argument("--eval-concurrency", type=int, default=16, help="held-out episodes in flight")
     p.add_argument(
         "--env-arg",
@@ -147,6 +154,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "product per weight, every member a LoRA adapter, all served at once (async mode)",
     )
     p.add_argument("--rank", type=int, default=4, help="--perturbation lowrank: the rank R of each member's noise")
+    add_update_rule_arguments(p)
     p.add_argument(
         "--adapter-dir",
         default=None,
@@ -260,7 +268,54 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     check_perturbation_args(p, args)
+    check_update_rule_args(p, args)
     return args
+
+
+def add_update_rule_arguments(p: argparse.ArgumentParser) -> None:
+    """Ours, not the reference's (the defaults are the reference's): recorded in the history's config."""
+    p.add_argument(
+        "--mirrored",
+        action="store_true",
+        help="members in pairs (+eps, -eps) sharing one seed, the update using both (population must be even)",
+    )
+    p.add_argument(
+        "--member-sampling",
+        default="protocol",
+        help="how members' episodes are sampled: protocol (the policy's own, --sampling), greedy (temperature "
+        "0, top-p 1, top-k off) or temperature=T; held-out evaluation keeps the policy's own",
+    )
+    p.add_argument(
+        "--optimizer",
+        default="sgd",
+        choices=list(OPTIMIZERS),
+        help="sgd: the reference's plain update; adam: Adam on the update direction (float32 moments beside "
+        "the weights, rebuilt by --resume's replay)",
+    )
+    p.add_argument("--adam-beta1", type=float, default=0.9)
+    p.add_argument("--adam-beta2", type=float, default=0.999)
+    p.add_argument("--adam-eps", type=float, default=1e-8)
+    p.add_argument(
+        "--metrics",
+        default=None,
+        metavar="PATH",
+        help="per-generation metrics rows, appended and flushed (default: <history>.metrics.jsonl; a PNG "
+        "of them is drawn beside it at the end)",
+    )
+    p.add_argument("--tensorboard", default=None, metavar="DIR", help="also log the metrics to TensorBoard here")
+    p.add_argument("--wandb", default=None, metavar="PROJECT", help="also log the metrics to this W&B project")
+
+
+def check_update_rule_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The update rule's and progress flags' bad values, refused before any engine starts."""
+    try:
+        args.member_sampling = normalize_member_sampling(args.member_sampling)
+        check_mirrored(args.population, args.mirrored)
+        if args.optimizer == "adam":
+            check_adam({"beta1": args.adam_beta1, "beta2": args.adam_beta2, "eps": args.adam_eps})
+        check_backends(args.tensorboard, args.wandb)
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 def check_perturbation_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -364,6 +419,12 @@ def make_config(args: argparse.Namespace, combiner: FitnessCombiner | None) -> E
         **({"fitness": {**scorer_settings(args), **combiner.model_dump()}} if combiner else {}),
         **({"perturbation": "lowrank", "rank": args.rank} if args.perturbation == "lowrank" else {}),
         **({"sampling": dict(args.sampling)} if args.sampling else {}),
+        mirrored=args.mirrored,
+        member_sampling=args.member_sampling,
+        optimizer=args.optimizer,
+        adam_beta1=args.adam_beta1,
+        adam_beta2=args.adam_beta2,
+        adam_eps=args.adam_eps,
     )
 
 
@@ -493,11 +554,32 @@ def main(argv: Sequence[str] | None = None) -> None:
             except ReplayMismatch as exc:  # a replayed generation whose fingerprint is not the history's
                 raise SystemExit(f"[es] --eval-only --resume {args.resume}: {exc}") from None
         else:
-            history = run.setup.train(run.trainer, run.evaluator, budgets(args))
+            history = train_watched(args, run)
         report(history, args.history, run.checksum())
         retries = getattr(run.backend, "reset_retries", 0)
         if retries:  # the engine still held KV blocks right after a member's episodes (async mode)
             print(f"[es] prefix-cache resets asked again {retries} times while the engine released KV blocks")
+
+
+def train_watched(args: argparse.Namespace, run: ESRun) -> list[dict[str, Any]]:
+    """Train with a metrics row per generation (and for the initial and final held-out evaluations)
+    in the JSONL, TensorBoard and W&B; the PNG of the rows beside the JSONL at the end."""
+    assert run.trainer is not None and run.setup is not None and run.evaluator is not None
+    path = args.metrics or metrics_path(args.history)
+    progress = Progress(path, args.tensorboard, args.wandb, run.config.model_dump() if run.config else None)
+    try:
+        run.trainer.progress = progress.observe
+        if run.trainer.start_generation == 0:
+            for record in run.trainer.history:
+                if record.get("generation") == -1:  # the initial held-out evaluation
+                    progress.observe(record)
+        history = run.setup.train(run.trainer, run.evaluator, budgets(args))
+        if history and history[-1].get("final_eval"):
+            progress.observe(history[-1])
+    finally:
+        progress.close()
+    print(f"[es] metrics {path}; curve {plot_metrics(read_metrics(path), f'{path}.png')}")
+    return history
 
 
 def budgets(args: argparse.Namespace) -> dict[str, Any]:
@@ -609,6 +691,7 @@ def single_engine_run(
                 mode=args.mode,
                 step_scorer=scorer,
                 combiner=combiner,
+                sampling=member_sampling_settings(config.member_sampling),
             )
             if args.toy_reward:
                 result = result.model_copy(update={"reward": toy_reward(result.rows)})

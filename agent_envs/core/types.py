@@ -54,6 +54,10 @@ class GenerationRequest(BaseModel):
     #: tool schemas (OpenAI ``tools`` entries) the chat template renders into the prompt
     #: (docs/protocol.md#native-tool-calls); None: no tools are shown
     tools: list[dict[str, Any]] | None = None
+    #: sampling settings over the policy's own for this request (``SamplingConfig`` fields, e.g. an ES
+    #: member's greedy decoding); None: the policy's.  The engine policies (vLLM, transformers,
+    #: OpenAI-compatible) honour them; scripted policies do not sample.
+    sampling: dict[str, Any] | None = None
 
 
 class Completion(BaseModel):

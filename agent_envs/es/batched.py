@@ -30,6 +30,7 @@ from typing import Any
 from .history import Record
 from .lowrank import Target, adapter_root, in_parallel, write_adapter
 from .population import ESTrainer, MemberResult
+from .update_rule import member_sign
 
 #: ``evaluate(tasks, member_seed, generation, member, adapter=name)``
 AdapterEvaluate = Callable[..., MemberResult]
@@ -69,19 +70,21 @@ def member_adapters(
     root: str | Path | None = None,
     names_of: Callable[[int], str] | None = None,
     keep: bool = False,
+    signs: Sequence[int] | None = None,
 ) -> Iterator[list[str]]:
     """Write and register one adapter per member (named ``names_of(member)``, default
-    :func:`adapter_name`); on exit remove the folder and unregister them (with ``keep`` only after
-    an error: the engine holds them loaded, and a reload could only fail, never read stale files)."""
+    :func:`adapter_name`; member i perturbed by ``signs[i] * sigma``, default +1); on exit remove the
+    folder and unregister them (with ``keep`` only after an error: the engine holds them loaded, and
+    a reload could only fail, never read stale files)."""
     folder = Path(tempfile.mkdtemp(prefix=f"agent-envs-lowrank-g{generation}-", dir=root or adapter_root()))
     names: list[str] = []
     kept = False
     try:
         wanted = [(names_of or (lambda m: adapter_name(generation, m)))(member) for member in range(len(seeds))]
-        jobs = list(zip(wanted, seeds))
+        jobs = list(zip(wanted, seeds, signs or [1] * len(seeds)))
         # closed before the folder is removed: no writer may still be running then
         with closing(
-            in_parallel(lambda job: write_adapter(folder / job[0], targets, job[1], sigma, rank), jobs)
+            in_parallel(lambda job: write_adapter(folder / job[0], targets, job[1], job[2] * sigma, rank), jobs)
         ) as written:
             for name, path in zip(wanted, written, strict=True):
                 policy.add_adapter(name, path)
@@ -130,8 +133,10 @@ class LowRankESTrainer(ESTrainer):
     def _adapters(self, seeds: Sequence[int], sigma: float, generation: int) -> AbstractContextManager[list[str]]:
         """The members' adapter names: the resident ones rewritten in place, else freshly written ones
         (kept resident when refresh is on)."""
+        signs = [member_sign(m, self.config.mirrored) for m in range(len(seeds))]
         if self.resident and self.refresh_off is None:
-            reason = self.lowrank.refresh([self.policy.lora_id(n) for n in self.resident], seeds, sigma)
+            extra = (signs,) if self.config.mirrored else ()  # the reference's call otherwise
+            reason = self.lowrank.refresh([self.policy.lora_id(n) for n in self.resident], seeds, sigma, *extra)
             if reason is None:
                 self._timing["adapters"] = "refreshed"
                 return nullcontext(self.resident)
@@ -150,6 +155,7 @@ class LowRankESTrainer(ESTrainer):
             self.adapter_dir,
             names_of=resident_name if keep else None,
             keep=keep,
+            signs=signs,
         )
 
     def release_adapters(self) -> None:
@@ -187,7 +193,8 @@ class LowRankESTrainer(ESTrainer):
             self.lowrank.prefetch(self.seeds.peek(), self.sigma(generation + 1))
 
     def apply_update(self, seeds: Sequence[int], weights: Sequence[float], sigma: float) -> Any:
-        return self.lowrank.update(seeds, weights, self.config.alpha, sigma)
+        seeds, weights, extra = self.update_arguments(seeds, weights)
+        return self.lowrank.update(seeds, weights, self.config.alpha, sigma, **extra)
 
     def step(self, generation: int) -> Record:
         self._timing = {}

@@ -19,9 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..core.atomic import atomic_write
 from ..protocol.seeds import DEFAULT_BASE_SEED
+from .member_sampling import normalize_member_sampling
 from .normalize import normalize_method, normalize_rewards
 from .schedule import normalize_schedule
-from .seeds import check_run_shape, check_seed_sequence
+from .seeds import check_mirrored, check_run_shape, check_seed_sequence
+from .update_rule import RULE_KEYS, optimizer_settings, update_terms
 
 Record = dict[str, Any]
 
@@ -58,6 +60,16 @@ class ESConfig(BaseModel):
     start_fingerprint: str | None = None
     history_file: str = ""
     backend: str = "vllm"
+    #: members in (+eps, -eps) pairs sharing a seed (ours; agent_envs.es.update_rule)
+    mirrored: bool = False
+    #: "sgd": the reference's plain update; "adam": Adam on the update direction (ours)
+    optimizer: str = "sgd"
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    #: sampling of the members' episodes (agent_envs.es.member_sampling): "protocol", "greedy" or
+    #: "temperature=T"; held-out evaluation keeps the policy's own sampling
+    member_sampling: str = "protocol"
 
     @field_validator("sigma_schedule")
     @classmethod
@@ -69,8 +81,15 @@ class ESConfig(BaseModel):
     def _normalization(cls, v: str) -> str:
         return normalize_method(v)
 
+    @field_validator("member_sampling")
+    @classmethod
+    def _member_sampling(cls, v: str) -> str:
+        return normalize_member_sampling(v)
+
     def model_post_init(self, __context: Any) -> None:
         check_run_shape(self.generations, self.population, self.case_batch_size, eval_only=True)
+        check_mirrored(self.population, self.mirrored)
+        optimizer_settings(self.model_dump(include=set(RULE_KEYS)))
         if self.tp_size < 1:
             raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
 
@@ -105,7 +124,10 @@ class GenerationRecord(BaseModel):
 
 
 class UpdateBackend(Protocol):
-    def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> Any: ...
+    #: low-rank backends also take the generation's sigma; Adam runs pass ``optimizer=`` settings
+    def update(
+        self, seeds: Sequence[int], weights: Sequence[float], alpha: float, *args: Any, **kwargs: Any
+    ) -> Any: ...
     def fingerprint(self) -> str: ...
 
 
@@ -171,6 +193,11 @@ def history_prefix(history: Sequence[Record], updates: int) -> list[Record]:
     return list(history[:stop])
 
 
+def record_update(record: Record, mirrored: bool = False) -> tuple[list[int], list[float]]:
+    """The ``(seeds, weights)`` an update record gives the backend (one term per pair when mirrored)."""
+    return update_terms(record["seeds"], record_weights(record), mirrored)
+
+
 def record_weights(record: Record) -> list[float]:
     """An update record's weights, recomputed from its raw rewards with its normalisation settings."""
     return normalize_rewards(
@@ -218,8 +245,11 @@ def replay(
     check_tp_size(history, tp_size)
     lowrank = check_perturbation_kind(history, backend)
     records = update_records(history, generations)
-    check_seed_sequence([r["seeds"] for r in records], seed, population)
-    expected = history_config(history).get("start_fingerprint")
+    config = history_config(history)
+    mirrored = bool(config.get("mirrored", False))
+    check_seed_sequence([r["seeds"] for r in records], seed, population, mirrored)
+    optimizer = optimizer_settings(config)  # Adam's moments are rebuilt by repeating its steps in order
+    expected = config.get("start_fingerprint")
     if expected and start == 0:
         _check_fingerprint(
             backend,
@@ -230,7 +260,9 @@ def replay(
     exact = replay_is_exact(history)
     for record in records[start:]:
         sigma = (float(record["sigma"]),) if lowrank else ()
-        backend.update(record["seeds"], record_weights(record), float(record["alpha"]), *sigma)
+        # the reference's call unless the run used Adam
+        extra: dict[str, Any] = {"optimizer": optimizer} if optimizer is not None else {}
+        backend.update(*record_update(record, mirrored), float(record["alpha"]), *sigma, **extra)
         if exact and record.get("weights_fingerprint"):
             _check_fingerprint(
                 backend,
@@ -249,6 +281,18 @@ def _check_fingerprint(backend: UpdateBackend, expected: str, what: str, causes:
         )
 
 
+def check_same_rule(stored: Record, config: ESConfig) -> None:
+    """A resumed run continues the source's update rule (pairs, optimiser): its replay repeats it."""
+    defaults = ESConfig.model_fields
+    changed = [
+        f"{key}: {stored.get(key, defaults[key].default)!r} -> {getattr(config, key)!r}"
+        for key in RULE_KEYS
+        if stored.get(key, defaults[key].default) != getattr(config, key)
+    ]
+    if changed:
+        raise ValueError(f"the resumed history was trained with another update rule ({'; '.join(changed)})")
+
+
 def checked_generations(history: Sequence[Record], generations: int | None = None) -> int:
     """How many replayed generations :func:`replay` compares with the history's fingerprints."""
     if not replay_is_exact(history):
@@ -264,6 +308,7 @@ def resume(
 ) -> tuple[list[Record], int]:
     """Replay ``source`` onto ``backend``; return the new history's head and the next generation."""
     history = load_history(source)
+    check_same_rule(history_config(history), config)
     start = backend.fingerprint()
     done = replay(history, backend, config.seed, config.population, generations, config.tp_size)
     kept = [r for r in history_prefix(history, done) if "config" not in r]

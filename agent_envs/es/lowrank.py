@@ -10,10 +10,13 @@ the very same factors.  ``E = A B^T`` has unit element variance, so sigma keeps 
 meaning of a per-element noise scale.
 
 - member i is served as ``W + sigma * A_i B_i^T``: a LoRA adapter (``lora_B = sigma * A_i``,
-  ``lora_A = B_i^T``, scaling 1), so the base weights never change during a generation;
+  ``lora_A = B_i^T``, scaling 1), so the base weights never change during a generation; the second
+  member of a mirrored pair (agent_envs.es.update_rule) is ``W - sigma * A_i B_i^T`` (``lora_B``
+  negated: the same bits as ``-sigma * A_i``);
 - the update is ``W += alpha / (N * sigma) * sum_i w_i A_i B_i^T``: per target one float32 product
   ``[c_1 A_1 | ... | c_N A_N] @ [B_1 | ... | B_N]^T`` (``c_i = float32(alpha * w_i / (N * sigma))``),
-  cast once to the weight's dtype and added in place.
+  cast once to the weight's dtype and added in place; with Adam the product is taken with
+  ``alpha = 1`` (the direction ``g``) and ``alpha * m_hat / (sqrt(v_hat) + eps)`` is added instead.
 
 Targets are named as the unpacked Hugging Face weights (``model.layers.0.self_attn.q_proj.weight``)
 even where vLLM packs them (``qkv_proj``, ``gate_up_proj``: rows split by the layer's
@@ -40,7 +43,9 @@ import torch
 from torch import nn
 
 from .fingerprint import fingerprint
-from .perturb import tensor_seed
+from .normalize import weight_norm
+from .perturb import SquareSum, tensor_seed
+from .update_rule import Adam, optimizer_settings
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -223,6 +228,29 @@ def member_draw(targets: Sequence[Target], seed: int, sigma: float, rank: int) -
     return drawn, {name.removesuffix(".weight"): adapter_tensors(a, b, sigma) for name, (a, b) in drawn.items()}
 
 
+def signed(
+    tensors: dict[str, tuple[torch.Tensor, torch.Tensor]], sign: int
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """A member's adapter tensors for the perturbation ``sign * sigma * A B^T`` (``lora_B`` negated)."""
+    return tensors if sign > 0 else {name: (lora_a, -lora_b) for name, (lora_a, lora_b) in tensors.items()}
+
+
+def update_changes(
+    targets: Sequence[Target],
+    products: Iterable[torch.Tensor],
+    alpha: float,
+    adam: Adam | None,
+) -> Iterator[torch.Tensor]:
+    """What each target gets added: ``products`` as they are (drawn with ``alpha`` in the coefficients),
+    or with Adam (drawn with ``alpha = 1``) ``alpha`` times Adam's direction (float32)."""
+    if adam is None:
+        yield from products
+        return
+    corrections = adam.begin()
+    for target, g in zip(targets, products, strict=True):
+        yield adam.direction(target.name, g, g.numel(), corrections) * float(alpha)
+
+
 def find_slots(model: nn.Module, target_modules: Sequence[str] | None = None) -> list[Slot]:
     """The targeted weights of ``model`` (a torch model or a vLLM one, LoRA-wrapped or not), in
     module order.  A fused vLLM layer is split into its unpacked weights by ``output_sizes``."""
@@ -305,6 +333,8 @@ class LowRankPerturber:
         self._background: ThreadPoolExecutor | None = None
         #: the stacked factors of the members a refresh took from a prefetch: (seeds, by target name)
         self._stacked: tuple[tuple[int, ...], dict[str, tuple[torch.Tensor, torch.Tensor]]] | None = None
+        #: Adam's moments once an update asked for Adam (agent_envs.es.update_rule); None: plain updates
+        self.adam: Adam | None = None
 
     def status(self) -> dict[str, Any]:
         return {
@@ -327,10 +357,14 @@ class LowRankPerturber:
     def _devices(self) -> list[torch.device]:
         return [s.param.device for s in self.slots]
 
-    def _add(self, products: Iterable[torch.Tensor]) -> None:
+    def _add(self, products: Iterable[torch.Tensor]) -> float:
+        """Add each target's float32 change (cast to the weight's dtype); return the changes' L2 norm."""
+        squares = SquareSum()
         for slot, change in zip(self.slots, products, strict=True):
             rows = slot.rows()
+            squares.add(change)
             rows.add_(change.to(rows.dtype))
+        return squares.norm()
 
     def _check_unmerged(self, what: str) -> None:
         if self.merged is not None:
@@ -362,16 +396,17 @@ class LowRankPerturber:
         run's config), so the refresh that asks for the same seeds and sigma only copies them and
         the update of those seeds finds its factors stacked."""
         seeds_t, sigma_f, targets, rank = tuple(int(s) for s in seeds), float(sigma), list(self.targets), self.rank
+        unique = distinct(seeds_t)  # a mirrored pair's two members share one draw and one update term
 
         def draw_all() -> DrawnAhead:
             draws = dict(
-                zip(seeds_t, in_parallel(lambda s: member_draw(targets, s, sigma_f, rank), seeds_t, PREFETCH_THREADS))
+                zip(unique, in_parallel(lambda s: member_draw(targets, s, sigma_f, rank), unique, PREFETCH_THREADS))
             )
 
             def pick(seed: int, target: Target, _: int) -> tuple[np.ndarray, np.ndarray]:
                 return draws[seed][0][target.name]
 
-            stacked = in_parallel(lambda t: update_terms(seeds_t, t, rank, pick), targets, PREFETCH_THREADS)
+            stacked = in_parallel(lambda t: update_terms(unique, t, rank, pick), targets, PREFETCH_THREADS)
             return DrawnAhead(draws, dict(zip([t.name for t in targets], stacked)))
 
         if self._background is None:
@@ -388,46 +423,60 @@ class LowRankPerturber:
         if ahead is None or ahead[0] != seeds_t or ahead[1] != float(sigma):
             return {}
         drawn = ahead[2].result()
-        self._stacked = (seeds_t, drawn.stacked)
+        self._stacked = (distinct(seeds_t), drawn.stacked)
         return drawn.draws
 
     def member_adapter(
-        self, seed: int, sigma: float, ready: dict[int, MemberDraw] | None = None
+        self, seed: int, sigma: float, ready: dict[int, MemberDraw] | None = None, sign: int = 1
     ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Member ``seed``'s adapter tensors by module (from ``ready`` when it holds them, else
-        drawn now); its factors are kept for the update of the same seeds."""
+        drawn now; ``sign`` -1: the mirrored member); its factors are kept for the update of the same seeds."""
         drawn, tensors = (ready or {}).get(int(seed)) or member_draw(self.targets, seed, sigma, self.rank)
         self.drawn[int(seed)] = drawn
-        return tensors
+        return signed(tensors, sign)
 
     def _kept_or_drawn(self, seed: int, target: Target, rank: int) -> tuple[np.ndarray, np.ndarray]:
         kept = self.drawn.get(seed)
         return kept[target.name] if kept is not None and rank == self.rank else factors(seed, target, rank)
 
-    def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float, sigma: float) -> dict[str, Any]:
+    def update(
+        self,
+        seeds: Sequence[int],
+        weights: Sequence[float],
+        alpha: float,
+        sigma: float,
+        optimizer: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """``W += alpha / (N * sigma) * sum_i w_i A_i B_i^T`` on every target (from the factors kept
-        by :meth:`member_adapter` where there are some: the same arrays, so the same bits)."""
+        by :meth:`member_adapter` where there are some: the same arrays, so the same bits); with
+        ``optimizer`` (Adam's settings) ``W += alpha * Adam(g)``, g the same sum with alpha 1."""
         self._check_unmerged("update")
         if len(seeds) != len(weights):
             raise ValueError(f"seeds and weights must be of equal length ({len(seeds)} vs {len(weights)})")
         seeds = [int(s) for s in seeds]
-        coefs = update_coefficients(weights, alpha, sigma)
+        if optimizer is not None:
+            self.adam = self.adam or Adam(optimizer)
+            self.adam.check(optimizer)
+        elif self.adam is not None:
+            raise ValueError("this model's earlier updates used Adam; a plain update cannot follow them")
+        coefs = update_coefficients(weights, alpha, sigma)  # checks alpha, sigma and the weights
+        if self.adam is not None:
+            coefs = update_coefficients(weights, 1.0, sigma)
         kept = self._stacked[1] if self._stacked and self._stacked[0] == tuple(seeds) else None
         # not in the result (that is recorded): how many members' factors were already drawn
         self.kept_factors = len(seeds) if kept else sum(s in self.drawn for s in seeds)
         try:
             with torch.no_grad():
-                self._add(
-                    deltas(
-                        seeds,
-                        coefs,
-                        self.targets,
-                        self.rank,
-                        self._devices(),
-                        self._kept_or_drawn,
-                        (lambda target: kept[target.name]) if kept else None,
-                    )
+                products = deltas(
+                    seeds,
+                    coefs,
+                    self.targets,
+                    self.rank,
+                    self._devices(),
+                    self._kept_or_drawn,
+                    (lambda target: kept[target.name]) if kept else None,
                 )
+                norm = self._add(update_changes(self.targets, products, alpha, self.adam))
         finally:
             self.drawn.clear()
             self._stacked = None
@@ -439,7 +488,8 @@ class LowRankPerturber:
             "n": len(seeds),
             "alpha": float(alpha),
             "sigma": float(sigma),
-            "weight_norm": math.sqrt(sum(float(w) ** 2 for w in weights)),
+            "weight_norm": weight_norm(weights),
+            "update_norm": norm,
         }
 
 
@@ -490,6 +540,11 @@ def adapter_root() -> Path:
 
 
 # -- history ----------------------------------------------------------------------------------------
+def distinct(seeds: Sequence[int]) -> tuple[int, ...]:
+    """``seeds`` in order, each once (a mirrored pair's seed once)."""
+    return tuple(dict.fromkeys(int(s) for s in seeds))
+
+
 def history_perturbation(history: Sequence[dict[str, Any]]) -> tuple[str, int | None]:
     """``("full", None)`` for the reference's noise, ``("lowrank", R)`` for this module's."""
     from .history import history_config
@@ -505,8 +560,9 @@ def history_perturbation(history: Sequence[dict[str, Any]]) -> tuple[str, int | 
 
 def lowrank_updates(history: Sequence[dict[str, Any]], generations: int | None = None) -> list[dict[str, Any]]:
     """The history's updates as ``{seeds, weights, alpha, sigma}``, weights recomputed from the
-    stored rewards (docs/protocol.md#history), seeds checked against the history's seed stream."""
-    from .history import history_config, record_weights, update_records
+    stored rewards (docs/protocol.md#history), seeds checked against the history's seed stream; a
+    mirrored run's as one term per pair (:func:`~agent_envs.es.update_rule.pair_update`)."""
+    from .history import history_config, record_update, update_records
     from .seeds import check_seed_sequence
 
     kind, _ = history_perturbation(history)
@@ -514,16 +570,13 @@ def lowrank_updates(history: Sequence[dict[str, Any]], generations: int | None =
         raise ValueError("this history was trained with full-rank noise; replay it with agent_envs.es.history.replay")
     config = history_config(history)
     records = update_records(history, generations)
-    check_seed_sequence([r["seeds"] for r in records], int(config["seed"]), int(config["population"]))
-    return [
-        {
-            "seeds": [int(s) for s in r["seeds"]],
-            "alpha": float(r["alpha"]),
-            "sigma": float(r["sigma"]),
-            "weights": record_weights(r),
-        }
-        for r in records
-    ]
+    mirrored = bool(config.get("mirrored", False))
+    check_seed_sequence([r["seeds"] for r in records], int(config["seed"]), int(config["population"]), mirrored)
+    updates = []
+    for r in records:
+        seeds, weights = record_update(r, mirrored)
+        updates.append({"seeds": seeds, "alpha": float(r["alpha"]), "sigma": float(r["sigma"]), "weights": weights})
+    return updates
 
 
 def history_targets(history: Sequence[dict[str, Any]]) -> list[Target]:
@@ -574,10 +627,13 @@ def replay_onto(
                 tensors[name] = tensor.to(torch_dtype).contiguous()
     placed = [(t, weights[where[t.name]][t.name]) for t in targets]
     base = targets_checksum((t.name, tensor) for t, tensor in placed)
+    settings = optimizer_settings(config)
+    adam = Adam(settings) if settings else None
     with torch.no_grad():
         for update in updates:
-            coefs = update_coefficients(update["weights"], update["alpha"], update["sigma"])
-            changes = deltas(update["seeds"], coefs, targets, rank, ["cpu"] * len(targets))
+            coefs = update_coefficients(update["weights"], 1.0 if adam else update["alpha"], update["sigma"])
+            products = deltas(update["seeds"], coefs, targets, rank, ["cpu"] * len(targets))
+            changes = update_changes(targets, products, update["alpha"], adam)
             for (_, tensor), change in zip(placed, changes, strict=True):
                 tensor.add_(change.to(tensor.dtype))
     out.mkdir(parents=True, exist_ok=True)

@@ -26,8 +26,9 @@ import torch
 from torch import nn
 
 from . import fingerprint as weights_fingerprint
-from .normalize import check_rewards, normalize_rewards
+from .normalize import check_rewards, normalize_rewards, weight_norm
 from .revert_copy import RevertCopy
+from .update_rule import Adam
 
 CHUNK = 2**23
 SCOPES = ("full", "all_linear", "lora")
@@ -97,6 +98,20 @@ def _check_seed(seed: Any) -> int:
     return seed
 
 
+class SquareSum:
+    """A running sum of squares kept on each tensor's device (read once: no sync per chunk)."""
+
+    def __init__(self) -> None:
+        self.parts: dict[torch.device, torch.Tensor] = {}
+
+    def add(self, change: torch.Tensor) -> None:
+        part = change.square().sum(dtype=torch.float64)
+        self.parts[change.device] = self.parts[change.device] + part if change.device in self.parts else part
+
+    def norm(self) -> float:
+        return math.sqrt(sum(float(p) for p in self.parts.values()))
+
+
 class SeededPerturber:
     """Apply/revert one seeded perturbation and accumulate seeded updates on a model's tensors."""
 
@@ -122,6 +137,8 @@ class SeededPerturber:
         self.exact_revert, self.revert_copy = bool(exact_revert), revert_copy
         self._copy: RevertCopy | None = None
         self._snapshot: list[torch.Tensor] = []
+        #: Adam's moments once an update asked for Adam (agent_envs.es.update_rule); None: plain updates
+        self.adam: Adam | None = None
         self.init(scope, target_modules)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -237,8 +254,9 @@ class SeededPerturber:
 
     # -- operations --------------------------------------------------------------------------
     def apply(self, seed: int, sigma: float) -> dict[str, Any]:
-        """theta += sigma * eps(seed).  A second perturbation on top of the first is refused."""
-        seed, sigma = _check_seed(seed), _finite("sigma", sigma)
+        """theta += sigma * eps(seed) (a negative sigma: the second member of a mirrored pair).  A
+        second perturbation on top of the first is refused."""
+        seed, sigma = _check_seed(seed), _finite("sigma", sigma, None)
         if self.perturbation is not None:
             raise RuntimeError(f"a perturbation is already applied ({self.perturbation}); revert it first")
         start = time.perf_counter()
@@ -268,7 +286,7 @@ class SeededPerturber:
 
     def revert(self, seed: int, sigma: float) -> dict[str, Any]:
         """theta -= sigma * eps(seed); must name the active perturbation.  No-op when none is active."""
-        seed, sigma = _check_seed(seed), _finite("sigma", sigma)
+        seed, sigma = _check_seed(seed), _finite("sigma", sigma, None)
         if self.perturbation is None:
             return {"ok": True, "reverted": False}
         if self.perturbation != {"seed": seed, "sigma": sigma}:
@@ -283,8 +301,12 @@ class SeededPerturber:
         self.perturbation = None
         return {"ok": True, "reverted": True, "seed": seed, "sigma": sigma, "seconds": self._since(start)}
 
-    def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> dict[str, Any]:
-        """theta += (alpha/N) * sum_i w_i * eps(seed_i); no 1/sigma.  Refused while perturbed."""
+    def update(
+        self, seeds: Sequence[int], weights: Sequence[float], alpha: float, optimizer: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """theta += (alpha/N) * sum_i w_i * eps(seed_i); no 1/sigma.  Refused while perturbed.  With
+        ``optimizer`` (Adam's settings, agent_envs.es.update_rule) theta += alpha * Adam(g) with
+        g = (1/N) sum_i w_i * eps(seed_i)."""
         seeds = [_check_seed(s) for s in seeds]
         weights = [_finite("update weights", w, None) for w in weights]
         alpha = _finite("alpha", alpha)
@@ -294,9 +316,22 @@ class SeededPerturber:
             )
         if self.perturbation is not None:
             raise RuntimeError(f"refusing to update while perturbed ({self.perturbation}); revert first")
-        self._accumulate(seeds, weights, alpha)
+        if optimizer is not None:
+            self.adam = self.adam or Adam(optimizer)
+            self.adam.check(optimizer)
+        elif self.adam is not None:
+            raise ValueError("this model's earlier updates used Adam; a plain update cannot follow them")
+        norm = (
+            self._adam_step(seeds, weights, alpha, self.adam) if self.adam else self._accumulate(seeds, weights, alpha)
+        )
         self.updates.append({"seeds": seeds, "weights": weights, "alpha": alpha})
-        return {"ok": True, "n": len(seeds), "alpha": alpha, "weight_norm": math.sqrt(sum(w * w for w in weights))}
+        return {
+            "ok": True,
+            "n": len(seeds),
+            "alpha": alpha,
+            "weight_norm": weight_norm(weights),
+            "update_norm": norm,
+        }
 
     def update_from_rewards(
         self,
@@ -311,8 +346,10 @@ class SeededPerturber:
         weights = normalize_rewards(check_rewards(rewards), normalization, ddof, eps)
         return self.update(seeds, weights, alpha)
 
-    def _accumulate(self, seeds: list[int], weights: list[float], alpha: float) -> None:
+    def _accumulate(self, seeds: list[int], weights: list[float], alpha: float) -> float:
+        """Add the plain update; return its L2 norm (of the float32 change, before the cast)."""
         coefs = [alpha / len(seeds) * w for w in weights]
+        squares = SquareSum()
         with torch.no_grad():
             for name, param in self.params:
                 gens = [self._generator(s, name, param.device) for s in seeds]
@@ -322,12 +359,35 @@ class SeededPerturber:
                     for gen, coef in zip(gens, coefs):
                         eps = torch.randn(k, generator=gen, device=param.device, dtype=torch.float32)
                         acc.add_(eps, alpha=coef)
+                    squares.add(acc)
                     flat[start : start + k].add_(acc.to(param.dtype))
+        return squares.norm()
+
+    def _adam_step(self, seeds: list[int], weights: list[float], alpha: float, adam: Adam) -> float:
+        """Per chunk: g = sum_i (w_i/N) eps_i in float32, then theta += alpha * Adam direction (cast
+        once); returns the change's L2 norm."""
+        coefs = [w / len(seeds) for w in weights]
+        corrections = adam.begin()
+        squares = SquareSum()
+        with torch.no_grad():
+            for name, param in self.params:
+                gens = [self._generator(s, name, param.device) for s in seeds]
+                flat = param.data.view(-1)
+                for start, k in self._chunks(param):
+                    g = torch.zeros(k, device=param.device, dtype=torch.float32)
+                    for gen, coef in zip(gens, coefs):
+                        g.add_(torch.randn(k, generator=gen, device=param.device, dtype=torch.float32), alpha=coef)
+                    step = adam.direction(name, g, param.numel(), corrections, start) * alpha
+                    squares.add(step)
+                    flat[start : start + k].add_(step.to(param.dtype))
+        return squares.norm()
 
     def reset(self) -> dict[str, Any]:
-        """Undo every update, newest first, by replaying it with -alpha."""
+        """Undo every update, newest first, by replaying it with -alpha (not Adam's: refused)."""
         if self.perturbation is not None:
             raise RuntimeError(f"refusing to reset while perturbed ({self.perturbation}); revert first")
+        if self.adam is not None and self.updates:
+            raise RuntimeError("Adam's updates cannot be undone by replaying them; start from fresh weights")
         count = len(self.updates)
         while self.updates:
             last = self.updates.pop()

@@ -1,6 +1,7 @@
 """One ES generation end to end: evaluate each member on the case batch, normalise, update, record.
 
-A member is evaluated on the positive perturbation only (no antithetic pairs); its rollouts use
+A member is evaluated on the positive perturbation only (the reference's), or, with ``mirrored``,
+members come in (+eps, -eps) pairs sharing a seed (ours: agent_envs.es.update_rule); its rollouts use
 the member seed as base seed, so every trajectory seed follows from the history.  The weights are
 always restored in a ``finally`` block, whatever the rollout does.  A member's episodes all run at
 once by default (concurrency = case batch x samples).  After every update the weights fingerprint
@@ -13,11 +14,12 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from agent_envs.core.tasks import task_id
+from agent_envs.policy.adapter import SamplingPolicy
 from agent_envs.rollout.records import as_row
 from agent_envs.rollout.runner import run_episodes
 from agent_envs.scoring.metrics import clamped_score
@@ -25,8 +27,9 @@ from agent_envs.scoring.metrics import clamped_score
 from .fingerprint import combine_checksums
 from .history import ESConfig, GenerationRecord, Record, write_history
 from .normalize import normalize_rewards, population_std
-from .schedule import sigma_at_step
+from .schedule import interval_evaluation_due, sigma_at_step
 from .seeds import SeedStream, case_batch
+from .update_rule import member_sign, optimizer_settings, update_terms
 
 if TYPE_CHECKING:
     from agent_envs.rewards.combine import FitnessCombiner
@@ -133,6 +136,7 @@ def evaluate_member(
     rollout: Rollout | None = None,
     engine_index: int = 0,
     combiner: FitnessCombiner | None = None,
+    sampling: Mapping[str, Any] | None = None,
     **rollout_kwargs: Any,
 ) -> MemberResult:
     """Run the case batch with base seed = member seed; reward = mean of max(0, score), or with a
@@ -142,8 +146,11 @@ def evaluate_member(
     ``rollout`` defaults to :func:`agent_envs.rollout.run_episodes` in lockstep mode (one policy
     call per turn, as the reference trainer) with every episode of the member in flight at once
     (``concurrency`` = tasks x samples unless given).  A job the runner returned no row for counts
-    as a 0 in the denominator, like a failed rollout.
+    as a 0 in the denominator, like a failed rollout.  ``sampling``: settings the member's requests
+    carry over the policy's own (:func:`~agent_envs.es.member_sampling.member_sampling_settings`).
     """
+    if sampling:
+        policy = SamplingPolicy(policy, sampling)
     tags = {"generation": generation, "member": member, "member_seed": member_seed, "engine_index": engine_index}
     if rollout is None:
         rollout = run_episodes
@@ -225,11 +232,16 @@ class ESTrainer:
             history = [{"config": config.model_dump()}]
         self.history = history
         self.start_generation = start_generation
-        self.seeds = SeedStream(config.seed, config.population, start_generation)
+        self.seeds = SeedStream(config.seed, config.population, start_generation, config.mirrored)
+        #: Adam's settings for every update, or None: the reference's plain update
+        self.optimizer = optimizer_settings(config.model_dump())
         #: also record the full SHA-256 of the weights in every generation (seconds each, on the host)
         self.sha256_each_generation = False
         #: the last step's timings: wall, members, update, fingerprint, per-member apply + revert seconds
         self.last_timing: dict[str, Any] = {}
+        #: called with each generation's record (its evaluation included) and timings once it is in
+        #: the history: the metrics rows of agent_envs.es.progress
+        self.progress: Callable[[Record, dict[str, Any]], Any] | None = None
 
     def sigma(self, generation: int) -> float:
         c = self.config
@@ -242,11 +254,16 @@ class ESTrainer:
             c.sigma_warmup_steps,
         )
 
+    def member_sigma(self, sigma: float, member: int) -> float:
+        """The member's signed noise scale: ``-sigma`` for the second member of a mirrored pair."""
+        return sigma * member_sign(member, self.config.mirrored)
+
     def run_member(self, tasks: Sequence[Any], seed: int, sigma: float, generation: int, member: int) -> MemberResult:
         evaluate = self.evaluate
         if evaluate is None:
             raise RuntimeError("this trainer has no member evaluator; override evaluate_population")
-        return run_perturbed(self.backend, seed, sigma, lambda: evaluate(tasks, seed, generation, member))
+        signed = self.member_sigma(sigma, member)
+        return run_perturbed(self.backend, seed, signed, lambda: evaluate(tasks, seed, generation, member))
 
     def evaluate_population(
         self, batch: Sequence[Any], seeds: Sequence[int], sigma: float, generation: int
@@ -254,9 +271,18 @@ class ESTrainer:
         """Every member's result, in member order: here one after another on the one backend."""
         return [self.run_member(batch, s, sigma, generation, i) for i, s in enumerate(seeds)]
 
+    def update_arguments(
+        self, seeds: Sequence[int], weights: Sequence[float]
+    ) -> tuple[list[int], list[float], dict[str, Any]]:
+        """``(seeds, weights, keywords)`` of the backend's update: one term per mirrored pair, and
+        Adam's settings when the run uses Adam (none otherwise: the reference's call)."""
+        terms = update_terms(seeds, weights, self.config.mirrored)
+        return *terms, ({"optimizer": self.optimizer} if self.optimizer is not None else {})
+
     def apply_update(self, seeds: Sequence[int], weights: Sequence[float], sigma: float) -> Any:
         """The generation's update on the backend (the reference's update needs no sigma)."""
-        return self.backend.update(seeds, weights, self.config.alpha)
+        seeds, weights, extra = self.update_arguments(seeds, weights)
+        return self.backend.update(seeds, weights, self.config.alpha, **extra)
 
     def step(self, generation: int) -> Record:
         c = self.config
@@ -323,12 +349,13 @@ class ESTrainer:
         return record
 
     def run(self) -> list[Record]:
-        last = self.config.generations - 1
-        for generation in range(self.start_generation, self.config.generations):
+        c = self.config
+        for generation in range(self.start_generation, c.generations):
             record = self.step(generation)
-            interval = self.config.eval_interval
-            if self.eval_hook and ((interval > 0 and (generation + 1) % interval == 0) or generation == last):
-                record["eval"] = self.eval_hook(generation)
+            if self.eval_hook and interval_evaluation_due(generation, c.generations, c.eval_interval):
+                record.update(self.eval_hook(generation))  # top-level <name>_eval keys, as the reference
             self.history.append(record)
             write_history(self.history_path, self.history)
+            if self.progress is not None:
+                self.progress(record, self.last_timing)
         return self.history

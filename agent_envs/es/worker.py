@@ -98,8 +98,10 @@ class ESWorkerExtension:
     def es_revert(self, seed: int, sigma: float) -> dict[str, Any]:
         return self._es_state().revert(seed, sigma)
 
-    def es_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> dict[str, Any]:
-        return self._es_state().update(seeds, weights, alpha)
+    def es_update(
+        self, seeds: Sequence[int], weights: Sequence[float], alpha: float, optimizer: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        return self._es_state().update(seeds, weights, alpha, optimizer)
 
     def es_reset(self) -> dict[str, Any]:
         return self._es_state().reset()
@@ -154,13 +156,21 @@ class ESWorkerExtension:
         }
 
     def es_lowrank_update(
-        self, seeds: Sequence[int], weights: Sequence[float], alpha: float, sigma: float
+        self,
+        seeds: Sequence[int],
+        weights: Sequence[float],
+        alpha: float,
+        sigma: float,
+        optimizer: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        return self._es_lowrank_state().update(seeds, weights, alpha, sigma)
+        return self._es_lowrank_state().update(seeds, weights, alpha, sigma, optimizer)
 
-    def es_lowrank_refresh(self, lora_ids: Sequence[int], seeds: Sequence[int], sigma: float) -> dict[str, Any]:
+    def es_lowrank_refresh(
+        self, lora_ids: Sequence[int], seeds: Sequence[int], sigma: float, signs: Sequence[int] | None = None
+    ) -> dict[str, Any]:
         """Rewrite resident adapters ``lora_ids`` in place as members ``seeds`` (no files, no
-        ``add_lora``; :mod:`agent_envs.es.lora_slots`); the factors are kept for the update.  The
+        ``add_lora``; :mod:`agent_envs.es.lora_slots`; member i at ``signs[i] * sigma``, default +1:
+        mirrored pairs); the factors are kept for the update.  The
         adapters :meth:`es_lowrank_prefetch` drew for these seeds are used; the answer times the wait
         for them, the writes into the CPU adapters and the copy into the GPU slots.
         ``{"ok": False, "unsupported": reason}`` (nothing written) where this engine cannot."""
@@ -177,12 +187,12 @@ class ESWorkerExtension:
         waited = time.perf_counter()
         state.drawn.clear()
 
-        def rewrite(job: tuple[lora_slots.AdapterTensors, int]) -> None:
-            adapter, seed = job
-            adapter.write_all(state.member_adapter(int(seed), sigma, ready))
+        def rewrite(job: tuple[lora_slots.AdapterTensors, int, int]) -> None:
+            adapter, seed, sign = job
+            adapter.write_all(state.member_adapter(int(seed), sigma, ready, int(sign)))
 
         with torch.no_grad():
-            for _ in in_parallel(rewrite, list(zip(places, seeds))):
+            for _ in in_parallel(rewrite, list(zip(places, seeds, signs or [1] * len(seeds)))):
                 pass
             written = time.perf_counter()
             slots = lora_slots.copy_into_slots(manager, [int(i) for i in lora_ids])
@@ -296,8 +306,11 @@ class VLLMPerturbation(_WorkerCalls):
     def revert(self, seed: int, sigma: float) -> list[Any]:
         return self._changed("es_revert", seed, sigma)
 
-    def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> list[Any]:
-        return self._changed("es_update", [int(s) for s in seeds], [float(w) for w in weights], float(alpha))
+    def update(
+        self, seeds: Sequence[int], weights: Sequence[float], alpha: float, optimizer: dict[str, Any] | None = None
+    ) -> list[Any]:
+        extra = (optimizer,) if optimizer is not None else ()  # the reference's update: the call as before
+        return self._changed("es_update", [int(s) for s in seeds], [float(w) for w in weights], float(alpha), *extra)
 
     def reset(self) -> list[Any]:
         return self._changed("es_reset")
@@ -345,19 +358,36 @@ class VLLMLowRank(_WorkerCalls):
         self.last_refresh: dict[str, Any] = {}
 
     def update(
-        self, seeds: Sequence[int], weights: Sequence[float], alpha: float, sigma: float | None = None
+        self,
+        seeds: Sequence[int],
+        weights: Sequence[float],
+        alpha: float,
+        sigma: float | None = None,
+        optimizer: dict[str, Any] | None = None,
     ) -> list[Any]:
         if sigma is None:
             raise ValueError("the low-rank update divides by sigma: pass the generation's sigma")
+        extra = (optimizer,) if optimizer is not None else ()
         return self._changed(
-            "es_lowrank_update", [int(s) for s in seeds], [float(w) for w in weights], float(alpha), float(sigma)
+            "es_lowrank_update",
+            [int(s) for s in seeds],
+            [float(w) for w in weights],
+            float(alpha),
+            float(sigma),
+            *extra,
         )
 
-    def refresh(self, lora_ids: Sequence[int], seeds: Sequence[int], sigma: float) -> str | None:
-        """Rewrite the resident adapters ``lora_ids`` in place as members ``seeds`` (the prefix cache
-        is reset: KV computed under the adapters' old weights must not be reused).  None when done,
-        else why this engine cannot (nothing was written: load adapter folders instead)."""
-        results = self._changed("es_lowrank_refresh", [int(i) for i in lora_ids], [int(s) for s in seeds], float(sigma))
+    def refresh(
+        self, lora_ids: Sequence[int], seeds: Sequence[int], sigma: float, signs: Sequence[int] | None = None
+    ) -> str | None:
+        """Rewrite the resident adapters ``lora_ids`` in place as members ``seeds`` (at ``signs[i] *
+        sigma``: mirrored pairs; the prefix cache is reset: KV computed under the adapters' old
+        weights must not be reused).  None when done, else why this engine cannot (nothing was
+        written: load adapter folders instead)."""
+        extra = ([int(s) for s in signs],) if signs is not None else ()
+        results = self._changed(
+            "es_lowrank_refresh", [int(i) for i in lora_ids], [int(s) for s in seeds], float(sigma), *extra
+        )
         self.last_refresh = results[0]
         reasons = [str(r["unsupported"]) for r in results if not r["ok"]]
         return reasons[0] if reasons else None

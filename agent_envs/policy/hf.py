@@ -193,6 +193,7 @@ class _Row:
         self.generator = torch.Generator(device=policy.device).manual_seed(seed)
         self.prompt = torch.tensor(prepared.prompt_ids, device=policy.device)
         self.policy, self.prepared = policy, prepared
+        self.sampling = policy.sampling.for_request(request)
         self.output: list[int] = []
         #: the model's log-probability of each sampled token, when the request asks for them
         self.logprobs: list[float] | None = [] if request.logprobs else None
@@ -207,7 +208,7 @@ class _Row:
         import torch
 
         output = torch.tensor(self.output, dtype=torch.long, device=self.prompt.device)
-        probs = process_logits(logits, self.prompt, output, self.policy.sampling).softmax(-1)
+        probs = process_logits(logits, self.prompt, output, self.sampling).softmax(-1)
         token = int(torch.multinomial(probs, 1, generator=self.generator))
         self.output.append(token)
         if self.logprobs is not None:  # before penalties, temperature and filters, as vLLM's default

@@ -162,7 +162,7 @@ class OpenAIPolicy(Policy):
         return "chat/completions" if request.prompt_token_ids is None else "completions"
 
     def body(self, request: GenerationRequest) -> dict[str, Any]:
-        s = self.sampling
+        s = self.sampling.for_request(request)
         prompt = request.prompt_token_ids
         tokens_in = prompt is not None
         body: dict[str, Any] = {"model": self.model}

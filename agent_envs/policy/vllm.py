@@ -286,7 +286,7 @@ class VLLMPolicy(_LoRAAdapters, BatchedEnginePolicy):
         extra = {"lora_request": loras} if any(lora is not None for lora in loras) else {}
         outputs = self.llm.generate(
             [tokens_prompt(p) for p in group],
-            [sampling_params(self.sampling, p) for p in group],
+            [sampling_params(self.sampling.for_request(p.request), p) for p in group],
             use_tqdm=False,
             **extra,
         )
@@ -480,7 +480,7 @@ class AsyncVLLMPolicy(_LoRAAdapters, EnginePolicy):
 
     async def _stream(self, prepared: Prepared) -> Completion:
         final = None
-        params = sampling_params(self.sampling, prepared, final_only=True)
+        params = sampling_params(self.sampling.for_request(prepared.request), prepared, final_only=True)
         lora = self._lora(prepared)
         extra = {"lora_request": lora} if lora is not None else {}
         async for output in self.engine.generate(

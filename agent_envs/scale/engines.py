@@ -64,8 +64,10 @@ class Engine:
     def revert(self, seed: int, sigma: float) -> Any:
         return self._backend().revert(seed, sigma)
 
-    def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> Any:
-        return self._backend().update(seeds, weights, alpha)
+    def update(
+        self, seeds: Sequence[int], weights: Sequence[float], alpha: float, optimizer: dict[str, Any] | None = None
+    ) -> Any:
+        return self._backend().update(seeds, weights, alpha, optimizer)
 
     def checksum(self) -> str:
         return combine_checksums(self._backend().checksum())

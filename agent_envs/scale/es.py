@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence, cast
 from pydantic import BaseModel, ConfigDict
 
 from agent_envs.es.history import ESConfig, Record
+from agent_envs.es.member_sampling import member_sampling_settings
 from agent_envs.es.population import Backend, ESTrainer, MemberResult, evaluate_member, run_perturbed, toy_reward
 from agent_envs.rewards.combine import FitnessCombiner
 
@@ -41,6 +42,8 @@ class MemberJob(BaseModel):
     combiner: FitnessCombiner | None = None
     #: reward = :func:`~agent_envs.es.population.toy_reward` of the rows (smoke runs on random weights)
     toy_reward: bool = False
+    #: the members' sampling over the engine policy's own (None: the policy's; agent_envs.es.member_sampling)
+    sampling: dict[str, Any] | None = None
 
 
 def run_member_on(engine: Engine, job: MemberJob, engine_index: int) -> MemberResult:
@@ -57,6 +60,7 @@ def run_member_on(engine: Engine, job: MemberJob, engine_index: int) -> MemberRe
             samples=job.samples,
             engine_index=engine_index,
             combiner=job.combiner,
+            sampling=job.sampling,
             **job.rollout_kwargs,
         )
         return result.model_copy(update={"reward": toy_reward(result.rows)}) if job.toy_reward else result
@@ -78,8 +82,12 @@ class PoolBackend:
         copies = sorted({r["revert_copy"] for r in started.values()})
         log(f"[es] {len(pool.live)} engine(s) start from weights {start}; exact-revert copies: {', '.join(copies)}")
 
-    def update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> Any:
-        out = self.pool.broadcast("es_update", [int(s) for s in seeds], [float(w) for w in weights], float(alpha))
+    def update(
+        self, seeds: Sequence[int], weights: Sequence[float], alpha: float, optimizer: dict[str, Any] | None = None
+    ) -> Any:
+        out = self.pool.broadcast(
+            "es_update", [int(s) for s in seeds], [float(w) for w in weights], float(alpha), optimizer
+        )
         return out[min(out)]
 
     def fingerprint(self) -> str:
@@ -129,13 +137,14 @@ class PoolESTrainer(ESTrainer):
                 env_id=self.config.env_id,
                 tasks=list(batch),
                 seed=s,
-                sigma=sigma,
+                sigma=self.member_sigma(sigma, i),
                 generation=generation,
                 member=i,
                 samples=self.config.train_samples,
                 rollout_kwargs=self.rollout_kwargs,
                 combiner=self.combiner,
                 toy_reward=self.toy_reward,
+                sampling=member_sampling_settings(self.config.member_sampling),
             )
             for i, s in enumerate(seeds)
         ]

@@ -96,8 +96,10 @@ class EngineHost:
         copies = {str(s.get("revert_copy", "none")) for s in (status if isinstance(status, list) else [status])}
         return {"fingerprint": self.engine.fingerprint(), "revert_copy": "/".join(sorted(copies))}
 
-    def es_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> Any:
-        return self.engine.update(seeds, weights, alpha)
+    def es_update(
+        self, seeds: Sequence[int], weights: Sequence[float], alpha: float, optimizer: dict[str, Any] | None = None
+    ) -> Any:
+        return self.engine.update(seeds, weights, alpha, optimizer)
 
     def fingerprint(self) -> str:
         return self.engine.fingerprint()
