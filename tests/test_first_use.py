@@ -26,7 +26,7 @@ from typing import IO
 import pytest
 
 from agent_envs.core.workers import FreshPool, WorkerError
-from agent_envs.envs.docvqa.synth import WORKERS
+from agent_envs.envs.docvqa.synth import WORKERS, builtin_cache_dir
 
 SCRIPT = """print("script-start", flush=True)
 import gymnasium as gym, agent_envs
@@ -56,16 +56,23 @@ class FirstUse:
     killed: Script
     pages_at_kill: int
     workers_of_killed: list[int]
+    survivors: list[int]  # of those workers, still running 5 s after the kill
     stdin: Script
     waiter: Script
 
 
-def _until(condition: Callable[[], object], what: str, timeout: float = DEADLINE_S) -> None:
+def _within(timeout: float, condition: Callable[[], object]) -> bool:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
+            return False
         time.sleep(0.1)
+    return True
+
+
+def _until(condition: Callable[[], object], what: str, timeout: float = DEADLINE_S) -> None:
+    if not _within(timeout, condition):
+        raise AssertionError(f"not within {timeout} s: {what}")
 
 
 def _start(folder: Path, name: str, cache: Path, stdin: IO[bytes] | None = None) -> Script:
@@ -124,7 +131,8 @@ def first_use(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FirstUse]:
         pages = _staged_pages(cache)
         killed.proc.send_signal(signal.SIGKILL)  # the builder only: its workers must go with it
         killed.proc.wait()
-        _until(lambda: not any(map(_running, workers)), "the killed builder's workers ended", timeout=5)
+        _within(5, lambda: not any(map(_running, workers)))
+        survivors = [pid for pid in workers if _running(pid)]
         with (folder / "stdin.py").open("rb") as source:
             stdin = _start(folder, "stdin", cache, source)
         scripts.append(stdin)
@@ -133,7 +141,7 @@ def first_use(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FirstUse]:
         scripts.append(waiter)
         for script in (stdin, waiter):
             script.proc.wait(timeout=DEADLINE_S)
-        yield FirstUse(cache, killed, pages, workers, stdin, waiter)
+        yield FirstUse(cache, killed, pages, workers, survivors, stdin, waiter)
     finally:
         for script in scripts:
             if script.proc.poll() is None:
@@ -160,7 +168,8 @@ def test_script_on_stdin_builds_the_pages_and_finishes(first_use: FirstUse) -> N
 
 
 def test_killed_builder_leaves_nothing_the_next_build_trips_over(first_use: FirstUse) -> None:
-    (folder,) = [p for p in (first_use.cache / "synthetic_docs").iterdir() if p.suffix != ".lock"]
+    assert first_use.survivors == []  # its workers died with it: none writes into a folder being removed
+    folder = builtin_cache_dir(200, 0, first_use.cache)
     assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name, folder.name + ".lock"]  # no .partial
     assert len((folder / "tasks.jsonl").read_text().splitlines()) == 200
 
