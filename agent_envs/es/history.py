@@ -282,15 +282,14 @@ def _check_fingerprint(backend: UpdateBackend, expected: str, what: str, causes:
 
 
 def check_same_rule(stored: Record, config: ESConfig) -> None:
-    """A resumed run continues the source's update rule (pairs, optimiser): its replay repeats it."""
-    defaults = ESConfig.model_fields
-    changed = [
-        f"{key}: {stored.get(key, defaults[key].default)!r} -> {getattr(config, key)!r}"
-        for key in RULE_KEYS
-        if stored.get(key, defaults[key].default) != getattr(config, key)
-    ]
-    if changed:
-        raise ValueError(f"the resumed history was trained with another update rule ({'; '.join(changed)})")
+    """A resumed run continues the source's update rule (pairs, optimiser): its replay repeats it.
+    (Adam's settings count only for an Adam run.)"""
+    rules = [(bool(c.get("mirrored", False)), optimizer_settings(c)) for c in (stored, config.model_dump())]
+    if rules[0] != rules[1]:
+        raise ValueError(
+            f"the resumed history was trained with another update rule (mirrored, optimizer): {rules[0]} there, "
+            f"{rules[1]} asked for; resume with its --mirrored/--optimizer/--adam-* settings"
+        )
 
 
 def checked_generations(history: Sequence[Record], generations: int | None = None) -> int:
