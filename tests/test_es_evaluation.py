@@ -160,7 +160,8 @@ def test_history_holds_initial_interval_and_final_evaluations_with_their_seeds(t
         assert _seeds(initial[f"{name}_eval"]) == _expected(tasks, 2, SEED)  # --eval-samples 2, the eval seed
         assert initial[f"{name}_eval"]["count"] == 4 and initial[f"{name}_eval"]["label"] == f"{name}_eval"
         for record, updates in ((gen0, 1), (gen1, 2)):  # interval: seed + updates (the reference's seed + g + 1)
-            assert _seeds(record["eval"][f"{name}_eval"]) == _expected(tasks, 2, SEED + updates)
+            # R1: top-level <name>_eval keys in the generation's record, as the reference
+            assert _seeds(record[f"{name}_eval"]) == _expected(tasks, 2, SEED + updates) and "eval" not in record
     assert [r["generation"] for r in (gen0, gen1)] == [0, 1] and all("rewards" in r for r in (gen0, gen1))
     assert (final["generation"], final["final_eval"], final["eval_samples"], final["max_turns"]) == (2, True, 4, 3)
     assert _seeds(final["dapo_eval"]) == _expected(DAPO, 4, SEED + 2 + 10_000)
@@ -234,8 +235,8 @@ def test_eval_only_replay_reproduces_the_interval_and_final_evaluations(trained,
     at1, at2, final = out[2:]
     assert (at1["replayed_updates"], at2["replayed_updates"], final["replayed_updates"]) == (1, 2, 2)
     for name in ("dapo", "aime"):
-        assert _untimed(at1[f"{name}_eval"]) == _untimed(history[2]["eval"][f"{name}_eval"])
-        assert _untimed(at2[f"{name}_eval"]) == _untimed(history[3]["eval"][f"{name}_eval"])
+        assert _untimed(at1[f"{name}_eval"]) == _untimed(history[2][f"{name}_eval"])
+        assert _untimed(at2[f"{name}_eval"]) == _untimed(history[3][f"{name}_eval"])
         assert _untimed(final[f"{name}_eval"]) == _untimed(history[4][f"{name}_eval"])
 
 

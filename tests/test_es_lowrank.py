@@ -199,7 +199,8 @@ def test_update_matches_the_formula_and_replays_onto_a_fresh_model() -> None:
     before = target_state(model)
     es = LowRankPerturber(model, 3)
     seeds, weights, alpha, sigma = [21, 22, 23], [1.2, -0.3, -0.9], 0.01, 0.002
-    es.update(seeds, weights, alpha, sigma)
+    result = es.update(seeds, weights, alpha, sigma)
+    assert result["weight_norm"] == float(torch.tensor(weights, dtype=torch.float32).norm())  # W1: float32
     for slot in es.slots:
         expected = torch.zeros(slot.target.out_features, slot.target.in_features, dtype=torch.float64)
         for s, w in zip(seeds, weights):

@@ -102,12 +102,12 @@ def test_es_train_evaluates_before_between_and_after_training_and_replays_for_ev
     assert initial["generation"] == -1 and "rewards" not in initial
     assert (initial["dapo_eval"]["count"], initial["aime_eval"]["count"]) == (2, 1)
     assert _seeds(initial["dapo_eval"]) == [SEED, SEED + 1]  # base seed + row (sample 0)
-    assert gen0["generation"] == 0 and len(gen0["rewards"]) == 2 and _seeds(gen0["eval"]["aime_eval"]) == [SEED + 1]
+    assert gen0["generation"] == 0 and len(gen0["rewards"]) == 2 and _seeds(gen0["aime_eval"]) == [SEED + 1]
     assert (final["final_eval"], final["eval_samples"], final["dapo_eval"]["count"]) == (True, 2, 4)
     assert _seeds(final["aime_eval"]) == [SEED + 1 + 20_000, SEED + 1 + 20_000 + 1_000_003]
     rows = [
         row
-        for record in (initial, gen0["eval"], final)
+        for record in (initial, gen0, final)
         for name in ("dapo", "aime")
         for row in record[f"{name}_eval"]["scores"]
     ]
@@ -138,6 +138,6 @@ def test_es_train_evaluates_before_between_and_after_training_and_replays_for_ev
     assert (at0["replayed_updates"], at1["replayed_updates"], again["replayed_updates"]) == (0, 1, 1)
     for name in ("dapo", "aime"):  # the same episodes as training's, at the same weights
         assert _untimed(at0[f"{name}_eval"]) == _untimed(initial[f"{name}_eval"])
-        assert _untimed(at1[f"{name}_eval"]) == _untimed(gen0["eval"][f"{name}_eval"])
+        assert _untimed(at1[f"{name}_eval"]) == _untimed(gen0[f"{name}_eval"])
         assert _untimed(again[f"{name}_eval"]) == _untimed(final[f"{name}_eval"])
     assert _checksum(proc) == _checksum(training)  # replayed, and nothing trained on top

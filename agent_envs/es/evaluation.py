@@ -1,8 +1,9 @@
 """Held-out evaluation of an ES run, as the reference ES runner does it (docs/scaling.md#es-evaluation).
 
 * **Initial** (``--initial-eval``): before the first generation, recorded as generation -1.
-* **Interval**: after every ``eval_interval``-th update and the last, ``--eval-samples`` samples
-  per task, seed ``seed + updates`` (the reference's ``seed + g + 1`` after generation ``g``).
+* **Interval**: after every ``eval_interval``-th update and the last (none at interval 0),
+  ``--eval-samples`` samples per task, seed ``seed + updates`` (the reference's ``seed + g + 1``
+  after generation ``g``), its ``<name>_eval`` blocks at the top level of the generation's record.
 * **Final** (``--final-eval``): its own sample count (``--final-eval-samples``, 4) and seeds:
   ``seed + updates + 10000 * (i + 1)`` for the i-th held-out set (20270652 and 20280652 for DAPO
   and AIME after 25 updates of seed 20260627), recorded as ``{"generation": G, "final_eval": true}``.
