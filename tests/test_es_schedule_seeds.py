@@ -12,6 +12,9 @@ from agent_envs.es.normalize import normalize_rewards
 from agent_envs.es.population import evaluate_member, map_endpoint_serial
 from agent_envs.rollout.metrics import es_summary
 from agent_envs.es.schedule import interval_evaluation_due, sigma_at_step
+from test_es_history import make_model
+from test_es_update_rule import Recorded, config, trainer
+
 from agent_envs.es.seeds import (
     SeedStream,
     case_batch,
@@ -203,3 +206,16 @@ def test_interval_evaluations_follow_the_interval_and_none_at_zero() -> None:
     assert due == [9, 19, 24]
     assert [g for g in range(3) if interval_evaluation_due(g, 3, 1)] == [0, 1, 2]
     assert not any(interval_evaluation_due(g, 25, 0) for g in range(25))
+
+
+@pytest.mark.parametrize("interval,evaluated", [(0, []), (2, [1, 2])])
+def test_the_trainer_evaluates_on_the_interval_at_the_records_top_level(tmp_path, interval, evaluated) -> None:
+    """R1 and R2 end to end on the toy backend: ``<name>_eval`` at the generation record's top level
+    (no ``eval`` key), after every interval-th update and the last, and none at interval 0."""
+    cfg = config(3, eval_interval=interval)
+    run = trainer(
+        tmp_path / "h.json", cfg, Recorded(make_model(), exact_revert=True), eval_hook=lambda g: {"dapo_eval": {"g": g}}
+    )
+    records = [r for r in run.run() if "rewards" in r]
+    assert [r["generation"] for r in records if "dapo_eval" in r] == evaluated
+    assert all("eval" not in r for r in records)
