@@ -578,7 +578,10 @@ def train_watched(args: argparse.Namespace, run: ESRun) -> list[dict[str, Any]]:
             progress.observe(history[-1])
     finally:
         progress.close()
-    print(f"[es] metrics {path}; curve {plot_metrics(read_metrics(path), f'{path}.png')}")
+    try:
+        print(f"[es] metrics {path}; curve {plot_metrics(read_metrics(path), f'{path}.png')}")
+    except ImportError as exc:  # an engine's venv without matplotlib: the rows are what matters
+        print(f"[es] metrics {path}; no curve drawn ({exc}): python -m agent_envs.es.progress {path} OUT.png")
     return history
 
 
