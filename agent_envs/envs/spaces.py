@@ -112,7 +112,8 @@ class SharedChats:
     """The batch of chats an ``AsyncVectorEnv`` shares between its worker processes: one slot per
     environment in a list kept by a manager process, since a chat has no fixed size to lay out in
     a shared array.  Reads see the workers' latest writes; a deep copy (what the vector env returns
-    unless ``copy=False``) is a tuple of chats, as without shared memory."""
+    unless ``copy=False``) is a tuple of chats, as without shared memory.  The manager process ends
+    with the vector env object (``close`` stops only the workers)."""
 
     def __init__(self, slots: Any, n: int):
         self.slots = slots
