@@ -16,6 +16,7 @@ import gymnasium as gym
 import gymnasium.wrappers as W
 import gymnasium.wrappers.vector as V
 import pytest
+from gymnasium.vector import AutoresetMode
 from gymnasium.wrappers.utils import create_zero_array
 
 import agent_envs  # noqa: F401  (registers the environments)
@@ -225,6 +226,26 @@ def test_vector_wrapper_runs_on_sync_and_async_vector_envs_with_default_argument
         # next-step autoreset: the next step starts fresh episodes, whose chats the vector env returns
         obs, reward, *_ = envs.step(("x", "x"))
         assert [len(o) for o in obs] == ([1, 1] if "TransformObservation" in name else [2, 2])
+    finally:
+        envs.close()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_same_step_autoreset_keeps_the_final_chat_and_record(mode):
+    envs = gym.make_vec(
+        ENV_ID,
+        num_envs=2,
+        vectorization_mode=mode,
+        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+        dataset=TASKS,
+        single_turn=True,
+    )
+    try:
+        envs.reset(seed=0, options={"row_index": 0})
+        obs, reward, terminated, _, info = envs.step((SOLVED, WRONG))
+        assert [len(o) for o in obs] == [2, 2] and list(terminated) == [True, True]  # already the next episodes
+        assert [len(o) for o in info["final_obs"]] == [3, 3]
+        assert list(info["final_info"]["record"]["score"]) == list(reward) == [1.0, 0.0]
     finally:
         envs.close()
 
