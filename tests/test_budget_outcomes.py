@@ -11,6 +11,8 @@ import agent_envs  # noqa: F401  (registers the environments)
 from agent_envs.core.tokens import TokenCounter
 from agent_envs.core.types import Completion
 from agent_envs.policy.hf import smollm2_tokenizer
+from agent_envs.policy.scripted import RecordingPolicy, ScriptedPolicy
+from agent_envs.rollout import run_episodes
 
 TASK = {"id": "t1", "question": "What is 6*7?", "answer": "42"}
 NO_ACTION = "I think it is 42."  # no action, no final answer: a format warning
@@ -53,6 +55,17 @@ def test_a_first_prompt_that_cannot_fit_ends_the_same_under_every_policy(tokeniz
     fits.reset(options={"row_index": 0})
     record = fits.step(NO_ACTION)[4]["record"]  # the first turn runs; the longer second prompt does not fit
     assert (record["turns"], record["termination_reason"]) == (1, "context_length_exceeded")
+
+
+@pytest.mark.parametrize("mode", ["async", "lockstep"])
+def test_the_runner_asks_no_policy_for_a_first_prompt_that_cannot_fit(tokenizer, mode):
+    """CX1: the reference ended such a trajectory before generating; the runner steps the
+    environment without a policy call."""
+    policy = RecordingPolicy(ScriptedPolicy(["Final answer: \\boxed{42}"]))
+    env_kwargs = {"tokenizer": tokenizer, "sandbox": "none", "max_tokens_per_turn": 64, "max_model_len": 80}
+    (record,) = run_episodes("MATH-ReAct-v0", [TASK], policy, env_kwargs=env_kwargs, mode=mode, progress=False)
+    assert (record.termination_reason, record.react_error, policy.calls) == ("context_length_exceeded",) * 2 + ([],)
+    assert record.policy_calls == 0 and record.react_error_detail.endswith("+ max_tokens 64 > max_model_len 80")
 
 
 def test_a_failed_turns_prompt_counts_in_max_context_tokens(tokenizer):

@@ -33,6 +33,7 @@ from agent_envs.core.types import (
     MACHINE_FAULTS,
     Completion,
     GenerationRequest,
+    InfrastructureError,
     error_text,
 )
 from agent_envs.envs.args import EnvArgs, EnvOptions, ResetOptions
@@ -197,6 +198,9 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         self._tasks: list[Any] | None = None
         self._tools: dict[str, Tool] = {}
         self._ep: EpisodeState | None = None
+        #: set by ``close`` until the next ``reset``: no tool starts meanwhile (a runner closing its
+        #: environments on Ctrl-C must not see a step start a sandbox after that)
+        self._closed = False
         # a reply and its observation; under native calls a tool message per call run and one for
         # all the calls past the cap (docs/protocol.md#native-tool-calls)
         parser = self.rules.parser
@@ -245,6 +249,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Chat, dict[str, Any]]:
         super().reset(seed=seed)
         self._close_sandbox()
+        self._closed = False
         opts = ResetOptions.checked("reset options", dict(options or {}))
         if "task" in opts.model_fields_set:
             task = self._coerce_task(opts.task)
@@ -280,7 +285,10 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             trajectory=TokenTrajectory.start(self.counter, messages) if self.token_trajectories else None,
         )
         self._ep.overflow = self._overflow()
-        return _copy_chat(messages), self._info()
+        info = self._info()
+        if self._ep.overflow is not None:  # a driver ends it without asking its policy (the reference's order)
+            info["context_overflow"] = self._ep.overflow
+        return _copy_chat(messages), info
 
     def step(self, action: str | Completion | dict[str, Any]) -> tuple[Chat, float, bool, bool, dict[str, Any]]:
         ep = self._require_running()
@@ -417,6 +425,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         return transcript(self._ep.messages, image_marker="\n[image]")
 
     def close(self) -> None:
+        self._closed = True
         self._close_sandbox()
         super().close()
 
@@ -491,6 +500,8 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         """Hook for per-task validation before the episode starts (e.g. the image exists)."""
 
     def _require_running(self) -> EpisodeState:
+        if self._closed:
+            raise RuntimeError(f"{self.env_id} is closed: call reset() to start a new episode before step()")
         if self._ep is None:
             raise RuntimeError("call reset() before step()")
         if self._ep.termination_reason is not None:
@@ -533,6 +544,8 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         """Run tool ``name`` on ``tool_input`` (the tool is built on first use, one per episode)."""
         ep = self._ep
         assert ep is not None
+        if self._closed:  # closed by another thread during this step
+            raise InfrastructureError(f"{self.env_id} was closed during the step; the {name} tool was not run")
         tool = self._tools.get(name)
         if tool is None:
             spec = self.env_spec.tool(name)

@@ -20,16 +20,17 @@ import asyncio
 import dataclasses
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import gymnasium as gym
 
 from agent_envs.core.flight import episodes_in_flight
 from agent_envs.core.tasks import episode_key, task_id
-from agent_envs.core.types import INVALID_OUTPUT, MACHINE_FAULTS
+from agent_envs.core.types import CONTEXT_LENGTH_EXCEEDED, INVALID_OUTPUT, MACHINE_FAULTS
 from agent_envs.policy.base import Completion, GenerationRequest, Policy, batch_or_each, error_text
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
 from agent_envs.core.steps import StepContext, StepScore, StepScorer
@@ -41,6 +42,9 @@ from .records import EpisodeRecord, JsonlWriter, as_row
 from .resume import prepare_resume
 
 MODES = ("async", "lockstep")
+#: how often an interrupted run closes its environments again while worker calls still run
+CLOSE_PASS_S = 0.2
+T = TypeVar("T")
 EnvSource = str | Callable[..., gym.Env]
 #: wall-clock fields: excluded when comparing runs for determinism
 TIMING_FIELDS = frozenset({"latency_s", "tool_seconds", "env_seconds", "turn_tool_s", "turn_generation_s"})
@@ -106,7 +110,7 @@ class _Episode:
         assert self.env is not None
         t = time.perf_counter()
         try:
-            self.env.reset(
+            _, info = self.env.reset(
                 options={
                     "task": self.job.task,
                     "row_index": self.job.row_index,
@@ -115,7 +119,10 @@ class _Episode:
                     **({} if self.job.seed_base is None else {"seed_base": self.job.seed_base}),
                 }
             )
-            self.request = self.env.get_wrapper_attr("generation_request")()
+            if info.get("context_overflow"):  # the first prompt cannot fit: ended before any generation
+                self._after_step(*self.env.step(Completion(error=CONTEXT_LENGTH_EXCEEDED))[2:])
+            else:
+                self.request = self.env.get_wrapper_attr("generation_request")()
         except Exception as exc:
             self._fail(exc)
         self.env_seconds += time.perf_counter() - t
@@ -486,7 +493,7 @@ def run_episodes(
         step_scorer,
         env_id_or_factory if isinstance(env_id_or_factory, str) else None,
     )
-    pool = ThreadPoolExecutor(max_workers=tool_workers or concurrency, thread_name_prefix="agent-envs-env")
+    pool = _Workers(max_workers=tool_workers or concurrency, thread_name_prefix="agent-envs-env")
     try:
         with episodes_in_flight(min(concurrency, len(todo))):  # they share the sandboxes' tmpfs budget
             if todo:
@@ -504,15 +511,44 @@ def run_episodes(
     return [merged[k] for k in keys if k in merged]
 
 
-def _shutdown(ctx: _Context, pool: ThreadPoolExecutor) -> None:
-    """Close every env even when interrupted: closing kills running tool commands, so worker
-    threads return quickly; a second pass catches a sandbox a thread opened meanwhile."""
+class _Workers(ThreadPoolExecutor):
+    """The env worker threads, knowing which of their calls still run (for :func:`_shutdown`)."""
+
+    def __init__(self, max_workers: int, thread_name_prefix: str) -> None:
+        super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+        self._calls: set[Future[Any]] = set()
+        self._calls_lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future = super().submit(fn, *args, **kwargs)
+        with self._calls_lock:
+            self._calls.add(future)
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, future: Future[Any]) -> None:
+        with self._calls_lock:
+            self._calls.discard(future)
+
+    def wait_calls(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for every call to end; whether they all did."""
+        with self._calls_lock:
+            calls = set(self._calls)
+        return not wait(calls, timeout).not_done
+
+
+def _shutdown(ctx: _Context, pool: _Workers) -> None:
+    """Close every env, again each :data:`CLOSE_PASS_S` until no worker call runs (also when
+    interrupted): closing kills running tool commands and a closed env starts none, so a step
+    that reached its sandbox after a pass (a slow start on a loaded host) ends at the next one,
+    instead of running its command to the end (docs/reliability.md#interrupts)."""
     pool.shutdown(wait=False, cancel_futures=True)
-    for env in list(ctx.envs):
-        _close_quietly(env)
+    while True:
+        for env in list(ctx.envs):
+            _close_quietly(env)
+        if pool.wait_calls(CLOSE_PASS_S):
+            break
     pool.shutdown(wait=True)
-    for env in list(ctx.envs):
-        _close_quietly(env)
 
 
 def strip_timings(record: EpisodeRecord | dict[str, Any]) -> dict[str, Any]:
