@@ -125,7 +125,7 @@ def train(tmp_path: Path, generations: int = 3, exact: bool = True) -> tuple[nn.
         tasks,
         evaluate,
         str(tmp_path / "history.json"),
-        eval_hook=lambda g: evals.append(g) or {"generation": g},
+        eval_hook=lambda g: evals.append(g) or {"probe_eval": {"after": g}},
         log=lambda _: None,
     )
     trainer.run()
@@ -141,7 +141,8 @@ def test_trainer_writes_history_and_replay_is_exact(tmp_path: Path) -> None:
     assert records[0]["case_batch"] == ["t0", "t1", "t2"] and records[1]["case_batch"] == ["t3", "t4", "t0"]
     assert records[0]["seeds"] == population_seeds(7, 4, 1)[0]
     assert all(0.0 <= r <= 1.0 for rec in records for r in rec["rewards"])
-    assert records[2]["sigma"] == 0.02 and "eval" in records[1]
+    # an interval evaluation's summary sits at its generation record's top level, as the reference's
+    assert records[2]["sigma"] == 0.02 and records[1]["probe_eval"] == {"after": 1} and "eval" not in records[1]
     trained = trainer.backend.checksum()
     assert trained != SeededPerturber(make_model()).checksum()
 
