@@ -11,4 +11,4 @@ if [ "${AGENT_ENVS_VLLM_CPU:-1}" = 1 ]; then
     "PIP_EXTRA_INDEX_URL at it, or have the wheel where pip finds it)"
 fi
 bash scripts/check_code.sh
-exec ${PYTHON:-python3} -m pytest -q -rs "$@"
+exec ${PYTHON:-python3} -m pytest -q -rs --durations=25 "$@"  # the 25 slowest tests, every run
