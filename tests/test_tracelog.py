@@ -142,3 +142,29 @@ def test_write_uses_utf8_with_replacement(tmp_path):
     data = path.read_bytes().decode("utf-8")
     assert "bad ? surrogate" in data
     assert "Failure reason: \n" in data
+
+
+def test_an_environment_without_a_renderer_gets_the_shared_layout(tmp_path):
+    """A new environment that declares no renderer still gets its logs (it used to raise at the end
+    of `agent-envs eval`): the shared header and rounds, the task payload as the problem."""
+    from agent_envs.core.spec import ReportSpec
+
+    report = ReportSpec(trace_prefix="toy")
+    row = {
+        "task_id": "toy/1",
+        "sample_index": 2,
+        "env_id": "Toy-v0",
+        "score": 0.0,
+        "prediction": "7",
+        "score_method": "exact",
+        "task": {"id": "toy/1", "question": "3 + 4?"},
+        "react_steps": STEPS[:1],
+    }
+    text = render(row, report)
+    assert text.startswith("# Chat History Toy-v0_toy/1\n\nTask ID: toy/1\nSetting: Toy-v0\nSample index: 2\n")
+    assert (
+        '## Problem\n\n```json\n{\n  "id": "toy/1",\n  "question": "3 + 4?"\n}\n```\n\n## Trace\n\n## Round 1\n' in text
+    )
+    assert "Invoice n° 123" in text and text.endswith("## Prediction\n\n7\n\n---\n\n## RESULT\nFAILED\n")
+    path = write_trace_log(row, tmp_path, report)
+    assert path.name == "toy_agent_toy_1_sample02_FAILED.md" and path.read_text(encoding="utf-8") == text

@@ -46,3 +46,42 @@ def _image_line(facts: Row) -> str:
         f"- box {facts.get('box')} of {facts.get('source')}, zoom {facts.get('zoom')}, "
         f"{size[0]}x{size[1]} pixels, sha256 {facts.get('sha256')}"
     )
+
+
+def generic_trace(row: Row, result: str) -> str:
+    """The trace log of an environment that brings no renderer of its own: the shared header and
+    rounds, with the task's payload as the problem (JSON), so ``agent-envs eval`` on a new
+    environment writes its logs from the first run.  The reference's environments keep their own
+    layouts (docs/protocol.md#trace-logs)."""
+    score = float(row.get("score") or 0.0)
+    failure = row.get("react_error") or ("" if score >= 1.0 else str(row.get("score_reason") or "Score was 0."))
+    lines = [
+        f"# Chat History {row.get('env_id')}_{row['task_id']}",
+        "",
+        f"Task ID: {row['task_id']}",
+        f"Setting: {row.get('env_id')}",
+        f"Sample index: {row['sample_index']}",
+        f"Score: {score}",
+        f"Score method: {row.get('score_method')}",
+        f"Outcome: {result}",
+        f"Failure reason: {failure}",
+        "",
+        "## Problem",
+        "",
+        "```json",
+        json.dumps(task_of(row), ensure_ascii=False, indent=2, default=str),
+        "```",
+        "",
+        "## Trace",
+        "",
+        *rounds(row.get("react_steps") or []),
+        "## Prediction",
+        "",
+        str(row.get("prediction", "")),
+        "",
+        "---",
+        "",
+        "## RESULT",
+        result,
+    ]
+    return "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from agent_envs.core.atomic import write_file
 from agent_envs.core.spec import ReportSpec
+from agent_envs.protocol.tracelog import generic_trace
 
 from .records import EpisodeRecord, as_row
 
@@ -39,9 +40,8 @@ def trace_filename(row: Row, report: ReportSpec, prefix: str = "") -> str:
 
 
 def render(row: Row, report: ReportSpec) -> str:
-    if report.render_trace is None:
-        raise ValueError(f"{row.get('env_id')} has no trace-log renderer")
-    return report.render_trace(row, report.outcome(row))
+    """The environment's own layout, or the shared one (``generic_trace``) when it declares none."""
+    return (report.render_trace or generic_trace)(row, report.outcome(row))
 
 
 def write_trace_log(record: EpisodeRecord | Row, directory: str | Path, report: ReportSpec, prefix: str = "") -> Path:
