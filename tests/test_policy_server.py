@@ -96,7 +96,12 @@ def test_a_bad_content_length_is_a_400_not_a_hang(declared):
         ({"model": "m"}, "'messages' must be a list of message objects"),
         ({**CHAT, "messages": ["hi"]}, "'messages' must be a list of message objects"),
         ({**CHAT, "messages": [{"content": "hi"}]}, "KeyError: 'role'"),
-        ({**CHAT, "stream": True}, "streaming is not supported"),
+        (
+            {**CHAT, "response_format": {"type": "json_object"}, "logit_bias": {}},
+            "unsupported field(s) logit_bias, response_format",
+        ),
+        ({**CHAT, "top_logprobs": 2, "logprobs": True}, "'top_logprobs' above 0"),
+        ({**CHAT, "temperature": -1}, "temperature"),
     ],
 )
 def test_client_errors_are_400s_with_a_message(body, problem):

@@ -1,7 +1,10 @@
 """A small but real OpenAI-compatible HTTP server around any :class:`Policy`.
 
-``POST /v1/chat/completions`` and ``GET /v1/models`` on 127.0.0.1, answering like vLLM does (token
-ids on request, context-length 400s with ``param="input_tokens"``).  Message content may be a
+``POST /v1/chat/completions``, ``POST /v1/completions`` (a prompt as text or token ids) and ``GET
+/v1/models`` on 127.0.0.1 (``host=`` for another address), answering like vLLM does (token ids on
+request, context-length 400s with ``param="input_tokens"``, streaming as server-sent events).  Each
+body field is honoured or refused with a 400 naming it (:mod:`agent_envs.policy.wire`); a model name
+other than the served one is a 404.  Message content may be a
 string or OpenAI content parts; image parts must be base64 data URLs (nothing is fetched) and reach
 a policy that has a processor (a vision-language model), counted exactly with it.  Tests use its failure injection
 (``fail_next``, ``delay_next``) to exercise client retries against real sockets, and ``record=N`` to
@@ -28,22 +31,16 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
-from ..core.content import decode_image_url
 from ..core.tokens import TokenCounter
-from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy, error_text
+from .base import CONTEXT_LENGTH_EXCEEDED, Completion, Policy, error_text
 from ..protocol.budget import exceeds_context
+from .wire import ClientError, ModelOutputError, parse_body, stream_chunks
 
 
 #: default cap on a request body (a chat with a few base64 page images fits many times over)
 MAX_BODY_BYTES = 64 << 20
 #: default time a client has to send a whole request (head and body)
 READ_TIMEOUT_S = 30.0
-#: seeds and token counts an engine takes (vLLM's limits for them: a signed 64-bit integer)
-INT64 = range(-(1 << 63), 1 << 63)
-
-
-class ClientError(ValueError):
-    """A request the server refuses with a 400 and this message."""
 
 
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
@@ -120,7 +117,9 @@ class PolicyServer(ThreadingHTTPServer):
         self.close()
 
     # ------------------------------------------------------------------ request handling
-    def chat(self, body: Any) -> tuple[int, dict[str, Any]]:
+    def answer(self, route: str, body: Any) -> tuple[int, dict[str, Any] | list[dict[str, Any]]]:
+        """The status and JSON answer of a ``chat/completions`` or ``completions`` body: a list of
+        stream chunks when the body asks to stream (agent_envs/policy/wire.py says what is read)."""
         with self._lock:
             self.received.append(body)
         status, delay = self._take_fault()
@@ -128,42 +127,53 @@ class PolicyServer(ThreadingHTTPServer):
             time.sleep(delay)  # injected slowness: the client under test must time out
         if status is not None:
             return status, error_body(f"injected failure {status}", status)
+        chat = route == "chat/completions"
         try:
-            request = to_request(body)
+            wire = parse_body(body, chat, self.policy.tokenizer)
         except (KeyError, TypeError, ValueError) as exc:
-            return 400, error_body(f"invalid request: {error_text(exc) if isinstance(exc, KeyError) else exc}", 400)
-        prompt_tokens = self.counter.prompt_tokens(request.messages)
-        if self.max_model_len is not None and exceeds_context(prompt_tokens, request.max_tokens, self.max_model_len):
+            param = exc.param if isinstance(exc, ClientError) else None
+            message = error_text(exc) if isinstance(exc, KeyError) else str(exc)
+            return 400, error_body(f"invalid request: {message}", 400, param)
+        if wire.model is not None and wire.model != self.model:
+            return 404, not_found(wire.model)
+        first = wire.requests[0]
+        if first.prompt_token_ids is not None:
+            prompt_tokens = len(first.prompt_token_ids)
+        else:
+            prompt_tokens = self.counter.prompt_tokens(first.messages)
+        if self.max_model_len is not None and exceeds_context(prompt_tokens, first.max_tokens, self.max_model_len):
             return 400, context_error(self.max_model_len, prompt_tokens)
-        completion = self.policy.generate([request])[0]
-        if completion.error == CONTEXT_LENGTH_EXCEEDED:
-            return 400, context_error(self.max_model_len or 0, completion.prompt_tokens or prompt_tokens)
-        if not completion.ok:
-            return 500, error_body(completion.error_message or str(completion.error), 500)
-        return 200, self.response(body, completion, prompt_tokens)
-
-    def response(self, body: dict[str, Any], completion: Completion, prompt_tokens: int) -> dict[str, Any]:
-        generated = completion.num_tokens
-        if generated is None:
-            generated = self.counter.text_tokens(completion.text)
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": completion.text},
-            "finish_reason": completion.finish_reason or "stop",
-        }
-        if completion.tool_calls:  # a policy that parsed calls out of its text, as tool-parsing servers do
-            choice["message"]["tool_calls"] = completion.tool_calls
-        if body.get("return_token_ids") and completion.token_ids is not None:
-            choice["token_ids"] = completion.token_ids
-        prompt = completion.prompt_tokens or prompt_tokens
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
+        completions = self.policy.generate(wire.requests)
+        for completion in completions:
+            if completion.error == CONTEXT_LENGTH_EXCEEDED:
+                return 400, context_error(self.max_model_len or 0, completion.prompt_tokens or prompt_tokens)
+            if not completion.ok:
+                return 500, error_body(completion.error_message or str(completion.error), 500)
+        try:
+            choices = [wire.choice(i, c, self.policy.tokenizer) for i, c in enumerate(completions)]
+        except ClientError as exc:
+            return 400, error_body(str(exc), 400, exc.param)
+        except ModelOutputError as exc:
+            return 500, error_body(str(exc), 500)
+        prompt = completions[0].prompt_tokens or prompt_tokens
+        generated = sum(self._generated(c) for c in completions)
+        response = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()),
             "model": self.model,
-            "choices": [choice],
+            "choices": choices,
             "usage": {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated},
         }
+        return 200, stream_chunks(response, chat, wire.stream_usage) if wire.stream else response
+
+    def _generated(self, completion: Completion) -> int:
+        count = completion.num_tokens
+        return self.counter.text_tokens(completion.text) if count is None else count
+
+    def chat(self, body: Any) -> tuple[int, dict[str, Any] | list[dict[str, Any]]]:
+        """:meth:`answer` for ``POST /v1/chat/completions``."""
+        return self.answer("chat/completions", body)
 
     def models(self) -> dict[str, Any]:
         return {
@@ -184,55 +194,11 @@ def context_error(max_model_len: int, prompt_tokens: int) -> dict[str, Any]:
     )
 
 
-def to_request(body: Any) -> GenerationRequest:
-    """The request a chat body asks for; :class:`ClientError` (a 400) says what is wrong with it."""
-    if not isinstance(body, dict):
-        raise ClientError(f"the body must be a JSON object, got {type(body).__name__}")
-    if body.get("stream"):
-        raise ClientError("streaming is not supported by this server")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        raise ClientError("'messages' must be a list of message objects")
-    seed = _whole(body, "seed", INT64)
-    max_tokens = _whole(body, "max_completion_tokens", range(1, INT64.stop)) or _whole(
-        body, "max_tokens", range(1, INT64.stop)
-    )
-    stop = body.get("stop") or []
-    return GenerationRequest(
-        messages=[{"role": m["role"], "content": checked_content(m["content"])} for m in messages],
-        seed=seed,
-        max_tokens=max_tokens,
-        stop=[stop] if isinstance(stop, str) else list(stop),
-    )
-
-
-def _whole(body: dict[str, Any], name: str, allowed: range) -> int | None:
-    """``body[name]``: absent/null, or a whole number in ``allowed`` (else a :class:`ClientError`)."""
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
-        shown = str(value)[:40] if isinstance(value, (int, float)) else type(value).__name__
-        raise ClientError(f"'{name}' must be a whole number from {allowed.start} to {allowed.stop - 1}, got {shown}")
-    return value
-
-
-def checked_content(content: Any) -> Any:
-    """A message's content, refused (``ValueError``: a 400) unless it is a string or a list of
-    text parts and image parts whose data URLs decode."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ValueError(f"message content must be a string or a list of parts, got {type(content).__name__}")
-    for part in content:
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
-            continue
-        if kind == "image_url" and isinstance(part.get("image_url"), dict):
-            decode_image_url(str(part["image_url"].get("url", "")))
-            continue
-        raise ValueError(f"unsupported content part {str(part)[:80]!r} (text and image_url parts are accepted)")
-    return content
+def not_found(model: str) -> dict[str, Any]:
+    """OpenAI's answer for a model the server does not serve (the SDK raises NotFoundError on it)."""
+    body = error_body(f"The model `{model}` does not exist.", 404, "model")
+    body["error"]["type"] = "NotFoundError"
+    return body
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -309,7 +275,8 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self._body()
         if raw is None:
             return
-        if self.path.rstrip("/") != "/v1/chat/completions":
+        route = self.path.rstrip("/").removeprefix("/v1/")
+        if route not in ("chat/completions", "completions"):
             self._send(404, error_body(f"no route {self.path}", 404))
             return
         try:
@@ -318,17 +285,35 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, error_body(f"body is not JSON: {exc}", 400))
             return
         try:
-            status, payload = self.server.chat(body)
+            status, payload = self.server.answer(route, body)
         except Exception as exc:  # the server reports, it does not die
             status, payload = 500, error_body(error_text(exc), 500)
-        self._send(status, payload)
+        if isinstance(payload, list):
+            self._stream(payload)
+        else:
+            self._send(status, payload)
+
+    def _stream(self, chunks: list[dict[str, Any]]) -> None:
+        """Server-sent events: one ``data: {json}`` event per chunk, then ``data: [DONE]``; the
+        connection closes at the end (the stream has no length)."""
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for chunk in chunks:
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agent-envs serve",
-        description="Serve a policy over an OpenAI-compatible HTTP API on 127.0.0.1 "
-        "(POST /v1/chat/completions, GET /v1/models).",
+        description="Serve a policy over an OpenAI-compatible HTTP API "
+        "(POST /v1/chat/completions and /v1/completions, GET /v1/models; docs/cli.md#serve lists the "
+        "fields honoured and those refused with a 400).",
     )
     parser.add_argument(
         "--policy",
@@ -340,7 +325,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--served-model-name", default="agent-envs", help="the model name /v1/models lists (default agent-envs)"
     )
-    parser.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (default 8000)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: every interface)"
+    )
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     parser.add_argument(
         "--max-model-len",
         type=int,
@@ -378,6 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = PolicyServer(
         policy,
         model=args.served_model_name,
+        host=args.host,
         port=args.port,
         max_model_len=args.max_model_len,
         max_body_bytes=int(args.max_body_mib * (1 << 20)),
