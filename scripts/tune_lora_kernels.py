@@ -8,7 +8,9 @@ the engine's token budget), times each setting inside a CUDA graph (as the engin
 vLLM's default wherever it is not beaten, and writes the files vLLM reads from
 ``VLLM_TUNED_CONFIG_FOLDER`` (``{GPU}_SHRINK.json``, ``{GPU}_EXPAND_TRUE.json``; the layout of vLLM's
 ``vllm/lora/ops/triton_ops/README_TUNING.md``) with ``tuned_for.json`` (shape, adapter slots, rank
-slot): ``agent_envs.es.lora_kernels`` uses such a folder only for an engine that matches it.
+slot, GPU, batches).  The folder is one tuned set: copied into ``agent_envs/es/lora_kernel_configs/``
+under the name it prints, ``agent_envs.es.lora_kernels`` gives it to every engine of that shape and
+rank slot whose population is nearer to it than to any other set (docs/scaling.md#adding-a-tuned-set).
 Compiling is the slow part: worker processes compile every setting first (Triton's disk cache),
 then one process times them, so the GPU is timed alone.
 
@@ -32,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_engine import QWEN3_4B  # noqa: E402
 
-from agent_envs.es.lora_kernels import ENV, SHAPE_KEYS, local_model_shape, model_shape  # noqa: E402
+from agent_envs.es.lora_kernels import ENV, SHAPE_KEYS, SHIPPED, local_model_shape, model_shape, set_name  # noqa: E402
 
 SHRINK_GRID = dict(block_m=(16, 32, 64), block_k=(32, 64, 128, 256), split_k=(1, 2, 4, 8, 16, 32), num_stages=(2,))
 EXPAND_GRID = dict(block_m=(16, 32, 64), block_n=(32, 64, 128, 256), num_warps=(4,), num_stages=(2, 3))
@@ -240,6 +242,11 @@ def main() -> None:
     for m in sorted({r[2] for r in rows}):
         print(f"batch {m}: one decoder layer's LoRA kernels {per_step[m]:.3f} -> {tuned[m]:.3f} ms")
     print(f"wrote {out} in {time.perf_counter() - start:.0f} s")
+    target = SHIPPED / set_name(model, args.max_loras, args.rank_slot)
+    print(
+        f"ship it as a tuned set: cp -r {out} {target}  (a set of this name exists: copy the {gpu}_*.json "
+        "files in and add the GPU to its tuned_for.json's gpus)"
+    )
 
 
 if __name__ == "__main__":
