@@ -1,0 +1,74 @@
+"""The ES benchmark's results file and table (benchmarks/es_results.py): phases appended as separate
+commands give one table, with the spread over timed generations, shares against the raw of the same
+phase, and full-rank members per second against linear scaling."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import es_results  # noqa: E402
+
+
+def row(phase: str, kind: str, walls: list[float], tokens: int = 1000, p: int = 16, engines: int = 1) -> dict[str, Any]:
+    return {
+        "shape": "4b",
+        "population": p,
+        "case_batch": 16,
+        "phase": phase,
+        "variant": f"{kind} x{engines}",
+        "kind": kind,
+        "engines": engines,
+        "walls": walls,
+        "tokens": [tokens] * len(walls),
+        "note": "",
+    }
+
+
+def cells(table: str, variant: str) -> list[str]:
+    line = next(line for line in table.splitlines() if f"| {variant} |" in line)
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_phases_appended_by_separate_commands_make_one_table(tmp_path: Path) -> None:
+    results = tmp_path / "results.jsonl"
+    es_results.append(results, [row("lowrank", "raw_PB", [1.0, 1.0, 1.0]), row("lowrank", "lowrank", [2.0, 1.25, 4.0])])
+    es_results.append(results, [row("fullrank", "raw_PB", [0.5]), row("fullrank", "fullrank", [8.0, 10.0, 9.0])])
+    es_results.append(results, [row("fullrank", "fullrank", [2.5, 2.5, 2.5], engines=4)])
+    es_results.append(results, [row("lowrank", "raw_PB", [1.0], p=64)])
+    table = es_results.table(es_results.load(results))
+    low = cells(table, "lowrank x1")
+    assert low[5] == "2.00 (1.25-4.00)"  # the median and the spread of three generations, not the best
+    assert low[7] == "50 (25-80)"  # each generation against the raw of its own phase (1000 tok/s)
+    one, four = cells(table, "fullrank x1"), cells(table, "fullrank x4")
+    assert one[7] == "6 (5-6)"  # against the full-rank phase's raw (2000 tok/s), not the low-rank one's
+    assert (one[8], four[8], four[9]) == ("1.78", "6.40", "0.90")  # members/s; 6.40 / (4 x 1.78)
+    assert [c[1] for c in (low, one, four)] == ["16 x 16"] * 3
+    assert "64 x 16" in table
+
+
+def test_a_row_without_raw_of_its_own_phase_gets_no_share_and_says_why(tmp_path: Path) -> None:
+    table = es_results.table(
+        [
+            row("fullrank", "raw_PB", [1.0]),
+            row("old", "old", [3.0]),
+            {**row("lowrank", "lowrank", [2.0]), "merged": True},
+        ]
+    )
+    old, merged = cells(table, "old x1"), cells(table, "lowrank x1")
+    assert old[7] == "-" and "no raw at P x B in this phase" in old[10]
+    assert merged[10].startswith("merged from an earlier run")
+
+
+def test_bad_input_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    results = tmp_path / "results.jsonl"
+    with pytest.raises(ValueError, match="walls/tokens differ"):
+        es_results.append(results, [{**row("lowrank", "lowrank", [1.0, 2.0]), "tokens": [5]}])
+    assert es_results.int_list("16,64,256") == [16, 64, 256]
+    for bad in ("16,,64", "0", "x"):
+        with pytest.raises(ValueError, match="comma-separated positive integers"):
+            es_results.int_list(bad)
