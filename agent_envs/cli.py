@@ -120,7 +120,22 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="openai policy: extra attempts after a 5xx or transport error (default 3)",
+        help="openai policy: extra attempts after a 429, a 5xx or a transport error, waiting what "
+        "Retry-After says or else exponentially longer (default 3)",
+    )
+    ev.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="openai policy: bearer token for the endpoint (default: $OPENAI_API_KEY when set; never recorded)",
+    )
+    ev.add_argument(
+        "--tool-choice",
+        choices=["none", "auto", "required"],
+        default=None,
+        help="openai policy, native tool-call variants: the tool_choice sent with the tools (default none: the "
+        "calls stay in the text, where the native parser reads them; auto/required need a server that "
+        "returns tool_calls)",
     )
     ev.add_argument(
         "--engine-arg",
@@ -334,6 +349,8 @@ def make_policy(kind: str, args: argparse.Namespace, env_id: str) -> Policy:
         samples_per_row=args.samples,
         timeout_s=args.request_timeout,
         max_retries=args.request_retries,
+        api_key=args.api_key,
+        tool_choice=args.tool_choice or "none",
         script=_baseline(env_id) if kind == "scripted" else None,
     )
     try:
@@ -353,6 +370,8 @@ def _check_checkpoint_tp(model: str, engine_args: dict[str, Any]) -> None:
 
 
 def _check_request_flags(kind: str, args: argparse.Namespace) -> None:
+    if kind != "openai" and (args.api_key is not None or args.tool_choice is not None):
+        raise UsageError("--api-key and --tool-choice apply to --policy openai only")
     if kind != "openai" and (args.request_timeout is not None or args.request_retries is not None):
         raise UsageError(
             "--request-timeout and --request-retries apply to --policy openai only "

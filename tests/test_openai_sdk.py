@@ -1,7 +1,7 @@
 """``agent-envs serve`` driven by the official ``openai`` SDK on 127.0.0.1, as users drive it: chat
 with sampling settings, ``n``, log-probabilities, tools and ``tool_choice``, the assistant turn sent
 back with ``content: null``, streaming, text completions from token ids, and refusals (400 naming
-the field, 404 for another model).  A scripted policy stands behind the server (milliseconds a
+the field, 404 for another model); then our own ``eval --token-trajectories --base-url`` against it.  A scripted policy stands behind the server (milliseconds a
 call); its replies echo what the request asked for, so each assertion sees the server honour it."""
 
 from __future__ import annotations
@@ -12,10 +12,13 @@ from collections.abc import Iterator
 import openai
 import pytest
 
+from agent_envs.cli import main
 from agent_envs.policy.base import Completion, GenerationRequest
+from agent_envs.policy.hf import smollm2_hf_dir, smollm2_tokenizer
 from agent_envs.policy.scripted import ScriptedPolicy
 from agent_envs.policy.server import PolicyServer
 from agent_envs.protocol.native import call_text
+from agent_envs.rollout.trajectories import load_token_export
 
 
 def _reply(request: GenerationRequest) -> Completion:
@@ -113,3 +116,27 @@ def test_unsupported_fields_are_400s_naming_them_and_another_model_is_a_404(clie
         _chat(client, frequency_penalty=0.5)
     with pytest.raises(openai.NotFoundError, match="`gpt-x` does not exist"):
         client.chat.completions.create(model="gpt-x", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_our_eval_with_token_trajectories_runs_against_our_serve(tmp_path, capsys) -> None:
+    """``eval --token-trajectories --base-url`` sends each prompt as token ids to /v1/completions and
+    reads back the sampled ids and their log-probabilities."""
+    tokenizer = smollm2_tokenizer()
+
+    def answer(request: GenerationRequest) -> Completion:
+        assert request.prompt_token_ids and not request.messages and request.logprobs
+        ids = tokenizer.encode("Final answer: \\boxed{1}", add_special_tokens=False)
+        return Completion(text=tokenizer.decode(ids), token_ids=ids, logprobs=[-0.25] * len(ids), finish_reason="stop")
+
+    model = str(smollm2_hf_dir())  # the served name is the tokenizer's folder, as --model needs
+    out = tmp_path / "run"
+    with PolicyServer(ScriptedPolicy(answer), model=model, record=8) as server:
+        args = ["eval", "--env", "MATH-ReAct-v0", "--base-url", server.url, "--model", model, "--limit", "1"]
+        assert (
+            main([*args, "--max-turns", "2", "--out", str(out), "--no-progress", "--no-report", "--token-trajectories"])
+            == 0
+        )
+        assert all("prompt" in body for body in server.received)
+    assert main(["export", str(out), "--format", "tokens"]) == 0
+    (episode,) = load_token_export(out / "tokens.jsonl")
+    assert sum(episode.loss_mask) > 0

@@ -40,6 +40,9 @@ class PolicySettings(BaseModel):
     samples_per_row: int = 1
     timeout_s: float | None = None
     max_retries: int | None = None
+    #: openai: the bearer token (None: ``OPENAI_API_KEY`` when set) and the native variants' ``tool_choice``
+    api_key: str | None = None
+    tool_choice: Literal["none", "auto", "required"] = "none"
     #: scripted: ``request -> completion``, e.g. an environment's baseline
     script: Callable[[Any], Any] | None = None
 
@@ -74,7 +77,15 @@ def _openai(s: PolicySettings) -> Policy:
         k: v for k, v in (("timeout_s", s.timeout_s), ("max_retries", s.max_retries)) if v is not None
     }
     assert s.model is not None
-    return OpenAIPolicy(s.base_urls, s.model, sampling=s.sampling, samples_per_row=s.samples_per_row, **http)
+    return OpenAIPolicy(
+        s.base_urls,
+        s.model,
+        sampling=s.sampling,
+        samples_per_row=s.samples_per_row,
+        api_key=s.api_key,
+        tool_choice=s.tool_choice,
+        **http,
+    )
 
 
 def _transformers(s: PolicySettings) -> Policy:

@@ -1,8 +1,8 @@
 """A policy over any OpenAI-compatible chat-completions server (vLLM, SGLang, ``agent-envs serve``).
 
-Failure handling follows the protocol's HTTP evaluator (2.4): up to ``max_retries`` extra attempts on
-5xx and transport errors with backoff ``min(backoff_base * (attempt + 1), backoff_cap)`` seconds,
-other 4xx at once, and a context-length 400 becomes ``context_length_exceeded`` instead of an error.
+Failure handling: up to ``max_retries`` extra attempts on 429, 5xx and transport errors, waiting
+what the server's ``Retry-After`` says or else ``min(backoff_base * 2**attempt, backoff_cap)``
+seconds (exponential), other 4xx at once, and a context-length 400 becomes ``context_length_exceeded`` instead of an error.
 ``timeout_s`` is a total deadline per attempt, connection to last byte (httpx's own timeouts are per
 read, so a server trickling a byte a second never trips them): an attempt still unanswered then is
 abandoned as :class:`AttemptDeadline`, a transport error, retried like one.  The synchronous path
@@ -27,9 +27,12 @@ parser for its ``tool_calls``; vLLM refuses ``"auto"`` without one).
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import itertools
 import json
+import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
@@ -37,9 +40,29 @@ import httpx
 
 from ..core.content import has_images
 from ..core.tokens import TokenCounter
-from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy
+from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy, error_text
 from ..protocol.budget import token_cap
 from .sampling import SamplingConfig, context_overflow
+
+
+#: retried besides every 5xx: 429 Too Many Requests (a hosted endpoint's rate limit)
+RETRIED_STATUSES = frozenset({429})
+
+
+def retry_after(value: str | None) -> float | None:
+    """A ``Retry-After`` header in seconds (it is a number of seconds or an HTTP date); None when
+    absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 class ContextLengthError(Exception):
@@ -127,6 +150,7 @@ class OpenAIPolicy(Policy):
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.timeout_s = timeout_s
         self.tool_choice = tool_choice
+        api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")  # as the SDK does
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._aclients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
         #: event loops of the sync path's worker threads (one each, closed by ``close``)
@@ -279,16 +303,28 @@ class OpenAIPolicy(Policy):
         )
 
     def _after_failure(self, exc: Exception, attempt: int, endpoint: str) -> Completion | float:
-        """The record a failed attempt ends with, or the backoff (seconds) before the next attempt."""
+        """The record a failed attempt ends with, or the wait (seconds) before the next attempt:
+        the server's ``Retry-After`` when it sends one, else ``min(backoff_base * 2**attempt,
+        backoff_cap)``.  A ``Retry-After`` longer than ``timeout_s`` (an attempt's own deadline)
+        ends the request at once instead of holding its episode."""
         if isinstance(exc, ContextLengthError):
             return Completion(error=CONTEXT_LENGTH_EXCEEDED, error_message=str(exc), engine=endpoint)
+        wait: float | None = None
         if isinstance(exc, httpx.HTTPStatusError):
-            retryable = exc.response.status_code >= 500
+            retryable = exc.response.status_code in RETRIED_STATUSES or exc.response.status_code >= 500
+            wait = retry_after(exc.response.headers.get("Retry-After"))
         else:
             retryable = isinstance(exc, httpx.TransportError)
         if not retryable or attempt >= self.max_retries:
             return Completion.failed(exc, engine=endpoint)
-        return min(self.backoff_base_s * (attempt + 1), self.backoff_cap_s)
+        if wait is None:
+            return min(self.backoff_base_s * 2**attempt, self.backoff_cap_s)
+        if wait > self.timeout_s:
+            detail = f"the server asks to retry after {wait:g}s, past the {self.timeout_s:g}s deadline"
+            return Completion.failed(exc, engine=endpoint).model_copy(
+                update={"error_message": f"{error_text(exc)} ({detail})"}
+            )
+        return wait
 
     # ------------------------------------------------------------------ sync and async paths
     def complete(self, request: GenerationRequest) -> Completion:
