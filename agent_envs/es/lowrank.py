@@ -594,12 +594,15 @@ def replay_onto(
     out_dir: str | os.PathLike[str],
     dtype: str | None = None,
     generations: int | None = None,
+    after_update: Callable[[int, str], None] | None = None,
 ) -> dict[str, Any]:
     """Rebuild a low-rank-trained model from a plain safetensors checkpoint folder and the history,
     on the CPU: the weights are cast to ``dtype`` (default: the run's, e.g. bfloat16 on a GPU) and
     each update is added exactly as the engine did.  ``out_dir`` gets every file of ``model_dir``
     with the weights replaced.  Returns the number of updates, the targets' checksum before and
-    after, and whether the base matched the run's ``base_checksum``."""
+    after, and whether the base matched the run's ``base_checksum``.  ``after_update(i, fp)`` is
+    called after update ``i`` with the targets' fingerprint (the one a run records per generation as
+    ``weights_fingerprint``, taken in the same target order), to compare the two as they go."""
     from safetensors.torch import load_file, save_file
 
     from .history import history_config, load_history
@@ -630,12 +633,14 @@ def replay_onto(
     settings = optimizer_settings(config)
     adam = Adam(settings) if settings else None
     with torch.no_grad():
-        for update in updates:
+        for index, update in enumerate(updates):
             coefs = update_coefficients(update["weights"], 1.0 if adam else update["alpha"], update["sigma"])
             products = deltas(update["seeds"], coefs, targets, rank, ["cpu"] * len(targets))
             changes = update_changes(targets, products, update["alpha"], adam)
             for (_, tensor), change in zip(placed, changes, strict=True):
                 tensor.add_(change.to(tensor.dtype))
+            if after_update is not None:
+                after_update(index, fingerprint((t.name, x) for t, x in placed))
     out.mkdir(parents=True, exist_ok=True)
     for path in source.iterdir():
         if path.is_file() and path.suffix != ".safetensors":
