@@ -935,7 +935,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_serve(argv: Sequence[str]) -> int:
     from agent_envs.policy.server import main as serve  # imported on demand: the other commands do not need it
 
-    return int(serve(list(argv)) or 0)
+    baselines = {env_id: spec.baseline for env_id in ENV_IDS if (spec := registry.spec(env_id)).baseline is not None}
+    return int(serve(list(argv), baselines) or 0)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

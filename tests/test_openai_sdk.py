@@ -7,6 +7,8 @@ call); its replies echo what the request asked for, so each assertion sees the s
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import openai
@@ -140,3 +142,27 @@ def test_our_eval_with_token_trajectories_runs_against_our_serve(tmp_path, capsy
     assert main(["export", str(out), "--format", "tokens"]) == 0
     (episode,) = load_token_export(out / "tokens.jsonl")
     assert sum(episode.loss_mask) > 0
+
+
+def test_agent_envs_serve_scripted_on_a_host_answers_the_sdk_with_tool_calls() -> None:
+    """The command as users start it: ``serve --policy scripted --env`` (an environment's model-free
+    baseline) on ``--host 127.0.0.1``, port chosen by the system, read off its first line."""
+    command = [sys.executable, "-m", "agent_envs.cli", "serve", "--policy", "scripted", "--env", "Countdown-Tools-v0"]
+    serve = subprocess.Popen([*command, "--host", "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert serve.stdout is not None
+        url = serve.stdout.readline().split(" at ")[-1].strip()
+        assert url.startswith("http://127.0.0.1:"), url
+        with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=30) as sdk:
+            tools = [{"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}]
+            reply = sdk.chat.completions.create(
+                model="agent-envs",
+                messages=[{"role": "user", "content": "Numbers: 3, 4\nTarget: 7"}],
+                tools=tools,
+                tool_choice="required",
+            )
+        (call,) = reply.choices[0].message.tool_calls
+        assert call.function.name == "python" and "T = 7" in json.loads(call.function.arguments)["code"]
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)

@@ -29,11 +29,12 @@ import time
 import uuid
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..core.tokens import TokenCounter
 from .base import CONTEXT_LENGTH_EXCEEDED, Completion, Policy, error_text
 from ..protocol.budget import exceeds_context
+from .scripted import ScriptedPolicy
 from .wire import ClientError, ModelOutputError, parse_body, stream_chunks
 
 
@@ -317,11 +318,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--policy",
-        choices=["cpu", "transformers"],
+        choices=["cpu", "transformers", "scripted"],
         default="cpu",
-        help="cpu: the embedded SmolLM2-135M; transformers: --model path",
+        help="cpu: the embedded SmolLM2-135M; transformers: --model path; scripted: --env's model-free "
+        "baseline (milliseconds a reply: tests and client checks)",
     )
     parser.add_argument("--model", help="model folder for --policy transformers")
+    parser.add_argument("--env", help="environment whose scripted baseline --policy scripted serves")
     parser.add_argument(
         "--served-model-name", default="agent-envs", help="the model name /v1/models lists (default agent-envs)"
     )
@@ -350,17 +353,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, baselines: Mapping[str, Callable[[Any], str]] | None = None) -> int:
+    """``agent-envs serve``; ``baselines`` are the scripted replies ``--policy scripted --env`` may
+    serve, by environment id (the CLI passes the registry's: this layer does not know environments)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not (args.max_body_mib > 0 and args.read_timeout > 0):
         parser.error("--max-body-mib and --read-timeout must be > 0")
     from .hf import TransformersPolicy, default_cpu_policy
 
-    if args.policy == "transformers":
+    policy: Policy
+    if args.policy == "scripted":
+        known = dict(baselines or {})
+        if args.env not in known:
+            parser.error(f"--policy scripted needs --env, one of: {', '.join(sorted(known)) or 'none'}")
+        policy = ScriptedPolicy(known[args.env])
+    elif args.env is not None:
+        parser.error("--env goes with --policy scripted")
+    elif args.policy == "transformers":
         if not args.model:
             parser.error("--policy transformers needs --model")
-        policy: Policy = TransformersPolicy(args.model)
+        policy = TransformersPolicy(args.model)
     else:
         policy = default_cpu_policy()
     server = PolicyServer(
