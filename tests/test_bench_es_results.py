@@ -39,7 +39,10 @@ def test_phases_appended_by_separate_commands_make_one_table(tmp_path: Path) -> 
     es_results.append(results, [row("lowrank", "raw_PB", [1.0, 1.0, 1.0]), row("lowrank", "lowrank", [2.0, 1.25, 4.0])])
     es_results.append(results, [row("fullrank", "raw_PB", [0.5]), row("fullrank", "fullrank", [8.0, 10.0, 9.0])])
     es_results.append(results, [row("fullrank", "fullrank", [2.5, 2.5, 2.5], engines=4)])
+    # a later command's pool re-measures engine 0 (with less memory): the first one stays the base
+    es_results.append(results, [row("fullrank", "raw_PB", [5.0]), row("fullrank", "fullrank", [90.0])])
     es_results.append(results, [row("lowrank", "raw_PB", [1.0], p=64)])
+    es_results.append(results, [{**row("lowrank", "other", []), "variant": "note", "note": "engine started in 9 s"}])
     table = es_results.table(es_results.load(results))
     low = cells(table, "lowrank x1")
     assert low[5] == "2.00 (1.25-4.00)"  # the median and the spread of three generations, not the best
@@ -49,6 +52,7 @@ def test_phases_appended_by_separate_commands_make_one_table(tmp_path: Path) -> 
     assert (one[8], four[8], four[9]) == ("1.78", "6.40", "0.90")  # members/s; 6.40 / (4 x 1.78)
     assert [c[1] for c in (low, one, four)] == ["16 x 16"] * 3
     assert "64 x 16" in table
+    assert table.endswith("Notes:\n- 4b 16 x 16, lowrank: note: engine started in 9 s")  # below, not a row
 
 
 def test_a_row_without_raw_of_its_own_phase_gets_no_share_and_says_why(tmp_path: Path) -> None:
