@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import openai
 import pytest
 
 from agent_envs.policy.base import Completion, GenerationRequest
@@ -183,6 +184,21 @@ def test_real_model_behind_the_server() -> None:
         assert over_http.token_ids == local.generate([request])[0].token_ids
         assert over_http.prompt_tokens == local.counter.prompt_tokens(request.messages)
         remote.close()
+        # the official SDK's sampling settings reach the model: greedy is one text whatever the seed
+        with openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0) as sdk:
+            texts = {
+                sdk.chat.completions.create(
+                    model="smollm2", messages=request.messages, temperature=0, max_tokens=6, seed=seed
+                )
+                .choices[0]
+                .message.content
+                for seed in (1, 2)
+            }
+            sampled = sdk.chat.completions.create(
+                model="smollm2", messages=request.messages, temperature=1.5, max_tokens=6, seed=5, n=2, logprobs=True
+            )
+        assert len(texts) == 1
+        assert len(sampled.choices) == 2 and all(len(c.logprobs.content) > 0 for c in sampled.choices)
 
 
 @pytest.mark.parametrize("phase", ["head", "body"])
