@@ -13,7 +13,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .base import Policy
-from .hf import TransformersPolicy, default_cpu_policy
+from .hf import TransformersPolicy, cpu_tuning, default_cpu_policy
 from .openai import OpenAIPolicy
 from .sampling import SamplingConfig
 from .scripted import ScriptedPolicy
@@ -90,7 +90,7 @@ def _openai(s: PolicySettings) -> Policy:
 
 def _transformers(s: PolicySettings) -> Policy:
     assert s.model is not None
-    return TransformersPolicy(s.model, sampling=s.sampling)
+    return TransformersPolicy(s.model, sampling=s.sampling, **cpu_tuning())
 
 
 BACKENDS: dict[str, Backend] = {

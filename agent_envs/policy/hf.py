@@ -289,12 +289,18 @@ def default_cpu_policy(sampling: SamplingConfig | None = None, **kwargs: Any) ->
     """SmolLM2-135M-Instruct on the CPU: the model every CPU test and the default eval use.
     ``AGENT_ENVS_TORCH_THREADS`` caps torch's threads (a 135M model gains little from many);
     ``AGENT_ENVS_BATCH_DECODE=1`` decodes each lockstep group in one batch (``batch_decode``)."""
+    return TransformersPolicy(smollm2_hf_dir(), sampling=sampling, **cpu_tuning(**kwargs))
+
+
+def cpu_tuning(**kwargs: Any) -> dict[str, Any]:
+    """``kwargs`` with what the environment asks of an in-process CPU model (the embedded one or a
+    folder given by ``--model``): ``AGENT_ENVS_TORCH_THREADS``, ``AGENT_ENVS_BATCH_DECODE``."""
     threads = os.environ.get("AGENT_ENVS_TORCH_THREADS")
     if threads and "num_threads" not in kwargs:
         kwargs["num_threads"] = int(threads)
     if os.environ.get("AGENT_ENVS_BATCH_DECODE") == "1":
         kwargs.setdefault("batch_decode", True)
-    return TransformersPolicy(smollm2_hf_dir(), sampling=sampling, **kwargs)
+    return kwargs
 
 
 def smollm2_tokenizer() -> Any:

@@ -39,13 +39,17 @@ def _shared_tasks(a: Run, b: Run) -> bool:
     return bool({r["task_id"] for r in a.rows} & {r["task_id"] for r in b.rows})
 
 
-def render(runs: list[Run]) -> str:
+def render(runs: list[Run], compare: tuple[int, int] | None = None) -> str:
+    """The report's HTML; two runs of shared tasks are compared, or among more the pair ``compare``
+    (indices into ``runs``: A then B)."""
     import jinja2
 
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("agent_envs.report", "templates"), autoescape=True, undefined=jinja2.StrictUndefined
     )
-    comparison = views.comparison(runs[0], runs[1]) if len(runs) == 2 and _shared_tasks(*runs) else None
+    if compare is None and len(runs) == 2 and _shared_tasks(*runs):
+        compare = (0, 1)
+    comparison = views.comparison(runs[compare[0]], runs[compare[1]]) if compare else None
     if len(runs) <= 2:
         title = "agent-envs report: " + (" vs " if comparison else " + ").join(r.name for r in runs)
     else:  # the runs are listed under the title; a title naming six of them fills the first screen
@@ -81,8 +85,11 @@ def check_output(path: Path) -> None:
         raise RunError(f"--out {path}: {blocker} is a file, not a directory")
 
 
-def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
-    """Write the self-contained HTML report of one run, or of two runs side by side."""
+def build_report(
+    run_dirs: Sequence[str | Path], out: str | Path | None = None, compare: tuple[int, int] | None = None
+) -> Path:
+    """Write the self-contained HTML report of one run, or of two runs side by side (with more runs,
+    ``compare`` names the two, by index into ``run_dirs``, that get the paired comparison)."""
     if not run_dirs:
         raise ValueError("give at least one run folder")
     path = Path(out) if out is not None else default_output(run_dirs)
@@ -90,7 +97,7 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None) 
     runs = [load_run(p) for p in run_dirs]
     _unique_names(runs)
     try:
-        atomic_write(path, [render(runs).encode("utf-8", "replace")])
+        atomic_write(path, [render(runs, compare).encode("utf-8", "replace")])
     except OSError as exc:  # a read-only mount, a full disk, no permission
         raise RunError(f"cannot write the report to {path}: {exc.strerror or exc}") from None
     return path
