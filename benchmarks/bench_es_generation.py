@@ -395,7 +395,7 @@ class Bench:
                         f"full-rank, {k} engines on the GPU",
                         "fullrank",
                         k,
-                        timed_generations(trainer, 1 + n, n),
+                        timed_generations(trainer, 1 + n if first else 1, n),
                         f"--engines {k} --engines-per-gpu {k}",
                     )
                 )

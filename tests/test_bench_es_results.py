@@ -4,14 +4,16 @@ phase, and full-rank members per second against linear scaling."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import es_results  # noqa: E402
+from benchmarks import es_results
+
+BENCH = Path(es_results.__file__).parent
 
 
 def row(phase: str, kind: str, walls: list[float], tokens: int = 1000, p: int = 16, engines: int = 1) -> dict[str, Any]:
@@ -76,3 +78,26 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path: Path) -> None
     for bad in ("16,,64", "0", "x"):
         with pytest.raises(ValueError, match="comma-separated positive integers"):
             es_results.int_list(bad)
+
+
+def test_the_benchmark_prints_the_table_of_a_results_file_and_refuses_a_bad_phase(tmp_path: Path) -> None:
+    """``--phase table`` (no engine, no vLLM needed) prints what the phases appended."""
+    results = tmp_path / "r.jsonl"
+    es_results.append(results, [row("lowrank", "raw_PB", [1.0]), row("lowrank", "lowrank", [2.0, 3.0])])
+
+    def bench(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(BENCH / "bench_es_generation.py"), *flags],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    shown = bench("--phase", "table", "--results", str(results))
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == es_results.table(es_results.load(results))
+    refused = bench("--phase", "lowrank,table", "--results", str(results))
+    assert refused.returncode == 2 and "a list of lowrank, raw, fullrank, old, or table alone" in refused.stderr
+    bad_list = bench("--population", "16,x", "--phase", "table", "--results", str(results))
+    assert bad_list.returncode == 2 and "--population: invalid int_list value: '16,x'" in bad_list.stderr
