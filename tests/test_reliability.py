@@ -56,6 +56,21 @@ def test_a_machine_fault_leaves_step(exc):
         env.close()
 
 
+def test_step_after_close_is_a_clear_error_and_starts_no_sandbox(tmp_path):
+    """``close`` ends the episode's tools; a later ``step`` once started a new sandbox and ran the
+    command.  ``reset`` opens the environment again."""
+    env = gym.make("MATH-ReAct-v0", dataset="builtin", sandbox="none", max_turns=4)
+    touched = tmp_path / "ran"
+    env.reset(seed=0)
+    env.close()
+    with pytest.raises(RuntimeError, match="MATH-ReAct-v0 is closed: call reset"):
+        env.step("Action: " + json.dumps({"name": "bash", "arguments": {"command": f"touch {touched}"}}))
+    assert not touched.exists()
+    env.reset(seed=0)
+    env.step(BASH)
+    env.close()
+
+
 # ------------------------------------------------------------------ images over the pixel limit
 @pytest.fixture(scope="module")
 def bomb(tmp_path_factory) -> Path:

@@ -327,3 +327,86 @@ def test_ctrl_c_closes_every_sandbox(tmp_path, mode):
             proc.wait()
     assert proc.returncode != 0 and b"KeyboardInterrupt" in proc.stderr.read()
     assert _marked_processes(marker) == [], "a sandboxed command outlived the interrupted run"
+
+
+INTERRUPT_SCRIPT = """
+import json, os, sys, threading, time
+sys.path.insert(0, {repo!r})
+import gymnasium as gym
+from agent_envs.policy.base import Completion, Policy
+from agent_envs.rollout.runner import run_episodes
+from agent_envs.sandbox.base import SandboxConfig, SandboxLimits
+
+SLEEP = "Action: " + json.dumps({{"name": "bash", "arguments": {{"command": "bash -c 'sleep 600; :' {marker}"}}}})
+
+class Stuck(Policy):
+    # t0 answers at once; t1's generation never returns (a model generating on); t2 runs a long command
+    name = "stuck"
+    def generate(self, requests):
+        if {mode!r} == "async" and requests[0].key.startswith("t1"):
+            os.write(1, b"generating\\n")  # one write: lines of two threads never interleave
+            threading.Event().wait()
+        return [Completion(text="no tool" if r.key.startswith("t0") else SLEEP) for r in requests]
+
+class SlowStart(gym.Wrapper):
+    # a step slow to reach its sandbox (a loaded host): the interrupt lands before the command starts
+    def step(self, action):
+        os.write(1, b"stepping\\n")
+        time.sleep(2)
+        return self.env.step(action)
+
+def make(**kw):
+    return SlowStart(gym.make("MATH-ReAct-v0", **kw))
+
+tasks = [{{"id": f"t{{i}}", "question": "q", "answer": "1"}} for i in range(3)]
+print("starting", flush=True)
+sandbox = SandboxConfig(backend="bwrap", limits=SandboxLimits(timeout_s=300))
+run_episodes(make, tasks, Stuck(), mode={mode!r}, concurrency=3, progress=False, out_path={out!r},
+             env_kwargs={{"max_turns": 1, "sandbox": sandbox}}, resume=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["async", "lockstep"])
+def test_ctrl_c_stops_within_seconds_keeping_finished_episodes_and_resume_continues(tmp_path, mode):
+    """One Ctrl-C with a generation in flight (async) and a step that had not reached its sandbox
+    yet: the run stops at once (it once waited minutes for generations, or ran a command started
+    after the interrupt to its timeout), keeps finished episodes, and ``resume`` runs the rest."""
+    marker = f"agent-envs-test-interrupt-{os.getpid()}-{mode}"
+    out = tmp_path / "r.jsonl"
+    script = tmp_path / "stuck.py"
+    script.write_text(textwrap.dedent(INTERRUPT_SCRIPT.format(repo=str(REPO), marker=marker, mode=mode, out=str(out))))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert proc.stdout.readline() == b"starting\n"
+        # async: t0 ends at once, t1 generates, t2 steps; lockstep: the batch is generated, then stepped
+        wanted = {b"generating\n", b"stepping\n"} if mode == "async" else {b"stepping\n"}
+        seen: set[bytes] = set()
+        while not wanted <= seen:
+            line = proc.stdout.readline()
+            assert line, "the run ended before it was interrupted"
+            seen.add(line)
+        deadline = time.monotonic() + 60
+        while mode == "async" and not (out.exists() and out.read_bytes().count(b"\n")):
+            assert time.monotonic() < deadline, "t0's record was never written"
+            time.sleep(0.05)  # polling for t0's record, not synchronising on time
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=20)  # the command would run to its 300 s timeout, the generation forever
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert _marked_processes(marker) == [], "a sandboxed command outlived the interrupted run"
+    rows = read_jsonl(out)[0] if out.exists() else []
+    assert [r["task_id"] for r in rows] == (["t0"] if mode == "async" else [])
+
+    class Answers(Policy):
+        def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+            return [Completion(text="no tool") for _ in requests]
+
+    tasks = [{"id": f"t{i}", "question": "q", "answer": "1"} for i in range(3)]
+    env_kwargs = {"max_turns": 1, "sandbox": "bwrap"}
+    records = run_episodes(
+        "MATH-ReAct-v0", tasks, Answers(), mode=mode, progress=False, out_path=out, resume=True, env_kwargs=env_kwargs
+    )
+    assert [r.task_id for r in records] == ["t0", "t1", "t2"] and not any(r.error for r in records)

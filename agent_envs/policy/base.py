@@ -9,6 +9,7 @@ its episode with the matching termination reason rather than raising.
 from __future__ import annotations
 
 import abc
+import threading
 from typing import Any, Callable, Sequence, TypeVar
 
 from agent_envs.core.content import Message  # noqa: F401  (re-exported: the policy API)
@@ -39,10 +40,36 @@ class Policy(abc.ABC):
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]: ...
 
     async def agenerate(self, request: GenerationRequest) -> Completion:
-        """Single-request async generation; backends with a real async engine override this."""
+        """Single-request async generation; backends with a real async engine override this.
+
+        ``generate`` runs on a daemon thread of its own, not the event loop's executor: an
+        interrupted run (Ctrl-C) stops without waiting for the generations in flight, which
+        ``asyncio.run`` and interpreter exit would otherwise finish one by one (minutes)."""
         import asyncio
 
-        return (await asyncio.to_thread(self.generate, [request]))[0]
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Completion] = loop.create_future()
+
+        def settle(result: Completion | None, exc: BaseException | None) -> None:
+            if done.done():  # cancelled meanwhile
+                return
+            if exc is not None:
+                done.set_exception(exc)
+            else:
+                done.set_result(result)  # type: ignore[arg-type]
+
+        def work() -> None:
+            try:
+                outcome: tuple[Completion | None, BaseException | None] = (self.generate([request])[0], None)
+            except BaseException as exc:  # handed to the awaiting coroutine
+                outcome = (None, exc)
+            try:
+                loop.call_soon_threadsafe(settle, *outcome)
+            except RuntimeError:  # the loop is gone: nobody waits for this generation any more
+                pass
+
+        threading.Thread(target=work, daemon=True, name="agent-envs-generate").start()
+        return await done
 
     def warm(self, request: GenerationRequest) -> None:
         """Host-side work for ``request`` ahead of its ``generate`` call (e.g. tokenising the prompt).

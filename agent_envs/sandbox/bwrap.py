@@ -459,6 +459,9 @@ class BwrapSandbox(Sandbox):
             shell = self._state.get("shell")
             if shell is None or shell.dead:
                 shell = self._state["shell"] = _Shell(layout)
+                if not self._finalizer.alive:  # closed by another thread while it started: it goes too
+                    shell.close()
+                    return _launch_error("sandbox is closed", started)
         except (OSError, ValueError) as exc:
             return _launch_error(str(exc), started)
         return shell.run(payload, limit, self.config.limits.capture_keep)

@@ -17,11 +17,16 @@ class BashTool:
     def __init__(self, config: SandboxConfig, framing: Framing, limit: int) -> None:
         self.config = config
         self.sandbox: Sandbox | None = make_sandbox(config)
+        self.closed = False
         self.framing = framing
         self.limit = limit
 
     def ensure_sandbox(self) -> Sandbox:
-        """The sandbox; after a failure closed it, the next command gets a fresh one."""
+        """The sandbox; after a failure dropped it, the next command gets a fresh one.  After
+        :meth:`close` none: a close from another thread (a runner's Ctrl-C) must not be undone
+        by a command that was on its way."""
+        if self.closed:
+            raise InfrastructureError("the bash tool was closed; its command was not run")
         if self.sandbox is None:
             self.sandbox = make_sandbox(self.config)
         return self.sandbox
@@ -31,17 +36,21 @@ class BashTool:
         try:
             result = sandbox.run(command)
         except InfrastructureError:  # the machine's fault, never the model's observation (docs/reliability.md)
-            self.close()
+            self._drop()
             raise
         except Exception as exc:  # a dead sandbox must not end a user's training loop
-            self.close()
+            self._drop()
             return LAUNCH_ERROR_PREFIX + error_text(exc)
         return format_observation(result, self.framing, self.limit)
 
-    def close(self) -> None:
+    def _drop(self) -> None:
         if self.sandbox is not None:
             sandbox, self.sandbox = self.sandbox, None
             sandbox.close()
+
+    def close(self) -> None:
+        self.closed = True
+        self._drop()
 
 
 #: the declaration: ``{"command": "<shell command>"}``; an environment sets its own framing and
