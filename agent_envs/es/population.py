@@ -353,7 +353,7 @@ class ESTrainer:
         for generation in range(self.start_generation, c.generations):
             record = self.step(generation)
             if self.eval_hook and interval_evaluation_due(generation, c.generations, c.eval_interval):
-                record.update(self.eval_hook(generation))  # top-level <name>_eval keys, as the reference
+                record.update(self.eval_hook(generation) or {})  # top-level <name>_eval keys, as the reference
             self.history.append(record)
             write_history(self.history_path, self.history)
             if self.progress is not None:
