@@ -538,7 +538,8 @@ class Bench:
                 1,
                 [wall * p / m],
                 [tokens * p // m],
-                f"{m} of {p} members measured once ({wall:.1f} s), scaled to {p}; update not included",
+                f"{m} of {p} members measured once ({wall:.1f} s), scaled to {p}; update not included; "
+                f"apply + exact revert {statistics.mean(mr.perturb_s for mr in members):.4f} s/member",
             )
         )
 
