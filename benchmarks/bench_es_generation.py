@@ -295,6 +295,11 @@ class Bench:
             "note": note,
         }
 
+    def flush(self) -> None:
+        """Append the measurements made so far to ``--results`` (a phase killed later keeps them)."""
+        es_results.append(self.args.results, self.rows)
+        self.rows = []
+
     def requests_file(self) -> Path:
         """Where the low-rank phase leaves its last generation's requests for the raw phase (this case)."""
         r = self.args.results
@@ -408,9 +413,8 @@ class Bench:
         wait_for_free_gpu(a.gpu_memory_utilization)
 
     def lowrank_rows(self) -> None:
-        """The low-rank row: es_train's ``--perturbation lowrank`` when this checkout has it."""
-        from agent_envs.es.batched import member_adapters
-
+        """The low-rank row over the timed generations; its last generation's requests kept for the raw
+        phase (and, unless ``--skip-replay``, replayed on its own engine)."""
         n = self.args.timed_generations
         name = f"low-rank batched (rank {self.args.rank}, all members at once)"
         args = self.flags("lowrank", "--perturbation", "lowrank", "--rank", str(self.args.rank), "--mode", "async")
@@ -423,26 +427,33 @@ class Bench:
             record = runs[-1][0]
             del run.policy._stream
             self.rows.append(generation_row(self, name, "lowrank", 1, runs, "--perturbation lowrank"))
-            # the same requests again without the trainer around them: how much of the gap to raw at
-            # P x B the engine's multi-LoRA serving takes, and how much the loop around it
-            groups = by_turn([calls])
-            resident = {p.request.adapter for p in calls} <= set(run.policy.adapters)  # else gone with the generation
-            with (
-                contextlib.nullcontext()
-                if resident
-                else member_adapters(
-                    run.policy, run.backend.targets, record["seeds"], record["sigma"], self.args.rank, 1
-                )
-            ):
-                through = [raw_async(run.policy, groups, adapters=True) for _ in range(n)]
-            plain = [raw_async(run.policy, groups, adapters=False) for _ in range(n)]
-            self.rows += [
-                raw_row(self, "raw AsyncLLM at P x B through the members' adapters (same requests)", "other", through),
-                raw_row(self, "raw AsyncLLM at P x B on the LoRA engine, no adapter (same requests)", "other", plain),
-            ]
+            self.requests_file().write_bytes(pickle.dumps(calls))  # for --phase raw as a command of its own
+            self.flush()  # kept if the command's time runs out during the replays
+            if not self.args.skip_replay:
+                self.replay_rows(run, calls, record)
         self.lowrank_calls = calls
-        self.requests_file().write_bytes(pickle.dumps(calls))  # for --phase raw as a command of its own
         wait_for_free_gpu(self.args.gpu_memory_utilization)
+
+    def replay_rows(self, run: Any, calls: list[Any], record: dict[str, Any]) -> None:
+        """The low-rank generation's requests again on its own ``AsyncLLM``, nothing else running."""
+        from agent_envs.es.batched import member_adapters
+
+        n = self.args.timed_generations
+        # the same requests again without the trainer around them: how much of the gap to raw at
+        # P x B the engine's multi-LoRA serving takes, and how much the loop around it
+        groups = by_turn([calls])
+        resident = {p.request.adapter for p in calls} <= set(run.policy.adapters)  # else gone with the generation
+        with (
+            contextlib.nullcontext()
+            if resident
+            else member_adapters(run.policy, run.backend.targets, record["seeds"], record["sigma"], self.args.rank, 1)
+        ):
+            through = [raw_async(run.policy, groups, adapters=True) for _ in range(n)]
+        plain = [raw_async(run.policy, groups, adapters=False) for _ in range(n)]
+        self.rows += [
+            raw_row(self, "raw AsyncLLM at P x B through the members' adapters (same requests)", "other", through),
+            raw_row(self, "raw AsyncLLM at P x B on the LoRA engine, no adapter (same requests)", "other", plain),
+        ]
 
     def raw_rows(
         self, generate: Callable[..., dict[str, Any]], first: list[list[Any]], population: list[list[Any]]
@@ -561,6 +572,11 @@ def main() -> int:
     ap.add_argument("--raw-members", type=int, default=2, help="members whose turns the raw batch-B row replays")
     ap.add_argument("--rank", type=int, default=4, help="the low-rank row's rank")
     ap.add_argument(
+        "--skip-replay",
+        action="store_true",
+        help="lowrank: skip replaying its requests on its own AsyncLLM (with and without adapters)",
+    )
+    ap.add_argument(
         "--mps", default="auto", choices=["auto", "off"], help="CUDA MPS for the k engines (es_train --mps)"
     )
     ap.add_argument(
@@ -649,8 +665,7 @@ def main() -> int:
                             step()
                         except Exception as exc:  # one variant's failure must not lose the others' rows
                             bench.rows.append(bench.failed(name, exc))
-                        es_results.append(args.results, bench.rows)
-                        bench.rows = []
+                        bench.flush()
     finally:
         if ray is not None:
             ray.shutdown()
