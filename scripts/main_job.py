@@ -1,8 +1,12 @@
 """The main job's evaluation (``scripts/run_main.sh`` installs, then runs this): every text
 environment with a model (the embedded SmolLM2-135M unless told otherwise) and, beside it, the
-environment's scripted reference policy, then one HTML report over all of them.
+environment's scripted reference policy, then one HTML report over all of them.  With the embedded
+model it also rebuilds the ES-trained SmolLM2 shipped with the package (agent_envs.es.trained_model:
+its history replayed on the CPU, checked against the GPU's per-generation fingerprints) and shows
+it beside the base model on the same few-shot Countdown tasks, greedy, with the difference and its
+paired-bootstrap interval (the report's comparison).
 
-    python3 scripts/main_job.py [--out DIR] [--limit N] [--install-s S] [EVAL ARGS ...]
+    python3 scripts/main_job.py [--out DIR] [--limit N] [--es-tasks N | --no-es] [--install-s S] [EVAL ARGS ...]
 
 Arguments it does not know go to the model's ``agent-envs eval`` calls (``--policy vllm --model M``
 or ``--base-url URL --model NAME`` evaluates a real model in the embedded one's place); the
@@ -51,6 +55,25 @@ PROGRESS_EVERY_S = 15.0
 #: answering the protocol's warning; 2 x 128 tokens need about 125 CPU-seconds for all three
 #: environments (3 x 128: 187), about a minute on an idle 2-core machine
 EMBEDDED = ["--max-turns", "2", "--max-tokens-per-turn", "128"]
+ES_ENV = "Countdown-ReAct-v0"
+#: the two runs of the side-by-side, in the order es_smollm2_dirs returns their models
+ES_LABELS = ("smollm2-135m-base", "smollm2-135m-es")
+#: held-out Countdown tasks the base and the ES-trained model answer (the first of the ES run's held-out
+#: set): each is a ~510-token few-shot prompt, the cost on the CPU
+ES_TASKS = 16
+#: the ES run's task and decoding (scripts/gpu_es_real.py): single turn, four few-shot turns, greedy
+ES_EVAL = [
+    "--env-arg",
+    "single_turn=true",
+    "--max-turns",
+    "1",
+    "--max-tokens-per-turn",
+    "128",
+    "--temperature",
+    "0",
+    "--sandbox",
+    "none",
+]
 
 
 @dataclass
@@ -81,6 +104,19 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument(
         "--install-s", type=float, default=None, help="seconds the installation took (printed with the rest)"
     )
+    p.add_argument(
+        "--es-tasks",
+        type=int,
+        default=ES_TASKS,
+        help=f"Countdown tasks for the base vs ES-trained model (default {ES_TASKS})",
+    )
+    p.add_argument(
+        "--es-generations",
+        type=int,
+        default=None,
+        help="replay only the first N ES generations (a quick check of the machinery; labelled so)",
+    )
+    p.add_argument("--no-es", action="store_true", help="leave out the ES-trained model")
     p.add_argument("--check", action="store_true", help="only check the arguments (run_main.sh, before installing)")
     args, extra = p.parse_known_args(argv)
     check_eval_args(extra)
@@ -153,6 +189,61 @@ def prepare_caches(extra: list[str]) -> float:
     return time.perf_counter() - started
 
 
+def subprocess_env() -> dict[str, str]:
+    """What every child process gets: this checkout importable, one torch thread, batched decoding."""
+    return {
+        **os.environ,
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "AGENT_ENVS_BATCH_DECODE": "1",
+        "AGENT_ENVS_TORCH_THREADS": os.environ.get("AGENT_ENVS_TORCH_THREADS", "1"),
+    }
+
+
+def start_replay(out: Path, generations: int | None) -> subprocess.Popen:
+    """Rebuild the ES-trained model (agent_envs.es.trained_model; cached after the first time) in its
+    own process, beside the evaluations: it prints its check against the GPU's run as JSON."""
+    code = (
+        "import json; from agent_envs.es.trained_model import SMOLLM2_HF_DIR, replay_report; "
+        f"print(json.dumps(replay_report(SMOLLM2_HF_DIR, {generations!r})))"
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**subprocess_env(), "AGENT_ENVS_TORCH_THREADS": ""}  # the replay's products use every core
+    with (out / "es-replay.log").open("wb") as log:
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=log, env=env, cwd=REPO)
+
+
+def es_jobs(out: Path, tasks: int, generations: int | None) -> list[Job]:
+    """The base and the ES-trained SmolLM2 on the first ``tasks`` held-out tasks of the ES run, as it
+    evaluated them (scripts/gpu_es_real.py: the tasks, the few-shot turns, greedy single turn)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from gpu_es_real import write_tasks
+
+    from agent_envs.es.trained_model import es_smollm2_dirs, provenance
+
+    train = provenance()["train"]
+    _, held_out, few_shot = write_tasks(out / "es-tasks", tasks, train["tasks"], train["max_number"])
+    cli = [sys.executable, "-m", "agent_envs.cli", "eval", "--env", ES_ENV, "--data", str(held_out)]
+    cli += ["--env-arg", f"few_shot={few_shot}", *ES_EVAL, "--mode", "lockstep", "--no-progress", "--no-report"]
+    found = []
+    labels = (ES_LABELS[0], ES_LABELS[1] + ("" if generations is None else f"-first{generations}"))
+    for label, model in zip(labels, es_smollm2_dirs(generations=generations)):
+        run = out / f"{ES_ENV}.fewshot.{label}"
+        found.append(
+            Job(ES_ENV, label, run, [*cli, "--policy", "transformers", "--model", str(model), "--out", str(run)], tasks)
+        )
+    return found
+
+
+def es_comparison(base: Job, trained: Job) -> dict:
+    """``agent-envs compare``'s paired bootstrap of the two runs (trained minus base)."""
+    from agent_envs.rollout.metrics import paired_bootstrap
+
+    def records(job: Job) -> list[dict]:
+        return [json.loads(line) for line in (job.out / "records.jsonl").read_text().splitlines() if line]
+
+    return paired_bootstrap(records(base), records(trained))
+
+
 def children_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -168,7 +259,7 @@ def clock(seconds: float) -> str:
 
 def progress_line(all_jobs: list[Job], elapsed: float) -> str:
     parts = []
-    for env in ENVS:
+    for env in dict.fromkeys(j.env for j in all_jobs):
         mine = [j for j in all_jobs if j.env == env]
         parts.append(
             f"{env} "
@@ -185,12 +276,7 @@ def run_all(all_jobs: list[Job]) -> list[Job]:
     """Start every evaluation at once (one torch thread each) and report progress until all ended;
     returns the jobs that failed."""
     started = time.perf_counter()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        "AGENT_ENVS_BATCH_DECODE": "1",
-        "AGENT_ENVS_TORCH_THREADS": os.environ.get("AGENT_ENVS_TORCH_THREADS", "1"),
-    }
+    env = subprocess_env()
     for job in all_jobs:
         job.out.parent.mkdir(parents=True, exist_ok=True)
         job.log = job.out.parent / f"{job.out.name}.log"
@@ -214,6 +300,47 @@ def summary_table(all_jobs: list[Job]) -> str:
     return format_table(rows, 1)
 
 
+def run_es(
+    replay: subprocess.Popen, out: Path, tasks: int, generations: int | None
+) -> tuple[list[Job], list[Job], dict | None]:
+    """Wait for the replay, then evaluate the base and the ES-trained model side by side; returns the
+    two jobs, the failed ones and what the main job wrote about them into es.json (None when the
+    replay or an evaluation failed)."""
+    say("waiting for the ES-trained model's replay (minutes on the first run, then cached) ...")
+    stdout, _ = replay.communicate()
+    if replay.returncode != 0:
+        say(f"the replay failed (exit {replay.returncode}); the end of {out}/es-replay.log:")
+        print("\n".join((out / "es-replay.log").read_text(errors="replace").splitlines()[-25:]), flush=True)
+        return [], [], None
+    check = json.loads(stdout.decode().strip().splitlines()[-1])
+    verdict = (
+        f"bit for bit: all {check['generations']} per-generation fingerprints (of {check['of_generations']}) "
+        "equal the GPU's"
+        if check["bit_exact"]
+        else f"{check['fingerprints_equal']} of {check['generations']} fingerprints equal the GPU's, the first "
+        f"that differs is generation {check['first_differing_generation']} (the CPU sums each float32 "
+        "product in another order than CUDA, and one bfloat16 rounding came out differently)"
+    )
+    say(f"ES-trained SmolLM2 rebuilt ({check['updates']} updates replayed) {verdict}")
+    both = es_jobs(out, tasks, generations)
+    say(f"evaluating the base and the ES-trained SmolLM2 on {tasks} held-out few-shot Countdown task(s), greedy")
+    failed = run_all(both)
+    if failed:
+        return both, failed, None
+    from agent_envs.es.trained_model import provenance
+
+    result = es_comparison(*both)
+    lo, hi = result["bootstrap_95_ci"]
+    say(
+        f"ES-trained minus base on {result['paired_tasks']} tasks: {result['mean_anls_before']:.3f} -> "
+        f"{result['mean_anls_after']:.3f}, delta {result['mean_anls_delta']:+.3f}, 95% CI [{lo:+.3f}, {hi:+.3f}] "
+        f"(the GPU's run on 512 tasks: {provenance()['held_out_compare']['mean_anls_delta']:+.3f})"
+    )
+    summary = {"replay": check, "compare": result, "verdict": verdict, "trained": provenance()}
+    (out / "es.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return both, [], summary
+
+
 def main(argv: list[str] | None = None) -> int:
     args, extra = parse_args(sys.argv[1:] if argv is None else argv)
     if args.check:
@@ -226,8 +353,23 @@ def main(argv: list[str] | None = None) -> int:
         f"{all_jobs[0].label} and the scripted reference policy (logs: {out}/*.log)"
     )
     started, cpu_before, load_before = time.perf_counter(), children_cpu_s(), os.getloadavg()[0]
+    replay = start_replay(out, args.es_generations) if embedded(extra) and not args.no_es else None
+    if replay is not None:
+        say(f"rebuilding the ES-trained SmolLM2 from its shipped history beside them (log: {out}/es-replay.log)")
     failed = run_all(all_jobs)
-    eval_s, eval_cpu_s = time.perf_counter() - started, children_cpu_s() - cpu_before
+    eval_s, es_s, compared = time.perf_counter() - started, 0.0, None
+    if replay is not None and not failed:
+        es_started = time.perf_counter()
+        both, failed, summary = run_es(replay, out, args.es_tasks, args.es_generations)
+        es_s = time.perf_counter() - es_started
+        if summary is None and not failed:
+            return 1  # the replay failed; run_es showed its log
+        if not failed:
+            compared = (len(all_jobs), len(all_jobs) + 1)
+            all_jobs += both
+    elif replay is not None:
+        replay.kill()
+    eval_cpu_s = children_cpu_s() - cpu_before
     for job in failed:
         say(f"{job.out.name} failed (exit {job.process.returncode}); the end of {job.log}:")
         print("\n".join(job.log.read_text(errors="replace").splitlines()[-25:]), flush=True)
@@ -237,11 +379,12 @@ def main(argv: list[str] | None = None) -> int:
     report_started = time.perf_counter()
     from agent_envs.report import build_report
 
-    report = build_report([job.out for job in all_jobs], out / "report.html").resolve()
+    report = build_report([job.out for job in all_jobs], out / "report.html", compared).resolve()
     report_s = time.perf_counter() - report_started
     phases = ([("install", args.install_s)] if args.install_s is not None else []) + [
         ("caches (first run only)", caches_s),
         ("evaluation", eval_s),
+        *([("ES replay wait and side-by-side", es_s)] if replay is not None else []),
         ("report", report_s),
     ]
     say(

@@ -1,6 +1,9 @@
 """``bash scripts/run_main.sh``, the README's first command, end to end on an empty model cache: it
 installs, converts the embedded model, evaluates every text environment with it and with the
-scripted reference, and writes one report in which every environment shows real tool calls.
+scripted reference, and writes one report in which every environment shows real tool calls, and
+the base SmolLM2 beside the ES-trained one (agent_envs.es.trained_model) with their paired comparison.
+The ES part replays only the first 2 of the shipped 300 generations and answers 2 tasks (the full
+replay takes minutes of CPU; tests/test_es_trained_model.py checks its bits).
 
 The installation runs into a virtual environment made here on top of this interpreter's packages,
 so ``pip install -e .`` never re-points the machine's own installation at this checkout."""
@@ -70,7 +73,12 @@ def test_run_main_on_an_empty_model_cache(tmp_path: Path, smollm2_gguf: Path):
     }
     env.pop("PYTHONPATH", None)
     proc = subprocess.run(
-        ["bash", "scripts/run_main.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800
+        ["bash", "scripts/run_main.sh", "--es-generations", "2", "--es-tasks", "2"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
@@ -79,7 +87,8 @@ def test_run_main_on_an_empty_model_cache(tmp_path: Path, smollm2_gguf: Path):
     envs = main_job_envs()
     lines = proc.stdout.splitlines()
     assert any(line.startswith("[main] installed in ") for line in lines), log[-3000:]
-    progress = [line for line in lines if re.match(r"\[main\] \d+:\d\d  ", line)]
+    # the six runs' progress (the ES side-by-side prints its own afterwards)
+    progress = [line for line in lines if re.match(r"\[main\] \d+:\d\d  ", line) and "reference" in line]
     assert progress and all(e in progress[-1] for e in envs) and "reference 2/2" in progress[-1]
     timing = next(line for line in lines if line.startswith("[main] time: "))
     assert all(phase in timing for phase in ("install", "caches", "evaluation", "report", "total"))
@@ -102,3 +111,13 @@ def test_run_main_on_an_empty_model_cache(tmp_path: Path, smollm2_gguf: Path):
         assert any(TOOL_CALLS[env_id] in body for body in calls), f"no {TOOL_CALLS[env_id]} tool call for {env_id}"
     assert "SmolLM2-135M-Instruct (embedded, CPU)" in about and "scripted reference policy (no model)" in about
     assert "--policy vllm --model" in about and "--base-url" in about
+
+    # the base and the ES-trained model side by side, on the same tasks, with the difference and its interval
+    es = [f"Countdown-ReAct-v0.fewshot.{label}" for label in ("smollm2-135m-base", "smollm2-135m-es-first2")]
+    assert all(f">{run}</span>" in about for run in es)
+    comparison = html.split('<section id="comparison">', 1)[1].split("</section>", 1)[0]
+    assert f"Comparison: {es[1]} vs {es[0]}" in comparison and "over 2 paired tasks" in comparison
+    assert "95% bootstrap CI [" in comparison
+    summary = next(line for line in lines if line.startswith("[main] ES-trained minus base on 2 tasks: "))
+    assert "delta " in summary and "95% CI [" in summary
+    assert any("2 per-generation fingerprints (of 300) equal the GPU's" in line for line in lines), log[-3000:]
