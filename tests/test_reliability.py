@@ -71,6 +71,20 @@ def test_step_after_close_is_a_clear_error_and_starts_no_sandbox(tmp_path):
     env.close()
 
 
+@pytest.mark.parametrize("value", ["abc", "1.5", "1e3", "12 MiB", "0", "-5"])
+def test_a_bad_tmpfs_budget_is_refused_when_the_env_is_made(monkeypatch, tmp_path, capsys, value):
+    """It once made every episode the model's invalid_output (or silently 1 MiB mounts), exit 0."""
+    from agent_envs import cli
+
+    monkeypatch.setenv("AGENT_ENVS_TMPFS_BUDGET_MIB", value)
+    with pytest.raises(ValueError, match="AGENT_ENVS_TMPFS_BUDGET_MIB must be a whole number of MiB >= 1"):
+        gym.make("MATH-ReAct-v0", dataset="builtin", sandbox="bwrap")
+    argv = ["eval", "--policy", "scripted", "--env", "MATH-ReAct-v0", "--limit", "1", "--no-progress"]
+    assert cli.main([*argv, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "AGENT_ENVS_TMPFS_BUDGET_MIB" in err and err.count("\n") == 1
+
+
 # ------------------------------------------------------------------ images over the pixel limit
 @pytest.fixture(scope="module")
 def bomb(tmp_path_factory) -> Path:

@@ -121,7 +121,9 @@ def tmpfs_budget_mib() -> int:
     """The tmpfs budget: ``$AGENT_ENVS_TMPFS_BUDGET_MIB``, else half the host's RAM."""
     override = os.environ.get("AGENT_ENVS_TMPFS_BUDGET_MIB")
     if override:
-        return max(1, int(override))
+        if not override.strip().isdigit() or int(override) < 1:  # "1.5", "1e3", "12 MiB", "0", "-5"
+            raise ValueError(f"AGENT_ENVS_TMPFS_BUDGET_MIB must be a whole number of MiB >= 1, got {override!r}")
+        return int(override)
     try:
         pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):

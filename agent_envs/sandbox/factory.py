@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from agent_envs.sandbox._bwrap_layout import bwrap_usable
-from agent_envs.sandbox.base import Sandbox, SandboxConfig
+from agent_envs.sandbox.base import Sandbox, SandboxConfig, tmpfs_budget_mib
 from agent_envs.core.validation import invalid
 
 BACKENDS = ("bwrap", "none", "docker")
@@ -37,6 +37,7 @@ def resolve_config(spec: SandboxConfig | str | dict[str, Any] | None) -> Sandbox
         raise ValueError(f"unknown sandbox backend {config.backend!r}; expected one of {BACKENDS}")
     if config.mode not in MODES:
         raise ValueError(f"unknown sandbox mode {config.mode!r}; expected one of {MODES}")
+    tmpfs_budget_mib()  # a bad $AGENT_ENVS_TMPFS_BUDGET_MIB is refused here, not in every episode
     return config
 
 
