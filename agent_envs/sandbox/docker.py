@@ -48,13 +48,20 @@ CHECK_TIMEOUT_S = 30
 
 # $1 = timeout seconds, $2 = the bash program (ulimit + cwd trap + the model's command).
 # The outer shell restores the cwd, runs the program under `timeout -s KILL` (which kills its
-# whole process group), then kills every remaining process of this uid.  Its own stderr goes
-# to /dev/null so that bash's "Killed" job report never reaches the model.
+# whole process group), then kills every remaining process of this uid and waits (up to 5 s)
+# until none is left: SIGKILL is delivered asynchronously, so a process could otherwise still
+# be running, on a loaded host, when the call returns.  Its own stderr goes to /dev/null so that
+# bash's "Killed" job report never reaches the model.
 _WRAPPER = (
     f'cwd="$(cat {CWD_FILE} 2>/dev/null)"\ncd -- "${{cwd:-{WORKSPACE}}}" 2>/dev/null || cd {WORKSPACE}\n'
     "exec 3>&2 2>/dev/null\n"
     'timeout -s KILL "$1" /bin/bash --noprofile --norc -c "$2" 2>&3 3>&-\n'
-    "rc=$?\nkill -9 -1\nexit $rc\n"
+    "rc=$?\nkill -9 -1\n"
+    # is a process of this uid other than this shell still alive (a zombie is not)?
+    'live() { for s in /proc/[0-9]*/status; do [ "$s" = "/proc/$$/status" ] && continue; z=\n'
+    "while read -r k v _; do case $k in State:) z=$v;; Uid:) "
+    '[ "$v" = "$UID" ] && [ "$z" != Z ] && return 0; break;; esac; done < "$s"; done; return 1; }\n'
+    "n=0\nwhile live && [ $n -lt 500 ]; do kill -9 -1; sleep 0.01; n=$((n+1)); done\nexit $rc\n"
 )
 
 _LIVE: set[str] = set()
