@@ -35,7 +35,7 @@ from agent_envs.rollout.metrics import group_metrics, paired_bootstrap, summariz
 from agent_envs.core.tasks import task_id
 from agent_envs.rollout.records import ERROR_TERMINATIONS, load_records
 from agent_envs.rollout.resume import DamagedRecords, read_records
-from agent_envs.rollout.runlock import RunLock, RunLockError
+from agent_envs.rollout.runlock import LOCK_NAME, RunLock, RunLockError
 from agent_envs.rollout.runner import DEFAULT_BASE_SEED, MODES, run_episodes
 from agent_envs.rollout.tracelog import write_trace_logs
 from agent_envs.sandbox.base import SandboxUnavailable
@@ -504,6 +504,19 @@ def _run_lock(out: Path) -> RunLock:
         raise UsageError(str(exc)) from None
 
 
+def _drop_if_only_lock(out: Path, created: bool) -> None:
+    """A run that failed before writing anything leaves no folder holding only ``.lock`` (the
+    next command would take it for a run): the lock goes, and the folder when this run made it."""
+    try:
+        if [p.name for p in out.iterdir()] != [LOCK_NAME]:
+            return
+        (out / LOCK_NAME).unlink()
+        if created:
+            out.rmdir()
+    except OSError:  # another writer got there meanwhile, or the folder is not ours to tidy
+        pass
+
+
 def _trajectory_tokenizer(kind: str, args: argparse.Namespace) -> Any:
     """``--token-trajectories`` with a policy that has no tokenizer: the one of ``--model`` (the
     environment renders the prompts as ids itself)."""
@@ -548,8 +561,10 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
     _check_request_flags(kind, args)
     out: Path = args.out or Path("runs") / f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}"
     records_path = out / "records.jsonl"
+    created = not out.exists()
     _check_out(out)
     hold.callback(_run_lock(out).release)
+    hold.callback(_drop_if_only_lock, out, created)  # runs first, while the lock is still held
     if records_path.exists() and records_path.stat().st_size and not args.resume:
         raise UsageError(f"{records_path} already has records: pass --resume to continue, or choose another --out")
     env_args = dict(args.env_arg)

@@ -114,6 +114,17 @@ def test_a_refusal_shows_the_holder_sanitised_and_short(tmp_path):
     assert "pid ?[2J9999" in message and "on host h??" in message
 
 
+@pytest.mark.parametrize("existed", [False, True])
+def test_a_failed_eval_leaves_no_folder_holding_only_the_lock(tmp_path, capsys, existed):
+    """Refused after the lock was taken (here a missing skill file): nothing of the run stays."""
+    out = tmp_path / "run"
+    if existed:
+        out.mkdir()
+    assert cli.main([*EVAL, "--out", str(out), "--skill-file", str(tmp_path / "missing.txt")]) == 2
+    assert "missing.txt" in capsys.readouterr().err
+    assert (list(out.iterdir()) == []) if existed else not out.exists()
+
+
 def _damaged(run: Path, tmp_path: Path, edit) -> Path:
     copy = tmp_path / "damaged"
     shutil.copytree(run, copy)
