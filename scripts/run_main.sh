@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The main job: install what agent-envs needs, then evaluate every text environment (MATH-ReAct,
 # DocVQA-CLI, Countdown-ReAct) on a few built-in tasks with the embedded CPU model (SmolLM2-135M)
-# and, beside it, each environment's scripted reference policy; one HTML report of all six runs.
+# and, beside it, each environment's scripted reference policy; one HTML report of all six runs, and the
+# ES-trained SmolLM2 shipped as a history (replayed on the CPU once, about 10 minutes on 2 cores, then cached)
+# beside the base model on held-out few-shot Countdown tasks.
 #   bash scripts/run_main.sh                                  # 2 tasks per environment
 #   bash scripts/run_main.sh --limit 4                        # more tasks
+#   bash scripts/run_main.sh --no-es                          # without the ES-trained model (--es-tasks N: its tasks)
 #   bash scripts/run_main.sh --policy vllm --model Qwen/Qwen3-4B   # a real model in the embedded one's place
 #   bash scripts/run_main.sh --base-url http://127.0.0.1:8000/v1 --model NAME   # any OpenAI-compatible server
 # Other arguments go to the model's `agent-envs eval` calls; AGENT_ENVS_MAIN_OUT sets the output folder.
