@@ -329,6 +329,16 @@ def _check_policy_flags(kind: str, args: argparse.Namespace) -> None:
         raise UsageError(f"--policy {kind} needs at least one --base-url")
 
 
+def _check_model_path(kind: str, args: argparse.Namespace) -> None:
+    """A local ``--model`` path that does not exist is one line, before anything loads (the
+    loaders took it for a hub id and ended in a traceback)."""
+    backend = BACKENDS[kind]
+    model = args.model or ""
+    if backend.needs_model and not backend.needs_endpoint and model.startswith(("/", ".", "~")):
+        if not Path(model).expanduser().exists():
+            raise UsageError(f"--model {model}: no such file or folder (a hub model id is written owner/name)")
+
+
 def _baseline(env_id: str) -> Callable[[Any], str]:
     """The environment's ``scripted`` answer: one real tool call, then an answer read off its output."""
     baseline = registry.spec(env_id).baseline
@@ -559,6 +569,7 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
     if args.samples < 1 or (limit is not None and limit < 1):
         raise UsageError("--samples and --limit must be >= 1")
     _check_request_flags(kind, args)
+    _check_model_path(kind, args)
     out: Path = args.out or Path("runs") / f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}"
     records_path = out / "records.jsonl"
     created = not out.exists()

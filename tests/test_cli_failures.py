@@ -223,3 +223,17 @@ def test_a_sandbox_failing_mid_run_is_an_infrastructure_error_not_the_models_obs
     )
     assert [r.termination_reason for r in records] == ["env_error"] * 2
     assert all("docker backend" in str(r.error) and not r.react_steps for r in records)
+
+
+@pytest.mark.parametrize("policy", ["transformers", "vllm"])
+def test_a_model_path_that_does_not_exist_is_one_line(tmp_path, capsys, no_policy, policy):
+    """It ended in a traceback (the loader took the path for a hub id)."""
+    missing = tmp_path / "nonexistent" / "model"
+    rc = cli.main(["eval", "--policy", policy, "--model", str(missing), "--out", str(tmp_path / "run")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"agent-envs eval: error: --model {missing}: no such file or folder (a hub model id is written owner/name)\n"
+    )
+    assert not (tmp_path / "run").exists()
