@@ -197,6 +197,18 @@ def test_export_round_trip_and_cli(tokenizer, tmp_path):
         load_token_export(tmp_path / "bad.jsonl")
 
 
+def test_logprobs_that_do_not_match_the_sampled_tokens_are_refused_not_shifted(tokenizer, tmp_path):
+    """A turn with fewer log-probabilities than tokens was exported with the rest shifted, silently."""
+    row = _run(tokenizer)[0].row()
+    turn = row["token_trajectory"]["turns"][0]
+    assert turn["sampled"] and len(turn["completion_ids"]) > 1
+    turn["logprobs"] = [-0.5] * (len(turn["completion_ids"]) - 1)
+    with pytest.raises(ValueError, match="log-probabilities do not match the sampled tokens"):
+        episode_tokens(row)
+    summary = export_tokens([row], tmp_path / "tokens.jsonl")
+    assert summary.exported == 0 and summary.skipped == {"log-probabilities do not match the sampled tokens": 1}
+
+
 def scripted_eval(out: Path, limit: int = 1) -> list[str]:
     """``agent-envs eval`` of the scripted policy on MATH-ReAct-v0, 3 turns, no report."""
     return [

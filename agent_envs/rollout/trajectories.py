@@ -65,6 +65,10 @@ def skip_reason(row: dict[str, Any]) -> str | None:
         return "trajectory broken"
     if not trajectory.get("exact", False):
         return "engine prompt differs from the trajectory"
+    for turn, (start, end, _) in zip(trajectory["turns"], segments(trajectory)):
+        # a shorter list would shift every later log-probability onto the wrong token
+        if turn["sampled"] and turn["logprobs"] is not None and len(turn["logprobs"]) != end - start:
+            return "log-probabilities do not match the sampled tokens"
     return None
 
 
