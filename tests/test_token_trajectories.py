@@ -235,7 +235,9 @@ def test_cli_eval_with_token_trajectories_then_export(tmp_path, capsys):
     assert main(["export", str(out), "--format", "tokens"]) == 0
     assert "2 episode(s)" in capsys.readouterr().out
     episodes = load_token_export(out / "tokens.jsonl")
-    assert len(episodes) == 2 and all(sum(e.loss_mask) > 0 for e in episodes)
+    assert len(episodes) == 2 and len(episodes[0].turns) > 1
+    # the baseline's text is context, not the policy's sample (docs/rl.md): sampled false, mask 0
+    assert all(sum(e.loss_mask) == 0 and not any(t["sampled"] for t in e.turns) for e in episodes)
     plain = tmp_path / "plain"
     assert main(scripted_eval(plain)) == 0
     assert "token_trajectories" not in json.loads((plain / "config.json").read_text())

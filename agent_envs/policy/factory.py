@@ -62,7 +62,7 @@ class Backend:
 def _scripted(s: PolicySettings) -> Policy:
     if s.script is None:
         raise ValueError("the scripted policy needs a script (an environment's baseline, or a list of replies)")
-    return ScriptedPolicy(s.script)
+    return ScriptedPolicy(s.script, sampled=False)  # a baseline's text is no model's sample (docs/rl.md)
 
 
 def _vllm(s: PolicySettings) -> Policy:

@@ -33,9 +33,12 @@ class ScriptedPolicy(Policy):
 
     name = "scripted"
 
-    def __init__(self, script: Script, *, tokenizer=None):
+    def __init__(self, script: Script, *, tokenizer=None, sampled: bool = True):
         self.script = script
         self.tokenizer = tokenizer
+        #: whether a text reply stands for an engine's sample (its ids, as one); an environment's
+        #: baseline is not the policy's sample: no ids, so a token trajectory keeps it out of the loss
+        self.sampled = sampled
         self._cursor: dict[str, int] = defaultdict(int)
         self._lock = threading.Lock()
 
@@ -58,7 +61,9 @@ class ScriptedPolicy(Policy):
         if isinstance(reply, Completion):
             return reply
         text, _ = cut_at_stop(reply, request.stop)
-        ids = self.tokenizer.encode(text, add_special_tokens=False) if self.tokenizer is not None else None
+        ids = None
+        if self.sampled and self.tokenizer is not None:
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
         return Completion(text=text, token_ids=ids, finish_reason="stop", engine=self.name)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
