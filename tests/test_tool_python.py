@@ -3,6 +3,8 @@ hostile code is contained, and nothing is left behind (processes, temp folders, 
 
 from __future__ import annotations
 
+import gc
+import json
 import os
 import random
 import re
@@ -10,7 +12,9 @@ import resource
 import socket
 import textwrap
 import time
+from pathlib import Path
 
+import gymnasium as gym
 import pytest
 
 from agent_envs.sandbox.base import SandboxConfig, SandboxLimits, SandboxUnavailable
@@ -155,6 +159,34 @@ def test_interpreter_that_cannot_start_is_a_launch_error():
         out = _obs(t, "print(1)")
         assert out.startswith("[ERROR] Failed to execute command: the python interpreter did not start: ")
         assert "Fatal Python error" in out and t.processes() == []
+
+
+def _alive(pids: list[int]) -> list[int]:
+    """Those of ``pids`` that still run (a zombie has ended)."""
+    alive = []
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                alive.append(pid)
+        except OSError:
+            continue
+    return alive
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_countdown_episodes_dropped_without_close_leave_nothing(backend):
+    """Garbage collection ends a dropped episode's python interpreter and its sandbox (it once
+    left three processes per Countdown episode, and a /tmp/ae-local-* folder with "none")."""
+    env = gym.make("Countdown-ReAct-v0", sandbox=backend, max_turns=3)
+    env.reset(seed=0)
+    env.step("Action: " + json.dumps({"name": "python", "arguments": {"code": "print(1)"}}))
+    tool = env.unwrapped._tools["python"].tool
+    pids, workdir = tool.processes(), getattr(tool._sandbox, "workdir", None)
+    assert _alive(pids)
+    del env, tool
+    gc.collect()
+    assert _alive(pids) == []
+    assert workdir is None or not os.path.exists(workdir)
 
 
 def test_docker_is_refused_clearly():

@@ -22,6 +22,7 @@ import os
 import secrets
 import subprocess
 import time
+import weakref
 from pathlib import Path
 
 from agent_envs.core.spec import Framing, ToolSpec
@@ -202,6 +203,14 @@ class _Interpreter:
         os.close(self.status.fd)
 
 
+def _close_held(held: list[_Interpreter | None], sandbox: Sandbox) -> None:
+    """End a tool's interpreter, then its sandbox (``close``, or the tool's finaliser)."""
+    interp = held[0]
+    if interp is not None:
+        interp.close()
+    sandbox.close()
+
+
 def _exit_reason(rc: int | None) -> str:
     if rc is not None and rc > 128:  # bwrap reports a signal as 128 + N
         rc = -(rc - 128)
@@ -228,8 +237,19 @@ class PythonTool:
             )
         #: the interpreter kills what each call started itself, inside its own pid namespace
         self._sweep = PID_NAMESPACE in self._sandbox.capabilities
-        self._interp: _Interpreter | None = None
+        #: the live interpreter, in a list the finaliser shares: a tool dropped without close()
+        #: (an episode garbage-collected) still ends its interpreter and its sandbox
+        self._held: list[_Interpreter | None] = [None]
+        self._finalizer = weakref.finalize(self, _close_held, self._held, self._sandbox)
         self.restarts = 0
+
+    @property
+    def _interp(self) -> _Interpreter | None:
+        return self._held[0]
+
+    @_interp.setter
+    def _interp(self, interp: _Interpreter | None) -> None:
+        self._held[0] = interp
 
     def run(self, code: str, timeout: float | None = None) -> ExecResult:
         """Execute ``code`` in the episode's interpreter; ``meta["notice"]`` is set when the
@@ -256,9 +276,7 @@ class PythonTool:
         return self._interp.processes() if self._interp is not None else []
 
     def close(self) -> None:
-        if self._interp is not None:
-            self._interp.close()
-        self._sandbox.close()
+        self._finalizer()
 
     def __enter__(self) -> "PythonTool":
         return self
