@@ -133,6 +133,10 @@ def _damaged(run: Path, tmp_path: Path, edit) -> Path:
     return copy
 
 
+def _with_score(line: str, score: float) -> str:
+    return json.dumps({**json.loads(line), "score": score})  # written NaN / Infinity, as Python's json does
+
+
 def _without(line: str, field: str) -> str:
     row = json.loads(line)
     row.pop(field)
@@ -149,6 +153,8 @@ def _without(line: str, field: str) -> str:
         ),
         (lambda ls: [ls[0], "{not json", ls[1]], "line 2 is not JSON"),
         (lambda ls: [ls[0], "[1, 2]", ls[1]], "line 2 is a JSON list, not a record"),
+        (lambda ls: [ls[0], _with_score(ls[1], float("nan"))], "line 2 has score NaN, not a finite number"),
+        (lambda ls: [_with_score(ls[0], float("inf")), ls[1]], "line 1 has score Infinity, not a finite number"),
     ],
 )
 def test_resume_on_damaged_records_is_one_line_naming_file_and_line(

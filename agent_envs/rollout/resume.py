@@ -15,6 +15,7 @@ run that follows can append to a clean file.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -45,13 +46,19 @@ def read_records(path: str | os.PathLike[str]) -> tuple[list[tuple[Row, EpisodeR
         if not isinstance(row, dict):
             raise DamagedRecords(f"{path}: line {number} is a JSON {type(row).__name__}, not a record")
         try:
-            out.append((row, EpisodeRecord.model_validate(row)))
+            record = EpisodeRecord.model_validate(row)
         except ValidationError as exc:
             first = exc.errors(include_url=False)[0]
             where = ".".join(map(str, first["loc"])) or "record"
             raise DamagedRecords(
                 f"{path}: line {number} is not a record ({where}: {first['msg']}); remove or repair it to resume"
             ) from None
+        if not math.isfinite(record.score):  # the rewrite below (strict JSON) could not keep it
+            raise DamagedRecords(
+                f"{path}: line {number} has score {json.dumps(record.score)}, not a finite number; "
+                "remove or repair it to resume"
+            )
+        out.append((row, record))
     return out, 0
 
 
