@@ -33,7 +33,7 @@ from agent_envs.policy.sampling import SamplingConfig
 from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
 from agent_envs.rollout.metrics import group_metrics, paired_bootstrap, summarize
 from agent_envs.core.tasks import task_id
-from agent_envs.rollout.records import ERROR_TERMINATIONS, load_records
+from agent_envs.rollout.records import ERROR_TERMINATIONS, NotARecord, load_records
 from agent_envs.rollout.resume import DamagedRecords, read_records
 from agent_envs.rollout.runlock import LOCK_NAME, RunLock, RunLockError
 from agent_envs.rollout.runner import DEFAULT_BASE_SEED, MODES, run_episodes
@@ -773,7 +773,10 @@ def _run_records(run: Path) -> tuple[list[Any], int, EnvSpec | None]:
     path = run / "records.jsonl" if run.is_dir() else run
     if not path.exists():
         raise UsageError(f"no records at {path}")
-    records = load_records(path)
+    try:
+        records = load_records(path)
+    except NotARecord as exc:
+        raise UsageError(str(exc)) from None
     config_path = path.parent / "config.json"
     samples = json.loads(config_path.read_text()).get("samples") if config_path.exists() else None
     spec = registry.spec_of(r.row() for r in records)

@@ -328,3 +328,26 @@ def test_report_onto_a_read_only_mount_is_one_line(finished_run, tmp_path):
     assert done.stderr == (
         f"agent-envs report: error: cannot write the report to {target / 'r.html'}: Read-only file system\n"
     )
+
+
+@pytest.mark.parametrize(
+    "field, value, problem",
+    [
+        ("score", "abc", "record 1 is not a record (score: "),
+        ("turn_log", "abc", "record 1 is not a record (turn_log: "),
+        ("react_steps", ["x", 1], "record 1 is not a record (react_steps.0: "),
+        ("turn_tool_s", "abc", "record 1 is not a record (turn_tool_s: "),
+        ("step_scores", "abc", None),  # not a list: no step scored, the rest summarised
+    ],
+)
+def test_summarize_on_type_confused_fields_is_one_line_or_a_summary(tmp_path, capsys, field, value, problem):
+    """``summarize`` (and compare, export, which share the loader) ended in tracebacks here."""
+    row = {"key": "t:sample00", "task_id": "t", "row_index": 0, "sample_index": 0, "score": 1.0}
+    (tmp_path / "records.jsonl").write_text(json.dumps({**row, field: value}) + "\n")
+    code = cli.main(["summarize", str(tmp_path)])
+    out, err = capsys.readouterr()
+    if problem is None:
+        assert code == 0 and "1.0000" in out
+    else:
+        assert code == 2 and err.startswith(f"agent-envs summarize: error: {tmp_path / 'records.jsonl'}: {problem}")
+        assert err.count("\n") == 1

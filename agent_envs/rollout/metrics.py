@@ -128,16 +128,21 @@ def has_step_scores(rows: Sequence[Row]) -> bool:
 def process_metrics(rows: Sequence[Row]) -> Row:
     """Step-score statistics (docs/protocol.md#process-rewards): failed steps are counted, not averaged."""
     scored = [r for r in rows if "step_scores" in r]
-    steps = [s for r in scored for s in r.get("step_scores") or []]
-    values = [float(s) for s in steps if s is not None]
+    steps = [s for r in scored if isinstance(r["step_scores"], list) for s in r["step_scores"]]
+    values = [float(s) for s in steps if _number(s)]  # anything else is a failed step
     return {
         "episodes": len(scored),
         "steps": len(steps),
         "step_score_errors": len(steps) - len(values),
         "mean_step_score": mean(values),
-        "mean_process_score": mean([float(r["process_score"]) for r in scored if r.get("process_score") is not None]),
+        "mean_process_score": mean([float(r["process_score"]) for r in scored if _number(r.get("process_score"))]),
         "aggregations": sorted({str(r.get("process_aggregation")) for r in scored}),
     }
+
+
+def _number(value: Any) -> bool:
+    """A number a mean can take (a hand-edited or foreign record may hold anything)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def group_metrics(records: Records, k: int, *, spec: EnvSpec | None = None, best_by: str = "mean_score") -> Row:

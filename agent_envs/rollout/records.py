@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..core.atomic import atomic_write, write_all
 
@@ -149,6 +149,20 @@ def read_jsonl(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], int]
     return rows, bad
 
 
+class NotARecord(ValueError):
+    """A row of a records file that is not a record; the message names the file, row and field."""
+
+
 def load_records(path: str | os.PathLike[str]) -> list[EpisodeRecord]:
+    """The records of a JSONL file; :class:`NotARecord` for a row that is not one (a field of
+    the wrong type: ``score`` a string, ``turn_log`` not a list, ...)."""
     rows, _ = read_jsonl(path)
-    return [EpisodeRecord.model_validate(r) for r in rows]
+    records = []
+    for number, row in enumerate(rows, 1):
+        try:
+            records.append(EpisodeRecord.model_validate(row))
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(map(str, first["loc"])) or "record"
+            raise NotARecord(f"{path}: record {number} is not a record ({where}: {first['msg']})") from None
+    return records
