@@ -327,11 +327,12 @@ def _check_policy_flags(kind: str, args: argparse.Namespace) -> None:
         raise UsageError(f"--policy {kind} needs --model")
     if backend.needs_endpoint and not args.base_urls:
         raise UsageError(f"--policy {kind} needs at least one --base-url")
+    _check_model_path(kind, args)
 
 
 def _check_model_path(kind: str, args: argparse.Namespace) -> None:
-    """A local ``--model`` path that does not exist is one line, before anything loads (the
-    loaders took it for a hub id and ended in a traceback)."""
+    """A local ``--model`` path that does not exist is one line where the policy would be built
+    (the loaders took it for a hub id and ended in a traceback)."""
     backend = BACKENDS[kind]
     model = args.model or ""
     if backend.needs_model and not backend.needs_endpoint and model.startswith(("/", ".", "~")):
@@ -569,7 +570,6 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
     if args.samples < 1 or (limit is not None and limit < 1):
         raise UsageError("--samples and --limit must be >= 1")
     _check_request_flags(kind, args)
-    _check_model_path(kind, args)
     out: Path = args.out or Path("runs") / f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}"
     records_path = out / "records.jsonl"
     created = not out.exists()

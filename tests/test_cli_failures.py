@@ -226,7 +226,7 @@ def test_a_sandbox_failing_mid_run_is_an_infrastructure_error_not_the_models_obs
 
 
 @pytest.mark.parametrize("policy", ["transformers", "vllm"])
-def test_a_model_path_that_does_not_exist_is_one_line(tmp_path, capsys, no_policy, policy):
+def test_a_model_path_that_does_not_exist_is_one_line(tmp_path, capsys, policy):
     """It ended in a traceback (the loader took the path for a hub id)."""
     missing = tmp_path / "nonexistent" / "model"
     rc = cli.main(["eval", "--policy", policy, "--model", str(missing), "--out", str(tmp_path / "run")])
