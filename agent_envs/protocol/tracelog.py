@@ -48,18 +48,18 @@ def _image_line(facts: Row) -> str:
     )
 
 
-def generic_trace(row: Row, result: str) -> str:
-    """The trace log of an environment that brings no renderer of its own: the shared header and
-    rounds, with the task's payload as the problem (JSON), so ``agent-envs eval`` on a new
-    environment writes its logs from the first run.  The reference's environments keep their own
-    layouts (docs/protocol.md#trace-logs)."""
+def answer_log(row: Row, result: str, setting: str, problem: Sequence[str], failed: str = "Score was 0.") -> str:
+    """The layout of Math's trace logs (docs/protocol.md#trace-logs), which Countdown's and those of an
+    environment without a renderer share: the header lines, ``## Problem`` with ``problem``'s lines,
+    the rounds, ``## Prediction`` and ``## RESULT``; ``failed`` is the failure reason of a score
+    under 1 that has no react error."""
     score = float(row.get("score") or 0.0)
-    failure = row.get("react_error") or ("" if score >= 1.0 else str(row.get("score_reason") or "Score was 0."))
+    failure = row.get("react_error") or (failed if score < 1.0 else "")
     lines = [
-        f"# Chat History {row.get('env_id')}_{row['task_id']}",
+        f"# Chat History {setting}_{row['task_id']}",
         "",
         f"Task ID: {row['task_id']}",
-        f"Setting: {row.get('env_id')}",
+        f"Setting: {setting}",
         f"Sample index: {row['sample_index']}",
         f"Score: {score}",
         f"Score method: {row.get('score_method')}",
@@ -68,9 +68,7 @@ def generic_trace(row: Row, result: str) -> str:
         "",
         "## Problem",
         "",
-        "```json",
-        json.dumps(task_of(row), ensure_ascii=False, indent=2, default=str),
-        "```",
+        *problem,
         "",
         "## Trace",
         "",
@@ -85,3 +83,12 @@ def generic_trace(row: Row, result: str) -> str:
         result,
     ]
     return "\n".join(lines) + "\n"
+
+
+def generic_trace(row: Row, result: str) -> str:
+    """The trace log of an environment that brings no renderer of its own: Math's layout with the
+    environment's id as the setting and the task's payload (JSON) as the problem, so ``agent-envs
+    eval`` on a new environment writes its logs from the first run."""
+    payload = json.dumps(task_of(row), ensure_ascii=False, indent=2, default=str)
+    failed = str(row.get("score_reason") or "Score was 0.")
+    return answer_log(row, result, str(row.get("env_id")), ["```json", payload, "```"], failed)

@@ -7,7 +7,7 @@ import functools
 
 from agent_envs.core.spec import ReportFields, Row
 from agent_envs.envs.countdown.solver import solve
-from agent_envs.protocol.tracelog import rounds, task_of
+from agent_envs.protocol.tracelog import answer_log, task_of
 
 #: the report's gold shows a solution for tasks of at most this many numbers (the exhaustive
 #: search takes milliseconds for 4 numbers, up to a minute for 6)
@@ -15,38 +15,11 @@ SOLVED_UP_TO = 4
 
 
 def render_countdown(row: Row, result: str) -> str:
+    """Math's layout with the numbers and the target as the problem; a failure without a react error
+    gives the scorer's reason."""
     task = task_of(row)
-    score = float(row.get("score") or 0.0)
-    failure = row.get("react_error") or ("" if score >= 1.0 else str(row.get("score_reason") or "Score was 0."))
-    lines = [
-        f"# Chat History countdown_{row['task_id']}",
-        "",
-        f"Task ID: {row['task_id']}",
-        "Setting: countdown",
-        f"Sample index: {row['sample_index']}",
-        f"Score: {score}",
-        f"Score method: {row.get('score_method')}",
-        f"Outcome: {result}",
-        f"Failure reason: {failure}",
-        "",
-        "## Problem",
-        "",
-        f"Numbers: {', '.join(map(str, task.get('nums', [])))}",
-        f"Target: {task.get('target', '')}",
-        "",
-        "## Trace",
-        "",
-        *rounds(row.get("react_steps") or []),
-        "## Prediction",
-        "",
-        str(row.get("prediction", "")),
-        "",
-        "---",
-        "",
-        "## RESULT",
-        result,
-    ]
-    return "\n".join(lines) + "\n"
+    problem = [f"Numbers: {', '.join(map(str, task.get('nums', [])))}", f"Target: {task.get('target', '')}"]
+    return answer_log(row, result, "countdown", problem, str(row.get("score_reason") or "Score was 0."))
 
 
 @functools.lru_cache(maxsize=4096)
