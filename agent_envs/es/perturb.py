@@ -351,17 +351,26 @@ class SeededPerturber:
         coefs = [alpha / len(seeds) * w for w in weights]
         squares = SquareSum()
         with torch.no_grad():
-            for name, param in self.params:
-                gens = [self._generator(s, name, param.device) for s in seeds]
-                flat = param.data.view(-1)
-                for start, k in self._chunks(param):
-                    acc = torch.zeros(k, device=param.device, dtype=torch.float32)
-                    for gen, coef in zip(gens, coefs):
-                        eps = torch.randn(k, generator=gen, device=param.device, dtype=torch.float32)
-                        acc.add_(eps, alpha=coef)
-                    squares.add(acc)
-                    flat[start : start + k].add_(acc.to(param.dtype))
+            for _, param, chunk, _, acc in self._noise_sums(seeds, coefs):
+                squares.add(acc)
+                chunk.add_(acc.to(param.dtype))
         return squares.norm()
+
+    def _noise_sums(
+        self, seeds: list[int], coefs: list[float]
+    ) -> Iterator[tuple[str, torch.Tensor, torch.Tensor, int, torch.Tensor]]:
+        """Per chunk of every parameter: ``(name, param, the chunk's view, its start, sum_i coef_i
+        eps_i)``, the sum in float32 with each member's noise drawn in its generator's order; what
+        the plain update adds and what Adam's step is computed from.  A caller may change the chunk
+        before asking for the next one (the noise does not depend on the weights)."""
+        for name, param in self.params:
+            gens = [self._generator(s, name, param.device) for s in seeds]
+            flat = param.data.view(-1)
+            for start, k in self._chunks(param):
+                acc = torch.zeros(k, device=param.device, dtype=torch.float32)
+                for gen, coef in zip(gens, coefs):
+                    acc.add_(torch.randn(k, generator=gen, device=param.device, dtype=torch.float32), alpha=coef)
+                yield name, param, flat[start : start + k], start, acc
 
     def _adam_step(self, seeds: list[int], weights: list[float], alpha: float, adam: Adam) -> float:
         """Per chunk: g = sum_i (w_i/N) eps_i in float32, then theta += alpha * Adam direction (cast
@@ -370,16 +379,10 @@ class SeededPerturber:
         corrections = adam.begin()
         squares = SquareSum()
         with torch.no_grad():
-            for name, param in self.params:
-                gens = [self._generator(s, name, param.device) for s in seeds]
-                flat = param.data.view(-1)
-                for start, k in self._chunks(param):
-                    g = torch.zeros(k, device=param.device, dtype=torch.float32)
-                    for gen, coef in zip(gens, coefs):
-                        g.add_(torch.randn(k, generator=gen, device=param.device, dtype=torch.float32), alpha=coef)
-                    step = adam.direction(name, g, param.numel(), corrections, start) * alpha
-                    squares.add(step)
-                    flat[start : start + k].add_(step.to(param.dtype))
+            for name, param, chunk, start, g in self._noise_sums(seeds, coefs):
+                step = adam.direction(name, g, param.numel(), corrections, start) * alpha
+                squares.add(step)
+                chunk.add_(step.to(param.dtype))
         return squares.norm()
 
     def reset(self) -> dict[str, Any]:
