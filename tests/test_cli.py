@@ -133,7 +133,8 @@ def test_docvqa_scripted_eval_reads_the_page_with_tesseract(tmp_path):
     assert len(rows) == 2
     for row in rows:
         obs = row["react_steps"][0]["observation"]
-        assert "[exit_code] 0" in obs and row["prediction"] == obs.splitlines()[0].strip()
+        # the scripted reference is an oracle on the built-in pages: the gold answer the OCR output holds
+        assert "[exit_code] 0" in obs and row["prediction"] in row["answers"] and row["score"] > 0
         assert "anls" in row and row["env_id"] == "DocVQA-CLI-v0"
     assert all(p.name.startswith("docvqa_agent_docvqa_") for p in (out / "trace_logs").iterdir())
     assert "anls_mean1" in json.loads((out / "summary.json").read_text())["docvqa"]
