@@ -15,6 +15,7 @@ import contextlib
 import os
 import tempfile
 import json
+import math
 import re
 import sys
 import time
@@ -33,7 +34,7 @@ from agent_envs.policy.sampling import SamplingConfig
 from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
 from agent_envs.rollout.metrics import group_metrics, paired_bootstrap, summarize
 from agent_envs.core.tasks import task_id
-from agent_envs.rollout.records import ERROR_TERMINATIONS, NotARecord, load_records
+from agent_envs.rollout.records import ERROR_TERMINATIONS, NotARecord, NotARecordsFile, load_records, open_records
 from agent_envs.rollout.resume import DamagedRecords, read_records
 from agent_envs.rollout.runlock import LOCK_NAME, RunLock, RunLockError
 from agent_envs.rollout.runner import DEFAULT_BASE_SEED, MODES, run_episodes
@@ -576,6 +577,11 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
     _check_out(out)
     hold.callback(_run_lock(out).release)
     hold.callback(_drop_if_only_lock, out, created)  # runs first, while the lock is still held
+    try:  # a directory is a traceback later, a FIFO blocks the run forever
+        if records_path.exists():
+            open_records(records_path).close()
+    except NotARecordsFile as exc:
+        raise UsageError(str(exc)) from None
     if records_path.exists() and records_path.stat().st_size and not args.resume:
         raise UsageError(f"{records_path} already has records: pass --resume to continue, or choose another --out")
     env_args = dict(args.env_arg)
@@ -775,7 +781,7 @@ def _run_records(run: Path) -> tuple[list[Any], int, EnvSpec | None]:
         raise UsageError(f"no records at {path}")
     try:
         records = load_records(path)
-    except NotARecord as exc:
+    except (NotARecord, NotARecordsFile) as exc:
         raise UsageError(str(exc)) from None
     config_path = path.parent / "config.json"
     samples = json.loads(config_path.read_text()).get("samples") if config_path.exists() else None
@@ -849,6 +855,13 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     results = []
     for run in args.runs:
         records, samples, spec = _run_records(run)
+        unscored = [r.key for r in records if not math.isfinite(r.score)]
+        if unscored:
+            print(
+                f"[agent-envs] warning: {run}: {len(unscored)} record(s) have a score that is not a finite number "
+                f"(NaN or Infinity), counted as 0 in the means: {', '.join(unscored[:5])}",
+                file=sys.stderr,
+            )
         summary = summarize(records, samples, spec=spec)
         if args.group:
             try:
@@ -950,14 +963,37 @@ def cmd_verify_checkpoint(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from agent_envs.rollout.trajectories import export_tokens
+    """A line that is not a record, or a damaged trajectory, is an error naming file and line (a
+    skipped episode would silently drop out of a trainer's data); only the torn last line of a
+    killed run is skipped, and said.  Nothing is written unless the whole export is."""
+    from agent_envs.rollout.trajectories import BadTrajectory, export_tokens
 
-    records, _, _ = _run_records(args.run)
-    out = args.out or (args.run if args.run.is_dir() else args.run.parent) / "tokens.jsonl"
-    summary = export_tokens(records, out)
+    path = args.run / "records.jsonl" if args.run.is_dir() else args.run
+    out = args.out or path.parent / "tokens.jsonl"
+    if not path.exists():
+        raise UsageError(f"no records at {path}")
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory; name a file, e.g. {out / 'tokens.jsonl'}")
+    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise UsageError(f"--out {out}: {blocker} is a file, not a directory")
+    try:
+        rows, torn = read_records(path)
+    except DamagedRecords as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        summary = export_tokens([row for _, row, _ in rows], out)
+    except BadTrajectory as exc:
+        raise UsageError(f"{path}: line {rows[exc.index][0]}: {exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"{path}: {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
+    if torn:
+        print(f"[agent-envs] skipped the torn last line of {path} (a run killed while writing it)", file=sys.stderr)
     print(f"[agent-envs] exported {summary.line()}")
-    if not summary.exported:
-        raise UsageError(f"no episode of {args.run} has a token trajectory to export")
     return 0
 
 

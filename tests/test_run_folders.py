@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from agent_envs import cli
+from agent_envs.rollout.resume import DamagedRecords, prepare_resume
 
 REPO = Path(__file__).resolve().parent.parent
 EVAL = ["eval", "--policy", "scripted", "--sandbox", "none", "--limit", "2", "--no-progress"]
@@ -351,3 +352,34 @@ def test_summarize_on_type_confused_fields_is_one_line_or_a_summary(tmp_path, ca
     else:
         assert code == 2 and err.startswith(f"agent-envs summarize: error: {tmp_path / 'records.jsonl'}: {problem}")
         assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("kind", ["directory", "FIFO"])
+def test_records_that_are_not_a_regular_file_are_one_line_not_a_traceback_or_a_hang(tmp_path, capsys, no_policy, kind):
+    """A directory ended --resume in a traceback; a FIFO made ``eval --resume`` (and summarize)
+    wait forever for a writer: the file is checked on a descriptor opened without blocking."""
+    out = tmp_path / "run"
+    out.mkdir()
+    records = out / "records.jsonl"
+    records.mkdir() if kind == "directory" else os.mkfifo(records)
+    for argv, problem in (
+        ([*EVAL, "--out", str(out), "--resume"], f"{records} is a {kind}, not a records file"),
+        ([*EVAL, "--out", str(out)], f"{records} is a {kind}, not a records file"),
+        (["summarize", str(out)], f"{records} is a {kind}, not a records file"),
+        (["export", str(out), "--format", "tokens"], f"{records} is a {kind}, not a records file"),
+    ):
+        assert cli.main(argv) == 2
+        assert capsys.readouterr().err == f"agent-envs {argv[0]}: error: {problem}\n"
+    with pytest.raises(DamagedRecords, match=f"is a {kind}, not a records file"):
+        prepare_resume(records)  # the runner's own resume, for library callers
+
+
+def test_summarize_says_when_a_score_is_not_a_finite_number(finished_run, tmp_path, capsys):
+    """It printed mean 0.0000 for a NaN score without a word."""
+    run = _damaged(finished_run, tmp_path, lambda ls: [ls[0], _with_score(ls[1], float("nan"))])
+    key = json.loads((run / "records.jsonl").read_text().splitlines()[1])["key"]
+    assert cli.main(["summarize", str(run)]) == 0
+    assert capsys.readouterr().err == (
+        f"[agent-envs] warning: {run}: 1 record(s) have a score that is not a finite number (NaN or Infinity), "
+        f"counted as 0 in the means: {key}\n"
+    )

@@ -205,8 +205,9 @@ def test_logprobs_that_do_not_match_the_sampled_tokens_are_refused_not_shifted(t
     turn["logprobs"] = [-0.5] * (len(turn["completion_ids"]) - 1)
     with pytest.raises(ValueError, match="log-probabilities do not match the sampled tokens"):
         episode_tokens(row)
-    summary = export_tokens([row], tmp_path / "tokens.jsonl")
-    assert summary.exported == 0 and summary.skipped == {"log-probabilities do not match the sampled tokens": 1}
+    with pytest.raises(ValueError, match=r"no episode .*\(skipped: 1 log-probabilities do not match the sampled"):
+        export_tokens([row], tmp_path / "tokens.jsonl")
+    assert not (tmp_path / "tokens.jsonl").exists()
 
 
 def scripted_eval(out: Path, limit: int = 1) -> list[str]:

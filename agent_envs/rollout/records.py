@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, BinaryIO, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -127,13 +128,31 @@ def write_jsonl(path: str | os.PathLike[str], rows: Iterable[EpisodeRecord | dic
     atomic_write(path, (dumps_line(as_row(row)) for row in rows))
 
 
+class NotARecordsFile(ValueError):
+    """A records path that is not a regular file (a directory, or a FIFO that would block forever)."""
+
+
+def open_records(path: str | os.PathLike[str]) -> BinaryIO:
+    """``path`` opened for reading, once it is known to be a regular file: opened without blocking
+    and checked on the open descriptor, so a FIFO cannot hang the reader; :class:`NotARecordsFile`
+    otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "directory" if stat.S_ISDIR(mode) else "FIFO" if stat.S_ISFIFO(mode) else "special file"
+        raise NotARecordsFile(f"{path} is a {kind}, not a records file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def read_jsonl(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], int]:
     """Rows of a JSONL file and the number of unreadable lines skipped.
 
     A truncated last line (a run killed mid-write) is the expected unreadable line."""
     rows: list[dict[str, Any]] = []
     bad = 0
-    with open(path, "rb") as fh:
+    with open_records(path) as fh:
         for raw in fh:
             if not raw.strip():
                 continue

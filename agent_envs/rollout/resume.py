@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .records import EpisodeRecord, JsonlWriter, write_jsonl
+from .records import EpisodeRecord, JsonlWriter, NotARecordsFile, open_records, write_jsonl
 
 Row = dict[str, Any]
 
@@ -31,18 +31,24 @@ class DamagedRecords(ValueError):
     """A records file that cannot be resumed; the message names the file and line."""
 
 
-def read_records(path: str | os.PathLike[str]) -> tuple[list[tuple[Row, EpisodeRecord]], int]:
-    """Every row of a records file with its validated record, and 1 if a torn last line was
-    dropped (else 0); :class:`DamagedRecords` for any other line that is not a record."""
-    lines = [(n, raw) for n, raw in enumerate(Path(path).read_bytes().splitlines(), 1) if raw.strip()]
-    out: list[tuple[Row, EpisodeRecord]] = []
+def read_records(path: str | os.PathLike[str]) -> tuple[list[tuple[int, Row, EpisodeRecord]], int]:
+    """Every row of a records file with its line number and validated record, and 1 if a torn last
+    line was dropped (else 0); :class:`DamagedRecords` for any other line that is not a record, and
+    for a path that is not a regular file (a directory; a FIFO, which would block forever)."""
+    try:
+        with open_records(path) as fh:
+            data = fh.read()
+    except NotARecordsFile as exc:
+        raise DamagedRecords(str(exc)) from None
+    lines = [(n, raw) for n, raw in enumerate(data.splitlines(), 1) if raw.strip()]
+    out: list[tuple[int, Row, EpisodeRecord]] = []
     for i, (number, raw) in enumerate(lines):
         try:
             row = json.loads(raw.decode("utf-8", "replace"))
         except (ValueError, RecursionError) as exc:
             if i == len(lines) - 1:
                 return out, 1  # the line a killed run was writing
-            raise DamagedRecords(f"{path}: line {number} is not JSON ({exc}); remove or repair it to resume") from None
+            raise DamagedRecords(f"{path}: line {number} is not JSON ({exc}); remove or repair it") from None
         if not isinstance(row, dict):
             raise DamagedRecords(f"{path}: line {number} is a JSON {type(row).__name__}, not a record")
         try:
@@ -51,14 +57,13 @@ def read_records(path: str | os.PathLike[str]) -> tuple[list[tuple[Row, EpisodeR
             first = exc.errors(include_url=False)[0]
             where = ".".join(map(str, first["loc"])) or "record"
             raise DamagedRecords(
-                f"{path}: line {number} is not a record ({where}: {first['msg']}); remove or repair it to resume"
+                f"{path}: line {number} is not a record ({where}: {first['msg']}); remove or repair it"
             ) from None
         if not math.isfinite(record.score):  # the rewrite below (strict JSON) could not keep it
             raise DamagedRecords(
-                f"{path}: line {number} has score {json.dumps(record.score)}, not a finite number; "
-                "remove or repair it to resume"
+                f"{path}: line {number} has score {json.dumps(record.score)}, not a finite number; remove or repair it"
             )
-        out.append((row, record))
+        out.append((number, row, record))
     return out, 0
 
 
@@ -90,7 +95,7 @@ def prepare_resume(records_path: str | os.PathLike[str]) -> ResumeState:
     rows, dropped = read_records(path)
     finished: dict[str, tuple[Row, EpisodeRecord]] = {}
     errors: list[Row] = []
-    for row, record in rows:
+    for _, row, record in rows:
         if record.error:
             errors.append(row)
         else:

@@ -15,7 +15,9 @@ import os
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Annotated, Any, Iterable
+
+from pydantic import BaseModel, Field, StrictBool, ValidationError
 
 from agent_envs.core.atomic import atomic_write
 from agent_envs.core.trajectory import segments, sequence
@@ -23,6 +25,47 @@ from agent_envs.core.trajectory import segments, sequence
 from .records import EpisodeRecord, as_row, dumps_line
 
 FORMAT = "agent-envs.tokens/1"
+
+#: a vocabulary index: a JSON integer (not a bool, float or string), within what a tokenizer can have
+TokenId = Annotated[int, Field(strict=True, ge=0, lt=2**31)]
+TokenIds = list[TokenId]
+
+
+class _Turn(BaseModel):
+    completion_ids: TokenIds
+    observation_ids: TokenIds
+    sampled: StrictBool
+    logprobs: list[float | None] | None = None
+    finish_reason: str | None = None
+
+
+class _Trajectory(BaseModel):
+    """The shape of a record's ``token_trajectory`` (written by core.trajectory); checked before
+    a record is exported, so a damaged one is an error naming its field, not a traceback."""
+
+    prompt_ids: TokenIds
+    turns: list[_Turn]
+    exact: StrictBool = False
+    broken: str | None = None
+    drift: dict[str, Any] | None = None
+
+
+class BadTrajectory(ValueError):
+    """A record whose ``token_trajectory`` is damaged; ``index`` is its position in the records given."""
+
+    def __init__(self, index: int, message: str):
+        super().__init__(message)
+        self.index = index
+
+
+def _problem(model: type[BaseModel], data: Any) -> str | None:
+    """The first thing wrong with ``data`` as ``model`` (``field.path: message``), or None."""
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        return f"{'.'.join(map(str, first['loc'])) or 'value'}: {first['msg']}"
+    return None
 
 
 @dataclass
@@ -55,10 +98,14 @@ class EpisodeTokens:
 
 
 def skip_reason(row: dict[str, Any]) -> str | None:
-    """Why a record yields no training sequence, or None when it does."""
+    """Why a record yields no training sequence, or None when it does; ValueError for a damaged
+    ``token_trajectory``."""
     trajectory = row.get("token_trajectory")
     if trajectory is None:
         return "no token trajectory (run with --token-trajectories)"
+    problem = _problem(_Trajectory, trajectory)
+    if problem is not None:
+        raise ValueError(f"record {row.get('key')!r}: token_trajectory.{problem}")
     if row.get("error"):
         return "episode failed"
     if trajectory.get("broken"):
@@ -114,6 +161,10 @@ def episode_tokens(record: EpisodeRecord | dict[str, Any]) -> EpisodeTokens:
     )
 
 
+def _counts(skipped: dict[str, int]) -> str:
+    return ", ".join(f"{n} {why}" for why, n in sorted(skipped.items())) or "none"
+
+
 @dataclass
 class ExportSummary:
     path: Path
@@ -123,7 +174,7 @@ class ExportSummary:
     drifting: int
 
     def line(self) -> str:
-        skipped = ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items())) or "none"
+        skipped = _counts(self.skipped)
         return (
             f"{self.exported} episode(s) -> {self.path}; skipped: {skipped}; "
             f"re-rendered chat differs in {self.drifting} of {self.exported}"
@@ -131,17 +182,23 @@ class ExportSummary:
 
 
 def export_tokens(records: Iterable[EpisodeRecord | dict[str, Any]], path: str | os.PathLike[str]) -> ExportSummary:
-    """Write one JSON line per exportable episode to ``path`` (atomically); the others are counted
-    by reason."""
+    """Write one JSON line per exportable episode to ``path`` (atomically, so a failure leaves no
+    partial file); the others are counted by reason.  :class:`BadTrajectory` for a damaged
+    trajectory, and ValueError when no episode is exportable, both before anything is written."""
     out: list[EpisodeTokens] = []
     skipped: Counter[str] = Counter()
-    for record in records:
+    for index, record in enumerate(records):
         row = as_row(record)
-        reason = skip_reason(row)
+        try:
+            reason = skip_reason(row)
+        except ValueError as exc:
+            raise BadTrajectory(index, str(exc)) from None
         if reason is None:
             out.append(episode_tokens(row))
         else:
             skipped[reason] += 1
+    if not out:
+        raise ValueError(f"no episode has a token trajectory to export (skipped: {_counts(skipped)})")
     atomic_write(path, (dumps_line(asdict(e)) for e in out))
     return ExportSummary(Path(path), len(out), dict(skipped), sum(e.drift is not None for e in out))
 
@@ -155,9 +212,33 @@ def load_token_export(path: str | os.PathLike[str]) -> list[EpisodeTokens]:
                 continue
             try:
                 data = json.loads(line)
-                if data.get("format") != FORMAT:
-                    raise ValueError(f"format {data.get('format')!r}, expected {FORMAT!r}")
-                episodes.append(EpisodeTokens(**data))
+                if not isinstance(data, dict) or data.get("format") != FORMAT:
+                    raise ValueError(
+                        f"format {data.get('format') if isinstance(data, dict) else None!r}, expected {FORMAT!r}"
+                    )
+                episode = EpisodeTokens(**data)
+                _check_aligned(episode)
+                episodes.append(episode)
             except (ValueError, TypeError) as exc:
                 raise ValueError(f"{path}:{number}: not a token-trajectory line ({exc})") from None
     return episodes
+
+
+class _Aligned(BaseModel):
+    tokens: TokenIds
+    loss_mask: list[Annotated[int, Field(strict=True, ge=0, le=1)]]
+    logprobs: list[float | None] | None
+    prompt_length: Annotated[int, Field(strict=True, ge=0)]
+
+
+def _check_aligned(episode: EpisodeTokens) -> None:
+    """What a trainer indexes by position: token ids, a 0/1 mask and log-probabilities of one length
+    each, and a prompt that ends inside the sequence; ValueError naming what is not."""
+    problem = _problem(_Aligned, asdict(episode))
+    if problem is not None:
+        raise ValueError(problem)
+    n = len(episode.tokens)
+    if len(episode.loss_mask) != n or (episode.logprobs is not None and len(episode.logprobs) != n):
+        raise ValueError(f"loss_mask and logprobs must have one entry per token ({n})")
+    if episode.prompt_length > n:
+        raise ValueError(f"prompt_length {episode.prompt_length} is past the end of the {n} tokens")
