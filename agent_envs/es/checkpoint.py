@@ -19,10 +19,13 @@ import importlib
 import json
 import os
 import shutil
+import struct
 import time
 from importlib import metadata
-from pathlib import Path
-from typing import Any, Callable, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..core.atomic import atomic_write
 from .history import history_config, load_history, replay, update_records
@@ -65,16 +68,57 @@ def versions() -> dict[str, str | None]:
     return found
 
 
+class _Entry(BaseModel):
+    """A file the manifest lists: a relative path inside the folder (``..`` or an absolute path
+    would have the hash step read files outside it), its SHA-256 and size."""
+
+    file: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    bytes: int = Field(strict=True, ge=0)
+
+    @field_validator("file")
+    @classmethod
+    def _inside(cls, name: str) -> str:
+        parts = PurePosixPath(name).parts
+        if not parts or name.startswith("/") or ".." in parts or "\0" in name:
+            raise ValueError(f"{name!r} is not a path inside the folder")
+        return name
+
+
+class _Manifest(BaseModel):
+    """What export, verify and ``eval --model FOLDER`` read from a manifest, checked once."""
+
+    model_config = ConfigDict(extra="allow")
+
+    format: str
+    tensor_parallel_size: int = Field(strict=True, ge=1)
+    load_format: Literal["sharded_state", "safetensors"]
+    shards: list[_Entry]
+    files: list[_Entry] = Field(default_factory=list)
+    load_engine_args: dict[str, Any] = Field(default_factory=dict)
+
+
 def read_manifest(folder: Path) -> dict[str, Any]:
+    """The folder's manifest; :class:`CheckpointError` naming the field for one that is not ours
+    or is damaged (a traceback from whichever command read it first, before)."""
     path = Path(folder) / MANIFEST
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CheckpointError(f"{folder} has no {MANIFEST}: not a folder written by export-checkpoint") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: not readable ({exc})") from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from None
-    if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else f"a JSON {type(manifest).__name__}"
+        raise CheckpointError(f"{path}: format {found!r}, expected {FORMAT!r}")
+    try:
+        _Manifest.model_validate(manifest)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(map(str, first["loc"]))
+        raise CheckpointError(f"{path}: {where}: {first['msg']}") from None
     return manifest
 
 
@@ -83,7 +127,7 @@ def check_tp(folder: str | os.PathLike[str], tensor_parallel_size: int | None) -
     without a manifest is not ours to judge)."""
     if not (Path(folder) / MANIFEST).is_file():
         return
-    saved = int(read_manifest(Path(folder))["tensor_parallel_size"])
+    saved = read_manifest(Path(folder))["tensor_parallel_size"]
     wanted = int(tensor_parallel_size or 1)
     if wanted != saved:
         raise CheckpointError(
@@ -95,7 +139,10 @@ def check_tp(folder: str | os.PathLike[str], tensor_parallel_size: int | None) -
 # --------------------------------------------------------------------------- engines
 def build_engine(model: str, tp: int, engine_args: Mapping[str, Any]) -> Any:
     """A fresh ``vllm.LLM`` with the export methods on every worker, eager, seed 0."""
-    from vllm import LLM
+    try:
+        from vllm import LLM
+    except ImportError as exc:
+        raise CheckpointError(f"this installation cannot load a checkpoint: vLLM is not importable ({exc})") from None
 
     from agent_envs.policy.vllm import prepare_engine_env
 
@@ -209,6 +256,9 @@ def export_checkpoint(
         raise CheckpointError(f"load format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}")
     if load_format == "safetensors" and tp != 1:
         raise CheckpointError("a safetensors checkpoint is written with --tp 1; tensor parallelism saves sharded_state")
+    blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise CheckpointError(f"--out {out}: {blocker} is a file; name a new folder")
     if out.exists() and any(out.iterdir()):
         raise CheckpointError(f"--out {out} is not empty; choose a new folder")
     try:
@@ -282,15 +332,50 @@ def export_checkpoint(
     return manifest, verification
 
 
+def safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a safetensors file, from its header alone: an 8-byte little-endian
+    header size, then that much JSON, every tensor's data inside the file.  A loader trusts the
+    size (junk asked it for exabytes: a MemoryError after 39 s)."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            return f"not a safetensors file ({size} bytes, no header)"
+        (length,) = struct.unpack("<Q", head)
+        if length > size - 8:
+            return f"not a safetensors file (a header of {length} bytes in a file of {size})"
+        try:
+            header = json.loads(handle.read(length))
+        except (UnicodeDecodeError, ValueError):
+            return "not a safetensors file (its header is not JSON)"
+    if not isinstance(header, dict):
+        return "not a safetensors file (its header is not a JSON object)"
+    data = size - 8 - length
+    for name, tensor in header.items():
+        offsets = tensor.get("data_offsets") if isinstance(tensor, dict) and name != "__metadata__" else [0, 0]
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+            return f"not a safetensors file (tensor {name!r} has no data_offsets)"
+        if not 0 <= offsets[0] <= offsets[1] <= data:
+            return f"not a safetensors file (tensor {name!r} ends past the end of the file)"
+    return None
+
+
 def check_files(folder: Path, manifest: Mapping[str, Any]) -> list[str]:
-    """Every file the manifest lists, with its SHA-256 and size: the problems found (none: [])."""
+    """Every file the manifest lists, with its SHA-256 and size, and each safetensors file's header:
+    the problems found (none: []).  Paths that leave the folder (``..``, an absolute path, a
+    symbolic link out) are problems, never read."""
     problems = []
+    root = folder.resolve()
     for entry in [*manifest.get("shards", []), *manifest.get("files", [])]:
         path = folder / entry["file"]
-        if not path.is_file():
+        if not path.resolve().is_relative_to(root):
+            problems.append(f"{entry['file']}: outside {folder}")
+        elif not path.is_file():
             problems.append(f"{entry['file']}: missing")
         elif path.stat().st_size != entry["bytes"] or file_sha256(path) != entry["sha256"]:
             problems.append(f"{entry['file']}: SHA-256 differs from {MANIFEST}")
+        elif path.name.endswith(".safetensors") and (problem := safetensors_problem(path)) is not None:
+            problems.append(f"{entry['file']}: {problem}")
     return problems
 
 
@@ -320,12 +405,16 @@ def verify_checkpoint(
     if result["file_problems"]:
         log(f"[verify] {folder}: " + "; ".join(result["file_problems"]))
         return {**result, "loaded": False, "passed": False}
-    args = {**manifest["load_engine_args"], **dict(engine_args or {})}
-    saved_tp = int(args.pop("tensor_parallel_size"))
+    args = {**manifest.get("load_engine_args", {}), **dict(engine_args or {})}
+    saved_tp = manifest["tensor_parallel_size"]
+    args.pop("tensor_parallel_size", None)
     started = time.perf_counter()
     llm = build_engine(str(folder), saved_tp, args)
     try:
-        backend = VLLMPerturbation(llm, scope=str(manifest["source_history"]["parameter_scope"]))
+        source = manifest.get("source_history")
+        backend = VLLMPerturbation(
+            llm, scope=str((source if isinstance(source, dict) else {}).get("parameter_scope", "full"))
+        )
         sums = _checksums(llm, backend, manifest["load_format"])
         tokens = fixed_seed_tokens(llm)
     finally:
