@@ -395,6 +395,18 @@ def _check_request_flags(kind: str, args: argparse.Namespace) -> None:
         raise UsageError(f"--request-retries must be >= 0, got {args.request_retries}")
 
 
+def _check_endpoints(policy: Policy | EnginePool) -> None:
+    """A --base-url with no server behind it is one line before any episode, not every episode's error."""
+    from agent_envs.policy.openai import OpenAIPolicy
+
+    if isinstance(policy, OpenAIPolicy):
+        try:
+            policy.check_endpoints()
+        except ConnectionError as exc:
+            policy.close()
+            raise UsageError(f"{exc}; start the server or fix --base-url") from None
+
+
 def _check_out(out: Path) -> None:
     """Fail before the (possibly slow) policy is built if the run directory cannot be written."""
     blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
@@ -653,6 +665,7 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
     if kind == "vllm" and args.model:
         _check_checkpoint_tp(args.model, dict(args.engine_arg))
     policy: Policy | EnginePool = make_pool(kind, args) if pooled else make_policy(kind, args, args.env)
+    _check_endpoints(policy)
     if args.token_trajectories and isinstance(policy, Policy) and policy.tokenizer is None:
         policy.tokenizer = _trajectory_tokenizer(kind, args)
     concurrency = args.concurrency or (16 if args.mode == "lockstep" else 64)

@@ -106,24 +106,44 @@ def _dead_port() -> int:
         return s.getsockname()[1]  # nothing listens once it is closed
 
 
-def test_every_episode_failing_on_a_dead_server_exits_3_with_a_warning(tmp_path, capsys):
+def _openai_eval(url: str, out: Path) -> list[str]:
+    return ["eval", "--base-url", url, "--model", "m", "--request-retries", "0", "--limit", "2", "--no-progress"] + [
+        "--out",
+        str(out),
+    ]
+
+
+def test_no_server_at_the_base_url_is_one_line_before_any_episode(tmp_path, capsys):
+    """It ran every episode (200 by default, about 52 s) before saying each one failed."""
     url = f"http://127.0.0.1:{_dead_port()}/v1"
-    rc = cli.main(
-        [
-            "eval",
-            "--base-url",
-            url,
-            "--model",
-            "m",
-            "--request-retries",
-            "0",
-            "--limit",
-            "2",
-            "--no-progress",
-            "--out",
-            str(tmp_path / "run"),
-        ]
-    )
+    assert cli.main(_openai_eval(url, tmp_path / "run")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"agent-envs eval: error: no server answers at {url} (ConnectError: ")
+    assert err.endswith("; start the server or fix --base-url\n") and err.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
+def _server_that_dies_after_one_answer() -> tuple[str, threading.Thread]:
+    """A server on 127.0.0.1 that answers the first request (eval's up-front check), then stops
+    listening: every episode's request after it finds nothing there."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def answer_once() -> None:
+        with srv:
+            conn, _ = srv.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+
+    thread = threading.Thread(target=answer_once, daemon=True)
+    thread.start()
+    return f"http://127.0.0.1:{srv.getsockname()[1]}/v1", thread
+
+
+def test_every_episode_failing_on_a_server_that_died_exits_3_with_a_warning(tmp_path, capsys):
+    url, server = _server_that_dies_after_one_answer()
+    rc = cli.main(_openai_eval(url, tmp_path / "run"))
+    server.join(timeout=30)
     out, err = capsys.readouterr()
     assert rc == cli.EXIT_ALL_ERRORED == 3
     assert "2 of 2 episode(s) ended in an error (request_error: 2; first: ConnectError" in err
@@ -172,8 +192,8 @@ def test_request_timeout_and_retries_reach_the_openai_policy(tmp_path, capsys):
     assert rc == 3
     rows, _ = read_jsonl(tmp_path / "run" / "records.jsonl")
     assert (
-        rows[0]["react_error"].startswith("AttemptDeadline: no complete answer") and len(accepted) == 2
-    )  # 1 attempt + 1 retry
+        rows[0]["react_error"].startswith("AttemptDeadline: no complete answer") and len(accepted) == 3
+    )  # eval's up-front check that a server is there, then 1 attempt + 1 retry
 
 
 @pytest.mark.parametrize(

@@ -265,6 +265,21 @@ class OpenAIPolicy(Policy):
             self._windows[endpoint] = found[0] if found and isinstance(found[0], int) else None
         return self._windows[endpoint]
 
+    def check_endpoints(self) -> None:
+        """Ask each endpoint once, before a run, whether a server is there at all: ConnectionError
+        naming the first one nothing listens at (else every episode of the run failed on it, one
+        by one).  Any answer will do, even an error status or none within a second: a server
+        that is there but slow or failing is each request's error, as one that dies mid-run is."""
+        timeout = httpx.Timeout(min(self.timeout_s, 10.0), read=min(self.timeout_s, 1.0))
+        for endpoint in self.endpoints:
+            try:
+                with httpx.Client(headers=self._headers, timeout=timeout) as client:
+                    client.get(f"{endpoint}/models")
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol) as exc:
+                raise ConnectionError(f"no server answers at {endpoint} ({type(exc).__name__}: {exc})") from None
+            except httpx.TransportError:
+                continue
+
     # ------------------------------------------------------------------ responses
     def _fit(self, completion: Completion, request: GenerationRequest, window: int | None) -> Completion:
         """A reply whose prompt leaves less than ``max_tokens`` free becomes ``context_length_exceeded``."""
