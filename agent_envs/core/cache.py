@@ -40,6 +40,12 @@ MARKER = ".agent-envs-complete"
 WAIT_S = 1800.0
 
 
+def cache_root() -> Path:
+    """Where every cached folder lives: ``$AGENT_ENVS_CACHE``, else ``~/.cache/agent-envs`` (docs/install.md#caches).
+    Read at each call, so a process that sets the variable before building anything moves it all."""
+    return Path(os.environ.get("AGENT_ENVS_CACHE") or Path.home() / ".cache" / "agent-envs").expanduser()
+
+
 class BuildWaitTimeout(TimeoutError):
     """Another process held a cache folder's build lock for longer than the caller would wait."""
 

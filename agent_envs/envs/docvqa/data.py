@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import io
 import json
-import os
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
@@ -21,6 +20,7 @@ from PIL import Image, UnidentifiedImageError
 from pydantic import ValidationError
 
 from agent_envs.core.atomic import atomic_write
+from agent_envs.core.cache import cache_root
 from agent_envs.core.content import ImageTooLarge, open_image
 from agent_envs.core.jsonl import jsonl_rows
 from agent_envs.envs.docvqa.task import DocTask
@@ -46,7 +46,7 @@ DocSpec = str | Path | Iterable[Mapping[str, Any] | DocTask]
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("AGENT_ENVS_CACHE", Path.home() / ".cache" / "agent-envs"))
+    return cache_root()
 
 
 def load_docvqa_tasks(spec: DocSpec, *, limit: int | None = None, cache_dir: str | Path | None = None) -> list[DocTask]:
