@@ -389,10 +389,12 @@ def _check_request_flags(kind: str, args: argparse.Namespace) -> None:
             "--request-timeout and --request-retries apply to --policy openai only "
             "(the judge's are --judge-timeout and --judge-retries)"
         )
-    if args.request_timeout is not None and not args.request_timeout > 0:
-        raise UsageError(f"--request-timeout must be > 0, got {args.request_timeout}")
-    if args.request_retries is not None and args.request_retries < 0:
-        raise UsageError(f"--request-retries must be >= 0, got {args.request_retries}")
+    from agent_envs.policy.openai import check_request_limits
+
+    try:
+        check_request_limits(args.request_timeout, args.request_retries, ("--request-timeout", "--request-retries"))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _check_endpoints(policy: Policy | EnginePool) -> None:
@@ -750,6 +752,9 @@ def data_sets(specs: Sequence[str]) -> list[tuple[str, str]]:
     names = [n for n, _ in sets]
     if len(set(names)) < len(names):
         raise UsageError(f"--data names must differ (got {', '.join(names)}); name them NAME=SPEC")
+    if len(sets) > 1 and (dots := next((n for n in names if n in (".", "..")), None)) is not None:
+        # each set's run folder is OUT/NAME: '..' would be outside OUT, '.' OUT itself
+        raise UsageError(f"--data name {dots!r} is not a folder under --out; name the set NAME=SPEC")
     return sets
 
 

@@ -177,3 +177,15 @@ def test_eval_skill_file_reaches_the_prompt_and_pins_resume(tmp_path, capsys):
     assert "skill_sha256" in capsys.readouterr().err
     assert main([*common, "--out", str(tmp_path / "x"), "--skill-file", str(tmp_path / "missing.md")]) == 2
     assert "skill file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["..", "."])
+def test_a_data_set_name_that_is_not_a_folder_under_out_is_refused(tmp_path, capsys, name):
+    """``..=builtin`` wrote its run folder beside --out, ``.`` into --out itself."""
+    out = tmp_path / "out"
+    argv = ["eval", "--policy", "scripted", "--sandbox", "none", "--limit", "1", "--no-progress", "--out", str(out)]
+    assert main([*argv, "--data", f"{name}=builtin", "--data", "b=builtin"]) == 2
+    assert capsys.readouterr().err == (
+        f"agent-envs eval: error: --data name {name!r} is not a folder under --out; name the set NAME=SPEC\n"
+    )
+    assert list(tmp_path.iterdir()) == []

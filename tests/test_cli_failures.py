@@ -196,11 +196,20 @@ def test_request_timeout_and_retries_reach_the_openai_policy(tmp_path, capsys):
     )  # eval's up-front check that a server is there, then 1 attempt + 1 retry
 
 
+JUDGE = ["--step-scorer", "judge", "--judge-url", "http://127.0.0.1:9/v1", "--judge-model", "j"]
+
+
 @pytest.mark.parametrize(
     "flags,message",
     [
         (["--request-timeout", "0"], "--request-timeout must be > 0"),
         (["--request-retries", "-1"], "--request-retries must be >= 0"),
+        # unbounded before: inf waits forever, 10**9 retries kept an eval on a closed port for 11 minutes
+        (["--request-timeout", "inf"], "--request-timeout must be > 0 and at most 86400 seconds, got inf"),
+        (["--request-timeout", "nan"], "--request-timeout must be > 0 and at most 86400 seconds, got nan"),
+        (["--request-retries", "1000000000"], "--request-retries must be >= 0 and at most 100, got 1000000000"),
+        ([*JUDGE, "--judge-timeout", "inf"], "--judge-timeout must be > 0 and at most 86400 seconds, got inf"),
+        ([*JUDGE, "--judge-retries", "1000000000"], "--judge-retries must be >= 0 and at most 100, got 1000000000"),
         (["--policy", "scripted", "--request-timeout", "5"], "apply to --policy openai only"),
     ],
 )

@@ -109,6 +109,23 @@ def response_logprobs(choice: dict[str, Any]) -> list[float] | None:
     return None if values is None else [float("nan") if v is None else float(v) for v in values]
 
 
+#: bounds on one attempt's deadline and on the extra attempts: ``inf`` waits forever, and 10**9
+#: retries kept an eval retrying a closed port for 11 minutes and more
+MAX_TIMEOUT_S = 24 * 3600.0
+MAX_RETRIES = 100
+
+
+def check_request_limits(
+    timeout_s: float | None, max_retries: int | None, names: tuple[str, str] = ("timeout_s", "max_retries")
+) -> None:
+    """ValueError naming the setting (``names``: how the caller spells them, e.g. its flags) when
+    the deadline is not in ``(0, MAX_TIMEOUT_S]`` (NaN is not) or the retries not in ``[0, MAX_RETRIES]``."""
+    if timeout_s is not None and not 0 < timeout_s <= MAX_TIMEOUT_S:
+        raise ValueError(f"{names[0]} must be > 0 and at most {MAX_TIMEOUT_S:g} seconds, got {timeout_s:g}")
+    if max_retries is not None and not 0 <= max_retries <= MAX_RETRIES:
+        raise ValueError(f"{names[1]} must be >= 0 and at most {MAX_RETRIES}, got {max_retries}")
+
+
 class OpenAIPolicy(Policy):
     """``base_urls`` are API roots such as ``http://127.0.0.1:8000/v1``."""
 
@@ -146,8 +163,7 @@ class OpenAIPolicy(Policy):
         self.max_retries, self.backoff_base_s, self.backoff_cap_s = max_retries, backoff_base_s, backoff_cap_s
         self.samples_per_row = samples_per_row
         self.request_token_ids = request_token_ids
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        check_request_limits(timeout_s, max_retries)
         self.timeout_s = timeout_s
         self.tool_choice = tool_choice
         api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")  # as the SDK does

@@ -60,12 +60,9 @@ def scorer_from_args(args: argparse.Namespace) -> StepScorer | None:
     if args.step_scorer == "judge":
         if not (args.judge_url and args.judge_model):
             raise ValueError("--step-scorer judge needs --judge-url and --judge-model")
-        if not args.judge_timeout > 0 or args.judge_retries < 0:
-            raise ValueError(
-                f"--judge-timeout must be > 0 and --judge-retries >= 0, got {args.judge_timeout:g} "
-                f"and {args.judge_retries}"
-            )
-        from agent_envs.policy.openai import OpenAIPolicy
+        from agent_envs.policy.openai import OpenAIPolicy, check_request_limits
+
+        check_request_limits(args.judge_timeout, args.judge_retries, ("--judge-timeout", "--judge-retries"))
 
         from .judge import LLMJudgeScorer
 
