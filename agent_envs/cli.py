@@ -1002,9 +1002,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
-        summary = export_tokens([row for _, row, _ in rows], out)
+        summary = export_tokens([line.row for line in rows], out)
     except BadTrajectory as exc:
-        raise UsageError(f"{path}: line {rows[exc.index][0]}: {exc}") from None
+        raise UsageError(f"{path}: line {rows[exc.index].number}: {exc}") from None
     except ValueError as exc:
         raise UsageError(f"{path}: {exc}") from None
     except OSError as exc:

@@ -383,3 +383,15 @@ def test_summarize_says_when_a_score_is_not_a_finite_number(finished_run, tmp_pa
         f"[agent-envs] warning: {run}: 1 record(s) have a score that is not a finite number (NaN or Infinity), "
         f"counted as 0 in the means: {key}\n"
     )
+
+
+def test_resume_keeps_the_bytes_of_a_finished_row_with_invalid_utf8(finished_run, tmp_path):
+    """The rewrite re-encoded rows, turning invalid UTF-8 into U+FFFD without a word."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    first, second = (run / "records.jsonl").read_bytes().splitlines()
+    kept = first.replace(b'"prediction": "', b'"prediction": "\xff\xfe', 1)
+    assert kept != first
+    (run / "records.jsonl").write_bytes(kept + b"\n" + second + b"\n")
+    assert cli.main([*EVAL, "--out", str(run), "--resume"]) == 0
+    assert (run / "records.jsonl").read_bytes().splitlines() == [kept, second]

@@ -8,8 +8,9 @@
   that is not a string) is a :class:`DamagedRecords` error naming the file and line, raised before
   the file is touched: resuming would silently run those episodes again, or lose them.
 
-The records file is then rewritten atomically with exactly one row per finished key, so the
-run that follows can append to a clean file.
+The records file is then rewritten atomically with exactly one line per finished key, each
+byte for byte as it was (invalid UTF-8 included), so the run that follows can append to a
+clean file.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
-from .records import EpisodeRecord, JsonlWriter, NotARecordsFile, open_records, write_jsonl
+from ..core.atomic import atomic_write
+from .records import EpisodeRecord, JsonlWriter, NotARecordsFile, open_records
 
 Row = dict[str, Any]
 
@@ -31,9 +33,18 @@ class DamagedRecords(ValueError):
     """A records file that cannot be resumed; the message names the file and line."""
 
 
-def read_records(path: str | os.PathLike[str]) -> tuple[list[tuple[int, Row, EpisodeRecord]], int]:
-    """Every row of a records file with its line number and validated record, and 1 if a torn last
-    line was dropped (else 0); :class:`DamagedRecords` for any other line that is not a record, and
+class RecordLine(NamedTuple):
+    """One line of a records file: its number, its bytes as written, its row and its record."""
+
+    number: int
+    raw: bytes
+    row: Row
+    record: EpisodeRecord
+
+
+def read_records(path: str | os.PathLike[str]) -> tuple[list[RecordLine], int]:
+    """Every line of a records file with its row and validated record, and 1 if a torn last line
+    was dropped (else 0); :class:`DamagedRecords` for any other line that is not a record, and
     for a path that is not a regular file (a directory; a FIFO, which would block forever)."""
     try:
         with open_records(path) as fh:
@@ -41,7 +52,7 @@ def read_records(path: str | os.PathLike[str]) -> tuple[list[tuple[int, Row, Epi
     except NotARecordsFile as exc:
         raise DamagedRecords(str(exc)) from None
     lines = [(n, raw) for n, raw in enumerate(data.splitlines(), 1) if raw.strip()]
-    out: list[tuple[int, Row, EpisodeRecord]] = []
+    out: list[RecordLine] = []
     for i, (number, raw) in enumerate(lines):
         try:
             row = json.loads(raw.decode("utf-8", "replace"))
@@ -59,11 +70,11 @@ def read_records(path: str | os.PathLike[str]) -> tuple[list[tuple[int, Row, Epi
             raise DamagedRecords(
                 f"{path}: line {number} is not a record ({where}: {first['msg']}); remove or repair it"
             ) from None
-        if not math.isfinite(record.score):  # the rewrite below (strict JSON) could not keep it
+        if not math.isfinite(record.score):  # the run's summary (strict JSON) could not be written
             raise DamagedRecords(
                 f"{path}: line {number} has score {json.dumps(record.score)}, not a finite number; remove or repair it"
             )
-        out.append((number, row, record))
+        out.append(RecordLine(number, raw, row, record))
     return out, 0
 
 
@@ -92,18 +103,19 @@ def prepare_resume(records_path: str | os.PathLike[str]) -> ResumeState:
     path = Path(records_path)
     if not path.exists():
         return ResumeState({}, 0, 0)
-    rows, dropped = read_records(path)
-    finished: dict[str, tuple[Row, EpisodeRecord]] = {}
+    lines, dropped = read_records(path)
+    finished: dict[str, RecordLine] = {}
     errors: list[Row] = []
-    for _, row, record in rows:
-        if record.error:
-            errors.append(row)
+    for line in lines:
+        if line.record.error:
+            errors.append(line.row)
         else:
-            finished.pop(record.key, None)  # re-insert so file order follows the winning row
-            finished[record.key] = (row, record)
+            finished.pop(line.record.key, None)  # re-insert so file order follows the winning row
+            finished[line.record.key] = line
     if errors:
         with JsonlWriter(archive_path(path)) as archive:
             for row in errors:
                 archive.write(row)
-    write_jsonl(path, (row for row, _ in finished.values()))
-    return ResumeState({k: record for k, (_, record) in finished.items()}, len(errors), dropped)
+    # the kept lines' bytes as they were: a row re-encoded would turn invalid UTF-8 into U+FFFD
+    atomic_write(path, (line.raw + b"\n" for line in finished.values()))
+    return ResumeState({k: line.record for k, line in finished.items()}, len(errors), dropped)
