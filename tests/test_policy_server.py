@@ -80,6 +80,23 @@ def test_a_bad_content_length_is_a_400_not_a_hang(declared):
         server.close()
 
 
+def test_a_body_shorter_than_its_content_length_then_half_closed_is_a_400():
+    """The client sends 2 of 1000 declared bytes and shuts its side: it got no answer at all."""
+    server = _server()
+    try:
+        host, port = server.server_address[:2]
+        with socket.create_connection((host, port)) as conn:
+            conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{}")
+            conn.shutdown(socket.SHUT_WR)
+            conn.settimeout(10)
+            response = b"".join(iter(lambda: conn.recv(65536), b""))
+        assert (
+            _status(response) == 400 and b"the body ended after 2 of the 1000 bytes of its Content-Length" in response
+        )
+    finally:
+        server.close()
+
+
 @pytest.mark.parametrize(
     "body, problem",
     [

@@ -216,6 +216,7 @@ class _Handler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         """One request, cut off if its head and body are not in within ``read_timeout_s`` (a client
         trickling bytes passes every per-read timeout); generating the answer is not limited."""
+        self._cut_off = False
         self._watchdog = threading.Timer(self.server.read_timeout_s, self._hang_up)
         self._watchdog.daemon = True
         self._watchdog.start()
@@ -225,6 +226,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._watchdog.cancel()
 
     def _hang_up(self) -> None:
+        self._cut_off = True
         try:
             self.connection.shutdown(socket.SHUT_RDWR)  # wakes the blocked read with end-of-file
         except OSError:
@@ -267,8 +269,13 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         raw = self.rfile.read(length)
         self._watchdog.cancel()
-        if len(raw) < length:  # cut off at the read deadline, or the client hung up
+        if len(raw) < length:
             self.close_connection = True
+            if not self._cut_off:  # the client ended its side early: it can still read why
+                try:
+                    self._refuse(400, f"the body ended after {len(raw)} of the {length} bytes of its Content-Length")
+                except OSError:
+                    pass  # it hung up altogether
             return None
         return raw
 
