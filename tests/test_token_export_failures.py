@@ -1,4 +1,4 @@
-"""``agent-envs export`` and the token export on damaged input (docs/reliability.md#token-export):
+"""``agent-envs export`` and the token export on damaged input (docs/reliability.md#run-folders):
 a damaged ``token_trajectory``, a corrupt line or an unusable ``--out`` is one line naming file
 and line, exit 2, and no output file (the export is written atomically or not at all); the export's
 reader refuses lines a trainer would mis-index.  Hand-written records, real files, no model."""
