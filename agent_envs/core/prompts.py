@@ -13,6 +13,7 @@ original texts runs with them exactly (docs/protocol.md#prompt-profiles).
 from __future__ import annotations
 
 import hashlib
+import json
 from importlib import resources
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,34 +64,21 @@ class PublishedText:
     prompt: str | None = None
 
 
-#: docs/protocol.md#prompt-hashes, row by row (tests check the page against this table)
-PUBLISHED_TEXTS: tuple[PublishedText, ...] = (
-    PublishedText(
-        "DocVQA system prompt", 845, "617703849766c9b52c752bc792e7d279fcdc75fcbac86c2598a0d4a2291dd711", "docvqa/system"
-    ),
-    PublishedText(
-        'Math system prompt (profile "repo-react-v1", the ES runner\'s)',
-        658,
-        "aed339572cb4696b1061c4816670b7c480b34ca37c3880c5c1dd7b8c14d9da44",
-        "math_react/system",
-    ),
-    PublishedText(
-        'Math system prompt, profile "matched-agentic" (HTTP default, GRPO training; no counterpart here)',
-        718,
-        "eb7aa0ae27710b21b81aa3ba7908c6fe2c3108c29d7360726f33c875fc0209ea",
-    ),
-    PublishedText(
-        "DocVQA user message for the question `What is the invoice number?`",
-        187,
-        "d4abe0328a55adb9360bc675a9b816aee56095536c5c7152da38393e74a4987d",
-    ),
-    PublishedText(
-        "DocVQA format warning, HTTP wording", 170, "ac4f675528c9a7cb4ecb5bfc9d89ea3d0b194303c4a7450945c53d51d7046c4c"
-    ),
-    PublishedText(
-        "DocVQA tool-required warning", 138, "098885d4186e06107118d25a800a7e895401bef9a631bf65a5699f86a76c7345"
-    ),
-)
+#: the file of docs/protocol.md#prompt-hashes' rows (data beside the prompts, so this shared module names
+#: no environment); tests check the page against it
+PUBLISHED_FILE = "published_sha256.json"
+
+
+def _published_texts() -> tuple[PublishedText, ...]:
+    try:
+        raw = resources.files("agent_envs._prompts").joinpath(PUBLISHED_FILE).read_text(encoding="utf-8")
+    except (ModuleNotFoundError, FileNotFoundError):
+        raw = (Path(__file__).resolve().parents[2] / "prompts" / PUBLISHED_FILE).read_text(encoding="utf-8")
+    return tuple(PublishedText(**row) for row in json.loads(raw))
+
+
+#: docs/protocol.md#prompt-hashes, row by row
+PUBLISHED_TEXTS: tuple[PublishedText, ...] = _published_texts()
 #: the texts a prompt profile holds, by shipped prompt name
 PUBLISHED_PROMPTS: dict[str, PublishedText] = {t.prompt: t for t in PUBLISHED_TEXTS if t.prompt is not None}
 #: what a run records of a prompt profile (the environment's config hash and settings)

@@ -1,7 +1,7 @@
 """The ES-trained SmolLM2-135M-Instruct that ships with the package, as a history, not as weights.
 
-``trained/smollm2_countdown.history.json.gz`` is the winning low-rank run of 2026-12-02 (300
-generations on one H200; ``trained/smollm2_countdown.json`` holds its command, task and held-out
+``trained/smollm2_es.history.json.gz`` is the winning low-rank run of 2026-12-02 (300
+generations on one H200; ``trained/smollm2_es.json`` holds its command, task and held-out
 result, docs/benchmarks.md#es-with-real-weights), kept to what a replay needs: the config, and per
 generation the member seeds, rewards, weights and the weights' fingerprint.  :func:`es_smollm2_dirs`
 replays it onto the embedded model's converted folder on the CPU (:func:`replay_onto`), once, into
@@ -31,8 +31,8 @@ from ..policy.hf import SMOLLM2_HF_DIR, smollm2_hf_dir
 from .lowrank import replay_onto
 
 TRAINED = Path(__file__).resolve().parent / "trained"
-HISTORY = TRAINED / "smollm2_countdown.history.json.gz"
-PROVENANCE = TRAINED / "smollm2_countdown.json"
+HISTORY = TRAINED / "smollm2_es.history.json.gz"
+PROVENANCE = TRAINED / "smollm2_es.json"
 #: what the build writes beside the two model folders: the replay's check against the GPU's run
 REPLAY_REPORT = "replay.json"
 #: a progress line on stderr every this many replayed generations (a full replay takes minutes)
