@@ -273,7 +273,8 @@ def test_resume_last_successful_duplicate_wins(tmp_path):
 
 
 SLOW_SCRIPT = """
-import sys, json
+import signal, sys, json
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if our runner inherited SIGINT ignored
 sys.path.insert(0, {repo!r})
 from agent_envs.policy.base import Completion, Policy
 from agent_envs.rollout.runner import run_episodes
@@ -330,7 +331,8 @@ def test_ctrl_c_closes_every_sandbox(tmp_path, mode):
 
 
 INTERRUPT_SCRIPT = """
-import json, os, sys, threading, time
+import json, os, signal, sys, threading, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if our runner inherited SIGINT ignored
 sys.path.insert(0, {repo!r})
 import gymnasium as gym
 from agent_envs.policy.base import Completion, Policy
