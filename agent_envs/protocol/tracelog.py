@@ -70,19 +70,16 @@ def answer_log(row: Row, result: str, setting: str, problem: Sequence[str], fail
         "",
         *problem,
         "",
-        "## Trace",
-        "",
-        *rounds(row.get("react_steps") or []),
-        "## Prediction",
-        "",
-        str(row.get("prediction", "")),
-        "",
-        "---",
-        "",
-        "## RESULT",
-        result,
+        *trace_to_result(row, result),
     ]
     return "\n".join(lines) + "\n"
+
+
+def trace_to_result(row: Row, result: str, prediction: str = "## Prediction") -> list[str]:
+    """Every layout's end: ``## Trace`` with the rounds, the prediction under its heading, ``---`` and
+    ``## RESULT`` directly followed by the outcome."""
+    tail = ["## Trace", "", *rounds(row.get("react_steps") or []), prediction, "", str(row.get("prediction", ""))]
+    return [*tail, "", "---", "", "## RESULT", result]
 
 
 def generic_trace(row: Row, result: str) -> str:

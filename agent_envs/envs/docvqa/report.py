@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from agent_envs.core.spec import ReportFields, Row
-from agent_envs.protocol.tracelog import rounds, task_of
+from agent_envs.protocol.tracelog import task_of, trace_to_result
 
 
 def render_docvqa(row: Row, result: str) -> str:
@@ -35,17 +35,7 @@ def render_docvqa(row: Row, result: str) -> str:
         "",
         question,
         "",
-        "## Trace",
-        "",
-        *rounds(row.get("react_steps") or []),
-        "## Final prediction",
-        "",
-        str(row.get("prediction", "")),
-        "",
-        "---",
-        "",
-        "## RESULT",
-        result,
+        *trace_to_result(row, result, "## Final prediction"),
     ]
     return "\n".join(lines) + "\n"
 
