@@ -66,7 +66,9 @@ class EnginePolicy(Policy):
     With a ``processor`` (a vision-language model's), chats with image parts are rendered through
     it; without one they fail as a ``request_error`` that says so.  Text chats are unaffected."""
 
-    def __init__(self, tokenizer, sampling: SamplingConfig | None, max_model_len: int | None, processor: Any = None):
+    def __init__(
+        self, tokenizer: Any, sampling: SamplingConfig | None, max_model_len: int | None, processor: Any = None
+    ) -> None:
         self.tokenizer = tokenizer
         self.sampling = sampling or SamplingConfig()
         self.counter = TokenCounter(tokenizer, enable_thinking=self.sampling.enable_thinking)
@@ -159,7 +161,7 @@ class BatchedEnginePolicy(EnginePolicy):
 
     def __init__(
         self,
-        tokenizer,
+        tokenizer: Any,
         sampling: SamplingConfig | None,
         max_model_len: int | None,
         rollout_token_budget: int,

@@ -67,7 +67,7 @@ class TransformersPolicy(BatchedEnginePolicy):
 
     def __init__(
         self,
-        model_path_or_id: str | os.PathLike,
+        model_path_or_id: str | os.PathLike[str],
         *,
         gguf_file: str | None = None,
         device: str = "cpu",
@@ -224,7 +224,8 @@ class _Row:
         return token
 
     def _decode(self, ids: list[int]) -> str:
-        return self.policy.tokenizer.decode(ids, skip_special_tokens=True)
+        text: str = self.policy.tokenizer.decode(ids, skip_special_tokens=True)
+        return text
 
     def _stop_in(self, text: str) -> bool:
         return any(s and s in text for s in self.prepared.stop)

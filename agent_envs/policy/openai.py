@@ -34,7 +34,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any, Coroutine, Sequence, TypeVar
 
 import httpx
 
@@ -44,6 +44,7 @@ from .base import CONTEXT_LENGTH_EXCEEDED, Completion, GenerationRequest, Policy
 from ..protocol.budget import token_cap
 from .sampling import SamplingConfig, context_overflow
 
+T = TypeVar("T")
 
 #: retried besides every 5xx: 429 Too Many Requests (a hosted endpoint's rate limit)
 RETRIED_STATUSES = frozenset({429})
@@ -349,7 +350,7 @@ class OpenAIPolicy(Policy):
         if not retryable or attempt >= self.max_retries:
             return Completion.failed(exc, engine=endpoint)
         if wait is None:
-            return min(self.backoff_base_s * 2**attempt, self.backoff_cap_s)
+            return min(self.backoff_base_s * float(2**attempt), self.backoff_cap_s)
         if wait > self.timeout_s:
             detail = f"the server asks to retry after {wait:g}s, past the {self.timeout_s:g}s deadline"
             return Completion.failed(exc, engine=endpoint).model_copy(
@@ -362,7 +363,7 @@ class OpenAIPolicy(Policy):
         """:meth:`agenerate` on this thread's own event loop (call it from a thread running none)."""
         return self._on_thread_loop(self.agenerate(request))
 
-    def _on_thread_loop(self, coroutine: Any) -> Any:
+    def _on_thread_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
         loop = getattr(self._thread_loops, "loop", None)
         if loop is None:
             loop = self._thread_loops.loop = asyncio.new_event_loop()

@@ -9,7 +9,7 @@ import random
 import threading
 import time
 from collections import defaultdict
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .base import Completion, GenerationRequest, Policy
 from ..protocol.budget import token_cap
@@ -33,7 +33,7 @@ class ScriptedPolicy(Policy):
 
     name = "scripted"
 
-    def __init__(self, script: Script, *, tokenizer=None, sampled: bool = True):
+    def __init__(self, script: Script, *, tokenizer: Any = None, sampled: bool = True) -> None:
         self.script = script
         self.tokenizer = tokenizer
         #: whether a text reply stands for an engine's sample (its ids, as one); an environment's
@@ -91,7 +91,7 @@ class WrappedPolicy(Policy):
     def warm(self, request: GenerationRequest) -> None:
         self.policy.warm(request)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return self.policy.describe()
 
 
@@ -151,7 +151,7 @@ class ScriptedOpening(WrappedPolicy):
         if self._scripted(request) is None:
             self.policy.warm(request)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {**self.policy.describe(), "scripted_opening": len(self.opening)}
 
 

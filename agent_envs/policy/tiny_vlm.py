@@ -50,7 +50,7 @@ def tokens_per_tile() -> int:
 
 
 def build_tiny_vlm(
-    out_dir: str | os.PathLike,
+    out_dir: str | os.PathLike[str],
     *,
     seed: int = 0,
     tokenizer: Any = None,

@@ -363,7 +363,7 @@ class _EngineThread:
         finally:
             self.loop.close()
 
-    def submit(self, coro: Awaitable[Any]) -> Future:
+    def submit(self, coro: Awaitable[Any]) -> Future[Any]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -496,7 +496,8 @@ class AsyncVLLMPolicy(_LoRAAdapters, EnginePolicy):
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         """All requests at once on the engine (continuous batching), from synchronous code."""
-        return self.call(self._gather, list(requests))
+        completions: list[Completion] = self.call(self._gather, list(requests))
+        return completions
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn`` (e.g. an ``AsyncLLM`` method such as ``policy.engine.sleep``) on the engine's
@@ -504,7 +505,11 @@ class AsyncVLLMPolicy(_LoRAAdapters, EnginePolicy):
         return self._live_thread().call(fn, *args, **kwargs)
 
     def collective_rpc(
-        self, method: str, timeout: float | None = None, args: tuple = (), kwargs: dict[str, Any] | None = None
+        self,
+        method: str,
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
     ) -> list[Any]:
         """Call a ``worker_extension_cls`` method (by name) on every worker and wait for the results."""
         return list(self.call(self.engine.collective_rpc, method, timeout=timeout, args=tuple(args), kwargs=kwargs))

@@ -12,12 +12,16 @@ is blocked reading its commands with nothing else left running (tools/python.py)
 """
 
 import _ast  # the builtin node classes: importing ``ast`` would double the start-up time
+import io  # loaded at start-up already (sys.stdout is one): naming its types costs nothing
 import os
 import sys
 
+#: the interpreter's globals, kept from block to block
+Scope = dict[str, object]
 
-def _read_exactly(stream, size):
-    chunks = []
+
+def _read_exactly(stream: io.FileIO, size: int) -> bytes | None:
+    chunks: list[bytes] = []
     while size > 0:
         chunk = stream.read(size)
         if not chunk:
@@ -27,7 +31,7 @@ def _read_exactly(stream, size):
     return b"".join(chunks)
 
 
-def _sweep():
+def _sweep() -> None:
     """Kill every process of the sandbox but this one and init; reap our own children."""
     for _ in range(100000):
         try:
@@ -38,7 +42,7 @@ def _sweep():
     _reap()
 
 
-def _reap():
+def _reap() -> None:
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -48,7 +52,7 @@ def _reap():
             return
 
 
-def _threads():
+def _threads() -> int:
     try:
         return len(os.listdir("/proc/self/task"))
     except OSError:
@@ -57,7 +61,7 @@ def _threads():
         return threading.active_count()
 
 
-def _execute(code, scope):
+def _execute(code: str, scope: Scope) -> None:
     """Run one block like a notebook cell: the value of a final bare expression is printed."""
     tree = compile(code, "<python>", "exec", _ast.PyCF_ONLY_AST)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], _ast.Expr) else None  # type: ignore[attr-defined]
@@ -66,7 +70,7 @@ def _execute(code, scope):
         exec(compile(_ast.Interactive([last]), "<python>", "single"), scope)
 
 
-def _block(code, scope):
+def _block(code: bytes, scope: Scope) -> tuple[str, int]:
     """Returns (kind, rc)."""
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     try:
@@ -84,7 +88,7 @@ def _block(code, scope):
         return ("X", 1) if isinstance(exc, MemoryError) else ("R", 1)
 
 
-def main():
+def main() -> None:
     status_fd, sweep = int(sys.argv[1]), sys.argv[2] == "1"
     commands = os.fdopen(os.dup(0), "rb", buffering=0)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -94,7 +98,7 @@ def main():
         import ctypes
 
         ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
-    scope = {"__name__": "__main__", "__builtins__": __builtins__}
+    scope: Scope = {"__name__": "__main__", "__builtins__": __builtins__}
     me = os.getpid()
     os.write(status_fd, b"boot B 0\n")
     while True:

@@ -24,6 +24,7 @@ import subprocess
 import time
 import weakref
 from pathlib import Path
+from typing import Any
 
 from agent_envs.core.spec import Framing, ToolSpec
 from agent_envs.sandbox import _procs
@@ -227,7 +228,7 @@ class PythonTool:
 
     name = "python"
 
-    def __init__(self, sandbox: SandboxConfig | str | dict | None = None) -> None:
+    def __init__(self, sandbox: SandboxConfig | str | dict[str, Any] | None = None) -> None:
         self._sandbox = make_sandbox(sandbox)
         self.config = self._sandbox.config
         if PROCESSES not in self._sandbox.capabilities:
@@ -281,7 +282,7 @@ class PythonTool:
     def __enter__(self) -> "PythonTool":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
