@@ -78,6 +78,15 @@ def test_the_contracts_hold():
             "from agent_envs.envs.math_react.scoring import math_score",
             "an environment's folder imports no other environment",
         ),
+        # the model libraries, each only where its layer owns it
+        ("tools/bash.py", "import torch", "the layers below policy import no model library"),
+        ("rollout/metrics.py", "import torch", "torch only in es/"),
+        ("policy/openai.py", "def _hidden():\n    import vllm\n    return vllm", "vLLM only in policy.vllm and es/"),
+        ("es/worker.py", "import ray.util", "Ray only in scale.pool"),
+        ("envs/react.py", "from transformers import AutoTokenizer", "the layers below policy import no model library"),
+        # es/: upward, and between two modules of one layer
+        ("es/history.py", "import agent_envs.es.worker", "es/ modules point one way"),
+        ("es/seeds.py", "from agent_envs.es import schedule", "es/ modules point one way"),
     ],
 )
 def test_a_planted_violation_breaks_its_contract(tmp_path, module, line, broken):
@@ -142,3 +151,12 @@ def test_the_contracts_cover_every_layer():
         if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.stem != "__init__")
     }
     assert present == listed, f"not in a layer: {sorted(present - listed)}"
+
+
+def test_the_es_order_covers_every_es_module():
+    """Each module of agent_envs/es sits in the es-order contract (one left out would be unchecked)."""
+    contract = re.search(r'id = "es-order".*?layers = \[(.*?)\]', (REPO / "pyproject.toml").read_text(), re.S)
+    assert contract is not None
+    listed = set(re.findall(r"\w+", " ".join(re.findall(r'"([^"]*)"', contract.group(1)))))
+    present = {p.stem for p in (PACKAGE / "es").glob("*.py") if p.stem != "__init__"}
+    assert present == listed, f"not in the es order: {sorted(present - listed)}; unknown: {sorted(listed - present)}"
