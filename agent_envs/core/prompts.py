@@ -27,9 +27,12 @@ def _read(path: Path) -> str:
     return text[:-1] if text.endswith("\n") else text
 
 
-def load_prompt(name_or_path: str | Path) -> str:
-    """A shipped prompt by name (``"<env folder>/system"``) or any text file by path."""
+def load_prompt(name_or_path: str | Path, directory: str | Path | None = None) -> str:
+    """A shipped prompt by name (``"<env folder>/system"``) or any text file by path.  With
+    ``directory`` (an environment's own prompt folder) a name is the file ``<its last part>.txt`` there."""
     p = Path(name_or_path)
+    if directory is not None and not (p.suffix or p.exists()):
+        p = Path(directory) / f"{p.name}.txt"
     if p.suffix or p.exists():
         if not p.is_file():
             raise FileNotFoundError(f"prompt file not found: {p}")

@@ -9,6 +9,7 @@ folder and adds it to :mod:`agent_envs.envs.registry`.  Each tool is declared on
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from pydantic import BaseModel
@@ -221,8 +222,13 @@ class EnvSpec:
     rules: Mapping[str, Rules]
     tools: tuple[ToolSpec, ...]
     report: ReportSpec
+    #: prompt names (``"<env>/system"``): the file ``<name's last part>.txt`` in ``prompt_dir``, and
+    #: the key of a prompt profile's file and of the published SHA-256 table
     system_prompt: str
     user_prompt: str
+    #: the folder of this environment's prompt files (its own folder's ``prompts/``); None: the
+    #: package's shared prompt folder, ``<name>.txt``
+    prompt_dir: Path | None = None
     #: placed between the system prompt and a non-blank skill text
     skill_separator: str = ""
     max_turns: int = 50

@@ -190,7 +190,7 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
         #: the prompt profile folder (docs/protocol.md#prompt-profiles), or None for the shipped prompts
         self.prompts = None if prompts is None else str(prompts)
         self.system_prompt = self._system_prompt(system_prompt, prompt_file, skill)
-        self.user_template = load_prompt(es.user_prompt)
+        self.user_template = load_prompt(es.user_prompt, es.prompt_dir)
         #: worked examples sent as earlier chat turns, before the task (docs/protocol.md#few-shot-turns)
         self.few_shot = () if few_shot is None else few_shot_turns(few_shot)
         self._dataset_spec = dataset if tasks is None else list(tasks)
@@ -488,8 +488,12 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             raise ValueError("give one of system_prompt, prompt_file and prompts")
         if self.prompts is not None:  # the reference's text, checked (docs/protocol.md#prompt-profiles)
             base = profile_prompt(self.prompts, self.env_spec.system_prompt)
+        elif text is not None:
+            base = text
+        elif prompt_file:
+            base = load_prompt(prompt_file)
         else:
-            base = text if text is not None else load_prompt(prompt_file or self.env_spec.system_prompt)
+            base = load_prompt(self.env_spec.system_prompt, self.env_spec.prompt_dir)
         return msgs.with_skill(base, skill or "", self.env_spec.skill_separator)
 
     def _user_message(self, task: Any) -> str:
