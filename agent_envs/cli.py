@@ -33,6 +33,8 @@ from agent_envs.policy.factory import BACKENDS, POLICIES, PolicySettings, build_
 from agent_envs.policy.sampling import SamplingConfig
 from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
 from agent_envs.rollout.metrics import group_metrics, paired_bootstrap, summarize
+from agent_envs.rollout.options import env_kwargs as build_env_kwargs
+from agent_envs.rollout.options import key_value
 from agent_envs.core.tasks import task_id
 from agent_envs.rollout.records import ERROR_TERMINATIONS, NotARecord, NotARecordsFile, load_records, open_records
 from agent_envs.rollout.resume import DamagedRecords, read_records
@@ -74,17 +76,6 @@ RESUME_IDENTITY = (
 
 class UsageError(Exception):
     """Bad command-line input; printed without a traceback."""
-
-
-def _key_value(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE`` with VALUE parsed as JSON when it is JSON (else kept as a string)."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        return key, json.loads(raw)
-    except json.JSONDecodeError:
-        return key, raw
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine-arg",
         action="append",
         default=[],
-        type=_key_value,
+        type=key_value,
         metavar="KEY=VALUE",
         help="passed to vllm.LLM (value parsed as JSON), e.g. tensor_parallel_size=2",
     )
@@ -150,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--env-arg",
         action="append",
         default=[],
-        type=_key_value,
+        type=key_value,
         metavar="KEY=VALUE",
         help='extra environment keyword (value parsed as JSON), e.g. scorer="exact"',
     )
@@ -292,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--engine-arg",
             action="append",
             default=[],
-            type=_key_value,
+            type=key_value,
             metavar="KEY=VALUE",
             help="passed to vllm.LLM, e.g. dtype=float32",
         )
@@ -305,6 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     # listed for --help only: main() hands everything after "serve" to the server's own parser
     sub.add_parser("serve", help="serve a policy over HTTP (agent-envs serve --help)")
+    # likewise "es": its modes and options live in agent_envs.esrun
+    sub.add_parser("es", help="train with evolution strategies, evaluate or export a history (agent-envs es --help)")
     return parser
 
 
@@ -599,21 +592,21 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
     if records_path.exists() and records_path.stat().st_size and not args.resume:
         raise UsageError(f"{records_path} already has records: pass --resume to continue, or choose another --out")
     env_args = dict(args.env_arg)
-    env_kwargs = {"sandbox": args.sandbox, **env_args}
-    skill_sha256 = None
+    skill, skill_sha256 = None, None
     if args.skill_file is not None:
         try:
-            env_kwargs["skill"], skill_sha256 = read_skill(args.skill_file)
+            skill, skill_sha256 = read_skill(args.skill_file)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    if args.prompts is not None:
-        env_kwargs["prompts"] = str(args.prompts)
-    if args.token_trajectories:
-        env_kwargs["token_trajectories"] = True
-    if max_turns is not None:
-        env_kwargs["max_turns"] = max_turns
-    if max_tokens is not None:
-        env_kwargs["max_tokens_per_turn"] = max_tokens
+    env_kwargs = build_env_kwargs(
+        sandbox=args.sandbox,
+        max_turns=max_turns,
+        max_tokens_per_turn=max_tokens,
+        skill=skill,
+        prompts=args.prompts,
+        token_trajectories=args.token_trajectories,
+        env_args=env_args.items(),
+    )
     config = {
         "env": args.env,
         "data": args.data,
@@ -1038,6 +1031,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"]:
         return cmd_serve(argv[1:])
+    if argv[:1] == ["es"]:
+        from agent_envs.esrun.command import main as es  # imported on demand, as serve
+
+        return es(argv[1:])
     args = parse_args(argv)
     handler = {
         "eval": cmd_eval,
