@@ -20,6 +20,7 @@ import agent_envs  # noqa: F401  (registers the environments)
 from agent_envs.policy.base import Completion
 from agent_envs.policy.hf import smollm2_tokenizer
 from agent_envs.core.tokens import TokenCounter
+from agent_envs.envs.react import ReActEnv
 
 SENTENCE = "Let me compute the value step by step: x = 12 * 7 = 84, so the total is 84 plus 16. "
 
@@ -49,15 +50,17 @@ def run(
     env = gym.make(
         "MATH-ReAct-v0", tokenizer=tokenizer, max_model_len=10**8, sandbox="none", max_turns=len(replies) + 1
     )
+    react = env.unwrapped
+    assert isinstance(react, ReActEnv)
     if accounting == "full":
-        env.unwrapped.counter = FullCounter(tokenizer)
+        react.counter = FullCounter(tokenizer)
     spent = {t: 0.0 for t in turns}
     for episode in range(episodes):
         env.reset(options={"task": {"id": f"bench-{episode}", "question": "What is 84 + 16?", "answer": "100"}})
         for turn, reply in enumerate(replies, start=1):
             start = time.perf_counter()
             _, _, terminated, truncated, _ = env.step(reply)
-            env.unwrapped.generation_request()
+            react.generation_request()
             if turn in spent:
                 spent[turn] += time.perf_counter() - start
             assert not (terminated or truncated), "the episode ended early"

@@ -630,7 +630,7 @@ def main() -> int:
     from gpu_engine import dense_qwen3
 
     work = Path(tempfile.mkdtemp(prefix="bench-es-"))
-    ray = None
+    ray_started = False
     try:  # the work folder (model config, Ray's files) goes whatever fails, set-up included
         bench = Bench(
             args, es_train, dense_qwen3(args.tokenizer.expanduser(), SHAPES[args.shape], work / "model"), work
@@ -642,8 +642,10 @@ def main() -> int:
                 include_dashboard=False,
                 log_to_driver=False,
                 _temp_dir=str(work / "ray"),
-                **({"num_gpus": 1, "num_cpus": 4} if args.cpu else {}),
-            )  # --cpu: a declared GPU, as on a GPU host
+                num_gpus=1 if args.cpu else None,  # --cpu: a declared GPU, as on a GPU host
+                num_cpus=4 if args.cpu else None,
+            )
+            ray_started = True
         for population in args.population:
             for batch in args.case_batch:
                 bench.population, bench.case_batch = population, batch
@@ -667,7 +669,9 @@ def main() -> int:
                             bench.rows.append(bench.failed(name, exc))
                         bench.flush()
     finally:
-        if ray is not None:
+        if ray_started:
+            import ray
+
             ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
     print(f"\n# {args.results}\n" + es_results.table(es_results.load(args.results)))

@@ -177,7 +177,7 @@ def rollout(
     from agent_envs.rollout import run_episodes
 
     metered = Metered(policy, max_tokens)
-    engine_before = getattr(policy, "engine_s", None)
+    engine_before: float | None = getattr(policy, "engine_s", None)  # engine time, where the policy keeps one
     gc_before, full_before = GC.seconds, GC.full
     env_kwargs = {
         "sandbox": "none",
@@ -190,14 +190,15 @@ def rollout(
         "MATH-ReAct-v0", tasks, metered, mode=mode, concurrency=concurrency, progress=False, env_kwargs=env_kwargs
     )
     wall = time.perf_counter() - start
-    busy = metered.busy_s if engine_before is None else policy.engine_s - engine_before
+    engine_after: float | None = getattr(policy, "engine_s", None)
+    busy = metered.busy_s if engine_before is None or engine_after is None else engine_after - engine_before
     errors = [r for r in records if r.error or r.termination_reason in ("request_error", "env_error")]
     if errors:
         raise SystemExit(f"{name}: {len(errors)} failed episodes, e.g. {errors[0].error}")
     if logprobs:
         check_trajectories(name, records)
     out = row(name, wall, sum(r.generated_tokens for r in records), len(records), busy)
-    out["env_s"] = sum(r.env_seconds for r in records)
+    out["env_s"] = sum(r.row()["env_seconds"] for r in records)  # an extra field the environment reports
     out["gc_s"], out["gc_full"] = GC.seconds - gc_before, GC.full - full_before
     return out
 
@@ -317,6 +318,9 @@ def main() -> None:
         """VLLMPolicy defaults, keeping each engine call's prompts for the raw replays and timing the
         engine calls themselves (prompt rendering around them is time the engine sits idle)."""
 
+        calls: list[Any]  # set before the timed rows
+        engine_s: float
+
         def _generate_group(self, group):
             self.calls.append(group)
             start = time.perf_counter()
@@ -386,6 +390,7 @@ def main() -> None:
                 tokens_prompt(p), sampling_params(sampling, p, final_only=True), request_id=f"raw-{i}"
             ):
                 final = out
+            assert final is not None, "the engine ended the request without an output"
             return len(final.outputs[0].token_ids)
 
         return sum(await asyncio.gather(*(one(p, i) for i, p in enumerate(group))))

@@ -96,7 +96,8 @@ def bench(mode: str, args: argparse.Namespace) -> dict:
     )
     wall = time.perf_counter() - start
     assert all(r.used_bash and r.termination_reason == "final_answer" for r in records), "episodes went wrong"
-    steps = sum(r.policy_calls for r in records)
+    rows = [r.row() for r in records]  # with the environment's extra fields
+    steps = sum(row["policy_calls"] for row in rows)
     return {
         "mode": mode,
         "episodes": len(records),
@@ -104,7 +105,7 @@ def bench(mode: str, args: argparse.Namespace) -> dict:
         "wall_s": wall,
         "episodes_per_s": len(records) / wall,
         "engine_idle_share": max(0.0, 1 - policy.busy_s / wall),
-        "env_ms_per_step": 1000 * sum(r.env_seconds for r in records) / max(steps, 1),
+        "env_ms_per_step": 1000 * sum(row["env_seconds"] for row in rows) / max(steps, 1),
     }
 
 

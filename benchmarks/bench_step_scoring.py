@@ -77,6 +77,7 @@ def main() -> None:
         print(f"{mode:9} {'none':22} {base:7.2f} {1.0:8.2f} {'-':>6} {'-':>10}")
         for where, label in (("env", "in the env (per step)"), ("runner", "batched by the runner")):
             wall, scorer = run(mode, where)
+            assert scorer is not None  # ``where`` names a place for one
             calls = len(scorer.batches)
             print(
                 f"{mode:9} {label:22} {wall:7.2f} {wall / base:8.2f} {calls:6d} "

@@ -78,8 +78,12 @@ def run(
 ) -> None:
     import gymnasium as gym
 
+    from agent_envs.envs.react import ReActEnv
+
     env = gym.make(env_id, dataset=data, **env_args)
-    tasks, settings = env.unwrapped.tasks[:limit], env.unwrapped.env_settings
+    react = env.unwrapped
+    assert isinstance(react, ReActEnv)
+    tasks, settings = react.tasks[:limit], react.env_settings
     env.close()
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(

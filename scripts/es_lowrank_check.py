@@ -35,6 +35,7 @@ import os
 import sys
 import tempfile
 import time
+from typing import Any
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -118,7 +119,12 @@ def refreshed_equals_fresh(llm, policy, es, loras, generate, args, root: Path) -
     ids = [lora.lora_int_id for lora in loras]
     before = [es.slot_digest(i) for i in ids]
     engine, add_lora, calls = llm.llm_engine, llm.llm_engine.add_lora, []
-    engine.add_lora = lambda *a, **k: calls.append(a) or add_lora(*a, **k)
+
+    def counted_add_lora(*a: Any, **k: Any) -> Any:
+        calls.append(a)
+        return add_lora(*a, **k)
+
+    engine.add_lora = counted_add_lora
     try:
         es.prefetch(seeds, args.sigma)
         start = time.perf_counter()

@@ -21,6 +21,7 @@ import json
 import shutil
 import sys
 import tempfile
+from typing import Any
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -33,7 +34,7 @@ from gpu_engine import QWEN3_4B, TINY_QWEN3, add_engine_args, dense_qwen3, make_
 
 def weight_checks(es: VLLMPerturbation, sigma: float) -> dict:
     """Coverage, apply/revert and update/reset residues, and the update-while-perturbed guard."""
-    out: dict = {"tp_size": es.tp_size, "coverage": es.coverage()}
+    out: dict[str, Any] = {"tp_size": es.tp_size, "coverage": es.coverage()}
     es.snapshot()  # every diagnostic below is a worker method called by name: works with TP > 1
     es.apply(1571296235, sigma)
     out["perturbed_max_abs_diff"] = es.max_abs_diff()
@@ -75,7 +76,7 @@ def main() -> int:
         ap.error("give --model, --qwen3-4b or --tiny")
     try:
         llm = make_llm(args, max_model_len=2048)
-        out = {"roundtrip": roundtrip(llm, args.sigma, max_tokens=args.max_tokens)}
+        out: dict[str, Any] = {"roundtrip": roundtrip(llm, args.sigma, max_tokens=args.max_tokens)}
         out.update(weight_checks(VLLMPerturbation(llm, scope="full"), args.sigma))
     finally:
         if work is not None:

@@ -351,7 +351,7 @@ def train_path(
         "reward_mean": [r["reward_mean"] for r in updates],
         "reward_std": [r["reward_std"] for r in updates],
         "weights_fingerprint": [r.get("weights_fingerprint") for r in updates],
-        "eval": {str(r["generation"]): held_out_summary(r)["mean_score"] for r in history if held_out_summary(r)},
+        "eval": {str(r["generation"]): s["mean_score"] for r in history if (s := held_out_summary(r))},
         "final_checksum": final[-1] if final else None,
         "base_checksum": history[0]["config"].get("base_checksum"),
         "compare": compare(
@@ -388,7 +388,7 @@ def curve(history: list[dict[str, Any]], label: str) -> dict[str, Any]:
     """What a reward curve needs from one history: the population's mean reward per update and the
     held-out mean score per evaluation (generation -1: before training)."""
     updates = [r for r in history if "rewards" in r]
-    held_out = {r["generation"]: held_out_summary(r)["mean_score"] for r in history if held_out_summary(r)}
+    held_out = {r["generation"]: s["mean_score"] for r in history if (s := held_out_summary(r))}
     return {"kind": label, "reward_mean": [r["reward_mean"] for r in updates], "eval": held_out}
 
 
@@ -453,12 +453,9 @@ def main() -> None:
         return
     device = "cpu" if args.cpu else "gpu"
     defaults = SIZES[device]
-    sizes = tuple(
-        v if v is not None else d
-        for v, d in zip(
-            (args.generations, args.population, args.case_batch, args.eval_tasks, args.eval_samples), defaults
-        )
-    )
+    given = (args.generations, args.population, args.case_batch, args.eval_tasks, args.eval_samples)
+    generations, population, batch, eval_tasks, samples = (v if v is not None else d for v, d in zip(given, defaults))
+    sizes = (generations, population, batch, eval_tasks, samples)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()

@@ -25,6 +25,7 @@ import json
 import math
 import sys
 import tempfile
+from typing import Any
 from pathlib import Path
 
 from gpu_openai_check import SERVED_NAME, server_flags, vllm_server  # noqa: E402  (sets up sys.path too)
@@ -40,7 +41,7 @@ TOOLS_TEMPLATE = (
     "{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-SCHEMA = {
+SCHEMA: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "bash",

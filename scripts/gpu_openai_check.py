@@ -39,7 +39,7 @@ import httpx
 
 from gpu_vllm_check import engine_settings, requests  # noqa: E402  (sets VLLM_ENABLE_V1_MULTIPROCESSING=0)
 
-from agent_envs.policy.base import GenerationRequest  # noqa: E402
+from agent_envs.policy.base import Completion, GenerationRequest  # noqa: E402
 from agent_envs.policy.openai import OpenAIPolicy, is_context_length_error  # noqa: E402
 from agent_envs.policy.sampling import SamplingConfig  # noqa: E402
 
@@ -139,7 +139,7 @@ def long_request(words: int, max_tokens: int) -> GenerationRequest:
     return GenerationRequest(messages=[{"role": "user", "content": "word " * words}], seed=1, max_tokens=max_tokens)
 
 
-def server_checks(base_url: str, tokenizer, args, results: dict) -> list:
+def server_checks(base_url: str, tokenizer, args, results: dict) -> tuple[list[Completion], list[Completion]]:
     policy = CountingPolicy(base_url, SERVED_NAME, sampling=SamplingConfig(), backoff_base_s=0.1)
     base = requests(args.n, args.max_tokens)
     first = policy.generate(base)
@@ -153,7 +153,7 @@ def server_checks(base_url: str, tokenizer, args, results: dict) -> list:
     alone = [policy.complete(r) for r in base[:ALONE]]  # one at a time: the server batches nothing
     results["server_alone_matches_batch"] = sum(a.token_ids == b.token_ids for a, b in zip(alone, first))
     results["alone_repeat"] = [policy.complete(r).token_ids for r in base[:ALONE]] == [c.token_ids for c in alone]
-    other = policy.generate([r.model_copy(update={"seed": r.seed + 1}) for r in base])
+    other = policy.generate(requests(args.n, args.max_tokens, seed0=1001))  # each seed of ``base`` plus one
     results["other_seed_differs"] = sum(a.token_ids != b.token_ids for a, b in zip(first, other))
     results["token_ids"] = {
         "all_lists": all(isinstance(c.token_ids, list) and c.token_ids for c in first),
@@ -177,6 +177,8 @@ def server_checks(base_url: str, tokenizer, args, results: dict) -> list:
         for r in base
     ]
     window = policy.window(base_url)
+    if window is None:
+        raise SystemExit(f"{base_url}/models lists no max_model_len: the context checks need the window")
     results["window_from_models"] = window
     results["context"] = {}
     cases = {

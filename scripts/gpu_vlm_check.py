@@ -146,6 +146,7 @@ def run_path(
     name: str, model: str, processor, tasks: list, args, engine_kwargs: dict, work: Path, results: dict
 ) -> dict:
     """One path's episodes (and, offline, the direct checks); its engine or server is shut down after."""
+    from agent_envs.policy.base import Policy
     from agent_envs.policy.openai import OpenAIPolicy
     from agent_envs.policy.vllm import AsyncVLLMPolicy, VLLMPolicy
 
@@ -155,7 +156,7 @@ def run_path(
         flags = [*server_flags(engine_kwargs), "--limit-mm-per-prompt", json.dumps(images)]
         with vllm_server(model, flags, work / "server.log", args.ready_timeout, results) as url:
             start = time.perf_counter() - started
-            policy = OpenAIPolicy(url, SERVED_NAME, processor=processor, sampling=sampling)
+            policy: Policy = OpenAIPolicy(url, SERVED_NAME, processor=processor, sampling=sampling)
             try:
                 row = episodes(name, policy, tasks, args, counter)
             finally:

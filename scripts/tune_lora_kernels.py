@@ -201,11 +201,11 @@ def main() -> None:
             key = (*case.key[:2], str(m), *case.key[3:])
             put(files[case.op], key, default(case.op, key))
         base = time_ms(case, vllm_default)
-        best, best_ms = vllm_default, base
         if base is None or time.perf_counter() - start > args.budget_s:
             print(f"{case.op:6} {case.name:8} m={case.m:6} kept vLLM's default (untimed or out of time)", flush=True)
             put(files[case.op], case.key, vllm_default)
             continue
+        best, best_ms = vllm_default, base
         for cfg in grid(case.op, case.m, args.max_loras):
             ms = time_ms(case, cfg)
             if ms is not None and ms < best_ms:
