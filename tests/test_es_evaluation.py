@@ -27,6 +27,7 @@ from agent_envs.es.evaluation import (
 )
 from agent_envs.es.history import ESConfig, load_history
 from agent_envs.es.population import ESTrainer, evaluate_member
+from agent_envs.esrun.command import main as es_command
 from agent_envs.protocol.seeds import trajectory_seed
 from agent_envs.rollout import run_episodes
 from agent_envs.scale.toy import TorchToyEngine
@@ -314,12 +315,9 @@ def test_inconsistent_evaluation_flags_are_refused(tmp_path, flags, message):
     ],
 )
 def test_es_train_checks_its_evaluation_flags_before_any_engine(monkeypatch, flags, message):
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # importing the example sets it for its process
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "examples"))
-    import es_train
-
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # a run sets it for its process
     with pytest.raises(SystemExit, match=message):
-        es_train.main(["--model", "m", "--history", "h", *flags])
+        es_command(["train", "--model", "m", "--history", "h", *flags])
 
 
 def test_es_train_checks_an_eval_only_replay_before_any_engine(trained, monkeypatch, tmp_path):
@@ -327,17 +325,14 @@ def test_es_train_checks_an_eval_only_replay_before_any_engine(trained, monkeypa
     (the engine would otherwise load a model first, then fail part-way through the replay)."""
     _, _, path = trained
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "examples"))
-    import es_train
-
     held_out = tmp_path / "dapo.jsonl"
     held_out.write_text(json.dumps({"id": "dapo_0", "question": "1 + 1?", "answer": "2"}) + "\n")
     argv = [
+        "evaluate-only",
         "--model",
         "m",
         "--history",
         str(tmp_path / "h.json"),
-        "--eval-only",
         "--eval",
         f"dapo={held_out}",
         "--resume",
@@ -351,7 +346,7 @@ def test_es_train_checks_an_eval_only_replay_before_any_engine(trained, monkeypa
         (["--population", "3", "--resume-generations", "3"], "cannot keep 3 updates"),
     ):
         with pytest.raises(SystemExit, match=message):
-            es_train.main([*argv, *flags])
+            es_command([*argv, *flags])
 
 
 def test_a_key_seed_map_must_cover_every_episode_it_runs():

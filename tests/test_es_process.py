@@ -101,14 +101,12 @@ def test_combiner_rules():
 
 
 def test_es_train_flags_build_the_scorer_and_combiner(monkeypatch):
-    # importing the example sets this variable for its own process; keep it out of the test session
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "examples"))
-    import es_train
+    from agent_envs.esrun.run import build_process_reward
+    from agent_envs.esrun.settings import parse_settings
 
     base = ["--model", "m", "--train", "t", "--history", "h"]
-    scorer, combiner = es_train.build_process_reward(
-        es_train.parse_args(
+    scorer, combiner = build_process_reward(
+        parse_settings(
             [
                 *base,
                 "--step-scorer",
@@ -126,11 +124,11 @@ def test_es_train_flags_build_the_scorer_and_combiner(monkeypatch):
     )
     assert type(scorer).__name__ == "LLMJudgeScorer" and scorer.policy.endpoints == ["http://127.0.0.1:9/v1"]
     assert combiner == FitnessCombiner(process_weight=0.3, aggregation="min")
-    assert es_train.build_process_reward(es_train.parse_args(base)) == (None, None)
+    assert build_process_reward(parse_settings(base)) == (None, None)
     for bad, message in (
         (["--process-weight", "0.3"], "needs --step-scorer"),
         (["--step-scorer", "judge"], "needs --judge-url"),
         (["--step-scorer", "vlm-prm"], "needs --prm-base"),
     ):
         with pytest.raises(SystemExit, match=message):
-            es_train.build_process_reward(es_train.parse_args([*base, *bad]))
+            build_process_reward(parse_settings([*base, *bad]))

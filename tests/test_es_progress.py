@@ -70,9 +70,8 @@ def test_a_missing_tensorboard_or_wandb_is_named(
     with pytest.raises(ValueError, match="--wandb needs the 'wandb' package"):
         Progress(tmp_path / "m.jsonl", wandb_project="p")
     assert not (tmp_path / "m.jsonl").exists()  # refused before anything was written
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # importing the example sets it for its process
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "examples"))
-    import es_train
+    from agent_envs.esrun.run import make_config
+    from agent_envs.esrun.settings import parse_settings
 
     base = ["--model", "m", "--history", "h", "--train", "builtin"]
     for flags, message in (
@@ -82,11 +81,11 @@ def test_a_missing_tensorboard_or_wandb_is_named(
         (["--optimizer", "adam", "--adam-beta2", "1"], "adam_beta2"),
     ):
         with pytest.raises(SystemExit):
-            es_train.parse_args([*base, *flags])
+            parse_settings([*base, *flags])
         assert message in capsys.readouterr().err
-    args = es_train.parse_args([*base, "--mirrored", "--member-sampling", "Greedy", "--optimizer", "adam"])
-    built = es_train.make_config(args, None)
+    args = parse_settings([*base, "--mirrored", "--member-sampling", "Greedy", "--optimizer", "adam"])
+    built = make_config(args, None)
     assert (built.mirrored, built.member_sampling, built.optimizer) == (True, "greedy", "adam")
     assert json.loads(built.model_dump_json())["adam_beta2"] == 0.999
-    default = es_train.make_config(es_train.parse_args(base), None)
+    default = make_config(parse_settings(base), None)
     assert (default.mirrored, default.member_sampling, default.optimizer) == (False, "protocol", "sgd")

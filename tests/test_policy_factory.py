@@ -1,10 +1,9 @@
-"""One table of policy backends: the CLI and the engine pools (and examples/es_train.py) build every
+"""One table of policy backends: the CLI and the engine pools (and agent-envs es) build every
 policy through ``agent_envs.policy.factory``, so a backend is one module and one row."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 import pytest
 
@@ -104,7 +103,8 @@ def test_every_caller_reaches_the_same_vllm_row(monkeypatch):
 
 
 def test_es_train_builds_its_policy_from_the_same_row(monkeypatch):
-    import importlib.util
+    from agent_envs.esrun.run import build_policy
+    from agent_envs.esrun.settings import parse_settings
 
     seen: list[PolicySettings] = []
 
@@ -116,12 +116,8 @@ def test_es_train_builds_its_policy_from_the_same_row(monkeypatch):
         return Engine(["Final answer: 1"])
 
     monkeypatch.setitem(BACKENDS, "vllm", Backend(record, needs_model=True))
-    loaded = importlib.util.spec_from_file_location("es_train", REPO / "examples" / "es_train.py")
-    es_train = importlib.util.module_from_spec(loaded)
-    monkeypatch.setitem(sys.modules, "es_train", es_train)  # its dataclasses look their module up there
-    loaded.loader.exec_module(es_train)
     for mode in ("lockstep", "async"):
-        args = es_train.parse_args(
+        args = parse_settings(
             [
                 "--model",
                 "m",
@@ -135,7 +131,7 @@ def test_es_train_builds_its_policy_from_the_same_row(monkeypatch):
                 "h.jsonl",
             ]
         )
-        policy, handle = es_train.build_policy(args, {"dtype": "bfloat16"})
+        policy, handle = build_policy(args, {"dtype": "bfloat16"})
         assert handle is (policy.llm if mode == "lockstep" else policy)
     assert [(s.model, s.mode, s.rollout_token_budget, s.engine_args) for s in seen] == [
         ("m", "lockstep", 8192, {"dtype": "bfloat16"}),

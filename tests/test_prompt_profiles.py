@@ -87,20 +87,19 @@ def test_a_profile_that_hashes_differently_is_refused_naming_both_hashes(profile
 
 
 def test_es_train_checks_the_profile_before_engines_and_records_it(profile, monkeypatch):
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the example sets it for its own process
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "examples"))
-    import es_train
+    from agent_envs.esrun.run import make_env_kwargs, prompt_settings
+    from agent_envs.esrun.settings import parse_settings
 
-    args = es_train.parse_args(["--model", "m", "--train", "t", "--history", "h", "--prompts", str(profile)])
-    assert es_train.make_env_kwargs(args)["prompts"] == str(profile)
-    assert es_train.prompt_settings(args) == {
+    args = parse_settings(["--model", "m", "--train", "t", "--history", "h", "--prompts", str(profile)])
+    assert make_env_kwargs(args)["prompts"] == str(profile)
+    assert prompt_settings(args) == {
         "prompts": str(profile),
         "prompt_profile": "published",
         "system_prompt_sha256": sha256(ORIGINAL),
     }
     (profile / "math_react" / "system.txt").write_text("not the original")
     with pytest.raises(SystemExit, match=f"{sha256('not the original')}.*{sha256(ORIGINAL)}"):
-        es_train.prompt_settings(args)
+        prompt_settings(args)
 
 
 def _task() -> dict:

@@ -41,7 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if mode == "export":
         return export(rest)
     if mode not in MODES:
-        print(f"{USAGE}\nagent-envs es: error: choose a mode, one of {', '.join(MODES)} (got {mode!r})", file=sys.stderr)
+        print(
+            f"{USAGE}\nagent-envs es: error: choose a mode, one of {', '.join(MODES)} (got {mode!r})", file=sys.stderr
+        )
         return 2
     settings = parse_settings(rest, eval_only=mode == "evaluate-only")
     run_settings(settings)
@@ -51,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_settings(settings: ESSettings) -> list[dict[str, Any]]:
     """Train, or evaluate only, as the settings say; the history written."""
     with open_run(settings) as run:
-        assert run.setup is not None and run.evaluator is not None
+        assert run.setup is not None and run.evaluator is not None and run.config is not None
         if run.trainer is None:  # evaluation only: replay --resume's updates step by step and evaluate
             try:
                 history = eval_only(

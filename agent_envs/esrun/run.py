@@ -87,7 +87,7 @@ def sampling_settings(settings: ESSettings) -> dict[str, Any]:
 def build_policy(settings: ESSettings, engine_kwargs: dict[str, Any]) -> tuple[Any, Any]:
     """(policy, engine handle for VLLMPerturbation): the offline LLM, or the AsyncLLM's policy,
     built by the policy factory's vllm row (the CLI's and the engine pool's too)."""
-    policy = factory.build_policy(
+    policy: Any = factory.build_policy(
         "vllm",
         factory.PolicySettings(
             model=settings.model,
@@ -249,11 +249,17 @@ def replay_source(settings: ESSettings, config: ESConfig, backend: Any) -> tuple
     return head, start
 
 
+def record(config: ESConfig, **extra: Any) -> None:
+    """Facts the engine decides (the LoRA kernels, the low-rank targets) kept in the history's config."""
+    for key, value in extra.items():
+        setattr(config, key, value)
+
+
 def describe_start(backend: Any, config: ESConfig) -> None:
     copies = sorted({str(s.get("revert_copy_reason") or "") for s in backend.status()} - {""})
     print(
         f"[es] weights {backend.fingerprint()}; exact revert: {'; '.join(copies) if copies else 'off'}; "
-        f"{config.concurrency} episodes in flight per member",
+        f"{(config.model_extra or {})['concurrency']} episodes in flight per member",
         file=sys.stderr,
     )
 
@@ -272,14 +278,14 @@ def single_engine_run(
     lowrank = s.perturbation == "lowrank"
     engine_kwargs = make_engine_kwargs(s)
     if lowrank:  # before the engine starts: vLLM reads its LoRA kernel settings once; the history keeps which
-        config.lora_kernels = use_tuned(s.model, engine_kwargs["max_loras"], engine_kwargs["max_lora_rank"])
-        print(f"[es] low-rank: {config.lora_kernels}", file=sys.stderr)
+        kernels = use_tuned(s.model, engine_kwargs["max_loras"], engine_kwargs["max_lora_rank"])
+        record(config, lora_kernels=kernels)
+        print(f"[es] low-rank: {kernels}", file=sys.stderr)
     policy, engine = build_policy(s, engine_kwargs)
     try:
         if lowrank:
             backend: Any = VLLMLowRank(engine, s.rank)
-            config.lowrank_targets = [t.as_list() for t in backend.targets]
-            config.base_checksum = backend.base_checksum
+            record(config, lowrank_targets=[t.as_list() for t in backend.targets], base_checksum=backend.base_checksum)
             print(
                 f"[es] low-rank: {len(backend.targets)} weights, rank {s.rank}, every member an adapter; "
                 f"weights {backend.fingerprint()}",

@@ -144,7 +144,12 @@ class ESSettings(BaseModel):
         member, resident and on the host, at the rank's kernel slot.  The engine's keywords and the
         LoRA-kernel chooser both read them here."""
         size = self.population
-        return {"enable_lora": True, "max_loras": size, "max_cpu_loras": size, "max_lora_rank": lora_rank_slot(self.rank)}
+        return {
+            "enable_lora": True,
+            "max_loras": size,
+            "max_cpu_loras": size,
+            "max_lora_rank": lora_rank_slot(self.rank),
+        }
 
     @model_validator(mode="after")
     def _perturbation(self) -> ESSettings:
@@ -159,7 +164,9 @@ class ESSettings(BaseModel):
                 "--perturbation lowrank serves the whole population from one engine; drop --engines/--ray-address"
             )
         if self.exact_revert:
-            raise ValueError("--exact-revert does not apply to --perturbation lowrank: its base weights are never perturbed")
+            raise ValueError(
+                "--exact-revert does not apply to --perturbation lowrank: its base weights are never perturbed"
+            )
         try:
             lora_rank_slot(self.rank)
         except ValueError as exc:
