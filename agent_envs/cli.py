@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import tempfile
 import json
 import math
 import re
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -29,18 +27,20 @@ from agent_envs.core.spec import EnvSpec, Metric
 from agent_envs.envs import registry
 from agent_envs.envs.registry import ENV_IDS
 from agent_envs.policy.base import Policy
-from agent_envs.policy.factory import BACKENDS, POLICIES, PolicySettings, build_policy
+from agent_envs.policy.factory import BACKENDS, PolicySettings, build_policy, default_policy
 from agent_envs.policy.sampling import SamplingConfig
 from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
 from agent_envs.rollout.metrics import group_metrics, paired_bootstrap, summarize
 from agent_envs.rollout.options import env_kwargs as build_env_kwargs
 from agent_envs.rollout.options import key_value
 from agent_envs.core.tasks import task_id
-from agent_envs.rollout.records import ERROR_TERMINATIONS, NotARecord, NotARecordsFile, load_records, open_records
-from agent_envs.rollout.resume import DamagedRecords, read_records
-from agent_envs.rollout.runlock import LOCK_NAME, RunLock, RunLockError
-from agent_envs.rollout.runner import DEFAULT_BASE_SEED, MODES, run_episodes
-from agent_envs.rollout.tracelog import write_trace_logs
+from agent_envs.rollout.records import ERROR_TERMINATIONS, NotARecord, NotARecordsFile, load_records
+from agent_envs.rollout.outputs import write_outputs
+from agent_envs.rollout.resume import CannotResume, DamagedRecords, check_resume, read_records
+from agent_envs.rollout.runfolder import FolderNotWritable, RecordsExist, check_writable, default_run_dir, run_folder
+from agent_envs.rollout.runlock import RunLockError
+from agent_envs.rollout.runner import DEFAULT_BASE_SEED, MODES
+from agent_envs.scale.execute import execute
 from agent_envs.sandbox.base import SandboxUnavailable
 from agent_envs.sandbox.factory import BACKENDS as SANDBOX_BACKENDS
 from agent_envs.sandbox.factory import check_backend
@@ -49,29 +49,8 @@ if TYPE_CHECKING:
     from agent_envs.scale.pool import EnginePool
 
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "repetition_penalty")
-#: the embedded CPU default: a few tasks, short turns (a 135M model rarely finishes on its own)
-CPU_DEFAULTS = {"limit": 3, "max_turns": 3, "max_tokens_per_turn": 192}
 #: exit status of ``eval`` when every episode ended in an error (no result to report)
 EXIT_ALL_ERRORED = 3
-#: config fields that must not change when a run is resumed (records would mix two setups)
-RESUME_IDENTITY = (
-    "env",
-    "data",
-    "seed",
-    "policy",
-    "model",
-    "base_urls",
-    "engine_args",
-    "sampling",
-    "max_turns",
-    "max_tokens_per_turn",
-    "env_args",
-    "sandbox",
-    "step_scorer",
-    "skill_sha256",
-    "prompts",
-    "token_trajectories",
-)
 
 
 class UsageError(Exception):
@@ -94,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
         "to run each set into OUT/NAME and print their card (docs/cards.md)",
     )
     ev.add_argument(
-        "--policy", choices=POLICIES, help="default: openai with --base-url, transformers with --model, else cpu"
+        "--policy",
+        choices=tuple(BACKENDS),
+        help="default: openai with --base-url, transformers with --model, else cpu",
     )
     ev.add_argument("--model", help="model path or id (transformers, vllm, openai)")
     ev.add_argument(
@@ -202,14 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-turns",
         type=int,
         default=None,
-        help=f"generations per episode (default: the environment's; {CPU_DEFAULTS['max_turns']} for the embedded model)",
+        help=f"generations per episode (default: the environment's{_row_defaults('max_turns')})",
     )
     ev.add_argument(
         "--max-tokens-per-turn",
         type=int,
         default=None,
-        help=f"tokens per generation (default: the environment's; {CPU_DEFAULTS['max_tokens_per_turn']} for the "
-        "embedded model)",
+        help=f"tokens per generation (default: the environment's{_row_defaults('max_tokens_per_turn')})",
     )
     ev.add_argument("--out", type=Path, default=None, help="run directory (default runs/<env>-<time>)")
     ev.add_argument(
@@ -302,12 +282,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # --------------------------------------------------------------------------- eval
+def _row_defaults(option: str) -> str:
+    """For --help: the backends whose row sets ``option``'s default (``Backend.run_defaults``)."""
+    return "".join(
+        f"; {row.run_defaults[option]} with --policy {kind}"
+        for kind, row in BACKENDS.items()
+        if option in row.run_defaults
+    )
+
+
 def _policy_kind(args: argparse.Namespace) -> str:
-    if args.policy:
-        return args.policy
-    if args.base_urls:
-        return "openai"
-    return "transformers" if args.model else "cpu"
+    return str(args.policy or default_policy(args.model, args.base_urls))
+
+
+def _rows_with(fact: Callable[[Any], object]) -> str:
+    """``--policy A or --policy B``: the backends whose row has ``fact``, for messages."""
+    return " or ".join(f"--policy {kind}" for kind, row in BACKENDS.items() if fact(row))
 
 
 def _sampling(args: argparse.Namespace) -> SamplingConfig:
@@ -342,10 +332,8 @@ def _baseline(env_id: str) -> Callable[[Any], str]:
     return baseline
 
 
-def make_policy(kind: str, args: argparse.Namespace, env_id: str) -> Policy:
-    """Build the policy from the factory table; vLLM gets its async engine in async mode."""
-    _check_policy_flags(kind, args)
-    settings = PolicySettings(
+def _policy_settings(args: argparse.Namespace, script: Callable[[Any], Any] | None = None) -> PolicySettings:
+    return PolicySettings(
         model=args.model,
         base_urls=args.base_urls,
         sampling=_sampling(args),
@@ -356,8 +344,14 @@ def make_policy(kind: str, args: argparse.Namespace, env_id: str) -> Policy:
         max_retries=args.request_retries,
         api_key=args.api_key,
         tool_choice=args.tool_choice or "none",
-        script=_baseline(env_id) if kind == "scripted" else None,
+        script=script,
     )
+
+
+def make_policy(kind: str, args: argparse.Namespace, env_id: str) -> Policy:
+    """Build the policy from the factory table; vLLM gets its async engine in async mode."""
+    _check_policy_flags(kind, args)
+    settings = _policy_settings(args, _baseline(env_id) if BACKENDS[kind].scripted_baseline else None)
     try:
         return build_policy(kind, settings)
     except ImportError as exc:
@@ -375,11 +369,12 @@ def _check_checkpoint_tp(model: str, engine_args: dict[str, Any]) -> None:
 
 
 def _check_request_flags(kind: str, args: argparse.Namespace) -> None:
-    if kind != "openai" and (args.api_key is not None or args.tool_choice is not None):
-        raise UsageError("--api-key and --tool-choice apply to --policy openai only")
-    if kind != "openai" and (args.request_timeout is not None or args.request_retries is not None):
+    http = BACKENDS[kind].http
+    if not http and (args.api_key is not None or args.tool_choice is not None):
+        raise UsageError(f"--api-key and --tool-choice apply to {_rows_with(lambda row: row.http)} only")
+    if not http and (args.request_timeout is not None or args.request_retries is not None):
         raise UsageError(
-            "--request-timeout and --request-retries apply to --policy openai only "
+            f"--request-timeout and --request-retries apply to {_rows_with(lambda row: row.http)} only "
             "(the judge's are --judge-timeout and --judge-retries)"
         )
     from agent_envs.policy.openai import check_request_limits
@@ -404,15 +399,22 @@ def _check_endpoints(policy: Policy | EnginePool) -> None:
 
 def _check_out(out: Path) -> None:
     """Fail before the (possibly slow) policy is built if the run directory cannot be written."""
-    blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
-    if blocker is not None:
-        raise UsageError(f"--out {out}: {blocker} is a file, not a directory")
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as exc:
-        raise UsageError(f"--out {out} is not a writable directory: {exc.strerror or exc}") from None
+        check_writable(out)
+    except FolderNotWritable as exc:
+        raise UsageError(f"--out {exc}") from None
+
+
+def _hold_run_folder(out: Path, resume: bool, hold: contextlib.ExitStack) -> Path:
+    """``out`` held by this run until ``hold`` closes (rollout.runfolder.run_folder); its records path."""
+    try:
+        return hold.enter_context(run_folder(out, resume=resume))
+    except FolderNotWritable as exc:
+        raise UsageError(f"--out {exc}") from None
+    except RecordsExist as exc:
+        raise UsageError(f"{exc} already has records: pass --resume to continue, or choose another --out") from None
+    except (RunLockError, NotARecordsFile) as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _raise_if_output(exc: OSError, out: Path) -> None:
@@ -445,19 +447,16 @@ def make_pool(kind: str, args: argparse.Namespace) -> EnginePool:
     """``--engines N`` / ``--ray-address``: one engine per Ray actor, built from the same engine args."""
     if args.engines < 1:
         raise UsageError("--engines must be >= 1")
-    if kind not in ("vllm", "scripted"):
-        raise UsageError(f"--engines runs --policy vllm or scripted, not {kind}")
+    if BACKENDS[kind].pool_spec is None:
+        pooled = " or ".join(k for k, row in BACKENDS.items() if row.pool_spec is not None)
+        raise UsageError(f"--engines runs --policy {pooled}, not {kind}")
     _check_policy_flags(kind, args)
     try:
-        from agent_envs.scale.engines import EngineSpec, vllm_spec
+        from agent_envs.scale.engines import pool_spec
         from agent_envs.scale.pool import EnginePool
     except ImportError as exc:
         raise UsageError(f"--engines needs Ray: pip install 'agent-envs[ray]' ({exc})") from exc
-    if kind == "vllm":
-        spec = vllm_spec(args.model, dict(args.engine_arg), sampling=_sampling(args).model_dump())
-    else:
-        spec = EngineSpec(factory="agent_envs.scale.engines:scripted_engine", kwargs={"env_id": args.env})
-    return EnginePool(spec, args.engines, ray_address=args.ray_address)
+    return EnginePool(pool_spec(kind, _policy_settings(args), args.env), args.engines, ray_address=args.ray_address)
 
 
 def _load_tasks(
@@ -480,26 +479,10 @@ def _load_tasks(
 
 
 def _check_resume(path: Path, config: dict[str, Any]) -> None:
-    """The run's config matches the one being resumed, and its records can be resumed (one-line
-    errors naming the file and line, before any model loads)."""
-    records = path.parent / "records.jsonl"
     try:
-        if records.exists():
-            read_records(records)
-    except DamagedRecords as exc:
-        raise UsageError(f"cannot resume: {exc}") from None
-    if not path.exists():
-        return
-    try:
-        before = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"cannot resume: {path} is not readable JSON ({exc})") from None
-    if not isinstance(before, dict):
-        raise UsageError(f"cannot resume: {path} holds a JSON {type(before).__name__}, not a run configuration")
-    changed = [k for k in RESUME_IDENTITY if before.get(k) != config.get(k)]
-    if changed:
-        detail = "; ".join(f"{k}: {before.get(k)!r} -> {config.get(k)!r}" for k in changed)
-        raise UsageError(f"cannot resume {path.parent}: the configuration changed ({detail})")
+        check_resume(path, config)
+    except CannotResume as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _unique_ids(tasks: Sequence[Any], data: str) -> None:
@@ -514,26 +497,6 @@ def _unique_ids(tasks: Sequence[Any], data: str) -> None:
             f"--data {data}: task id {repeated[0]!r} is used by rows {where}; ids must be unique "
             "(records are keyed by '<task_id>:sampleNN')"
         )
-
-
-def _run_lock(out: Path) -> RunLock:
-    try:
-        return RunLock(out).acquire()
-    except RunLockError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _drop_if_only_lock(out: Path, created: bool) -> None:
-    """A run that failed before writing anything leaves no folder holding only ``.lock`` (the
-    next command would take it for a run): the lock goes, and the folder when this run made it."""
-    try:
-        if [p.name for p in out.iterdir()] != [LOCK_NAME]:
-            return
-        (out / LOCK_NAME).unlink()
-        if created:
-            out.rmdir()
-    except OSError:  # another writer got there meanwhile, or the folder is not ours to tidy
-        pass
 
 
 def _trajectory_tokenizer(kind: str, args: argparse.Namespace) -> Any:
@@ -567,31 +530,74 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
+    """One run: the command line read into settings, then the library's parts in order: the run
+    folder held (rollout.runfolder), a resume checked (rollout.resume), the episodes run on a policy
+    or a pool (scale.execute), the outputs written (rollout.outputs and the report)."""
     kind = _policy_kind(args)
-    defaults = CPU_DEFAULTS if kind == "cpu" else {}
-
-    def pick(name: str) -> Any:
-        value = getattr(args, name)
-        return value if value is not None else defaults.get(name)
-
-    limit, max_turns, max_tokens = pick("limit"), pick("max_turns"), pick("max_tokens_per_turn")
+    defaults = BACKENDS[kind].run_defaults
+    limit, max_turns, max_tokens = (
+        getattr(args, name) if getattr(args, name) is not None else defaults.get(name)
+        for name in ("limit", "max_turns", "max_tokens_per_turn")
+    )
     if args.samples < 1 or (limit is not None and limit < 1):
         raise UsageError("--samples and --limit must be >= 1")
     _check_request_flags(kind, args)
-    out: Path = args.out or Path("runs") / f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}"
-    records_path = out / "records.jsonl"
-    created = not out.exists()
-    _check_out(out)
-    hold.callback(_run_lock(out).release)
-    hold.callback(_drop_if_only_lock, out, created)  # runs first, while the lock is still held
-    try:  # a directory is a traceback later, a FIFO blocks the run forever
-        if records_path.exists():
-            open_records(records_path).close()
-    except NotARecordsFile as exc:
+    out: Path = args.out or default_run_dir(args.env)
+    records_path = _hold_run_folder(out, args.resume, hold)
+    env_kwargs, skill_sha256 = _env_kwargs(args, max_turns, max_tokens)
+    pooled = args.engines > 1 or args.ray_address is not None
+    config = _run_config(args, kind, pooled, limit=limit, max_turns=max_turns, max_tokens=max_tokens)
+    config["skill_sha256"] = skill_sha256
+    if args.resume:
+        _check_resume(out / "config.json", config)
+    tasks, config["env_settings"] = _load_tasks(args.env, args.data, env_kwargs, limit)
+    _unique_ids(tasks, args.data)
+    try:  # a missing daemon is one line now, not every episode's error (docs/docker.md)
+        check_backend(env_kwargs["sandbox"])
+    except SandboxUnavailable as exc:
         raise UsageError(str(exc)) from None
-    if records_path.exists() and records_path.stat().st_size and not args.resume:
-        raise UsageError(f"{records_path} already has records: pass --resume to continue, or choose another --out")
-    env_args = dict(args.env_arg)
+    if defaults:
+        print(
+            f"[agent-envs] {kind} defaults: {len(tasks)} task(s) of {args.data!r} with {BACKENDS[kind].description}, "
+            f"max_turns={max_turns}, max_tokens_per_turn={max_tokens}",
+            file=sys.stderr,
+        )
+    try:
+        scorer = scorer_from_args(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    policy = _open_policy(kind, args, pooled)
+    run = dict(
+        samples=args.samples,
+        mode=args.mode,
+        base_seed=args.seed,
+        env_kwargs=env_kwargs,
+        concurrency=args.concurrency or (16 if args.mode == "lockstep" else 64),
+        tool_workers=args.tool_workers,
+        out_path=records_path,
+        resume=args.resume,
+        progress=not args.no_progress,
+        tags={"run": out.name},
+    )
+    try:
+        records, wall = execute(policy, args.env, tasks, out=out, config=config, step_scorer=scorer, **run)
+    except KeyboardInterrupt:
+        done = len(load_records(records_path)) if records_path.exists() else 0
+        print(
+            f"\n[agent-envs] interrupted: {done} record(s) saved in {records_path}; rerun with --resume to finish",
+            file=sys.stderr,
+        )
+        return 130
+    except OSError as exc:
+        _raise_if_output(exc, out)
+        raise
+    return _outputs(args, out, records, len(tasks), wall)
+
+
+def _env_kwargs(
+    args: argparse.Namespace, max_turns: int | None, max_tokens: int | None
+) -> tuple[dict[str, Any], str | None]:
+    """The environment's keyword arguments of the run, and the skill file's SHA-256 (None: no skill)."""
     skill, skill_sha256 = None, None
     if args.skill_file is not None:
         try:
@@ -605,9 +611,23 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
         skill=skill,
         prompts=args.prompts,
         token_trajectories=args.token_trajectories,
-        env_args=env_args.items(),
+        env_args=dict(args.env_arg).items(),
     )
-    config = {
+    return env_kwargs, skill_sha256
+
+
+def _run_config(
+    args: argparse.Namespace,
+    kind: str,
+    pooled: bool,
+    *,
+    limit: int | None,
+    max_turns: int | None,
+    max_tokens: int | None,
+) -> dict[str, Any]:
+    """The run's ``config.json`` (what ``--resume`` compares); with ``--engines`` a backend whose row
+    runs lockstep in a pool switches ``args.mode`` to it, and a step scorer is refused."""
+    config: dict[str, Any] = {
         "env": args.env,
         "data": args.data,
         "policy": kind,
@@ -622,15 +642,14 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
         "max_turns": max_turns,
         "max_tokens_per_turn": max_tokens,
         "limit": limit,
-        "env_args": env_args,
+        "env_args": dict(args.env_arg),
         "argv": sys.argv[1:],
         "skill_file": None if args.skill_file is None else str(args.skill_file),
-        "skill_sha256": skill_sha256,
+        "skill_sha256": None,
         "prompts": None if args.prompts is None else str(args.prompts),
     }
-    pooled = args.engines > 1 or args.ray_address is not None
-    if pooled and kind == "vllm" and args.mode == "async":  # each actor drives the offline engine
-        print("[agent-envs] --engines with vllm runs each engine in lockstep mode", file=sys.stderr)
+    if pooled and BACKENDS[kind].pool_lockstep and args.mode == "async":  # each actor drives the offline engine
+        print(f"[agent-envs] --engines with {kind} runs each engine in lockstep mode", file=sys.stderr)
         config["mode"] = args.mode = "lockstep"
     config["engines"] = args.engines
     if args.token_trajectories:  # only when on: older run folders resume as before
@@ -639,82 +658,27 @@ def _eval(args: argparse.Namespace, hold: contextlib.ExitStack) -> int:
         if pooled:
             raise UsageError("--step-scorer runs with one engine (not with --engines or --ray-address)")
         config["step_scorer"] = scorer_settings(args)
-    if args.resume:
-        _check_resume(out / "config.json", config)
-    tasks, config["env_settings"] = _load_tasks(args.env, args.data, env_kwargs, limit)
-    _unique_ids(tasks, args.data)
-    try:  # a missing daemon is one line now, not every episode's error (docs/docker.md)
-        check_backend(env_kwargs["sandbox"])
-    except SandboxUnavailable as exc:
-        raise UsageError(str(exc)) from None
-    if kind == "cpu":
-        print(
-            f"[agent-envs] embedded default: {len(tasks)} task(s) of {args.data!r} with the small CPU model, "
-            f"max_turns={max_turns}, max_tokens_per_turn={max_tokens}",
-            file=sys.stderr,
-        )
-    try:
-        scorer = scorer_from_args(args)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if kind == "vllm" and args.model:
+    return config
+
+
+def _open_policy(kind: str, args: argparse.Namespace, pooled: bool) -> Policy | EnginePool:
+    """The run's policy (or engine pool), checked before any episode: a checkpoint's TP size, the
+    endpoints' servers, a tokenizer for ``--token-trajectories``."""
+    if BACKENDS[kind].loads_checkpoints and args.model:
         _check_checkpoint_tp(args.model, dict(args.engine_arg))
     policy: Policy | EnginePool = make_pool(kind, args) if pooled else make_policy(kind, args, args.env)
     _check_endpoints(policy)
     if args.token_trajectories and isinstance(policy, Policy) and policy.tokenizer is None:
         policy.tokenizer = _trajectory_tokenizer(kind, args)
-    concurrency = args.concurrency or (16 if args.mode == "lockstep" else 64)
-    run = dict(
-        samples=args.samples,
-        mode=args.mode,
-        base_seed=args.seed,
-        env_kwargs=env_kwargs,
-        concurrency=concurrency,
-        tool_workers=args.tool_workers,
-        out_path=records_path,
-        resume=args.resume,
-        progress=not args.no_progress,
-        tags={"run": out.name},
-        **({"step_scorer": scorer} if scorer is not None else {}),
-    )
-    started = time.perf_counter()
-    try:
-        config["policy_info"] = policy.describe() if isinstance(policy, Policy) else policy.spec.model_dump()
-        # read by --resume
-        atomic_write(out / "config.json", [(json.dumps(config, indent=2, default=str) + "\n").encode()])
-        if isinstance(policy, Policy):
-            records = run_episodes(args.env, tasks, policy, **run)
-        else:
-            from agent_envs.scale.rollout import pool_run_episodes
+    return policy
 
-            records = pool_run_episodes(policy, args.env, tasks, **run)
-    except KeyboardInterrupt:
-        done = len(load_records(records_path)) if records_path.exists() else 0
-        print(
-            f"\n[agent-envs] interrupted: {done} record(s) saved in {records_path}; rerun with --resume to finish",
-            file=sys.stderr,
-        )
-        return 130
-    except OSError as exc:
-        _raise_if_output(exc, out)
-        raise
-    finally:
-        policy.close()
-        if scorer is not None:
-            scorer.close()
-    wall = time.perf_counter() - started
-    env_spec = registry.spec(args.env)
-    summary = summarize(records, args.samples, items=len(tasks), spec=env_spec)
-    summary["run"] = {
-        "dir": str(out),
-        "wall_s": wall,
-        "episodes": len(records),
-        "episodes_per_s": len(records) / wall if wall > 0 else None,
-    }
+
+def _outputs(args: argparse.Namespace, out: Path, records: Sequence[Any], items: int, wall: float) -> int:
+    """Summary, trace logs and report of the finished run, its table on stdout; the exit status."""
     try:
-        atomic_write(out / "summary.json", [(json.dumps(summary, indent=2) + "\n").encode()])
-        if args.trace_logs:
-            write_trace_logs(records, out / "trace_logs", env_spec.report)
+        summary = write_outputs(
+            out, records, env_id=args.env, samples=args.samples, items=items, wall_s=wall, trace_logs=args.trace_logs
+        )
     except OSError as exc:
         _raise_if_output(exc, out)
         raise
@@ -753,7 +717,7 @@ def data_sets(specs: Sequence[str]) -> list[tuple[str, str]]:
 
 def _eval_sets(args: argparse.Namespace, sets: Sequence[tuple[str, str]]) -> int:
     """One run folder per data set under OUT, then their card (OUT/card.txt, OUT/card.json)."""
-    out: Path = args.out or Path("runs") / f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out: Path = args.out or default_run_dir(args.env)
     status = 0
     for name, spec in sets:
         print(f"[agent-envs] data set {name}: {spec}", file=sys.stderr)

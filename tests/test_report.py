@@ -14,7 +14,7 @@ import pytest
 
 import browser
 from agent_envs.cli import main
-from agent_envs.report import views
+from agent_envs.policy.factory import BACKENDS
 from agent_envs.report.views import split_think, turns
 from agent_envs.rollout.metrics import paired_bootstrap
 from agent_envs.rollout.records import read_jsonl
@@ -205,8 +205,8 @@ def test_first_section_says_what_each_run_is_and_how_to_run_a_real_model(math_ru
     assert "<title>agent-envs report: 3 runs of MATH-ReAct-v0</title>" in html
     about = _section(html, "about")
     assert all(name in about for name in ("math", "tiny", "real"))
-    assert "scripted reference policy (no model)" in about and views.POLICY_WORDS["scripted"] in about
-    assert "SmolLM2-135M-Instruct (embedded, CPU)" in about and views.POLICY_WORDS["cpu"] in about
+    assert "scripted reference policy (no model)" in about and BACKENDS["scripted"].words in about
+    assert "SmolLM2-135M-Instruct (embedded, CPU)" in about and BACKENDS["cpu"].words in about
     assert "Qwen/Qwen3-4B" in about and "at most 3 turns, 128 tokens per turn" in about
     assert "--env MATH-ReAct-v0 --policy vllm --model" in about and "--base-url http://127.0.0.1:8000/v1" in about
     # a real model alone: nothing to tell the reader about running one

@@ -3,12 +3,15 @@ their policies here, so a backend is added as a module in ``policy/`` and one ro
 
 A row says what the backend needs (a model, an endpoint) and builds it from :class:`PolicySettings`;
 the engine-backed modules import their heavy dependencies (torch, vLLM) only when a policy is built.
+The row also says what the CLI and the report ask of a backend (is it a real model, which flags it
+takes, how the report names it, whether it runs in an engine pool), so they look it up instead of
+comparing names, and a backend added with :func:`register` is treated by its row everywhere.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -57,6 +60,28 @@ class Backend:
     #: the backend needs at least one of ``base_urls``
     needs_endpoint: bool = False
     description: str = ""
+    #: its runs measure a model; False for stand-ins (a toy model, a script): the report then says so
+    #: and how to evaluate a real model
+    real_model: bool = True
+    #: how reports name the policy (None: by the run's model)
+    label: str | None = None
+    #: what the report tells a first-time reader the policy is ("" : nothing, its model says it)
+    words: str = ""
+    #: ``eval`` budgets used where the command line gives none (limit, max_turns, max_tokens_per_turn)
+    run_defaults: Mapping[str, int] = field(default_factory=dict)
+    #: takes the HTTP client's settings (timeout_s, max_retries, api_key, tool_choice)
+    http: bool = False
+    #: built on the environment's scripted baseline (``PolicySettings.script``)
+    scripted_baseline: bool = False
+    #: engine pools (``--engines``): "module:function" that makes the pool's engine spec from
+    #: ``(settings, env_id)``; None: the backend does not run in a pool
+    pool_spec: str | None = None
+    #: in a pool, each engine runs its episodes in lockstep (the offline engine)
+    pool_lockstep: bool = False
+    #: ``model`` may be an exported checkpoint folder whose manifest fixes tensor_parallel_size
+    loads_checkpoints: bool = False
+    #: picked when no backend is named and this setting is given ("base_urls", "model"), or "default"
+    chosen_by: Literal["base_urls", "model", "default"] | None = None
 
 
 def _scripted(s: PolicySettings) -> Policy:
@@ -95,16 +120,64 @@ def _transformers(s: PolicySettings) -> Policy:
 
 BACKENDS: dict[str, Backend] = {
     "cpu": Backend(
-        lambda s: default_cpu_policy(sampling=s.sampling), description="the embedded SmolLM2-135M-Instruct on the CPU"
+        lambda s: default_cpu_policy(sampling=s.sampling),
+        description="the embedded SmolLM2-135M-Instruct on the CPU",
+        real_model=False,
+        label="SmolLM2-135M-Instruct (embedded, CPU)",
+        words="a 135M-parameter model shipped with the package and run on this CPU, so that nothing needs a "
+        "GPU. A model this small seldom follows the tool protocol: expect warnings rather than answers.",
+        run_defaults={"limit": 3, "max_turns": 3, "max_tokens_per_turn": 192},
+        chosen_by="default",
     ),
-    "transformers": Backend(_transformers, needs_model=True, description="a Hugging Face model in-process"),
-    "vllm": Backend(_vllm, needs_model=True, description="a vLLM engine in-process (offline LLM or AsyncLLM)"),
+    "transformers": Backend(
+        _transformers, needs_model=True, description="a Hugging Face model in-process", chosen_by="model"
+    ),
+    "vllm": Backend(
+        _vllm,
+        needs_model=True,
+        description="a vLLM engine in-process (offline LLM or AsyncLLM)",
+        pool_spec="agent_envs.scale.engines:vllm_pool_spec",
+        pool_lockstep=True,
+        loads_checkpoints=True,
+    ),
     "openai": Backend(
-        _openai, needs_model=True, needs_endpoint=True, description="OpenAI-compatible chat completion servers"
+        _openai,
+        needs_model=True,
+        needs_endpoint=True,
+        description="OpenAI-compatible chat completion servers",
+        http=True,
+        chosen_by="base_urls",
     ),
-    "scripted": Backend(_scripted, description="scripted replies: an environment's model-free baseline"),
+    "scripted": Backend(
+        _scripted,
+        description="scripted replies: an environment's model-free baseline",
+        real_model=False,
+        label="scripted reference policy (no model)",
+        words="a fixed script, not a model. It makes one real tool call and answers from what the tool "
+        "printed, to show the tools, the sandbox and the scoring at work; its score is a floor, not a target.",
+        scripted_baseline=True,
+        pool_spec="agent_envs.scale.engines:scripted_pool_spec",
+    ),
 }
+#: the backends' names when this module was imported (:func:`register` adds to ``BACKENDS``)
 POLICIES: tuple[str, ...] = tuple(BACKENDS)
+
+
+def register(name: str, backend: Backend) -> None:
+    """Add a backend row (or replace one): ``agent-envs eval --policy NAME``, the pools and the
+    report then treat it by this row."""
+    BACKENDS[name] = backend
+
+
+def default_policy(model: str | None, base_urls: Sequence[str]) -> str:
+    """The backend used when none is named: the row chosen by an endpoint if one is given, else by
+    a model if one is given, else the default row."""
+    given = [c for c, on in (("base_urls", bool(base_urls)), ("model", bool(model)), ("default", True)) if on]
+    for choice in given:
+        for name, backend in BACKENDS.items():
+            if backend.chosen_by == choice:
+                return name
+    raise ValueError("no policy backend is the default")
 
 
 def build_policy(kind: str, settings: PolicySettings | None = None) -> Policy:
@@ -112,7 +185,7 @@ def build_policy(kind: str, settings: PolicySettings | None = None) -> Policy:
     ValueError naming it."""
     backend = BACKENDS.get(kind)
     if backend is None:
-        raise ValueError(f"unknown policy {kind!r}; expected one of {', '.join(POLICIES)}")
+        raise ValueError(f"unknown policy {kind!r}; expected one of {', '.join(BACKENDS)}")
     settings = settings or PolicySettings()
     if backend.needs_model and not settings.model:
         raise ValueError(f"the {kind} policy needs a model")

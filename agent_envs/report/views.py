@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from agent_envs.core.spec import MetricsSpec
 from agent_envs.envs.registry import ENV_IDS
+from agent_envs.policy.factory import BACKENDS, Backend
 from agent_envs.rollout.metrics import paired_bootstrap
 from agent_envs.rollout.records import ERROR_TERMINATIONS
 from agent_envs.sandbox.output import MARKER
@@ -71,21 +72,10 @@ def _at_k_label(key: str, runs: Sequence[Run]) -> str:
     return key.replace("mean@", "Mean@").replace("pass@", "Pass@")
 
 
-#: what each ``agent-envs eval --policy`` kind (config.json's ``policy``) is, in words for a first-time
-#: reader; other kinds are described by their model
-POLICY_WORDS = {
-    "cpu": (
-        "a 135M-parameter model shipped with the package and run on this CPU, so that nothing needs a "
-        "GPU. A model this small seldom follows the tool protocol: expect warnings rather than answers."
-    ),
-    "scripted": (
-        "a fixed script, not a model. It makes one real tool call and answers from what the tool "
-        "printed, to show the tools, the sandbox and the scoring at work; its score is a floor, not "
-        "a target."
-    ),
-}
-#: policy kinds whose runs make the page say how to evaluate a real model instead
-NOT_A_REAL_MODEL = ("cpu", "scripted")
+def backend(run: Run) -> Backend | None:
+    """The policy backend's row of the run (config.json's ``policy``); None for a kind this process
+    does not know (a run from another version, a backend registered elsewhere)."""
+    return BACKENDS.get(str(run.config.get("policy")))
 
 
 def env_id(run: Run) -> str:
@@ -93,11 +83,9 @@ def env_id(run: Run) -> str:
 
 
 def model_name(run: Run) -> str:
-    kind = run.config.get("policy")
-    if kind == "cpu":
-        return "SmolLM2-135M-Instruct (embedded, CPU)"
-    if kind == "scripted":
-        return "scripted reference policy (no model)"
+    row = backend(run)
+    if row is not None and row.label is not None:
+        return row.label
     return str(run.config.get("model") or (run.config.get("policy_info") or {}).get("model") or "–")
 
 
@@ -107,7 +95,7 @@ def about(runs: Sequence[Run]) -> Row:
     described: list[Row] = []
     policies: dict[str, str] = {}
     for i, run in enumerate(runs):
-        c, kind = run.config, str(run.config.get("policy"))
+        c, row = run.config, backend(run)
         budget = ", ".join(
             part
             for part in (
@@ -127,15 +115,15 @@ def about(runs: Sequence[Run]) -> Row:
                 "budget": budget or "the environment's own",
             }
         )
-        if kind in POLICY_WORDS:
-            policies.setdefault(model_name(run), POLICY_WORDS[kind])
+        if row is not None and row.words:
+            policies.setdefault(model_name(run), row.words)
     parents = {run.path.resolve().parent for run in runs}
     return {
         "runs": described,
         "policies": policies,
         "example_env": env_id(runs[0]) if runs else ENV_IDS[0],
         "folder": str(parents.pop()) if len(parents) == 1 else None,
-        "hint": any(run.config.get("policy") in NOT_A_REAL_MODEL for run in runs),
+        "hint": any(row is not None and not row.real_model for row in map(backend, runs)),
     }
 
 

@@ -119,3 +119,54 @@ def prepare_resume(records_path: str | os.PathLike[str]) -> ResumeState:
     # the kept lines' bytes as they were: a row re-encoded would turn invalid UTF-8 into U+FFFD
     atomic_write(path, (line.raw + b"\n" for line in finished.values()))
     return ResumeState({k: line.record for k, line in finished.items()}, len(errors), dropped)
+
+
+#: config fields that must not change when a run is resumed (records would mix two setups)
+RESUME_IDENTITY = (
+    "env",
+    "data",
+    "seed",
+    "policy",
+    "model",
+    "base_urls",
+    "engine_args",
+    "sampling",
+    "max_turns",
+    "max_tokens_per_turn",
+    "env_args",
+    "sandbox",
+    "step_scorer",
+    "skill_sha256",
+    "prompts",
+    "token_trajectories",
+)
+
+
+class CannotResume(ValueError):
+    """A run folder that cannot be resumed with this configuration; the message says why."""
+
+
+def check_resume(config_path: str | os.PathLike[str], config: dict[str, Any]) -> None:
+    """``config`` may resume the run whose configuration is at ``config_path`` (its ``config.json``):
+    the records beside it can be resumed and no field of :data:`RESUME_IDENTITY` changed.  Checked
+    before any model loads; :class:`CannotResume` naming the file (and line) otherwise.  A folder
+    without a configuration yet (a run stopped before writing one) resumes as it is."""
+    path = Path(config_path)
+    records = path.parent / "records.jsonl"
+    try:
+        if records.exists():
+            read_records(records)
+    except DamagedRecords as exc:
+        raise CannotResume(f"cannot resume: {exc}") from None
+    if not path.exists():
+        return
+    try:
+        before = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CannotResume(f"cannot resume: {path} is not readable JSON ({exc})") from None
+    if not isinstance(before, dict):
+        raise CannotResume(f"cannot resume: {path} holds a JSON {type(before).__name__}, not a run configuration")
+    changed = [k for k in RESUME_IDENTITY if before.get(k) != config.get(k)]
+    if changed:
+        detail = "; ".join(f"{k}: {before.get(k)!r} -> {config.get(k)!r}" for k in changed)
+        raise CannotResume(f"cannot resume {path.parent}: the configuration changed ({detail})")

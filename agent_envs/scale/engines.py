@@ -16,7 +16,7 @@ from agent_envs.envs import registry
 from agent_envs.es.fingerprint import combine_checksums
 from agent_envs.es.worker import EXTENSION, VLLMPerturbation
 from agent_envs.policy.base import Policy
-from agent_envs.policy.factory import PolicySettings, build_policy
+from agent_envs.policy.factory import BACKENDS, PolicySettings, build_policy
 from agent_envs.policy.sampling import SamplingConfig
 from agent_envs.policy.vllm import DEFAULT_ROLLOUT_TOKEN_BUDGET, VLLMPolicy
 
@@ -147,3 +147,29 @@ def vllm_spec(
         gpus=tp / k,
         kwargs={"model": model, "sampling": sampling, "rollout_token_budget": rollout_token_budget, **kwargs},
     )
+
+
+def vllm_pool_spec(settings: PolicySettings, env_id: str) -> EngineSpec:
+    """The vllm backend's engines in a pool (its row's ``pool_spec``): one offline engine per actor."""
+    if settings.model is None:
+        raise ValueError("the vllm policy needs a model")
+    return vllm_spec(settings.model, dict(settings.engine_args), sampling=settings.sampling.model_dump())
+
+
+def scripted_pool_spec(settings: PolicySettings, env_id: str) -> EngineSpec:
+    """The scripted backend's engines in a pool (its row's ``pool_spec``): the environment's baseline."""
+    return EngineSpec(factory=f"{__name__}:scripted_engine", kwargs={"env_id": env_id})
+
+
+def pool_spec(kind: str, settings: PolicySettings, env_id: str) -> EngineSpec:
+    """The engine spec of backend ``kind`` for a pool, from its row's ``pool_spec``; a ValueError
+    naming the backends that run in a pool when ``kind`` does not."""
+    target = BACKENDS[kind].pool_spec
+    if target is None:
+        pooled = ", ".join(name for name, row in BACKENDS.items() if row.pool_spec is not None)
+        raise ValueError(f"the {kind} policy does not run in an engine pool (these do: {pooled})")
+    module, _, function = target.partition(":")
+    spec = getattr(importlib.import_module(module), function)(settings, env_id)
+    if not isinstance(spec, EngineSpec):
+        raise TypeError(f"{target} returned {type(spec).__name__}, not an EngineSpec")
+    return spec
