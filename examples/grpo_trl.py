@@ -26,11 +26,15 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+#: what the summary keeps of TRL's log per step (``frac_reward_zero_std`` 1: no group's rewards differ, no gradient)
+LOGGED = ("step", "reward", "reward_std", "frac_reward_zero_std", "loss", "grad_norm", "completions/mean_length")
 
-def parse_args() -> argparse.Namespace:
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--env", default="MATH-ReAct-v0")
     source = ap.add_mutually_exclusive_group()
@@ -67,11 +71,28 @@ def parse_args() -> argparse.Namespace:
         help="the first turn is the environment's scripted baseline call (context, not trained on)",
     )
     ap.add_argument("--cpu", action="store_true", help="train on the CPU in float32, one torch thread")
-    ap.add_argument("--use-vllm", action="store_true", help="generate on TRL's colocated vLLM engine (GPU)")
+    ap.add_argument(
+        "--vllm-colocate",
+        "--use-vllm",
+        dest="vllm_colocate",
+        action="store_true",
+        help="generate on TRL's colocated vLLM engine (use_vllm=True, vllm_mode='colocate'; GPU, needs vllm)",
+    )
+    ap.add_argument(
+        "--vllm-gpu-memory-utilization",
+        type=float,
+        default=0.3,
+        help="the colocated engine's share of the GPU's memory (TRL's default 0.3); the rest trains",
+    )
+    ap.add_argument(
+        "--vllm-max-model-length",
+        type=int,
+        help="the colocated engine's context window (default: the model's); prompt plus every turn must fit",
+    )
     ap.add_argument("--out", type=Path, default=Path("runs/grpo-trl"))
     ap.add_argument("--save", action="store_true", help="save the trained model to OUT/model")
     ap.add_argument("--seed", type=int, default=0)
-    return ap.parse_args()
+    return ap.parse_args(argv)
 
 
 def tiny_model(tokenizer_dir: Path, out: Path, seed: int) -> str:
@@ -115,8 +136,49 @@ def small_countdown(out: Path) -> tuple[Path, dict[str, object]]:
     return train, {"single_turn": True, "few_shot": str(shots), "max_turns": 1, "sandbox": "none"}
 
 
-def main() -> int:
-    args = parse_args()
+def config_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """TRL's ``GRPOConfig`` arguments for these options.  ``--vllm-colocate`` asks for TRL 1.16's
+    colocated engine: ``GRPOTrainer`` builds ``vllm.LLM`` from the model's folder in this process
+    (``processed_logprobs``, ``max_num_seqs`` = the batch) and loads the trainer's weights into it
+    before each step's rollouts; :func:`agent_envs.rl.trl_rollout.trainer_policy` then runs the
+    episodes on that engine (``trainer.vllm_generation.llm``)."""
+    vllm: dict[str, Any] = {}
+    if args.vllm_colocate:
+        vllm = {
+            "vllm_mode": "colocate",
+            "vllm_gpu_memory_utilization": args.vllm_gpu_memory_utilization,
+            "vllm_max_model_length": args.vllm_max_model_length,
+        }
+    return {
+        "output_dir": str(args.out),
+        "report_to": "none",
+        "use_cpu": args.cpu,
+        "bf16": not args.cpu,
+        "max_steps": args.steps,
+        "per_device_train_batch_size": args.batch * args.generations,
+        "num_generations": args.generations,
+        "learning_rate": args.lr,
+        "temperature": args.temperature,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "gradient_checkpointing": False,
+        "seed": args.seed,
+        "use_vllm": args.vllm_colocate,
+        **vllm,
+    }
+
+
+def group_scores(records: list[Any], step: int) -> list[dict[str, Any]]:
+    """Each task's scores in one rollout call (one GRPO group per task): GRPO learns only from a
+    group whose scores differ."""
+    groups: dict[str, list[float | None]] = {}
+    for r in sorted(records, key=lambda r: (r.row_index, r.sample_index)):
+        groups.setdefault(r.task_id, []).append(r.score)
+    return [{"step": step, "task": task, "scores": scores} for task, scores in groups.items()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -147,51 +209,38 @@ def main() -> int:
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32 if args.cpu else torch.bfloat16)
 
     def policy(trainer):
-        inner = trainer_policy(trainer, sampling_from(trainer.args))
+        inner = trainer_policy(trainer, sampling_from(trainer.args), batch_decode=args.cpu)
         baseline = registry.spec(env_id).baseline
         return ScriptedOpening([baseline], inner) if args.scripted_opening else inner
 
     env = GRPOEnvironment(env_id, dataset=data, limit=args.tasks, policy=policy, env_kwargs=env_kwargs)
-    config = GRPOConfig(
-        output_dir=str(args.out),
-        report_to="none",
-        use_cpu=args.cpu,
-        bf16=not args.cpu,
-        max_steps=args.steps,
-        per_device_train_batch_size=args.batch * args.generations,
-        num_generations=args.generations,
-        learning_rate=args.lr,
-        temperature=args.temperature,
-        logging_steps=1,
-        save_strategy="no",
-        gradient_checkpointing=False,
-        seed=args.seed,
-        use_vllm=args.use_vllm,
-        **({"vllm_mode": "colocate"} if args.use_vllm else {}),
-    )
+    groups: list[dict[str, Any]] = []
+
+    def rollout(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        out = env(prompts, trainer)
+        groups.extend(group_scores(env.records, trainer.state.global_step + 1))
+        return out
+
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=env.reward,
-        args=config,
+        args=GRPOConfig(**config_kwargs(args)),
         train_dataset=env.dataset(),
         processing_class=tokenizer,
-        rollout_func=env,
+        rollout_func=rollout,
     )
     started = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - started
-    steps = [
-        {k: h[k] for k in ("step", "reward", "reward_std", "loss", "completions/mean_length") if k in h}
-        for h in trainer.state.log_history
-        if "reward" in h
-    ]
+    steps = [{k: h[k] for k in LOGGED if k in h} for h in trainer.state.log_history if "reward" in h]
     summary = {
         "env": env_id,
         "model": model_path,
-        "use_vllm": args.use_vllm,
+        "vllm_colocate": args.vllm_colocate,
         "steps": trainer.state.global_step,
         "wall_s": round(wall, 1),
         "per_step": steps,
+        "groups": groups,
         "last_episodes": [
             {
                 "key": r.key,
