@@ -48,7 +48,7 @@ Run = Callable[[Sequence[Any], int, int, Mapping[str, int] | None], Sequence[Any
 
 
 def add_evaluation_arguments(p: argparse.ArgumentParser) -> None:
-    """The evaluation flags of ``examples/es_train.py``."""
+    """The evaluation options of ``agent-envs es``."""
     p.add_argument(
         "--eval",
         action="append",
@@ -60,7 +60,7 @@ def add_evaluation_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-samples", type=int, default=1, help="samples per task of initial and interval evaluations")
     p.add_argument("--initial-eval", action="store_true", help="evaluate before training (generation -1)")
     p.add_argument("--final-eval", action="store_true", help="after the last update, the final evaluation")
-    p.add_argument("--final-eval-samples", type=int, default=4)
+    p.add_argument("--final-eval-samples", type=int, default=4, help="samples per task of the final evaluation")
     p.add_argument(
         "--eval-only",
         action="store_true",
