@@ -6,7 +6,7 @@ adapters (its Punica CPU kernels), so a member is an adapter here exactly as on 
   same perturbation merged into its weights; the weights come back bit for bit; the resident
   adapters rewritten in place as new members (no add_lora) equal those members freshly loaded, in
   tokens and in every CPU and GPU-slot LoRA tensor, bit for bit.
-- examples/es_train.py --perturbation lowrank: two generations end to end (AsyncVLLMPolicy, all
+- agent-envs es train --perturbation lowrank: two generations end to end (AsyncVLLMPolicy, all
   members at once; generation 1 refreshes generation 0's adapters in place), no adapter folder left behind, and a replay onto a fresh engine and onto the
   checkpoint folder (agent_envs.es.lowrank.replay_onto) reproduces the trained checksum.
 """
@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from vllm_cpu import REPO, es_train_flags, run_result, script_env, smollm2, vllm_python
+from vllm_cpu import REPO, es_command, es_train_flags, run_result, script_env, smollm2, vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_tmpdir")]
 
@@ -62,7 +62,7 @@ def test_lowrank_training_replays_bit_exactly(tmp_path: Path) -> None:
     adapters.mkdir()
     env = script_env(VLLM_ENABLE_V1_MULTIPROCESSING="0", AGENT_ENVS_ES_CPU_PLAIN_LINEAR="1")
     common = [
-        str(REPO / "examples" / "es_train.py"),
+        *es_command("train"),
         *es_train_flags(
             model,
             2,

