@@ -4,8 +4,8 @@ The workload: a model of ``--shape`` (Qwen3-4B's or SmolLM2-135M's dimensions, Q
 dummy weights) built around a tokenizer folder, P members x B ``MATH-ReAct-v0`` episodes for every
 P in ``--population`` and B in ``--case-batch`` (lists: ``16,64,256``), ``--turns`` turns of
 ``--tokens`` tokens (``ignore_eos``), ``--toy-reward`` rewards (so every update moves the weights),
-``sandbox none``.  Every ES variant is built by ``examples/es_train.py``'s own ``open_run`` from the
-flags a user would pass, and runs ``--timed-generations`` N timed generations (``trainer.step``)
+``sandbox none``.  Every ES variant is built by ``agent-envs es``'s own ``open_run`` (agent_envs.esrun.run) from
+the options a user would pass, and runs ``--timed-generations`` N timed generations (``trainer.step``)
 after a warm-up; the table gives the median and the min-max of the N, not the best one.
 
 Phases (``--phase``, a list; each one command of its own where a host's command limit is short,
@@ -15,7 +15,7 @@ all appending to one ``--results`` file, ``--phase table`` printing the table; b
   one engine; then the requests of its last timed generation (recorded) are replayed on its
   ``AsyncLLM`` with nothing else running, through the members' adapters and with none (what
   multi-LoRA serving costs against the loop around it);
-* **raw**: a plain engine (es_train's full-rank engine, no LoRA) replaying the low-rank phase's
+* **raw**: a plain engine (agent-envs es's full-rank engine, no LoRA) replaying the low-rank phase's
   last generation's requests (left next to ``--results`` when the phases run as separate commands):
   raw at B (``--raw-members`` members' turns) and at P x B (each turn at once), N repeats each, the
   rows the low-rank phase's shares are taken against;
@@ -271,8 +271,9 @@ def wait_for_free_gpu(fraction: float, timeout: float = 180.0) -> None:
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, es_train: Any, model: Path, work: Path) -> None:
-        self.args, self.es_train, self.model, self.work = args, es_train, model, work
+    def __init__(self, args: argparse.Namespace, es_run: Any, model: Path, work: Path) -> None:
+        #: agent_envs.esrun.run, imported once the engine's environment variables are set
+        self.args, self.es, self.model, self.work = args, es_run, model, work
         self.rows: list[dict[str, Any]] = []
         #: the case and phase being measured (set by main's loop)
         self.population, self.case_batch, self.phase = 0, 0, ""
@@ -331,7 +332,7 @@ class Bench:
             str(2 + 2 * a.timed_generations),
             "--max-turns",
             str(a.turns),
-            "--max-tokens",
+            "--max-tokens-per-turn",
             str(a.tokens),
             "--ignore-eos",
             "--toy-reward",
@@ -352,7 +353,9 @@ class Bench:
             "--history",
             str(self.work / f"{name}.json"),
         ]
-        return self.es_train.parse_args(common + list(extra))
+        from agent_envs.esrun.settings import parse_settings
+
+        return parse_settings(common + list(extra))
 
     def pool_rows(self, k: int, first: bool) -> None:
         """A pool of k engines on the GPU: (``first``: the pool's raw rows and engine 0 alone, the
@@ -360,7 +363,7 @@ class Bench:
         a, n = self.args, self.args.timed_generations
         started = time.perf_counter()
         flags = self.flags("pool", "--engines", str(k), "--engines-per-gpu", str(k), "--mps", a.mps)
-        with self.es_train.open_run(flags) as run:
+        with self.es.open_run(flags) as run:
             pool, trainer = run.pool, run.trainer
             self.note(
                 f"pool of {k} engines on one GPU started in {time.perf_counter() - started:.0f} s "
@@ -418,7 +421,7 @@ class Bench:
         n = self.args.timed_generations
         name = f"low-rank batched (rank {self.args.rank}, all members at once)"
         args = self.flags("lowrank", "--perturbation", "lowrank", "--rank", str(self.args.rank), "--mode", "async")
-        with self.es_train.open_run(args) as run:
+        with self.es.open_run(args) as run:
             self.note(f"low-rank engine: {getattr(run.config, 'lora_kernels', '')}")
             run.trainer.step(0)
             runs = timed_generations(run.trainer, 1, n - 1)
@@ -480,7 +483,7 @@ class Bench:
 
     def plain_raw_rows(self) -> None:
         """Raw ``llm.generate`` at B and at P x B where the pool (which measures them) did not run in
-        this run: the low-rank generation's own requests on a plain engine (es_train's full-rank
+        this run: the low-rank generation's own requests on a plain engine (agent-envs es's full-rank
         engine, no LoRA), so the low-rank row's shares come from one run; merged raw rows give way.
         A step of its own, after the low-rank rows are saved."""
         from types import SimpleNamespace
@@ -496,7 +499,7 @@ class Bench:
                 )
             calls = pickle.loads(saved.read_bytes())
         args = self.flags("raw", "--mode", "lockstep")
-        policy, _ = self.es_train.build_policy(args, self.es_train.make_engine_kwargs(args))
+        policy, _ = self.es.build_policy(args, self.es.make_engine_kwargs(args))
         try:
             engine = SimpleNamespace(policy=policy)
             population = by_turn([calls])
@@ -528,7 +531,7 @@ class Bench:
             "--concurrency",
             "16",
         )
-        with self.es_train.open_run(args) as run:
+        with self.es.open_run(args) as run:
             trainer = run.trainer
             run.policy.generate(
                 [
@@ -577,7 +580,7 @@ def main() -> int:
         help="lowrank: skip replaying its requests on its own AsyncLLM (with and without adapters)",
     )
     ap.add_argument(
-        "--mps", default="auto", choices=["auto", "off"], help="CUDA MPS for the k engines (es_train --mps)"
+        "--mps", default="auto", choices=["auto", "off"], help="CUDA MPS for the k engines (agent-envs es --mps)"
     )
     ap.add_argument(
         "--phase",
@@ -624,17 +627,15 @@ def main() -> int:
     if args.cpu:
         os.environ.setdefault("AGENT_ENVS_ES_CPU_PLAIN_LINEAR", "1")  # before the worker module is imported
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    sys.path[:0] = [str(REPO), str(REPO / "examples"), str(REPO / "scripts")]
-    import es_train
+    sys.path[:0] = [str(REPO), str(REPO / "scripts")]
+    from agent_envs.esrun import run as es_run
     import vllm
     from gpu_engine import dense_qwen3
 
     work = Path(tempfile.mkdtemp(prefix="bench-es-"))
     ray_started = False
     try:  # the work folder (model config, Ray's files) goes whatever fails, set-up included
-        bench = Bench(
-            args, es_train, dense_qwen3(args.tokenizer.expanduser(), SHAPES[args.shape], work / "model"), work
-        )
+        bench = Bench(args, es_run, dense_qwen3(args.tokenizer.expanduser(), SHAPES[args.shape], work / "model"), work)
         if "fullrank" in phases_:  # only the pool's rows need Ray (the low-rank and old rows run in this process)
             import ray
 
