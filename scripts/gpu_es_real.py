@@ -3,7 +3,7 @@
 generations, the held-out set evaluated before and after each, the reward curves (PNG + numbers),
 the histories, and `agent-envs compare` (paired bootstrap) base vs trained.
 
-Each path is one ``examples/es_train.py`` run in its own process (its own engine):
+Each path is one ``agent-envs es train`` run in its own process (its own engine):
 
 - ``full``: the reference's noise, members one after another on an ``LLM`` (lockstep);
 - ``lowrank``: ``--perturbation lowrank --rank R``, the population at once as LoRA adapters on an
@@ -79,7 +79,7 @@ def parse_args() -> argparse.Namespace:
         help="the tasks' numbers are drawn from 1..N (more N, more distinct tasks)",
     )
     ap.add_argument("--eval-interval", type=int, default=0, help="held-out runs every K updates too (0: only after)")
-    ap.add_argument("--dtype", default=None, help="the engine's dtype (default: es_train's, bfloat16)")
+    ap.add_argument("--dtype", default=None, help="the engine's dtype (default: agent-envs es's, bfloat16)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="of the GPU (several runs can share one)")
     ap.add_argument("--rank", type=int, default=4)
     ap.add_argument("--sigma", type=float, default=None, help="constant sigma of both paths")
@@ -91,7 +91,7 @@ def parse_args() -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="passed to es_train.py --sampling on both paths (repeatable); default: temperature=0.5, the rest the protocol's",
+        help="passed to agent-envs es train --sampling on both paths (repeatable); default: temperature=0.5, the rest the protocol's",
     )
     args = ap.parse_args()
     if not args.out and not args.plot:
@@ -267,7 +267,10 @@ def train_path(
     )
     argv = [
         sys.executable,
-        str(REPO / "examples" / "es_train.py"),
+        "-m",
+        "agent_envs.cli",
+        "es",
+        "train",
         "--env",
         "Countdown-ReAct-v0",
         "--env-arg",
@@ -299,7 +302,7 @@ def train_path(
         str(alpha),
         "--max-turns",
         "1",
-        "--max-tokens",
+        "--max-tokens-per-turn",
         "128",
         "--sandbox",
         "none",
@@ -339,7 +342,7 @@ def train_path(
     (folder / "train.stdout").write_text(proc.stdout)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
-        raise SystemExit(f"{kind}: es_train.py exited {proc.returncode}; see {folder / 'train.log'}")
+        raise SystemExit(f"{kind}: agent-envs es train exited {proc.returncode}; see {folder / 'train.log'}")
     history = json.loads((folder / "history.json").read_text())
     updates = [r for r in history if "rewards" in r]
     final = [line.split()[-1] for line in proc.stdout.splitlines() if "final weights checksum" in line]
