@@ -35,6 +35,8 @@ LOGGED = ("step", "reward", "reward_std", "frac_reward_zero_std", "loss", "grad_
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from agent_envs.rollout.options import add_max_tokens_per_turn
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--env", default="MATH-ReAct-v0")
     source = ap.add_mutually_exclusive_group()
@@ -61,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--generations", type=int, default=4, help="episodes per task per step (GRPO's group size)")
     ap.add_argument("--batch", type=int, default=1, help="tasks per step")
     ap.add_argument("--max-turns", type=int, default=3)
-    ap.add_argument("--max-tokens-per-turn", type=int, default=64)
+    add_max_tokens_per_turn(ap, "tokens per generation (default: 64)", default=64)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--sandbox", default="bwrap", choices=("bwrap", "none", "docker"))
@@ -187,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     from agent_envs.envs import registry
     from agent_envs.policy.scripted import ScriptedOpening
     from agent_envs.rl.trl_rollout import GRPOEnvironment, sampling_from, trainer_policy
+    from agent_envs.rollout.options import env_kwargs as build_env_kwargs
 
     if args.cpu:
         torch.set_num_threads(1)  # a small model decodes faster on one thread than on several busy ones
@@ -195,11 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         model_path = resolve_model(args.model)
     env_id, data = args.env, args.data
-    env_kwargs: dict[str, object] = {
-        "max_turns": args.max_turns,
-        "max_tokens_per_turn": args.max_tokens_per_turn,
-        "sandbox": args.sandbox,
-    }
+    env_kwargs = build_env_kwargs(
+        sandbox=args.sandbox, max_turns=args.max_turns, max_tokens_per_turn=args.max_tokens_per_turn
+    )
     if args.small_countdown:
         env_id = "Countdown-ReAct-v0"
         data, task_kwargs = small_countdown(args.out)
