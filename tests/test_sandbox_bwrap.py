@@ -196,6 +196,16 @@ def test_a_command_cannot_forge_its_own_end():
         assert obs(sb, "echo next") == "next\n[exit_code] 0"
 
 
+def test_a_shell_that_ignores_the_abort_signal_is_rebuilt():
+    """A timed-out command whose shell traps SIGUSR2 and loops: the sandbox is torn down and
+    ``run`` returns the timeout with the output so far (it raised OSError reading the pipes of the
+    shell it had just closed: a model's command counted as an infrastructure error)."""
+    with BwrapSandbox(SandboxConfig()) as sb:
+        res = sb.run("trap '' USR2; echo looping; while :; do :; done", timeout=1)
+        assert res.timed_out and res.returncode == 124 and res.stdout == b"looping\n", res
+        assert obs(sb, "echo next") == "next\n[exit_code] 0"
+
+
 def test_exit_keeps_files_and_cwd():
     with BwrapSandbox(SandboxConfig()) as sb:
         sb.run("cd /tmp && echo x > f && export E=1 && exit 4")

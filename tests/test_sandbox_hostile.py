@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -228,6 +229,33 @@ def test_run_returns_only_after_background_processes_are_gone(make):
         )
         assert out == "started\n[exit_code] 0"
         assert {p: describe(p) for p in host_processes_matching(tag.encode())} == {}
+
+
+#: issue 32's attack on the end of a call: the persistent driver's status line with the call's
+#: nonce, then a blocking read of the command pipe (which takes the next call's code), then a
+#: busy loop that ignores the abort signal (elsewhere fd 59 and fd 60 are absent: plain errors)
+IMITATE_THE_END = (
+    "trap '' USR2; printf '\\36AR %s 0\\n' \"$__ae_n\" >&59; IFS= read -r -d '' -u 60 next; "
+    'echo "took: ${next:16}"; while :; do :; done'
+)
+
+
+def test_imitating_the_end_of_a_call_costs_only_the_own_shell(make):
+    """docs/reliability.md#tool-channels: a command can imitate the persistent driver's end (its
+    own state is the model's), but that only ends its own call early and takes its own next call,
+    which then times out and gets a new shell; ``run`` never raises for it (it raised OSError, an
+    infrastructure error, reading the pipes of the shell it had just closed) and nothing is left.
+    Fresh bwrap and docker run each command as its own process, whose exit ends the call."""
+    sb = make()
+    started = time.monotonic()
+    first = sb.run(IMITATE_THE_END, timeout=2)
+    second = sb.run("echo next", timeout=2)
+    assert time.monotonic() - started < 60, (first, second)
+    if second.stdout != b"next\n":  # the persistent shell: the imitation read the next call's code
+        assert second.timed_out and second.stdout.startswith(b"took: echo next"), second
+    else:
+        assert first.timed_out and first.stdout == b"took: \n", first
+    _alive(sb)
 
 
 @pytest.mark.parametrize(

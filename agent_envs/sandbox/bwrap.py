@@ -369,9 +369,9 @@ class _Shell:
         timed_out = not settle(
             sources, complete, started + timeout, writer, pending=lambda: status.rc is not None or status.done
         )
-        if timed_out:
-            self._abort(out, err, sources, complete)
-        if status.done:  # the sandbox died (kill -9 $$, exec, ...)
+        if timed_out and not self._abort(out, err, sources, complete):
+            rc = 124  # torn down and its output drained: none of its pipes may be read again
+        elif status.done:  # the sandbox died (kill -9 $$, exec, ...)
             drain(out, err, time.monotonic() + ABORT_GRACE_S)
             rc = self._reap()
         else:
@@ -388,35 +388,46 @@ class _Shell:
             timeout_s=timeout,
         )
 
-    def _abort(self, out: StreamReader, err: StreamReader, sources: list[Source], complete: Callable[[], bool]) -> None:
-        """Timeout: kill the command's processes; if the shell itself is busy, SIGUSR2 re-execs it."""
+    def _abort(self, out: StreamReader, err: StreamReader, sources: list[Source], complete: Callable[[], bool]) -> bool:
+        """Timeout: kill the command's processes; if the shell itself is busy, SIGUSR2 re-execs it.
+
+        False when the shell did not come back (it ignores SIGUSR2, or code imitating the driver
+        never answers, docs/reliability.md#tool-channels): the sandbox is then torn down, its
+        output read to the end, and closed, so the caller must not read its pipes again (their
+        fd numbers may already belong to another thread's files)."""
         deadline = time.monotonic() + ABORT_GRACE_S
         _procs.kill_all(self.others())
         if settle(sources, complete, min(deadline, time.monotonic() + 0.25)):
-            return
+            return True
         _procs.kill_all([self.shell_pid], signal.SIGUSR2)
         while time.monotonic() < deadline:
             _procs.kill_all(self.others())  # a loop may keep starting children
             if settle(sources, complete, min(deadline, time.monotonic() + 0.1)):
-                return
-        self.close()  # the shell ignores us (trapped USR2?): rebuild on the next command
+                return True
+        self._stop()  # rebuilt on the next command; the pipes' writers are gone, so they end
         drain(out, err, time.monotonic() + ABORT_GRACE_S)
+        self.close()
+        return False
 
     def _reap(self) -> int:
         self.close()
         status = self.child.exitstatus
         return status if status is not None else 128 + (self.child.signalstatus or 9)
 
-    def close(self) -> None:
-        if self.dead:
-            return
-        self.dead = True
+    def _stop(self) -> None:
+        """Kill every process of the sandbox and reap bwrap; the host's pipe ends stay open."""
         if self.child.isalive():
             _procs.teardown(self.child.pid)
         try:
             self.child.wait()
         except pexpect.ExceptionPexpect:
             pass
+
+    def close(self) -> None:
+        if self.dead:
+            return
+        self.dead = True
+        self._stop()
         self.child.close(force=True)
         for fd in (self.cmd_w, self.cmd_drain, self.out_r, self.err_r):
             try:
