@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import os
 import re
 import shutil
 import subprocess
@@ -15,24 +14,27 @@ from pathlib import Path
 
 import pytest
 
+from agent_envs.envs import registry
+
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "agent_envs"
 needs_import_linter = pytest.mark.skipif(
     importlib.util.find_spec("importlinter") is None,
     reason="import-linter not installed (bash scripts/install.sh --test installs it)",
 )
-#: the environments' folders and the registry that lists them: the only modules that may name one
-ENV_FOLDERS = ("envs/countdown", "envs/docvqa", "envs/math_react", "envs/registry.py")
-ENV_NAMES = re.compile(r"docvqa|countdown|math[_-]react", re.IGNORECASE)
+#: the registry's environment folders (agent_envs.envs.<folder>), and the registry itself
+FOLDERS = tuple(name.rsplit(".", 1)[1] for name, _ in registry.folder_specs())
+#: the environments' folders and the registry that finds them: the only modules that may name one
+ENV_FOLDERS = (*(f"envs/{folder}" for folder in FOLDERS), "envs/registry.py")
+#: a folder's name, with or without its underscores or as dashes (``math-react``, ``PrimeCount``)
+ENV_NAMES = re.compile("|".join(folder.replace("_", "[_-]?") for folder in FOLDERS), re.IGNORECASE)
 
 
 def _lint(root: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(root))
-    command = "from importlinter.cli import lint_imports_command; lint_imports_command()"
+    """check_code.sh's import-linter run: pyproject's contracts with the registry's folders filled in."""
     return subprocess.run(
-        [sys.executable, "-c", command, "--no-cache", "--config", str(root / "pyproject.toml")],
+        [sys.executable, str(REPO / "scripts" / "lint_imports.py"), "--root", str(root)],
         cwd=root,
-        env=env,
         capture_output=True,
         text=True,
         timeout=300,
@@ -44,6 +46,8 @@ def _planted(tmp_path: Path, module: str, line: str) -> Path:
     root = tmp_path / "repo"
     shutil.copytree(PACKAGE, root / "agent_envs", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
+    if (REPO / "prompts").is_dir():  # the registry imports the package, which reads its shared prompt data
+        shutil.copytree(REPO / "prompts", root / "prompts")
     target = root / "agent_envs" / module
     target.write_text(target.read_text() + "\n" + line + "\n")
     return root
@@ -76,6 +80,17 @@ def test_the_contracts_hold():
         (
             "envs/countdown/env.py",
             "from agent_envs.envs.math_react.scoring import math_score",
+            "an environment's folder imports no other environment",
+        ),
+        # a folder no list names: the registry's folders are the contracts' lists
+        (
+            "rollout/metrics.py",
+            "from agent_envs.envs.prime_count.scoring import parse_count",
+            "shared layers reach an environment only through the registry",
+        ),
+        (
+            "envs/prime_count/env.py",
+            "from agent_envs.envs.countdown.scoring import countdown_score",
             "an environment's folder imports no other environment",
         ),
         # the model libraries, each only where its layer owns it
