@@ -44,15 +44,24 @@ def test_records_without_a_spec_still_summarise_with_bash_as_the_tool():
     assert summarize([row], samples=1)["tool_call_rate"] == 1.0
 
 
-#: the unknown-action texts each environment's rules carried before they were derived from its tools
-UNKNOWN_ACTION = {
-    "MATH-ReAct-v0": "Unknown action '{name}'. Available action is bash.",
-    "DocVQA-CLI-v0": "Unknown action '{name}'. Available action is bash.",
-    "Countdown-ReAct-v0": "Unknown action '{name}'. Available actions are python and bash.",
-    "DocVQA-VL-v0": "Unknown action '{name}'. Available actions are bash and view.",
-    "MATH-Tools-v0": "Unknown action '{name}'. Available action is bash.",
-    "Countdown-Tools-v0": "Unknown action '{name}'. Available actions are python and bash.",
-}
+def listed(names: tuple[str, ...]) -> str:
+    """``bash`` / ``python and bash`` / ``python, bash and view``: how the text names the tools."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def unknown_action(spec) -> str:
+    """The unknown-action text an environment's rules carry, from its declared tools, in their order
+    (the built-in environments carried these texts before they were derived)."""
+    names = spec.tool_names
+    verb = "action is" if len(names) == 1 else "actions are"
+    return f"Unknown action '{{name}}'. Available {verb} {listed(names)}."
+
+
+def test_the_derived_texts_are_those_the_environments_carried():
+    assert (
+        unknown_action(registry.spec("DocVQA-VL-v0")) == "Unknown action '{name}'. Available actions are bash and view."
+    )
+    assert unknown_action(registry.spec("MATH-Tools-v0")) == "Unknown action '{name}'. Available action is bash."
 
 
 @pytest.mark.parametrize("env_id", registry.ENV_IDS)
@@ -60,6 +69,6 @@ def test_rules_take_tool_names_arguments_and_texts_from_the_tool_declarations(en
     spec = registry.spec(env_id)
     for compat, rules in spec.rules.items():
         derived = with_tools(rules, spec.tools)
-        assert derived.unknown_action == UNKNOWN_ACTION[env_id], compat
+        assert derived.unknown_action == unknown_action(spec), compat
         assert derived.tools == tuple((t.name, t.argument) for t in spec.tools)
         assert gym.make(env_id, compat=compat).unwrapped.rules == derived
