@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from fractions import Fraction
 
+import gymnasium as gym
 import pytest
 from pydantic import ValidationError
 
@@ -102,7 +103,9 @@ def test_task_model_is_strict():
 
 
 def test_prompts_teach_the_react_grammar_with_both_tools():
-    system, user = load_prompt("countdown/system"), load_prompt("countdown/user")
+    env = gym.make("Countdown-ReAct-v0", sandbox="none")
+    system, user = env.unwrapped.system_prompt, load_prompt("countdown/user")  # the tool list filled in
+    env.close()
     single = load_prompt("countdown/system_single_turn")
     assert 'Action:\n{"name": "python", "arguments": {"code": "<python code>"}}' in system
     assert 'Action:\n{"name": "bash", "arguments": {"command": "<shell command>"}}' in system

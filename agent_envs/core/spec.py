@@ -8,6 +8,7 @@ folder and adds it to :mod:`agent_envs.envs.registry`.  Each tool is declared on
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -107,6 +108,11 @@ class ToolSpec:
     ``build(sandbox_config, framing, max_output_chars)`` gives the episode's :class:`Tool`.  The
     observation is its text, or an :class:`~agent_envs.core.observation.Observation` when it
     carries images.
+
+    The tool also says how a ReAct system prompt presents it (:meth:`prompt_text`): a prompt
+    template's ``{tools}`` is its tools' texts (:func:`fill_tools`), so the list of actions cannot
+    drift from the tools declared.  A prompt that words a tool its own way still shows its
+    :meth:`call_example` (tests/test_tool_prompts.py checks both).
     """
 
     name: str
@@ -119,9 +125,34 @@ class ToolSpec:
     #: sandbox capabilities the tool needs (:data:`agent_envs.sandbox.base.PROCESSES`, ...); an
     #: environment whose sandbox lacks one is refused when it is made
     needs: frozenset[str] = frozenset()
+    #: what a prompt's call example holds in the argument (``"<shell command>"``)
+    placeholder: str = ""
+    #: what the tool does, in a prompt's list of actions (``"runs a shell command."``)
+    description: str = ""
 
     def with_(self, **changes: Any) -> ToolSpec:
         return replace(self, **changes)
+
+    def call_example(self) -> str:
+        """The call as a prompt shows it: ``{"name": "bash", "arguments": {"command": "<shell command>"}}``
+        (the arguments object empty for a tool that takes it whole)."""
+        arguments = {} if self.argument is None else {self.argument: self.placeholder}
+        return json.dumps({"name": self.name, "arguments": arguments}, ensure_ascii=False)
+
+    def prompt_text(self) -> str:
+        """The tool's entry in a ReAct prompt's list of actions: ``Action:``, the call, a blank line
+        and what it does."""
+        return f"Action:\n{self.call_example()}\n\n{self.description}"
+
+
+#: where a system prompt template lists its environment's tools
+TOOLS_PLACEHOLDER = "{tools}"
+
+
+def fill_tools(template: str, tools: Sequence[ToolSpec]) -> str:
+    """``template`` with :data:`TOOLS_PLACEHOLDER` replaced by the tools' prompt texts, a blank
+    line between two (``str.replace``, as :func:`agent_envs.core.prompts.fill`: other braces stay)."""
+    return template.replace(TOOLS_PLACEHOLDER, "\n\n".join(tool.prompt_text() for tool in tools))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import gymnasium as gym
 from agent_envs.core.content import copy_message, text_of, text_part, transcript
 from agent_envs.core.observation import Observation, Shown, split
 from agent_envs.core.prompts import PROFILE, few_shot_turns, fill, load_prompt, profile_prompt, sha256
-from agent_envs.core.spec import EnvSpec, Rules, Tool
+from agent_envs.core.spec import EnvSpec, Rules, Tool, fill_tools
 from agent_envs.core.steps import StepContext, StepScore, StepScorer
 from agent_envs.core.tasks import episode_key
 from agent_envs.core.tokens import PromptTally, TokenCounter
@@ -490,10 +490,10 @@ class ReActEnv(gym.Env[Chat, str], abc.ABC):
             base = profile_prompt(self.prompts, self.env_spec.system_prompt)
         elif text is not None:
             base = text
-        elif prompt_file:
-            base = load_prompt(prompt_file)
+        elif prompt_file:  # a template file: its {tools} are this environment's, as for the shipped one
+            base = fill_tools(load_prompt(prompt_file), self.env_spec.tools)
         else:
-            base = load_prompt(self.env_spec.system_prompt, self.env_spec.prompt_dir)
+            base = fill_tools(load_prompt(self.env_spec.system_prompt, self.env_spec.prompt_dir), self.env_spec.tools)
         return msgs.with_skill(base, skill or "", self.env_spec.skill_separator)
 
     def _user_message(self, task: Any) -> str:

@@ -55,4 +55,6 @@ class BashTool:
 
 #: the declaration: ``{"command": "<shell command>"}``; an environment sets its own framing and
 #: blocklist text with ``BASH.with_(framing=..., blocked=...)``
-BASH = ToolSpec("bash", BashTool, argument="command")
+BASH = ToolSpec(
+    "bash", BashTool, argument="command", placeholder="<shell command>", description="runs a shell command."
+)

@@ -317,4 +317,9 @@ PYTHON = ToolSpec(
     argument="code",
     framing=Framing(label="Python", translate_newlines=True),
     needs=frozenset({PROCESSES}),
+    placeholder="<python code>",
+    description=(
+        "runs code in a Python interpreter that keeps its variables and imports between calls; "
+        "print what you want to see."
+    ),
 )

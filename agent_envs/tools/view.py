@@ -167,4 +167,9 @@ class ViewTool:
 def view_tool(target: str, max_pixels: int = MAX_PIXELS) -> ToolSpec:
     """The declaration of a view tool over the image mounted at ``target``, showing at most
     ``max_pixels`` per image: ``{"box": [x0, y0, x1, y1], "zoom": z}``, the arguments object itself."""
-    return ToolSpec("view", partial(ViewTool, target=target, max_pixels=max_pixels), argument=None)
+    return ToolSpec(
+        "view",
+        partial(ViewTool, target=target, max_pixels=max_pixels),
+        argument=None,
+        description="shows the whole image.",
+    )
