@@ -313,6 +313,33 @@ def test_code_cannot_forge_the_end_of_a_call(tool):
     assert _obs(tool, "print(6 * 7)") == "42\n\n[exit_code] 0" and tool.restarts == 0
 
 
+#: issue 32's attack on the end of a call: the driver's status line with the call's nonce, then a
+#: blocking read of the driver's own command pipe (which takes the next call's code), then a loop
+IMITATE_THE_END = """
+    import os, sys
+    frame = sys._getframe()
+    while 'nonce' not in frame.f_locals:
+        frame = frame.f_back
+    nonce, commands = frame.f_locals['nonce'], frame.f_locals['commands']
+    os.write(frame.f_locals['status_fd'], b'\\n' + nonce + b' R 0\\n')
+    head = commands.readline()
+    print('took:', commands.read(int(head.split()[1])).decode(), flush=True)
+    while True:
+        pass
+"""
+
+
+def test_imitating_the_end_of_a_call_costs_only_the_own_interpreter(tool):
+    """docs/reliability.md#tool-channels: code can imitate the driver's end (the interpreter's
+    state is the model's), but that only ends its own call early and takes its own next call,
+    which then times out and restarts the interpreter; the call after that runs normally and
+    nothing is left running."""
+    tool.run(textwrap.dedent(IMITATE_THE_END), timeout=5)
+    second = tool.run("print('next')", timeout=2)
+    assert second.timed_out and second.stdout == b"took: print('next')\n", second
+    assert _obs(tool, "print(6 * 7)") == "42\n\n[exit_code] 0" and tool.restarts == 1
+
+
 def test_a_status_fd_flood_without_newlines_costs_the_host_little(tool):
     """Model code writing 32 MiB to the status fd with no newline: the host reads it in bounded,
     linear steps (it once re-split its whole buffer on every 4 KiB read, seconds of CPU in the
