@@ -1,0 +1,91 @@
+"""A policy backend is its row of ``agent_envs.policy.factory``: one registered from outside the
+package is treated by ``agent-envs eval`` and the report as its row says (a stand-in, not a real
+model; its own defaults, flags, pool support and words), with no name of it anywhere else (issue 31)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent_envs import cli
+from agent_envs.envs.registry import spec
+from agent_envs.policy.factory import BACKENDS, Backend, PolicySettings, default_policy, register
+from agent_envs.policy.scripted import ScriptedPolicy
+
+ENV = "MATH-ReAct-v0"
+#: a stand-in backend as a user would add one: the environment's baseline under another name
+ECHO = Backend(
+    lambda s: ScriptedPolicy(spec(ENV).baseline, sampled=False),
+    description="the echo stand-in",
+    real_model=False,
+    label="echo stand-in (no model)",
+    words="replies from a script under another name, to check that the row of a backend reaches the report.",
+    run_defaults={"limit": 2, "max_turns": 4},
+)
+
+
+@pytest.fixture
+def echo():
+    register("echo", ECHO)
+    yield "echo"
+    BACKENDS.pop("echo")
+
+
+def _args(*argv: str):
+    return cli.build_parser().parse_args(["eval", *argv])
+
+
+def test_eval_and_the_report_treat_a_registered_backend_by_its_row(echo, tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = cli.main(["eval", "--env", ENV, "--policy", echo, "--out", str(out), "--no-progress", "--sandbox", "bwrap"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    config = json.loads((out / "config.json").read_text())
+    # the row's run defaults, not the CPU model's (3 tasks, 3 turns, 192 tokens)
+    assert (config["policy"], config["limit"], config["max_turns"], config["max_tokens_per_turn"]) == (
+        echo,
+        2,
+        4,
+        None,
+    )
+    assert len((out / "records.jsonl").read_text().splitlines()) == 2
+    assert "[agent-envs] echo defaults: 2 task(s) of 'builtin' with the echo stand-in" in err
+    about = (out / "report.html").read_text().split('<section id="about">', 1)[1].split("</section>", 1)[0]
+    assert ECHO.label in about and ECHO.words in about  # named and explained by its row
+    assert "To evaluate a real model" in about  # not presented as a real model
+
+
+def test_flags_and_pools_follow_the_row(echo):
+    with pytest.raises(cli.UsageError, match="--api-key and --tool-choice apply to --policy openai only"):
+        cli._check_request_flags(echo, _args("--policy", echo, "--api-key", "k"))
+    with pytest.raises(cli.UsageError, match="--engines runs --policy vllm or scripted, not echo"):
+        cli.make_pool(echo, _args("--policy", echo, "--engines", "2"))
+    register(echo, Backend(ECHO.build, http=True, pool_spec="agent_envs.scale.engines:scripted_pool_spec"))
+    cli._check_request_flags(echo, _args("--policy", echo, "--request-timeout", "5"))
+    with pytest.raises(cli.UsageError, match="apply to --policy openai or --policy echo only"):
+        cli._check_request_flags("cpu", _args("--api-key", "k"))
+    from agent_envs.scale.engines import pool_spec
+
+    pooled = pool_spec(echo, PolicySettings(), ENV)
+    assert (pooled.factory, pooled.kwargs) == ("agent_envs.scale.engines:scripted_engine", {"env_id": ENV})
+
+
+def test_the_default_backend_is_chosen_by_the_rows():
+    assert [default_policy(m, u) for m, u in ((None, []), ("m", []), (None, ["u"]), ("m", ["u"]))] == [
+        "cpu",
+        "transformers",
+        "openai",
+        "openai",
+    ]
+
+
+def test_real_models_are_named_by_their_model_in_the_report(tmp_path):
+    from agent_envs.report.load import Run
+    from agent_envs.report.views import about
+
+    config = {"policy": "vllm", "model": "Qwen/Qwen3-4B"}
+    run = Run("r", Path(tmp_path), [], config, saved_summary=None, unreadable_lines=0, samples=1)
+    page = about([run])
+    assert page["runs"][0]["policy"] == "Qwen/Qwen3-4B" and page["policies"] == {} and page["hint"] is False
