@@ -26,6 +26,7 @@ from agent_envs.core.prompts import read_skill
 from agent_envs.core.spec import EnvSpec, Metric
 from agent_envs.envs import registry
 from agent_envs.envs.registry import ENV_IDS
+from agent_envs.esrun.export import export_and_print, export_parser
 from agent_envs.policy.base import Policy
 from agent_envs.policy.factory import BACKENDS, PolicySettings, build_policy, default_policy
 from agent_envs.policy.sampling import SamplingConfig
@@ -239,34 +240,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=None, help="output file (default RUN_DIR/report.html, or RUN_A/report-vs-B.html)"
     )
 
-    ex = sub.add_parser(
+    sub.add_parser(  # the options of agent-envs es export, which it is
         "export-checkpoint",
         help="replay an ES history on a fresh engine and save it, with "
         "manifest.json and verification.json (docs/scaling.md)",
-    )
-    ex.add_argument("--history", required=True, type=Path, help="the ES run's history.json")
-    ex.add_argument("--model", required=True, help="the base model the history was trained from")
-    ex.add_argument("--tp", type=int, default=1, help="tensor_parallel_size of the engine and the saved state")
-    ex.add_argument("--out", required=True, type=Path, help="folder to write the checkpoint into")
-    ex.add_argument("--generations", type=int, default=None, help="replay only the first N updates")
-    ex.add_argument(
-        "--format",
-        choices=("sharded_state", "safetensors"),
-        default=None,
-        help="default: sharded_state for --tp > 1, safetensors for --tp 1",
+        parents=[export_parser(add_help=False)],
     )
     vc = sub.add_parser("verify-checkpoint", help="re-check an exported folder on a fresh engine")
     vc.add_argument("folder", type=Path, help="a folder written by export-checkpoint")
     vc.add_argument("--tp", type=int, default=None, help="load with this tensor_parallel_size (the manifest's)")
-    for checkpoint_parser in (ex, vc):
-        checkpoint_parser.add_argument(
-            "--engine-arg",
-            action="append",
-            default=[],
-            type=key_value,
-            metavar="KEY=VALUE",
-            help="passed to vllm.LLM, e.g. dtype=float32",
-        )
+    vc.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        type=key_value,
+        metavar="KEY=VALUE",
+        help="passed to vllm.LLM, e.g. dtype=float32",
+    )
     tk = sub.add_parser("export", help="write a run's episodes for a trainer (token sequences, masks, rewards)")
     tk.add_argument("run", type=Path, metavar="RUN_DIR", help="a run made with eval --token-trajectories")
     tk.add_argument(
@@ -895,35 +885,12 @@ def _progress(line: str) -> None:
 
 
 def cmd_export_checkpoint(args: argparse.Namespace) -> int:
-    from agent_envs.es.checkpoint import CheckpointError, export_checkpoint
+    from agent_envs.es.checkpoint import CheckpointError
 
     try:
-        manifest, verification = export_checkpoint(
-            args.history,
-            args.model,
-            args.out,
-            tp=args.tp,
-            generations=args.generations,
-            load_format=args.format,
-            engine_args=dict(args.engine_arg),
-            log=_progress,
-        )
+        return export_and_print(args)
     except CheckpointError as exc:
         raise UsageError(str(exc)) from None
-    print(
-        json.dumps(
-            {
-                "out": str(args.out),
-                "generations_replayed": manifest["generations_replayed"],
-                "load_format": manifest["load_format"],
-                "tensor_parallel_size": manifest["tensor_parallel_size"],
-                "shards": [s["file"] for s in manifest["shards"]],
-                "passed": verification["passed"],
-            },
-            indent=2,
-        )
-    )
-    return 0 if verification["passed"] else 1
 
 
 def cmd_verify_checkpoint(args: argparse.Namespace) -> int:

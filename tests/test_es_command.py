@@ -14,7 +14,7 @@ import pytest
 
 from agent_envs.cli import main as cli_main
 from agent_envs.envs import registry
-from agent_envs.esrun.command import export_parser
+from agent_envs.esrun.export import export_parser
 from agent_envs.esrun.run import make_config, make_engine_kwargs, make_env_kwargs
 from agent_envs.esrun.settings import ESSettings, build_parser, parse_settings
 from agent_envs.rollout.options import env_kwargs

@@ -12,18 +12,15 @@
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
-from pathlib import Path
 from typing import Any, Sequence
 
 from agent_envs.es.evaluation import eval_only
 from agent_envs.es.history import ReplayMismatch
 from agent_envs.es.progress import Progress, metrics_path, plot_metrics, read_metrics
-from agent_envs.rollout.options import key_value
 
+from .export import export
 from .run import ESRun, open_run
 from .settings import ESSettings, parse_settings
 
@@ -115,63 +112,3 @@ def report(history: list[dict[str, Any]], path: str, checksum: str) -> None:
             f"(stdev over generations {statistics.pstdev(rewards):.4f}); history {path}"
         )
     print(f"[es] final weights checksum {checksum}")
-
-
-def export(argv: Sequence[str]) -> int:
-    """``agent-envs es export``: the history replayed on a fresh engine and saved, with its
-    manifest and verification (agent_envs.es.checkpoint)."""
-    from agent_envs.es.checkpoint import CheckpointError, export_checkpoint
-
-    args = export_parser().parse_args(argv)
-    try:
-        manifest, verification = export_checkpoint(
-            args.history,
-            args.model,
-            args.out,
-            tp=args.tp,
-            generations=args.generations,
-            load_format=args.format,
-            engine_args=dict(args.engine_arg),
-            log=lambda line: print(line, file=sys.stderr, flush=True),
-        )
-    except CheckpointError as exc:
-        print(f"agent-envs es export: error: {exc}", file=sys.stderr)
-        return 2
-    summary = {
-        "out": str(args.out),
-        "generations_replayed": manifest["generations_replayed"],
-        "load_format": manifest["load_format"],
-        "tensor_parallel_size": manifest["tensor_parallel_size"],
-        "shards": [s["file"] for s in manifest["shards"]],
-        "passed": verification["passed"],
-    }
-    print(json.dumps(summary, indent=2))
-    return 0 if verification["passed"] else 1
-
-
-def export_parser() -> argparse.ArgumentParser:
-    """The options of ``agent-envs es export``."""
-    p = argparse.ArgumentParser(
-        prog="agent-envs es export",
-        description="replay an ES history on a fresh engine and save it, with manifest.json and verification.json",
-    )
-    p.add_argument("--history", required=True, type=Path, help="the ES run's history.json")
-    p.add_argument("--model", required=True, help="the base model the history was trained from")
-    p.add_argument("--tp", type=int, default=1, help="tensor_parallel_size of the engine and the saved state")
-    p.add_argument("--out", required=True, type=Path, help="folder to write the checkpoint into")
-    p.add_argument("--generations", type=int, default=None, help="replay only the first N updates")
-    p.add_argument(
-        "--format",
-        choices=("sharded_state", "safetensors"),
-        default=None,
-        help="default: sharded_state for --tp > 1, safetensors for --tp 1",
-    )
-    p.add_argument(
-        "--engine-arg",
-        action="append",
-        default=[],
-        type=key_value,
-        metavar="KEY=VALUE",
-        help="passed to vllm.LLM, e.g. dtype=float32",
-    )
-    return p
