@@ -1,4 +1,4 @@
-"""One table of policy backends: the CLI, ``examples/es_train.py`` and the engine pools all build
+"""One table of policy backends: the CLI, ``agent-envs es`` and the engine pools all build
 their policies here, so a backend is added as a module in ``policy/`` and one row below.
 
 A row says what the backend needs (a model, an endpoint) and builds it from :class:`PolicySettings`;

@@ -42,7 +42,7 @@ from .vision import load_processor
 #: ``rollout_token_budget`` for scheduling parity with it.
 REFERENCE_TOKEN_BUDGET = 131072
 #: the one default of every vLLM rollout path (``VLLMPolicy``, the engine pool's ``VLLMEngine``,
-#: ``examples/es_train.py``): 0 sends a whole lockstep turn in one engine call, so vLLM's scheduler
+#: ``agent-envs es``): 0 sends a whole lockstep turn in one engine call, so vLLM's scheduler
 #: fills the KV cache itself (docs/protocol.md#differences-and-parity-switches)
 DEFAULT_ROLLOUT_TOKEN_BUDGET = 0
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"

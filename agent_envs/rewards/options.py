@@ -1,4 +1,4 @@
-"""Command-line flags for a step scorer, shared by ``agent-envs eval`` and ``examples/es_train.py``
+"""Command-line flags for a step scorer, shared by ``agent-envs eval`` and ``agent-envs es``
 (docs/protocol.md#process-rewards)."""
 
 from __future__ import annotations
