@@ -369,6 +369,24 @@ def test_replay_onto_a_checkpoint_folder_rebuilds_the_trained_weights(tmp_path: 
     assert partial["updates"] == 1 and partial["checksum"] not in (summary["checksum"], summary["base_checksum"])
 
 
+def test_replay_onto_fingerprints_every_kth_update_and_the_last(tmp_path: Path) -> None:
+    """``check_every`` skips the (costly) fingerprints in between but never the last update's, and each
+    fingerprint taken is the one the run recorded for that generation."""
+    (tmp_path / "adapters").mkdir()
+    base_dir = tmp_path / "base"
+    tiny_llama().save_pretrained(base_dir)
+    _, _, history, _ = train_toy(tmp_path)
+    recorded = [r["weights_fingerprint"] for r in load_history(history) if "rewards" in r]
+    seen: list[tuple[int, str]] = []
+    replay_onto(base_dir, history, tmp_path / "t", after_update=lambda i, fp: seen.append((i, fp)), check_every=2)
+    assert seen == [(1, recorded[1]), (2, recorded[2])]
+    every: list[tuple[int, str]] = []
+    replay_onto(base_dir, history, tmp_path / "u", after_update=lambda i, fp: every.append((i, fp)))
+    assert every == list(enumerate(recorded))
+    with pytest.raises(ValueError, match="check_every must be >= 1"):
+        replay_onto(base_dir, history, tmp_path / "v", check_every=0)
+
+
 def test_replay_onto_names_a_missing_or_misshapen_target(tmp_path: Path) -> None:
     (tmp_path / "adapters").mkdir()
     _, _, history, _ = train_toy(tmp_path)

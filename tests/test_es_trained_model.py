@@ -27,8 +27,9 @@ def test_the_shipped_history_holds_every_update_and_its_result():
 def test_the_first_generations_replay_to_the_gpus_fingerprints(tmp_path: Path, smollm2_gguf: Path):
     from agent_envs.policy.hf import smollm2_hf_dir
 
-    report = build(tmp_path, smollm2_hf_dir(), generations=2)
+    report = build(tmp_path, smollm2_hf_dir(), generations=2, check_every=1)
     assert report["base_matches_run"] is True  # the embedded model converted here is the run's base
+    assert report["checked_generations"] == [1, 2]
     assert report["fingerprints_equal"] == report["generations"] == 2
     assert report["first_differing_generation"] is None and report["bit_exact"] is True
     assert json.loads((tmp_path / "replay.json").read_text()) == report

@@ -595,6 +595,7 @@ def replay_onto(
     dtype: str | None = None,
     generations: int | None = None,
     after_update: Callable[[int, str], None] | None = None,
+    check_every: int = 1,
 ) -> dict[str, Any]:
     """Rebuild a low-rank-trained model from a plain safetensors checkpoint folder and the history,
     on the CPU: the weights are cast to ``dtype`` (default: the run's, e.g. bfloat16 on a GPU) and
@@ -602,7 +603,10 @@ def replay_onto(
     with the weights replaced.  Returns the number of updates, the targets' checksum before and
     after, and whether the base matched the run's ``base_checksum``.  ``after_update(i, fp)`` is
     called after update ``i`` with the targets' fingerprint (the one a run records per generation as
-    ``weights_fingerprint``, taken in the same target order), to compare the two as they go."""
+    ``weights_fingerprint``, taken in the same target order), to compare the two as they go: after
+    every ``check_every``-th update and the last (a fingerprint reads every target weight, which on
+    a small model costs as much as the update itself; the weights after update ``i`` depend on all
+    earlier ones, so one equal fingerprint vouches for every update before it)."""
     from safetensors.torch import load_file, save_file
 
     from .history import history_config, load_history
@@ -610,6 +614,8 @@ def replay_onto(
     records = load_history(history) if isinstance(history, (str, os.PathLike)) else list(history)
     config = history_config(records)
     updates = lowrank_updates(records, generations)  # refuses a full-rank history
+    if int(check_every) < 1:
+        raise ValueError(f"check_every must be >= 1, got {check_every!r}")
     rank = check_rank(config.get("rank"))
     targets = history_targets(records)
     source, out = Path(model_dir), Path(out_dir)
@@ -639,7 +645,7 @@ def replay_onto(
             changes = update_changes(targets, products, update["alpha"], adam)
             for (_, tensor), change in zip(placed, changes, strict=True):
                 tensor.add_(change.to(tensor.dtype))
-            if after_update is not None:
+            if after_update is not None and ((index + 1) % check_every == 0 or index + 1 == len(updates)):
                 after_update(index, fingerprint((t.name, x) for t, x in placed))
     out.mkdir(parents=True, exist_ok=True)
     for path in source.iterdir():

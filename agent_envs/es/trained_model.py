@@ -37,6 +37,9 @@ PROVENANCE = TRAINED / "smollm2_es.json"
 REPLAY_REPORT = "replay.json"
 #: a progress line on stderr every this many replayed generations (a full replay takes minutes)
 PROGRESS_EVERY = 25
+#: the replay compares its fingerprint with the GPU's after every this many generations and the last
+#: (each one is a pass over every weight; equal after generation g means equal weights after all of 1..g)
+CHECK_EVERY = 5
 
 
 def history_digest(path: Path = HISTORY) -> str:
@@ -73,19 +76,23 @@ def es_smollm2_dirs(base: Path = SMOLLM2_HF_DIR, generations: int | None = None)
     return target / "base", target / "trained"
 
 
-def build(out: Path, model_dir: Path, generations: int | None = None) -> dict[str, Any]:
+def build(
+    out: Path, model_dir: Path, generations: int | None = None, check_every: int = CHECK_EVERY
+) -> dict[str, Any]:
     """Replay the shipped history (its first ``generations``) from ``model_dir`` into ``out/base``
-    and ``out/trained`` and write ``out/replay.json``; refuses a base whose targets differ from the run's."""
+    and ``out/trained`` and write ``out/replay.json`` (the fingerprints compared after every
+    ``check_every``-th generation and the last); refuses a base whose targets differ from the run's."""
     history = trained_history()
     recorded = [r.get("weights_fingerprint") for r in history if "rewards" in r]
-    replayed: list[str] = []
+    replayed: dict[int, str] = {}
 
     def check(index: int, fp: str) -> None:
-        replayed.append(fp)
+        replayed[index] = fp
         if (index + 1) % PROGRESS_EVERY == 0:
-            equal = sum(a == b for a, b in zip(replayed, recorded))
+            equal = sum(fp == recorded[i] for i, fp in replayed.items())
             print(
-                f"[es replay] generation {index + 1}/{len(recorded)}: {equal} fingerprints equal the GPU's",
+                f"[es replay] generation {index + 1}/{len(recorded)}: {equal} of {len(replayed)} checked "
+                "fingerprints equal the GPU's",
                 file=sys.stderr,
                 flush=True,
             )
@@ -97,18 +104,22 @@ def build(out: Path, model_dir: Path, generations: int | None = None) -> dict[st
             "the history replays only onto the model it was trained from"
         )
     started = time.perf_counter()
-    result = replay_onto(model_dir, history, out / "trained", generations=generations, after_update=check)
-    differ = [i for i, (a, b) in enumerate(zip(replayed, recorded)) if a != b]
+    result = replay_onto(
+        model_dir, history, out / "trained", generations=generations, after_update=check, check_every=check_every
+    )
+    differ = [i for i, fp in sorted(replayed.items()) if fp != recorded[i]]
+    last = max(replayed, default=-1) + 1
     report = {
         **result,
         "replay_s": round(time.perf_counter() - started, 1),
-        "generations": len(replayed),
+        "generations": last,
+        "checked_generations": sorted(i + 1 for i in replayed),
         "fingerprints_equal": len(replayed) - len(differ),
-        "first_differing_generation": differ[0] if differ else None,
+        "first_differing_generation": differ[0] + 1 if differ else None,
         "final_checksum_run": provenance()["final_checksum"],
         "of_generations": len(recorded),
         "bit_exact": not differ
-        and (len(replayed) < len(recorded) or result["checksum"] == provenance()["final_checksum"]),
+        and (last < len(recorded) or result["checksum"] == provenance()["final_checksum"]),
     }
     (out / REPLAY_REPORT).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return report
