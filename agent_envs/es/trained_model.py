@@ -76,9 +76,7 @@ def es_smollm2_dirs(base: Path = SMOLLM2_HF_DIR, generations: int | None = None)
     return target / "base", target / "trained"
 
 
-def build(
-    out: Path, model_dir: Path, generations: int | None = None, check_every: int = CHECK_EVERY
-) -> dict[str, Any]:
+def build(out: Path, model_dir: Path, generations: int | None = None, check_every: int = CHECK_EVERY) -> dict[str, Any]:
     """Replay the shipped history (its first ``generations``) from ``model_dir`` into ``out/base``
     and ``out/trained`` and write ``out/replay.json`` (the fingerprints compared after every
     ``check_every``-th generation and the last); refuses a base whose targets differ from the run's."""
@@ -118,8 +116,7 @@ def build(
         "first_differing_generation": differ[0] + 1 if differ else None,
         "final_checksum_run": provenance()["final_checksum"],
         "of_generations": len(recorded),
-        "bit_exact": not differ
-        and (last < len(recorded) or result["checksum"] == provenance()["final_checksum"]),
+        "bit_exact": not differ and (last < len(recorded) or result["checksum"] == provenance()["final_checksum"]),
     }
     (out / REPLAY_REPORT).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return report
