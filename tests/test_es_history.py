@@ -267,7 +267,7 @@ def test_subtractive_revert_drifts_only_by_rounding(tmp_path: Path) -> None:
     trained, _, _ = train(tmp_path, exact=False)
     replayed = make_model()
     history = load_history(tmp_path / "history.json")
-    assert not replay_is_exact(history)  # es_train says so on --resume
+    assert not replay_is_exact(history)  # agent-envs es says so on --resume
     assert checked_generations(history) == 0  # the residue makes every generation differ: nothing to check
     replay(history, SeededPerturber(replayed), seed=7, population=4)
     drift = max((a - b).abs().max().item() for a, b in zip(trained.parameters(), replayed.parameters()))
