@@ -20,6 +20,7 @@ import torch
 from agent_envs.policy import GenerationRequest, SamplingConfig
 from agent_envs.policy.hf import TransformersPolicy, default_cpu_policy
 from agent_envs.core.prompts import load_prompt
+from agent_envs.envs.math_react.spec import PROMPTS
 
 QUESTIONS = [
     "What is the remainder when 60^865 is divided by 1009?",
@@ -30,7 +31,7 @@ QUESTIONS = [
 
 
 def requests(batch: int, tokens: int) -> list[GenerationRequest]:
-    system = load_prompt("math_react/system")
+    system = load_prompt("system", PROMPTS)
     return [
         GenerationRequest(
             messages=[

@@ -194,6 +194,7 @@ def write_tasks(out: Path, eval_tasks: int, train_tasks: int = 512, max_number: 
     few-shot turns (FEW_SHOT: user messages filled from the shipped Countdown user prompt, as the
     tasks' are)."""
     from agent_envs.core.prompts import load_prompt
+    from agent_envs.envs.countdown.spec import PROMPTS
     from agent_envs.envs.countdown.task import CountdownTask
 
     data = out / "data"
@@ -212,7 +213,7 @@ def write_tasks(out: Path, eval_tasks: int, train_tasks: int = 512, max_number: 
         path = data / f"small2_{name}.jsonl"
         path.write_text("".join(json.dumps(row) + "\n" for row in rows))
         files.append(path)
-    template = load_prompt("countdown/user")
+    template = load_prompt("user", PROMPTS)
     turns = []
     for nums, target, work, expression in FEW_SHOT:
         user = CountdownTask(id="example", nums=nums, target=target).fill(template)

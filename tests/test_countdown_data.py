@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from agent_envs.envs.countdown.data import generate, load
 from agent_envs.envs.countdown.scoring import evaluate, score
 from agent_envs.envs.countdown.solver import solve
+from agent_envs.envs.countdown.spec import PROMPTS
 from agent_envs.envs.countdown.task import CountdownTask
 from agent_envs.core.prompts import load_prompt
 
@@ -104,9 +105,9 @@ def test_task_model_is_strict():
 
 def test_prompts_teach_the_react_grammar_with_both_tools():
     env = gym.make("Countdown-ReAct-v0", sandbox="none")
-    system, user = env.unwrapped.system_prompt, load_prompt("countdown/user")  # the tool list filled in
+    system, user = env.unwrapped.system_prompt, load_prompt("user", PROMPTS)  # the tool list filled in
     env.close()
-    single = load_prompt("countdown/system_single_turn")
+    single = load_prompt("system_single_turn", PROMPTS)
     assert 'Action:\n{"name": "python", "arguments": {"code": "<python code>"}}' in system
     assert 'Action:\n{"name": "bash", "arguments": {"command": "<shell command>"}}' in system
     for text in (system, single):

@@ -17,6 +17,7 @@ from agent_envs.envs.countdown import texts
 from agent_envs.envs.countdown.baseline import SEARCH
 from agent_envs.envs.countdown.data import generate
 from agent_envs.envs.countdown.solver import solve
+from agent_envs.envs.countdown.spec import PROMPTS
 from agent_envs.envs.countdown.task import CountdownTask
 from agent_envs.core.prompts import load_prompt
 
@@ -137,7 +138,7 @@ def test_single_turn_mode_needs_no_tool_and_uses_its_own_prompt():
     env = gym.make("Countdown-ReAct-v0", single_turn=True)
     try:
         messages, _ = env.reset(options={"task": TASK.model_dump()})
-        assert messages[0]["content"] == load_prompt("countdown/system_single_turn")
+        assert messages[0]["content"] == load_prompt("system_single_turn", PROMPTS)
         assert env.unwrapped.max_turns == 1
         _, reward, terminated, _, info = env.step("Easy.\nFinal answer: \\boxed{(25 - 5) * 4 + 3}")
         assert (reward, terminated, info["used_bash"]) == (1.0, True, False)

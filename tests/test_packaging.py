@@ -17,8 +17,7 @@ def test_wheel_has_every_module_and_the_prompts(tmp_path: Path) -> None:
     src.mkdir()
     for part in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / part, src / part)
-    for part in ("agent_envs", "prompts"):
-        shutil.copytree(REPO / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "agent_envs", src / "agent_envs", ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
         [
             sys.executable,
@@ -39,10 +38,11 @@ def test_wheel_has_every_module_and_the_prompts(tmp_path: Path) -> None:
     (wheel,) = (tmp_path / "dist").glob("agent_envs-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     modules = {p.relative_to(REPO).as_posix() for p in (REPO / "agent_envs").rglob("*.py")}
-    prompts = {
-        f"agent_envs/_prompts/{p.relative_to(REPO / 'prompts').as_posix()}" for p in (REPO / "prompts").glob("*/*.txt")
-    }
-    assert prompts and modules - names == set() and prompts - names == set()
+    # every environment's prompts/ folder, the shared prompts and the published table
+    prompts = {p.relative_to(REPO).as_posix() for p in (REPO / "agent_envs").rglob("prompts/**/*.txt")}
+    prompts.add("agent_envs/prompts/published_sha256.json")
+    assert {"agent_envs/envs/prime_count/prompts/system.txt", "agent_envs/prompts/judges/step.txt"} <= prompts
+    assert modules - names == set() and prompts - names == set()
     # LoRA kernel settings, the ES-trained model's history
     data = {p.relative_to(REPO).as_posix() for p in (REPO / "agent_envs").rglob("*.json*")}
     assert data and data - names == set()

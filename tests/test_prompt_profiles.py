@@ -12,6 +12,8 @@ import pytest
 import agent_envs  # noqa: F401  (registers the environments)
 from agent_envs.cli import main
 from agent_envs.core.prompts import PUBLISHED_PROMPTS, PUBLISHED_TEXTS, PublishedText, fill, load_prompt, sha256
+from agent_envs.envs import registry
+from agent_envs.envs.docvqa.spec import PROMPTS as DOCVQA_PROMPTS
 from agent_envs.envs.docvqa.texts import DOCVQA_FORMAT_WARNING_HTTP, DOCVQA_TOOL_REQUIRED
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
@@ -25,6 +27,12 @@ def _docs_table() -> list[tuple[str, int, str]]:
     return [(label, int(chars), sha) for label, chars, sha in rows]
 
 
+def shipped_prompt(name: str) -> str:
+    """The shipped system prompt a published name stands for, from the environment that uses it."""
+    (found,) = {(s.system_prompt, s.prompt_dir) for s in registry.SPECS.values() if s.system_prompt == name}
+    return load_prompt(*found)
+
+
 def test_the_docs_list_the_code_table_of_published_hashes():
     assert _docs_table() == [(t.label, t.chars, t.sha256) for t in PUBLISHED_TEXTS]
 
@@ -33,7 +41,7 @@ def test_shipped_protocol_texts_hash_as_published_and_shipped_system_prompts_are
     by_label = {t.label: t for t in PUBLISHED_TEXTS}
     shipped = {
         "DocVQA user message for the question `What is the invoice number?`": fill(
-            load_prompt("docvqa/user"), "What is the invoice number?"
+            load_prompt("user", DOCVQA_PROMPTS), "What is the invoice number?"
         ),
         "DocVQA format warning, HTTP wording": DOCVQA_FORMAT_WARNING_HTTP,
         "DocVQA tool-required warning": DOCVQA_TOOL_REQUIRED,
@@ -41,7 +49,7 @@ def test_shipped_protocol_texts_hash_as_published_and_shipped_system_prompts_are
     for label, text in shipped.items():
         assert (len(text), sha256(text)) == (by_label[label].chars, by_label[label].sha256), label
     for name, published in PUBLISHED_PROMPTS.items():  # our own wording: docs/protocol.md#prompts says so
-        assert sha256(load_prompt(name)) != published.sha256, name
+        assert sha256(shipped_prompt(name)) != published.sha256, name
 
 
 @pytest.fixture

@@ -1,12 +1,14 @@
-"""Prompt files: shipped under ``prompts/`` (installed as ``agent_envs._prompts``), overridable by path.
+"""Prompt files: each environment's in its own folder (``agent_envs/envs/<env>/prompts/``, its spec's
+``prompt_dir``), the shared ones (judges) and the published table in ``agent_envs/prompts/``; any can
+be overridden by path.
 
 Templates use the literal placeholder ``{question}`` and are filled with ``str.replace`` so braces in
 questions (LaTeX) are never interpreted.  Files are read without the final newline that editors add.
 
 The shipped system prompts are this package's own wording; the reference's texts are not in the
 repository.  :data:`PUBLISHED_TEXTS` (the one home of docs/protocol.md#prompt-hashes) lists the
-SHA-256 of the reference's texts, and a *prompt profile* (:func:`profile_prompt`) is a folder laid
-out like ``prompts/`` whose system prompts must hash to those values: how a user who holds the
+SHA-256 of the reference's texts, and a *prompt profile* (:func:`profile_prompt`) is a folder holding
+``<name>.txt`` per prompt name whose system prompts must hash to those values: how a user who holds the
 original texts runs with them exactly (docs/protocol.md#prompt-profiles).
 """
 
@@ -14,12 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from importlib import resources
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent_envs.core.jsonl import jsonl_rows
+
+#: the package's shared prompt files (``judges/step.txt``) and the published table, packaged as data
+SHARED = Path(__file__).resolve().parents[1] / "prompts"
 
 
 def _read(path: Path) -> str:
@@ -28,8 +32,9 @@ def _read(path: Path) -> str:
 
 
 def load_prompt(name_or_path: str | Path, directory: str | Path | None = None) -> str:
-    """A shipped prompt by name (``"<env folder>/system"``) or any text file by path.  With
-    ``directory`` (an environment's own prompt folder) a name is the file ``<its last part>.txt`` there."""
+    """A prompt by name or any text file by path.  With ``directory`` (an environment's own prompt
+    folder, its spec's ``prompt_dir``) a name is the file ``<its last part>.txt`` there; without, a
+    shared prompt (``"judges/step"``: ``agent_envs/prompts/judges/step.txt``)."""
     p = Path(name_or_path)
     if directory is not None and not (p.suffix or p.exists()):
         p = Path(directory) / f"{p.name}.txt"
@@ -37,13 +42,10 @@ def load_prompt(name_or_path: str | Path, directory: str | Path | None = None) -
         if not p.is_file():
             raise FileNotFoundError(f"prompt file not found: {p}")
         return _read(p)
-    try:
-        return _read(Path(str(resources.files("agent_envs._prompts").joinpath(f"{name_or_path}.txt"))))
-    except (ModuleNotFoundError, FileNotFoundError):
-        repo = Path(__file__).resolve().parents[2] / "prompts" / f"{name_or_path}.txt"
-        if repo.is_file():
-            return _read(repo)
-        raise FileNotFoundError(f"no shipped prompt named {name_or_path!r}") from None
+    shared = SHARED / f"{name_or_path}.txt"
+    if not shared.is_file():
+        raise FileNotFoundError(f"no shared prompt named {name_or_path!r} (an environment's: pass its prompt_dir)")
+    return _read(shared)
 
 
 def fill(template: str, question: str) -> str:
@@ -73,10 +75,7 @@ PUBLISHED_FILE = "published_sha256.json"
 
 
 def _published_texts() -> tuple[PublishedText, ...]:
-    try:
-        raw = resources.files("agent_envs._prompts").joinpath(PUBLISHED_FILE).read_text(encoding="utf-8")
-    except (ModuleNotFoundError, FileNotFoundError):
-        raw = (Path(__file__).resolve().parents[2] / "prompts" / PUBLISHED_FILE).read_text(encoding="utf-8")
+    raw = (SHARED / PUBLISHED_FILE).read_text(encoding="utf-8")
     return tuple(PublishedText(**row) for row in json.loads(raw))
 
 
@@ -90,7 +89,7 @@ PROFILE = "published"
 
 def profile_prompt(directory: str | Path, name: str) -> str:
     """The system prompt ``name`` (``"<env folder>/system"``) of the prompt profile in ``directory``
-    (``<directory>/<name>.txt``, the layout of ``prompts/``), checked against its published SHA-256
+    (``<directory>/<name>.txt``, e.g. ``<directory>/docvqa/system.txt``), checked against its published SHA-256
     (docs/protocol.md#prompt-profiles).  A missing file, a prompt without a published hash and a
     text that hashes differently are ValueErrors; the last names both hashes."""
     published = PUBLISHED_PROMPTS.get(name)
@@ -99,7 +98,7 @@ def profile_prompt(directory: str | Path, name: str) -> str:
         raise ValueError(f"prompt profile {directory}: no published SHA-256 for {name!r} (a profile holds {known})")
     path = Path(directory) / f"{name}.txt"
     if not path.is_file():
-        raise ValueError(f"prompt profile {directory}: {path} not found (a profile is laid out like prompts/)")
+        raise ValueError(f"prompt profile {directory}: {path} not found (a profile holds <DIR>/<name>.txt)")
     try:
         text = _read(path)
     except (OSError, UnicodeDecodeError) as exc:

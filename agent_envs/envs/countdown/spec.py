@@ -18,6 +18,8 @@ from agent_envs.envs.countdown.task import CountdownTask
 from agent_envs.tools.bash import BASH
 from agent_envs.tools.python import PYTHON
 
+#: this environment's prompt files, beside its code
+PROMPTS = Path(__file__).resolve().parent / "prompts"
 #: size of the built-in dataset (``dataset="builtin"``); ``dataset_kwargs`` may change n and seed
 BUILTIN_SIZE = 200
 
@@ -58,6 +60,7 @@ SPEC = EnvSpec(
     report=ReportSpec(trace_prefix="countdown", success_at=1.0, render_trace=render_countdown, fields=report_fields),
     system_prompt="countdown/system",
     user_prompt="countdown/user",
+    prompt_dir=PROMPTS,
     skill_separator="\n\nAdditional skill instructions:\n",
     max_turns=20,
     max_tokens_per_turn=2048,

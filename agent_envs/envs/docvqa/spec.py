@@ -4,6 +4,7 @@ ANLS metrics and report fields."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from agent_envs.core.spec import EnvSpec, Framing, Mount, ParserSpec, ReportSpec, Row, Rules
@@ -15,6 +16,8 @@ from agent_envs.envs.docvqa.report import render_docvqa, report_fields
 from agent_envs.envs.docvqa.task import DocTask
 from agent_envs.tools.bash import BASH
 
+#: this environment's prompt files, beside its code
+PROMPTS = Path(__file__).resolve().parent / "prompts"
 #: where the task's page image appears inside every sandbox (read-only)
 DOCUMENT_PATH = "/workspace/document.png"
 PARSER_ES = ParserSpec()
@@ -49,6 +52,7 @@ SPEC = EnvSpec(
     ),
     system_prompt="docvqa/system",
     user_prompt="docvqa/user",
+    prompt_dir=PROMPTS,
     skill_separator=texts.DOCVQA_SKILL_SUFFIX,
     max_turns=50,
     max_tokens_per_turn=512,

@@ -3,6 +3,7 @@ Math's framing and blocklist text, two rule sets (ES runner, HTTP evaluator)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from agent_envs.core.spec import EnvSpec, Framing, ParserSpec, ReportSpec, Rules
@@ -13,6 +14,8 @@ from agent_envs.envs.math_react.report import render_math, report_fields
 from agent_envs.envs.math_react.task import MathTask
 from agent_envs.tools.bash import BASH
 
+#: this environment's prompt files, beside its code
+PROMPTS = Path(__file__).resolve().parent / "prompts"
 PARSER_ES = ParserSpec(truncated_and_relaxed=True)
 PARSER_HTTP = ParserSpec(require_bash_command=True)  # repo-react-v1
 RULES_ES = Rules(PARSER_ES, texts.MATH_TOOL_REQUIRED, texts.MATH_FORMAT_WARNING)
@@ -38,6 +41,7 @@ SPEC = EnvSpec(
     report=ReportSpec(trace_prefix="math", success_at=1.0, render_trace=render_math, fields=report_fields),
     system_prompt="math_react/system",
     user_prompt="math_react/user",
+    prompt_dir=PROMPTS,
     skill_separator=texts.MATH_SKILL_SUFFIX,
     max_turns=50,
     max_tokens_per_turn=4096,

@@ -5,6 +5,7 @@ The OCR tools stay: bash runs in the same sandbox with the page at ``/workspace/
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from agent_envs.core.content import open_image
@@ -15,6 +16,8 @@ from agent_envs.envs.docvqa.vl import texts
 from agent_envs.envs.docvqa.vl.baseline import baseline
 from agent_envs.tools.view import MAX_PIXELS, view_tool
 
+#: this environment's prompt files, beside its code
+PROMPTS = Path(__file__).resolve().parent / "prompts"
 #: largest image the view tool (and the page in the prompt) shows, in pixels
 MAX_VIEW_PIXELS = MAX_PIXELS
 RULES_ES = Rules(cli.PARSER_ES, texts.TOOL_REQUIRED, texts.FORMAT_WARNING_ES)
@@ -52,6 +55,7 @@ SPEC = replace(
     report=replace(cli.SPEC.report, trace_prefix="docvqa_vl"),
     system_prompt="docvqa_vl/system",
     user_prompt="docvqa_vl/user",
+    prompt_dir=PROMPTS,
     skill_separator=texts.SKILL_SUFFIX,
     user_message=user_message,
     baseline=baseline,
