@@ -38,7 +38,7 @@ from agent_envs.core.tasks import task_id
 from agent_envs.rollout.records import ERROR_TERMINATIONS, NotARecord, NotARecordsFile, load_records
 from agent_envs.rollout.outputs import write_outputs
 from agent_envs.rollout.resume import CannotResume, DamagedRecords, check_resume, read_records
-from agent_envs.rollout.runfolder import FolderNotWritable, RecordsExist, check_writable, default_run_dir, run_folder
+from agent_envs.rollout.runfolder import FolderNotWritable, RecordsExist, default_run_dir, run_folder
 from agent_envs.rollout.runlock import RunLockError
 from agent_envs.rollout.runner import DEFAULT_BASE_SEED, MODES
 from agent_envs.scale.execute import execute
@@ -385,14 +385,6 @@ def _check_endpoints(policy: Policy | EnginePool) -> None:
         except ConnectionError as exc:
             policy.close()
             raise UsageError(f"{exc}; start the server or fix --base-url") from None
-
-
-def _check_out(out: Path) -> None:
-    """Fail before the (possibly slow) policy is built if the run directory cannot be written."""
-    try:
-        check_writable(out)
-    except FolderNotWritable as exc:
-        raise UsageError(f"--out {exc}") from None
 
 
 def _hold_run_folder(out: Path, resume: bool, hold: contextlib.ExitStack) -> Path:
