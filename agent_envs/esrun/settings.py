@@ -197,7 +197,7 @@ class _Help(argparse.HelpFormatter):
         text = action.help or ""
         field = ESSettings.model_fields.get(action.dest)
         default = action.default
-        if default is argparse.SUPPRESS and field is not None:
+        if default is argparse.SUPPRESS and field is not None and not field.is_required():
             default = field.get_default(call_default_factory=True)
         if "default" in text or not action.option_strings or default in (None, False, [], argparse.SUPPRESS):
             return text
@@ -207,15 +207,10 @@ class _Help(argparse.HelpFormatter):
 def build_parser(prog: str = "agent-envs es train", eval_only: bool = False) -> argparse.ArgumentParser:
     """The options of ``agent-envs es train`` (and ``evaluate-only``): every one with its help."""
     what = "replay a history and evaluate, no training" if eval_only else "train with seeded evolution strategies"
-    shared = argparse.ArgumentParser(add_help=False)  # these keep their homes' defaults
-    add_scorer_arguments(shared)
-    add_evaluation_arguments(shared)  # held-out sets, initial/final/eval-only, key-seed map, skill, trace logs
     p = argparse.ArgumentParser(
         prog=prog,
         description=f"{what} on a vLLM model (docs/protocol.md#es-maths, docs/scaling.md)",
         formatter_class=_Help,
-        argument_default=argparse.SUPPRESS,  # ES's own options: the model's defaults
-        parents=[shared],
     )
     _run_options(p)
     _schedule_options(p)
@@ -231,6 +226,11 @@ def build_parser(prog: str = "agent-envs es train", eval_only: bool = False) -> 
         choices=list(AGGREGATIONS),
         help="how step scores become the process score (default: the scorer's own)",
     )
+    for action in p._actions:  # ES's own options: left out unless given, the model fills them in
+        if action.dest in ESSettings.model_fields:
+            action.default = argparse.SUPPRESS
+    add_scorer_arguments(p)  # these keep their homes' defaults
+    add_evaluation_arguments(p)  # held-out sets, initial/final/eval-only, key-seed map, skill, trace logs
     return p
 
 
