@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="DIR",
-        help="prompt profile: a folder laid out like prompts/ holding the reference's system prompt, "
+        help="prompt profile: a folder holding the reference's system prompt as DIR/<env>/system.txt, "
         "checked against its published SHA-256 (docs/protocol.md#prompt-profiles)",
     )
     for flag in SAMPLING_FLAGS:
