@@ -230,8 +230,9 @@ def pipe_inode(fd: int) -> int:
 def blocked_reading(pid: int, inode: int) -> bool:
     """Whether ``pid`` is one thread blocked in ``read`` on the pipe ``inode``: how the host tells
     that a tool's driver has finished a call and waits for the next.  Unlike a status line, which
-    code running in the driver's process can write too, this cannot be forged while any of that
-    code still runs (docs/reliability.md#tool-channels)."""
+    code running in the driver's process can write too, this holds only while that code is
+    stopped: code that blocks on the same pipe itself is, to the host, the driver, and takes its
+    own next call (docs/reliability.md#tool-channels)."""
     try:
         call = Path(f"/proc/{pid}/syscall").read_text().split()
         if len(call) < 2 or not call[0].isdigit():

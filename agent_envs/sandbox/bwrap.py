@@ -12,7 +12,8 @@
   binary output never accumulates anywhere.  The command can read the nonce and write a status
   line itself, so a line only says when to look: the command is over once the shell is blocked
   reading the command pipe and no other process is left (docs/reliability.md#tool-channels); the
-  output pipes are then read to their end.
+  output pipes are then read to their end.  A command blocking on that pipe itself looks the
+  same: it ends its own call early and takes its own next one, which times out.
   Files, cwd and shell variables persist across commands; processes do not.  ``exit`` (or a
   timeout the host aborts with SIGUSR2) re-execs a fresh bash in place: files, cwd and exported
   variables survive, plain shell variables do not.  If the shell dies anyway (``kill -9 $$``,

@@ -136,7 +136,8 @@ class _Interpreter:
     def idle(self) -> bool:
         """The call is over: the interpreter is one thread blocked reading its next block, and no
         other process of its sandbox is left.  Status lines only say when to look (code in the
-        interpreter can write them and run on); this state it cannot fake while it runs."""
+        interpreter can write them and run on); code blocking on the command pipe itself looks
+        the same, and takes only its own next call (docs/reliability.md#tool-channels)."""
         if not self.sweep:
             self.sandbox.sweep(self.proc)
         return _procs.blocked_reading(self.driver, self.commands) and not _procs.running(
