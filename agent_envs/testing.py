@@ -24,13 +24,14 @@ import os
 import pickle
 import random
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import gymnasium as gym
 from gymnasium.utils.env_checker import check_env
 
 from agent_envs.core.spec import ToolSpec
 from agent_envs.envs import registry
+from agent_envs.envs.react import ReActEnv
 from agent_envs.policy.scripted import ScriptedPolicy
 from agent_envs.protocol.native import call_text
 from agent_envs.rollout.records import EpisodeRecord, dumps_line
@@ -154,7 +155,11 @@ def scripted_records(
     """The ``scripted`` reference on 2 built-in tasks, 2 samples each, timings stripped."""
     baseline = registry.spec(env_id).baseline
     assert baseline is not None, f"{env_id} has no baseline (EnvSpec.baseline): the scripted policy cannot run it"
-    tasks = make(env_id, env_kwargs).unwrapped.tasks[:2]
+    env = make(env_id, env_kwargs)
+    try:
+        tasks = cast(ReActEnv, env.unwrapped).tasks[:2]
+    finally:
+        env.close()
     records = run_episodes(
         env_id,
         tasks,
