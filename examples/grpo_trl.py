@@ -5,16 +5,19 @@ environment's scorer, the trainer fed the engine's exact ids, log-probabilities 
 On the CPU with the embedded SmolLM2 (converted from its GGUF on first use into smollm2-hf under
 the cache root, $AGENT_ENVS_CACHE or ~/.cache/agent-envs) on the two-number Countdown of
 scripts/gpu_es_real.py, four worked examples as chat turns, one reply, no tools: the base model
-solves some of its samples at temperature 0.5, so groups of 8 can hold both rewards (docs/rl.md#trl):
-    python examples/grpo_trl.py --small-countdown --cpu --steps 2 --tasks 8 --batch 2 --generations 8 \\
-        --temperature 0.5 --max-tokens-per-turn 48
-On one GPU (bf16; the trainer's model generates through transformers, or TRL's colocated vLLM
-engine with --use-vllm):
-    python examples/grpo_trl.py --env MATH-ReAct-v0 --model Qwen/Qwen3-0.6B --data dapo --tasks 64 \\
+solves some tasks some of the time, so 8 tasks a step in groups of 4 hold both rewards in some
+groups (docs/rl.md#trl; tests/test_trl_grpo.py runs this command):
+    python examples/grpo_trl.py --small-countdown --cpu --steps 2 --tasks 16 --batch 8 --generations 4 \
+        --temperature 0.7 --max-tokens-per-turn 48
+On one GPU with TRL's colocated vLLM engine (bf16; vllm installed; docs/rl.md#trl):
+    python examples/grpo_trl.py --small-countdown --vllm-colocate --steps 3 --tasks 16 --batch 8 --generations 8 \
+        --temperature 0.7 --max-tokens-per-turn 48 --out runs/grpo-trl-vllm
+A larger GPU run (the trainer's model generates through transformers without --vllm-colocate):
+    python examples/grpo_trl.py --env MATH-ReAct-v0 --model Qwen/Qwen3-0.6B --data dapo --tasks 64 \
         --steps 20 --generations 8 --batch 4 --max-turns 4 --max-tokens-per-turn 512
 A GPU smoke run of the colocated-vLLM path without a model hub (a tiny random Qwen3 built around a
 tokenizer folder, saved with its weights; the scripted opening gives every episode a real tool call):
-    python examples/grpo_trl.py --tiny-from-tokenizer /tmp/stage-ray/tokenizer --use-vllm --steps 2 \
+    python examples/grpo_trl.py --tiny-from-tokenizer /tmp/stage-ray/tokenizer --vllm-colocate --steps 2 \
         --tasks 4 --generations 4 --max-turns 3 --max-tokens-per-turn 32 --scripted-opening
 """
 
@@ -130,11 +133,16 @@ def resolve_model(model: str | None) -> str:
 
 
 def small_countdown(out: Path) -> tuple[Path, dict[str, object]]:
-    """scripts/gpu_es_real.py's task: its training rows and the environment arguments it ran with."""
+    """scripts/gpu_es_real.py's task: its training rows, each task once (ES may draw one twice; GRPO's
+    prompts must tell their tasks apart), and the environment arguments it ran with."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    from gpu_es_real import write_tasks
+    from gpu_es_real import task_key, write_tasks
 
     train, _, shots = write_tasks(out, eval_tasks=1)
+    first: dict[Any, dict[str, Any]] = {}
+    for row in map(json.loads, train.read_text().splitlines()):
+        first.setdefault(task_key(row), row)
+    train.write_text("".join(json.dumps(row) + "\n" for row in first.values()))
     return train, {"single_turn": True, "few_shot": str(shots), "max_turns": 1, "sandbox": "none"}
 
 
