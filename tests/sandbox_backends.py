@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -146,7 +147,8 @@ def host_processes_matching(token: bytes) -> list[int]:
 
 
 def temp_dirs() -> set[str]:
-    return {p for p in os.listdir("/tmp") if p.startswith(("ae-mount-", "ae-local-"))}
+    """Sandbox folders in the temp folder (one of its own per test worker: tests/conftest.py)."""
+    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith(("ae-mount-", "ae-local-"))}
 
 
 def sandbox_mounts() -> list[str]:
