@@ -219,8 +219,12 @@ def main(argv: list[str] | None = None) -> int:
 
     def policy(trainer):
         inner = trainer_policy(trainer, sampling_from(trainer.args), batch_decode=args.cpu)
+        if not args.scripted_opening:
+            return inner
         baseline = registry.spec(env_id).baseline
-        return ScriptedOpening([baseline], inner) if args.scripted_opening else inner
+        if baseline is None:
+            raise SystemExit(f"--scripted-opening: {env_id} has no scripted baseline to open with")
+        return ScriptedOpening([baseline], inner)
 
     env = GRPOEnvironment(env_id, dataset=data, limit=args.tasks, policy=policy, env_kwargs=env_kwargs)
     groups: list[dict[str, Any]] = []

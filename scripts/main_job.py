@@ -91,6 +91,13 @@ class Job:
     log: Path | None = None
 
     @property
+    def started(self) -> tuple[subprocess.Popen, Path]:
+        """The process and its log, once ``run_all`` has started the job."""
+        if self.process is None or self.log is None:
+            raise RuntimeError(f"{self.out.name} was not started")
+        return self.process, self.log
+
+    @property
     def done(self) -> int:
         try:
             with (self.out / "records.jsonl").open("rb") as fh:
@@ -289,14 +296,14 @@ def run_all(all_jobs: list[Job]) -> list[Job]:
         with job.log.open("wb") as log:
             job.process = subprocess.Popen(job.argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     last, shown = 0.0, None
-    while any(j.process.poll() is None for j in all_jobs):
+    while any(j.started[0].poll() is None for j in all_jobs):
         time.sleep(0.5)
         now = time.perf_counter() - started
-        state = [(j.done, j.process.poll() is None) for j in all_jobs]
+        state = [(j.done, j.started[0].poll() is None) for j in all_jobs]
         if state != shown or now - last >= PROGRESS_EVERY_S:
             say(progress_line(all_jobs, now))
             last, shown = now, state
-    return [j for j in all_jobs if j.process.returncode != 0]
+    return [j for j in all_jobs if j.started[0].returncode != 0]
 
 
 def summary_table(all_jobs: list[Job]) -> str:
@@ -385,8 +392,9 @@ def main(argv: list[str] | None = None) -> int:
         replay.kill()
     eval_cpu_s = children_cpu_s() - cpu_before
     for job in failed:
-        say(f"{job.out.name} failed (exit {job.process.returncode}); the end of {job.log}:")
-        print("\n".join(job.log.read_text(errors="replace").splitlines()[-25:]), flush=True)
+        process, log = job.started
+        say(f"{job.out.name} failed (exit {process.returncode}); the end of {log}:")
+        print("\n".join(log.read_text(errors="replace").splitlines()[-25:]), flush=True)
     if failed:
         return 1
     print(summary_table(all_jobs), flush=True)
