@@ -13,11 +13,9 @@ $PY -m ruff format --check .
 echo "[checks] mypy"
 $PY -m mypy
 # the scripts run from their folders (sys.path: scripts/, tests/ for docker_daemon); the package they
-# import is checked above, so its findings are not repeated here.  Left out until their rework lands
-# (issue 31 item 1): grpo_trl and main_job (es_train is a thin wrapper of agent-envs es now).
+# import is checked above, so its findings are not repeated here
 echo "[checks] mypy scripts benchmarks examples"
-MYPYPATH=tests $PY -m mypy --follow-imports=silent scripts benchmarks examples \
-  --exclude '^(examples/grpo_trl|scripts/main_job)\.py$'
+MYPYPATH=tests $PY -m mypy --follow-imports=silent scripts benchmarks examples
 echo "[checks] import-linter"
 # pyproject's contracts, the lists of environment folders taken from the registry (scripts/lint_imports.py)
 PYTHONPATH=$PWD $PY scripts/lint_imports.py
