@@ -8,7 +8,7 @@ scripts/gpu_es_real.py, four worked examples as chat turns, one reply, no tools:
 solves some tasks some of the time, so 8 tasks a step in groups of 4 hold both rewards in some
 groups (docs/rl.md#trl; tests/test_trl_grpo.py runs this command):
     python examples/grpo_trl.py --small-countdown --cpu --steps 2 --tasks 16 --batch 8 --generations 4 \
-        --temperature 0.7 --max-tokens-per-turn 48
+        --micro-batch 4 --temperature 0.7 --max-tokens-per-turn 48
 On one GPU with TRL's colocated vLLM engine (bf16; vllm installed; docs/rl.md#trl):
     python examples/grpo_trl.py --small-countdown --vllm-colocate --steps 3 --tasks 16 --batch 8 --generations 8 \
         --temperature 0.7 --max-tokens-per-turn 48 --out runs/grpo-trl-vllm
@@ -65,6 +65,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=2, help="optimiser steps")
     ap.add_argument("--generations", type=int, default=4, help="episodes per task per step (GRPO's group size)")
     ap.add_argument("--batch", type=int, default=1, help="tasks per step")
+    ap.add_argument(
+        "--micro-batch",
+        type=int,
+        help="episodes per forward and backward pass (default: the step's batch x generations in one); the "
+        "step's gradient accumulates over the passes, its episodes still generated in one call",
+    )
     ap.add_argument("--max-turns", type=int, default=3)
     add_max_tokens_per_turn(ap, "tokens per generation (default: 64)", default=64)
     ap.add_argument("--temperature", type=float, default=1.0)
@@ -159,13 +165,18 @@ def config_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "vllm_gpu_memory_utilization": args.vllm_gpu_memory_utilization,
             "vllm_max_model_length": args.vllm_max_model_length,
         }
+    episodes = args.batch * args.generations
+    micro = args.micro_batch or episodes
+    if episodes % micro:
+        raise SystemExit(f"--micro-batch {micro} must divide the step's {episodes} episodes (--batch x --generations)")
     return {
         "output_dir": str(args.out),
         "report_to": "none",
         "use_cpu": args.cpu,
         "bf16": not args.cpu,
         "max_steps": args.steps,
-        "per_device_train_batch_size": args.batch * args.generations,
+        "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": episodes // micro,
         "num_generations": args.generations,
         "learning_rate": args.lr,
         "temperature": args.temperature,

@@ -13,8 +13,14 @@ tokens the model sampled, whose advantage the scripted success makes non-zero.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -227,3 +233,86 @@ def test_prompts_map_back_to_their_tasks_and_copies_become_samples():
     twins = [dict(TASKS[0]), {**TASKS[0], "id": "twin", "answer": "6"}]
     with pytest.raises(ValueError, match="open with the same chat"):
         GRPOEnvironment("MATH-ReAct-v0", twins)
+
+
+# -- docs/rl.md's commands ------------------------------------------------------------------------
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "grpo_trl.py"
+
+
+def documented_command(marker: str) -> list[str]:
+    """The arguments of docs/rl.md's indented ``python examples/grpo_trl.py`` command whose first
+    line holds ``marker`` (continuation lines joined), without its ``--out``."""
+    lines = (REPO / "docs" / "rl.md").read_text(encoding="utf-8").splitlines()
+    start = next(
+        i for i, line in enumerate(lines) if line.startswith("    python examples/grpo_trl.py") and marker in line
+    )
+    text = ""
+    for line in lines[start:]:
+        text += line.strip().removesuffix("\\") + " "
+        if not line.rstrip().endswith("\\"):
+            break
+    words = shlex.split(text)[2:]
+    if "--out" in words:
+        del words[words.index("--out") : words.index("--out") + 2]
+    return words
+
+
+def test_the_documented_cpu_command_gives_a_group_whose_rewards_differ(tmp_path):
+    """docs/rl.md's CPU GRPO command, run as written (only ``--out`` moved): GRPO learns only from a
+    group whose rewards differ, so at least one group must hold both rewards, and TRL must see it
+    (``frac_reward_zero_std`` below 1, a non-zero gradient on that step)."""
+    argv = documented_command("--cpu")
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), *argv, "--out", str(tmp_path)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    steps = int(argv[argv.index("--steps") + 1])
+    assert summary["steps"] == steps and len(summary["per_step"]) == steps
+    groups = summary["groups"]
+    assert len(groups) == steps * int(argv[argv.index("--batch") + 1])
+    assert all(len(g["scores"]) == int(argv[argv.index("--generations") + 1]) for g in groups)
+    mixed = [g for g in groups if len(set(g["scores"])) > 1]
+    assert mixed, f"every group's rewards are equal: {groups}"
+    for step in {g["step"] for g in mixed}:
+        logged = summary["per_step"][step - 1]
+        assert logged["frac_reward_zero_std"] < 1 and logged["reward_std"] > 0 and logged["grad_norm"] > 0, logged
+
+
+def test_the_colocated_vllm_command_asks_trl_for_its_colocated_engine(tmp_path):
+    """docs/rl.md's GPU command gives TRL 1.16's colocated-vLLM settings, and on this machine (no
+    vllm) the trainer gets as far as building that engine.  A partial check: the engine itself, the
+    weight sync and the episodes on it run only on a GPU."""
+    import runpy
+
+    example = runpy.run_path(str(EXAMPLE), run_name="example")
+    argv = documented_command("--vllm-colocate")
+    kwargs = example["config_kwargs"](example["parse_args"]([*argv, "--out", str(tmp_path)]))
+    assert kwargs["use_vllm"] is True and kwargs["vllm_mode"] == "colocate" and kwargs["bf16"] is True
+    assert 0 < kwargs["vllm_gpu_memory_utilization"] < 1
+    step = int(argv[argv.index("--batch") + 1]) * int(argv[argv.index("--generations") + 1])
+    assert kwargs["per_device_train_batch_size"] * kwargs["gradient_accumulation_steps"] == step
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here: building the engine is the GPU run's part, not this test's")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    args = example["parse_args"]([*argv, "--out", str(tmp_path), "--cpu", "--model", str(smollm2_hf_dir())])
+    config = trl.GRPOConfig(**example["config_kwargs"](args))
+    assert config.use_vllm and config.vllm_mode == "colocate"
+    env = GRPOEnvironment("MATH-ReAct-v0", TASKS)
+    with pytest.raises(ImportError, match="vLLM is not available"):
+        trl.GRPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32),
+            reward_funcs=env.reward,
+            args=config,
+            train_dataset=env.dataset(),
+            processing_class=AutoTokenizer.from_pretrained(args.model),
+            rollout_func=env,
+        )
