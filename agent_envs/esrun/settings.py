@@ -42,7 +42,7 @@ class ESSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=False)
 
     # what is trained, on what
-    env: str = "MATH-ReAct-v0"
+    env: str = ENV_IDS[0]  # as agent-envs eval's
     model: str
     train: str | None = None
     history: str
@@ -237,7 +237,9 @@ def build_parser(prog: str = "agent-envs es train", eval_only: bool = False) -> 
 def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", choices=ENV_IDS, help="the environment trained on")
     p.add_argument("--model", required=True, help="any vLLM model path or name")
-    p.add_argument("--train", help="training tasks (JSONL / official DocVQA JSON, or a name such as builtin)")
+    p.add_argument(
+        "--train", help="training tasks: a file the environment's loader reads (JSONL, ...) or a name such as builtin"
+    )
     p.add_argument("--history", required=True, help="history.json path (rewritten every generation)")
     p.add_argument("--resume", help="history to replay before training (evaluate-only: the history evaluated)")
     p.add_argument("--resume-generations", type=int, help="replay only the first K updates")
