@@ -18,10 +18,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10
+    import tomli as tomllib
 
 #: contract id -> the key whose list is the environments' folders
 FOLDER_LISTS = {"shared-layers-name-no-environment": "forbidden_modules", "environments-are-independent": "modules"}
