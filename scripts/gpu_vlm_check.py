@@ -25,13 +25,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import random
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
+from gpu_engine import vllm_cpu_env  # noqa: E402
 from gpu_openai_check import SERVED_NAME, server_flags, vllm_server  # noqa: E402  (sets up sys.path, in-process vLLM)
 
 from agent_envs.core.content import image_part, images_of  # noqa: E402
@@ -200,7 +200,7 @@ def main() -> int:
 
     engine_kwargs: dict = {"max_model_len": args.max_model_len, "seed": 0, "enforce_eager": True}
     if args.cpu:
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        vllm_cpu_env(plain_linear=False)
     else:
         engine_kwargs["gpu_memory_utilization"] = 0.3
     engine_kwargs["dtype"] = args.dtype or ("float32" if args.cpu else "bfloat16")

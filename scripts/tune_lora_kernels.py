@@ -170,7 +170,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help=f"folder for the JSON files (what {ENV} names)")
     parser.add_argument("--model", help="a model folder: its config.json's shape (default: the Qwen3-4B shape)")
-    parser.add_argument("--max-loras", type=int, default=16, help="the engine's max_loras (agent-envs es: the population)")
+    parser.add_argument(
+        "--max-loras", type=int, default=16, help="the engine's max_loras (agent-envs es: the population)"
+    )
     parser.add_argument("--rank-slot", type=int, default=8, help="the engine's max_lora_rank")
     parser.add_argument("--batches", type=int, nargs="+", default=[256, 16384], help="decode batch, prefill chunk")
     parser.add_argument("--compile-workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
