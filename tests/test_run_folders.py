@@ -334,10 +334,10 @@ def test_report_onto_a_read_only_mount_is_one_line(finished_run, tmp_path):
 @pytest.mark.parametrize(
     "field, value, problem",
     [
-        ("score", "abc", "record 1 is not a record (score: "),
-        ("turn_log", "abc", "record 1 is not a record (turn_log: "),
-        ("react_steps", ["x", 1], "record 1 is not a record (react_steps.0: "),
-        ("turn_tool_s", "abc", "record 1 is not a record (turn_tool_s: "),
+        ("score", "abc", "line 1 is not a record (score: "),
+        ("turn_log", "abc", "line 1 is not a record (turn_log: "),
+        ("react_steps", ["x", 1], "line 1 is not a record (react_steps.0: "),
+        ("turn_tool_s", "abc", "line 1 is not a record (turn_tool_s: "),
         ("step_scores", "abc", None),  # not a list: no step scored, the rest summarised
     ],
 )

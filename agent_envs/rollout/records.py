@@ -13,7 +13,7 @@ import os
 import stat
 import threading
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable
+from typing import Any, BinaryIO, Iterable, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -146,26 +146,27 @@ def open_records(path: str | os.PathLike[str]) -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
-def read_jsonl(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], int]:
-    """Rows of a JSONL file and the number of unreadable lines skipped.
-
-    A truncated last line (a run killed mid-write) is the expected unreadable line."""
-    rows: list[dict[str, Any]] = []
-    bad = 0
+def _numbered_rows(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    """Each non-blank line's number in the file and its row (``None`` for one that is not a JSON object)."""
     with open_records(path) as fh:
-        for raw in fh:
+        for number, raw in enumerate(fh, 1):
             if not raw.strip():
                 continue
             try:
                 row = json.loads(raw.decode("utf-8", "replace"))
             except json.JSONDecodeError:
-                bad += 1
+                yield number, None
                 continue
-            if isinstance(row, dict):
-                rows.append(row)
-            else:
-                bad += 1
-    return rows, bad
+            yield number, row if isinstance(row, dict) else None
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], int]:
+    """Rows of a JSONL file and the number of unreadable lines skipped.
+
+    A truncated last line (a run killed mid-write) is the expected unreadable line."""
+    lines = list(_numbered_rows(path))
+    rows = [row for _, row in lines if row is not None]
+    return rows, len(lines) - len(rows)
 
 
 class NotARecord(ValueError):
@@ -174,14 +175,16 @@ class NotARecord(ValueError):
 
 def load_records(path: str | os.PathLike[str]) -> list[EpisodeRecord]:
     """The records of a JSONL file; :class:`NotARecord` for a row that is not one (a field of
-    the wrong type: ``score`` a string, ``turn_log`` not a list, ...)."""
-    rows, _ = read_jsonl(path)
+    the wrong type: ``score`` a string, ``turn_log`` not a list, ...), naming the line as an
+    editor counts it (blank and unreadable lines included), so the user can find it."""
     records = []
-    for number, row in enumerate(rows, 1):
+    for number, row in _numbered_rows(path):
+        if row is None:
+            continue
         try:
             records.append(EpisodeRecord.model_validate(row))
         except ValidationError as exc:
             first = exc.errors(include_url=False)[0]
             where = ".".join(map(str, first["loc"])) or "record"
-            raise NotARecord(f"{path}: record {number} is not a record ({where}: {first['msg']})") from None
+            raise NotARecord(f"{path}: line {number} is not a record ({where}: {first['msg']})") from None
     return records
