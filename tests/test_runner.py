@@ -412,3 +412,117 @@ def test_ctrl_c_stops_within_seconds_keeping_finished_episodes_and_resume_contin
         "MATH-ReAct-v0", tasks, Answers(), mode=mode, progress=False, out_path=out, resume=True, env_kwargs=env_kwargs
     )
     assert [r.task_id for r in records] == ["t0", "t1", "t2"] and not any(r.error for r in records)
+
+
+TWO_PRESSES_SCRIPT = """
+import dataclasses, json, os, signal, sys, threading
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if our runner inherited SIGINT ignored
+sys.path.insert(0, {repo!r})
+import gymnasium as gym
+from gymnasium.envs.registration import load_env_creator, registry
+from agent_envs import cli
+from agent_envs.policy.base import Completion, Policy
+from agent_envs.sandbox.base import SandboxConfig, SandboxLimits
+
+SLEEP = "Action: " + json.dumps({{"name": "bash", "arguments": {{"command": "bash -c 'sleep 600; :' {marker}"}}}})
+
+class Stuck(Policy):
+    # t0 finishes at once; t1's generation never returns; t2 runs a long command
+    name = "stuck"
+    def generate(self, requests):
+        if requests[0].key.startswith("t1") and not os.environ.get("ANSWER"):
+            os.write(1, b"generating\\n")  # one write: lines of two threads never interleave
+            threading.Event().wait()
+        if requests[0].key.startswith("t2") and not os.environ.get("ANSWER"):
+            os.write(1, b"running\\n")
+            return [Completion(text=SLEEP)]
+        return [Completion(text="Final answer: \\\\boxed{{1}}") for r in requests]
+
+class SlowClose(gym.Wrapper):
+    # closing an episode's env is where the first Ctrl-C is handled; it waits for the test's
+    # second press (stdin closed after it), as a loaded host is slow to close a sandbox
+    used = False
+    def reset(self, **kw):
+        self.used = True
+        return self.env.reset(**kw)
+    def close(self):
+        if self.used:
+            os.write(1, b"closing\\n")
+            sys.stdin.readline()
+        return self.env.close()
+
+def make(**kw):
+    kw["sandbox"] = SandboxConfig(backend="bwrap", limits=SandboxLimits(timeout_s=300))
+    return SlowClose(load_env_creator(spec.entry_point)(**kw))
+
+spec = registry["MATH-ReAct-v0"]
+registry["MATH-ReAct-v0"] = dataclasses.replace(spec, entry_point=make, additional_wrappers=())
+cli.make_policy = lambda kind, args, env_id: Stuck()
+print("starting", flush=True)
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_two_ctrl_c_presses_stop_within_seconds_keeping_finished_episodes_and_resume_continues(tmp_path):
+    """A second Ctrl-C while the first is being handled (the envs closing) once cut the closing
+    short: a tool command was left running and the process waited for it (its timeout, 90 s and
+    more) after printing.  Now it prints at once, exits 130 within seconds, keeps the finished
+    episode, and ``eval --resume`` runs the rest."""
+    marker = f"agent-envs-test-two-presses-{os.getpid()}"
+    script = tmp_path / "two_presses.py"
+    script.write_text(textwrap.dedent(TWO_PRESSES_SCRIPT.format(repo=str(REPO), marker=marker)))
+    data = tmp_path / "tasks.jsonl"
+    data.write_text("".join(json.dumps({"id": f"t{i}", "question": "q", "answer": "1"}) + "\n" for i in range(3)))
+    out = tmp_path / "run"
+    records = out / "records.jsonl"
+    argv = [sys.executable, str(script), "eval", "--policy", "scripted", "--env", "MATH-ReAct-v0"]
+    argv += ["--data", str(data), "--out", str(out), "--sandbox", "bwrap", "--max-turns", "2"]
+    argv += ["--mode", "async", "--concurrency", "3", "--no-progress"]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"starting\n"
+        seen: set[bytes] = set()
+        while not {b"generating\n", b"running\n"} <= seen:
+            line = proc.stdout.readline()
+            assert line, "the run ended before it was interrupted"
+            seen.add(line)
+        deadline = time.monotonic() + 60
+        while not (records.exists() and records.read_bytes().count(b"\n")):
+            assert time.monotonic() < deadline, "t0's record was never written"
+            time.sleep(0.05)  # polling for t0's record, not synchronising on time
+        while not _marked_processes(marker):
+            assert time.monotonic() < deadline, "t2's command never started"
+            time.sleep(0.05)  # polling for t2's command, not synchronising on time
+        proc.send_signal(signal.SIGINT)
+        while proc.stdout.readline() != b"closing\n":
+            assert proc.poll() is None, "the run ended without closing its envs"
+        proc.send_signal(signal.SIGINT)  # the second press, while the first is being handled
+        pressed = time.monotonic()
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=60)  # t2's command would run to its 300 s timeout
+        except subprocess.TimeoutExpired:
+            pytest.fail("the run was still going 60 s after the second Ctrl-C")
+        took = time.monotonic() - pressed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read().decode()
+    assert proc.returncode == 130, err
+    assert took < 15, f"exited {took:.1f} s after the second press"
+    assert f"[agent-envs] interrupted: 1 record(s) saved in {records}; rerun with --resume" in err
+    assert "Traceback" not in err
+    assert _marked_processes(marker) == [], "a sandboxed command outlived the interrupted run"
+    assert [row["task_id"] for row in read_jsonl(records)[0]] == ["t0"]
+
+    resumed = subprocess.run(
+        [*argv, "--resume"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "ANSWER": "1"},
+    )
+    assert resumed.returncode == 0, resumed.stderr.decode()
+    rows = read_jsonl(records)[0]
+    assert sorted(row["task_id"] for row in rows) == ["t0", "t1", "t2"] and not any(row["error"] for row in rows)

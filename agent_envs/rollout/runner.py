@@ -17,14 +17,16 @@ with an ``error`` (re-run by ``resume=True``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import signal
 import sys
 import time
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 import gymnasium as gym
 
@@ -503,10 +505,11 @@ def run_episodes(
             else:
                 asyncio.run(_run_async(ctx, todo, concurrency, pool))
     finally:
-        _shutdown(ctx, pool)
-        bar.close()
-        if writer is not None:
-            writer.close()
+        with _presses_deferred():
+            _shutdown(ctx, pool)
+            bar.close()
+            if writer is not None:
+                writer.close()
     merged = {**done, **ctx.records}
     return [merged[k] for k in keys if k in merged]
 
@@ -535,6 +538,37 @@ class _Workers(ThreadPoolExecutor):
         with self._calls_lock:
             calls = set(self._calls)
         return not wait(calls, timeout).not_done
+
+
+@contextlib.contextmanager
+def _presses_deferred() -> Iterator[None]:
+    """Ctrl-C while the run closes its environments waits until they are closed, then interrupts.
+
+    A second press (a user hurrying the first) once cut the closing short: a tool command was
+    left running and interpreter exit waited for its worker thread (the command's timeout, 90 s
+    and more).  A third press interrupts the closing itself, for a close that hangs.  Only on the
+    main thread and under Python's own SIGINT handler: a program's own handling is left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    presses = 0
+
+    def press(_signum: int, _frame: object) -> None:
+        nonlocal presses
+        presses += 1
+        if presses > 1:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, press)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if presses:
+        raise KeyboardInterrupt
 
 
 def _shutdown(ctx: _Context, pool: _Workers) -> None:
