@@ -526,3 +526,32 @@ def test_two_ctrl_c_presses_stop_within_seconds_keeping_finished_episodes_and_re
     assert resumed.returncode == 0, resumed.stderr.decode()
     rows = read_jsonl(records)[0]
     assert sorted(row["task_id"] for row in rows) == ["t0", "t1", "t2"] and not any(row["error"] for row in rows)
+
+
+def test_presses_while_closing_wait_for_the_closing_and_a_third_interrupts_it():
+    """Under Python's own SIGINT handler: a press while the run closes its envs lets the closing
+    finish, then interrupts; a further press interrupts a closing that hangs; the handler is put
+    back either way.  (A program's own handler, or SIGINT ignored, is left alone.)"""
+    from agent_envs.rollout.runner import _presses_deferred
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        reached = []
+        with pytest.raises(KeyboardInterrupt):
+            with _presses_deferred():
+                signal.raise_signal(signal.SIGINT)
+                reached.append("closed")
+        assert reached == ["closed"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(KeyboardInterrupt):
+            with _presses_deferred():
+                signal.raise_signal(signal.SIGINT)
+                reached.append("second")
+                signal.raise_signal(signal.SIGINT)
+                reached.append("third")
+        assert reached == ["closed", "second"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with _presses_deferred():
+            signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
