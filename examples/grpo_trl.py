@@ -34,6 +34,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 #: what the summary keeps of TRL's log per step (``frac_reward_zero_std`` 1: no group's rewards differ, no gradient)
+#: prompt tokens per decoding batch on the CPU: 8 small-Countdown prompts; their first pass's logits
+#: (every position's, float32) take 0.8 GB, where all 32 of a step at once took 3.2 GB and more
+CPU_BATCH_TOKENS = 4096
 LOGGED = ("step", "reward", "reward_std", "frac_reward_zero_std", "loss", "grad_norm", "completions/mean_length")
 
 
@@ -229,7 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32 if args.cpu else torch.bfloat16)
 
     def policy(trainer):
-        inner = trainer_policy(trainer, sampling_from(trainer.args), batch_decode=args.cpu)
+        # on the CPU: each turn in padded batches of at most CPU_BATCH_TOKENS prompt tokens
+        inner = trainer_policy(
+            trainer,
+            sampling_from(trainer.args),
+            batch_decode=args.cpu,
+            rollout_token_budget=CPU_BATCH_TOKENS if args.cpu else 0,
+        )
         if not args.scripted_opening:
             return inner
         baseline = registry.spec(env_id).baseline

@@ -67,11 +67,15 @@ def sampling_from(args: Any) -> SamplingConfig:
     )
 
 
-def trainer_policy(trainer: Any, sampling: SamplingConfig, *, batch_decode: bool = False) -> Policy:
+def trainer_policy(
+    trainer: Any, sampling: SamplingConfig, *, batch_decode: bool = False, rollout_token_budget: int = 0
+) -> Policy:
     """The trainer's model as a policy: the colocated vLLM engine TRL keeps in step with the
     weights when it has one, else the model itself through :class:`TransformersPolicy`
     (``batch_decode``: one padded batch per lockstep turn, several times faster on a CPU; a
-    sample then depends on its batch neighbours' padding, which GRPO does not mind)."""
+    sample then depends on its batch neighbours' padding, which GRPO does not mind;
+    ``rollout_token_budget``: prompt tokens per batch, 0 for all at once: the first pass holds
+    every prompt position's logits, 32 prompts of 509 tokens 3.2 GB in float32)."""
     generation = getattr(trainer, "vllm_generation", None)
     if getattr(trainer, "use_vllm", False):
         llm = getattr(generation, "llm", None)
@@ -93,6 +97,7 @@ def trainer_policy(trainer: Any, sampling: SamplingConfig, *, batch_decode: bool
         sampling=sampling,
         device=str(trainer.accelerator.device),
         batch_decode=batch_decode,
+        rollout_token_budget=rollout_token_budget,
     )
 
 
