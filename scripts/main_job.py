@@ -61,8 +61,8 @@ ES_LABELS = ("smollm2-135m-base", "smollm2-135m-es")
 #: held-out Countdown tasks the base and the ES-trained model answer (the first of the ES run's held-out
 #: set): each is a ~510-token few-shot prompt, the cost on the CPU
 ES_TASKS = 16
-#: ES generations the main job replays by default: the first 50 of 300 (about 100 s on an idle 2-core
-#: machine, where all 300 take about 10 minutes; most of the held-out gain came by then: 0.264 -> 0.416
+#: ES generations the main job replays by default: the first 50 of 300 (103 s beside the evaluations on
+#: an idle 2-core machine, 2026-12-02, where all 300 take about 10 minutes; most of the held-out gain came by then: 0.264 -> 0.416
 #: on the GPU's 512 tasks after 50, 0.459 after 300)
 ES_GENERATIONS = 50
 #: the ES run's task and decoding (scripts/gpu_es_real.py): single turn, four few-shot turns, greedy

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The main job: install what agent-envs needs, then evaluate every text environment (MATH-ReAct,
-# DocVQA-CLI, Countdown-ReAct) on a few built-in tasks with the embedded CPU model (SmolLM2-135M)
-# and, beside it, each environment's scripted reference policy; one HTML report of all six runs, and the
-# ES-trained SmolLM2 shipped as a history (its first 50 generations replayed on the CPU once, about 100 s on
-# 2 cores, then cached; --es-generations 300: the whole run, about 10 minutes the first time)
+# DocVQA-CLI, Countdown-ReAct, PrimeCount-Python) on a few built-in tasks with the embedded CPU model
+# (SmolLM2-135M) and, beside it, each environment's scripted reference policy; one HTML report of all the
+# runs, and the ES-trained SmolLM2 shipped as a history (its first 50 generations replayed on the CPU once,
+# about 100 s on 2 cores beside the evaluations, then cached; --es-generations 300: the whole run, about 10 minutes the first time)
 # beside the base model on held-out few-shot Countdown tasks.
 #   bash scripts/run_main.sh                                  # 2 tasks per environment
 #   bash scripts/run_main.sh --limit 4                        # more tasks
