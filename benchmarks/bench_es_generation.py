@@ -27,6 +27,9 @@ all appending to one ``--results`` file, ``--phase table`` printing the table; b
 * **old** (``--enforce-eager --exact-revert --revert-copy host --concurrency 16``): ``--old-members``
   members, the wall scaled to P (no raw rows of its own: no share).
 
+Every (P, B, phase) case runs in a child process of its own (an engine's GPU memory comes back only
+when its process ends); ``--dry-run`` starts no engine and shows which process ran each case.
+
 Engine starts are the expensive part on a GPU (60-150 s each with CUDA graphs).  Also noted: each
 variant's apply + exact revert seconds per member, fingerprint seconds per generation, which LoRA
 kernel settings the low-rank engine got, and (``--check``) agent_envs.es.roundtrip on engine 0.
@@ -50,6 +53,7 @@ import os
 import pickle
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -260,18 +264,8 @@ class Bench:
     def measurement(
         self, variant: str, kind: str, engines: int, walls: list[float], tokens: list[int], note: str
     ) -> dict[str, Any]:
-        return {
-            "shape": self.args.shape,
-            "population": self.population,
-            "case_batch": self.case_batch,
-            "phase": self.phase,
-            "variant": variant,
-            "kind": kind,
-            "engines": engines,
-            "walls": walls,
-            "tokens": tokens,
-            "note": note,
-        }
+        a = self.args
+        return case_row(a, self.population, self.case_batch, self.phase, variant, kind, engines, walls, tokens, note)
 
     def flush(self) -> None:
         """Append the measurements made so far to ``--results`` (a phase killed later keeps them)."""
@@ -577,6 +571,12 @@ def main() -> int:
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--no-check", dest="check", action="store_false", help="skip the perturbation round trip")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="start no engine: each case's child process appends a note row (which process ran it)",
+    )
+    ap.add_argument("--one-case", action="store_true", help=argparse.SUPPRESS)  # a child of run_child
     args = ap.parse_args()
     phases_ = args.phase.split(",")
     if not set(phases_) <= {"lowrank", "raw", "fullrank", "old", "table"} or ("table" in phases_ and len(phases_) > 1):
@@ -588,7 +588,7 @@ def main() -> int:
     if "table" in phases_:
         print(es_results.table(es_results.load(args.results)))
         return 0
-    if args.tokenizer is None:
+    if args.tokenizer is None and not args.dry_run:
         ap.error("--tokenizer is needed to measure")
     if args.timed_generations < 2:
         ap.error("--timed-generations: at least 2 (the spread of one generation is not a spread)")
@@ -598,6 +598,72 @@ def main() -> int:
         if getattr(args, key) is None:
             setattr(args, key, value)
 
+    if args.one_case:
+        return run_case(args, phases_[0])
+    for population in args.population:
+        for batch in args.case_batch:
+            for phase in phases_:
+                run_child(args, population, batch, phase)
+    print(f"\n# {args.results}\n" + es_results.table(es_results.load(args.results)))
+    return 0
+
+
+def run_child(args: argparse.Namespace, population: int, batch: int, phase: str) -> None:
+    """One (P, B, phase) case in a child process of its own, appending its rows to ``--results``.
+
+    Why a process per case: an engine gives its GPU memory back only when its process ends.  In one
+    process the next case's engine found 19 of 140 GiB free and did not start (issue 35).  A child
+    that dies (a crash, a kill) leaves a row saying so, and the next case still runs."""
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        *sys.argv[1:],  # the last of a repeated option wins: this case's P, B, phase and file
+        *("--population", str(population), "--case-batch", str(batch), "--phase", phase),
+        *("--results", str(args.results), "--one-case"),
+    ]
+    code = subprocess.run(command, check=False).returncode
+    if code != 0:
+        name = f"{phase} (P {population} x B {batch}, child process)"
+        note = f"not run: the case's process exited with status {code}; its rows above, if any, were kept"
+        es_results.append(args.results, [case_row(args, population, batch, phase, name, "other", 0, [], [], note)])
+
+
+def case_row(
+    args: argparse.Namespace,
+    population: int,
+    batch: int,
+    phase: str,
+    variant: str,
+    kind: str,
+    engines: int,
+    walls: list[float],
+    tokens: list[int],
+    note: str,
+) -> dict[str, Any]:
+    """A measurement (benchmarks/es_results.py); ``process``: the id of the process that made it."""
+    return {
+        "shape": args.shape,
+        "population": population,
+        "case_batch": batch,
+        "phase": "lowrank" if phase == "raw" else phase,  # raw rows are the low-rank phase's
+        "variant": variant,
+        "kind": kind,
+        "engines": engines,
+        "walls": walls,
+        "tokens": tokens,
+        "note": note,
+        "process": os.getpid(),
+    }
+
+
+def run_case(args: argparse.Namespace, phase: str) -> int:
+    """The child of :func:`run_child`: one P, one B, one phase; every engine ends with this process."""
+    bench = Bench(args, None, Path(), Path())
+    bench.population, bench.case_batch, bench.phase = args.population[0], args.case_batch[0], phase
+    if args.dry_run:
+        bench.note(f"dry run ({phase}): no engine started")
+        bench.flush()
+        return 0
     # the pool's actors import this checkout (and this module, for the recording and raw calls)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
@@ -611,7 +677,8 @@ def main() -> int:
     ray_started = False
     try:  # the work folder (model config, Ray's files) goes whatever fails, set-up included
         bench = Bench(args, es_run, dense_qwen3(args.tokenizer.expanduser(), SHAPES[args.shape], work / "model"), work)
-        if "fullrank" in phases_:  # only the pool's rows need Ray (the low-rank and old rows run in this process)
+        bench.population, bench.case_batch, bench.phase = args.population[0], args.case_batch[0], phase
+        if phase == "fullrank":  # only the pool's rows need Ray (the low-rank and old rows run in this process)
             import ray
 
             ray.init(
@@ -622,35 +689,28 @@ def main() -> int:
                 num_cpus=4 if args.cpu else None,
             )
             ray_started = True
-        for population in args.population:
-            for batch in args.case_batch:
-                bench.population, bench.case_batch = population, batch
-                steps: dict[str, list[tuple[str, Callable[[], None]]]] = {
-                    "lowrank": [("lowrank", bench.lowrank_rows)],
-                    "raw": [("raw", bench.plain_raw_rows)],
-                    "fullrank": [
-                        (f"pool of {k}", functools.partial(bench.pool_rows, k, i == 0))
-                        for i, k in enumerate(args.engines_per_gpu)
-                    ],
-                    "old": [("old", bench.old_rows)],
-                }
-                bench.lowrank_calls = []
-                for phase in phases_:
-                    bench.phase = "lowrank" if phase == "raw" else phase  # raw rows are the low-rank phase's
-                    bench.note(f"vLLM {vllm.__version__}; {args.turns} turns x {args.tokens} tokens")
-                    for name, step in steps[phase]:
-                        try:
-                            step()
-                        except Exception as exc:  # one variant's failure must not lose the others' rows
-                            bench.rows.append(bench.failed(name, exc))
-                        bench.flush()
+        steps: dict[str, list[tuple[str, Callable[[], None]]]] = {
+            "lowrank": [("lowrank", bench.lowrank_rows)],
+            "raw": [("raw", bench.plain_raw_rows)],  # the low-rank child's requests, saved next to --results
+            "fullrank": [
+                (f"pool of {k}", functools.partial(bench.pool_rows, k, i == 0))
+                for i, k in enumerate(args.engines_per_gpu)
+            ],
+            "old": [("old", bench.old_rows)],
+        }
+        bench.note(f"vLLM {vllm.__version__}; {args.turns} turns x {args.tokens} tokens")
+        for name, step in steps[phase]:
+            try:
+                step()
+            except Exception as exc:  # one variant's failure must not lose the others' rows
+                bench.rows.append(bench.failed(name, exc))
+            bench.flush()
     finally:
         if ray_started:
             import ray
 
             ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\n# {args.results}\n" + es_results.table(es_results.load(args.results)))
     return 0
 
 

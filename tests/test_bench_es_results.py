@@ -101,3 +101,28 @@ def test_the_benchmark_prints_the_table_of_a_results_file_and_refuses_a_bad_phas
     assert refused.returncode == 2 and "a list of lowrank, raw, fullrank, old, or table alone" in refused.stderr
     bad_list = bench("--population", "16,x", "--phase", "table", "--results", str(results))
     assert bad_list.returncode == 2 and "--population: invalid int_list value: '16,x'" in bad_list.stderr
+
+
+def test_each_case_of_one_command_runs_in_a_process_of_its_own_and_every_row_lands(tmp_path: Path) -> None:
+    """Issue 35: in one process the second population's engine found the first one's GPU memory still
+    held and did not start; each (P, B, phase) case is now a child process (``--dry-run``: no engine)."""
+    results = tmp_path / "r.jsonl"
+    flags = ["--dry-run", "--shape", "135m", "--population", "16,64", "--phase", "lowrank,raw", "--results"]
+    parent = subprocess.Popen(
+        [sys.executable, str(BENCH / "bench_es_generation.py"), *flags, str(results)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = parent.communicate(timeout=120)
+    assert parent.returncode == 0, err
+    rows = es_results.load(results)
+    assert [(r["population"], r["note"]) for r in rows] == [
+        (16, "dry run (lowrank): no engine started"),
+        (16, "dry run (raw): no engine started"),
+        (64, "dry run (lowrank): no engine started"),
+        (64, "dry run (raw): no engine started"),
+    ]
+    processes = {r["process"] for r in rows}
+    assert len(processes) == 4 and parent.pid not in processes  # four children, none of them the command
+    assert "64 x 16, lowrank: note: dry run (raw)" in out  # the parent prints the table of every case
