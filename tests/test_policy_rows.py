@@ -89,3 +89,37 @@ def test_real_models_are_named_by_their_model_in_the_report(tmp_path):
     run = Run("r", Path(tmp_path), [], config, saved_summary=None, unreadable_lines=0, samples=1)
     page = about([run])
     assert page["runs"][0]["policy"] == "Qwen/Qwen3-4B" and page["policies"] == {} and page["hint"] is False
+
+
+def test_serve_offers_and_serves_a_registered_backend_by_its_row(echo, monkeypatch, capsys):
+    """``agent-envs serve`` takes its policies from the rows too: a registered backend is a choice
+    and answers over HTTP; a row that needs a model is refused without one, naming the flag."""
+    import threading
+
+    import httpx
+
+    from agent_envs.policy import server
+    from agent_envs.policy.server import PolicyServer
+
+    choices = server.build_parser()._option_string_actions["--policy"].choices
+    assert echo in choices and "openai" not in choices  # an HTTP client is not served again
+    replies: list[httpx.Response] = []
+
+    def one_request(self: PolicyServer) -> None:
+        body = {"model": "agent-envs", "messages": [{"role": "user", "content": "What is 2+2?"}], "max_tokens": 64}
+        asking = threading.Thread(target=lambda: replies.append(httpx.post(self.url + "/chat/completions", json=body)))
+        asking.start()
+        self.handle_request()
+        asking.join(timeout=60)
+
+    monkeypatch.setattr(PolicyServer, "serve_forever", one_request)
+    assert server.main(["--policy", echo, "--port", "0"]) == 0
+    assert replies and replies[0].status_code == 200
+    assert isinstance(replies[0].json()["choices"][0]["message"]["content"], str)
+    register("echo-needs-model", Backend(ECHO.build, needs_model=True, description="needs a model"))
+    try:
+        with pytest.raises(SystemExit):
+            server.main(["--policy", "echo-needs-model", "--port", "0"])
+        assert "--policy echo-needs-model needs --model" in capsys.readouterr().err
+    finally:
+        BACKENDS.pop("echo-needs-model")

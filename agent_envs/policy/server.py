@@ -34,7 +34,6 @@ from typing import Any, Callable, Mapping, Sequence
 from ..core.tokens import TokenCounter
 from .base import CONTEXT_LENGTH_EXCEEDED, Completion, Policy, error_text
 from ..protocol.budget import exceeds_context
-from .scripted import ScriptedPolicy
 from .wire import ClientError, ModelOutputError, parse_body, stream_chunks
 
 
@@ -323,15 +322,27 @@ def build_parser() -> argparse.ArgumentParser:
         "(POST /v1/chat/completions and /v1/completions, GET /v1/models; docs/cli.md#serve lists the "
         "fields honoured and those refused with a 400).",
     )
+    from .factory import BACKENDS, default_policy
+
+    served = servable_backends()
     parser.add_argument(
         "--policy",
-        choices=["cpu", "transformers", "scripted"],
-        default="cpu",
-        help="cpu: the embedded SmolLM2-135M; transformers: --model path; scripted: --env's model-free "
-        "baseline (milliseconds a reply: tests and client checks)",
+        choices=served,
+        default=default_policy(None, []),
+        help="; ".join(f"{name}: {BACKENDS[name].description}" for name in served)
+        + " (a policy that is itself a client of a server is not served again)",
     )
-    parser.add_argument("--model", help="model folder for --policy transformers")
-    parser.add_argument("--env", help="environment whose scripted baseline --policy scripted serves")
+    parser.add_argument(
+        "--model",
+        help="model folder or id, for a policy that needs one ("
+        + ", ".join(n for n in served if BACKENDS[n].needs_model)
+        + ")",
+    )
+    parser.add_argument(
+        "--env",
+        help="environment whose scripted baseline a scripted policy serves (milliseconds a reply: tests and "
+        "client checks)",
+    )
     parser.add_argument(
         "--served-model-name", default="agent-envs", help="the model name /v1/models lists (default agent-envs)"
     )
@@ -360,6 +371,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def servable_backends() -> list[str]:
+    """The backends ``serve`` can put behind its API: every row but the HTTP clients'."""
+    from .factory import BACKENDS
+
+    return [name for name, backend in BACKENDS.items() if not backend.needs_endpoint]
+
+
+def scripted_backends() -> list[str]:
+    from .factory import BACKENDS
+
+    return [name for name, backend in BACKENDS.items() if backend.scripted_baseline]
+
+
 def main(argv: Sequence[str] | None = None, baselines: Mapping[str, Callable[[Any], str]] | None = None) -> int:
     """``agent-envs serve``; ``baselines`` are the scripted replies ``--policy scripted --env`` may
     serve, by environment id (the CLI passes the registry's: this layer does not know environments)."""
@@ -367,22 +391,20 @@ def main(argv: Sequence[str] | None = None, baselines: Mapping[str, Callable[[An
     args = parser.parse_args(argv)
     if not (args.max_body_mib > 0 and args.read_timeout > 0):
         parser.error("--max-body-mib and --read-timeout must be > 0")
-    from .hf import TransformersPolicy, default_cpu_policy
+    from .factory import BACKENDS, PolicySettings, build_policy
 
-    policy: Policy
-    if args.policy == "scripted":
+    backend = BACKENDS[args.policy]
+    script = None
+    if backend.scripted_baseline:
         known = dict(baselines or {})
         if args.env not in known:
-            parser.error(f"--policy scripted needs --env, one of: {', '.join(sorted(known)) or 'none'}")
-        policy = ScriptedPolicy(known[args.env])
+            parser.error(f"--policy {args.policy} needs --env, one of: {', '.join(sorted(known)) or 'none'}")
+        script = known[args.env]
     elif args.env is not None:
-        parser.error("--env goes with --policy scripted")
-    elif args.policy == "transformers":
-        if not args.model:
-            parser.error("--policy transformers needs --model")
-        policy = TransformersPolicy(args.model)
-    else:
-        policy = default_cpu_policy()
+        parser.error(f"--env goes with a scripted policy ({', '.join(scripted_backends()) or 'none'})")
+    if backend.needs_model and not args.model:
+        parser.error(f"--policy {args.policy} needs --model")
+    policy: Policy = build_policy(args.policy, PolicySettings(model=args.model, script=script))
     server = PolicyServer(
         policy,
         model=args.served_model_name,
