@@ -33,7 +33,7 @@ from agent_envs.policy.sampling import SamplingConfig
 from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
 from agent_envs.rollout.metrics import group_metrics, paired_bootstrap, summarize
 from agent_envs.rollout.options import env_kwargs as build_env_kwargs
-from agent_envs.rollout.options import key_value
+from agent_envs.rollout.options import add_sampling_flags, key_value, sampling_flags
 from agent_envs.core.tasks import task_id
 from agent_envs.rollout.records import ERROR_TERMINATIONS, NotARecord, NotARecordsFile, load_records
 from agent_envs.rollout.outputs import write_outputs
@@ -49,7 +49,6 @@ from agent_envs.sandbox.factory import check_backend
 if TYPE_CHECKING:
     from agent_envs.scale.pool import EnginePool
 
-SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "repetition_penalty")
 #: exit status of ``eval`` when every episode ended in an error (no result to report)
 EXIT_ALL_ERRORED = 3
 
@@ -144,14 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="prompt profile: a folder holding the reference's system prompt as DIR/<env>/system.txt, "
         "checked against its published SHA-256 (docs/protocol.md#prompt-profiles)",
     )
-    for flag in SAMPLING_FLAGS:
-        ev.add_argument(
-            "--" + flag.replace("_", "-"),
-            type=int if flag == "top_k" else float,
-            default=None,
-            help=f"sampling {flag.replace('_', ' ')} (default {SamplingConfig.model_fields[flag].default}, "
-            "the protocol's; docs/protocol.md#sampling-and-seeds)",
-        )
+    add_sampling_flags(ev)
     ev.add_argument("--seed", type=int, default=DEFAULT_BASE_SEED, help="base seed of the trajectory seeds")
     ev.add_argument(
         "--mode",
@@ -291,7 +283,7 @@ def _rows_with(fact: Callable[[Any], object]) -> str:
 
 
 def _sampling(args: argparse.Namespace) -> SamplingConfig:
-    return SamplingConfig(**{f: getattr(args, f) for f in SAMPLING_FLAGS if getattr(args, f) is not None})
+    return SamplingConfig(**sampling_flags(args))
 
 
 def _check_policy_flags(kind: str, args: argparse.Namespace) -> None:

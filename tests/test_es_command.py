@@ -119,3 +119,17 @@ def test_the_example_keeps_its_command_lines(monkeypatch: pytest.MonkeyPatch) ->
         timeout=300,
     )
     assert done.returncode != 0 and "agent-envs es train" in done.stderr and "give --train" in done.stderr
+
+
+def test_sampling_flags_are_spelled_as_eval_spells_them() -> None:
+    """``es --temperature 0.7 --top-p 0.9`` is ``--sampling temperature=0.7 --sampling top_p=0.9``
+    (recorded the same in the history's config), and both commands take the same flags."""
+    from agent_envs import cli
+    from agent_envs.rollout.options import SAMPLING_FLAGS
+
+    flags = parse_settings([*BASE, "--temperature", "0.7", "--top-p", "0.9"])
+    keyed = parse_settings([*BASE, "--sampling", "temperature=0.7", "--sampling", "top_p=0.9"])
+    assert flags.sampling == keyed.sampling and make_config(flags, None) == make_config(keyed, None)
+    eval_flags = {a.dest for a in cli.build_parser()._subparsers._group_actions[0].choices["eval"]._actions}
+    es_flags = {a.dest for a in build_parser("agent-envs es train", False)._actions}
+    assert set(SAMPLING_FLAGS) <= eval_flags & es_flags

@@ -29,7 +29,14 @@ from agent_envs.es.update_rule import OPTIMIZERS, check_adam
 from agent_envs.policy.vllm import DEFAULT_ROLLOUT_TOKEN_BUDGET, REFERENCE_TOKEN_BUDGET
 from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
 from agent_envs.rewards.options import add_scorer_arguments
-from agent_envs.rollout.options import add_max_tokens_per_turn, key_value, max_tokens_help
+from agent_envs.rollout.options import (
+    SAMPLING_FLAGS,
+    add_max_tokens_per_turn,
+    add_sampling_flags,
+    key_value,
+    max_tokens_help,
+    sampling_flags,
+)
 from agent_envs.scale.mps import MODES as MPS_MODES
 from agent_envs.scoring.process import AGGREGATIONS
 
@@ -348,6 +355,7 @@ def _episode_options(p: argparse.ArgumentParser) -> None:
         help="a sampling setting instead of the protocol's (agent_envs.policy.sampling.SamplingConfig), "
         "e.g. temperature=0.7; recorded in the history's config",
     )
+    add_sampling_flags(p, "the protocol's; the same as --sampling KEY=VALUE, recorded so")
     p.add_argument(
         "--ignore-eos",
         action="store_true",
@@ -416,6 +424,11 @@ def parse_settings(argv: Sequence[str] | None = None, eval_only: bool = False, p
     argparse does, before anything is loaded or started."""
     parser = build_parser(prog or ("agent-envs es evaluate-only" if eval_only else "agent-envs es train"), eval_only)
     values = vars(parser.parse_args(argv))
+    flags = sampling_flags(values)  # --temperature X is --sampling temperature=X, as eval spells it
+    for flag in SAMPLING_FLAGS:
+        values.pop(flag, None)
+    if flags:
+        values["sampling"] = [*(values.get("sampling") or []), *flags.items()]
     if eval_only:
         values["eval_only"] = True
     try:

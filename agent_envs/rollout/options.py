@@ -85,3 +85,28 @@ def env_kwargs(
     }
     kwargs.update({key: value for key, value in given.items() if value is not None})
     return kwargs
+
+
+#: the sampling settings every command takes as flags of their own (``--temperature``, ``--top-p``, ...)
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "repetition_penalty")
+
+
+def add_sampling_flags(parser: argparse.ArgumentParser, default: str = "the protocol's") -> None:
+    """``--temperature``, ``--top-p``, ``--top-k``, ``--min-p``, ``--presence-penalty`` and
+    ``--repetition-penalty``, each ``None`` unless given (``default`` says what then applies)."""
+    from ..policy.sampling import SamplingConfig
+
+    for flag in SAMPLING_FLAGS:
+        parser.add_argument(
+            "--" + flag.replace("_", "-"),
+            type=int if flag == "top_k" else float,
+            default=None,
+            help=f"sampling {flag.replace('_', ' ')} (default {SamplingConfig.model_fields[flag].default}, "
+            f"{default}; docs/protocol.md#sampling-and-seeds)",
+        )
+
+
+def sampling_flags(values: Any) -> dict[str, Any]:
+    """The sampling flags given on the command line (an ``argparse.Namespace`` or a dict of its values)."""
+    found = values if isinstance(values, dict) else vars(values)
+    return {flag: found[flag] for flag in SAMPLING_FLAGS if found.get(flag) is not None}
