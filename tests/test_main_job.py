@@ -32,17 +32,18 @@ def reference_call(env_id: str) -> str:
     from agent_envs.envs.registry import spec
     from agent_envs.protocol.parsing import parse_action
 
+    first = spec(env_id).load_tasks("builtin", limit=1)[0]  # the main job evaluates the first built-in tasks
     env = gym.make(env_id, dataset="builtin", sandbox="bwrap")
     try:
-        env.reset(seed=0)
+        env.reset(seed=0, options={"task": first})
         unwrapped = env.unwrapped
         action = parse_action(spec(env_id).baseline(unwrapped.generation_request()), unwrapped.rules.parser)
     finally:
         env.close()
     assert action is not None, env_id
     ((key, value),) = action["arguments"].items()
-    first = value.splitlines()[0][:6]
-    return f"{action['name']}$ {first}" if key == "command" else f"{action['name']} ({key}):\n{first}"
+    line = value.splitlines()[0][:6]
+    return f"{action['name']}$ {line}" if key == "command" else f"{action['name']} ({key}):\n{line}"
 
 
 def main_job_envs() -> tuple[str, ...]:
