@@ -23,6 +23,7 @@ import json
 import os
 import pickle
 import random
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, cast
 
@@ -207,7 +208,8 @@ def live_descendants() -> set[int]:
 
 
 def temp_dirs() -> set[str]:
-    return {p for p in os.listdir("/tmp") if p.startswith(TEMP_PREFIXES)}
+    """Sandbox folders in the temp folder the sandboxes use (``TMPDIR``; not always ``/tmp``)."""
+    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith(TEMP_PREFIXES)}
 
 
 def check_leaves_nothing(env_id: str, env_kwargs: dict[str, Any] | None = None) -> None:

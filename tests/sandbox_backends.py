@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -20,6 +19,7 @@ from agent_envs.core.spec import Mount
 from agent_envs.envs.docvqa.spec import DOCUMENT_PATH
 from agent_envs.sandbox.base import Sandbox, SandboxConfig, SandboxLimits
 from agent_envs.sandbox.factory import make_sandbox
+from agent_envs.testing import live_descendants, temp_dirs  # noqa: F401  (the tests import them from here)
 
 BACKENDS = ["bwrap-persistent", "bwrap-fresh", "docker"]
 #: small caps so that filling the disk or memory stays cheap on a shared machine
@@ -116,24 +116,6 @@ def describe(pid: int) -> str:
         return "gone"
 
 
-def live_descendants() -> set[int]:
-    """Live (non-zombie) processes below this one."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                parents[int(entry)] = int(fields[1])
-    found, frontier = set(), {os.getpid()}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - found
-        found |= frontier
-    return found
-
-
 def host_processes_matching(token: bytes) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
@@ -144,11 +126,6 @@ def host_processes_matching(token: bytes) -> list[int]:
             except OSError:
                 continue
     return found
-
-
-def temp_dirs() -> set[str]:
-    """Sandbox folders in the temp folder (one of its own per test worker: tests/conftest.py)."""
-    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith(("ae-mount-", "ae-local-"))}
 
 
 def sandbox_mounts() -> list[str]:
