@@ -31,7 +31,7 @@ from agent_envs.policy.base import Policy
 from agent_envs.policy.factory import BACKENDS, PolicySettings, build_policy, default_policy
 from agent_envs.policy.sampling import SamplingConfig
 from agent_envs.rewards.options import add_scorer_arguments, scorer_from_args, scorer_settings
-from agent_envs.rollout.metrics import group_metrics, paired_bootstrap, summarize
+from agent_envs.rollout.metrics import compare_means, group_metrics, paired_bootstrap, summarize
 from agent_envs.rollout.options import env_kwargs as build_env_kwargs
 from agent_envs.rollout.options import add_sampling_flags, key_value, sampling_flags
 from agent_envs.core.tasks import task_id
@@ -829,22 +829,23 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    before, _, _ = _run_records(args.run_a)
+    before, _, spec = _run_records(args.run_a)
     after, _, _ = _run_records(args.run_b)
     try:
-        result = paired_bootstrap(before, after, samples=args.bootstrap_samples)
+        result = paired_bootstrap(before, after, samples=args.bootstrap_samples, spec=spec)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    runs = [("A", str(args.run_a), result["mean_anls_before"]), ("B", str(args.run_b), result["mean_anls_after"])]
+    mean_a, mean_b, delta = compare_means(result)
+    runs = [("A", str(args.run_a), mean_a), ("B", str(args.run_b), mean_b)]
     width = max(len(name) for _, name, _ in runs)
-    print(f"   {'run'.ljust(width)}  mean")
+    print(f"   {'run'.ljust(width)}  mean {result['score_metric']}")
     print("\n".join(f"{label}  {name.ljust(width)}  {mean:.4f}" for label, name, mean in runs))
     lo, hi = result["bootstrap_95_ci"]
     print(
-        f"delta {result['mean_anls_delta']:+.4f} over {result['paired_tasks']} tasks, 95% CI [{lo:+.4f}, {hi:+.4f}] "
+        f"delta {delta:+.4f} over {result['paired_tasks']} tasks, 95% CI [{lo:+.4f}, {hi:+.4f}] "
         f"({result['bootstrap_samples']} bootstrap samples)"
     )
     return 0

@@ -249,12 +249,14 @@ def es_jobs(out: Path, tasks: int, generations: int | None) -> list[Job]:
 
 def es_comparison(base: Job, trained: Job) -> dict:
     """``agent-envs compare``'s paired bootstrap of the two runs (trained minus base)."""
+    from agent_envs.envs.registry import spec_of
     from agent_envs.rollout.metrics import paired_bootstrap
 
     def records(job: Job) -> list[dict]:
         return [json.loads(line) for line in (job.out / "records.jsonl").read_text().splitlines() if line]
 
-    return paired_bootstrap(records(base), records(trained))
+    before = records(base)
+    return paired_bootstrap(before, records(trained), spec=spec_of(before))
 
 
 def children_cpu_s() -> float:
@@ -349,13 +351,15 @@ def run_es(
     if failed:
         return both, failed, None
     from agent_envs.es.trained_model import provenance
+    from agent_envs.rollout.metrics import compare_means
 
     result = es_comparison(*both)
     lo, hi = result["bootstrap_95_ci"]
+    before, after, delta = compare_means(result)
+    gpu_delta = compare_means(provenance()["held_out_compare"])[2]
     say(
-        f"ES-trained minus base on {result['paired_tasks']} tasks: {result['mean_anls_before']:.3f} -> "
-        f"{result['mean_anls_after']:.3f}, delta {result['mean_anls_delta']:+.3f}, 95% CI [{lo:+.3f}, {hi:+.3f}] "
-        f"(the GPU's run on 512 tasks: {provenance()['held_out_compare']['mean_anls_delta']:+.3f})"
+        f"ES-trained minus base on {result['paired_tasks']} tasks: {before:.3f} -> {after:.3f}, delta "
+        f"{delta:+.3f}, 95% CI [{lo:+.3f}, {hi:+.3f}] (the GPU's run on 512 tasks: {gpu_delta:+.3f})"
     )
     summary = {"replay": check, "compare": result, "verdict": verdict, "trained": provenance()}
     (out / "es.json").write_text(json.dumps(summary, indent=2) + "\n")

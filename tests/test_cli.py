@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent_envs.cli import main
+from agent_envs.envs.registry import spec
 from agent_envs.rollout.records import read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,12 +108,15 @@ def test_summarize_and_compare(math_run, capsys):
     assert main(["summarize", str(math_run), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)[str(math_run)]
     assert summary["es"]["count"] == 6
+    assert "mean_anls" not in summary["diagnostics"]
+    assert summary["diagnostics"]["score_metric"] == spec("MATH-ReAct-v0").score_metric
     assert main(["summarize", str(math_run), "--group", "1"]) == 0
     text = capsys.readouterr().out
     assert "\n0      0-0" in text and "\n1      1-1" in text and "best group by mean_score: 0" in text
     assert main(["compare", str(math_run), str(math_run), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["paired_tasks"] == 3 and result["mean_anls_delta"] == 0.0
+    assert result["paired_tasks"] == 3 and result["mean_score_delta"] == 0.0
+    assert result["score_metric"] == spec("MATH-ReAct-v0").score_metric
     assert result["bootstrap_95_ci"] == [0.0, 0.0]
 
 

@@ -90,7 +90,7 @@ def test_compare_prints_a_table_or_with_json_only_json(tmp_path, capsys):
     a, b = _run(tmp_path / "base", [0.0, 1.0, 0.0, 0.0]), _run(tmp_path / "trained", [1.0, 1.0, 0.0, 1.0])
     assert main(["compare", str(a), str(b), "--bootstrap-samples", "200", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)  # the whole output is one JSON document
-    assert result["paired_tasks"] == 4 and result["mean_anls_delta"] == 0.5 and result["bootstrap_samples"] == 200
+    assert result["paired_tasks"] == 4 and result["mean_score_delta"] == 0.5 and result["bootstrap_samples"] == 200
     assert main(["compare", str(a), str(b), "--bootstrap-samples", "200"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split() == ["A", str(a), "0.2500"] and lines[2].split() == ["B", str(b), "0.7500"]

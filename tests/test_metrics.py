@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from agent_envs.envs.registry import spec
-from agent_envs.rollout.metrics import diagnostics, es_summary, group_metrics, paired_bootstrap, summarize
+from agent_envs.es.trained_model import provenance
+from agent_envs.rollout.metrics import (
+    compare_means,
+    diagnostics,
+    es_summary,
+    group_metrics,
+    paired_bootstrap,
+    summarize,
+)
 from agent_envs.scoring.metrics import max_at_k, mean_valid, pass_at_k
 
 DOCVQA = spec("DocVQA-CLI-v0")
@@ -173,7 +181,7 @@ def test_diagnostics_5_6_1():
     ]
     d = diagnostics(rows)
     assert (d["records"], d["valid_records"], d["request_errors"]) == (2, 2, 0)
-    assert d["mean_anls"] == pytest.approx(0.5)
+    assert (d["score_metric"], d["mean_score"]) == ("anls", pytest.approx(0.5))
     assert d["mean_accuracy"] == pytest.approx(0.5)
     assert d["tool_call_rate"] == 1.0 and d["tool_success_rate"] == 1.0
     assert d["mean_turns"] == 2.0
@@ -199,7 +207,7 @@ def test_diagnostics_invalid_rows_are_request_errors():
     rows = [_row("a", 0, 0.0, anls=0.0, error="RuntimeError: boom"), _row("b", 0, 1.0, anls=True)]
     d = diagnostics(rows)
     assert d["valid_records"] == 0 and d["request_errors"] == 2
-    assert d["mean_anls"] is None
+    assert d["mean_score"] is None
 
 
 def _anls_rows(values: dict[str, tuple[float, ...]]) -> list[dict]:
@@ -212,11 +220,27 @@ def test_paired_bootstrap_5_6_3(samples):
     after = _anls_rows({"a": (0.75, 0.75), "b": (0.5, 0.5)})
     out = paired_bootstrap(before, after, samples=samples)
     assert out["paired_tasks"] == 2
-    assert out["mean_anls_before"] == pytest.approx(0.25)
-    assert out["mean_anls_after"] == pytest.approx(0.625)
-    assert out["mean_anls_delta"] == pytest.approx(0.375)
+    assert out["score_metric"] == "anls"
+    assert compare_means(out) == (pytest.approx(0.25), pytest.approx(0.625), pytest.approx(0.375))
     assert out["bootstrap_95_ci"] == [0.25, 0.5]
     assert out["bootstrap_samples"] == samples and out["bootstrap_seed"] == 42
+
+
+@pytest.mark.parametrize("env_id", ["MATH-ReAct-v0", "Countdown-ReAct-v0"])
+def test_a_summary_and_a_compare_name_the_environments_metric_not_anls(env_id):
+    env = spec(env_id)
+    rows = [_row("a", 0, 1.0, env_id=env_id, error=None), _row("b", 0, 0.0, env_id=env_id, error=None)]
+    d = summarize(rows, 1, spec=env)["diagnostics"]
+    assert "mean_anls" not in d and (d["score_metric"], d["mean_score"]) == (env.score_metric, 0.5)
+    out = paired_bootstrap(rows, rows, samples=10, spec=env)
+    assert out["score_metric"] == env.score_metric != "anls"
+    assert not [key for key in out if "anls" in key] and compare_means(out) == (0.5, 0.5, 0.0)
+
+
+def test_a_compare_result_written_with_mean_anls_still_reads():
+    old = provenance()["held_out_compare"]  # stored before the means were named after their metric
+    assert "mean_score_delta" not in old
+    assert compare_means(old) == (old["mean_anls_before"], old["mean_anls_after"], old["mean_anls_delta"])
 
 
 def test_paired_bootstrap_follows_random_42_draw_order():

@@ -280,6 +280,9 @@ class EnvSpec:
     task_fields: Callable[[Any], Row] = no_task_fields
     #: the environment's own summary metrics (None: only the shared ones)
     metrics: MetricsSpec | None = None
+    #: what the episode score measures (``"anls"``, ``"correct_answer"``): summaries name their
+    #: mean score by it, so a run's numbers never pass for another metric
+    score_metric: str = "score"
     #: the ``scripted`` policy's answer, ``request -> completion``: one real tool call, then an
     #: answer read off its output (a floor baseline and a model-free smoke test)
     baseline: Callable[[Any], str] | None = None

@@ -420,7 +420,7 @@ def shown_episode(run: Run, row: Row, images: dict[str, str | None]) -> Row:
 def comparison(a: Run, b: Run) -> Row:
     """Per-task paired means and ``compare``'s paired bootstrap CI (B minus A)."""
     try:
-        result: Row | None = paired_bootstrap(a.rows, b.rows)
+        result: Row | None = paired_bootstrap(a.rows, b.rows, spec=a.spec)
         problem = None
     except ValueError as exc:
         result, problem = None, str(exc)

@@ -2,7 +2,7 @@
 
 from agent_envs.scoring.metrics import max_at_k, pass_at_k
 
-from .metrics import diagnostics, es_summary, group_metrics, paired_bootstrap, summarize
+from .metrics import compare_means, diagnostics, es_summary, group_metrics, paired_bootstrap, summarize
 from .records import EpisodeRecord, JsonlWriter, load_records
 from .resume import prepare_resume
 from .runner import make_jobs, run_episodes, strip_timings
@@ -24,6 +24,7 @@ __all__ = [
     "group_metrics",
     "diagnostics",
     "paired_bootstrap",
+    "compare_means",
     "trace_filename",
     "training_prefix",
     "write_trace_log",

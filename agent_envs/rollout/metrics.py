@@ -183,6 +183,14 @@ def _raw_score(row: Row) -> float:
     return finite(row.get("anls", row.get("score"))) or 0.0
 
 
+def score_metric(rows: Sequence[Row], spec: EnvSpec | None) -> str:
+    """What the rows' mean score measures: the environment's :attr:`~EnvSpec.score_metric`; for
+    records of no known environment, ``anls`` when they carry the raw field, else ``score``."""
+    if spec is not None:
+        return spec.score_metric
+    return "anls" if any("anls" in r for r in rows) else "score"
+
+
 def _valid(row: Row) -> bool:
     anls = finite(row.get("anls", row.get("score")))
     return not row.get("error") and anls is not None and anls >= 0
@@ -225,7 +233,8 @@ def diagnostics(records: Records, *, spec: EnvSpec | None = None) -> Row:
         "records": len(rows),
         "valid_records": len(valid),
         "request_errors": len(rows) - len(valid),
-        "mean_anls": mean([_raw_score(r) for r in valid]),
+        "score_metric": score_metric(rows, spec),
+        "mean_score": mean([_raw_score(r) for r in valid]),
         "mean_accuracy": mean([float(r.get("acc", 0.0)) for r in valid]) if any("acc" in r for r in valid) else None,
         "tool_call_rate": frac(lambda r: bool(_tool_steps(r, tools))),
         "tool_success_rate": frac(lambda r: any(_ok_observation(s["observation"]) for s in _tool_steps(r, tools))),
@@ -251,11 +260,15 @@ def _per_task_means(rows: Sequence[Row], which: str) -> dict[str, tuple[float, f
     return out
 
 
-def paired_bootstrap(before: Records, after: Records, samples: int = 10_000, seed: int = 42) -> Row:
+def paired_bootstrap(
+    before: Records, after: Records, samples: int = 10_000, seed: int = 42, *, spec: EnvSpec | None = None
+) -> Row:
     """``compare_results``: per-task mean ANLS (``score`` when rows have no ``anls``), paired
-    differences sorted by task id, percentile CI from ``random.Random(seed)``."""
-    b = _per_task_means(_rows(before), "before")
-    a = _per_task_means(_rows(after), "after")
+    differences sorted by task id, percentile CI from ``random.Random(seed)``.  The means are
+    named after what they measure (:func:`score_metric`; read them with :func:`compare_means`)."""
+    before_rows, after_rows = _rows(before), _rows(after)
+    b = _per_task_means(before_rows, "before")
+    a = _per_task_means(after_rows, "after")
     if set(a) != set(b):
         raise ValueError(
             f"before/after task sets differ: only before {sorted(set(b) - set(a))[:5]}, "
@@ -273,10 +286,18 @@ def paired_bootstrap(before: Records, after: Records, samples: int = 10_000, see
     after_mean = sum(a[t][0] for t in tasks) / n
     return {
         "paired_tasks": n,
-        "mean_anls_before": before_mean,
-        "mean_anls_after": after_mean,
-        "mean_anls_delta": after_mean - before_mean,
+        "score_metric": score_metric(before_rows + after_rows, spec),
+        "mean_score_before": before_mean,
+        "mean_score_after": after_mean,
+        "mean_score_delta": after_mean - before_mean,
         "bootstrap_samples": samples,
         "bootstrap_seed": seed,
         "bootstrap_95_ci": [estimates[int(0.025 * (samples - 1))], estimates[int(0.975 * (samples - 1))]],
     }
+
+
+def compare_means(result: Row) -> tuple[float, float, float]:
+    """``(before, after, delta)`` of a :func:`paired_bootstrap` result, also of one written before
+    the means were named after their metric (``mean_anls_*``, as stored provenance holds)."""
+    prefix = "mean_score_" if "mean_score_delta" in result else "mean_anls_"
+    return result[prefix + "before"], result[prefix + "after"], result[prefix + "delta"]

@@ -71,6 +71,7 @@ SPEC = EnvSpec(
     task_fields=task_fields,
     metrics=METRICS,
     baseline=baseline,
+    score_metric="correct_answer",
     description="Reach a target from 3-4 numbers with + - * /, each used once; python and bash tools.",
 )
 

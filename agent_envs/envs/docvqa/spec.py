@@ -64,5 +64,6 @@ SPEC = EnvSpec(
     task_fields=task_fields,
     metrics=METRICS,
     baseline=baseline,
+    score_metric="anls",
     description="Answer a question about a page image through shell and OCR commands only.",
 )

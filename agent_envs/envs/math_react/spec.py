@@ -50,5 +50,6 @@ SPEC = EnvSpec(
     task_model=MathTask,
     task_fields=task_fields,
     baseline=baseline,
+    score_metric="correct_answer",
     description="Solve a math problem with a sandboxed bash tool; score 0/1 on the boxed answer.",
 )

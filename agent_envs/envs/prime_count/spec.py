@@ -72,5 +72,6 @@ SPEC = EnvSpec(
     user_message=user_message,
     task_fields=task_fields,
     baseline=baseline,
+    score_metric="correct_answer",
     description="Count the primes in a range of integers with a persistent python tool.",
 )
