@@ -16,7 +16,8 @@ from agent_envs.cli import main as cli_main
 from agent_envs.envs import registry
 from agent_envs.esrun.export import export_parser
 from agent_envs.esrun.run import make_config, make_engine_kwargs, make_env_kwargs
-from agent_envs.esrun.settings import ESSettings, build_parser, parse_settings
+from agent_envs.es.history import ESConfig
+from agent_envs.esrun.settings import CONFIG_FIELDS, ESSettings, build_parser, parse_settings
 from agent_envs.rollout.options import env_kwargs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,6 +42,48 @@ def test_es_help_states_the_real_defaults(capsys: pytest.CaptureFixture[str]) ->
     assert "--population POPULATION members per generation" in text and "(default: 16)" in text
     for flag in ("--sigma-start", "--alpha", "--exact-revert", "--eval", "--step-scorer", "--engines"):
         assert flag in text
+
+
+def test_every_setting_the_history_records_has_the_history_configs_default() -> None:
+    """One home for the reference defaults: ESConfig's.  Every ESConfig field a run sets from its
+    settings and that has a default is mapped, and the setting's default is that field's."""
+    config = make_config(parse_settings(BASE), None)
+    from_settings = {f for f, info in ESConfig.model_fields.items() if not info.is_required()} - {
+        "model",  # required settings: no default to share
+        "history_file",
+        "eval_seed",  # = seed
+        "train_samples",  # not settings of a run (the history's own bookkeeping)
+        "tp_size",
+        "start_fingerprint",
+        "backend",
+    }
+    assert set(CONFIG_FIELDS.values()) == from_settings
+    for setting, field in CONFIG_FIELDS.items():
+        default = ESConfig.model_fields[field].get_default(call_default_factory=True)
+        assert ESSettings.model_fields[setting].get_default(call_default_factory=True) == default, setting
+        assert getattr(config, field) == default, field
+
+
+def test_a_changed_history_default_changes_the_settings_the_run_and_the_help() -> None:
+    """Plant other defaults in ESConfig before the settings are imported: they follow everywhere."""
+    code = (
+        "from agent_envs.es.history import ESConfig\n"
+        "fields = ESConfig.model_fields\n"
+        "fields['population'].default, fields['alpha'].default = 24, 0.0625\n"
+        "ESConfig.model_rebuild(force=True)\n"
+        "from agent_envs.esrun.run import make_config\n"
+        "from agent_envs.esrun.settings import build_parser, parse_settings\n"
+        f"config = make_config(parse_settings({BASE!r}), None)\n"
+        "print(config.population, config.alpha)\n"
+        "build_parser().print_help()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    first, text = done.stdout.split("\n", 1)
+    assert first == "24 0.0625"
+    text = " ".join(text.split())
+    assert "members per generation (low-rank: also the engine's LoRA slots) (default: 24)" in text
+    assert "sum w_i eps_i (default: 0.0625)" in text
 
 
 def test_the_token_limit_has_one_name_and_the_old_one_still_works(capsys: pytest.CaptureFixture[str]) -> None:

@@ -31,7 +31,7 @@ from agent_envs.rewards.options import scorer_from_args, scorer_settings
 from agent_envs.rollout import run_episodes
 from agent_envs.rollout.options import env_kwargs
 
-from .settings import ESSettings
+from .settings import CONFIG_FIELDS, ESSettings
 
 
 @dataclass
@@ -107,40 +107,19 @@ def make_config(settings: ESSettings, combiner: FitnessCombiner | None) -> ESCon
     return ESConfig(
         env_id=s.env,
         model=s.model,
-        generations=s.generations,
-        population=s.population,
-        case_batch_size=s.case_batch,
-        sigma_start=s.sigma_start,
-        sigma_end=s.sigma_end,
-        sigma_schedule=s.sigma_schedule,
-        sigma_warmup_steps=s.sigma_warmup,
-        sigma_total_steps=s.sigma_total_steps,
-        alpha=s.alpha,
-        reward_normalization=s.normalization,
-        reward_normalization_ddof=s.ddof,
-        reward_normalization_eps=s.eps,
-        parameter_scope=s.scope,
-        seed=s.seed,
+        **{field: getattr(s, setting) for setting, field in CONFIG_FIELDS.items()},
         eval_seed=s.seed,
-        eval_interval=s.eval_interval,
         history_file=s.history,
         max_turns=s.max_turns,
         max_tokens=s.max_tokens_per_turn,
         max_model_len=s.max_model_len,
         dtype=s.dtype,
         load_format=s.load_format,
-        exact_revert=s.exact_revert,
         concurrency=s.concurrency or member_concurrency(s.case_batch),
         **({"ignore_eos": True} if s.ignore_eos else {}),
         **({"fitness": {**(scorer_settings(s.namespace()) or {}), **combiner.model_dump()}} if combiner else {}),
         **({"perturbation": "lowrank", "rank": s.rank} if s.perturbation == "lowrank" else {}),
         **({"sampling": dict(s.sampling)} if s.sampling else {}),
-        mirrored=s.mirrored,
-        member_sampling=s.member_sampling,
-        optimizer=s.optimizer,
-        adam_beta1=s.adam_beta1,
-        adam_beta2=s.adam_beta2,
-        adam_eps=s.adam_eps,
     )
 
 

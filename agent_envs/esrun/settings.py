@@ -1,9 +1,11 @@
 """``agent-envs es``'s settings: one validated model (:class:`ESSettings`) and the parser that fills it.
 
 ES's own options take their defaults from the model (the parser leaves an option it was not given
-out, and the model fills it in), so each default is written once and ``--help`` prints it from
-there; the step-scorer and held-out-evaluation options keep their homes
-(:mod:`agent_envs.rewards.options`, :mod:`agent_envs.es.evaluation`), shared with ``agent-envs eval``.
+out, and the model fills it in), and the model takes those of the options the history records from
+the history's :class:`~agent_envs.es.history.ESConfig` (:data:`CONFIG_FIELDS`), so each default is
+written once and ``--help`` prints it from there; the step-scorer and held-out-evaluation options
+keep their homes (:mod:`agent_envs.rewards.options`, :mod:`agent_envs.es.evaluation`), shared with
+``agent-envs eval``.
 Checks that need several options at once (a low-rank run's mode, a mirrored population's parity,
 Adam's betas) are the model's validators, so a bad combination is refused before any engine starts.
 """
@@ -18,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from agent_envs.envs import registry
 from agent_envs.envs.registry import ENV_IDS
 from agent_envs.es.evaluation import add_evaluation_arguments
+from agent_envs.es.history import ESConfig
 from agent_envs.es.lowrank import lora_rank_slot
 from agent_envs.es.member_sampling import normalize_member_sampling
 from agent_envs.es.normalize import NORMALIZATIONS
@@ -27,7 +30,6 @@ from agent_envs.es.schedule import SCHEDULES
 from agent_envs.es.seeds import check_mirrored
 from agent_envs.es.update_rule import OPTIMIZERS, check_adam
 from agent_envs.policy.vllm import DEFAULT_ROLLOUT_TOKEN_BUDGET, REFERENCE_TOKEN_BUDGET
-from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
 from agent_envs.rewards.options import add_scorer_arguments
 from agent_envs.rollout.options import (
     SAMPLING_FLAGS,
@@ -42,6 +44,39 @@ from agent_envs.scoring.process import AGGREGATIONS
 
 KeyValues = list[tuple[str, Any]]
 
+#: the settings the history's config records under an :class:`ESConfig` field with a default, and
+#: that field: their defaults are ESConfig's (the reference's), and
+#: :func:`agent_envs.esrun.run.make_config` copies them into it
+CONFIG_FIELDS: dict[str, str] = {
+    "generations": "generations",
+    "population": "population",
+    "case_batch": "case_batch_size",
+    "sigma_start": "sigma_start",
+    "sigma_end": "sigma_end",
+    "sigma_schedule": "sigma_schedule",
+    "sigma_warmup": "sigma_warmup_steps",
+    "sigma_total_steps": "sigma_total_steps",
+    "alpha": "alpha",
+    "normalization": "reward_normalization",
+    "ddof": "reward_normalization_ddof",
+    "eps": "reward_normalization_eps",
+    "scope": "parameter_scope",
+    "seed": "seed",
+    "eval_interval": "eval_interval",
+    "exact_revert": "exact_revert",
+    "mirrored": "mirrored",
+    "member_sampling": "member_sampling",
+    "optimizer": "optimizer",
+    "adam_beta1": "adam_beta1",
+    "adam_beta2": "adam_beta2",
+    "adam_eps": "adam_eps",
+}
+
+
+def reference(setting: str) -> Any:
+    """The default of ``setting``: its :class:`ESConfig` field's."""
+    return ESConfig.model_fields[CONFIG_FIELDS[setting]].get_default(call_default_factory=True)
+
 
 class ESSettings(BaseModel):
     """Every option of an ES run; the run (:func:`agent_envs.esrun.run.open_run`) is built from it."""
@@ -53,39 +88,39 @@ class ESSettings(BaseModel):
     model: str
     train: str | None = None
     history: str
-    # the population and its schedule (the reference's defaults)
-    generations: int = 25
-    population: int = 16
-    case_batch: int = 16
-    sigma_start: float = 1e-3
-    sigma_end: float = 5e-4
-    sigma_schedule: str = "cosine"
-    sigma_warmup: int = 0
-    sigma_total_steps: int | None = None
-    alpha: float = 5e-4
-    normalization: str = "zscore"
-    ddof: int = 0
-    eps: float = 1e-8
-    scope: str = "full"
-    seed: int = DEFAULT_BASE_SEED
-    eval_interval: int = 10
+    # the population and its schedule (the reference's defaults, ESConfig's)
+    generations: int = reference("generations")
+    population: int = reference("population")
+    case_batch: int = reference("case_batch")
+    sigma_start: float = reference("sigma_start")
+    sigma_end: float = reference("sigma_end")
+    sigma_schedule: str = reference("sigma_schedule")
+    sigma_warmup: int = reference("sigma_warmup")
+    sigma_total_steps: int | None = reference("sigma_total_steps")
+    alpha: float = reference("alpha")
+    normalization: str = reference("normalization")
+    ddof: int = reference("ddof")
+    eps: float = reference("eps")
+    scope: str = reference("scope")
+    seed: int = reference("seed")
+    eval_interval: int = reference("eval_interval")
     eval_concurrency: int = 16
     # resume and revert
     resume: str | None = None
     resume_generations: int | None = None
-    exact_revert: bool = False
+    exact_revert: bool = reference("exact_revert")
     revert_copy: str = "auto"
     perturbation: str = "full"
     rank: int = 4
     adapter_dir: str | None = None
     sha256_each_generation: bool = False
     # the update rule (ours; the defaults are the reference's)
-    mirrored: bool = False
-    member_sampling: str = "protocol"
-    optimizer: str = "sgd"
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
+    mirrored: bool = reference("mirrored")
+    member_sampling: str = reference("member_sampling")
+    optimizer: str = reference("optimizer")
+    adam_beta1: float = reference("adam_beta1")
+    adam_beta2: float = reference("adam_beta2")
+    adam_eps: float = reference("adam_eps")
     # progress
     metrics: str | None = None
     tensorboard: str | None = None
