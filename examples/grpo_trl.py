@@ -40,8 +40,10 @@ CPU_BATCH_TOKENS = 4096
 LOGGED = ("step", "reward", "reward_std", "frac_reward_zero_std", "loss", "grad_norm", "completions/mean_length")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from agent_envs.rollout.options import add_max_tokens_per_turn
+def build_parser() -> argparse.ArgumentParser:
+    """The example's options; the sampling flags and the per-turn token limit are agent-envs eval's
+    and es's (agent_envs.rollout.options), their defaults GRPOConfig's."""
+    from agent_envs.rollout.options import add_max_tokens_per_turn, add_sampling_flags
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--env", default="MATH-ReAct-v0")
@@ -76,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--max-turns", type=int, default=3)
     add_max_tokens_per_turn(ap, "tokens per generation (default: 64)", default=64)
-    ap.add_argument("--temperature", type=float, default=1.0)
+    add_sampling_flags(ap, "TRL GRPOConfig's", protocol_values=False)
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--sandbox", default="bwrap", choices=("bwrap", "none", "docker"))
     ap.add_argument(
@@ -106,7 +108,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=Path("runs/grpo-trl"))
     ap.add_argument("--save", action="store_true", help="save the trained model to OUT/model")
     ap.add_argument("--seed", type=int, default=0)
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.presence_penalty:  # sampling_from: GRPO's loss assumes samples from the policy as it stands
+        ap.error("--presence-penalty: GRPO samples without one (its loss assumes the policy's own samples)")
+    return args
 
 
 def tiny_model(tokenizer_dir: Path, out: Path, seed: int) -> str:
@@ -168,6 +178,8 @@ def config_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "vllm_gpu_memory_utilization": args.vllm_gpu_memory_utilization,
             "vllm_max_model_length": args.vllm_max_model_length,
         }
+    from agent_envs.rollout.options import sampling_flags
+
     episodes = args.batch * args.generations
     micro = args.micro_batch or episodes
     if episodes % micro:
@@ -182,7 +194,7 @@ def config_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "gradient_accumulation_steps": episodes // micro,
         "num_generations": args.generations,
         "learning_rate": args.lr,
-        "temperature": args.temperature,
+        **{flag: value for flag, value in sampling_flags(args).items() if flag != "presence_penalty"},
         "logging_steps": 1,
         "save_strategy": "no",
         "gradient_checkpointing": False,

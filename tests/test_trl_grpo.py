@@ -17,10 +17,8 @@ import importlib.util
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -34,6 +32,7 @@ from agent_envs.policy.scripted import RecordingPolicy, WrappedPolicy  # noqa: E
 from agent_envs.protocol.messages import action_text, last_observation_body  # noqa: E402
 from agent_envs.rl.trl_rollout import GRPOEnvironment, sampling_from, trainer_policy  # noqa: E402
 from agent_envs.core.trajectory import segments, sequence  # noqa: E402
+from rl_docs import EXAMPLE, REPO, documented_command  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -236,28 +235,6 @@ def test_prompts_map_back_to_their_tasks_and_copies_become_samples():
 
 
 # -- docs/rl.md's commands ------------------------------------------------------------------------
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLE = REPO / "examples" / "grpo_trl.py"
-
-
-def documented_command(marker: str) -> list[str]:
-    """The arguments of docs/rl.md's indented ``python examples/grpo_trl.py`` command whose first
-    line holds ``marker`` (continuation lines joined), without its ``--out``."""
-    lines = (REPO / "docs" / "rl.md").read_text(encoding="utf-8").splitlines()
-    start = next(
-        i for i, line in enumerate(lines) if line.startswith("    python examples/grpo_trl.py") and marker in line
-    )
-    text = ""
-    for line in lines[start:]:
-        text += line.strip().removesuffix("\\") + " "
-        if not line.rstrip().endswith("\\"):
-            break
-    words = shlex.split(text)[2:]
-    if "--out" in words:
-        del words[words.index("--out") : words.index("--out") + 2]
-    return words
-
-
 def test_the_documented_cpu_command_gives_a_group_whose_rewards_differ(tmp_path):
     """docs/rl.md's CPU GRPO command, run as written (only ``--out`` moved): GRPO learns only from a
     group whose rewards differ, so at least one group must hold both rewards, and TRL must see it

@@ -91,18 +91,21 @@ def env_kwargs(
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "repetition_penalty")
 
 
-def add_sampling_flags(parser: argparse.ArgumentParser, default: str = "the protocol's") -> None:
+def add_sampling_flags(
+    parser: argparse.ArgumentParser, default: str = "the protocol's", *, protocol_values: bool = True
+) -> None:
     """``--temperature``, ``--top-p``, ``--top-k``, ``--min-p``, ``--presence-penalty`` and
-    ``--repetition-penalty``, each ``None`` unless given (``default`` says what then applies)."""
+    ``--repetition-penalty``, each ``None`` unless given (``default`` says what then applies, with
+    the protocol's value unless ``protocol_values`` is false: a trainer's own defaults differ)."""
     from ..policy.sampling import SamplingConfig
 
     for flag in SAMPLING_FLAGS:
+        value = f"{SamplingConfig.model_fields[flag].default}, " if protocol_values else ""
         parser.add_argument(
             "--" + flag.replace("_", "-"),
             type=int if flag == "top_k" else float,
             default=None,
-            help=f"sampling {flag.replace('_', ' ')} (default {SamplingConfig.model_fields[flag].default}, "
-            f"{default}; docs/protocol.md#sampling-and-seeds)",
+            help=f"sampling {flag.replace('_', ' ')} (default {value}{default}; docs/protocol.md#sampling-and-seeds)",
         )
 
 
