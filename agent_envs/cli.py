@@ -421,8 +421,8 @@ def make_pool(kind: str, args: argparse.Namespace) -> EnginePool:
     """``--engines N`` / ``--ray-address``: one engine per Ray actor, built from the same engine args."""
     if args.engines < 1:
         raise UsageError("--engines must be >= 1")
-    if BACKENDS[kind].pool_spec is None:
-        pooled = " or ".join(k for k, row in BACKENDS.items() if row.pool_spec is not None)
+    if not BACKENDS[kind].pooled:
+        pooled = " or ".join(k for k, row in BACKENDS.items() if row.pooled)
         raise UsageError(f"--engines runs --policy {pooled}, not {kind}")
     _check_policy_flags(kind, args)
     try:

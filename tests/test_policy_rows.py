@@ -5,6 +5,7 @@ model; its own defaults, flags, pool support and words), with no name of it anyw
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -62,14 +63,46 @@ def test_flags_and_pools_follow_the_row(echo):
         cli._check_request_flags(echo, _args("--policy", echo, "--api-key", "k"))
     with pytest.raises(cli.UsageError, match="--engines runs --policy vllm or scripted, not echo"):
         cli.make_pool(echo, _args("--policy", echo, "--engines", "2"))
-    register(echo, Backend(ECHO.build, http=True, pool_spec="agent_envs.scale.engines:scripted_pool_spec"))
+    register(echo, Backend(ECHO.build, http=True, pooled=True))
     cli._check_request_flags(echo, _args("--policy", echo, "--request-timeout", "5"))
     with pytest.raises(cli.UsageError, match="apply to --policy openai or --policy echo only"):
         cli._check_request_flags("cpu", _args("--api-key", "k"))
-    from agent_envs.scale.engines import pool_spec
+    from agent_envs.scale.engines import POOL_SPECS, pool_spec, register_pool_spec, scripted_pool_spec
 
-    pooled = pool_spec(echo, PolicySettings(), ENV)
+    with pytest.raises(ValueError, match="register_pool_spec\\('echo'"):
+        pool_spec(echo, PolicySettings(), ENV)
+    register_pool_spec(echo, scripted_pool_spec)  # the pool's layer says how its engines are built
+    try:
+        pooled = pool_spec(echo, PolicySettings(), ENV)
+    finally:
+        POOL_SPECS.pop(echo)
     assert (pooled.factory, pooled.kwargs) == ("agent_envs.scale.engines:scripted_engine", {"env_id": ENV})
+
+
+def test_every_backend_that_runs_in_a_pool_resolves_to_an_engine_spec():
+    from agent_envs.scale.engines import EngineSpec, pool_spec
+
+    rows = [name for name, row in BACKENDS.items() if row.pooled]
+    assert rows  # vllm and scripted today
+    for name in rows:
+        settings = PolicySettings(model="m" if BACKENDS[name].needs_model else None)
+        assert isinstance(pool_spec(name, settings, ENV), EngineSpec), name
+    for name in set(BACKENDS) - set(rows):
+        with pytest.raises(ValueError, match="does not run in an engine pool"):
+            pool_spec(name, PolicySettings(model="m"), ENV)
+
+
+def test_the_policy_layer_names_no_layer_above_it_not_even_in_a_string():
+    """import-linter sees imports only; an import path in a string (an upward dependency resolved at
+    run time) is caught here: no module of agent_envs/policy names agent_envs.scale in any form."""
+    package = Path(cli.__file__).resolve().parent
+    policy, modules = package / "policy", "|".join(p.stem for p in (package / "scale").glob("[!_]*.py"))
+    upward = re.compile(rf"agent_envs\s*[./:]\s*scale\b|(?<![\w.])\.\.\s*scale\b|\bscale\.({modules})\b")
+    named = {
+        str(path.relative_to(policy)): [m.group(0) for m in upward.finditer(path.read_text(encoding="utf-8"))]
+        for path in sorted(policy.rglob("*.py"))
+    }
+    assert len(named) > 5 and {path: found for path, found in named.items() if found} == {}
 
 
 def test_the_default_backend_is_chosen_by_the_rows():

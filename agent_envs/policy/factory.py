@@ -73,9 +73,9 @@ class Backend:
     http: bool = False
     #: built on the environment's scripted baseline (``PolicySettings.script``)
     scripted_baseline: bool = False
-    #: engine pools (``--engines``): "module:function" that makes the pool's engine spec from
-    #: ``(settings, env_id)``; None: the backend does not run in a pool
-    pool_spec: str | None = None
+    #: runs in an engine pool (``--engines``); the pool's layer, above this one, maps the row's name
+    #: to the engine spec each actor builds (policy knows nothing of pools beyond this flag)
+    pooled: bool = False
     #: in a pool, each engine runs its episodes in lockstep (the offline engine)
     pool_lockstep: bool = False
     #: ``model`` may be an exported checkpoint folder whose manifest fixes tensor_parallel_size
@@ -136,7 +136,7 @@ BACKENDS: dict[str, Backend] = {
         _vllm,
         needs_model=True,
         description="a vLLM engine in-process (offline LLM or AsyncLLM)",
-        pool_spec="agent_envs.scale.engines:vllm_pool_spec",
+        pooled=True,
         pool_lockstep=True,
         loads_checkpoints=True,
     ),
@@ -156,7 +156,7 @@ BACKENDS: dict[str, Backend] = {
         words="a fixed script, not a model. It makes one real tool call and answers from what the tool "
         "printed, to show the tools, the sandbox and the scoring at work; its score is a floor, not a target.",
         scripted_baseline=True,
-        pool_spec="agent_envs.scale.engines:scripted_pool_spec",
+        pooled=True,
     ),
 }
 #: the backends' names when this module was imported (:func:`register` adds to ``BACKENDS``)

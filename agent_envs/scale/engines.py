@@ -8,7 +8,7 @@ arguments (:class:`EngineSpec`) because each Ray actor builds its own in its own
 from __future__ import annotations
 
 import importlib
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -150,26 +150,39 @@ def vllm_spec(
 
 
 def vllm_pool_spec(settings: PolicySettings, env_id: str) -> EngineSpec:
-    """The vllm backend's engines in a pool (its row's ``pool_spec``): one offline engine per actor."""
+    """The vllm backend's engines in a pool: one offline engine per actor."""
     if settings.model is None:
         raise ValueError("the vllm policy needs a model")
     return vllm_spec(settings.model, dict(settings.engine_args), sampling=settings.sampling.model_dump())
 
 
 def scripted_pool_spec(settings: PolicySettings, env_id: str) -> EngineSpec:
-    """The scripted backend's engines in a pool (its row's ``pool_spec``): the environment's baseline."""
+    """The scripted backend's engines in a pool: the environment's baseline."""
     return EngineSpec(factory=f"{__name__}:scripted_engine", kwargs={"env_id": env_id})
 
 
+#: ``(settings, env_id) -> EngineSpec`` of each backend row that runs in a pool (``Backend.pooled``),
+#: by the row's name: the pool's layer owns this, so the policy rows never name a layer above them
+PoolSpec = Callable[[PolicySettings, str], EngineSpec]
+POOL_SPECS: dict[str, PoolSpec] = {"vllm": vllm_pool_spec, "scripted": scripted_pool_spec}
+
+
+def register_pool_spec(kind: str, make: PoolSpec) -> None:
+    """How a pool builds the engines of backend ``kind`` (registered with ``pooled=True``)."""
+    POOL_SPECS[kind] = make
+
+
 def pool_spec(kind: str, settings: PolicySettings, env_id: str) -> EngineSpec:
-    """The engine spec of backend ``kind`` for a pool, from its row's ``pool_spec``; a ValueError
-    naming the backends that run in a pool when ``kind`` does not."""
-    target = BACKENDS[kind].pool_spec
-    if target is None:
-        pooled = ", ".join(name for name, row in BACKENDS.items() if row.pool_spec is not None)
+    """The engine spec of backend ``kind`` for a pool; a ValueError naming the backends that run in
+    a pool when ``kind``'s row does not, or naming :func:`register_pool_spec` when no spec is
+    registered for a row that does."""
+    if not BACKENDS[kind].pooled:
+        pooled = ", ".join(name for name, row in BACKENDS.items() if row.pooled)
         raise ValueError(f"the {kind} policy does not run in an engine pool (these do: {pooled})")
-    module, _, function = target.partition(":")
-    spec = getattr(importlib.import_module(module), function)(settings, env_id)
+    make = POOL_SPECS.get(kind)
+    if make is None:
+        raise ValueError(f"the {kind} row runs in a pool but has no engine spec: register_pool_spec({kind!r}, ...)")
+    spec = make(settings, env_id)
     if not isinstance(spec, EngineSpec):
-        raise TypeError(f"{target} returned {type(spec).__name__}, not an EngineSpec")
+        raise TypeError(f"the {kind} pool spec returned {type(spec).__name__}, not an EngineSpec")
     return spec
