@@ -22,6 +22,7 @@ members interleaved; a prefill chunk whole prompts, each a run of one member's t
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -33,6 +34,10 @@ sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 from gpu_engine import QWEN3_4B, SMOLLM2_135M  # noqa: E402
 
 SHAPES = {"4b": QWEN3_4B, "135m": SMOLLM2_135M}
+#: tile sizes tried for the population kernels (tokens, columns, features); the table's column is the default's
+BLOCK_GRID = [
+    {"tokens": t, "columns": c, "features": f} for t in (8, 16, 32) for c in (64, 128) for f in (128, 256)
+]
 
 
 def layers(shape: dict[str, int]) -> list[tuple[str, tuple[int, ...], int]]:
@@ -100,9 +105,9 @@ def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, s
         for layer in group:
             run_vllm(layer, meta_args)
 
-    def population_kernels() -> None:
+    def population_kernels(blocks: dict[str, int] | None = None) -> None:
         for layer in group:
-            launch(layer.y, layer.x, slots, layer.a, layer.b, layer.widths, rank)
+            launch(layer.y, layer.x, slots, layer.a, layer.b, layer.widths, rank, blocks=blocks)
 
     diff = 0.0
     for layer in group:
@@ -117,20 +122,36 @@ def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, s
         f"{name}_ms": float(do_bench_cudagraph(fn, rep=50, return_mode="median"))
         for name, fn in (("base", base), ("vllm", vllm), ("population", population_kernels))
     }
-    return {"shape": shape_name, "population": population, "m": m, **times, "max_abs_diff": diff}
+    tried = {}
+    for blocks in BLOCK_GRID:  # the population kernels' tile sizes: which would suit this batch better
+        population_kernels(blocks)
+        tried[",".join(str(v) for v in blocks.values())] = float(
+            do_bench_cudagraph(functools.partial(population_kernels, blocks), rep=20, return_mode="median")
+        )
+    best = min(tried, key=tried.__getitem__)
+    return {
+        "shape": shape_name,
+        "population": population,
+        "m": m,
+        **times,
+        "max_abs_diff": diff,
+        "best_blocks": best,
+        "best_ms": tried[best],
+        "tried": tried,
+    }
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     out = [
         "| shape | P | batch M (tokens) | base matmuls (ms) | vLLM LoRA (ms) | population (ms) | +vllm | +population "
-        "| population / vLLM | max abs diff |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| population / vLLM | max abs diff | best tiles (tokens,columns,features): ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
             f"| {r['shape']} | {r['population']} | {r['m']} | {r['base_ms']:.3f} | {r['vllm_ms']:.3f} | "
             f"{r['population_ms']:.3f} | {r['vllm_ms'] / r['base_ms']:.0%} | {r['population_ms'] / r['base_ms']:.0%} | "
-            f"{r['population_ms'] / r['vllm_ms']:.2f}x | {r['max_abs_diff']:.2e} |"
+            f"{r['population_ms'] / r['vllm_ms']:.2f}x | {r['max_abs_diff']:.2e} | {r['best_blocks']}: {r['best_ms']:.3f} |"
         )
     return "\n".join(out)
 

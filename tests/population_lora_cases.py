@@ -16,7 +16,7 @@ if "--compile" not in sys.argv:  # the interpreter (CPU tensors); compiling for 
 import torch  # noqa: E402
 
 from agent_envs.es.population_lora import reference  # noqa: E402
-from agent_envs.es.population_lora_triton import launch  # noqa: E402
+from agent_envs.es.population_lora_triton import BLOCKS, launch, split_features  # noqa: E402
 
 #: (name, slice widths, input features, adapter slots, rank slot, rank, tokens, dtype, add)
 CASES = [
@@ -25,6 +25,7 @@ CASES = [
     ("down", (40,), 72, 3, 4, 3, 9, torch.float32, True),
     ("o, dual stream", (40,), 48, 6, 8, 8, 20, torch.float32, False),
     ("one token", (48, 16, 16), 40, 2, 8, 4, 1, torch.bfloat16, True),
+    ("down, input split", (40,), 700, 3, 8, 4, 9, torch.float32, True),  # 6 steps of 128 features, 5 splits
 ]
 
 
@@ -52,6 +53,9 @@ def case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, add):
         "tolerance": scale * (1e-2 if dtype == torch.bfloat16 else 1e-5),
         "untouched_rows_kept": bool(torch.equal(got[untouched], y0[untouched])) if add else True,
         "changed_rows": int((~untouched).sum()),
+        "feature_splits": -(
+            -features // split_features(features, -(-tokens // BLOCKS["tokens"]) * len(widths), BLOCKS["features"], 8)
+        ),
     }
 
 
@@ -66,14 +70,14 @@ def compile_sm90():
     shrink = ASTSource(
         k._shrink_kernel,
         signature={"x_ptr": ptr, "slots_ptr": "*i64", "h_ptr": "*fp32", "a0_ptr": ptr, "a1_ptr": ptr, "a2_ptr": ptr,
-                   **{n: "i32" for n in ("T", "K", "L", "stride_x", "stride_al", "stride_ar", "stride_hs", "stride_ht")},
+                   **{n: "i32" for n in ("T", "K", "L", "stride_x", "stride_al", "stride_ar", "stride_hk", "stride_hs", "stride_ht", "K_SPLIT")},
                    "R": "constexpr", "RANK": "constexpr", "BLOCK_T": "constexpr", "BLOCK_K": "constexpr"},
         constexprs={"R": 4, "RANK": 4, "BLOCK_T": 16, "BLOCK_K": 128},
     )  # fmt: skip
     expand = ASTSource(
         k._expand_kernel,
         signature={"h_ptr": "*fp32", "slots_ptr": "*i64", "y_ptr": ptr, "b0_ptr": ptr, "b1_ptr": ptr, "b2_ptr": ptr,
-                   **{n: "i32" for n in ("T", "L", "N0", "N1", "N2", "stride_hs", "stride_ht", "stride_y", "stride_bn")},
+                   **{n: "i32" for n in ("T", "L", "N0", "N1", "N2", "SPLITS", "stride_hk", "stride_hs", "stride_ht", "stride_y", "stride_bn")},
                    "R": "constexpr", "RANK": "constexpr", "BLOCK_T": "constexpr", "BLOCK_N": "constexpr", "ADD": "constexpr"},
         constexprs={"R": 4, "RANK": 4, "BLOCK_T": 16, "BLOCK_N": 64, "ADD": True},
     )  # fmt: skip

@@ -174,7 +174,12 @@ def install(rank: int | None = None) -> str:
     if not done:
         raise RuntimeError("population LoRA kernels: this vLLM has none of the Punica wrappers they replace")
     _state["installed"] = done
-    return f"population LoRA kernels in {', '.join(done)}" + (f", rank {rank}" if rank else "")
+    tiles = os.environ.get("AGENT_ENVS_POPULATION_BLOCKS")  # population_lora_triton.BLOCKS_ENV (imports triton)
+    return (
+        f"population LoRA kernels in {', '.join(done)}"
+        + (f", rank {rank}" if rank else "")
+        + (f", tiles {tiles}" if tiles else "")
+    )
 
 
 def install_from_env() -> str | None:

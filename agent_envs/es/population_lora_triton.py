@@ -2,9 +2,10 @@
 linear layer, grids over the batch's tokens (never tokens x adapter slots), each token reading its own
 member's factors by its slot index.
 
-- shrink, grid ``(token tiles, slices)``: ``h[s, t] = x[t] @ a_s[slot(t), :rank]^T`` in float32, written
-  whole (no buffer to zero first);
-- expand, grid ``(token tiles, column tiles of all slices)``: ``y[t, cols] (+)= h[s, t] @ b_s[slot(t), cols, :rank]^T``,
+- shrink, grid ``(token tiles, slices, feature splits)``: ``h[split, s, t] = x[t, split] @ a_s[slot(t), :rank, split]^T``
+  in float32, each part written whole (no buffer to zero, no atomics: the sums stay in a fixed order); a
+  decode step has few token tiles, so the input features are split until the GPU is busy;
+- expand, grid ``(token tiles, column tiles of all slices)``: ``y[t, cols] (+)= (sum of h's parts)[s, t] @ b_s[slot(t), cols, :rank]^T``,
   read-modify-write of the layer's output, rounded once.
 
 Rank 4 is far too thin for tensor cores, and each token's factors are a gather, so both are plain
@@ -15,6 +16,8 @@ so the same code runs under ``TRITON_INTERPRET=1`` on a CPU, where the tests che
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Sequence
 
 import torch
@@ -22,7 +25,10 @@ import triton
 import triton.language as tl
 
 #: tile sizes: tokens per block, output columns per expand block, input features per shrink step
-BLOCKS = {"tokens": 16, "columns": 64, "features": 128}
+#: (``AGENT_ENVS_POPULATION_BLOCKS=tokens,columns,features`` for an engine, e.g. what
+#: benchmarks/bench_lora_kernels.py found best on a GPU)
+BLOCKS_ENV = "AGENT_ENVS_POPULATION_BLOCKS"
+BLOCKS = dict(zip(("tokens", "columns", "features"), map(int, os.environ.get(BLOCKS_ENV, "16,64,128").split(","))))
 
 
 @triton.jit
@@ -39,8 +45,10 @@ def _shrink_kernel(
     stride_x,
     stride_al,
     stride_ar,
+    stride_hk,
     stride_hs,
     stride_ht,
+    K_SPLIT,
     R: tl.constexpr,
     RANK: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -48,6 +56,7 @@ def _shrink_kernel(
 ):
     pid_t = tl.program_id(0)
     s = tl.program_id(1)
+    pid_k = tl.program_id(2)
     if s == 0:
         a_ptr = a0_ptr
     elif s == 1:
@@ -62,7 +71,7 @@ def _shrink_kernel(
     offs_r = tl.arange(0, R)
     in_rank = offs_r < RANK
     acc = tl.zeros((BLOCK_T, R), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(pid_k * K_SPLIT, tl.minimum(K, (pid_k + 1) * K_SPLIT), BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         in_k = offs_k < K
         xt = tl.load(
@@ -74,7 +83,8 @@ def _shrink_kernel(
             other=0.0,
         ).to(tl.float32)
         acc += tl.sum(xt[:, None, :] * at, axis=2)
-    tl.store(h_ptr + s * stride_hs + offs_t[:, None] * stride_ht + offs_r[None, :], acc, mask=in_batch[:, None])
+    h_at = h_ptr + pid_k * stride_hk + s * stride_hs + offs_t[:, None] * stride_ht + offs_r[None, :]
+    tl.store(h_at, acc, mask=in_batch[:, None])
 
 
 @triton.jit
@@ -90,6 +100,8 @@ def _expand_kernel(
     N0,
     N1,
     N2,
+    SPLITS,
+    stride_hk,
     stride_hs,
     stride_ht,
     stride_y,
@@ -123,11 +135,13 @@ def _expand_kernel(
     in_rank = offs_r < RANK
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     in_cols = offs_n < width
-    h = tl.load(
-        h_ptr + s * stride_hs + offs_t[:, None] * stride_ht + offs_r[None, :],
-        mask=valid[:, None] & in_rank[None, :],
-        other=0.0,
-    )
+    h = tl.zeros((BLOCK_T, R), dtype=tl.float32)
+    for split in range(SPLITS):  # the shrink's partial sums over the input features
+        h += tl.load(
+            h_ptr + split * stride_hk + s * stride_hs + offs_t[:, None] * stride_ht + offs_r[None, :],
+            mask=valid[:, None] & in_rank[None, :],
+            other=0.0,
+        )
     bt = tl.load(
         b_ptr + slot[:, None, None] * (width * stride_bn) + offs_n[None, :, None] * stride_bn + offs_r[None, None, :],
         mask=valid[:, None, None] & in_cols[None, :, None] & in_rank[None, None, :],
@@ -139,6 +153,23 @@ def _expand_kernel(
     if ADD:
         delta += tl.load(y_at, mask=mask, other=0.0).to(tl.float32)
     tl.store(y_at, delta.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@functools.cache
+def programs(device: torch.device) -> int:
+    """Blocks that keep the device busy: two per multiprocessor (8 under the CPU interpreter)."""
+    if device.type != "cuda":
+        return 8
+    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def split_features(features: int, blocks: int, block_k: int, target: int) -> int:
+    """Input features per shrink block: the sum over ``features`` is split until ``blocks`` x splits
+    reaches ``target`` (a decode step has few token tiles, and one block per tile would leave most of the
+    GPU idle walking all of a long ``down`` input), in whole ``block_k`` steps; the expand adds the parts."""
+    steps = triton.cdiv(features, block_k)
+    splits = max(1, min(steps, triton.cdiv(target, max(1, blocks))))
+    return triton.cdiv(steps, splits) * block_k
 
 
 def launch(
@@ -165,19 +196,21 @@ def launch(
         raise ValueError(f"population LoRA kernels: rank {rank} within a rank slot of {rank_slot}")
     if tokens == 0:
         return
-    h = torch.empty((n_slices, tokens, r_pad), dtype=torch.float32, device=x.device)
+    token_tiles = triton.cdiv(tokens, b["tokens"])
+    k_split = split_features(features, token_tiles * n_slices, b["features"], programs(x.device))
+    splits = triton.cdiv(features, k_split)
+    h = torch.empty((splits, n_slices, tokens, r_pad), dtype=torch.float32, device=x.device)
     a = [*lora_a, *[lora_a[0]] * (3 - n_slices)]
     bs = [*lora_b, *[lora_b[0]] * (3 - n_slices)]
     widths = [*output_slices, *[0] * (3 - n_slices)]
-    grid_t = triton.cdiv(tokens, b["tokens"])
-    _shrink_kernel[(grid_t, n_slices)](
+    _shrink_kernel[(token_tiles, n_slices, splits)](
         x, slots, h, a[0], a[1], a[2], tokens, features, lora_a[0].shape[0],
-        x.stride(0), lora_a[0].stride(0), lora_a[0].stride(2), h.stride(0), h.stride(1),
+        x.stride(0), lora_a[0].stride(0), lora_a[0].stride(2), h.stride(0), h.stride(1), h.stride(2), k_split,
         R=r_pad, RANK=rank, BLOCK_T=b["tokens"], BLOCK_K=b["features"],
     )  # fmt: skip
     column_tiles = sum(triton.cdiv(w, b["columns"]) for w in output_slices)
-    _expand_kernel[(grid_t, column_tiles)](
-        h, slots, y, bs[0], bs[1], bs[2], tokens, lora_b[0].shape[0], widths[0], widths[1], widths[2],
-        h.stride(0), h.stride(1), y.stride(0), rank_slot,
+    _expand_kernel[(token_tiles, column_tiles)](
+        h, slots, y, bs[0], bs[1], bs[2], tokens, lora_b[0].shape[0], widths[0], widths[1], widths[2], splits,
+        h.stride(0), h.stride(1), h.stride(2), y.stride(0), rank_slot,
         R=r_pad, RANK=rank, BLOCK_T=b["tokens"], BLOCK_N=b["columns"], ADD=add,
     )  # fmt: skip
