@@ -35,9 +35,7 @@ from gpu_engine import QWEN3_4B, SMOLLM2_135M  # noqa: E402
 
 SHAPES = {"4b": QWEN3_4B, "135m": SMOLLM2_135M}
 #: tile sizes tried for the population kernels (tokens, columns, features); the table's column is the default's
-BLOCK_GRID = [
-    {"tokens": t, "columns": c, "features": f} for t in (8, 16, 32) for c in (64, 128) for f in (128, 256)
-]
+BLOCK_GRID = [{"tokens": t, "columns": c, "features": f} for t in (8, 16, 32) for c in (64, 128) for f in (128, 256)]
 
 
 def layers(shape: dict[str, int]) -> list[tuple[str, tuple[int, ...], int]]:

@@ -83,7 +83,28 @@ def test_es_takes_the_population_kernels_for_lowrank_runs_only(capsys: pytest.Ca
     base = ["--model", "m", "--history", "h", "--train", "builtin"]
     settings = parse_settings([*base, "--perturbation", "lowrank", "--lora-kernel", "population"])
     assert settings.lora_kernel == "population"
-    assert parse_settings([*base, "--perturbation", "lowrank"]).lora_kernel == "vllm"  # the default, until measured
+    assert parse_settings([*base, "--perturbation", "lowrank"]).lora_kernel == "auto"
+    assert parse_settings(base).lora_kernel == "auto"  # full-rank: nothing to choose, nothing refused
     with pytest.raises(SystemExit) as exc:
         parse_settings([*base, "--lora-kernel", "population"])
     assert exc.value.code == 2 and "--lora-kernel applies to --perturbation lowrank" in capsys.readouterr().err
+
+
+def test_the_graph_op_launches_nothing_on_a_step_without_adapters() -> None:
+    """vLLM's host flag for a step where no token has an adapter (held-out episodes on the ES engine):
+    the op leaves the output alone, as vLLM's own LoRA ops do; otherwise it adds the members' terms."""
+    gen = torch.Generator().manual_seed(5)
+    x, y = torch.randn(4, 6, generator=gen), torch.randn(4, 8, generator=gen)
+    a, b = [torch.randn(2, 1, 4, 6, generator=gen)], [torch.randn(2, 1, 8, 4, generator=gen)]
+    slots = torch.tensor([0, 1, 1, 0])
+    for flag, changed in ((torch.tensor([True]), False), (torch.tensor([False]), True), (None, True)):
+        out = y.clone()
+        torch.ops.agent_envs.population_lora(out, x, slots, a, b, [8], 4, True, flag)
+        assert (not torch.equal(out, y)) is changed, flag
+
+
+def test_auto_takes_the_population_kernels_on_a_cuda_gpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert population_lora.choose("auto") == "population" and population_lora.choose("vllm") == "vllm"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert population_lora.choose("auto") == "vllm" and population_lora.choose("population") == "population"

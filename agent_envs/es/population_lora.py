@@ -28,8 +28,8 @@ import torch
 
 #: ``population`` or ``population:R`` (R: the members' rank, below the engine's rank slot) installs the kernels
 ENV = "AGENT_ENVS_LORA_KERNEL"
-#: the choices of ``agent-envs es --lora-kernel``
-KERNELS = ("vllm", "population")
+#: the choices of ``agent-envs es --lora-kernel`` (auto: :func:`choose`)
+KERNELS = ("auto", "vllm", "population")
 #: the Punica wrappers whose ``add_lora_linear`` is replaced (module, class); those missing are skipped
 WRAPPERS = (
     ("vllm.lora.punica_wrapper.punica_gpu", "PunicaWrapperGPU"),
@@ -103,9 +103,14 @@ def _population_lora(
     output_slices: list[int],
     rank: int,
     add: bool,
+    no_adapter: torch.Tensor | None,
 ) -> None:
     """The graph's view of :func:`apply`: one opaque op that writes ``y`` in place (what compile and CUDA
-    graphs capture, as they do vLLM's own LoRA ops)."""
+    graphs capture, as they do vLLM's own LoRA ops).  ``no_adapter``: vLLM's host-side flag that no token
+    of this step has an adapter (held-out episodes on the ES engine): nothing is launched, as vLLM's own
+    kernels do, and the CUDA graphs vLLM captures for steps without adapters hold no LoRA kernel."""
+    if no_adapter is not None and bool(no_adapter.item()):
+        return
     apply(y, x, slots, lora_a, lora_b, output_slices, rank, add)
 
 
@@ -119,8 +124,18 @@ def _(
     output_slices: list[int],
     rank: int,
     add: bool,
+    no_adapter: torch.Tensor | None,
 ) -> None:
     return None
+
+
+def choose(kernel: str) -> str:
+    """``auto``: the population kernels on a CUDA GPU, where one H200 run measured them faster than vLLM's
+    tuned multi-LoRA kernels at P = 16 and up to 14x faster per layer at P = 256 (docs/scaling.md#population-kernels);
+    vLLM's elsewhere (a CPU engine would run :func:`reference`, a per-member loop)."""
+    if kernel != "auto":
+        return kernel
+    return "population" if torch.cuda.is_available() else "vllm"
 
 
 def add_lora_linear(
@@ -144,9 +159,10 @@ def add_lora_linear(
     rank = _state["rank"] or lora_b_stacked[0].shape[-1]
     x = x.reshape(-1, x.shape[-1])
     slots = wrapper._token_lora_indices[: x.shape[0]]
+    meta = getattr(wrapper, "token_mapping_meta", None)  # the GPU wrapper's kernel metadata (not on CPU)
     torch.ops.agent_envs.population_lora(
         y, x, slots, list(lora_a_stacked), list(lora_b_stacked), list(output_slices), rank,
-        bool(kwargs.get("add_inputs", True)),
+        bool(kwargs.get("add_inputs", True)), getattr(meta, "no_lora_flag_cpu", None),
     )  # fmt: skip
     return y
 

@@ -20,6 +20,7 @@ from agent_envs.es.evaluation import EvalSetup, Evaluator, eval_only_plan, evalu
 from agent_envs.es.fingerprint import combine_checksums
 from agent_envs.es.history import ESConfig, ReplayMismatch, checked_generations, load_history, replay_is_exact, resume
 from agent_envs.es.lora_kernels import use_tuned
+from agent_envs.es.population_lora import choose as choose_lora_kernel
 from agent_envs.es.population_lora import install as install_population_kernels
 from agent_envs.es.member_sampling import member_sampling_settings
 from agent_envs.es.population import ESTrainer, MemberResult, evaluate_member, member_concurrency, toy_reward
@@ -260,7 +261,7 @@ def single_engine_run(
     if lowrank:  # before the engine starts: vLLM reads its LoRA kernel settings once; the history keeps which
         kernels = (
             install_population_kernels(s.rank)
-            if s.lora_kernel == "population"
+            if choose_lora_kernel(s.lora_kernel) == "population"
             else use_tuned(s.model, engine_kwargs["max_loras"], engine_kwargs["max_lora_rank"])
         )
         record(config, lora_kernels=kernels)

@@ -113,7 +113,7 @@ class ESSettings(BaseModel):
     revert_copy: str = "auto"
     perturbation: str = "full"
     rank: int = 4
-    lora_kernel: str = "vllm"
+    lora_kernel: str = "auto"
     adapter_dir: str | None = None
     sha256_each_generation: bool = False
     # the update rule (ours; the defaults are the reference's)
@@ -201,7 +201,7 @@ class ESSettings(BaseModel):
         if self.lora_kernel not in KERNELS:
             raise ValueError(f"--lora-kernel: one of {', '.join(KERNELS)}, not {self.lora_kernel!r}")
         if self.perturbation == "full":
-            if self.lora_kernel != "vllm":
+            if self.lora_kernel == "population":
                 raise ValueError("--lora-kernel applies to --perturbation lowrank (full-rank members have no adapters)")
             self.mode = self.mode or "lockstep"
             return self
@@ -344,8 +344,9 @@ def _revert_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--lora-kernel",
         choices=KERNELS,
-        help="--perturbation lowrank: the members' adapters on vLLM's multi-LoRA kernels (vllm, the default) or "
-        "on kernels made for one population (population: docs/scaling.md#population-kernels)",
+        help="--perturbation lowrank: the members' adapters on kernels made for one population (population: "
+        "docs/scaling.md#population-kernels) or on vLLM's multi-LoRA kernels (vllm); auto (the default): "
+        "population on a CUDA GPU, vllm elsewhere",
     )
     p.add_argument(
         "--adapter-dir", help="--perturbation lowrank: where each generation's adapters are written (default /dev/shm)"
