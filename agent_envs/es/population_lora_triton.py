@@ -24,11 +24,12 @@ import torch
 import triton
 import triton.language as tl
 
-#: tile sizes: tokens per block, output columns per expand block, input features per shrink step
-#: (``AGENT_ENVS_POPULATION_BLOCKS=tokens,columns,features`` for an engine, e.g. what
-#: benchmarks/bench_lora_kernels.py found best on a GPU)
+#: tile sizes: tokens per block, output columns per expand block, input features per shrink step.  The
+#: default was within 6% of the best of benchmarks/bench_lora_kernels.py's 12-setting grid on every row one
+#: H200 measured (4B and 135M shapes, P = 16, 64, 256, decode and prefill; docs/scaling.md#population-kernels),
+#: so no setting is chosen per shape; ``AGENT_ENVS_POPULATION_BLOCKS=tokens,columns,features`` overrides it
 BLOCKS_ENV = "AGENT_ENVS_POPULATION_BLOCKS"
-BLOCKS = dict(zip(("tokens", "columns", "features"), map(int, os.environ.get(BLOCKS_ENV, "16,64,128").split(","))))
+BLOCKS = dict(zip(("tokens", "columns", "features"), map(int, os.environ.get(BLOCKS_ENV, "32,64,128").split(","))))
 
 
 @triton.jit
