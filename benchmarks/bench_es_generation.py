@@ -238,8 +238,10 @@ def raw_row(bench: Bench, name: str, kind: str, results: list[dict[str, Any]]) -
 
 
 def on_kernel(args: argparse.Namespace) -> str:
-    """How a low-rank row names its LoRA kernels (vLLM's: nothing added)."""
-    return "" if args.lora_kernel[0] == "vllm" else ", population kernels"
+    """How a low-rank row names the LoRA kernels it ran on (vLLM's: nothing added)."""
+    from agent_envs.es.population_lora import choose
+
+    return "" if choose(args.lora_kernel[0]) == "vllm" else ", population kernels"
 
 
 def wait_for_free_gpu(fraction: float, timeout: float = 180.0) -> None:
@@ -561,8 +563,9 @@ def main() -> int:
     ap.add_argument(
         "--lora-kernel",
         type=lambda v: v.split(","),
-        default=["vllm"],
-        help="lowrank: the adapters' kernels, a list of vllm,population (agent-envs es --lora-kernel), a case each",
+        default=["auto"],
+        help="lowrank: the adapters' kernels, a list of auto,vllm,population (agent-envs es --lora-kernel; auto, "
+        "the default, is what a user gets: population on a CUDA GPU), a case each",
     )
     ap.add_argument(
         "--skip-replay",
