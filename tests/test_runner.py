@@ -13,6 +13,7 @@ import sys
 import textwrap
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
@@ -154,6 +155,48 @@ def test_every_request_is_warmed_in_an_env_thread_before_generate(mode, lockstep
     assert [strip_timings(r) for r in _run(mode, WarmedMathPolicy(broken_warm=True))] == [
         strip_timings(r) for r in lockstep_records
     ]
+
+
+@pytest.mark.parametrize("mode", ["lockstep", "async"])
+def test_env_steps_run_on_the_callers_executor_which_stays_open(mode, lockstep_records):
+    """``workers=``: no pool of the run's own (ES keeps one for the whole run), the same records."""
+    before = {t.name for t in threading.enumerate()}
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="callers-workers") as workers:
+        policy = WarmedMathPolicy()
+        first = _run(mode, policy, workers=workers)
+        second = _run(mode, workers=workers)  # a second run on the same, still open, executor
+        started = {t.name for t in threading.enumerate()} - before
+    assert not [name for name in started if name.startswith("agent-envs-env")]
+    assert set(policy.warmed.values()) and all(n.startswith("callers-workers") for n in policy.warmed.values())
+    expected = [strip_timings(r) for r in lockstep_records]
+    assert [strip_timings(r) for r in first] == expected
+    assert [strip_timings(r) for r in second] == expected
+
+
+def test_a_run_on_a_shared_executor_cancels_and_waits_for_its_own_calls_only():
+    from agent_envs.rollout.runner import _Workers
+
+    started, release = threading.Event(), threading.Event()
+
+    def hold() -> str:
+        started.set()
+        release.wait(30)
+        return "held"
+
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        mine, other = _Workers(1, "unused", executor), _Workers(1, "unused", executor)
+        running = mine.submit(hold)
+        assert started.wait(30)
+        queued_mine, queued_other = mine.submit(str, "mine"), other.submit(str, "other")
+        mine.shutdown(wait=False, cancel_futures=True)  # what an interrupted run does first
+        assert queued_mine.cancelled() and not queued_other.cancelled()
+        assert not mine.wait_calls(0.01)  # its running call still runs
+        with pytest.raises(RuntimeError):
+            mine.submit(str, "late")
+        release.set()
+        mine.shutdown(wait=True)
+        assert running.result(0) == "held" and queued_other.result(30) == "other"
+        assert executor.submit(str, "open").result(30) == "open"
 
 
 class BrokenEnvFactory:

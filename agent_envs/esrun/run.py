@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -245,6 +246,16 @@ def describe_start(backend: Any, config: ESConfig) -> None:
     )
 
 
+def member_env_workers(settings: ESSettings) -> ThreadPoolExecutor:
+    """The env worker threads of every member's episodes for the whole run: enough for the members
+    that run at once (all of them in low-rank ES) with their episodes in flight.  Started once, not
+    per member and generation: 16 members x 16 episodes started 256 threads at every generation's
+    start, and the first turn waited for them (docs/scaling.md#where-the-4b-generations-1004-s-goes)."""
+    at_once = settings.population if settings.perturbation == "lowrank" else 1
+    per_member = settings.concurrency or member_concurrency(settings.case_batch)
+    return ThreadPoolExecutor(max_workers=at_once * per_member, thread_name_prefix="es-env")
+
+
 @contextlib.contextmanager
 def single_engine_run(
     settings: ESSettings,
@@ -267,6 +278,7 @@ def single_engine_run(
         record(config, lora_kernels=kernels)
         print(f"[es] low-rank: {kernels}", file=sys.stderr)
     policy, engine = build_policy(s, engine_kwargs)
+    workers = member_env_workers(s)
     try:
         if lowrank:
             backend: Any = VLLMLowRank(engine, s.rank)
@@ -323,6 +335,7 @@ def single_engine_run(
                 step_scorer=scorer,
                 combiner=combiner,
                 sampling=member_sampling_settings(config.member_sampling),
+                workers=workers,
             )
             if s.toy_reward:
                 result = result.model_copy(update={"reward": toy_reward(result.rows)})
@@ -351,6 +364,7 @@ def single_engine_run(
         trainer.sha256_each_generation = s.sha256_each_generation
         yield ESRun(trainer, checksum, policy=policy, evaluator=evaluator, backend=backend, setup=setup, config=config)
     finally:
+        workers.shutdown(wait=True)
         policy.close()
 
 

@@ -23,7 +23,7 @@ import signal
 import sys
 import time
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
@@ -282,7 +282,7 @@ def _generate_batch(policy: Policy, requests: Sequence[GenerationRequest]) -> li
     return batch_or_each(policy.generate, requests, lambda request, exc: Completion.failed(exc))
 
 
-def _run_lockstep(ctx: _Context, jobs: Sequence[Job], batch_size: int, pool: ThreadPoolExecutor) -> None:
+def _run_lockstep(ctx: _Context, jobs: Sequence[Job], batch_size: int, pool: Executor) -> None:
     envs: list[gym.Env | None] = []
     for start in range(0, len(jobs), batch_size):
         chunk = jobs[start : start + batch_size]
@@ -331,7 +331,7 @@ def _retire(ep: _Episode, env: gym.Env | None) -> gym.Env | None:
 
 
 # --------------------------------------------------------------------------- async
-async def _run_async(ctx: _Context, jobs: Sequence[Job], concurrency: int, pool: ThreadPoolExecutor) -> None:
+async def _run_async(ctx: _Context, jobs: Sequence[Job], concurrency: int, pool: Executor) -> None:
     loop = asyncio.get_running_loop()
     gate = asyncio.Semaphore(concurrency)
     idle: list[gym.Env] = []
@@ -454,6 +454,7 @@ def run_episodes(
     row_indices: Sequence[int] | None = None,
     step_scorer: StepScorer | None = None,
     key_seeds: Mapping[str, int] | None = None,
+    workers: Executor | None = None,
 ) -> list[EpisodeRecord]:
     """Run ``samples`` episodes of every task and return their records in (row, sample) order.
 
@@ -466,6 +467,11 @@ def run_episodes(
     one call per turn in lockstep mode, gathered calls beside generation in async mode.
     ``key_seeds``: each episode's trajectory seed by record key (a frozen map for formal
     evaluations), instead of ``base_seed + sample*1_000_003 + row``.
+    ``workers``: run the env steps on this executor, which the caller keeps across runs (its size is
+    then the cap, not ``tool_workers``), instead of starting a pool of threads for this run: an ES
+    generation's 16 members x 16 episodes started 256 threads before their first request, and
+    on a loaded interpreter that held the first turn back (benchmarks/bench_es_loop_host.py).  The
+    run waits for, and when interrupted cancels, its own calls only; the executor stays open.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -495,7 +501,7 @@ def run_episodes(
         step_scorer,
         env_id_or_factory if isinstance(env_id_or_factory, str) else None,
     )
-    pool = _Workers(max_workers=tool_workers or concurrency, thread_name_prefix="agent-envs-env")
+    pool = _Workers(tool_workers or concurrency, "agent-envs-env", workers)
     try:
         with episodes_in_flight(min(concurrency, len(todo))):  # they share the sandboxes' tmpfs budget
             if todo:
@@ -514,16 +520,22 @@ def run_episodes(
     return [merged[k] for k in keys if k in merged]
 
 
-class _Workers(ThreadPoolExecutor):
-    """The env worker threads, knowing which of their calls still run (for :func:`_shutdown`)."""
+class _Workers(Executor):
+    """The run's env worker calls, knowing which of them still run (for :func:`_shutdown`): on a
+    thread pool of the run's own, or on the caller's ``executor``, which outlives the run (shutting
+    this down cancels and waits for the run's own calls, and leaves the executor open)."""
 
-    def __init__(self, max_workers: int, thread_name_prefix: str) -> None:
-        super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+    def __init__(self, max_workers: int, thread_name_prefix: str, executor: Executor | None = None) -> None:
+        self._owned = executor is None
+        self._executor = executor or ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+        self._closed = False
         self._calls: set[Future[Any]] = set()
         self._calls_lock = threading.Lock()
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        future = super().submit(fn, *args, **kwargs)
+        if self._closed:
+            raise RuntimeError("cannot schedule new env calls after the run's shutdown")
+        future = self._executor.submit(fn, *args, **kwargs)
         with self._calls_lock:
             self._calls.add(future)
         future.add_done_callback(self._done)
@@ -533,11 +545,24 @@ class _Workers(ThreadPoolExecutor):
         with self._calls_lock:
             self._calls.discard(future)
 
-    def wait_calls(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for every call to end; whether they all did."""
+    def _running(self) -> set[Future[Any]]:
         with self._calls_lock:
-            calls = set(self._calls)
-        return not wait(calls, timeout).not_done
+            return set(self._calls)
+
+    def wait_calls(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` seconds (None: as long as it takes) for every call to end; whether they all did."""
+        return not wait(self._running(), timeout).not_done
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._closed = True
+        if self._owned:
+            self._executor.shutdown(wait=wait, cancel_futures=cancel_futures)
+            return
+        if cancel_futures:
+            for future in self._running():
+                future.cancel()
+        if wait:
+            self.wait_calls(None)
 
 
 @contextlib.contextmanager
