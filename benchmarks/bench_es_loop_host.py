@@ -158,6 +158,8 @@ PROBED = [
     ("agent_envs.policy.adapter", "AdapterPolicy", "route", "adapter view: request copy"),
     ("agent_envs.policy.vllm", None, "sampling_params", "engine loop: SamplingParams"),
     ("agent_envs.policy.vllm", None, "to_completion", "engine loop: to_completion"),
+    ("agent_envs.esrun.run", None, "evaluate_member", "member threads: event loops, agenerate, run set-up and end"),
+    ("agent_envs.es.population", "ESTrainer", "step", "trainer (main thread): rewards, the generation's record"),
 ]
 
 
@@ -354,10 +356,16 @@ def main() -> None:
                 a["rollouts_s"] - args.turns * lat,
             ),
         ]
+        what = ("first request reaches the engine", "last request reaches the engine", "last answer")
         for t in range(args.turns):
-            for i, what in enumerate(("first request reaches the engine", "last request reaches the engine")):
-                walls.append((f"turn {t + 1}: {what} (s after start)", b["windows"][t][i], a["windows"][t][i]))
-        walls.append(("last answer (s after start)", b["windows"][-1][2], a["windows"][-1][2]))
+            for i, name in enumerate(what):
+                walls.append((f"turn {t + 1}: {name} (s after start)", b["windows"][t][i], a["windows"][t][i]))
+            if t:
+                gap = [w["windows"][t][1] - w["windows"][t - 1][2] for w in (b, a)]
+                walls.append((f"turn {t + 1}: its last request after turn {t}'s last answer", *gap))
+        walls.append(
+            ("end of the rollouts after the last answer", *(w["rollouts_s"] - w["windows"][-1][2] for w in (b, a)))
+        )
     print(side_by_side("Wall seconds per generation's rollouts (median)", walls))
     parts = sorted(
         set(before["probed"]["cpu"]) | set(after["probed"]["cpu"]), key=lambda k: -before["probed"]["cpu"].get(k, 0)
@@ -374,7 +382,7 @@ def main() -> None:
     cpu.append(("engine thread outside the probes (its event loop, hand-offs)", *engine_rest))
     cpu.append(
         (
-            "the rest: member threads' event loops, env worker threads' start and hand-offs, pools",
+            "the rest: env worker threads (start, hand-offs), member threads' start, interpreter",
             before["probed"]["cpu"]["process"] - probed_sum[0] - engine_rest[0],
             after["probed"]["cpu"]["process"] - probed_sum[1] - engine_rest[1],
         )

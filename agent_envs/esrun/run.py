@@ -250,7 +250,7 @@ def member_env_workers(settings: ESSettings) -> ThreadPoolExecutor:
     """The env worker threads of every member's episodes for the whole run: enough for the members
     that run at once (all of them in low-rank ES) with their episodes in flight.  Started once, not
     per member and generation: 16 members x 16 episodes started 256 threads at every generation's
-    start, and the first turn waited for them (docs/scaling.md#where-the-4b-generations-1004-s-goes)."""
+    start, and the first turn waited for them (docs/scaling.md#the-episode-loops-host-time)."""
     at_once = settings.population if settings.perturbation == "lowrank" else 1
     per_member = settings.concurrency or member_concurrency(settings.case_batch)
     return ThreadPoolExecutor(max_workers=at_once * per_member, thread_name_prefix="es-env")
