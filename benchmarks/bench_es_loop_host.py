@@ -217,7 +217,8 @@ def own_pool_per_run(evaluate_member: Callable[..., Any]) -> Callable[..., Any]:
 
 @contextlib.contextmanager
 def fake_run(args: argparse.Namespace, latency: float, tokenizer: Any, work: Path, variant: str) -> Iterator[Any]:
-    """``open_run`` of the ES settings above on :class:`FakeAsyncLLM` and :class:`FakeLowRank`."""
+    """``open_run`` of the ES settings above on :class:`FakeAsyncLLM` and :class:`FakeLowRank`;
+    yields the run and its engine."""
     import agent_envs.esrun.run as esrun
     from agent_envs.policy.sampling import SamplingConfig
     from agent_envs.policy.vllm import AsyncVLLMPolicy
@@ -242,8 +243,7 @@ def fake_run(args: argparse.Namespace, latency: float, tokenizer: Any, work: Pat
         setattr(esrun, name, value)
     try:
         with contextlib.redirect_stderr(io.StringIO()), esrun.open_run(settings(args, work / "history.json")) as run:
-            run.engine = engine
-            yield run
+            yield run, engine
     finally:
         for name, value in saved.items():
             setattr(esrun, name, value)
@@ -270,9 +270,9 @@ def measure(
     cpu: dict[str, float] = defaultdict(float)
     with (
         tempfile.TemporaryDirectory(prefix="bench-es-loop-") as tmp,
-        fake_run(args, latency, tokenizer, Path(tmp), variant) as run,
+        fake_run(args, latency, tokenizer, Path(tmp), variant) as (run, engine),
     ):
-        trainer, engine = run.trainer, run.engine
+        trainer = run.trainer
         trainer.log = lambda line: None
         quiet = contextlib.redirect_stdout(io.StringIO())
         with quiet:
