@@ -37,6 +37,14 @@ WRAPPERS = (
 )
 #: the most slices a packed layer has (qkv); the Triton kernels take each slice's factors as an argument
 MAX_SLICES = 3
+#: ``tokens,columns,features``: the Triton kernels' tile sizes in place of their default
+#: (``population_lora_triton.BLOCKS``), e.g. what benchmarks/bench_lora_kernels.py found best on a GPU
+BLOCKS_ENV = "AGENT_ENVS_POPULATION_BLOCKS"
+TILES = (
+    dict(zip(("tokens", "columns", "features"), map(int, os.environ[BLOCKS_ENV].split(","))))
+    if os.environ.get(BLOCKS_ENV)
+    else None
+)
 
 _state: dict[str, Any] = {"rank": None, "installed": [], "calls": 0}
 
@@ -59,12 +67,14 @@ def reference(
     """
     n_slots = lora_a[0].shape[0]
     token_slots = slots[: x.shape[0]]
+    members = [
+        (slot, (token_slots == slot).nonzero(as_tuple=True)[0])
+        for slot in torch.unique(token_slots).tolist()
+        if 0 <= slot < n_slots
+    ]
     offset = 0
     for a, b, width in zip(lora_a, lora_b, output_slices):
-        for slot in torch.unique(token_slots).tolist():
-            if not 0 <= slot < n_slots:
-                continue
-            rows = (token_slots == slot).nonzero(as_tuple=True)[0]
+        for slot, rows in members:
             h = x[rows].float() @ a[slot, 0, :rank].float().t()
             delta = h @ b[slot, 0, :, :rank].float().t()
             part = y[rows, offset : offset + width]
@@ -88,7 +98,7 @@ def apply(
     if x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
         from .population_lora_triton import launch
 
-        launch(y, x, slots, lora_a, lora_b, output_slices, rank, add)
+        launch(y, x, slots, lora_a, lora_b, output_slices, rank, add, blocks=TILES)
     else:
         reference(y, x, slots, lora_a, lora_b, output_slices, rank, add)
 
@@ -167,10 +177,6 @@ def add_lora_linear(
     return y
 
 
-def _patched(wrapper: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-    return add_lora_linear(wrapper, *args, **kwargs)
-
-
 def install(rank: int | None = None) -> str:
     """Replace vLLM's ``add_lora_linear`` in this process (and, through :data:`ENV`, in the worker processes
     vLLM starts) before an engine is built; ``rank``: the members' rank when it is below the engine's
@@ -185,16 +191,15 @@ def install(rank: int | None = None) -> str:
             cls = getattr(importlib.import_module(module_name), cls_name)
         except (ImportError, AttributeError):
             continue
-        cls.add_lora_linear = _patched
+        cls.add_lora_linear = add_lora_linear  # a method: the wrapper comes in as ``wrapper``
         done.append(cls_name)
     if not done:
         raise RuntimeError("population LoRA kernels: this vLLM has none of the Punica wrappers they replace")
     _state["installed"] = done
-    tiles = os.environ.get("AGENT_ENVS_POPULATION_BLOCKS")  # population_lora_triton.BLOCKS_ENV (imports triton)
     return (
         f"population LoRA kernels in {', '.join(done)}"
         + (f", rank {rank}" if rank else "")
-        + (f", tiles {tiles}" if tiles else "")
+        + (f", tiles {os.environ[BLOCKS_ENV]}" if TILES else "")
     )
 
 

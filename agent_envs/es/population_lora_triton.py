@@ -17,7 +17,6 @@ so the same code runs under ``TRITON_INTERPRET=1`` on a CPU, where the tests che
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
 
 import torch
@@ -27,9 +26,19 @@ import triton.language as tl
 #: tile sizes: tokens per block, output columns per expand block, input features per shrink step.  The
 #: default was within 6% of the best of benchmarks/bench_lora_kernels.py's 12-setting grid on every row one
 #: H200 measured (4B and 135M shapes, P = 16, 64, 256, decode and prefill; docs/scaling.md#population-kernels),
-#: so no setting is chosen per shape; ``AGENT_ENVS_POPULATION_BLOCKS=tokens,columns,features`` overrides it
-BLOCKS_ENV = "AGENT_ENVS_POPULATION_BLOCKS"
-BLOCKS = dict(zip(("tokens", "columns", "features"), map(int, os.environ.get(BLOCKS_ENV, "32,64,128").split(","))))
+#: so no setting is chosen per shape (``population_lora.BLOCKS_ENV`` overrides it for an engine)
+BLOCKS = {"tokens": 32, "columns": 64, "features": 128}
+
+
+@triton.jit
+def _token_slots(slots_ptr, pid_t, T, L, BLOCK_T: tl.constexpr):
+    """A token tile's rows, which of them are in the batch, their adapter slots, and which slots are a
+    member's (a missing or stale index reads slot 0 under a mask and is never written)."""
+    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    in_batch = offs_t < T
+    slot = tl.load(slots_ptr + offs_t, mask=in_batch, other=-1)
+    valid = in_batch & (slot >= 0) & (slot < L)
+    return offs_t, in_batch, tl.where(valid, slot, 0), valid
 
 
 @triton.jit
@@ -64,11 +73,7 @@ def _shrink_kernel(
         a_ptr = a1_ptr
     else:
         a_ptr = a2_ptr
-    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    in_batch = offs_t < T
-    slot = tl.load(slots_ptr + offs_t, mask=in_batch, other=-1)
-    valid = in_batch & (slot >= 0) & (slot < L)
-    slot = tl.where(valid, slot, 0)
+    offs_t, in_batch, slot, valid = _token_slots(slots_ptr, pid_t, T, L, BLOCK_T)
     offs_r = tl.arange(0, R)
     in_rank = offs_r < RANK
     acc = tl.zeros((BLOCK_T, R), dtype=tl.float32)
@@ -127,11 +132,7 @@ def _expand_kernel(
         b_ptr = b1_ptr
     else:
         b_ptr = b2_ptr
-    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    in_batch = offs_t < T
-    slot = tl.load(slots_ptr + offs_t, mask=in_batch, other=-1)
-    valid = in_batch & (slot >= 0) & (slot < L)
-    slot = tl.where(valid, slot, 0)
+    offs_t, in_batch, slot, valid = _token_slots(slots_ptr, pid_t, T, L, BLOCK_T)
     offs_r = tl.arange(0, R)
     in_rank = offs_r < RANK
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
