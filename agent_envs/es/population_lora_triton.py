@@ -1,17 +1,26 @@
 """The Triton kernels of :mod:`population_lora` (docs/scaling.md#population-kernels): two launches per packed
-linear layer, grids over the batch's tokens (never tokens x adapter slots), each token reading its own
-member's factors by its slot index.
+linear layer, grids over the batch's tokens in their members' order (never tokens x adapter slots).
 
-- shrink, grid ``(token tiles, slices, feature splits)``: ``h[split, s, t] = x[t, split] @ a_s[slot(t), :rank, split]^T``
-  in float32, each part written whole (no buffer to zero, no atomics: the sums stay in a fixed order); a
-  decode step has few token tiles, so the input features are split until the GPU is busy;
-- expand, grid ``(token tiles, column tiles of all slices)``: ``y[t, cols] (+)= (sum of h's parts)[s, t] @ b_s[slot(t), cols, :rank]^T``,
+The tokens are visited in the order vLLM sorts them by adapter slot for its own kernels
+(``token_indices_sorted_by_lora_ids``; the first ``n`` positions are this step's, ``n`` being the largest of
+``lora_token_start_loc``), so a tile of tokens holds one member or a few, and each member's factors are read
+once per tile and shared by its tokens, not gathered token by token: at P = 16 x B = 16 a token tile of 32
+would otherwise read 32 copies of 2-3 members' factors.  Rows past ``n`` (a CUDA graph's padding) and tokens
+without a member's slot are never written.
+
+- shrink, grid ``(token tiles, slices, feature splits)``: ``h[split, s, p] = x[t(p), split] @ a_s[slot, :rank, split]^T``
+  in float32 for sorted position ``p``, each part written whole (no buffer to zero, no atomics: the sums stay
+  in a fixed order); a decode step has few token tiles, so the input features are split until the GPU is busy;
+- expand, grid ``(token tiles, column tiles of all slices)``: ``y[t(p), cols] (+)= (sum of h's parts)[s, p] @ b_s[slot, cols, :rank]^T``,
   read-modify-write of the layer's output, rounded once.
 
-Rank 4 is far too thin for tensor cores, and each token's factors are a gather, so both are plain
-multiply-and-sum tiles; the factors of a population (P x rank x width) stay in L2 while a layer runs.
-A slice's factors come in as an argument of their own (at most three), not through a table of pointers,
-so the same code runs under ``TRITON_INTERPRET=1`` on a CPU, where the tests check it.
+Both are ``tl.dot`` tiles, the rank padded to 16 with masked (unread) rows: the shrink on tensor cores in
+the layer's dtype (bfloat16 products are exact in float32, the float32 accumulator is the same as a plain
+sum's), the expand in float32 (``h`` is not rounded before it).  Under ``TRITON_INTERPRET=1`` the shrink
+takes float32 too: the interpreter multiplies bfloat16 tiles wrongly (Triton 3.9: 2.5e10 off on a 16 x 16
+product of unit normals), and the upcast gives the same exact products.  A slice's
+factors come in as an argument of their own (at most three), not through a table of pointers, so the same
+code runs under ``TRITON_INTERPRET=1`` on a CPU, where the tests check it.
 """
 
 from __future__ import annotations
@@ -23,33 +32,44 @@ import torch
 import triton
 import triton.language as tl
 
-#: tile sizes: tokens per block, output columns per expand block, input features per shrink step.  The
-#: default was within 6% of the best of benchmarks/bench_lora_kernels.py's 12-setting grid on every row one
-#: H200 measured (4B and 135M shapes, P = 16, 64, 256, decode and prefill; docs/scaling.md#population-kernels),
-#: so no setting is chosen per shape (``population_lora.BLOCKS_ENV`` overrides it for an engine)
+#: tile sizes: tokens per block, output columns per expand block, input features per shrink step
+#: (``population_lora.BLOCKS_ENV`` overrides them for an engine; benchmarks/bench_lora_kernels.py measures a grid)
 BLOCKS = {"tokens": 32, "columns": 64, "features": 128}
+#: the smallest tile side of a ``tl.dot``: the rank is padded to it (masked loads read only the rank's rows)
+MIN_DOT = 16
 
 
 @triton.jit
-def _token_slots(slots_ptr, pid_t, T, L, BLOCK_T: tl.constexpr):
-    """A token tile's rows, which of them are in the batch, their adapter slots, and which slots are a
-    member's (a missing or stale index reads slot 0 under a mask and is never written)."""
-    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    in_batch = offs_t < T
-    slot = tl.load(slots_ptr + offs_t, mask=in_batch, other=-1)
-    valid = in_batch & (slot >= 0) & (slot < L)
-    return offs_t, in_batch, tl.where(valid, slot, 0), valid
+def _token_tile(order_ptr, starts_ptr, slots_ptr, pid_t, L, STARTS: tl.constexpr, BLOCK_T: tl.constexpr):
+    """A tile of sorted positions: the tokens at them, which are this step's members' (position below ``n``,
+    a slot in ``[0, L)``), their slots, and the smallest and largest slot among them."""
+    starts = tl.load(starts_ptr + tl.arange(0, STARTS), mask=tl.arange(0, STARTS) < L + 2, other=0)
+    n = tl.max(starts, axis=0)  # the step's token count: the last of the cumulative counts per slot
+    pos = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    in_step = pos < n
+    tok = tl.load(order_ptr + pos, mask=in_step, other=0)
+    slot = tl.load(slots_ptr + tok, mask=in_step, other=-1)
+    valid = in_step & (slot >= 0) & (slot < L)
+    slot = tl.where(valid, slot, L)
+    return pos, tok, slot, valid, tl.min(slot, axis=0), tl.max(tl.where(valid, slot, -1), axis=0)
+
+
+@triton.jit
+def _next_member(slot, valid, m, L):
+    """The smallest slot in the tile above ``m`` (``L`` when none): members are visited, not slot numbers."""
+    return tl.min(tl.where(valid & (slot > m), slot, L), axis=0)
 
 
 @triton.jit
 def _shrink_kernel(
     x_ptr,
+    order_ptr,
+    starts_ptr,
     slots_ptr,
     h_ptr,
     a0_ptr,
     a1_ptr,
     a2_ptr,
-    T,
     K,
     L,
     stride_x,
@@ -57,10 +77,12 @@ def _shrink_kernel(
     stride_ar,
     stride_hk,
     stride_hs,
-    stride_ht,
+    stride_hp,
     K_SPLIT,
+    FLOAT32: tl.constexpr,
     R: tl.constexpr,
     RANK: tl.constexpr,
+    STARTS: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
@@ -73,35 +95,42 @@ def _shrink_kernel(
         a_ptr = a1_ptr
     else:
         a_ptr = a2_ptr
-    offs_t, in_batch, slot, valid = _token_slots(slots_ptr, pid_t, T, L, BLOCK_T)
+    pos, tok, slot, valid, m, last = _token_tile(order_ptr, starts_ptr, slots_ptr, pid_t, L, STARTS, BLOCK_T)
     offs_r = tl.arange(0, R)
     in_rank = offs_r < RANK
     acc = tl.zeros((BLOCK_T, R), dtype=tl.float32)
-    for k0 in range(pid_k * K_SPLIT, tl.minimum(K, (pid_k + 1) * K_SPLIT), BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        in_k = offs_k < K
-        xt = tl.load(
-            x_ptr + offs_t[:, None] * stride_x + offs_k[None, :], mask=valid[:, None] & in_k[None, :], other=0.0
-        ).to(tl.float32)
-        at = tl.load(
-            a_ptr + slot[:, None, None] * stride_al + offs_r[None, :, None] * stride_ar + offs_k[None, None, :],
-            mask=valid[:, None, None] & in_rank[None, :, None] & in_k[None, None, :],
-            other=0.0,
-        ).to(tl.float32)
-        acc += tl.sum(xt[:, None, :] * at, axis=2)
-    h_at = h_ptr + pid_k * stride_hk + s * stride_hs + offs_t[:, None] * stride_ht + offs_r[None, :]
-    tl.store(h_at, acc, mask=in_batch[:, None])
+    while m <= last:  # each member in the tile: its factors once, its tokens' rows of x
+        mine = valid & (slot == m)
+        for k0 in range(pid_k * K_SPLIT, tl.minimum(K, (pid_k + 1) * K_SPLIT), BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            in_k = offs_k < K
+            xt = tl.load(
+                x_ptr + tok[:, None] * stride_x + offs_k[None, :], mask=mine[:, None] & in_k[None, :], other=0.0
+            )
+            at = tl.load(
+                a_ptr + m * stride_al + offs_k[:, None] + offs_r[None, :] * stride_ar,
+                mask=in_k[:, None] & in_rank[None, :],
+                other=0.0,
+            )
+            if FLOAT32:  # rows of other members are 0 in xt
+                acc = tl.dot(xt.to(tl.float32), at.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(xt, at.to(xt.dtype), acc)
+        m = _next_member(slot, valid, m, L)
+    h_at = h_ptr + pid_k * stride_hk + s * stride_hs + pos[:, None] * stride_hp + offs_r[None, :]
+    tl.store(h_at, acc, mask=valid[:, None] & in_rank[None, :])
 
 
 @triton.jit
 def _expand_kernel(
     h_ptr,
+    order_ptr,
+    starts_ptr,
     slots_ptr,
     y_ptr,
     b0_ptr,
     b1_ptr,
     b2_ptr,
-    T,
     L,
     N0,
     N1,
@@ -109,11 +138,12 @@ def _expand_kernel(
     SPLITS,
     stride_hk,
     stride_hs,
-    stride_ht,
+    stride_hp,
     stride_y,
     stride_bn,
     R: tl.constexpr,
     RANK: tl.constexpr,
+    STARTS: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ADD: tl.constexpr,
@@ -132,7 +162,7 @@ def _expand_kernel(
         b_ptr = b1_ptr
     else:
         b_ptr = b2_ptr
-    offs_t, in_batch, slot, valid = _token_slots(slots_ptr, pid_t, T, L, BLOCK_T)
+    pos, tok, slot, valid, m, last = _token_tile(order_ptr, starts_ptr, slots_ptr, pid_t, L, STARTS, BLOCK_T)
     offs_r = tl.arange(0, R)
     in_rank = offs_r < RANK
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -140,18 +170,22 @@ def _expand_kernel(
     h = tl.zeros((BLOCK_T, R), dtype=tl.float32)
     for split in range(SPLITS):  # the shrink's partial sums over the input features
         h += tl.load(
-            h_ptr + split * stride_hk + s * stride_hs + offs_t[:, None] * stride_ht + offs_r[None, :],
+            h_ptr + split * stride_hk + s * stride_hs + pos[:, None] * stride_hp + offs_r[None, :],
             mask=valid[:, None] & in_rank[None, :],
             other=0.0,
         )
-    bt = tl.load(
-        b_ptr + slot[:, None, None] * (width * stride_bn) + offs_n[None, :, None] * stride_bn + offs_r[None, None, :],
-        mask=valid[:, None, None] & in_cols[None, :, None] & in_rank[None, None, :],
-        other=0.0,
-    ).to(tl.float32)
-    delta = tl.sum(h[:, None, :] * bt, axis=2)
+    delta = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+    while m <= last:  # each member in the tile: its columns of b once, for its tokens
+        mine = valid & (slot == m)
+        bt = tl.load(
+            b_ptr + m * (width * stride_bn) + offs_r[:, None] + offs_n[None, :] * stride_bn,
+            mask=in_rank[:, None] & in_cols[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        delta = tl.dot(tl.where(mine[:, None], h, 0.0), bt, delta, input_precision="ieee")
+        m = _next_member(slot, valid, m, L)
     mask = valid[:, None] & in_cols[None, :]
-    y_at = y_ptr + offs_t[:, None] * stride_y + (first_col + offs_n)[None, :]
+    y_at = y_ptr + tok[:, None] * stride_y + (first_col + offs_n)[None, :]
     if ADD:
         delta += tl.load(y_at, mask=mask, other=0.0).to(tl.float32)
     tl.store(y_at, delta.to(y_ptr.dtype.element_ty), mask=mask)
@@ -174,6 +208,16 @@ def split_features(features: int, blocks: int, block_k: int, target: int) -> int
     return triton.cdiv(steps, splits) * block_k
 
 
+def member_order(slots: torch.Tensor, tokens: int, n_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(order, starts)`` as vLLM's kernel metadata gives them, for a caller without it (tests, a CPU
+    wrapper): the first ``tokens`` indices sorted by slot (stable), and cumulative counts whose largest is
+    ``tokens``, padded to ``n_slots + 2`` entries."""
+    order = torch.sort(slots[:tokens], stable=True).indices.to(torch.int32)
+    starts = torch.zeros(n_slots + 2, dtype=torch.int32, device=slots.device)
+    starts[1] = tokens
+    return order, starts
+
+
 def launch(
     y: torch.Tensor,
     x: torch.Tensor,
@@ -184,20 +228,28 @@ def launch(
     rank: int,
     add: bool = True,
     blocks: dict[str, int] | None = None,
+    order: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """:func:`population_lora.reference`'s contract, in two launches (no host synchronisation: CUDA graphs
-    capture it).  ``blocks`` overrides :data:`BLOCKS` (the benchmark's comparisons)."""
+    capture it).  ``order``: vLLM's ``(token_indices_sorted_by_lora_ids, lora_token_start_loc)`` for this
+    step (:func:`member_order` when None); ``blocks`` overrides :data:`BLOCKS` (the benchmark's comparisons)."""
     b = {**BLOCKS, **(blocks or {})}
     n_slices = len(output_slices)
     tokens, features = x.shape
+    n_slots = lora_a[0].shape[0]
     rank_slot = lora_b[0].shape[-1]
-    r_pad = triton.next_power_of_2(rank)
+    r_pad = max(MIN_DOT, triton.next_power_of_2(rank))
     if not (x.is_contiguous() and y.stride(-1) == 1 and all(t.is_contiguous() for t in (*lora_a, *lora_b))):
         raise ValueError("population LoRA kernels: x, the factors and y's rows must be contiguous")
     if rank > rank_slot or lora_a[0].shape[-2] != rank_slot:
         raise ValueError(f"population LoRA kernels: rank {rank} within a rank slot of {rank_slot}")
+    if min(b.values()) < MIN_DOT:
+        raise ValueError(f"population LoRA kernels: tiles {b} below {MIN_DOT}, the smallest a tl.dot takes")
     if tokens == 0:
         return
+    sorted_tokens, starts = order if order is not None else member_order(slots, tokens, n_slots)
+    if starts.numel() != n_slots + 2:
+        raise ValueError(f"population LoRA kernels: {starts.numel()} token starts for {n_slots} slots (want slots + 2)")
     token_tiles = triton.cdiv(tokens, b["tokens"])
     k_split = split_features(features, token_tiles * n_slices, b["features"], programs(x.device))
     splits = triton.cdiv(features, k_split)
@@ -205,14 +257,15 @@ def launch(
     a = [*lora_a, *[lora_a[0]] * (3 - n_slices)]
     bs = [*lora_b, *[lora_b[0]] * (3 - n_slices)]
     widths = [*output_slices, *[0] * (3 - n_slices)]
+    meta = dict(R=r_pad, RANK=rank, STARTS=triton.next_power_of_2(n_slots + 2), BLOCK_T=b["tokens"])
     _shrink_kernel[(token_tiles, n_slices, splits)](
-        x, slots, h, a[0], a[1], a[2], tokens, features, lora_a[0].shape[0],
+        x, sorted_tokens, starts, slots, h, a[0], a[1], a[2], features, n_slots,
         x.stride(0), lora_a[0].stride(0), lora_a[0].stride(2), h.stride(0), h.stride(1), h.stride(2), k_split,
-        R=r_pad, RANK=rank, BLOCK_T=b["tokens"], BLOCK_K=b["features"],
+        FLOAT32=x.dtype == torch.float32 or not x.is_cuda, BLOCK_K=b["features"], **meta,
     )  # fmt: skip
     column_tiles = sum(triton.cdiv(w, b["columns"]) for w in output_slices)
     _expand_kernel[(token_tiles, column_tiles)](
-        h, slots, y, bs[0], bs[1], bs[2], tokens, lora_b[0].shape[0], widths[0], widths[1], widths[2], splits,
+        h, sorted_tokens, starts, slots, y, bs[0], bs[1], bs[2], n_slots, widths[0], widths[1], widths[2], splits,
         h.stride(0), h.stride(1), h.stride(2), y.stride(0), rank_slot,
-        R=r_pad, RANK=rank, BLOCK_T=b["tokens"], BLOCK_N=b["columns"], ADD=add,
+        BLOCK_N=b["columns"], ADD=add, **meta,
     )  # fmt: skip
