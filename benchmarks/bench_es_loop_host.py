@@ -9,9 +9,10 @@ What is left is the episode loop: member threads, their event loops, env worker 
 rendering and tokenising, env steps, the hand-offs to and from the engine's loop, records.
 
 Two variants, side by side in one run, each over ``--generations`` timed generations after a warm-up:
-``before``, every member's ``run_episodes`` starting a pool of env worker threads of its own (16 a
-member, every generation), and ``after``, the run-long pool the ES run now hands them
-(``agent_envs.esrun.run.member_env_workers``).  It checks that both give the same records, and prints:
+``before``, every member's ``run_episodes`` building its environments with ``gym.make`` (16 a member,
+every generation) and closing them at its end, and ``after``, the environments the ES run keeps on
+one shelf for the whole run (``agent_envs.rollout.shelf.EnvShelf``), reset by every later generation.
+It checks that both give the same records, and prints:
 
 * the rollouts' wall per generation with an instant engine (every host second serialised),
 * with ``--engine-s L``: the wall minus ``turns x L``, the host time a GPU would wait through, and
@@ -149,7 +150,8 @@ class Probes:
 
 #: (module, owner, attribute, part) the profile wraps
 PROBED = [
-    ("agent_envs.rollout.runner", "_Context", "new_env", "env: build (gym.make)"),
+    ("agent_envs.rollout.runner", "_Context", "build_env", "env: build (gym.make)"),
+    ("agent_envs.rollout.runner", "_Context", "kept_env", "env: take a kept one (shelf)"),
     ("agent_envs.rollout.runner", "_Episode", "start", "env: reset + first request"),
     ("agent_envs.rollout.runner", "_Episode", "advance", "env: step (parse, tool, score) + next request"),
     ("agent_envs.rollout.runner", "_Context", "finish", "records (EpisodeRecord)"),
@@ -201,15 +203,15 @@ def settings(args: argparse.Namespace, history: Path) -> Any:
     )
 
 
-#: what each variant runs: ``before`` = every member's ``run_episodes`` starts a pool of env worker
-#: threads of its own (16 per member, every generation), as before the run-long pool
+#: what each variant runs: ``before`` = every member's ``run_episodes`` builds its environments
+#: (16 per member, every generation), as before the run's shelf
 VARIANTS = ("before", "after")
 
 
-def own_pool_per_run(evaluate_member: Callable[..., Any]) -> Callable[..., Any]:
-    """``evaluate_member`` without the run's env workers: each ``run_episodes`` starts its own pool."""
+def own_envs_per_run(evaluate_member: Callable[..., Any]) -> Callable[..., Any]:
+    """``evaluate_member`` without the run's shelf: each ``run_episodes`` builds its own environments."""
 
-    def evaluate(*args: Any, workers: Any = None, **kwargs: Any) -> Any:
+    def evaluate(*args: Any, envs: Any = None, **kwargs: Any) -> Any:
         return evaluate_member(*args, **kwargs)
 
     return evaluate
@@ -237,7 +239,7 @@ def fake_run(args: argparse.Namespace, latency: float, tokenizer: Any, work: Pat
         "use_tuned": lambda *a: "fake engine: no LoRA kernels",
     }
     if variant == "before":
-        swapped["evaluate_member"] = own_pool_per_run(esrun.evaluate_member)
+        swapped["evaluate_member"] = own_envs_per_run(esrun.evaluate_member)
     saved = {name: getattr(esrun, name) for name in swapped}
     for name, value in swapped.items():
         setattr(esrun, name, value)
@@ -332,8 +334,8 @@ def main() -> None:
     print(
         f"# {args.population} members x {args.case_batch} tasks, MATH-ReAct-v0, {args.turns} turns x {args.tokens} "
         f"tokens, sandbox none, toy reward, async; {os.cpu_count()} cores; median of {args.generations} generations "
-        "after a warm-up; before = a pool of env worker threads started by every member's run_episodes, after = "
-        "one run-long pool (agent_envs.esrun.run.member_env_workers)"
+        "after a warm-up; before = environments built by every member's run_episodes (gym.make), after = "
+        "the run's shelf of environments (agent_envs.rollout.shelf.EnvShelf), reset every generation"
     )
     got: dict[str, dict[str, Any]] = {}
     for variant in VARIANTS:
@@ -382,7 +384,7 @@ def main() -> None:
     cpu.append(("engine thread outside the probes (its event loop, hand-offs)", *engine_rest))
     cpu.append(
         (
-            "the rest: env worker threads (start, hand-offs), member threads' start, interpreter",
+            "the rest: env worker threads' hand-offs, member threads' start, interpreter",
             before["probed"]["cpu"]["process"] - probed_sum[0] - engine_rest[0],
             after["probed"]["cpu"]["process"] - probed_sum[1] - engine_rest[1],
         )

@@ -1,7 +1,8 @@
 """A single-engine ES run steps every member's environments on one pool of worker threads for the
 whole run (``agent_envs.esrun.run.member_env_workers``), not on a pool each member's rollouts start
-every generation: 16 members x 16 episodes started 256 threads before a generation's first request
-(benchmarks/bench_es_loop_host.py)."""
+every generation: 16 members x 16 episodes started 256 threads before a generation's first request;
+and it keeps the environments themselves on one shelf for the whole run (reset by every generation,
+closed at the run's end), instead of 256 ``gym.make`` every generation (benchmarks/bench_es_loop_host.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, Sequence
 import pytest
 
 import agent_envs.esrun.run as esrun
+from agent_envs.envs.react import ReActEnv
 from agent_envs.es.lowrank import Target
 from agent_envs.esrun.settings import parse_settings
 from agent_envs.policy.base import Completion, GenerationRequest, Policy
@@ -64,17 +66,15 @@ class NoWeights:
         return None
 
 
-@pytest.mark.parametrize("perturbation", ["lowrank", "full"])
-def test_members_step_their_envs_on_one_pool_for_the_whole_run(
-    perturbation: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    policy = AdapterEcho()
+def fake_engine_settings(perturbation: str, monkeypatch: pytest.MonkeyPatch, policy: Policy, tmp_path: Path) -> Any:
+    """An ES run's settings (2 members x 3 tasks, 2 turns, 3 generations), its engine and backend
+    swapped for ``policy`` and backends with no weights."""
     monkeypatch.setattr(esrun, "build_policy", lambda settings, engine_kwargs: (policy, policy))
     monkeypatch.setattr(esrun, "VLLMLowRank", NoWeights)
     monkeypatch.setattr(esrun, "VLLMPerturbation", lambda engine, **kw: NoWeightsFull())
     monkeypatch.setattr(esrun, "choose_lora_kernel", lambda kernel: "vllm")
     monkeypatch.setattr(esrun, "use_tuned", lambda *args: "no kernels")
-    settings = parse_settings(
+    return parse_settings(
         [
             *("--model", "none", "--train", "builtin", "--env", "MATH-ReAct-v0", "--history", str(tmp_path / "h.json")),
             *("--population", "2", "--case-batch", "3", "--generations", "3", "--max-turns", "2"),
@@ -82,6 +82,14 @@ def test_members_step_their_envs_on_one_pool_for_the_whole_run(
             *(("--perturbation", "lowrank", "--rank", "2") if perturbation == "lowrank" else ()),
         ]
     )
+
+
+@pytest.mark.parametrize("perturbation", ["lowrank", "full"])
+def test_members_step_their_envs_on_one_pool_for_the_whole_run(
+    perturbation: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    policy = AdapterEcho()
+    settings = fake_engine_settings(perturbation, monkeypatch, policy, tmp_path)
     before = {t.name for t in threading.enumerate()}
     with esrun.open_run(settings) as run:
         assert run.trainer is not None
@@ -89,6 +97,35 @@ def test_members_step_their_envs_on_one_pool_for_the_whole_run(
     assert all(len(s["result"]) == 3 for r in records for s in r["samples"])
     assert policy.threads and all(name.startswith("es-env") for name in policy.threads), policy.threads
     assert not [t.name for t in threading.enumerate() if t.name.startswith("es-env") and t.name not in before]
+
+
+@pytest.mark.parametrize("perturbation", ["lowrank", "full"])
+def test_the_members_envs_are_built_once_for_the_whole_run_and_closed_at_its_end(
+    perturbation: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    built: list[ReActEnv] = []
+    closed: list[ReActEnv] = []
+    init, close = ReActEnv.__init__, ReActEnv.close
+
+    def counted_init(self: ReActEnv, **kwargs: Any) -> None:
+        built.append(self)
+        init(self, **kwargs)
+
+    def counted_close(self: ReActEnv) -> None:
+        closed.append(self)
+        close(self)
+
+    monkeypatch.setattr(ReActEnv, "__init__", counted_init)
+    monkeypatch.setattr(ReActEnv, "close", counted_close)
+    settings = fake_engine_settings(perturbation, monkeypatch, AdapterEcho(), tmp_path)
+    with esrun.open_run(settings) as run:
+        assert run.trainer is not None
+        records = [run.trainer.step(g) for g in range(3)]
+        closed_before_end = len(closed)
+    assert all(len(s["result"]) == 3 for r in records for s in r["samples"])
+    # 3 generations: every member's 3 episodes at once in low-rank ES, one member after another in full-rank
+    assert len(built) == (2 * 3 if perturbation == "lowrank" else 3), len(built)
+    assert sorted(map(id, closed[closed_before_end:])) == sorted(map(id, built))  # all closed at the run's end
 
 
 class NoWeightsFull:

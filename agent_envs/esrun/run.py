@@ -33,6 +33,7 @@ from agent_envs.rewards.combine import FitnessCombiner
 from agent_envs.rewards.options import scorer_from_args, scorer_settings
 from agent_envs.rollout import run_episodes
 from agent_envs.rollout.options import env_kwargs
+from agent_envs.rollout.shelf import EnvShelf
 
 from .settings import CONFIG_FIELDS, ESSettings
 
@@ -279,6 +280,9 @@ def single_engine_run(
         print(f"[es] low-rank: {kernels}", file=sys.stderr)
     policy, engine = build_policy(s, engine_kwargs)
     workers = member_env_workers(s)
+    # the members' environments for the whole run: built by the first generation, reset by the
+    # next ones (256 gym.make every 16 x 16 generation before; docs/scaling.md#the-episode-loops-host-time)
+    envs = EnvShelf()
     try:
         if lowrank:
             backend: Any = VLLMLowRank(engine, s.rank)
@@ -336,6 +340,7 @@ def single_engine_run(
                 combiner=combiner,
                 sampling=member_sampling_settings(config.member_sampling),
                 workers=workers,
+                envs=envs,
             )
             if s.toy_reward:
                 result = result.model_copy(update={"reward": toy_reward(result.rows)})
@@ -365,6 +370,7 @@ def single_engine_run(
         yield ESRun(trainer, checksum, policy=policy, evaluator=evaluator, backend=backend, setup=setup, config=config)
     finally:
         workers.shutdown(wait=True)
+        envs.close()
         policy.close()
 
 

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import dataclasses
 import signal
-import sys
 import time
 import threading
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
@@ -42,6 +41,7 @@ from .gather import ScoreGatherer
 from .progress import Progress
 from .records import EpisodeRecord, JsonlWriter, as_row
 from .resume import prepare_resume
+from .shelf import EnvShelf, close_quietly
 
 MODES = ("async", "lockstep")
 #: how often an interrupted run closes its environments again while worker calls still run
@@ -180,7 +180,8 @@ class _Episode:
 
 
 class _Context:
-    """Everything shared by the episodes of one run: env factory, policy identity, output."""
+    """Everything shared by the episodes of one run: env factory (and the caller's shelf of kept
+    envs), policy identity, output."""
 
     def __init__(
         self,
@@ -192,8 +193,10 @@ class _Context:
         progress: Progress,
         scorer: StepScorer | None = None,
         env_id: str | None = None,
+        shelf: EnvShelf | None = None,
     ):
         self.make_env = make_env
+        self.shelf = shelf
         #: the registered id, for the records of episodes whose environment raised
         self.env_id = env_id
         self.scorer = scorer
@@ -204,15 +207,45 @@ class _Context:
         self.progress = progress
         self.meta = dict(policy.describe())
         self.records: dict[str, EpisodeRecord] = {}
-        self.envs: list[gym.Env] = []  # every env created, for closing
+        self.envs: list[gym.Env] = []  # every env of this run (built or taken from the shelf), for closing
         self.spare: list[gym.Env] = []
 
-    def new_env(self) -> gym.Env:
+    def kept_env(self) -> gym.Env | None:
+        """An env built before (:meth:`prepare`'s, or one from the shelf), or None; builds nothing,
+        so it is quick enough for the async run's event loop."""
         if self.spare:
             return self.spare.pop()
-        env = self.make_env()
+        env = self.shelf.take() if self.shelf is not None else None
+        if env is not None:
+            self.envs.append(env)
+        return env
+
+    def build_env(self) -> gym.Env:
+        """A new env (kept on the shelf from now on, when the run has one)."""
+        env = self.make_env() if self.shelf is None else self.shelf.build(self.make_env)
         self.envs.append(env)
         return env
+
+    def new_env(self) -> gym.Env:
+        env = self.kept_env()
+        return env if env is not None else self.build_env()
+
+    def retire(self, ep: _Episode, env: gym.Env | None) -> gym.Env | None:
+        """Keep the env for the next job unless it raised (then close it, drop it from this run and
+        from the shelf; the next job gets another)."""
+        if ep.episode is None and env is not None:
+            close_quietly(env)
+            self.envs.remove(env)
+            if self.shelf is not None:
+                self.shelf.discard(env)
+            return None
+        return env
+
+    def put_back(self) -> None:
+        """The run's envs, closed, back on the shelf for the next run."""
+        if self.shelf is not None:
+            self.shelf.put_back(self.envs)
+            self.envs = []
 
     def episode(self, job: Job, env: gym.Env | None) -> _Episode:
         return _Episode(job, env, self.base_seed, warm=self.policy.warm, score_steps=self.scorer is not None)
@@ -315,19 +348,11 @@ def _settle(ctx: _Context, envs: list[gym.Env | None], live: list[tuple[int, _Ep
     running = []
     for i, ep in live:
         if ep.done:
-            envs[i] = _retire(ep, envs[i])
+            envs[i] = ctx.retire(ep, envs[i])
             ctx.finish(ep)
         else:
             running.append((i, ep))
     return running
-
-
-def _retire(ep: _Episode, env: gym.Env | None) -> gym.Env | None:
-    """Keep the env for the next job unless it raised (then close it and build a fresh one)."""
-    if ep.episode is None and env is not None:
-        _close_quietly(env)
-        return None
-    return env
 
 
 # --------------------------------------------------------------------------- async
@@ -348,10 +373,10 @@ async def _run_async(ctx: _Context, jobs: Sequence[Job], concurrency: int, pool:
 
     async def one(job: Job) -> None:
         async with gate:
-            env = idle.pop() if idle else None
+            env = idle.pop() if idle else ctx.kept_env()
             if env is None:
                 try:
-                    env = await loop.run_in_executor(pool, ctx.new_env)
+                    env = await loop.run_in_executor(pool, ctx.build_env)
                 except Exception as exc:
                     ep = _Episode(job, None, ctx.base_seed)
                     ep._fail(exc)
@@ -370,7 +395,7 @@ async def _run_async(ctx: _Context, jobs: Sequence[Job], concurrency: int, pool:
                 if gatherer is not None:  # scored alongside: this episode generates on meanwhile
                     scores += [gatherer.submit(c) for c in ep.new_contexts]
             ep.step_scores = list(await asyncio.gather(*scores))
-            retired = _retire(ep, env)
+            retired = ctx.retire(ep, env)
             if retired is not None:
                 idle.append(retired)
             ctx.finish(ep)
@@ -385,23 +410,21 @@ async def _run_async(ctx: _Context, jobs: Sequence[Job], concurrency: int, pool:
 
 
 # --------------------------------------------------------------------------- entry point
-def _env_factory(source: EnvSource, policy: Policy, env_kwargs: dict[str, Any] | None) -> Callable[[], gym.Env]:
+def _env_kwargs(policy: Policy, env_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """The environment's keywords: the caller's, with what the policy tells (its tokenizer, ...)."""
     kwargs = dict(env_kwargs or {})
     kwargs.setdefault("tokenizer", policy.tokenizer)
     if getattr(policy, "processor", None) is not None:  # a vision-language policy's image token counts
         kwargs.setdefault("processor", policy.processor)
     if policy.max_model_len is not None:
         kwargs.setdefault("max_model_len", policy.max_model_len)
+    return kwargs
+
+
+def _env_factory(source: EnvSource, kwargs: dict[str, Any]) -> Callable[[], gym.Env]:
     if isinstance(source, str):  # importing any agent_envs module registered the ids
         return lambda: gym.make(source, **kwargs)
     return lambda: source(**kwargs)
-
-
-def _close_quietly(env: gym.Env) -> None:
-    try:
-        env.close()
-    except Exception as exc:  # closing must not hide the run's own outcome
-        print(f"[agent-envs] warning: closing an environment failed: {error_text(exc)}", file=sys.stderr)
 
 
 def finished_records(out_path: str | Path | None, resume: bool) -> dict[str, EpisodeRecord]:
@@ -455,6 +478,7 @@ def run_episodes(
     step_scorer: StepScorer | None = None,
     key_seeds: Mapping[str, int] | None = None,
     workers: Executor | None = None,
+    envs: EnvShelf | None = None,
 ) -> list[EpisodeRecord]:
     """Run ``samples`` episodes of every task and return their records in (row, sample) order.
 
@@ -472,6 +496,9 @@ def run_episodes(
     generation's 16 members x 16 episodes started 256 threads before their first request, and
     on a loaded interpreter that held the first turn back (benchmarks/bench_es_loop_host.py).  The
     run waits for, and when interrupted cancels, its own calls only; the executor stays open.
+    ``envs``: take the environments from this shelf, which the caller keeps across runs of the same
+    environment and keywords, and put them back (closed) at the end, instead of building them with
+    ``gym.make`` and closing them: an ES run built 256 every generation (:mod:`.shelf`).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -488,7 +515,10 @@ def run_episodes(
     if len(set(keys)) != len(keys):
         raise ValueError("task ids are not unique: records are keyed by '<task_id>:sampleNN'")
 
-    make_env = _env_factory(env_id_or_factory, policy, env_kwargs)
+    kwargs = _env_kwargs(policy, env_kwargs)
+    if envs is not None:
+        envs.check(env_id_or_factory, kwargs)
+    make_env = _env_factory(env_id_or_factory, kwargs)
     bar = Progress(len(todo), progress, desc=mode)
     writer = JsonlWriter(out_path) if out_path is not None else None
     ctx = _Context(
@@ -500,6 +530,7 @@ def run_episodes(
         bar,
         step_scorer,
         env_id_or_factory if isinstance(env_id_or_factory, str) else None,
+        envs,
     )
     pool = _Workers(tool_workers or concurrency, "agent-envs-env", workers)
     try:
@@ -513,6 +544,7 @@ def run_episodes(
     finally:
         with _presses_deferred():
             _shutdown(ctx, pool)
+            ctx.put_back()
             bar.close()
             if writer is not None:
                 writer.close()
@@ -604,7 +636,7 @@ def _shutdown(ctx: _Context, pool: _Workers) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
     while True:
         for env in list(ctx.envs):
-            _close_quietly(env)
+            close_quietly(env)
         if pool.wait_calls(CLOSE_PASS_S):
             break
     pool.shutdown(wait=True)
