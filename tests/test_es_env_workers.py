@@ -1,8 +1,9 @@
 """A single-engine ES run steps every member's environments on one pool of worker threads for the
 whole run (``agent_envs.esrun.run.member_env_workers``), not on a pool each member's rollouts start
 every generation: 16 members x 16 episodes started 256 threads before a generation's first request;
-and it keeps the environments themselves on one shelf for the whole run (reset by every generation,
-closed at the run's end), instead of 256 ``gym.make`` every generation (benchmarks/bench_es_loop_host.py)."""
+it keeps the environments themselves on one shelf for the whole run (reset by every generation,
+closed at the run's end), instead of 256 ``gym.make`` every generation; and it runs every member's
+async episodes on one event loop, not one per member thread (benchmarks/bench_es_loop_host.py)."""
 
 from __future__ import annotations
 
@@ -27,10 +28,17 @@ class AdapterEcho(Policy):
     def __init__(self) -> None:
         self.adapters: dict[str, int] = {}
         self.threads: set[str] = set()
+        #: the threads whose event loops asked for generations
+        self.loops: set[str] = set()
         self.lock = threading.Lock()
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         return [Completion(text="I am not sure yet.", finish_reason="stop", engine=self.name) for _ in requests]
+
+    async def agenerate(self, request: GenerationRequest) -> Completion:
+        with self.lock:
+            self.loops.add(threading.current_thread().name)
+        return self.generate([request])[0]
 
     def warm(self, request: GenerationRequest) -> None:
         with self.lock:
@@ -97,6 +105,9 @@ def test_members_step_their_envs_on_one_pool_for_the_whole_run(
     assert all(len(s["result"]) == 3 for r in records for s in r["samples"])
     assert policy.threads and all(name.startswith("es-env") for name in policy.threads), policy.threads
     assert not [t.name for t in threading.enumerate() if t.name.startswith("es-env") and t.name not in before]
+    # every member's episodes on the run's one event loop, which ended with the run
+    assert policy.loops == {"es-episodes"}, policy.loops
+    assert "es-episodes" not in {t.name for t in threading.enumerate()}
 
 
 @pytest.mark.parametrize("perturbation", ["lowrank", "full"])

@@ -32,6 +32,7 @@ from agent_envs.policy.sampling import SamplingConfig
 from agent_envs.rewards.combine import FitnessCombiner
 from agent_envs.rewards.options import scorer_from_args, scorer_settings
 from agent_envs.rollout import run_episodes
+from agent_envs.rollout.episode_loop import EpisodeLoop
 from agent_envs.rollout.options import env_kwargs
 from agent_envs.rollout.shelf import EnvShelf
 
@@ -283,6 +284,8 @@ def single_engine_run(
     # the members' environments for the whole run: built by the first generation, reset by the
     # next ones (256 gym.make every 16 x 16 generation before; docs/scaling.md#the-episode-loops-host-time)
     envs = EnvShelf()
+    # every member's async episodes on one event loop, not one loop per member thread
+    episode_loop = EpisodeLoop("es-episodes") if s.mode == "async" else None
     try:
         if lowrank:
             backend: Any = VLLMLowRank(engine, s.rank)
@@ -341,6 +344,7 @@ def single_engine_run(
                 sampling=member_sampling_settings(config.member_sampling),
                 workers=workers,
                 envs=envs,
+                episode_loop=episode_loop,
             )
             if s.toy_reward:
                 result = result.model_copy(update={"reward": toy_reward(result.rows)})
@@ -369,6 +373,8 @@ def single_engine_run(
         trainer.sha256_each_generation = s.sha256_each_generation
         yield ESRun(trainer, checksum, policy=policy, evaluator=evaluator, backend=backend, setup=setup, config=config)
     finally:
+        if episode_loop is not None:
+            episode_loop.close()
         workers.shutdown(wait=True)
         envs.close()
         policy.close()

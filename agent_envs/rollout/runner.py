@@ -37,6 +37,7 @@ from agent_envs.protocol.seeds import DEFAULT_BASE_SEED
 from agent_envs.core.steps import StepContext, StepScore, StepScorer
 from agent_envs.scoring.process import process_fields
 
+from .episode_loop import EpisodeLoop
 from .gather import ScoreGatherer
 from .progress import Progress
 from .records import EpisodeRecord, JsonlWriter, as_row
@@ -479,6 +480,7 @@ def run_episodes(
     key_seeds: Mapping[str, int] | None = None,
     workers: Executor | None = None,
     envs: EnvShelf | None = None,
+    episode_loop: EpisodeLoop | None = None,
 ) -> list[EpisodeRecord]:
     """Run ``samples`` episodes of every task and return their records in (row, sample) order.
 
@@ -499,6 +501,8 @@ def run_episodes(
     ``envs``: take the environments from this shelf, which the caller keeps across runs of the same
     environment and keywords, and put them back (closed) at the end, instead of building them with
     ``gym.make`` and closing them: an ES run built 256 every generation (:mod:`.shelf`).
+    ``episode_loop``: in async mode, run the episodes on this event loop, which the caller shares
+    between the runs of its threads, instead of starting one in this thread (:mod:`.episode_loop`).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -539,6 +543,8 @@ def run_episodes(
                 ctx.prepare()
             if mode == "lockstep":
                 _run_lockstep(ctx, todo, concurrency, pool)
+            elif episode_loop is not None:
+                episode_loop.run(_run_async(ctx, todo, concurrency, pool))
             else:
                 asyncio.run(_run_async(ctx, todo, concurrency, pool))
     finally:
