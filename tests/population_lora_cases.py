@@ -113,5 +113,9 @@ def compile_sm90():
 
 
 if __name__ == "__main__":
-    out = dict(zip(("cubin_bytes", "mma_lines"), compile_sm90())) if "--compile" in sys.argv else {"cases": [case(*c) for c in CASES]}
+    out = (
+        dict(zip(("cubin_bytes", "mma_lines"), compile_sm90()))
+        if "--compile" in sys.argv
+        else {"cases": [case(*c) for c in CASES]}
+    )
     print("RESULT " + json.dumps(out))
