@@ -16,10 +16,11 @@ if "--compile" not in sys.argv:  # the interpreter (CPU tensors); compiling for 
 import torch  # noqa: E402
 
 from agent_envs.es.population_lora import reference  # noqa: E402
-from agent_envs.es.population_lora_triton import BLOCKS, launch, split_features  # noqa: E402
+from agent_envs.es.population_lora_triton import launch, split_features, tiles_for  # noqa: E402
 
-#: (name, slice widths, input features, adapter slots, rank slot, rank, tokens, dtype, add[, padded rows]);
-#: a case with padded rows is an engine step inside a larger CUDA graph, with vLLM's kernel metadata
+#: (name, slice widths, input features, adapter slots, rank slot, rank, tokens, dtype, add[, padded rows,
+#: layout, tiles]); a case with padded rows is an engine step inside a larger CUDA graph, with vLLM's kernel
+#: metadata; tiles (tokens, columns, features) in place of the token count's (a prefill chunk's, here at 70 tokens)
 CASES = [
     ("qkv", (48, 16, 16), 40, 5, 8, 4, 37, torch.bfloat16, True),
     ("gate_up", (72, 72), 40, 4, 8, 4, 16, torch.bfloat16, True),
@@ -29,6 +30,7 @@ CASES = [
     ("down, input split", (40,), 700, 3, 8, 4, 9, torch.float32, True),  # 6 steps of 128 features, 5 splits
     ("qkv, padded graph step", (48, 16, 16), 40, 5, 8, 4, 37, torch.bfloat16, True, 11),
     ("decode, 16 members x 4", (40,), 48, 16, 8, 4, 64, torch.float32, True, 0, "interleaved"),
+    ("prefill tiles", (48, 16, 16), 40, 3, 8, 4, 70, torch.bfloat16, True, 0, "random", (64, 128, 128)),
 ]
 
 
@@ -44,7 +46,7 @@ def vllm_metadata(slots: torch.Tensor, tokens: int, n_slots: int, rows: int) -> 
     return order, starts
 
 
-def case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, add, padded=0, layout="random"):
+def case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, add, padded=0, layout="random", tiles=None):
     gen = torch.Generator().manual_seed(len(name) * 1000 + tokens)
     rows = tokens + padded
     x = torch.randn(rows, features, generator=gen).to(dtype)
@@ -64,7 +66,8 @@ def case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, add, p
     want, got = y0.clone(), y0.clone()
     reference(want[:tokens], x[:tokens], slots, a, b, widths, rank, add)
     order = vllm_metadata(slots, tokens, n_slots, rows) if padded else None
-    launch(got, x, slots, a, b, widths, rank, add, order=order)
+    blocks = dict(zip(("tokens", "columns", "features"), tiles)) if tiles else None
+    launch(got, x, slots, a, b, widths, rank, add, blocks=blocks, order=order)
     untouched = torch.ones(rows, dtype=torch.bool)
     untouched[:tokens] = (slots[:tokens] < 0) | (slots[:tokens] >= n_slots)
     scale = want.float().abs().max().item()
@@ -77,7 +80,10 @@ def case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, add, p
         "changed_rows": int((~untouched).sum()),
         "padded_rows": padded,
         "feature_splits": -(
-            -features // split_features(features, -(-tokens // BLOCKS["tokens"]) * len(widths), BLOCKS["features"], 8)
+            -features
+            // split_features(
+                features, -(-rows // tiles_for(rows)["tokens"]) * len(widths), tiles_for(rows)["features"], 8
+            )
         ),
     }
 
@@ -116,6 +122,9 @@ if __name__ == "__main__":
     out = (
         dict(zip(("cubin_bytes", "mma_lines"), compile_sm90()))
         if "--compile" in sys.argv
-        else {"cases": [case(*c) for c in CASES]}
+        else {
+            "cases": [case(*c) for c in CASES],
+            "tiles_by_tokens": {n: tiles_for(n) for n in (1, 256, 1024, 1025, 4096, 4097, 16384)},
+        }
     )
     print("RESULT " + json.dumps(out))

@@ -59,6 +59,13 @@ def test_triton_kernels_equal_the_reference_under_the_interpreter() -> None:
         assert case["untouched_rows_kept"] and case["changed_rows"] > 0, case
     assert max(c["feature_splits"] for c in out["cases"]) > 1  # the shrink's split sum, added up by the expand
     assert any(c["padded_rows"] for c in out["cases"])  # rows past the step's count: never written
+    # the tiles one H200 measured best (docs/scaling.md#population-kernels): decode steps thin token tiles
+    # and long feature steps, prefill chunks wide token tiles
+    tiles = {int(n): (t["tokens"], t["columns"], t["features"]) for n, t in out["tiles_by_tokens"].items()}
+    assert tiles == {
+        1: (16, 128, 256), 256: (16, 128, 256), 1024: (16, 128, 256), 1025: (32, 128, 128),
+        4096: (32, 128, 128), 4097: (64, 128, 128), 16384: (64, 128, 128),
+    }  # fmt: skip
 
 
 def test_triton_kernels_compile_for_an_h200() -> None:

@@ -39,7 +39,7 @@ WRAPPERS = (
 #: the most slices a packed layer has (qkv); the Triton kernels take each slice's factors as an argument
 MAX_SLICES = 3
 #: ``tokens,columns,features``: the Triton kernels' tile sizes in place of their default
-#: (``population_lora_triton.BLOCKS``), e.g. what benchmarks/bench_lora_kernels.py found best on a GPU
+#: (``population_lora_triton.tiles_for``: by the step's token count), e.g. to try another on a GPU
 BLOCKS_ENV = "AGENT_ENVS_POPULATION_BLOCKS"
 TILES = (
     dict(zip(("tokens", "columns", "features"), map(int, os.environ[BLOCKS_ENV].split(","))))

@@ -32,9 +32,16 @@ import torch
 import triton
 import triton.language as tl
 
-#: tile sizes: tokens per block, output columns per expand block, input features per shrink step
-#: (``population_lora.BLOCKS_ENV`` overrides them for an engine; benchmarks/bench_lora_kernels.py measures a grid)
-BLOCKS = {"tokens": 32, "columns": 64, "features": 128}
+#: tile sizes (tokens per block, output columns per expand block, input features per shrink step) by the
+#: step's token count, each for counts up to its bound: what benchmarks/bench_lora_kernels.py's 12-setting
+#: grid found best on one H200 (2026-12-03, 4B and 135M shapes, P = 16, 64, 256; docs/scaling.md#population-kernels).
+#: Decode steps want thin token tiles and long feature steps, prefill chunks wide token tiles; one fixed
+#: setting (32,64,128) was 1.4-1.7x slower than these on the 4B rows.  ``population_lora.BLOCKS_ENV`` overrides.
+BLOCKS_BY_TOKENS: tuple[tuple[float, dict[str, int]], ...] = (
+    (1024, {"tokens": 16, "columns": 128, "features": 256}),
+    (4096, {"tokens": 32, "columns": 128, "features": 128}),
+    (float("inf"), {"tokens": 64, "columns": 128, "features": 128}),
+)
 #: the smallest tile side of a ``tl.dot``: the rank is padded to it (masked loads read only the rank's rows)
 MIN_DOT = 16
 
@@ -208,6 +215,12 @@ def split_features(features: int, blocks: int, block_k: int, target: int) -> int
     return triton.cdiv(steps, splits) * block_k
 
 
+def tiles_for(tokens: int) -> dict[str, int]:
+    """The tile sizes of :data:`BLOCKS_BY_TOKENS` for a step of ``tokens`` tokens (each CUDA graph vLLM
+    captures is launched with its own batch size, so each gets its own)."""
+    return dict(next(tiles for bound, tiles in BLOCKS_BY_TOKENS if tokens <= bound))
+
+
 def member_order(slots: torch.Tensor, tokens: int, n_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(order, starts)`` as vLLM's kernel metadata gives them, for a caller without it (tests, a CPU
     wrapper): the first ``tokens`` indices sorted by slot (stable), and cumulative counts whose largest is
@@ -232,10 +245,10 @@ def launch(
 ) -> None:
     """:func:`population_lora.reference`'s contract, in two launches (no host synchronisation: CUDA graphs
     capture it).  ``order``: vLLM's ``(token_indices_sorted_by_lora_ids, lora_token_start_loc)`` for this
-    step (:func:`member_order` when None); ``blocks`` overrides :data:`BLOCKS` (the benchmark's comparisons)."""
-    b = {**BLOCKS, **(blocks or {})}
-    n_slices = len(output_slices)
+    step (:func:`member_order` when None); ``blocks`` overrides :func:`tiles_for` (the benchmark's comparisons)."""
     tokens, features = x.shape
+    b = {**tiles_for(tokens), **(blocks or {})}
+    n_slices = len(output_slices)
     n_slots = lora_a[0].shape[0]
     rank_slot = lora_b[0].shape[-1]
     r_pad = max(MIN_DOT, triton.next_power_of_2(rank))
