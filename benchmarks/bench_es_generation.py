@@ -114,10 +114,28 @@ def raw_generate(engine: Any, groups: list[list[Any]], max_tokens: int | None = 
 
 
 def kv_capacity(engine: Any) -> int | None:
-    """Tokens the engine's KV cache holds (None when the engine does not say)."""
-    cache = getattr(getattr(getattr(engine.policy.llm, "llm_engine", None), "vllm_config", None), "cache_config", None)
+    """Tokens the engine's KV cache holds (None when the engine does not say): an ``LLM``'s policy or an
+    ``AsyncLLM``'s."""
+    policy = engine.policy
+    config = getattr(getattr(getattr(policy, "llm", None), "llm_engine", None), "vllm_config", None)
+    config = config or getattr(getattr(policy, "engine", None), "vllm_config", None)
+    cache = getattr(config, "cache_config", None)
     blocks, size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
     return int(blocks) * int(size) if blocks and size else None
+
+
+def kv_note(engine: Any, calls: list[Any]) -> str:
+    """The engine's KV capacity against what each turn's recorded requests need at once (prompt and
+    answer): every request's own copy, as members with adapters hold them (vLLM keys prefix-cache
+    blocks by adapter), and with equal prompts counted once, as a plain engine can share them."""
+    needs = []
+    for t, group in enumerate(by_turn([calls])):
+        own = sum(p.size for p in group)
+        shared = sum(len(ids) for ids in {tuple(p.prompt_ids) for p in group}) + sum(
+            p.size - len(p.prompt_ids) for p in group
+        )
+        needs.append(f"turn {t + 1}: {own} own, {shared} with equal prompts shared")
+    return f"KV cache {kv_capacity(engine)} tokens; the requests need {'; '.join(needs)}"
 
 
 def engine_roundtrip(engine: Any) -> dict[str, Any]:
@@ -411,6 +429,7 @@ class Bench:
             record = runs[-1][0]
             del run.policy._stream
             self.rows.append(generation_row(self, name, "lowrank", 1, runs, "--perturbation lowrank"))
+            self.note(f"low-rank engine: {kv_note(run, calls)}")
             self.requests_file().write_bytes(pickle.dumps(calls))  # for --phase raw as a command of its own
             self.flush()  # kept if the command's time runs out during the replays
             if not self.args.skip_replay:
@@ -495,6 +514,7 @@ class Bench:
                 for g in by_turn([[p for p in calls if p.request.adapter == resident_name(m)]])
             ]
             self.rows += self.raw_rows(lambda *args: raw_generate(engine, *args), first, population)
+            self.note(f"raw engine: {kv_note(engine, calls)}")
         finally:
             policy.close()
         self.note("raw rows of the low-rank phase: a plain engine (no LoRA) replaying its last generation's requests")
