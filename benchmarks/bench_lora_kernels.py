@@ -8,7 +8,10 @@ timed inside a CUDA graph (as the engine replays it):
 - ``base``: the four matmuls ``x @ W^T`` (bfloat16, what the engine runs with no adapter);
 - ``vllm``: vLLM's ``lora_shrink`` + ``lora_expand`` for every layer, as ``add_lora_linear`` calls them,
   with the settings vLLM picks (``VLLM_TUNED_CONFIG_FOLDER`` if set, else its defaults);
-- ``population``: the population kernels for every layer.
+- ``population``: the population kernels for every layer (their tiles by the batch's token count);
+- ``matmuls then population``: each matmul followed by its layer's population kernels, what an engine
+  step runs; ``on two streams``: the population kernels on a second CUDA stream into zeros while the
+  matmul runs, then added (vLLM's ``VLLM_LORA_ENABLE_DUAL_STREAM`` arrangement).
 
 Columns ``+vllm`` and ``+population`` are the LoRA time over ``base`` (what adapters add to the layer's
 matmuls); ``max |diff|`` compares the two LoRA outputs (both accumulate in float32, round to bfloat16).
@@ -108,6 +111,29 @@ def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, s
         for layer in group:
             launch(layer.y, layer.x, slots, layer.a, layer.b, layer.widths, rank, blocks=blocks, order=order)
 
+    def base_then_population() -> None:  # what an engine step runs: each matmul, then its members' terms added
+        for layer in group:
+            torch.matmul(layer.x, layer.w.t(), out=layer.y)
+            launch(layer.y, layer.x, slots, layer.a, layer.b, layer.widths, rank, order=order)
+
+    side = torch.cuda.Stream()
+    terms = [torch.zeros_like(layer.y) for layer in group]
+    events = [(torch.cuda.Event(), torch.cuda.Event()) for _ in group]
+
+    def two_streams() -> None:
+        """vLLM's ``VLLM_LORA_ENABLE_DUAL_STREAM`` arrangement: the members' terms computed on a second
+        stream into zeros while the matmul runs, then added to its output."""
+        for layer, term, (forked, joined) in zip(group, terms, events):
+            forked.record()
+            side.wait_event(forked)
+            torch.matmul(layer.x, layer.w.t(), out=layer.y)
+            with torch.cuda.stream(side):
+                term.zero_()
+                launch(term, layer.x, slots, layer.a, layer.b, layer.widths, rank, add=False, order=order)
+                joined.record()
+            torch.cuda.current_stream().wait_event(joined)
+            layer.y.add_(term)
+
     diff = 0.0
     for layer in group:
         layer.y.zero_()
@@ -117,10 +143,21 @@ def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, s
         launch(layer.y, layer.x, slots, layer.a, layer.b, layer.widths, rank, order=order)
         diff = max(diff, (want.float() - layer.y.float()).abs().max().item())
     torch.cuda.synchronize()
-    times = {
+    times: dict[str, float | None] = {
         f"{name}_ms": float(do_bench_cudagraph(fn, rep=50, return_mode="median"))
-        for name, fn in (("base", base), ("vllm", vllm), ("population", population_kernels))
+        for name, fn in (
+            ("base", base),
+            ("vllm", vllm),
+            ("population", population_kernels),
+            ("base_population", base_then_population),
+        )
     }
+    failed = None
+    try:  # a second stream inside a captured graph: kept apart, so a failure costs this column only
+        times["two_streams_ms"] = float(do_bench_cudagraph(two_streams, rep=50, return_mode="median"))
+    except Exception as exc:  # reported in the row and printed
+        times["two_streams_ms"], failed = None, f"{type(exc).__name__}: {exc}"
+        print(f"two streams failed: {failed}", file=sys.stderr)
     tried = {}
     for blocks in BLOCK_GRID:  # the population kernels' tile sizes: which would suit this batch better
         population_kernels(blocks)
@@ -134,6 +171,7 @@ def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, s
         "m": m,
         **times,
         "max_abs_diff": diff,
+        "two_streams_failed": failed,
         "best_blocks": best,
         "best_ms": tried[best],
         "tried": tried,
@@ -143,14 +181,17 @@ def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, s
 def table(rows: list[dict[str, Any]]) -> str:
     out = [
         "| shape | P | batch M (tokens) | base matmuls (ms) | vLLM LoRA (ms) | population (ms) | +vllm | +population "
-        "| population / vLLM | max abs diff | best tiles (tokens,columns,features): ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| population / vLLM | max abs diff | best tiles (tokens,columns,features): ms "
+        "| matmuls then population (ms) | on two streams (ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
             f"| {r['shape']} | {r['population']} | {r['m']} | {r['base_ms']:.3f} | {r['vllm_ms']:.3f} | "
             f"{r['population_ms']:.3f} | {r['vllm_ms'] / r['base_ms']:.0%} | {r['population_ms'] / r['base_ms']:.0%} | "
-            f"{r['population_ms'] / r['vllm_ms']:.2f}x | {r['max_abs_diff']:.2e} | {r['best_blocks']}: {r['best_ms']:.3f} |"
+            f"{r['population_ms'] / r['vllm_ms']:.2f}x | {r['max_abs_diff']:.2e} | {r['best_blocks']}: {r['best_ms']:.3f} | "
+            f"{r['base_population_ms']:.3f} | "
+            + (f"{r['two_streams_ms']:.3f} |" if r["two_streams_ms"] is not None else "failed |")
         )
     return "\n".join(out)
 
