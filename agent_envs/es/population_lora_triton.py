@@ -36,7 +36,7 @@ import triton.language as tl
 #: step's token count, each for counts up to its bound: what benchmarks/bench_lora_kernels.py's 12-setting
 #: grid found best on one H200 (2026-12-03, 4B and 135M shapes, P = 16, 64, 256; docs/scaling.md#population-kernels).
 #: Decode steps want thin token tiles and long feature steps, prefill chunks wide token tiles; one fixed
-#: setting (32,64,128) was 1.4-1.7x slower than these on the 4B rows.  ``population_lora.BLOCKS_ENV`` overrides.
+#: setting (32,64,128) was 1.5-1.7x slower than these on the 4B rows.  ``population_lora.BLOCKS_ENV`` overrides.
 BLOCKS_BY_TOKENS: tuple[tuple[float, dict[str, int]], ...] = (
     (1024, {"tokens": 16, "columns": 128, "features": 256}),
     (4096, {"tokens": 32, "columns": 128, "features": 128}),
