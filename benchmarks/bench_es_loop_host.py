@@ -279,6 +279,8 @@ def measure(
 ) -> dict[str, Any]:
     """Timed generations of one variant: walls, turn windows, CPU by part (``with_probes``), and the
     records (compact rows of every member, timings left out) for comparing variants."""
+    from agent_envs.esrun.run import EPISODE_LOOP_THREAD
+
     probes = Probes()
     episodes = args.population * args.case_batch
     walls, steps, windows, records = [], [], [], []
@@ -297,7 +299,7 @@ def measure(
             probes.reset()
             loops = {"engine thread outside the probes (its event loop, hand-offs)": run.policy._thread.thread}
             for thread in threading.enumerate():
-                if thread.name == "es-episodes":  # the run's episode loop (variant after)
+                if thread.name == EPISODE_LOOP_THREAD:  # the run's episode loop (variant after)
                     loops["episode loop thread outside the probes (its event loop, hand-offs)"] = thread
             l0, p0 = {k: thread_cpu(t) for k, t in loops.items()}, time.process_time()
             with quiet, probed(probes) if with_probes else contextlib.nullcontext():

@@ -38,10 +38,17 @@ class CountingFactory:
         return env
 
 
-def run(source: Any, mode: str, **kw: Any) -> list[dict[str, Any]]:
+def episodes(source: Any, mode: str, policy: Any = None, samples: int = 3, concurrency: int = 4, **kw: Any) -> Any:
+    """``run_episodes`` of the runner tests' tasks (a seeded policy, bwrap sandboxes unless ``env_kwargs``)."""
     kw.setdefault("env_kwargs", {"sandbox": "bwrap", "max_turns": 6})
-    records = run_episodes(source, TASKS, SeededMathPolicy(), samples=3, mode=mode, concurrency=4, progress=False, **kw)
-    return [strip_timings(r) for r in records]
+    return run_episodes(
+        source, TASKS, policy or SeededMathPolicy(), samples=samples, mode=mode, concurrency=concurrency,
+        progress=False, **kw,
+    )  # fmt: skip
+
+
+def run(source: Any, mode: str, **kw: Any) -> list[dict[str, Any]]:
+    return [strip_timings(r) for r in episodes(source, mode, **kw)]
 
 
 @pytest.mark.parametrize("mode", ["lockstep", "async"])
@@ -61,16 +68,8 @@ def test_an_env_that_raised_is_closed_and_not_kept(mode: str) -> None:
     shelf, bad = EnvShelf(), TASKS[2]["id"]
     factory = BrokenEnvFactory(bad)
     for _ in range(2):
-        records = run_episodes(
-            factory,
-            TASKS,
-            SeededMathPolicy(),
-            samples=2,
-            mode=mode,
-            env_kwargs={"sandbox": "none", "max_turns": 6},
-            concurrency=3,
-            progress=False,
-            envs=shelf,
+        records = episodes(
+            factory, mode, samples=2, concurrency=3, env_kwargs={"sandbox": "none", "max_turns": 6}, envs=shelf
         )
         assert [r.termination_reason == "env_error" for r in records] == [r.task_id == bad for r in records]
         assert len(shelf) == 3  # the two envs that raised were replaced, not kept beside them
@@ -115,17 +114,7 @@ def test_kept_sandboxed_envs_leave_no_process_between_runs_or_after(mode: str) -
     before, shelf = child_processes(), EnvShelf()
     for _ in range(2):
         policy = SeesItsSandboxes()
-        run_episodes(
-            "MATH-ReAct-v0",
-            TASKS,
-            policy,
-            samples=2,
-            mode=mode,
-            env_kwargs={"sandbox": "bwrap", "max_turns": 6},
-            concurrency=3,
-            progress=False,
-            envs=shelf,
-        )
+        episodes("MATH-ReAct-v0", mode, policy, samples=2, concurrency=3, envs=shelf)
         assert policy.seen - before, "no sandbox process ran during the episodes"
         assert child_processes() <= before, "a kept env's sandbox outlived its run"
     shelf.close()

@@ -248,6 +248,10 @@ def describe_start(backend: Any, config: ESConfig) -> None:
     )
 
 
+#: the thread of a single-engine async run's one event loop for every member's episodes
+EPISODE_LOOP_THREAD = "es-episodes"
+
+
 def member_env_workers(settings: ESSettings) -> ThreadPoolExecutor:
     """The env worker threads of every member's episodes for the whole run: enough for the members
     that run at once (all of them in low-rank ES) with their episodes in flight.  Started once, not
@@ -285,7 +289,7 @@ def single_engine_run(
     # next ones (256 gym.make every 16 x 16 generation before; docs/scaling.md#the-episode-loops-host-time)
     envs = EnvShelf()
     # every member's async episodes on one event loop, not one loop per member thread
-    episode_loop = EpisodeLoop("es-episodes") if s.mode == "async" else None
+    episode_loop = EpisodeLoop(EPISODE_LOOP_THREAD) if s.mode == "async" else None
     try:
         if lowrank:
             backend: Any = VLLMLowRank(engine, s.rank)
