@@ -76,7 +76,7 @@ def parse_args() -> argparse.Namespace:
 def build_llm(args: argparse.Namespace):
     from vllm import LLM
 
-    from agent_envs.es.lowrank import lora_rank_slot
+    from agent_envs.es.lowrank import lora_engine_keywords
     from agent_envs.es.worker import EXTENSION
 
     kwargs: dict = {
@@ -84,10 +84,8 @@ def build_llm(args: argparse.Namespace):
         "worker_extension_cls": EXTENSION,
         "max_model_len": 512,
         "seed": 0,
-        "enable_lora": True,
-        "max_loras": 2 * args.members,  # the resident adapters and, to compare, freshly loaded ones
-        "max_cpu_loras": 2 * args.members,
-        "max_lora_rank": lora_rank_slot(args.rank),
+        # the resident adapters and, to compare, freshly loaded ones
+        **lora_engine_keywords(2 * args.members, args.rank),
         "enforce_eager": args.eager or args.cpu,
         "load_format": args.load_format,
     }
@@ -240,6 +238,7 @@ def main() -> None:
         "rank": args.rank,
         "sigma": args.sigma,
         "n_targets": len(es.targets),
+        "lora_layers": es.init_result[0]["lora_layers"],
         "prompts": len(prompts),
         "engine_start_s": round(started - start, 1),
         "restored_bit_exact": restored,

@@ -17,6 +17,7 @@ from agent_envs.envs import registry
 from agent_envs.esrun.export import export_parser
 from agent_envs.esrun.run import make_config, make_engine_kwargs, make_env_kwargs
 from agent_envs.es.history import ESConfig
+from agent_envs.es.lowrank import DEFAULT_TARGETS
 from agent_envs.esrun.settings import CONFIG_FIELDS, ESSettings, build_parser, parse_settings
 from agent_envs.rollout.options import env_kwargs
 
@@ -103,6 +104,8 @@ def test_the_population_is_written_once() -> None:
     engine = make_engine_kwargs(settings)
     assert make_config(settings, None).population == engine["max_loras"] == engine["max_cpu_loras"] == 6
     assert engine["enable_lora"] and engine["max_lora_rank"] == settings.lora_slots["max_lora_rank"]
+    # vLLM wraps only the layers the members perturb (tests/test_es_lowrank_vllm.py checks it in an engine)
+    assert engine["lora_target_modules"] == list(DEFAULT_TARGETS)
     assert "max_loras" not in make_engine_kwargs(parse_settings(BASE))
 
 

@@ -42,6 +42,8 @@ def test_adapter_outputs_equal_the_merged_perturbation() -> None:
         timeout=1500,
     )
     assert out["n_targets"] == 30 * 7 and out["restored_bit_exact"]
+    # adapters on the perturbed layers only: vLLM would also wrap the token embedding (lowrank.lora_engine_keywords)
+    assert out["lora_layers"] == ["down_proj", "gate_up_proj", "o_proj", "qkv_proj"]
     assert out["loaded_at_registration"]  # the engine holds every member's adapter before any request
     assert out["bad_adapter_refused"] and "could not load it" in out["bad_adapter_refused"]
     assert out["all_tokens_equal"], out["members"]

@@ -155,7 +155,17 @@ class ESWorkerExtension:
             "targets": [t.as_list() for t in self._es_lowrank.targets],
             "checksum": self._es_lowrank.checksum(),
             "cpu_plain_linear": CPU_PLAIN_LINEAR,
+            "lora_layers": self._es_lora_layers(),
         }
+
+    def _es_lora_layers(self) -> list[str] | None:
+        """The kinds of layer vLLM wrapped for adapters (``qkv_proj``, ...; None: LoRA is off): what every step
+        with adapters runs LoRA kernels on."""
+        try:
+            manager = lora_slots.adapter_manager(self.model_runner)  # type: ignore[attr-defined]
+        except lora_slots.Unsupported:
+            return None
+        return sorted({name.rsplit(".", 1)[-1] for name in manager.modules})
 
     def es_lowrank_update(
         self,

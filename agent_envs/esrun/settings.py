@@ -21,7 +21,7 @@ from agent_envs.envs import registry
 from agent_envs.envs.registry import ENV_IDS
 from agent_envs.es.evaluation import add_evaluation_arguments
 from agent_envs.es.history import ESConfig
-from agent_envs.es.lowrank import lora_rank_slot
+from agent_envs.es.lowrank import lora_engine_keywords, lora_rank_slot
 from agent_envs.es.population_lora import KERNELS
 from agent_envs.es.member_sampling import normalize_member_sampling
 from agent_envs.es.normalize import NORMALIZATIONS
@@ -185,15 +185,9 @@ class ESSettings(BaseModel):
     @property
     def lora_slots(self) -> dict[str, Any]:
         """A low-rank engine's LoRA sizes, derived from the population once: one adapter slot per
-        member, resident and on the host, at the rank's kernel slot.  The engine's keywords and the
-        LoRA-kernel chooser both read them here."""
-        size = self.population
-        return {
-            "enable_lora": True,
-            "max_loras": size,
-            "max_cpu_loras": size,
-            "max_lora_rank": lora_rank_slot(self.rank),
-        }
+        member, resident and on the host, at the rank's kernel slot, on the perturbed layers only.  The
+        engine's keywords and the LoRA-kernel chooser both read them here."""
+        return lora_engine_keywords(self.population, self.rank)
 
     @model_validator(mode="after")
     def _perturbation(self) -> ESSettings:
