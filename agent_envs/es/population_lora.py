@@ -36,6 +36,8 @@ WRAPPERS = (
     ("vllm.lora.punica_wrapper.punica_gpu", "PunicaWrapperGPU"),
     ("vllm.lora.punica_wrapper.punica_cpu", "PunicaWrapperCPU"),
 )
+#: the wrapper whose per-step kernel metadata is prepared on the host instead (:mod:`lora_step_metadata`)
+HOST_METADATA = ("vllm.lora.punica_wrapper.punica_gpu", "PunicaWrapperGPU")
 #: the most slices a packed layer has (qkv); the Triton kernels take each slice's factors as an argument
 MAX_SLICES = 3
 #: ``tokens,columns,features``: the Triton kernels' tile sizes in place of their default
@@ -190,9 +192,12 @@ def add_lora_linear(
 
 def install(rank: int | None = None) -> str:
     """Replace vLLM's ``add_lora_linear`` in this process (and, through :data:`ENV`, in the worker processes
-    vLLM starts) before an engine is built; ``rank``: the members' rank when it is below the engine's
+    vLLM starts) before an engine is built, and the GPU wrapper's ``update_metadata`` by one that waits for
+    nothing (:mod:`lora_step_metadata`); ``rank``: the members' rank when it is below the engine's
     rank slot (the slot's padding rows are zero, so they are skipped).  Returns what was installed."""
     import importlib
+
+    from .lora_step_metadata import update_metadata
 
     os.environ[ENV] = f"population:{rank}" if rank else "population"
     _state["rank"] = rank
@@ -203,12 +208,15 @@ def install(rank: int | None = None) -> str:
         except (ImportError, AttributeError):
             continue
         cls.add_lora_linear = add_lora_linear  # a method: the wrapper comes in as ``wrapper``
+        if (module_name, cls_name) == HOST_METADATA:
+            cls.update_metadata = update_metadata
         done.append(cls_name)
     if not done:
         raise RuntimeError("population LoRA kernels: this vLLM has none of the Punica wrappers they replace")
     _state["installed"] = done
     return (
         f"population LoRA kernels in {', '.join(done)}"
+        + (", step metadata on the host" if HOST_METADATA[1] in done else "")
         + (f", rank {rank}" if rank else "")
         + (f", tiles {os.environ[BLOCKS_ENV]}" if TILES else "")
     )
