@@ -179,11 +179,12 @@ def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, s
     fused = {k: v for k, v in tried.items() if k.count(",") == 3}
     best_fused = min(fused, key=fused.__getitem__)
     fused_diff = 0.0  # the fused kernel against the two launches, on the same inputs
+    fused_blocks = dict(zip(("tokens", "columns", "features", "fused"), map(int, best_fused.split(","))))
     for layer in group:
         outs = []
-        for blocks in (None, dict(zip(("tokens", "columns", "features", "fused"), map(int, best_fused.split(","))))):
+        for choice in (None, fused_blocks):
             layer.y.zero_()
-            launch(layer.y, layer.x, slots, layer.a, layer.b, layer.widths, rank, blocks=blocks, order=order)
+            launch(layer.y, layer.x, slots, layer.a, layer.b, layer.widths, rank, blocks=choice, order=order)
             outs.append(layer.y.float().clone())
         fused_diff = max(fused_diff, (outs[0] - outs[1]).abs().max().item())
     return {
