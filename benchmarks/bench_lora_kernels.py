@@ -8,15 +8,13 @@ timed inside a CUDA graph (as the engine replays it):
 - ``base``: the four matmuls ``x @ W^T`` (bfloat16, what the engine runs with no adapter);
 - ``vllm``: vLLM's ``lora_shrink`` + ``lora_expand`` for every layer, as ``add_lora_linear`` calls them,
   with the settings vLLM picks (``VLLM_TUNED_CONFIG_FOLDER`` if set, else its defaults);
-- ``population``: the population kernels for every layer (their tiles by the batch's token count), and the
-  best of a grid of tiles, in two launches per layer and fused in one;
+- ``population``: the population kernels for every layer (their tiles by the batch's token count);
 - ``matmuls then population``: each matmul followed by its layer's population kernels, what an engine
   step runs; ``on two streams``: the population kernels on a second CUDA stream into zeros while the
   matmul runs, then added (vLLM's ``VLLM_LORA_ENABLE_DUAL_STREAM`` arrangement).
 
 Columns ``+vllm`` and ``+population`` are the LoRA time over ``base`` (what adapters add to the layer's
-matmuls); ``max |diff|`` compares the two LoRA outputs (both accumulate in float32, round to bfloat16); each
-row also records the fused kernel's largest difference from the two launches (``max_abs_diff_fused``).
+matmuls); ``max |diff|`` compares the two LoRA outputs (both accumulate in float32, round to bfloat16).
 Tokens are spread over the members as an engine's batch is: a decode step one token per sequence,
 members interleaved; a prefill chunk whole prompts, each a run of one member's tokens.
 
@@ -39,17 +37,8 @@ sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 from gpu_engine import QWEN3_4B, SMOLLM2_135M  # noqa: E402
 
 SHAPES = {"4b": QWEN3_4B, "135m": SMOLLM2_135M}
-#: tile sizes tried for the population kernels (tokens, columns, features), in two launches and fused in one
-#: (column tiles per block); the table's population column is the default's (``tiles_for``)
-BLOCK_GRID = [
-    {"tokens": t, "columns": c, "features": f} for t in (16, 32, 64) for c in (64, 128) for f in (128, 256)
-] + [
-    {"tokens": t, "columns": c, "features": f, "fused": n}
-    for t in (16, 32)
-    for c in (64, 128)
-    for f in (256, 512)
-    for n in (1, 4)
-]
+#: tile sizes tried for the population kernels (tokens, columns, features); the table's column is the default's
+BLOCK_GRID = [{"tokens": t, "columns": c, "features": f} for t in (16, 32, 64) for c in (64, 128) for f in (128, 256)]
 
 
 def layers(shape: dict[str, int]) -> list[tuple[str, tuple[int, ...], int]]:
@@ -176,17 +165,6 @@ def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, s
             do_bench_cudagraph(functools.partial(population_kernels, blocks), rep=20, return_mode="median")
         )
     best = min(tried, key=tried.__getitem__)
-    fused = {k: v for k, v in tried.items() if k.count(",") == 3}
-    best_fused = min(fused, key=fused.__getitem__)
-    fused_diff = 0.0  # the fused kernel against the two launches, on the same inputs
-    fused_blocks = dict(zip(("tokens", "columns", "features", "fused"), map(int, best_fused.split(","))))
-    for layer in group:
-        outs = []
-        for choice in (None, fused_blocks):
-            layer.y.zero_()
-            launch(layer.y, layer.x, slots, layer.a, layer.b, layer.widths, rank, blocks=choice, order=order)
-            outs.append(layer.y.float().clone())
-        fused_diff = max(fused_diff, (outs[0] - outs[1]).abs().max().item())
     return {
         "shape": shape_name,
         "population": population,
@@ -196,9 +174,6 @@ def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, s
         "two_streams_failed": failed,
         "best_blocks": best,
         "best_ms": tried[best],
-        "best_fused_blocks": best_fused,
-        "best_fused_ms": fused[best_fused],
-        "max_abs_diff_fused": fused_diff,
         "tried": tried,
     }
 
@@ -207,16 +182,15 @@ def table(rows: list[dict[str, Any]]) -> str:
     out = [
         "| shape | P | batch M (tokens) | base matmuls (ms) | vLLM LoRA (ms) | population (ms) | +vllm | +population "
         "| population / vLLM | max abs diff | best tiles (tokens,columns,features): ms "
-        "| best fused in one launch (tokens,columns,features,column tiles): ms "
         "| matmuls then population (ms) | on two streams (ms) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
             f"| {r['shape']} | {r['population']} | {r['m']} | {r['base_ms']:.3f} | {r['vllm_ms']:.3f} | "
             f"{r['population_ms']:.3f} | {r['vllm_ms'] / r['base_ms']:.0%} | {r['population_ms'] / r['base_ms']:.0%} | "
             f"{r['population_ms'] / r['vllm_ms']:.2f}x | {r['max_abs_diff']:.2e} | {r['best_blocks']}: {r['best_ms']:.3f} | "
-            f"{r['best_fused_blocks']}: {r['best_fused_ms']:.3f} | {r['base_population_ms']:.3f} | "
+            f"{r['base_population_ms']:.3f} | "
             + (f"{r['two_streams_ms']:.3f} |" if r["two_streams_ms"] is not None else "failed |")
         )
     return "\n".join(out)

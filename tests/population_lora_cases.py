@@ -31,11 +31,6 @@ CASES = [
     ("qkv, padded graph step", (48, 16, 16), 40, 5, 8, 4, 37, torch.bfloat16, True, 11),
     ("decode, 16 members x 4", (40,), 48, 16, 8, 4, 64, torch.float32, True, 0, "interleaved"),
     ("prefill tiles", (48, 16, 16), 40, 3, 8, 4, 70, torch.bfloat16, True, 0, "random", (64, 128, 128)),
-    # shrink and expand in one launch (fused: column tiles per block), over the same kinds of step
-    ("fused qkv", (48, 16, 16), 40, 5, 8, 4, 37, torch.bfloat16, True, 0, "random", (16, 16, 16, 2)),
-    ("fused, dual stream", (40,), 48, 6, 8, 8, 20, torch.float32, False, 0, "random", (16, 16, 32, 1)),
-    ("fused, padded graph step", (48, 16, 16), 40, 5, 8, 4, 37, torch.bfloat16, True, 11, "random", (16, 32, 16, 3)),
-    ("fused decode, 16 members x 4", (40,), 300, 16, 8, 4, 64, torch.float32, True, 0, "interleaved", (16, 16, 128, 2)),
 ]
 
 
@@ -71,7 +66,7 @@ def case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, add, p
     want, got = y0.clone(), y0.clone()
     reference(want[:tokens], x[:tokens], slots, a, b, widths, rank, add)
     order = vllm_metadata(slots, tokens, n_slots, rows) if padded else None
-    blocks = dict(zip(("tokens", "columns", "features", "fused"), tiles)) if tiles else None
+    blocks = dict(zip(("tokens", "columns", "features"), tiles)) if tiles else None
     launch(got, x, slots, a, b, widths, rank, add, blocks=blocks, order=order)
     untouched = torch.ones(rows, dtype=torch.bool)
     untouched[:tokens] = (slots[:tokens] < 0) | (slots[:tokens] >= n_slots)
@@ -84,7 +79,6 @@ def case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, add, p
         "untouched_rows_kept": bool(torch.equal(got[untouched], y0[untouched])) if add else True,
         "changed_rows": int((~untouched).sum()),
         "padded_rows": padded,
-        "fused": bool(blocks and blocks.get("fused")),
         "feature_splits": -(
             -features
             // split_features(
@@ -117,17 +111,8 @@ def compile_sm90():
                    **{n: "constexpr" for n in (*tiles, "BLOCK_N", "ADD")}},
         constexprs={**tiles, "BLOCK_N": 64, "ADD": True},
     )  # fmt: skip
-    fused = ASTSource(
-        k._fused_kernel,
-        signature={"x_ptr": ptr, **index, "y_ptr": ptr, **{f"{f}{i}_ptr": ptr for f in "ab" for i in range(3)},
-                   **{n: "i32" for n in ("K", "L", "N0", "N1", "N2", "stride_x", "stride_al", "stride_ar", "stride_y", "stride_bn")},
-                   **{n: "constexpr" for n in (*tiles, "BLOCK_K", "BLOCK_N", "COLS", "FLOAT32", "ADD")}},
-        constexprs={**tiles, "BLOCK_K": 128, "BLOCK_N": 64, "COLS": 4, "FLOAT32": False, "ADD": True},
-    )  # fmt: skip
     target = GPUTarget("cuda", 90, 32)
-    built = {
-        name: compile(src, target=target) for name, src in (("shrink", shrink), ("expand", expand), ("fused", fused))
-    }
+    built = {name: compile(src, target=target) for name, src in (("shrink", shrink), ("expand", expand))}
     return {name: len(kernel.asm["cubin"]) for name, kernel in built.items()}, {
         name: kernel.asm["ptx"].count("mma") for name, kernel in built.items()
     }

@@ -4,7 +4,7 @@
 - the Triton kernels equal ``reference`` on every layer shape an engine meets (1-3 slices, rank below the
   rank slot, tokens with no adapter or a stale index left untouched, dual-stream writes, a decode step's
   interleaved members, a step padded to a larger CUDA graph whose sorted-token buffer holds a larger
-  step's indices past this step's count), in two launches and fused in one, through Triton's interpreter on this CPU, and compile for an
+  step's indices past this step's count), through Triton's interpreter on this CPU, and compile for an
   H200 (sm_90) here, without a GPU, the shrink on tensor cores;
 - the per-step kernel metadata prepared on the host (agent_envs/es/lora_step_metadata.py) equals vLLM's
   own, field by field, over a sequence of steps and through the GPU wrapper's ``update_metadata``;
@@ -61,8 +61,6 @@ def test_triton_kernels_equal_the_reference_under_the_interpreter() -> None:
         assert case["untouched_rows_kept"] and case["changed_rows"] > 0, case
     assert max(c["feature_splits"] for c in out["cases"]) > 1  # the shrink's split sum, added up by the expand
     assert any(c["padded_rows"] for c in out["cases"])  # rows past the step's count: never written
-    fused = [c for c in out["cases"] if c["fused"]]  # shrink and expand in one launch, same contract
-    assert len(fused) == 4 and any(c["padded_rows"] for c in fused)
     # the tiles one H200 measured best (docs/scaling.md#population-kernels): decode steps thin token tiles
     # and long feature steps, prefill chunks wide token tiles
     tiles = {int(n): (t["tokens"], t["columns"], t["features"]) for n, t in out["tiles_by_tokens"].items()}
@@ -78,8 +76,8 @@ def test_triton_kernels_compile_for_an_h200() -> None:
         env=script_env(TRITON_INTERPRET=None),
         timeout=300,
     )
-    assert min(out["cubin_bytes"][k] for k in ("shrink", "expand", "fused")) > 0
-    assert out["mma_lines"]["shrink"] > 0 and out["mma_lines"]["fused"] > 0  # bfloat16 tiles on tensor cores
+    assert out["cubin_bytes"]["shrink"] > 0 and out["cubin_bytes"]["expand"] > 0
+    assert out["mma_lines"]["shrink"] > 0  # bfloat16 tiles on tensor cores
 
 
 def test_step_metadata_on_the_host_equals_vllms() -> None:

@@ -40,12 +40,11 @@ WRAPPERS = (
 HOST_METADATA = ("vllm.lora.punica_wrapper.punica_gpu", "PunicaWrapperGPU")
 #: the most slices a packed layer has (qkv); the Triton kernels take each slice's factors as an argument
 MAX_SLICES = 3
-#: ``tokens,columns,features[,fused]``: the Triton kernels' tile sizes in place of their default
-#: (``population_lora_triton.tiles_for``: by the step's token count), e.g. to try another on a GPU; ``fused``:
-#: shrink and expand in one launch, that many column tiles per block
+#: ``tokens,columns,features``: the Triton kernels' tile sizes in place of their default
+#: (``population_lora_triton.tiles_for``: by the step's token count), e.g. to try another on a GPU
 BLOCKS_ENV = "AGENT_ENVS_POPULATION_BLOCKS"
 TILES = (
-    dict(zip(("tokens", "columns", "features", "fused"), map(int, os.environ[BLOCKS_ENV].split(","))))
+    dict(zip(("tokens", "columns", "features"), map(int, os.environ[BLOCKS_ENV].split(","))))
     if os.environ.get(BLOCKS_ENV)
     else None
 )

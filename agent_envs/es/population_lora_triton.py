@@ -12,11 +12,7 @@ without a member's slot are never written.
   in float32 for sorted position ``p``, each part written whole (no buffer to zero, no atomics: the sums stay
   in a fixed order); a decode step has few token tiles, so the input features are split until the GPU is busy;
 - expand, grid ``(token tiles, column tiles of all slices)``: ``y[t(p), cols] (+)= (sum of h's parts)[s, p] @ b_s[slot, cols, :rank]^T``,
-  read-modify-write of the layer's output, rounded once;
-- or both in one launch (``fused``: column tiles per block), grid ``(token tiles, wide column tiles)``: each
-  block computes its tokens' ``h`` for its slice over all input features, then its columns.  It halves the
-  launches, which bound a decode step's LoRA work, at the price of a shrink repeated per wide column tile and
-  not split over the features; benchmarks/bench_lora_kernels.py measures both.
+  read-modify-write of the layer's output, rounded once.
 
 Both are ``tl.dot`` tiles, the rank padded to 16 with masked (unread) rows: the shrink on tensor cores in
 the layer's dtype (bfloat16 products are exact in float32, the float32 accumulator is the same as a plain
@@ -72,76 +68,6 @@ def _next_member(slot, valid, m, L):
 
 
 @triton.jit
-def _column_tile(pid_n, N0, N1, N2, WIDTH: tl.constexpr):
-    """Column tile ``pid_n`` of ``WIDTH`` columns over the slices laid end to end: its slice, the slice's
-    width, the slice's first column in ``y``, and the tile's index within the slice."""
-    tiles0 = tl.cdiv(N0, WIDTH)
-    tiles01 = tiles0 + tl.cdiv(N1, WIDTH)
-    s = (pid_n >= tiles0).to(tl.int32) + (pid_n >= tiles01).to(tl.int32)
-    width = tl.where(s == 0, N0, tl.where(s == 1, N1, N2))
-    first_col = tl.where(s == 0, 0, tl.where(s == 1, N0, N0 + N1))
-    return s, width, first_col, pid_n - tl.where(s == 0, 0, tl.where(s == 1, tiles0, tiles01))
-
-
-@triton.jit
-def _shrink_rows(
-    x_ptr, a_ptr, tok, slot, valid, m, last, k_lo, k_hi, L, stride_x, stride_al, stride_ar,
-    FLOAT32: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """``x[t, k_lo:k_hi] @ a[slot(t), :RANK, k_lo:k_hi]^T`` for the tile's tokens, float32 (BLOCK_T x R):
-    each member in the tile reads its factors once, for its tokens' rows of x (other rows load as 0)."""
-    offs_r = tl.arange(0, R)
-    in_rank = offs_r < RANK
-    acc = tl.zeros((BLOCK_T, R), dtype=tl.float32)
-    while m <= last:
-        mine = valid & (slot == m)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            in_k = offs_k < k_hi
-            xt = tl.load(
-                x_ptr + tok[:, None] * stride_x + offs_k[None, :], mask=mine[:, None] & in_k[None, :], other=0.0
-            )
-            at = tl.load(
-                a_ptr + m * stride_al + offs_k[:, None] + offs_r[None, :] * stride_ar,
-                mask=in_k[:, None] & in_rank[None, :],
-                other=0.0,
-            )
-            if FLOAT32:
-                acc = tl.dot(xt.to(tl.float32), at.to(tl.float32), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(xt, at.to(xt.dtype), acc)
-        m = _next_member(slot, valid, m, L)
-    return acc
-
-
-@triton.jit
-def _expand_rows(
-    h, b_ptr, y_ptr, tok, slot, valid, m, last, offs_n, width, first_col, L, stride_y, stride_bn,
-    R: tl.constexpr, RANK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, ADD: tl.constexpr,
-):  # fmt: skip
-    """``y[t, first_col + offs_n] (+)= h[t] @ b[slot(t), offs_n, :RANK]^T`` for the tile's tokens, in float32,
-    rounded once: each member's columns of b read once, for its tokens."""
-    offs_r = tl.arange(0, R)
-    in_rank = offs_r < RANK
-    in_cols = offs_n < width
-    delta = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-    while m <= last:
-        mine = valid & (slot == m)
-        bt = tl.load(
-            b_ptr + m * (width * stride_bn) + offs_r[:, None] + offs_n[None, :] * stride_bn,
-            mask=in_rank[:, None] & in_cols[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        delta = tl.dot(tl.where(mine[:, None], h, 0.0), bt, delta, input_precision="ieee")
-        m = _next_member(slot, valid, m, L)
-    mask = valid[:, None] & in_cols[None, :]
-    y_at = y_ptr + tok[:, None] * stride_y + (first_col + offs_n)[None, :]
-    if ADD:
-        delta += tl.load(y_at, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_at, delta.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _shrink_kernel(
     x_ptr,
     order_ptr,
@@ -177,14 +103,29 @@ def _shrink_kernel(
     else:
         a_ptr = a2_ptr
     pos, tok, slot, valid, m, last = _token_tile(order_ptr, starts_ptr, slots_ptr, pid_t, L, STARTS, BLOCK_T)
-    k_lo = pid_k * K_SPLIT
-    acc = _shrink_rows(
-        x_ptr, a_ptr, tok, slot, valid, m, last, k_lo, tl.minimum(K, k_lo + K_SPLIT), L, stride_x, stride_al,
-        stride_ar, FLOAT32, R, RANK, BLOCK_T, BLOCK_K,
-    )  # fmt: skip
     offs_r = tl.arange(0, R)
+    in_rank = offs_r < RANK
+    acc = tl.zeros((BLOCK_T, R), dtype=tl.float32)
+    while m <= last:  # each member in the tile: its factors once, its tokens' rows of x
+        mine = valid & (slot == m)
+        for k0 in range(pid_k * K_SPLIT, tl.minimum(K, (pid_k + 1) * K_SPLIT), BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            in_k = offs_k < K
+            xt = tl.load(
+                x_ptr + tok[:, None] * stride_x + offs_k[None, :], mask=mine[:, None] & in_k[None, :], other=0.0
+            )
+            at = tl.load(
+                a_ptr + m * stride_al + offs_k[:, None] + offs_r[None, :] * stride_ar,
+                mask=in_k[:, None] & in_rank[None, :],
+                other=0.0,
+            )
+            if FLOAT32:  # rows of other members are 0 in xt
+                acc = tl.dot(xt.to(tl.float32), at.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(xt, at.to(xt.dtype), acc)
+        m = _next_member(slot, valid, m, L)
     h_at = h_ptr + pid_k * stride_hk + s * stride_hs + pos[:, None] * stride_hp + offs_r[None, :]
-    tl.store(h_at, acc, mask=valid[:, None] & (offs_r < RANK)[None, :])
+    tl.store(h_at, acc, mask=valid[:, None] & in_rank[None, :])
 
 
 @triton.jit
@@ -215,7 +156,13 @@ def _expand_kernel(
     ADD: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
-    s, width, first_col, tile = _column_tile(tl.program_id(1), N0, N1, N2, BLOCK_N)
+    pid_n = tl.program_id(1)
+    tiles0 = tl.cdiv(N0, BLOCK_N)
+    tiles01 = tiles0 + tl.cdiv(N1, BLOCK_N)
+    s = (pid_n >= tiles0).to(tl.int32) + (pid_n >= tiles01).to(tl.int32)  # the slice this column tile is in
+    width = tl.where(s == 0, N0, tl.where(s == 1, N1, N2))
+    first_col = tl.where(s == 0, 0, tl.where(s == 1, N0, N0 + N1))
+    tile = pid_n - tl.where(s == 0, 0, tl.where(s == 1, tiles0, tiles01))
     if s == 0:
         b_ptr = b0_ptr
     elif s == 1:
@@ -224,77 +171,31 @@ def _expand_kernel(
         b_ptr = b2_ptr
     pos, tok, slot, valid, m, last = _token_tile(order_ptr, starts_ptr, slots_ptr, pid_t, L, STARTS, BLOCK_T)
     offs_r = tl.arange(0, R)
+    in_rank = offs_r < RANK
+    offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_cols = offs_n < width
     h = tl.zeros((BLOCK_T, R), dtype=tl.float32)
     for split in range(SPLITS):  # the shrink's partial sums over the input features
         h += tl.load(
             h_ptr + split * stride_hk + s * stride_hs + pos[:, None] * stride_hp + offs_r[None, :],
-            mask=valid[:, None] & (offs_r < RANK)[None, :],
+            mask=valid[:, None] & in_rank[None, :],
             other=0.0,
         )
-    offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    _expand_rows(
-        h, b_ptr, y_ptr, tok, slot, valid, m, last, offs_n, width, first_col, L, stride_y, stride_bn,
-        R, RANK, BLOCK_T, BLOCK_N, ADD,
-    )  # fmt: skip
-
-
-@triton.jit
-def _fused_kernel(
-    x_ptr,
-    order_ptr,
-    starts_ptr,
-    slots_ptr,
-    y_ptr,
-    a0_ptr,
-    a1_ptr,
-    a2_ptr,
-    b0_ptr,
-    b1_ptr,
-    b2_ptr,
-    K,
-    L,
-    N0,
-    N1,
-    N2,
-    stride_x,
-    stride_al,
-    stride_ar,
-    stride_y,
-    stride_bn,
-    FLOAT32: tl.constexpr,
-    R: tl.constexpr,
-    RANK: tl.constexpr,
-    STARTS: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    COLS: tl.constexpr,
-    ADD: tl.constexpr,
-):
-    """Shrink and expand in one launch, grid ``(token tiles, column tiles of COLS x BLOCK_N)``: each block
-    computes its tokens' ``h`` for its slice over every input feature, then its COLS column tiles."""
-    pid_t = tl.program_id(0)
-    s, width, first_col, tile = _column_tile(tl.program_id(1), N0, N1, N2, COLS * BLOCK_N)
-    if s == 0:
-        a_ptr = a0_ptr
-        b_ptr = b0_ptr
-    elif s == 1:
-        a_ptr = a1_ptr
-        b_ptr = b1_ptr
-    else:
-        a_ptr = a2_ptr
-        b_ptr = b2_ptr
-    pos, tok, slot, valid, m, last = _token_tile(order_ptr, starts_ptr, slots_ptr, pid_t, L, STARTS, BLOCK_T)
-    h = _shrink_rows(
-        x_ptr, a_ptr, tok, slot, valid, m, last, 0, K, L, stride_x, stride_al, stride_ar,
-        FLOAT32, R, RANK, BLOCK_T, BLOCK_K,
-    )  # fmt: skip
-    for c in range(COLS):
-        offs_n = (tile * COLS + c) * BLOCK_N + tl.arange(0, BLOCK_N)
-        _expand_rows(
-            h, b_ptr, y_ptr, tok, slot, valid, m, last, offs_n, width, first_col, L, stride_y, stride_bn,
-            R, RANK, BLOCK_T, BLOCK_N, ADD,
-        )  # fmt: skip
+    delta = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+    while m <= last:  # each member in the tile: its columns of b once, for its tokens
+        mine = valid & (slot == m)
+        bt = tl.load(
+            b_ptr + m * (width * stride_bn) + offs_r[:, None] + offs_n[None, :] * stride_bn,
+            mask=in_rank[:, None] & in_cols[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        delta = tl.dot(tl.where(mine[:, None], h, 0.0), bt, delta, input_precision="ieee")
+        m = _next_member(slot, valid, m, L)
+    mask = valid[:, None] & in_cols[None, :]
+    y_at = y_ptr + tok[:, None] * stride_y + (first_col + offs_n)[None, :]
+    if ADD:
+        delta += tl.load(y_at, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_at, delta.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @functools.cache
@@ -342,8 +243,8 @@ def launch(
     blocks: dict[str, int] | None = None,
     order: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """:func:`population_lora.reference`'s contract, in two launches, or one where ``blocks["fused"]`` gives the
-    column tiles per block of :func:`_fused_kernel` (no host synchronisation: CUDA graphs capture it).  ``order``: vLLM's ``(token_indices_sorted_by_lora_ids, lora_token_start_loc)`` for this
+    """:func:`population_lora.reference`'s contract, in two launches (no host synchronisation: CUDA graphs
+    capture it).  ``order``: vLLM's ``(token_indices_sorted_by_lora_ids, lora_token_start_loc)`` for this
     step (:func:`member_order` when None); ``blocks`` overrides :func:`tiles_for` (the benchmark's comparisons)."""
     tokens, features = x.shape
     b = {**tiles_for(tokens), **(blocks or {})}
@@ -355,7 +256,7 @@ def launch(
         raise ValueError("population LoRA kernels: x, the factors and y's rows must be contiguous")
     if rank > rank_slot or lora_a[0].shape[-2] != rank_slot:
         raise ValueError(f"population LoRA kernels: rank {rank} within a rank slot of {rank_slot}")
-    if min(b["tokens"], b["columns"], b["features"]) < MIN_DOT:
+    if min(b.values()) < MIN_DOT:
         raise ValueError(f"population LoRA kernels: tiles {b} below {MIN_DOT}, the smallest a tl.dot takes")
     if tokens == 0:
         return
@@ -363,28 +264,17 @@ def launch(
     if starts.numel() != n_slots + 2:
         raise ValueError(f"population LoRA kernels: {starts.numel()} token starts for {n_slots} slots (want slots + 2)")
     token_tiles = triton.cdiv(tokens, b["tokens"])
+    k_split = split_features(features, token_tiles * n_slices, b["features"], programs(x.device))
+    splits = triton.cdiv(features, k_split)
+    h = torch.empty((splits, n_slices, tokens, r_pad), dtype=torch.float32, device=x.device)
     a = [*lora_a, *[lora_a[0]] * (3 - n_slices)]
     bs = [*lora_b, *[lora_b[0]] * (3 - n_slices)]
     widths = [*output_slices, *[0] * (3 - n_slices)]
     meta = dict(R=r_pad, RANK=rank, STARTS=triton.next_power_of_2(n_slots + 2), BLOCK_T=b["tokens"])
-    float32 = x.dtype == torch.float32 or not x.is_cuda
-    if b.get("fused"):
-        cols = b["fused"]
-        wide_tiles = sum(triton.cdiv(w, cols * b["columns"]) for w in output_slices)
-        _fused_kernel[(token_tiles, wide_tiles)](
-            x, sorted_tokens, starts, slots, y, a[0], a[1], a[2], bs[0], bs[1], bs[2], features, n_slots,
-            widths[0], widths[1], widths[2], x.stride(0), lora_a[0].stride(0), lora_a[0].stride(2), y.stride(0),
-            rank_slot, FLOAT32=float32, BLOCK_K=b["features"],
-            BLOCK_N=b["columns"], COLS=cols, ADD=add, **meta,
-        )  # fmt: skip
-        return
-    k_split = split_features(features, token_tiles * n_slices, b["features"], programs(x.device))
-    splits = triton.cdiv(features, k_split)
-    h = torch.empty((splits, n_slices, tokens, r_pad), dtype=torch.float32, device=x.device)
     _shrink_kernel[(token_tiles, n_slices, splits)](
         x, sorted_tokens, starts, slots, h, a[0], a[1], a[2], features, n_slots,
         x.stride(0), lora_a[0].stride(0), lora_a[0].stride(2), h.stride(0), h.stride(1), h.stride(2), k_split,
-        FLOAT32=float32, BLOCK_K=b["features"], **meta,
+        FLOAT32=x.dtype == torch.float32 or not x.is_cuda, BLOCK_K=b["features"], **meta,
     )  # fmt: skip
     column_tiles = sum(triton.cdiv(w, b["columns"]) for w in output_slices)
     _expand_kernel[(token_tiles, column_tiles)](
