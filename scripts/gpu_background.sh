@@ -16,21 +16,22 @@ case ${1:-} in
     rm -rf /tmp/snap && mkdir -p /tmp/snap "$res"
     tar --exclude=./.gpu --exclude=./.git -cf - . | tar -xf - -C /tmp/snap   # the uploads stay where they are
     cp "$jobs" "$res/jobs.txt"
-    (
-      cd /tmp/snap
-      export R=$res PYTHONUNBUFFERED=1
-      n=0
-      while IFS= read -r line; do
-        [[ -z $line || $line == \#* ]] && continue
-        n=$((n + 1))
-        echo "== $n start $(date +%T): $line" >> "$res/steps.log"
-        bash -c "$line" > "$res/step$n.log" 2>&1 && rc=0 || rc=$?
-        echo "== $n rc=$rc $(date +%T)" >> "$res/steps.log"
-      done < "$res/jobs.txt"
-      echo "== all done $(date +%T)" >> "$res/steps.log"
-    ) < /dev/null > /dev/null 2>&1 &
-    disown
+    # a session of its own: the device's run call ends its session's processes when the call returns
+    setsid bash /tmp/snap/scripts/gpu_background.sh steps < /dev/null > /dev/null 2>&1 &
     echo "started: $(grep -cv '^\(#\|$\)' "$jobs") steps from $2, results in $res"
+    ;;
+  steps)  # (start's background part) the jobs in order, each step's output and exit status logged
+    cd /tmp/snap
+    export R=$res PYTHONUNBUFFERED=1
+    n=0
+    while IFS= read -r line; do
+      [[ -z $line || $line == \#* ]] && continue
+      n=$((n + 1))
+      echo "== $n start $(date +%T): $line" >> "$res/steps.log"
+      bash -c "$line" > "$res/step$n.log" 2>&1 && rc=0 || rc=$?
+      echo "== $n rc=$rc $(date +%T)" >> "$res/steps.log"
+    done < "$res/jobs.txt"
+    echo "== all done $(date +%T)" >> "$res/steps.log"
     ;;
   poll)
     end=$(( $(date +%s) + ${2:-120} ))
