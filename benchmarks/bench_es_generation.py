@@ -511,7 +511,11 @@ class Bench:
                 )
             calls = pickle.loads(saved.read_bytes())
         args = self.flags("raw", "--mode", "lockstep")
-        policy, _ = self.es.build_policy(args, self.es.make_engine_kwargs(args))
+        # the low-rank engine's CUDA-graph sizes (ESSettings.graph_batch), so both decode P x B in graphs
+        graphs = self.flags(
+            "lowrank", "--perturbation", "lowrank", "--rank", str(a.rank), "--mode", "async"
+        ).graph_batch
+        policy, _ = self.es.build_policy(args, {**self.es.make_engine_kwargs(args), **graphs})
         try:
             engine = SimpleNamespace(policy=policy)
             population = by_turn([calls])
@@ -524,7 +528,10 @@ class Bench:
             self.note(f"raw engine: {kv_note(engine, calls)}")
         finally:
             policy.close()
-        self.note("raw rows of the low-rank phase: a plain engine (no LoRA) replaying its last generation's requests")
+        self.note(
+            "raw rows of the low-rank phase: a plain engine (no LoRA) replaying its last generation's requests"
+            + (f"; {graphs}, as the low-rank engine" if graphs else "")
+        )
         wait_for_free_gpu(a.gpu_memory_utilization)
 
     def old_rows(self) -> None:

@@ -109,6 +109,29 @@ def test_the_population_is_written_once() -> None:
     assert "max_loras" not in make_engine_kwargs(parse_settings(BASE))
 
 
+def test_a_population_larger_than_vllms_graphs_is_decoded_in_graphs() -> None:
+    """vLLM captures CUDA graphs up to 512 tokens unless told; a low-rank generation decodes all P x B
+    sequences at once, so larger populations get graphs up to P x B (at most the sequences a step holds)."""
+
+    def graphs(*flags: str) -> object:
+        settings = parse_settings([*BASE, "--perturbation", "lowrank", *flags])
+        return make_engine_kwargs(settings).get("compilation_config")
+
+    assert graphs("--population", "16", "--case-batch", "16") is None  # 256: inside vLLM's default
+    assert graphs("--population", "256", "--case-batch", "4") == {"max_cudagraph_capture_size": 1024}
+    assert graphs("--population", "48", "--case-batch", "16") == {"max_cudagraph_capture_size": 768}
+    assert graphs("--population", "256", "--case-batch", "16") == {"max_cudagraph_capture_size": 1024}
+    assert graphs("--population", "256", "--case-batch", "16", "--engine-arg", "max_num_seqs=2048") == {
+        "max_cudagraph_capture_size": 2048
+    }
+    assert graphs("--population", "256", "--case-batch", "4", "--enforce-eager") is None
+    own = '{"cudagraph_mode": "NONE"}'
+    assert graphs("--population", "256", "--case-batch", "4", "--engine-arg", f"compilation_config={own}") == {
+        "cudagraph_mode": "NONE"
+    }  # the user's own compilation settings stay as given
+    assert "compilation_config" not in make_engine_kwargs(parse_settings([*BASE, "--population", "256"]))
+
+
 def test_settings_are_one_validated_model(capsys: pytest.CaptureFixture[str]) -> None:
     settings = parse_settings(BASE)
     assert isinstance(settings, ESSettings) and settings.mode == "lockstep" and settings.population == 16

@@ -45,6 +45,11 @@ from agent_envs.scoring.process import AGGREGATIONS
 
 KeyValues = list[tuple[str, Any]]
 
+#: vLLM's largest CUDA-graph batch when not told (tokens), and its largest default ``max_num_seqs`` (GPUs of
+#: 70 GB and more): vLLM 0.26's ``CompilationConfig`` and ``EngineArgs`` defaults
+VLLM_GRAPH_BATCH = 512
+VLLM_MAX_SEQS = 1024
+
 #: the settings the history's config records under an :class:`ESConfig` field with a default, and
 #: that field: their defaults are ESConfig's (the reference's), and
 #: :func:`agent_envs.esrun.run.make_config` copies them into it
@@ -187,7 +192,23 @@ class ESSettings(BaseModel):
         """A low-rank engine's LoRA sizes, derived from the population once: one adapter slot per
         member, resident and on the host, at the rank's kernel slot, on the perturbed layers only.  The
         engine's keywords and the LoRA-kernel chooser both read them here."""
-        return lora_engine_keywords(self.population, self.rank)
+        return {**lora_engine_keywords(self.population, self.rank), **self.graph_batch}
+
+    @property
+    def graph_batch(self) -> dict[str, Any]:
+        """The engine keyword that puts a low-rank generation's decode steps inside CUDA graphs.  All
+        P x B sequences decode at once, and vLLM captures graphs only up to 512 tokens when not told
+        (``min(2 x max_num_seqs, 512)``): from P x B = 1,024 (P = 256 x B = 4, P = 64 x B = 16) every
+        decode step would run without graphs, each layer's LoRA kernels launched from Python.  Capture up
+        to P x B, at most the sequences a step can hold (``max_num_seqs`` if given, else vLLM's largest
+        default, 1,024); nothing where vLLM's default already covers it, graphs are off, or the user set the
+        graph sizes (``compilation_config``, ``max_cudagraph_capture_size``, ``cudagraph_capture_sizes``)."""
+        given = dict(self.engine_arg)
+        batch = min(self.population * self.case_batch, int(given.get("max_num_seqs", VLLM_MAX_SEQS)))
+        own = given.keys() & {"compilation_config", "max_cudagraph_capture_size", "cudagraph_capture_sizes"}
+        if batch <= VLLM_GRAPH_BATCH or self.enforce_eager or own:
+            return {}
+        return {"compilation_config": {"max_cudagraph_capture_size": batch}}
 
     @model_validator(mode="after")
     def _perturbation(self) -> ESSettings:
