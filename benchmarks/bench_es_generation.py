@@ -145,16 +145,37 @@ def engine_roundtrip(engine: Any) -> dict[str, Any]:
 
 
 # -- the low-rank engine (an AsyncVLLMPolicy in this process) --------------------------------------
-def start_stream_recording(policy: Any) -> list[Any]:
-    """Keep every request (``Prepared``, adapter named) the async policy streams to its engine."""
-    inner, calls = policy._stream, []
+def start_stream_recording(policy: Any) -> tuple[list[Any], list[tuple[int, float, float]]]:
+    """Keep every request (``Prepared``, adapter named) the async policy streams to its engine, and when
+    each was submitted and finished: ``(turn, start, end)`` in ``time.perf_counter`` seconds."""
+    inner, calls, times = policy._stream, [], []
 
     async def recording(prepared: Any) -> Any:
         calls.append(prepared)
-        return await inner(prepared)
+        start = time.perf_counter()
+        try:
+            return await inner(prepared)
+        finally:
+            times.append((turn_of(prepared), start, time.perf_counter()))
 
     policy._stream = recording
-    return calls
+    return calls, times
+
+
+def timeline(times: list[tuple[int, float, float]], start: float, end: float) -> str:
+    """Where a generation's wall went around its requests, in seconds from the generation's start: each
+    turn's first and last submission and first and last finish (a late submission ends the turn late: the
+    episode loop's host work between turns), and the tail after the last request (update, refresh)."""
+    turns = sorted({t for t, _, _ in times})
+    parts = []
+    for turn in turns:
+        sent = [s - start for t, s, _ in times if t == turn]
+        done = [e - start for t, _, e in times if t == turn]
+        parts.append(
+            f"turn {turn + 1}: {len(sent)} sent {min(sent):.2f}-{max(sent):.2f}, finished {min(done):.2f}-{max(done):.2f}"
+        )
+    last = max((e for _, _, e in times), default=start)
+    return f"timeline of the last generation (s from its start): {'; '.join(parts)}; end {end - start:.2f} ({end - last:.2f} after the last request)"
 
 
 def raw_async(policy: Any, groups: list[list[Any]], adapters: bool) -> dict[str, Any]:
@@ -431,8 +452,10 @@ class Bench:
             self.note(f"low-rank engine: {getattr(run.config, 'lora_kernels', '')}")
             run.trainer.step(0)
             runs = timed_generations(run.trainer, 1, n - 1)
-            calls = start_stream_recording(run.policy)  # the last timed generation's requests: the raw replays
+            calls, times = start_stream_recording(run.policy)  # the last timed generation's requests: the raw replays
+            started = time.perf_counter()
             runs += timed_generations(run.trainer, n, 1)
+            self.note(f"low-rank engine: {timeline(times, started, time.perf_counter())}")
             record = runs[-1][0]
             del run.policy._stream
             self.rows.append(generation_row(self, name, "lowrank", 1, runs, "--perturbation lowrank"))
