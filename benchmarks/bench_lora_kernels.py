@@ -11,7 +11,10 @@ timed inside a CUDA graph (as the engine replays it):
 - ``population``: the population kernels for every layer (their tiles by the batch's token count);
 - ``matmuls then population``: each matmul followed by its layer's population kernels, what an engine
   step runs; ``on two streams``: the population kernels on a second CUDA stream into zeros while the
-  matmul runs, then added (vLLM's ``VLLM_LORA_ENABLE_DUAL_STREAM`` arrangement).
+  matmul runs, then added (vLLM's ``VLLM_LORA_ENABLE_DUAL_STREAM`` arrangement); ``A stacked under W``: one
+  matmul with every member's ``A`` under the layer's weight, whose extra columns are the shrink, then the
+  expand alone (``expand_columns``): what folding the shrink into the layer's matmul would cost, measured
+  before building it into an engine (``max_abs_diff_stacked``: against the matmul and the two launches).
 
 Columns ``+vllm`` and ``+population`` are the LoRA time over ``base`` (what adapters add to the layer's
 matmuls); ``max |diff|`` compares the two LoRA outputs (both accumulate in float32, round to bfloat16).
@@ -89,7 +92,7 @@ def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, s
     from triton.testing import do_bench_cudagraph
     from vllm.lora.ops.triton_ops import LoRAKernelMeta
 
-    from agent_envs.es.population_lora_triton import launch
+    from agent_envs.es.population_lora_triton import expand_columns, launch
 
     specs = layers(SHAPES[shape_name])
     slots = token_slots(m, population, decode)
@@ -115,6 +118,17 @@ def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, s
         for layer in group:
             torch.matmul(layer.x, layer.w.t(), out=layer.y)
             launch(layer.y, layer.x, slots, layer.a, layer.b, layer.widths, rank, order=order)
+
+    stacked = [  # every member's A stacked under W: one GEMM gives y and h, then the expand alone
+        torch.cat([layer.w, *(a.reshape(-1, a.shape[-1]) for a in layer.a)]) for layer in group
+    ]
+    wide = [torch.empty(m, w.shape[0], dtype=layer.y.dtype, device="cuda") for w, layer in zip(stacked, group)]
+
+    def stacked_then_expand() -> None:
+        for layer, w, out in zip(group, stacked, wide):
+            torch.matmul(layer.x, w.t(), out=out)
+            n = sum(layer.widths)
+            expand_columns(out[:, :n], out[:, n:], slots, layer.b, layer.widths, rank, order=order)
 
     side = torch.cuda.Stream()
     terms = [torch.zeros_like(layer.y) for layer in group]
@@ -150,8 +164,16 @@ def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, s
             ("vllm", vllm),
             ("population", population_kernels),
             ("base_population", base_then_population),
+            ("stacked", stacked_then_expand),
         )
     }
+    stacked_diff = 0.0  # the stacked GEMM's output against each matmul followed by the two launches
+    for layer in group:
+        torch.matmul(layer.x, layer.w.t(), out=layer.y)
+        launch(layer.y, layer.x, slots, layer.a, layer.b, layer.widths, rank, order=order)
+    stacked_then_expand()
+    for layer, out in zip(group, wide):
+        stacked_diff = max(stacked_diff, (layer.y.float() - out[:, : sum(layer.widths)].float()).abs().max().item())
     failed = None
     try:  # a second stream inside a captured graph: kept apart, so a failure costs this column only
         times["two_streams_ms"] = float(do_bench_cudagraph(two_streams, rep=50, return_mode="median"))
@@ -171,6 +193,7 @@ def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, s
         "m": m,
         **times,
         "max_abs_diff": diff,
+        "max_abs_diff_stacked": stacked_diff,
         "two_streams_failed": failed,
         "best_blocks": best,
         "best_ms": tried[best],
@@ -182,8 +205,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     out = [
         "| shape | P | batch M (tokens) | base matmuls (ms) | vLLM LoRA (ms) | population (ms) | +vllm | +population "
         "| population / vLLM | max abs diff | best tiles (tokens,columns,features): ms "
-        "| matmuls then population (ms) | on two streams (ms) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| matmuls then population (ms) | on two streams (ms) | A stacked under W, then the expand (ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
@@ -192,6 +215,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['population_ms'] / r['vllm_ms']:.2f}x | {r['max_abs_diff']:.2e} | {r['best_blocks']}: {r['best_ms']:.3f} | "
             f"{r['base_population_ms']:.3f} | "
             + (f"{r['two_streams_ms']:.3f} |" if r["two_streams_ms"] is not None else "failed |")
+            + f" {r['stacked_ms']:.3f} |"
         )
     return "\n".join(out)
 

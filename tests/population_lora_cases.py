@@ -16,7 +16,7 @@ if "--compile" not in sys.argv:  # the interpreter (CPU tensors); compiling for 
 import torch  # noqa: E402
 
 from agent_envs.es.population_lora import reference  # noqa: E402
-from agent_envs.es.population_lora_triton import launch, split_features, tiles_for  # noqa: E402
+from agent_envs.es.population_lora_triton import expand_columns, launch, split_features, tiles_for  # noqa: E402
 
 #: (name, slice widths, input features, adapter slots, rank slot, rank, tokens, dtype, add[, padded rows,
 #: layout, tiles]); a case with padded rows is an engine step inside a larger CUDA graph, with vLLM's kernel
@@ -88,6 +88,33 @@ def case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, add, p
     }
 
 
+def stacked_case(widths=(48, 16, 16), features=40, n_slots=5, rank_slot=8, rank=4, tokens=37):
+    """The expand alone from a matmul whose weight has every member's ``A`` stacked under ``W``: ``y`` and
+    ``h`` are two column ranges of that one output (float32, so the only rounding is the sums' order)."""
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(tokens, features, generator=gen)
+    w = torch.randn(sum(widths), features, generator=gen)
+    a = [torch.zeros(n_slots, 1, rank_slot, features) for _ in widths]
+    b = [torch.zeros(n_slots, 1, width, rank_slot) for width in widths]
+    for s, width in enumerate(widths):
+        a[s][:, :, :rank] = torch.randn(n_slots, 1, rank, features, generator=gen)
+        b[s][:, :, :, :rank] = torch.randn(n_slots, 1, width, rank, generator=gen) * 0.5
+    slots = torch.randint(-1, n_slots + 2, (tokens,), generator=gen)  # no adapter, stale indices
+    slots[0] = n_slots - 1
+    out = x @ torch.cat([w, *(a_s.reshape(n_slots * rank_slot, features) for a_s in a)]).t()
+    want = x @ w.t()
+    reference(want, x, slots, a, b, widths, rank, True)
+    expand_columns(out[:, : sum(widths)], out[:, sum(widths) :], slots, b, widths, rank)
+    got = out[:, : sum(widths)]
+    outside = (slots < 0) | (slots >= n_slots)
+    return {
+        "max_abs_diff": (want - got).abs().max().item(),
+        "tolerance": want.abs().max().item() * 1e-5,
+        "untouched_rows_kept": bool(torch.equal(got[outside], (x @ w.t())[outside])),
+        "changed_rows": int((~outside).sum()),
+    }
+
+
 def compile_sm90():
     """Both kernels through Triton's NVIDIA compiler for sm_90 (ptxas included), no GPU needed."""
     from triton.backends.compiler import GPUTarget
@@ -104,15 +131,19 @@ def compile_sm90():
                    **{n: "constexpr" for n in (*tiles, "BLOCK_K", "FLOAT32")}},
         constexprs={**tiles, "BLOCK_K": 128, "FLOAT32": False},
     )  # fmt: skip
-    expand = ASTSource(
-        k._expand_kernel,
-        signature={"h_ptr": "*fp32", **index, "y_ptr": ptr, "b0_ptr": ptr, "b1_ptr": ptr, "b2_ptr": ptr,
-                   **{n: "i32" for n in ("L", "N0", "N1", "N2", "SPLITS", "stride_hk", "stride_hs", "stride_hp", "stride_y", "stride_bn")},
-                   **{n: "constexpr" for n in (*tiles, "BLOCK_N", "ADD")}},
-        constexprs={**tiles, "BLOCK_N": 64, "ADD": True},
-    )  # fmt: skip
+
+    def expand(h: str, by_token: bool) -> ASTSource:
+        return ASTSource(
+            k._expand_kernel,
+            signature={"h_ptr": h, **index, "y_ptr": ptr, "b0_ptr": ptr, "b1_ptr": ptr, "b2_ptr": ptr,
+                       **{n: "i32" for n in ("L", "N0", "N1", "N2", "SPLITS", "stride_hk", "stride_hs", "stride_hp", "stride_hm", "stride_y", "stride_bn")},
+                       **{n: "constexpr" for n in (*tiles, "BLOCK_N", "ADD", "H_BY_TOKEN")}},
+            constexprs={**tiles, "BLOCK_N": 64, "ADD": True, "H_BY_TOKEN": by_token},
+        )  # fmt: skip
+
     target = GPUTarget("cuda", 90, 32)
-    built = {name: compile(src, target=target) for name, src in (("shrink", shrink), ("expand", expand))}
+    sources = (("shrink", shrink), ("expand", expand("*fp32", False)), ("expand_columns", expand(ptr, True)))
+    built = {name: compile(src, target=target) for name, src in sources}
     return {name: len(kernel.asm["cubin"]) for name, kernel in built.items()}, {
         name: kernel.asm["ptx"].count("mma") for name, kernel in built.items()
     }
@@ -124,6 +155,7 @@ if __name__ == "__main__":
         if "--compile" in sys.argv
         else {
             "cases": [case(*c) for c in CASES],
+            "stacked": stacked_case(),
             "tiles_by_tokens": {n: tiles_for(n) for n in (1, 256, 1024, 1025, 4096, 4097, 16384)},
         }
     )

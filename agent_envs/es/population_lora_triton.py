@@ -146,6 +146,7 @@ def _expand_kernel(
     stride_hk,
     stride_hs,
     stride_hp,
+    stride_hm,
     stride_y,
     stride_bn,
     R: tl.constexpr,
@@ -154,6 +155,7 @@ def _expand_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ADD: tl.constexpr,
+    H_BY_TOKEN: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -174,13 +176,17 @@ def _expand_kernel(
     in_rank = offs_r < RANK
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     in_cols = offs_n < width
+    if H_BY_TOKEN:  # h as columns of a matmul's output: the token's row, its member's block of the slice
+        rows = tok[:, None] * stride_hp + slot[:, None] * stride_hm
+    else:  # the shrink's buffer: the sorted position's row
+        rows = pos[:, None] * stride_hp
     h = tl.zeros((BLOCK_T, R), dtype=tl.float32)
     for split in range(SPLITS):  # the shrink's partial sums over the input features
         h += tl.load(
-            h_ptr + split * stride_hk + s * stride_hs + pos[:, None] * stride_hp + offs_r[None, :],
+            h_ptr + split * stride_hk + s * stride_hs + rows + offs_r[None, :],
             mask=valid[:, None] & in_rank[None, :],
             other=0.0,
-        )
+        ).to(tl.float32)
     delta = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
     while m <= last:  # each member in the tile: its columns of b once, for its tokens
         mine = valid & (slot == m)
@@ -279,6 +285,43 @@ def launch(
     column_tiles = sum(triton.cdiv(w, b["columns"]) for w in output_slices)
     _expand_kernel[(token_tiles, column_tiles)](
         h, sorted_tokens, starts, slots, y, bs[0], bs[1], bs[2], n_slots, widths[0], widths[1], widths[2], splits,
-        h.stride(0), h.stride(1), h.stride(2), y.stride(0), rank_slot,
-        BLOCK_N=b["columns"], ADD=add, **meta,
+        h.stride(0), h.stride(1), h.stride(2), 0, y.stride(0), rank_slot,
+        BLOCK_N=b["columns"], ADD=add, H_BY_TOKEN=False, **meta,
+    )  # fmt: skip
+
+
+def expand_columns(
+    y: torch.Tensor,
+    h: torch.Tensor,
+    slots: torch.Tensor,
+    lora_b: Sequence[torch.Tensor],
+    output_slices: Sequence[int],
+    rank: int,
+    add: bool = True,
+    order: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> None:
+    """The expand alone, with ``h`` given as a matmul's output columns: ``h[t, (s * slots + slot) * rank_slot + k]``
+    for slice ``s``, what one GEMM of ``x`` with every member's ``A`` stacked under the layer's weight gives
+    (``y`` and ``h`` may be the two column ranges of that GEMM's output).  Measured by
+    benchmarks/bench_lora_kernels.py (``stacked``) to see what folding the shrink into the layer's matmul
+    would save before building it into an engine."""
+    tokens = h.shape[0]
+    n_slices, n_slots, rank_slot = len(output_slices), lora_b[0].shape[0], lora_b[0].shape[-1]
+    if h.stride(-1) != 1 or y.stride(-1) != 1 or h.shape[1] != n_slices * n_slots * rank_slot:
+        raise ValueError(f"population LoRA kernels: h of {tuple(h.shape)} for {n_slices} x {n_slots} x {rank_slot}")
+    if tokens == 0:
+        return
+    b = tiles_for(tokens)
+    sorted_tokens, starts = order if order is not None else member_order(slots, tokens, n_slots)
+    bs = [*lora_b, *[lora_b[0]] * (3 - n_slices)]
+    widths = [*output_slices, *[0] * (3 - n_slices)]
+    meta = dict(
+        R=max(MIN_DOT, triton.next_power_of_2(rank)), RANK=rank, STARTS=triton.next_power_of_2(n_slots + 2),
+        BLOCK_T=b["tokens"],
+    )  # fmt: skip
+    column_tiles = sum(triton.cdiv(w, b["columns"]) for w in output_slices)
+    _expand_kernel[(triton.cdiv(tokens, b["tokens"]), column_tiles)](
+        h, sorted_tokens, starts, slots, y, bs[0], bs[1], bs[2], n_slots, widths[0], widths[1], widths[2], 1,
+        0, n_slots * rank_slot, h.stride(0), rank_slot, y.stride(0), rank_slot,
+        BLOCK_N=b["columns"], ADD=add, H_BY_TOKEN=True, **meta,
     )  # fmt: skip
