@@ -754,8 +754,11 @@ def run_case(args: argparse.Namespace, phase: str) -> int:
     import vllm
 
     work = Path(tempfile.mkdtemp(prefix="bench-es-"))
+    # Ray's files under /tmp as Ray's own default does, not under $TMPDIR: its socket paths add about 70
+    # characters, and a long TMPDIR (a test worker's) passes the 107 a Unix socket path may have
+    ray_dir = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     ray_started = False
-    try:  # the work folder (model config, Ray's files) goes whatever fails, set-up included
+    try:  # the work folders (model config, Ray's files) go whatever fails, set-up included
         bench = Bench(args, es_run, dense_qwen3(args.tokenizer.expanduser(), SHAPES[args.shape], work / "model"), work)
         bench.population, bench.case_batch, bench.phase = args.population[0], args.case_batch[0], phase
         if phase == "fullrank":  # only the pool's rows need Ray (the low-rank and old rows run in this process)
@@ -764,7 +767,7 @@ def run_case(args: argparse.Namespace, phase: str) -> int:
             ray.init(
                 include_dashboard=False,
                 log_to_driver=False,
-                _temp_dir=str(work / "ray"),
+                _temp_dir=str(ray_dir),
                 num_gpus=1 if args.cpu else None,  # --cpu: a declared GPU, as on a GPU host
                 num_cpus=4 if args.cpu else None,
             )
@@ -791,6 +794,7 @@ def run_case(args: argparse.Namespace, phase: str) -> int:
 
             ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(ray_dir, ignore_errors=True)
     return 0
 
 

@@ -37,7 +37,7 @@ def test_pools_of_one_and_two_engines_each_give_their_row(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr[-4000:]
     rows = es_results.load(results)
     notes = [r["note"] for r in rows if r["kind"] == "other"]
-    assert not [n for n in notes if "not run" in n], notes
+    assert not [n for n in notes if "not run" in n], (notes, done.stderr[-6000:])
     assert any(n.startswith("pool of 1 engines on one GPU started") for n in notes), notes  # a Ray pool
     fullrank = {r["engines"]: r for r in rows if r["kind"] == "fullrank"}
     assert sorted(fullrank) == [1, 2] and all(len(r["walls"]) == 2 for r in fullrank.values()), rows
