@@ -374,6 +374,12 @@ class Bench:
 
         return parse_settings(common + list(extra))
 
+    def lowrank_flags(self, *extra: str) -> Any:
+        """The low-rank row's settings (its engine's, and the graph sizes the raw engine copies)."""
+        return self.flags(
+            "lowrank", "--perturbation", "lowrank", "--rank", str(self.args.rank), "--mode", "async", *extra
+        )
+
     def pool_rows(self, k: int, first: bool) -> None:
         """A pool of k engines on the GPU: (``first``: the pool's raw rows and engine 0 alone, the
         full-rank 1-engine row) and the k engines together, each over the timed generations."""
@@ -444,10 +450,7 @@ class Bench:
         phase (and, unless ``--skip-replay``, replayed on its own engine)."""
         n, kernel = self.args.timed_generations, self.args.lora_kernel[0]  # a child runs one kernel
         name = f"low-rank batched (rank {self.args.rank}, all members at once{on_kernel(self.args)})"
-        args = self.flags(
-            "lowrank", "--perturbation", "lowrank", "--rank", str(self.args.rank), "--mode", "async",
-            "--lora-kernel", kernel,
-        )  # fmt: skip
+        args = self.lowrank_flags("--lora-kernel", kernel)
         with self.es.open_run(args) as run:
             self.note(f"low-rank engine: {getattr(run.config, 'lora_kernels', '')}")
             run.trainer.step(0)
@@ -535,9 +538,7 @@ class Bench:
             calls = pickle.loads(saved.read_bytes())
         args = self.flags("raw", "--mode", "lockstep")
         # the low-rank engine's CUDA-graph sizes (ESSettings.graph_batch), so both decode P x B in graphs
-        graphs = self.flags(
-            "lowrank", "--perturbation", "lowrank", "--rank", str(a.rank), "--mode", "async"
-        ).graph_batch
+        graphs = self.lowrank_flags().graph_batch
         policy, _ = self.es.build_policy(args, {**self.es.make_engine_kwargs(args), **graphs})
         try:
             engine = SimpleNamespace(policy=policy)

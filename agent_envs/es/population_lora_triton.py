@@ -274,20 +274,49 @@ def launch(
     splits = triton.cdiv(features, k_split)
     h = torch.empty((splits, n_slices, tokens, r_pad), dtype=torch.float32, device=x.device)
     a = [*lora_a, *[lora_a[0]] * (3 - n_slices)]
-    bs = [*lora_b, *[lora_b[0]] * (3 - n_slices)]
-    widths = [*output_slices, *[0] * (3 - n_slices)]
-    meta = dict(R=r_pad, RANK=rank, STARTS=triton.next_power_of_2(n_slots + 2), BLOCK_T=b["tokens"])
     _shrink_kernel[(token_tiles, n_slices, splits)](
         x, sorted_tokens, starts, slots, h, a[0], a[1], a[2], features, n_slots,
         x.stride(0), lora_a[0].stride(0), lora_a[0].stride(2), h.stride(0), h.stride(1), h.stride(2), k_split,
-        FLOAT32=x.dtype == torch.float32 or not x.is_cuda, BLOCK_K=b["features"], **meta,
+        FLOAT32=x.dtype == torch.float32 or not x.is_cuda, BLOCK_K=b["features"], **_tile_meta(rank, n_slots, b),
     )  # fmt: skip
+    strides = (h.stride(0), h.stride(1), h.stride(2), 0)
+    _expand(y, h, strides, splits, False, tokens, slots, lora_b, output_slices, rank, add, b, sorted_tokens, starts)
+
+
+def _expand(
+    y: torch.Tensor,
+    h: torch.Tensor,
+    h_strides: tuple[int, int, int, int],
+    splits: int,
+    by_token: bool,
+    tokens: int,
+    slots: torch.Tensor,
+    lora_b: Sequence[torch.Tensor],
+    output_slices: Sequence[int],
+    rank: int,
+    add: bool,
+    b: dict[str, int],
+    sorted_tokens: torch.Tensor,
+    starts: torch.Tensor,
+) -> None:
+    """The expand launch of :func:`launch` and :func:`expand_columns`: ``h_strides`` (split, slice, row,
+    member) locate a token's ``h``, its row the sorted position or (``by_token``) the token itself."""
+    n_slices, n_slots, rank_slot = len(output_slices), lora_b[0].shape[0], lora_b[0].shape[-1]
+    bs = [*lora_b, *[lora_b[0]] * (3 - n_slices)]
+    widths = [*output_slices, *[0] * (3 - n_slices)]
     column_tiles = sum(triton.cdiv(w, b["columns"]) for w in output_slices)
-    _expand_kernel[(token_tiles, column_tiles)](
+    _expand_kernel[(triton.cdiv(tokens, b["tokens"]), column_tiles)](
         h, sorted_tokens, starts, slots, y, bs[0], bs[1], bs[2], n_slots, widths[0], widths[1], widths[2], splits,
-        h.stride(0), h.stride(1), h.stride(2), 0, y.stride(0), rank_slot,
-        BLOCK_N=b["columns"], ADD=add, H_BY_TOKEN=False, **meta,
+        *h_strides, y.stride(0), rank_slot,
+        BLOCK_N=b["columns"], ADD=add, H_BY_TOKEN=by_token, **_tile_meta(rank, n_slots, b),
     )  # fmt: skip
+
+
+def _tile_meta(rank: int, n_slots: int, b: dict[str, int]) -> dict[str, int]:
+    """The kernels' shared compile-time sizes: the rank padded for ``tl.dot``, the rank, the starts' width
+    and the token tile."""
+    r_pad = max(MIN_DOT, triton.next_power_of_2(rank))
+    return dict(R=r_pad, RANK=rank, STARTS=triton.next_power_of_2(n_slots + 2), BLOCK_T=b["tokens"])
 
 
 def expand_columns(
@@ -313,15 +342,5 @@ def expand_columns(
         return
     b = tiles_for(tokens)
     sorted_tokens, starts = order if order is not None else member_order(slots, tokens, n_slots)
-    bs = [*lora_b, *[lora_b[0]] * (3 - n_slices)]
-    widths = [*output_slices, *[0] * (3 - n_slices)]
-    meta = dict(
-        R=max(MIN_DOT, triton.next_power_of_2(rank)), RANK=rank, STARTS=triton.next_power_of_2(n_slots + 2),
-        BLOCK_T=b["tokens"],
-    )  # fmt: skip
-    column_tiles = sum(triton.cdiv(w, b["columns"]) for w in output_slices)
-    _expand_kernel[(triton.cdiv(tokens, b["tokens"]), column_tiles)](
-        h, sorted_tokens, starts, slots, y, bs[0], bs[1], bs[2], n_slots, widths[0], widths[1], widths[2], 1,
-        0, n_slots * rank_slot, h.stride(0), rank_slot, y.stride(0), rank_slot,
-        BLOCK_N=b["columns"], ADD=add, H_BY_TOKEN=True, **meta,
-    )  # fmt: skip
+    strides = (0, n_slots * rank_slot, h.stride(0), rank_slot)
+    _expand(y, h, strides, 1, True, tokens, slots, lora_b, output_slices, rank, add, b, sorted_tokens, starts)

@@ -131,7 +131,8 @@ def make_config(settings: ESSettings, combiner: FitnessCombiner | None) -> ESCon
 def make_engine_kwargs(settings: ESSettings) -> dict[str, Any]:
     """``vllm.LLM`` keywords of every engine: CUDA graphs unless --enforce-eager; prefix caching stays on
     (the backend resets the prefix cache after every weight change); --engine-arg on top; low-rank
-    engines get one LoRA slot per member (:attr:`ESSettings.lora_slots`)."""
+    engines get one LoRA slot per member (:attr:`ESSettings.lora_slots`) and CUDA graphs up to the
+    population's batch (:attr:`ESSettings.graph_batch`)."""
     kwargs = dict(
         worker_extension_cls=EXTENSION,
         dtype=settings.dtype,
@@ -144,7 +145,7 @@ def make_engine_kwargs(settings: ESSettings) -> dict[str, Any]:
         **dict(settings.engine_arg),
     )
     if settings.perturbation == "lowrank":
-        kwargs.update(settings.lora_slots)
+        kwargs.update(settings.lora_slots, **settings.graph_batch)
     return kwargs
 
 

@@ -192,7 +192,7 @@ class ESSettings(BaseModel):
         """A low-rank engine's LoRA sizes, derived from the population once: one adapter slot per
         member, resident and on the host, at the rank's kernel slot, on the perturbed layers only.  The
         engine's keywords and the LoRA-kernel chooser both read them here."""
-        return {**lora_engine_keywords(self.population, self.rank), **self.graph_batch}
+        return lora_engine_keywords(self.population, self.rank)
 
     @property
     def graph_batch(self) -> dict[str, Any]:
