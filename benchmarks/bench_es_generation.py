@@ -280,7 +280,8 @@ def on_kernel(args: argparse.Namespace) -> str:
     """How a low-rank row names the LoRA kernels it ran on (vLLM's: nothing added)."""
     from agent_envs.es.population_lora import choose
 
-    return "" if choose(args.lora_kernel[0]) == "vllm" else ", population kernels"
+    kernel = choose(args.lora_kernel[0])
+    return {"vllm": "", "population": ", population kernels", "matmul": ", folded into the matmuls"}[kernel]
 
 
 def wait_for_free_gpu(fraction: float, timeout: float = 180.0) -> None:
@@ -622,7 +623,7 @@ def main() -> int:
         "--lora-kernel",
         type=lambda v: v.split(","),
         default=["auto"],
-        help="lowrank: the adapters' kernels, a list of auto,vllm,population (agent-envs es --lora-kernel; auto, "
+        help="lowrank: the adapters' kernels, a list of auto,vllm,population,matmul (agent-envs es --lora-kernel; auto, "
         "the default, is what a user gets: population on a CUDA GPU), a case each",
     )
     ap.add_argument(

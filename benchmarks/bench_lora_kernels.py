@@ -14,7 +14,10 @@ timed inside a CUDA graph (as the engine replays it):
   matmul runs, then added (vLLM's ``VLLM_LORA_ENABLE_DUAL_STREAM`` arrangement); ``A stacked under W``: one
   matmul with every member's ``A`` under the layer's weight, whose extra columns are the shrink, then the
   expand alone (``expand_columns``): what folding the shrink into the layer's matmul would cost, measured
-  before building it into an engine (``max_abs_diff_stacked``: against the matmul and the two launches).
+  before building it into an engine (``max_abs_diff_stacked``: against the matmul and the two launches);
+- ``folded into the matmul``: what agent_envs/es/population_matmul.py runs, ``widen`` (``[x | h]``) then one
+  matmul with the widened weight ``[W | B_all]`` (``max_abs_diff_folded``: against the matmul and the two
+  launches), with ``widen``'s best tiles (tokens, features) from a small grid beside it.
 
 Columns ``+vllm`` and ``+population`` are the LoRA time over ``base`` (what adapters add to the layer's
 matmuls); ``max |diff|`` compares the two LoRA outputs (both accumulate in float32, round to bfloat16).
@@ -42,6 +45,8 @@ from gpu_engine import QWEN3_4B, SMOLLM2_135M  # noqa: E402
 SHAPES = {"4b": QWEN3_4B, "135m": SMOLLM2_135M}
 #: tile sizes tried for the population kernels (tokens, columns, features); the table's column is the default's
 BLOCK_GRID = [{"tokens": t, "columns": c, "features": f} for t in (16, 32, 64) for c in (64, 128) for f in (128, 256)]
+#: ``widen``'s tiles tried (tokens per program, input features per step)
+WIDEN_GRID = [{"tokens": t, "features": f} for t in (1, 2, 4, 8) for f in (256, 512, 1024)]
 
 
 def layers(shape: dict[str, int]) -> list[tuple[str, tuple[int, ...], int]]:
@@ -87,12 +92,29 @@ def run_vllm(layer: Layer, meta_args: tuple[Any, ...]) -> None:
     lora_expand_op._lora_expand(buffer, layer.b, layer.y, *meta_args, offset_start=0, add_inputs=True)
 
 
-def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, slot: int) -> dict[str, Any]:
+def widened_weight(layer: Layer, rank: int) -> Any:
+    """``[W | B_all]`` as agent_envs.es.population_matmul.widen_layer lays it out."""
+    import torch
+
+    n_slots, features = layer.a[0].shape[0], layer.x.shape[1]
+    wide = torch.zeros(layer.w.shape[0], features + len(layer.widths) * n_slots * rank, dtype=layer.w.dtype, device="cuda")
+    wide[:, :features] = layer.w
+    row = 0
+    for s, (b, width) in enumerate(zip(layer.b, layer.widths)):
+        block = wide[row : row + width, features + s * n_slots * rank : features + (s + 1) * n_slots * rank]
+        block.unflatten(1, (n_slots, rank))[:] = b[:, 0, :, :rank].permute(1, 0, 2)
+        row += width
+    return wide
+
+
+def measure(
+    shape_name: str, population: int, m: int, decode: bool, rank: int, slot: int, grid: bool = True
+) -> dict[str, Any]:
     import torch
     from triton.testing import do_bench_cudagraph
     from vllm.lora.ops.triton_ops import LoRAKernelMeta
 
-    from agent_envs.es.population_lora_triton import expand_columns, launch
+    from agent_envs.es.population_lora_triton import expand_columns, launch, widen
 
     specs = layers(SHAPES[shape_name])
     slots = token_slots(m, population, decode)
@@ -130,6 +152,13 @@ def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, s
             n = sum(layer.widths)
             expand_columns(out[:, :n], out[:, n:], slots, layer.b, layer.widths, rank, order=order)
 
+    widened = [widened_weight(layer, rank) for layer in group]
+    folded_out = [torch.empty_like(layer.y) for layer in group]
+
+    def folded(blocks: dict[str, int] | None = None) -> None:
+        for layer, w, out in zip(group, widened, folded_out):
+            torch.matmul(widen(layer.x, slots, layer.a, rank, order=order, blocks=blocks), w.t(), out=out)
+
     side = torch.cuda.Stream()
     terms = [torch.zeros_like(layer.y) for layer in group]
     events = [(torch.cuda.Event(), torch.cuda.Event()) for _ in group]
@@ -165,6 +194,7 @@ def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, s
             ("population", population_kernels),
             ("base_population", base_then_population),
             ("stacked", stacked_then_expand),
+            ("folded", folded),
         )
     }
     stacked_diff = 0.0  # the stacked GEMM's output against each matmul followed by the two launches
@@ -172,21 +202,29 @@ def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, s
         torch.matmul(layer.x, layer.w.t(), out=layer.y)
         launch(layer.y, layer.x, slots, layer.a, layer.b, layer.widths, rank, order=order)
     stacked_then_expand()
-    for layer, out in zip(group, wide):
+    folded()
+    folded_diff = 0.0
+    for layer, out, fold in zip(group, wide, folded_out):
         stacked_diff = max(stacked_diff, (layer.y.float() - out[:, : sum(layer.widths)].float()).abs().max().item())
+        folded_diff = max(folded_diff, (layer.y.float() - fold.float()).abs().max().item())
     failed = None
     try:  # a second stream inside a captured graph: kept apart, so a failure costs this column only
         times["two_streams_ms"] = float(do_bench_cudagraph(two_streams, rep=50, return_mode="median"))
     except Exception as exc:  # reported in the row and printed
         times["two_streams_ms"], failed = None, f"{type(exc).__name__}: {exc}"
         print(f"two streams failed: {failed}", file=sys.stderr)
-    tried = {}
-    for blocks in BLOCK_GRID:  # the population kernels' tile sizes: which would suit this batch better
-        population_kernels(blocks)
-        tried[",".join(str(v) for v in blocks.values())] = float(
-            do_bench_cudagraph(functools.partial(population_kernels, blocks), rep=20, return_mode="median")
-        )
-    best = min(tried, key=tried.__getitem__)
+    def best_of(fn: Any, settings: list[dict[str, int]]) -> tuple[str | None, dict[str, float]]:
+        tried = {}
+        for blocks in settings:
+            fn(blocks)
+            tried[",".join(str(v) for v in blocks.values())] = float(
+                do_bench_cudagraph(functools.partial(fn, blocks), rep=20, return_mode="median")
+            )
+        return (min(tried, key=tried.__getitem__) if tried else None), tried
+
+    # the population kernels' tile sizes (which would suit this batch better), then widen's
+    best, tried = best_of(population_kernels, BLOCK_GRID if grid else [])
+    best_widen, tried_widen = best_of(folded, WIDEN_GRID)
     return {
         "shape": shape_name,
         "population": population,
@@ -194,10 +232,14 @@ def measure(shape_name: str, population: int, m: int, decode: bool, rank: int, s
         **times,
         "max_abs_diff": diff,
         "max_abs_diff_stacked": stacked_diff,
+        "max_abs_diff_folded": folded_diff,
         "two_streams_failed": failed,
         "best_blocks": best,
-        "best_ms": tried[best],
+        "best_ms": tried[best] if best else None,
         "tried": tried,
+        "best_widen": best_widen,
+        "best_folded_ms": tried_widen[best_widen],
+        "tried_widen": tried_widen,
     }
 
 
@@ -205,17 +247,20 @@ def table(rows: list[dict[str, Any]]) -> str:
     out = [
         "| shape | P | batch M (tokens) | base matmuls (ms) | vLLM LoRA (ms) | population (ms) | +vllm | +population "
         "| population / vLLM | max abs diff | best tiles (tokens,columns,features): ms "
-        "| matmuls then population (ms) | on two streams (ms) | A stacked under W, then the expand (ms) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| matmuls then population (ms) | on two streams (ms) | A stacked under W, then the expand (ms) "
+        "| folded into the matmul (ms) | +folded | folded, best widen tiles (tokens,features): ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
             f"| {r['shape']} | {r['population']} | {r['m']} | {r['base_ms']:.3f} | {r['vllm_ms']:.3f} | "
             f"{r['population_ms']:.3f} | {r['vllm_ms'] / r['base_ms']:.0%} | {r['population_ms'] / r['base_ms']:.0%} | "
-            f"{r['population_ms'] / r['vllm_ms']:.2f}x | {r['max_abs_diff']:.2e} | {r['best_blocks']}: {r['best_ms']:.3f} | "
-            f"{r['base_population_ms']:.3f} | "
+            f"{r['population_ms'] / r['vllm_ms']:.2f}x | {r['max_abs_diff']:.2e} | "
+            + (f"{r['best_blocks']}: {r['best_ms']:.3f} | " if r["best_blocks"] else "- | ")
+            + f"{r['base_population_ms']:.3f} | "
             + (f"{r['two_streams_ms']:.3f} |" if r["two_streams_ms"] is not None else "failed |")
-            + f" {r['stacked_ms']:.3f} |"
+            + f" {r['stacked_ms']:.3f} | {r['folded_ms']:.3f} | {r['folded_ms'] / r['base_ms'] - 1:.0%} "
+            f"| {r['best_widen']}: {r['best_folded_ms']:.3f} |"
         )
     return "\n".join(out)
 
@@ -229,13 +274,14 @@ def main() -> int:
     ap.add_argument("--rank", type=int, default=4)
     ap.add_argument("--rank-slot", type=int, default=8, help="the engine's max_lora_rank")
     ap.add_argument("--out", type=Path, help="JSON rows written here too")
+    ap.add_argument("--no-grid", action="store_true", help="skip the population kernels' tile grid (a minute a row)")
     args = ap.parse_args()
     rows = []
     for shape in args.shape.split(","):
         for p in (int(v) for v in args.population.split(",")):
             batches = [(p * int(b), True) for b in args.case_batch.split(",")]
             for m, decode in batches + ([(args.prefill, False)] if args.prefill else []):
-                row = measure(shape, p, m, decode, args.rank, args.rank_slot)
+                row = measure(shape, p, m, decode, args.rank, args.rank_slot, grid=not args.no_grid)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     print(table(rows))

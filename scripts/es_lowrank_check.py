@@ -63,9 +63,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--eager", action="store_true", help="enforce_eager=True (no CUDA graphs)")
     ap.add_argument(
         "--lora-kernel",
-        choices=("vllm", "population"),
+        choices=("vllm", "population", "matmul"),
         default="vllm",
-        help="the adapters' kernels: vLLM's multi-LoRA ones, or agent_envs.es.population_lora's",
+        help="the adapters' kernels: vLLM's multi-LoRA ones, agent_envs.es.population_lora's, or those with the "
+        "expand folded into the matmul (agent_envs.es.population_matmul)",
     )
     ap.add_argument(
         "--load-format", default="auto", help="vLLM load_format: 'dummy' takes a config-only folder (random weights)"
@@ -167,10 +168,10 @@ def main() -> None:
     from agent_envs.policy.vllm import VLLMPolicy
 
     start = time.perf_counter()
-    if args.lora_kernel == "population":  # before the engine builds (and compiles) its model
+    if args.lora_kernel != "vllm":  # before the engine builds (and compiles) its model
         from agent_envs.es.population_lora import install
 
-        install(args.rank)
+        install(args.rank, args.lora_kernel)
     llm = build_llm(args)
     started = time.perf_counter()
     es = VLLMLowRank(llm, args.rank)

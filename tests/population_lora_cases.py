@@ -16,7 +16,8 @@ if "--compile" not in sys.argv:  # the interpreter (CPU tensors); compiling for 
 import torch  # noqa: E402
 
 from agent_envs.es.population_lora import reference  # noqa: E402
-from agent_envs.es.population_lora_triton import expand_columns, launch, split_features, tiles_for  # noqa: E402
+from agent_envs.es.population_lora_triton import expand_columns, launch, split_features, tiles_for, widen  # noqa: E402
+from agent_envs.es.population_matmul import widen_reference  # noqa: E402
 
 #: (name, slice widths, input features, adapter slots, rank slot, rank, tokens, dtype, add[, padded rows,
 #: layout, tiles]); a case with padded rows is an engine step inside a larger CUDA graph, with vLLM's kernel
@@ -115,6 +116,58 @@ def stacked_case(widths=(48, 16, 16), features=40, n_slots=5, rank_slot=8, rank=
     }
 
 
+#: (name, slice widths, input features, adapter slots, rank slot, rank, tokens, dtype, padded rows, tiles)
+WIDEN_CASES = [
+    ("qkv", (48, 16, 16), 40, 5, 8, 4, 37, torch.bfloat16, 0, None),
+    ("down, float32, rank 3", (40,), 700, 3, 4, 3, 9, torch.float32, 0, None),  # 2 steps of 512 features
+    ("gate_up, padded graph step", (72, 72), 40, 4, 8, 4, 21, torch.bfloat16, 11, None),
+    ("o, 16 members, tiles of 8", (40,), 48, 16, 8, 4, 64, torch.float32, 0, (8, 16)),
+]
+
+
+def widen_case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, padded, tiles):
+    """``widen`` against ``widen_reference`` (a padded step with vLLM's metadata: its padding rows hold
+    ``x`` and zeros), and the widened matmul against the layer's matmul plus ``reference``'s terms."""
+    gen = torch.Generator().manual_seed(len(name) * 100 + tokens)
+    rows = tokens + padded
+    x = torch.randn(rows, features, generator=gen).to(dtype)
+    w = (torch.randn(sum(widths), features, generator=gen) * 0.1).to(dtype)
+    a = [torch.zeros(n_slots, 1, rank_slot, features, dtype=dtype) for _ in widths]
+    b = [torch.zeros(n_slots, 1, width, rank_slot, dtype=dtype) for width in widths]
+    for s, width in enumerate(widths):
+        a[s][:, :, :rank] = torch.randn(n_slots, 1, rank, features, generator=gen).to(dtype)
+        b[s][:, :, :, :rank] = (torch.randn(n_slots, 1, width, rank, generator=gen) * 0.5).to(dtype)
+    # no member (-1) and stale indices past the slots; a graph step's as vLLM maps them (a slot or -1)
+    slots = torch.randint(-1, n_slots + (0 if padded else 2), (rows,), generator=gen)
+    slots[0] = n_slots - 1
+    order = vllm_metadata(slots, tokens, n_slots, rows) if padded else None
+    blocks = dict(zip(("tokens", "features"), tiles)) if tiles else None
+    got = widen(x, slots, a, rank, order=order, blocks=blocks)
+    want = torch.cat([widen_reference(x[:tokens], slots, a, rank), torch.cat([x[tokens:], torch.zeros(padded, got.shape[1] - features, dtype=dtype)], 1)])
+    wide = torch.zeros(sum(widths), got.shape[1], dtype=dtype)  # what population_matmul.widen_layer builds
+    wide[:, :features] = w
+    row = 0
+    for s, width in enumerate(widths):
+        block = wide[row : row + width, features + s * n_slots * rank : features + (s + 1) * n_slots * rank]
+        block.unflatten(1, (n_slots, rank))[:] = b[s][:, 0, :, :rank].permute(1, 0, 2)
+        row += width
+    folded = (got[:tokens].float() @ wide.float().t())
+    unfolded = x[:tokens].float() @ w.float().t()
+    reference(unfolded, x[:tokens].float(), slots, [t.float() for t in a], [t.float() for t in b], widths, rank)
+    scale = want.float().abs().max().item()
+    member = (slots[:tokens] >= 0) & (slots[:tokens] < n_slots)
+    return {
+        "name": name,
+        "max_abs_diff": (want.float() - got.float()).abs().max().item(),
+        "tolerance": scale * (1e-2 if dtype == torch.bfloat16 else 1e-5),
+        "x_copied": bool(torch.equal(got[:, :features], x)),
+        "zeros_without_member": bool((got[:tokens][~member, features:] == 0).all() and (got[tokens:, features:] == 0).all()),
+        "members": int(member.sum()),
+        "matmul_max_abs_diff": (folded - unfolded).abs().max().item(),
+        "matmul_tolerance": unfolded.abs().max().item() * (1e-2 if dtype == torch.bfloat16 else 1e-5),
+    }
+
+
 def compile_sm90():
     """Both kernels through Triton's NVIDIA compiler for sm_90 (ptxas included), no GPU needed."""
     from triton.backends.compiler import GPUTarget
@@ -141,8 +194,18 @@ def compile_sm90():
             constexprs={**tiles, "BLOCK_N": 64, "ADD": True, "H_BY_TOKEN": by_token},
         )  # fmt: skip
 
+    widened = {"R": 4, "RANK": 4, "SLICES": 3, "STARTS": 32, "BLOCK_T": 2, "BLOCK_K": 512, "BLOCK_E": 128}
+    widen_source = ASTSource(
+        k._widen_kernel,
+        signature={"x_ptr": ptr, **index, "w_ptr": ptr, "a0_ptr": ptr, "a1_ptr": ptr, "a2_ptr": ptr,
+                   **{n: "i32" for n in ("T", "K", "L", "stride_x", "stride_w", "stride_al", "stride_ar")},
+                   **{n: "constexpr" for n in widened}},
+        constexprs=widened,
+    )  # fmt: skip
     target = GPUTarget("cuda", 90, 32)
-    sources = (("shrink", shrink), ("expand", expand("*fp32", False)), ("expand_columns", expand(ptr, True)))
+    sources = (
+        ("shrink", shrink), ("expand", expand("*fp32", False)), ("expand_columns", expand(ptr, True)), ("widen", widen_source),
+    )  # fmt: skip
     built = {name: compile(src, target=target) for name, src in sources}
     return {name: len(kernel.asm["cubin"]) for name, kernel in built.items()}, {
         name: kernel.asm["ptx"].count("mma") for name, kernel in built.items()
@@ -156,6 +219,7 @@ if __name__ == "__main__":
         else {
             "cases": [case(*c) for c in CASES],
             "stacked": stacked_case(),
+            "widen": [widen_case(*c) for c in WIDEN_CASES],
             "tiles_by_tokens": {n: tiles_for(n) for n in (1, 256, 1024, 1025, 4096, 4097, 16384)},
         }
     )

@@ -6,7 +6,8 @@ adapters (its Punica CPU kernels), so a member is an adapter here exactly as on 
   same perturbation merged into its weights; the weights come back bit for bit; the resident
   adapters rewritten in place as new members (no add_lora) equal those members freshly loaded, in
   tokens and in every CPU and GPU-slot LoRA tensor, bit for bit.
-- the same check with the population LoRA kernels (agent_envs.es.population_lora) in place of vLLM's.
+- the same check with the population LoRA kernels (agent_envs.es.population_lora) in place of vLLM's, and
+  with the members' expand folded into each layer's matmul (agent_envs.es.population_matmul).
 - agent-envs es train --perturbation lowrank: two generations end to end (AsyncVLLMPolicy, all
   members at once; generation 1 refreshes generation 0's adapters in place), no adapter folder left behind, and a replay onto a fresh engine and onto the
   checkpoint folder (agent_envs.es.lowrank.replay_onto) reproduces the trained checksum.
@@ -59,20 +60,28 @@ def test_adapter_outputs_equal_the_merged_perturbation() -> None:
     assert refresh["tokens_equal_fresh"] and refresh["tensors_equal_fresh"], refresh
 
 
-def test_population_kernels_serve_each_member_as_its_merged_perturbation() -> None:
+@pytest.mark.parametrize("kernel", ["population", "matmul"])
+def test_population_kernels_serve_each_member_as_its_merged_perturbation(kernel: str) -> None:
     """agent_envs.es.population_lora installed before the engine starts: every LoRA layer call of the engine
-    goes through it, and each member's outputs are still its perturbation merged into the weights."""
+    goes through it (``matmul``: through the widened matmul of agent_envs.es.population_matmul instead, the
+    members' B mirrored into each layer's widened weight, updates and merges through its base columns), and
+    each member's outputs are still its perturbation merged into the weights."""
     out, _ = run_result(
         [
             str(REPO / "scripts" / "es_lowrank_check.py"),
             *("--model", str(smollm2()), "--cpu", "--members", "2", "--rank", "4", "--sigma", "0.01"),
-            *("--lora-kernel", "population"),
+            *("--lora-kernel", kernel),
         ],
         env=script_env(VLLM_ENABLE_V1_MULTIPROCESSING="0"),
         timeout=1500,
     )
-    (kernel,) = out["lora_kernel"]
-    assert kernel["kernel"] == "population" and kernel["rank"] == 4 and kernel["calls"] > 0, kernel
+    (status,) = out["lora_kernel"]
+    assert status["kernel"] == kernel and status["rank"] == 4, status
+    if kernel == "population":
+        assert status["calls"] > 0 and status["widened"]["layers"] == 0, status
+    else:  # every perturbed layer (30 x qkv, o, gate_up, down) folded: the population kernels never called
+        assert status["widened"] == {"rank": 4, "layers": 120} and status["calls"] == 0, status
+    assert out["restored_bit_exact"]  # a merge and revert through the widened weight's base columns
     assert out["all_tokens_equal"] and out["max_abs_logprob_diff"] <= 1e-3, out["members"]
     assert all(m["base_differs"] for m in out["members"])  # the adapters' perturbation reached the outputs
     assert out["refresh"]["tokens_equal_fresh"], out["refresh"]  # in-place refreshed slots, read by the kernels

@@ -65,6 +65,12 @@ def test_triton_kernels_equal_the_reference_under_the_interpreter() -> None:
     stacked = out["stacked"]
     assert stacked["max_abs_diff"] <= stacked["tolerance"] and stacked["untouched_rows_kept"], stacked
     assert stacked["changed_rows"] > 0
+    # the folded path's one launch (agent_envs/es/population_matmul.py): [x | h], and its matmul equal to the
+    # layer's matmul plus the members' terms; a graph step's padding rows and tokens of no member: x and zeros
+    for widened in out["widen"]:
+        assert widened["max_abs_diff"] <= widened["tolerance"], widened
+        assert widened["matmul_max_abs_diff"] <= widened["matmul_tolerance"], widened
+        assert widened["x_copied"] and widened["zeros_without_member"] and widened["members"] > 0, widened
     # the tiles one H200 measured best (docs/scaling.md#population-kernels): decode steps thin token tiles
     # and long feature steps, prefill chunks wide token tiles
     tiles = {int(n): (t["tokens"], t["columns"], t["features"]) for n, t in out["tiles_by_tokens"].items()}
@@ -80,7 +86,7 @@ def test_triton_kernels_compile_for_an_h200() -> None:
         env=script_env(TRITON_INTERPRET=None),
         timeout=300,
     )
-    assert min(out["cubin_bytes"][k] for k in ("shrink", "expand", "expand_columns")) > 0
+    assert min(out["cubin_bytes"][k] for k in ("shrink", "expand", "expand_columns", "widen")) > 0
     assert out["mma_lines"]["shrink"] > 0  # bfloat16 tiles on tensor cores
 
 
@@ -116,10 +122,14 @@ def test_install_names_the_kernel_for_worker_processes(monkeypatch: pytest.Monke
     """The driver's choice reaches the workers vLLM starts through the environment, rank included."""
     monkeypatch.delenv(population_lora.ENV, raising=False)
     assert population_lora.install_from_env() is None  # nothing asked: vLLM's kernels stay
-    monkeypatch.setenv(population_lora.ENV, "population:4")
     calls = []
-    monkeypatch.setattr(population_lora, "install", lambda rank=None: calls.append(rank) or "installed")
-    assert population_lora.install_from_env() == "installed" and calls == [4]
+    monkeypatch.setattr(population_lora, "install", lambda rank=None, kernel="": calls.append((rank, kernel)) or "in")
+    for value in ("population:4", "matmul:4", "matmul"):
+        monkeypatch.setenv(population_lora.ENV, value)
+        assert population_lora.install_from_env() == "in"
+    assert calls == [(4, "population"), (4, "matmul"), (None, "matmul")]
+    monkeypatch.setenv(population_lora.ENV, "vllm")
+    assert population_lora.install_from_env() is None
 
 
 def test_es_takes_the_population_kernels_for_lowrank_runs_only(capsys: pytest.CaptureFixture[str]) -> None:

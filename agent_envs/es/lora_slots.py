@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from .lowrank import Target
+from .population_matmul import mirror
 
 MANAGER_ATTRS = ("get_adapter", "capacity", "lora_index_to_id", "modules", "packed_modules", "_get_lora_layer_weights")
 
@@ -144,12 +145,14 @@ def copy_into_slots(manager: Any, lora_ids: Sequence[int]) -> int:
         return 0
     for module_name, module in manager.modules.items():
         weights = [manager._get_lora_layer_weights(lora_model, module_name) for _, lora_model in active]
-        if not (all(weights) and _copy_stacked(module, [slot for slot, _ in active], weights)):
-            for (slot, _), w in zip(active, weights):
-                if w:
-                    module.set_lora(slot, w.lora_a, w.lora_b)
-                else:
-                    module.reset_lora(slot)
+        if all(weights) and _copy_stacked(module, [slot for slot, _ in active], weights):
+            mirror(module, [slot for slot, _ in active])  # a layer with the expand in its matmul holds B there too
+            continue
+        for (slot, _), w in zip(active, weights):
+            if w:
+                module.set_lora(slot, w.lora_a, w.lora_b)
+            else:
+                module.reset_lora(slot)
     if torch.cuda.is_available():
         torch.cuda.synchronize()  # the copies read pinned host memory a later refresh overwrites
     return len(active)

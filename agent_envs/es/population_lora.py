@@ -27,10 +27,11 @@ from typing import Any
 
 import torch
 
-#: ``population`` or ``population:R`` (R: the members' rank, below the engine's rank slot) installs the kernels
+#: ``population`` or ``population:R`` (R: the members' rank, below the engine's rank slot) installs the kernels;
+#: ``matmul[:R]`` the same and the members' expand folded into each layer's matmul (:mod:`population_matmul`)
 ENV = "AGENT_ENVS_LORA_KERNEL"
 #: the choices of ``agent-envs es --lora-kernel`` (auto: :func:`choose`)
-KERNELS = ("auto", "vllm", "population")
+KERNELS = ("auto", "vllm", "population", "matmul")
 #: the Punica wrappers whose ``add_lora_linear`` is replaced (module, class); those missing are skipped
 WRAPPERS = (
     ("vllm.lora.punica_wrapper.punica_gpu", "PunicaWrapperGPU"),
@@ -49,7 +50,7 @@ TILES = (
     else None
 )
 
-_state: dict[str, Any] = {"rank": None, "installed": [], "calls": 0}
+_state: dict[str, Any] = {"rank": None, "installed": [], "calls": 0, "kernel": None}
 
 
 def reference(
@@ -190,17 +191,21 @@ def add_lora_linear(
     return y
 
 
-def install(rank: int | None = None) -> str:
+def install(rank: int | None = None, kernel: str = "population") -> str:
     """Replace vLLM's ``add_lora_linear`` in this process (and, through :data:`ENV`, in the worker processes
     vLLM starts) before an engine is built, and the GPU wrapper's ``update_metadata`` by one that waits for
     nothing (:mod:`lora_step_metadata`); ``rank``: the members' rank when it is below the engine's
-    rank slot (the slot's padding rows are zero, so they are skipped).  Returns what was installed."""
+    rank slot (the slot's padding rows are zero, so they are skipped).  ``kernel`` ``matmul``: also fold
+    the members' expand into each layer's matmul (:mod:`population_matmul`; layers it does not serve keep
+    the population kernels).  Returns what was installed."""
     import importlib
 
     from .lora_step_metadata import update_metadata
 
-    os.environ[ENV] = f"population:{rank}" if rank else "population"
-    _state["rank"] = rank
+    if kernel not in ("population", "matmul"):
+        raise ValueError(f"population LoRA kernels: kernel {kernel!r} is not population or matmul")
+    os.environ[ENV] = f"{kernel}:{rank}" if rank else kernel
+    _state["rank"], _state["kernel"] = rank, kernel
     done = []
     for module_name, cls_name in WRAPPERS:
         try:
@@ -213,9 +218,14 @@ def install(rank: int | None = None) -> str:
         done.append(cls_name)
     if not done:
         raise RuntimeError("population LoRA kernels: this vLLM has none of the Punica wrappers they replace")
+    if kernel == "matmul":
+        from . import population_matmul
+
+        done += population_matmul.install(rank)
     _state["installed"] = done
     return (
-        f"population LoRA kernels in {', '.join(done)}"
+        ("members' expand folded into the layers' matmuls, " if kernel == "matmul" else "")
+        + f"population LoRA kernels in {', '.join(done)}"
         + (", step metadata on the host" if HOST_METADATA[1] in done else "")
         + (f", rank {rank}" if rank else "")
         + (f", tiles {os.environ[BLOCKS_ENV]}" if TILES else "")
@@ -224,14 +234,15 @@ def install(rank: int | None = None) -> str:
 
 def install_from_env() -> str | None:
     """In a worker process: :func:`install` when :data:`ENV` asks for it (set by the driver's :func:`install`)."""
-    value = os.environ.get(ENV, "")
-    if not value.startswith("population"):
+    kernel, _, rank = os.environ.get(ENV, "").partition(":")
+    if kernel not in ("population", "matmul"):
         return None
-    _, _, rank = value.partition(":")
-    return install(int(rank) if rank else None)
+    return install(int(rank) if rank else None, kernel)
 
 
 def status() -> dict[str, Any]:
     """What this process installed and how many layer calls went through the kernels (eager calls only: a
     CUDA graph replays its kernels without Python)."""
-    return {"kernel": "population" if _state["installed"] else "vllm", **_state}
+    from . import population_matmul
+
+    return {**_state, "kernel": _state["kernel"] or "vllm", "widened": population_matmul.status()}

@@ -21,6 +21,13 @@ takes float32 too: the interpreter multiplies bfloat16 tiles wrongly (Triton 3.9
 product of unit normals), and the upcast gives the same exact products.  A slice's
 factors come in as an argument of their own (at most three), not through a table of pointers, so the same
 code runs under ``TRITON_INTERPRET=1`` on a CPU, where the tests check it.
+
+A third kernel serves the folded path (:mod:`population_matmul`): ``widen``, grid ``(token tiles,)``, writes
+``[x | h]`` for the layer's widened matmul, ``x`` copied and, per slice, the token's ``h`` in its member's
+``rank`` columns of a block of ``slots x rank`` (zeros elsewhere, and for tokens without a member and a
+graph's padding rows).  It needs no second launch, so each program walks all of the input features for
+a few tokens: the products in float32 on CUDA cores (a ``tl.dot`` would need 16 tokens a tile and leave
+most of the GPU idle on a decode step), summed once at the end; ``h`` is rounded to the layer's dtype.
 """
 
 from __future__ import annotations
@@ -44,6 +51,15 @@ BLOCKS_BY_TOKENS: tuple[tuple[float, dict[str, int]], ...] = (
 )
 #: the smallest tile side of a ``tl.dot``: the rank is padded to it (masked loads read only the rank's rows)
 MIN_DOT = 16
+#: ``widen``'s tiles (tokens per program, input features per step) by the step's token count, as above:
+#: decode steps want many programs of few tokens (a program walks every input feature)
+WIDEN_BY_TOKENS: tuple[tuple[float, dict[str, int]], ...] = (
+    (512, {"tokens": 2, "features": 512}),
+    (4096, {"tokens": 4, "features": 512}),
+    (float("inf"), {"tokens": 8, "features": 256}),
+)
+#: widened columns written per step (a block of ``slots x rank`` per slice)
+WIDEN_COLUMNS = 128
 
 
 @triton.jit
@@ -204,6 +220,86 @@ def _expand_kernel(
     tl.store(y_at, delta.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _widen_kernel(
+    x_ptr,
+    order_ptr,
+    starts_ptr,
+    slots_ptr,
+    w_ptr,
+    a0_ptr,
+    a1_ptr,
+    a2_ptr,
+    T,
+    K,
+    L,
+    stride_x,
+    stride_w,
+    stride_al,
+    stride_ar,
+    R: tl.constexpr,
+    RANK: tl.constexpr,
+    SLICES: tl.constexpr,
+    STARTS: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    starts = tl.load(starts_ptr + tl.arange(0, STARTS), mask=tl.arange(0, STARTS) < L + 2, other=0)
+    n = tl.max(starts, axis=0)
+    pos = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    in_rows = pos < T
+    in_step = pos < n
+    # the step's tokens in member order; a CUDA graph's padding rows (at and past n) as they are
+    tok = tl.where(in_step, tl.load(order_ptr + pos, mask=in_step, other=0), pos)
+    slot = tl.load(slots_ptr + tok, mask=in_step, other=-1)
+    valid = in_step & (slot >= 0) & (slot < L)
+    slot = tl.where(valid, slot, L)
+    first = tl.min(slot, axis=0)
+    last = tl.max(tl.where(valid, slot, -1), axis=0)
+    for k0 in range(0, K, BLOCK_K):  # x itself, every row
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask = in_rows[:, None] & (offs_k < K)[None, :]
+        xt = tl.load(x_ptr + tok[:, None] * stride_x + offs_k[None, :], mask=mask, other=0.0)
+        tl.store(w_ptr + tok[:, None] * stride_w + offs_k[None, :], xt, mask=mask)
+    offs_r = tl.arange(0, R)
+    in_rank = offs_r < RANK
+    for s in tl.static_range(SLICES):
+        if s == 0:
+            a_ptr = a0_ptr
+        elif s == 1:
+            a_ptr = a1_ptr
+        else:
+            a_ptr = a2_ptr
+        parts = tl.zeros((BLOCK_T, R, BLOCK_K), dtype=tl.float32)
+        m = first
+        while m <= last:  # each member in the tile: its factor once, its tokens' rows of x
+            mine = valid & (slot == m)
+            for k0 in range(0, K, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                in_k = offs_k < K
+                xt = tl.load(
+                    x_ptr + tok[:, None] * stride_x + offs_k[None, :], mask=mine[:, None] & in_k[None, :], other=0.0
+                ).to(tl.float32)
+                at = tl.load(
+                    a_ptr + m * stride_al + offs_r[:, None] * stride_ar + offs_k[None, :],
+                    mask=in_rank[:, None] & in_k[None, :],
+                    other=0.0,
+                ).to(tl.float32)
+                parts += xt[:, None, :] * at[None, :, :]
+            m = _next_member(slot, valid, m, L)
+        h = tl.sum(parts, axis=2)  # (tokens, rank): x @ a[slot]^T
+        block = w_ptr + tok[:, None] * stride_w + K + s * L * RANK
+        for e0 in range(0, L * RANK, BLOCK_E):
+            offs_e = e0 + tl.arange(0, BLOCK_E)
+            pick = (offs_e % RANK)[None, None, :] == offs_r[None, :, None]
+            value = tl.sum(tl.where(pick, h[:, :, None], 0.0), axis=1)  # h's column for each widened column
+            value = tl.where(valid[:, None] & ((offs_e // RANK)[None, :] == slot[:, None]), value, 0.0)
+            mask = in_rows[:, None] & (offs_e < L * RANK)[None, :]
+            tl.store(block + offs_e[None, :], value.to(w_ptr.dtype.element_ty), mask=mask)
+
+
 @functools.cache
 def programs(device: torch.device) -> int:
     """Blocks that keep the device busy: two per multiprocessor (8 under the CPU interpreter)."""
@@ -344,3 +440,33 @@ def expand_columns(
     sorted_tokens, starts = order if order is not None else member_order(slots, tokens, n_slots)
     strides = (0, n_slots * rank_slot, h.stride(0), rank_slot)
     _expand(y, h, strides, 1, True, tokens, slots, lora_b, output_slices, rank, add, b, sorted_tokens, starts)
+
+
+def widen(
+    x: torch.Tensor,
+    slots: torch.Tensor,
+    lora_a: Sequence[torch.Tensor],
+    rank: int,
+    order: tuple[torch.Tensor, torch.Tensor] | None = None,
+    blocks: dict[str, int] | None = None,
+) -> torch.Tensor:
+    """``population_matmul.widen_reference``'s contract in one launch: ``[x | h]``, ``h`` a block of
+    ``slots x rank`` columns per slice.  ``order`` as for :func:`launch`; ``blocks`` (tokens, features)
+    overrides :data:`WIDEN_BY_TOKENS` (the benchmark's comparisons)."""
+    tokens, features = x.shape
+    n_slots, rank_slot = lora_a[0].shape[0], lora_a[0].shape[-2]
+    if not (x.stride(-1) == 1 and all(a.is_contiguous() for a in lora_a)) or rank > rank_slot:
+        raise ValueError(f"population widen: x's rows and the factors contiguous, rank {rank} within {rank_slot}")
+    b = {**next(t for bound, t in WIDEN_BY_TOKENS if tokens <= bound), **(blocks or {})}
+    out = torch.empty((tokens, features + len(lora_a) * n_slots * rank), dtype=x.dtype, device=x.device)
+    if tokens == 0:
+        return out
+    sorted_tokens, starts = order if order is not None else member_order(slots, tokens, n_slots)
+    a = [*lora_a, *[lora_a[0]] * (3 - len(lora_a))]
+    _widen_kernel[(triton.cdiv(tokens, b["tokens"]),)](
+        x, sorted_tokens, starts, slots, out, a[0], a[1], a[2], tokens, features, n_slots,
+        x.stride(0), out.stride(0), lora_a[0].stride(0), lora_a[0].stride(2),
+        R=triton.next_power_of_2(rank), RANK=rank, SLICES=len(lora_a), STARTS=triton.next_power_of_2(n_slots + 2),
+        BLOCK_T=b["tokens"], BLOCK_K=b["features"], BLOCK_E=WIDEN_COLUMNS,
+    )  # fmt: skip
+    return out

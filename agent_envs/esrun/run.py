@@ -277,10 +277,11 @@ def single_engine_run(
     lowrank = s.perturbation == "lowrank"
     engine_kwargs = make_engine_kwargs(s)
     if lowrank:  # before the engine starts: vLLM reads its LoRA kernel settings once; the history keeps which
+        kernel = choose_lora_kernel(s.lora_kernel)
         kernels = (
-            install_population_kernels(s.rank)
-            if choose_lora_kernel(s.lora_kernel) == "population"
-            else use_tuned(s.model, engine_kwargs["max_loras"], engine_kwargs["max_lora_rank"])
+            use_tuned(s.model, engine_kwargs["max_loras"], engine_kwargs["max_lora_rank"])
+            if kernel == "vllm"
+            else install_population_kernels(s.rank, kernel)
         )
         record(config, lora_kernels=kernels)
         print(f"[es] low-rank: {kernels}", file=sys.stderr)

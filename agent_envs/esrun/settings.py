@@ -216,7 +216,7 @@ class ESSettings(BaseModel):
         if self.lora_kernel not in KERNELS:
             raise ValueError(f"--lora-kernel: one of {', '.join(KERNELS)}, not {self.lora_kernel!r}")
         if self.perturbation == "full":
-            if self.lora_kernel == "population":
+            if self.lora_kernel in ("population", "matmul"):
                 raise ValueError("--lora-kernel applies to --perturbation lowrank (full-rank members have no adapters)")
             self.mode = self.mode or "lockstep"
             return self
@@ -360,7 +360,8 @@ def _revert_options(p: argparse.ArgumentParser) -> None:
         "--lora-kernel",
         choices=KERNELS,
         help="--perturbation lowrank: the members' adapters on kernels made for one population (population: "
-        "docs/scaling.md#population-kernels) or on vLLM's multi-LoRA kernels (vllm); auto (the default): "
+        "docs/scaling.md#population-kernels), with the expand folded into each layer's matmul (matmul: "
+        "docs/scaling.md#folded-into-the-matmul), or on vLLM's multi-LoRA kernels (vllm); auto (the default): "
         "population on a CUDA GPU, vllm elsewhere",
     )
     p.add_argument(

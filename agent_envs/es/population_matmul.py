@@ -1,0 +1,198 @@
+"""A low-rank ES population's adapters folded into each layer's own matmul (docs/scaling.md#folded-into-the-matmul).
+
+The population kernels (:mod:`population_lora`) run after each packed linear layer's matmul: a shrink, then
+an expand that reads and writes the layer's whole output again.  On the 4B shape at P = 16 x B = 16 those
+two launches cost 0.08 ms a layer beside the matmuls' 0.10 ms, and no tiling brought them much lower
+(docs/scaling.md#population-kernels).  Here the expand is part of the matmul:
+
+- the layer's weight ``W`` (out x in) lives in a widened tensor ``[W | B_all]``: for slice ``s`` of a packed
+  layer and member slot ``m``, columns ``in + (s * slots + m) * rank + k`` hold column ``k`` of that
+  member's ``B`` on the slice's output rows, zeros on the others;
+- one launch (``population_lora_triton.widen``) writes ``[x | h]`` for the step's tokens: ``x`` copied, and
+  for a token of member ``m`` its ``h = x @ A_m^T`` in member ``m``'s columns, zeros in everyone else's;
+- one GEMM ``[x | h] @ [W | B_all]^T = x W^T + h B_m^T`` gives every token its own member's output,
+  summed in float32 and rounded once.
+
+The base weight stays the parameter it was, now a view of the widened tensor's first ``in`` columns, so
+updates, fingerprints and checkpoints see it unchanged.  What grows is the matmul's inner size: by
+``slices x slots x rank`` columns (192 on the 4B qkv at P = 16, rank 4: 4% more weight bytes a layer;
+at P = 256 the zeros outweigh the work and the population kernels fit better, ``population_lora.choose``).
+vLLM's LoRA slots, its request-to-member mapping and its per-step metadata stay vLLM's; each slot's ``B``
+is mirrored into the widened weight whenever the slot is written (``set_lora``, ``reset_lora``,
+:func:`agent_envs.es.lora_slots.copy_into_slots`).  Tensor parallel size 1 and unquantized layers only:
+any other layer keeps the population kernels.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+#: the attributes a widened layer carries: the widened weight, and the members' rank its columns hold
+WIDE, RANK = "es_widened_weight", "es_widened_rank"
+
+_state: dict[str, Any] = {"rank": None, "layers": 0}
+
+
+def widen_reference(x: torch.Tensor, slots: torch.Tensor, lora_a: Sequence[torch.Tensor], rank: int) -> torch.Tensor:
+    """``[x | h]`` for ``x`` (tokens x in): per slice ``s``, a block of ``slots x rank`` columns where a token
+    of slot ``m`` (in ``[0, slots)``) has ``x @ a_s[m, 0, :rank]^T`` (float32, rounded to ``x``'s dtype) in
+    its member's ``rank`` columns and zeros elsewhere; a token of no slot has zeros only."""
+    tokens = x.shape[0]
+    n_slots = lora_a[0].shape[0]
+    h = torch.zeros(tokens, len(lora_a), n_slots, rank, dtype=torch.float32, device=x.device)
+    token_slots = slots[:tokens]
+    for slot in torch.unique(token_slots).tolist():
+        if not 0 <= slot < n_slots:
+            continue
+        rows = (token_slots == slot).nonzero(as_tuple=True)[0]
+        for s, a in enumerate(lora_a):
+            h[rows, s, slot] = x[rows].float() @ a[slot, 0, :rank].float().t()
+    return torch.cat([x, h.flatten(1).to(x.dtype)], dim=1)
+
+
+@torch.library.custom_op("agent_envs::population_widen", mutates_args=())
+def _population_widen(
+    x: torch.Tensor,
+    slots: torch.Tensor,
+    lora_a: list[torch.Tensor],
+    rank: int,
+    no_adapter: torch.Tensor | None,
+    sorted_tokens: torch.Tensor | None,
+    starts: torch.Tensor | None,
+) -> torch.Tensor:
+    """The graph's view of the widening: one opaque op (compile and CUDA graphs capture it as they do
+    vLLM's LoRA ops).  ``no_adapter``: vLLM's host flag that no token of the step has a member (held-out
+    episodes): ``x`` and zeros.  ``sorted_tokens``/``starts``: vLLM's kernel metadata for the step."""
+    if no_adapter is not None and bool(no_adapter.item()):
+        return torch.cat([x, x.new_zeros(x.shape[0], len(lora_a) * lora_a[0].shape[0] * rank)], dim=1)
+    if x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+        from .population_lora_triton import widen
+
+        order = (sorted_tokens, starts) if sorted_tokens is not None and starts is not None else None
+        return widen(x, slots, lora_a, rank, order=order)
+    return widen_reference(x, slots, lora_a, rank)
+
+
+@_population_widen.register_fake
+def _(
+    x: torch.Tensor,
+    slots: torch.Tensor,
+    lora_a: list[torch.Tensor],
+    rank: int,
+    no_adapter: torch.Tensor | None,
+    sorted_tokens: torch.Tensor | None,
+    starts: torch.Tensor | None,
+) -> torch.Tensor:
+    return x.new_empty(x.shape[0], x.shape[1] + len(lora_a) * lora_a[0].shape[0] * rank)
+
+
+def widen_layer(module: Any, rank: int | None) -> bool:
+    """Give a vLLM LoRA linear layer its widened weight (the base weight copied in, the parameter re-pointed
+    at it, every slot's ``B`` mirrored) and make its slot writes mirror ``B``.  False, changing nothing,
+    where the layer is not one this serves (tensor parallel, quantized, not laid out as vLLM's linear LoRA)."""
+    base = getattr(module, "base_layer", None)
+    weight = getattr(base, "_parameters", {}).get("weight") if base is not None else None
+    stacked = getattr(module, "lora_b_stacked", None)
+    if (
+        weight is None
+        or weight.dim() != 2
+        or not weight.is_floating_point()
+        or getattr(module, "tp_size", 1) != 1
+        or not isinstance(stacked, tuple)
+        or sum(getattr(module, "output_slices", ())) != weight.shape[0]
+        or len(stacked) != len(module.output_slices)
+        or (rank or 0) > stacked[0].shape[-1]
+        or type(getattr(base, "quant_method", None)).__name__ != "UnquantizedLinearMethod"
+    ):
+        return False
+    rank = rank or stacked[0].shape[-1]
+    rows, features = weight.shape
+    wide = torch.zeros(rows, features + len(stacked) * stacked[0].shape[0] * rank, dtype=weight.dtype, device=weight.device)
+    wide[:, :features] = weight.data
+    weight.data = wide[:, :features]
+    setattr(module, WIDE, wide)
+    setattr(module, RANK, rank)
+    mirror(module)
+    for name in ("set_lora", "reset_lora"):
+        write = getattr(module, name)
+        setattr(module, name, _mirrored(module, write))
+    _state["layers"] += 1
+    return True
+
+
+def _mirrored(module: Any, write: Any) -> Any:
+    def written(index: int, *args: Any, **kwargs: Any) -> Any:
+        out = write(index, *args, **kwargs)
+        mirror(module, [index])
+        return out
+
+    return written
+
+
+def mirror(module: Any, slots: Sequence[int] | None = None) -> None:
+    """Copy ``slots``' (every slot's when None) ``B`` from vLLM's stacked slots into the widened weight; a
+    layer that is not widened is left alone."""
+    wide = getattr(module, WIDE, None)
+    if wide is None:
+        return
+    rank, stacked = getattr(module, RANK), module.lora_b_stacked
+    n_slots = stacked[0].shape[0]
+    index = torch.arange(n_slots) if slots is None else torch.tensor(list(slots), dtype=torch.long)
+    index = index.to(wide.device)
+    start, row = wide.shape[1] - len(stacked) * n_slots * rank, 0
+    for s, (b, width) in enumerate(zip(stacked, module.output_slices)):
+        block = wide[row : row + width, start + s * n_slots * rank : start + (s + 1) * n_slots * rank]
+        block.unflatten(1, (n_slots, rank))[:, index] = b[index, 0, :, :rank].permute(1, 0, 2).to(wide.dtype)
+        row += width
+
+
+def apply_sync(self: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``BaseLinearLayerWithLoRA._apply_sync`` for a widened layer: the widening, then one matmul."""
+    wide = getattr(self, WIDE, None)
+    if wide is None:
+        return _ORIGINAL["apply_sync"](self, x, bias)
+    flat = x.reshape(-1, x.shape[-1])
+    wrapper = self.punica_wrapper
+    meta = getattr(wrapper, "token_mapping_meta", None)  # the GPU wrapper's kernel metadata (not on CPU)
+    widened = torch.ops.agent_envs.population_widen(
+        flat, wrapper._token_lora_indices[: flat.shape[0]], list(self.lora_a_stacked), getattr(self, RANK),
+        getattr(meta, "no_lora_flag_cpu", None), getattr(meta, "token_indices_sorted_by_lora_ids", None),
+        getattr(meta, "lora_token_start_loc", None),
+    )  # fmt: skip
+    out = torch.nn.functional.linear(widened, wide, bias)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+_ORIGINAL: dict[str, Any] = {}
+
+
+def install(rank: int | None) -> list[str]:
+    """Patch vLLM so every LoRA linear layer its LoRA manager registers is widened for members of rank
+    ``rank`` (None: the engine's rank slot), and such layers run :func:`apply_sync`.  Before an engine
+    builds its model."""
+    from vllm.lora.layers.base_linear import BaseLinearLayerWithLoRA
+    from vllm.lora.model_manager import LoRAModelManager
+
+    _state["rank"] = rank
+    if not _ORIGINAL:
+        _ORIGINAL["apply_sync"] = BaseLinearLayerWithLoRA._apply_sync
+        _ORIGINAL["register_module"] = LoRAModelManager.register_module
+    register = _ORIGINAL["register_module"]
+
+    def register_module(manager: Any, module_name: str, module: Any) -> None:
+        register(manager, module_name, module)
+        if isinstance(module, BaseLinearLayerWithLoRA):
+            widen_layer(module, _state["rank"])
+
+    LoRAModelManager.register_module = register_module
+    BaseLinearLayerWithLoRA._apply_sync = apply_sync
+    return ["LoRAModelManager.register_module", "BaseLinearLayerWithLoRA._apply_sync"]
+
+
+def status() -> dict[str, Any]:
+    """The members' rank this process widens for and how many layers it widened."""
+    return dict(_state)
