@@ -51,11 +51,12 @@ BLOCKS_BY_TOKENS: tuple[tuple[float, dict[str, int]], ...] = (
 )
 #: the smallest tile side of a ``tl.dot``: the rank is padded to it (masked loads read only the rank's rows)
 MIN_DOT = 16
-#: ``widen``'s tiles (tokens per program, input features per step) by the step's token count, as above:
-#: decode steps want many programs of few tokens (a program walks every input feature)
+#: ``widen``'s tiles (tokens per program, input features per step) by the step's token count: the best of
+#: benchmarks/bench_lora_kernels.py's 12-setting grid on one H200 (2026-12-03, 4B shape: 64 and 256 tokens
+#: at P = 16, 1,024 and 4,096 at P = 256); decode steps want a program per token (each walks every input feature)
 WIDEN_BY_TOKENS: tuple[tuple[float, dict[str, int]], ...] = (
-    (512, {"tokens": 2, "features": 512}),
-    (4096, {"tokens": 4, "features": 512}),
+    (512, {"tokens": 1, "features": 1024}),
+    (2048, {"tokens": 4, "features": 512}),
     (float("inf"), {"tokens": 8, "features": 256}),
 )
 #: widened columns written per step (a block of ``slots x rank`` per slice)
@@ -258,46 +259,49 @@ def _widen_kernel(
     slot = tl.where(valid, slot, L)
     first = tl.min(slot, axis=0)
     last = tl.max(tl.where(valid, slot, -1), axis=0)
-    for k0 in range(0, K, BLOCK_K):  # x itself, every row
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask = in_rows[:, None] & (offs_k < K)[None, :]
-        xt = tl.load(x_ptr + tok[:, None] * stride_x + offs_k[None, :], mask=mask, other=0.0)
-        tl.store(w_ptr + tok[:, None] * stride_w + offs_k[None, :], xt, mask=mask)
     offs_r = tl.arange(0, R)
     in_rank = offs_r < RANK
-    for s in tl.static_range(SLICES):
-        if s == 0:
-            a_ptr = a0_ptr
-        elif s == 1:
-            a_ptr = a1_ptr
-        else:
-            a_ptr = a2_ptr
-        parts = tl.zeros((BLOCK_T, R, BLOCK_K), dtype=tl.float32)
+    # per slice, the products x * a[slot] of every step, summed over the features once at the end
+    parts0 = tl.zeros((BLOCK_T, R, BLOCK_K), dtype=tl.float32)
+    parts1 = tl.zeros((BLOCK_T, R, BLOCK_K), dtype=tl.float32)
+    parts2 = tl.zeros((BLOCK_T, R, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):  # x read once: copied, and multiplied by each slice's factor
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        in_k = offs_k < K
+        mask = in_rows[:, None] & in_k[None, :]
+        xt = tl.load(x_ptr + tok[:, None] * stride_x + offs_k[None, :], mask=mask, other=0.0)
+        tl.store(w_ptr + tok[:, None] * stride_w + offs_k[None, :], xt, mask=mask)
+        xt = xt.to(tl.float32)
+        a_at = offs_r[:, None] * stride_ar + offs_k[None, :]
+        a_mask = in_rank[:, None] & in_k[None, :]
         m = first
-        while m <= last:  # each member in the tile: its factor once, its tokens' rows of x
-            mine = valid & (slot == m)
-            for k0 in range(0, K, BLOCK_K):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                in_k = offs_k < K
-                xt = tl.load(
-                    x_ptr + tok[:, None] * stride_x + offs_k[None, :], mask=mine[:, None] & in_k[None, :], other=0.0
-                ).to(tl.float32)
-                at = tl.load(
-                    a_ptr + m * stride_al + offs_r[:, None] * stride_ar + offs_k[None, :],
-                    mask=in_rank[:, None] & in_k[None, :],
-                    other=0.0,
-                ).to(tl.float32)
-                parts += xt[:, None, :] * at[None, :, :]
+        while m <= last:  # each member in the tile: its factors once, for its tokens' rows
+            xm = tl.where((valid & (slot == m))[:, None], xt, 0.0)[:, None, :]
+            parts0 += xm * tl.load(a0_ptr + m * stride_al + a_at, mask=a_mask, other=0.0).to(tl.float32)[None, :, :]
+            if SLICES > 1:
+                parts1 += xm * tl.load(a1_ptr + m * stride_al + a_at, mask=a_mask, other=0.0).to(tl.float32)[None, :, :]
+            if SLICES > 2:
+                parts2 += xm * tl.load(a2_ptr + m * stride_al + a_at, mask=a_mask, other=0.0).to(tl.float32)[None, :, :]
             m = _next_member(slot, valid, m, L)
-        h = tl.sum(parts, axis=2)  # (tokens, rank): x @ a[slot]^T
-        block = w_ptr + tok[:, None] * stride_w + K + s * L * RANK
-        for e0 in range(0, L * RANK, BLOCK_E):
-            offs_e = e0 + tl.arange(0, BLOCK_E)
-            pick = (offs_e % RANK)[None, None, :] == offs_r[None, :, None]
-            value = tl.sum(tl.where(pick, h[:, :, None], 0.0), axis=1)  # h's column for each widened column
-            value = tl.where(valid[:, None] & ((offs_e // RANK)[None, :] == slot[:, None]), value, 0.0)
-            mask = in_rows[:, None] & (offs_e < L * RANK)[None, :]
-            tl.store(block + offs_e[None, :], value.to(w_ptr.dtype.element_ty), mask=mask)
+    _widened_block(w_ptr, tok, slot, valid, in_rows, tl.sum(parts0, axis=2), K, stride_w, L, R, RANK, BLOCK_E)
+    if SLICES > 1:
+        _widened_block(w_ptr, tok, slot, valid, in_rows, tl.sum(parts1, axis=2), K + L * RANK, stride_w, L, R, RANK, BLOCK_E)
+    if SLICES > 2:
+        _widened_block(w_ptr, tok, slot, valid, in_rows, tl.sum(parts2, axis=2), K + 2 * L * RANK, stride_w, L, R, RANK, BLOCK_E)
+
+
+@triton.jit
+def _widened_block(w_ptr, tok, slot, valid, in_rows, h, start, stride_w, L, R: tl.constexpr, RANK: tl.constexpr, BLOCK_E: tl.constexpr):
+    """One slice's ``slots x rank`` columns from ``start``: the token's ``h`` (tokens x rank) in its member's
+    columns, zeros elsewhere (and everywhere for a token of no member)."""
+    offs_r = tl.arange(0, R)
+    for e0 in range(0, L * RANK, BLOCK_E):
+        offs_e = e0 + tl.arange(0, BLOCK_E)
+        pick = (offs_e % RANK)[None, None, :] == offs_r[None, :, None]
+        value = tl.sum(tl.where(pick, h[:, :, None], 0.0), axis=1)  # h's column for each widened column
+        value = tl.where(valid[:, None] & ((offs_e // RANK)[None, :] == slot[:, None]), value, 0.0)
+        mask = in_rows[:, None] & (offs_e < L * RANK)[None, :]
+        tl.store(w_ptr + tok[:, None] * stride_w + start + offs_e[None, :], value.to(w_ptr.dtype.element_ty), mask=mask)
 
 
 @functools.cache
@@ -468,5 +472,6 @@ def widen(
         x.stride(0), out.stride(0), lora_a[0].stride(0), lora_a[0].stride(2),
         R=triton.next_power_of_2(rank), RANK=rank, SLICES=len(lora_a), STARTS=triton.next_power_of_2(n_slots + 2),
         BLOCK_T=b["tokens"], BLOCK_K=b["features"], BLOCK_E=WIDEN_COLUMNS,
+        num_warps=8 if b["tokens"] * b["features"] >= 1024 else 4,  # each slice's products: 16-64 per thread
     )  # fmt: skip
     return out
