@@ -624,7 +624,7 @@ def main() -> int:
         type=lambda v: v.split(","),
         default=["auto"],
         help="lowrank: the adapters' kernels, a list of auto,vllm,population,matmul (agent-envs es --lora-kernel; auto, "
-        "the default, is what a user gets: population on a CUDA GPU), a case each",
+        "the default, is what a user gets: matmul on a CUDA GPU), a case each",
     )
     ap.add_argument(
         "--skip-replay",

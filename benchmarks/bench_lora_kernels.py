@@ -92,21 +92,6 @@ def run_vllm(layer: Layer, meta_args: tuple[Any, ...]) -> None:
     lora_expand_op._lora_expand(buffer, layer.b, layer.y, *meta_args, offset_start=0, add_inputs=True)
 
 
-def widened_weight(layer: Layer, rank: int) -> Any:
-    """``[W | B_all]`` as agent_envs.es.population_matmul.widen_layer lays it out."""
-    import torch
-
-    n_slots, features = layer.a[0].shape[0], layer.x.shape[1]
-    wide = torch.zeros(layer.w.shape[0], features + len(layer.widths) * n_slots * rank, dtype=layer.w.dtype, device="cuda")
-    wide[:, :features] = layer.w
-    row = 0
-    for s, (b, width) in enumerate(zip(layer.b, layer.widths)):
-        block = wide[row : row + width, features + s * n_slots * rank : features + (s + 1) * n_slots * rank]
-        block.unflatten(1, (n_slots, rank))[:] = b[:, 0, :, :rank].permute(1, 0, 2)
-        row += width
-    return wide
-
-
 def measure(
     shape_name: str, population: int, m: int, decode: bool, rank: int, slot: int, grid: bool = True
 ) -> dict[str, Any]:
@@ -115,6 +100,7 @@ def measure(
     from vllm.lora.ops.triton_ops import LoRAKernelMeta
 
     from agent_envs.es.population_lora_triton import expand_columns, launch, widen
+    from agent_envs.es.population_matmul import widened_weight
 
     specs = layers(SHAPES[shape_name])
     slots = token_slots(m, population, decode)
@@ -152,7 +138,7 @@ def measure(
             n = sum(layer.widths)
             expand_columns(out[:, :n], out[:, n:], slots, layer.b, layer.widths, rank, order=order)
 
-    widened = [widened_weight(layer, rank) for layer in group]
+    widened = [widened_weight(layer.w, layer.b, layer.widths, rank) for layer in group]
     folded_out = [torch.empty_like(layer.y) for layer in group]
 
     def folded(blocks: dict[str, int] | None = None) -> None:
@@ -213,6 +199,7 @@ def measure(
     except Exception as exc:  # reported in the row and printed
         times["two_streams_ms"], failed = None, f"{type(exc).__name__}: {exc}"
         print(f"two streams failed: {failed}", file=sys.stderr)
+
     def best_of(fn: Any, settings: list[dict[str, int]]) -> tuple[str | None, dict[str, float]]:
         tried = {}
         for blocks in settings:
@@ -238,7 +225,7 @@ def measure(
         "best_ms": tried[best] if best else None,
         "tried": tried,
         "best_widen": best_widen,
-        "best_folded_ms": tried_widen[best_widen],
+        "best_folded_ms": tried_widen[best_widen] if best_widen else None,
         "tried_widen": tried_widen,
     }
 

@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 from agent_envs.es.population_lora import reference  # noqa: E402
 from agent_envs.es.population_lora_triton import expand_columns, launch, split_features, tiles_for, widen  # noqa: E402
-from agent_envs.es.population_matmul import widen_reference  # noqa: E402
+from agent_envs.es.population_matmul import widen_reference, widened_weight  # noqa: E402
 
 #: (name, slice widths, input features, adapter slots, rank slot, rank, tokens, dtype, add[, padded rows,
 #: layout, tiles]); a case with padded rows is an engine step inside a larger CUDA graph, with vLLM's kernel
@@ -143,15 +143,14 @@ def widen_case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, 
     order = vllm_metadata(slots, tokens, n_slots, rows) if padded else None
     blocks = dict(zip(("tokens", "features"), tiles)) if tiles else None
     got = widen(x, slots, a, rank, order=order, blocks=blocks)
-    want = torch.cat([widen_reference(x[:tokens], slots, a, rank), torch.cat([x[tokens:], torch.zeros(padded, got.shape[1] - features, dtype=dtype)], 1)])
-    wide = torch.zeros(sum(widths), got.shape[1], dtype=dtype)  # what population_matmul.widen_layer builds
-    wide[:, :features] = w
-    row = 0
-    for s, width in enumerate(widths):
-        block = wide[row : row + width, features + s * n_slots * rank : features + (s + 1) * n_slots * rank]
-        block.unflatten(1, (n_slots, rank))[:] = b[s][:, 0, :, :rank].permute(1, 0, 2)
-        row += width
-    folded = (got[:tokens].float() @ wide.float().t())
+    want = torch.cat(
+        [
+            widen_reference(x[:tokens], slots, a, rank),
+            torch.cat([x[tokens:], torch.zeros(padded, got.shape[1] - features, dtype=dtype)], 1),
+        ]
+    )
+    wide = widened_weight(w, b, widths, rank)  # what population_matmul.widen_layer builds
+    folded = got[:tokens].float() @ wide.float().t()
     unfolded = x[:tokens].float() @ w.float().t()
     reference(unfolded, x[:tokens].float(), slots, [t.float() for t in a], [t.float() for t in b], widths, rank)
     scale = want.float().abs().max().item()
@@ -161,7 +160,9 @@ def widen_case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, 
         "max_abs_diff": (want.float() - got.float()).abs().max().item(),
         "tolerance": scale * (1e-2 if dtype == torch.bfloat16 else 1e-5),
         "x_copied": bool(torch.equal(got[:, :features], x)),
-        "zeros_without_member": bool((got[:tokens][~member, features:] == 0).all() and (got[tokens:, features:] == 0).all()),
+        "zeros_without_member": bool(
+            (got[:tokens][~member, features:] == 0).all() and (got[tokens:, features:] == 0).all()
+        ),
         "members": int(member.sum()),
         "matmul_max_abs_diff": (folded - unfolded).abs().max().item(),
         "matmul_tolerance": unfolded.abs().max().item() * (1e-2 if dtype == torch.bfloat16 else 1e-5),

@@ -158,8 +158,9 @@ def test_the_graph_op_launches_nothing_on_a_step_without_adapters() -> None:
         assert (not torch.equal(out, y)) is changed, flag
 
 
-def test_auto_takes_the_population_kernels_on_a_cuda_gpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_folds_the_members_into_the_matmul_on_a_cuda_gpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert population_lora.choose("auto") == "population" and population_lora.choose("vllm") == "vllm"
+    assert population_lora.choose("auto") == "matmul" and population_lora.choose("vllm") == "vllm"
+    assert population_lora.choose("population") == "population"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert population_lora.choose("auto") == "vllm" and population_lora.choose("population") == "population"
+    assert population_lora.choose("auto") == "vllm" and population_lora.choose("matmul") == "matmul"

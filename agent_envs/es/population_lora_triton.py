@@ -285,13 +285,19 @@ def _widen_kernel(
             m = _next_member(slot, valid, m, L)
     _widened_block(w_ptr, tok, slot, valid, in_rows, tl.sum(parts0, axis=2), K, stride_w, L, R, RANK, BLOCK_E)
     if SLICES > 1:
-        _widened_block(w_ptr, tok, slot, valid, in_rows, tl.sum(parts1, axis=2), K + L * RANK, stride_w, L, R, RANK, BLOCK_E)
+        _widened_block(
+            w_ptr, tok, slot, valid, in_rows, tl.sum(parts1, axis=2), K + L * RANK, stride_w, L, R, RANK, BLOCK_E
+        )
     if SLICES > 2:
-        _widened_block(w_ptr, tok, slot, valid, in_rows, tl.sum(parts2, axis=2), K + 2 * L * RANK, stride_w, L, R, RANK, BLOCK_E)
+        _widened_block(
+            w_ptr, tok, slot, valid, in_rows, tl.sum(parts2, axis=2), K + 2 * L * RANK, stride_w, L, R, RANK, BLOCK_E
+        )
 
 
 @triton.jit
-def _widened_block(w_ptr, tok, slot, valid, in_rows, h, start, stride_w, L, R: tl.constexpr, RANK: tl.constexpr, BLOCK_E: tl.constexpr):
+def _widened_block(
+    w_ptr, tok, slot, valid, in_rows, h, start, stride_w, L, R: tl.constexpr, RANK: tl.constexpr, BLOCK_E: tl.constexpr
+):
     """One slice's ``slots x rank`` columns from ``start``: the token's ``h`` (tokens x rank) in its member's
     columns, zeros elsewhere (and everywhere for a token of no member)."""
     offs_r = tl.arange(0, R)

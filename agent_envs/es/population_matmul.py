@@ -110,13 +110,11 @@ def widen_layer(module: Any, rank: int | None) -> bool:
     ):
         return False
     rank = rank or stacked[0].shape[-1]
-    rows, features = weight.shape
-    wide = torch.zeros(rows, features + len(stacked) * stacked[0].shape[0] * rank, dtype=weight.dtype, device=weight.device)
-    wide[:, :features] = weight.data
+    features = weight.shape[1]
+    wide = widened_weight(weight.data, stacked, module.output_slices, rank)
     weight.data = wide[:, :features]
     setattr(module, WIDE, wide)
     setattr(module, RANK, rank)
-    mirror(module)
     for name in ("set_lora", "reset_lora"):
         write = getattr(module, name)
         setattr(module, name, _mirrored(module, write))
@@ -133,18 +131,36 @@ def _mirrored(module: Any, write: Any) -> Any:
     return written
 
 
+def widened_weight(
+    weight: torch.Tensor, lora_b: Sequence[torch.Tensor], widths: Sequence[int], rank: int
+) -> torch.Tensor:
+    """``[W | B_all]`` for ``weight`` (out x in) and vLLM's stacked ``lora_b`` (one per slice of ``widths``
+    output rows, ``(slots, 1, width, rank slot)``): every slot's first ``rank`` columns of ``B``."""
+    rows, features = weight.shape
+    wide = weight.new_zeros(rows, features + len(lora_b) * lora_b[0].shape[0] * rank)
+    wide[:, :features] = weight
+    _write_b(wide, lora_b, widths, rank, torch.arange(lora_b[0].shape[0], device=wide.device))
+    return wide
+
+
 def mirror(module: Any, slots: Sequence[int] | None = None) -> None:
     """Copy ``slots``' (every slot's when None) ``B`` from vLLM's stacked slots into the widened weight; a
     layer that is not widened is left alone."""
     wide = getattr(module, WIDE, None)
     if wide is None:
         return
-    rank, stacked = getattr(module, RANK), module.lora_b_stacked
-    n_slots = stacked[0].shape[0]
-    index = torch.arange(n_slots) if slots is None else torch.tensor(list(slots), dtype=torch.long)
-    index = index.to(wide.device)
-    start, row = wide.shape[1] - len(stacked) * n_slots * rank, 0
-    for s, (b, width) in enumerate(zip(stacked, module.output_slices)):
+    stacked = module.lora_b_stacked
+    index = torch.arange(stacked[0].shape[0]) if slots is None else torch.tensor(list(slots), dtype=torch.long)
+    _write_b(wide, stacked, module.output_slices, getattr(module, RANK), index.to(wide.device))
+
+
+def _write_b(
+    wide: torch.Tensor, lora_b: Sequence[torch.Tensor], widths: Sequence[int], rank: int, index: torch.Tensor
+) -> None:
+    """Slots ``index``'s ``B`` into their columns of the widened weight, slice by slice."""
+    n_slots = lora_b[0].shape[0]
+    start, row = wide.shape[1] - len(lora_b) * n_slots * rank, 0
+    for s, (b, width) in enumerate(zip(lora_b, widths)):
         block = wide[row : row + width, start + s * n_slots * rank : start + (s + 1) * n_slots * rank]
         block.unflatten(1, (n_slots, rank))[:, index] = b[index, 0, :, :rank].permute(1, 0, 2).to(wide.dtype)
         row += width
