@@ -65,6 +65,7 @@ HERE = "benchmarks.bench_es_generation"
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "scripts"))
 import es_results  # noqa: E402
+from host_sampler import HostSampler  # noqa: E402
 from gpu_engine import QWEN3_4B, SMOLLM2_135M, TINY_QWEN3, dense_qwen3, vllm_cpu_env  # noqa: E402
 from es_results import int_list  # noqa: E402
 
@@ -319,6 +320,13 @@ class Bench:
         es_results.append(self.args.results, self.rows)
         self.rows = []
 
+    def keep(self, text: str, kind: str) -> str:
+        """Write ``text`` next to ``--results`` for this case (``kind``: what it is); returns the file's name."""
+        r = self.args.results
+        path = r.with_name(f"{r.stem}.{self.args.shape}-P{self.population}-B{self.case_batch}.{kind}.txt")
+        path.write_text(text + "\n")
+        return path.name
+
     def requests_file(self) -> Path:
         """Where the low-rank phase leaves its last generation's requests for the raw phase (this case)."""
         r = self.args.results
@@ -458,8 +466,13 @@ class Bench:
             runs = timed_generations(run.trainer, 1, n - 1)
             calls, times = start_stream_recording(run.policy)  # the last timed generation's requests: the raw replays
             started = time.perf_counter()
-            runs += timed_generations(run.trainer, n, 1)
+            with HostSampler() if self.args.sample_host else contextlib.nullcontext() as sampler:
+                runs += timed_generations(run.trainer, n, 1)
             self.note(f"low-rank engine: {timeline(times, started, time.perf_counter())}")
+            if sampler is not None:
+                self.note(
+                    f"low-rank engine: host threads over the last generation: {self.keep(sampler.table(), 'host')}"
+                )
             record = runs[-1][0]
             del run.policy._stream
             self.rows.append(generation_row(self, name, "lowrank", 1, runs, "--perturbation lowrank"))
@@ -630,6 +643,12 @@ def main() -> int:
         "--skip-replay",
         action="store_true",
         help="lowrank: skip replaying its requests on its own AsyncLLM (with and without adapters)",
+    )
+    ap.add_argument(
+        "--sample-host",
+        action="store_true",
+        help="lowrank: sample every host thread over the last timed generation (benchmarks/host_sampler.py), "
+        "the table written next to --results",
     )
     ap.add_argument(
         "--mps", default="auto", choices=["auto", "off"], help="CUDA MPS for the k engines (agent-envs es --mps)"

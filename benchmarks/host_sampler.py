@@ -1,0 +1,110 @@
+"""Where a process's threads spend their wall time: a sampling profiler for benchmarks on a host with
+nothing to install (``bench_es_generation.py --sample-host``).
+
+A low-rank ES generation on the H200 sent its second turn's 256 requests over 1.03 s where the same
+loop on a fake engine takes 0.04 s (docs/scaling.md#folded-into-the-matmul): the time goes to vLLM's
+frontend, the episode loop or the threads between them, and only the real engine shows which.  cProfile
+sees one thread and slows it; this reads every thread's current frame (``sys._current_frames``) every
+few milliseconds instead and counts, per thread:
+
+- whether it was waiting (its innermost frame in a wait: a selector, a lock, a queue, a sleep) or running;
+- where it ran: the innermost frame of this repository's or vLLM's code on its stack (``owner``), and the
+  innermost frame of all (``frame``), so time in a library call is charged to the caller that made it.
+
+Samples are taken only when the sampler's thread holds the interpreter's lock, so a thread that keeps
+the lock for long stretches is seen less often than its wall time; a wait inside C code other than
+those in :data:`WAITS` counts as running in its caller.  The shares are rough, the ranking is what to read.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from types import FrameType, TracebackType
+
+#: (file name ending, function) pairs whose frame means the thread is waiting, not running
+WAITS = (
+    ("selectors.py", "select"),
+    ("threading.py", "wait"),
+    ("threading.py", "_wait_for_tstate_lock"),
+    ("queue.py", "get"),
+    ("concurrent/futures/thread.py", "_worker"),  # its own frame innermost: blocked in SimpleQueue.get (C)
+)
+#: path parts that make a frame an owner: this repository's packages and vLLM's
+OWNERS = ("agent_envs/", "benchmarks/", "vllm/")
+
+
+def _where(frame: FrameType) -> str:
+    code = frame.f_code
+    return f"{'/'.join(code.co_filename.split('/')[-2:])}:{code.co_name}"
+
+
+class HostSampler:
+    """Samples every thread but its own every ``interval`` seconds between ``start()`` and ``stop()``
+    (or as a context manager); ``owners``: the path parts that make a frame an owner."""
+
+    def __init__(self, interval: float = 0.002, owners: tuple[str, ...] = OWNERS) -> None:
+        self.interval, self.owners = interval, owners
+        self.samples: collections.Counter[tuple[str, str, str]] = collections.Counter()
+        self.totals: collections.Counter[str] = collections.Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="host-sampler", daemon=True)
+        self.seconds = 0.0
+
+    def __enter__(self) -> HostSampler:
+        self.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._started = time.perf_counter()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.seconds = time.perf_counter() - self._started
+
+    def _run(self) -> None:
+        own = threading.get_ident()
+        while not self._stop.wait(self.interval):
+            names = {t.ident: t.name for t in threading.enumerate()}
+            for ident, frame in sys._current_frames().items():
+                if ident != own:
+                    self.sample(names.get(ident, str(ident)), frame)
+
+    def sample(self, thread: str, frame: FrameType) -> None:
+        """Count one sample of ``thread`` at ``frame`` (its innermost)."""
+        innermost = _where(frame)
+        filename = frame.f_code.co_filename
+        waiting = any(filename.endswith(f) and frame.f_code.co_name == fn for f, fn in WAITS)
+        owner = next(
+            (_where(f) for f in _stack(frame) if any(part in f.f_code.co_filename for part in self.owners)),
+            "(no owner)",
+        )
+        self.totals[thread] += 1
+        self.samples[(thread, "waiting" if waiting else owner, "" if waiting else innermost)] += 1
+
+    def table(self, top: int = 8) -> str:
+        """Per thread (most running samples first): its samples, the share of them running, and its
+        ``top`` running places (owner, innermost frame) with their shares of the thread's samples."""
+        running = collections.Counter({t: n - self.samples[(t, "waiting", "")] for t, n in self.totals.items()})
+        lines = [f"{sum(self.totals.values())} samples over {self.seconds:.2f} s, every {self.interval * 1e3:.0f} ms"]
+        for thread, busy in running.most_common():
+            total = self.totals[thread]
+            lines.append(f"- {thread}: {total} samples, running {busy / total:.0%}")
+            places = [(k, n) for k, n in self.samples.items() if k[0] == thread and k[1] != "waiting"]
+            for (_, owner, innermost), n in sorted(places, key=lambda item: -item[1])[:top]:
+                lines.append(f"    {n / total:5.1%}  {owner}" + (f"  <- {innermost}" if innermost != owner else ""))
+        return "\n".join(lines)
+
+
+def _stack(frame: FrameType | None) -> Iterator[FrameType]:  # innermost first
+    while frame is not None:
+        yield frame
+        frame = frame.f_back

@@ -1,0 +1,40 @@
+"""benchmarks/host_sampler.py: the sampling profiler that ``bench_es_generation.py --sample-host`` runs
+around a generation tells a thread that computes from one that waits, and charges the computing
+thread's time to the function doing it."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from benchmarks.host_sampler import HostSampler
+
+
+def spin(until: threading.Event) -> int:
+    n = 0
+    while not until.is_set():
+        n += len(json.dumps({str(i): [i, i * 0.5] for i in range(300)}, indent=1))  # mostly in json's code
+    return n
+
+
+def test_a_computing_thread_and_a_waiting_one_are_told_apart() -> None:
+    done, stop = threading.Event(), threading.Event()
+    busy = threading.Thread(target=spin, args=(stop,), name="busy")
+    idle = threading.Thread(target=done.wait, name="idle")
+    sampler = HostSampler(interval=0.002, owners=("tests/",))
+    busy.start()
+    idle.start()
+    with sampler:
+        stop.wait(0.6)  # the test's own thread waits too: an Event's wait, a lock in threading.py
+    stop.set()
+    done.set()
+    busy.join()
+    idle.join()
+    running = {t: n - sampler.samples[(t, "waiting", "")] for t, n in sampler.totals.items()}
+    assert sampler.totals["busy"] >= 20 and sampler.totals["idle"] >= 20, sampler.totals
+    assert running["busy"] / sampler.totals["busy"] > 0.8, sampler.samples
+    assert running["idle"] == 0, sampler.samples
+    top = max((n, key) for key, n in sampler.samples.items() if key[0] == "busy" and key[1] != "waiting")[1]
+    assert top[1] == "tests/test_host_sampler.py:spin" and top[2].startswith("json/"), top  # json's time: spin's
+    table = sampler.table()
+    assert "- busy:" in table and "running 0%" in table and "tests/test_host_sampler.py:spin" in table, table
