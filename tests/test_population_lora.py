@@ -164,3 +164,51 @@ def test_auto_folds_the_members_into_the_matmul_on_a_cuda_gpu_only(monkeypatch: 
     assert population_lora.choose("population") == "population"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert population_lora.choose("auto") == "vllm" and population_lora.choose("matmul") == "matmul"
+
+
+class UnquantizedLinearMethod:  # the name population_matmul.widen_layer requires of the base layer's method
+    pass
+
+
+def widenable(rows: int = 6, features: int = 5, slots: int = 3, rank_slot: int = 8) -> torch.nn.Module:
+    """A layer laid out as vLLM's linear LoRA layers are (one slice), with set_lora/reset_lora of its own."""
+    layer = torch.nn.Module()
+    layer.base_layer = torch.nn.Linear(features, rows, bias=False)
+    layer.base_layer.quant_method = UnquantizedLinearMethod()
+    layer.tp_size, layer.output_slices = 1, (rows,)
+    layer.lora_a_stacked = (torch.zeros(slots, 1, rank_slot, features),)
+    layer.lora_b_stacked = (torch.zeros(slots, 1, rows, rank_slot),)
+
+    def set_lora(index: int, lora_a: torch.Tensor, lora_b: torch.Tensor) -> None:
+        layer.lora_a_stacked[0][index, 0, : lora_a.shape[0]] = lora_a
+        layer.lora_b_stacked[0][index, 0, :, : lora_b.shape[1]] = lora_b
+
+    layer.set_lora, layer.reset_lora = set_lora, lambda index: None
+    return layer
+
+
+def test_a_widened_layer_mirrors_its_slots_and_refuses_a_wider_adapter() -> None:
+    """The base weight becomes a view of the widened weight (an update through it reaches the matmul);
+    a slot's B written through set_lora lands in that member's columns; an adapter of a larger rank than
+    the widening (its extra columns would be dropped) is refused, not served wrongly."""
+    from agent_envs.es.population_matmul import WIDE, widen_layer
+
+    layer = widenable()
+    weight = layer.base_layer.weight
+    before = weight.detach().clone()
+    assert widen_layer(layer, 4)
+    wide = getattr(layer, WIDE)
+    assert wide.shape == (6, 5 + 3 * 4) and torch.equal(wide[:, :5], before)
+    with torch.no_grad():
+        weight.add_(1.0)  # an ES update, in place on the parameter
+    assert torch.equal(wide[:, :5], before + 1.0) and layer.base_layer.weight is weight
+    b = torch.arange(24.0).reshape(6, 4)
+    layer.set_lora(2, torch.ones(4, 5), b)
+    assert torch.equal(wide[:, 5 + 2 * 4 : 5 + 3 * 4], b) and not wide[:, 5 : 5 + 2 * 4].any()
+    with pytest.raises(ValueError, match="rank 8 in a layer widened for rank 4"):
+        layer.set_lora(1, torch.ones(8, 5), torch.ones(6, 8))
+    assert not wide[:, 5 + 4 : 5 + 8].any()  # nothing written for the refused adapter
+    layer.set_lora(0, torch.zeros(8, 5), torch.zeros(6, 8))  # vLLM's warm-up adapters: zeros, its rank slot
+    quantized = widenable()  # a quantized base layer is left to the population kernels
+    quantized.base_layer.quant_method = object()
+    assert not widen_layer(quantized, 4) and not hasattr(quantized, WIDE)

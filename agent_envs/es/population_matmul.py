@@ -124,6 +124,16 @@ def widen_layer(module: Any, rank: int | None) -> bool:
 
 def _mirrored(module: Any, write: Any) -> Any:
     def written(index: int, *args: Any, **kwargs: Any) -> Any:
+        lora_b = kwargs.get("lora_b", args[1] if len(args) > 1 else None)
+        rank = getattr(module, RANK)
+        # columns of B past the widened rank would be dropped: refused unless zero (vLLM's warm-up
+        # adapters are zeros of its rank slot)
+        dropped = [b for b in (lora_b if isinstance(lora_b, list) else [lora_b]) if b is not None and b[:, rank:].any()]
+        if dropped:
+            raise ValueError(
+                f"an adapter of rank {dropped[0].shape[-1]} in a layer widened for rank {rank} "
+                "(agent_envs.es.population_matmul serves the ES members' adapters only)"
+            )
         out = write(index, *args, **kwargs)
         mirror(module, [index])
         return out
