@@ -281,7 +281,7 @@ def on_kernel(args: argparse.Namespace) -> str:
     """How a low-rank row names the LoRA kernels it ran on (vLLM's: nothing added)."""
     from agent_envs.es.population_lora import choose
 
-    kernel = choose(args.lora_kernel[0])
+    kernel = choose(args.lora_kernel[0], args.population[0])
     return {"vllm": "", "population": ", population kernels", "matmul": ", folded into the matmuls"}[kernel]
 
 
@@ -637,7 +637,7 @@ def main() -> int:
         type=lambda v: v.split(","),
         default=["auto"],
         help="lowrank: the adapters' kernels, a list of auto,vllm,population,matmul (agent-envs es --lora-kernel; auto, "
-        "the default, is what a user gets: matmul on a CUDA GPU), a case each",
+        "the default, is what a user gets: matmul on a CUDA GPU up to P = 256), a case each",
     )
     ap.add_argument(
         "--skip-replay",

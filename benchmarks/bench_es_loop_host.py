@@ -248,7 +248,7 @@ def fake_run(args: argparse.Namespace, latency: float, tokenizer: Any, work: Pat
     swapped = {
         "build_policy": build_policy,
         "VLLMLowRank": FakeLowRank,
-        "choose_lora_kernel": lambda kernel: "vllm",
+        "choose_lora_kernel": lambda kernel, population=None: "vllm",
         "use_tuned": lambda *a: "fake engine: no LoRA kernels",
     }
     if VARIANTS[variant]:

@@ -80,7 +80,7 @@ def fake_engine_settings(perturbation: str, monkeypatch: pytest.MonkeyPatch, pol
     monkeypatch.setattr(esrun, "build_policy", lambda settings, engine_kwargs: (policy, policy))
     monkeypatch.setattr(esrun, "VLLMLowRank", NoWeights)
     monkeypatch.setattr(esrun, "VLLMPerturbation", lambda engine, **kw: NoWeightsFull())
-    monkeypatch.setattr(esrun, "choose_lora_kernel", lambda kernel: "vllm")
+    monkeypatch.setattr(esrun, "choose_lora_kernel", lambda kernel, population=None: "vllm")
     monkeypatch.setattr(esrun, "use_tuned", lambda *args: "no kernels")
     return parse_settings(
         [

@@ -162,6 +162,9 @@ def test_auto_folds_the_members_into_the_matmul_on_a_cuda_gpu_only(monkeypatch: 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert population_lora.choose("auto") == "matmul" and population_lora.choose("vllm") == "vllm"
     assert population_lora.choose("population") == "population"
+    # the widened matmul grows with the population: measured up to 256 members, the population kernels beyond
+    assert population_lora.choose("auto", 256) == "matmul" and population_lora.choose("auto", 1024) == "population"
+    assert population_lora.choose("matmul", 1024) == "matmul"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert population_lora.choose("auto") == "vllm" and population_lora.choose("matmul") == "matmul"
 

@@ -152,15 +152,23 @@ def _(
     return None
 
 
-def choose(kernel: str) -> str:
+#: the largest population ``auto`` folds into the matmuls: the widened matmul grows by slices x P x rank
+#: inner columns, and per layer it was measured no slower than the population kernels up to P = 256 only
+MATMUL_UP_TO = 256
+
+
+def choose(kernel: str, population: int | None = None) -> str:
     """``auto``: on a CUDA GPU the members' expand folded into each layer's matmul (``matmul``), which one H200
     run measured at 77% of raw generation on the 4B shape at P = 16 x B = 16 where the population kernels
     alone gave 69%, and per layer at or below the population kernels' time at P = 16 and 256
-    (docs/scaling.md#folded-into-the-matmul); vLLM's kernels elsewhere (a CPU engine would run the torch
-    definitions, a loop over members)."""
+    (docs/scaling.md#folded-into-the-matmul); above :data:`MATMUL_UP_TO` members the population kernels,
+    whose cost does not grow with the population; vLLM's kernels elsewhere (a CPU engine would run the
+    torch definitions, a loop over members)."""
     if kernel != "auto":
         return kernel
-    return "matmul" if torch.cuda.is_available() else "vllm"
+    if not torch.cuda.is_available():
+        return "vllm"
+    return "matmul" if population is None or population <= MATMUL_UP_TO else "population"
 
 
 def add_lora_linear(

@@ -277,7 +277,7 @@ def single_engine_run(
     lowrank = s.perturbation == "lowrank"
     engine_kwargs = make_engine_kwargs(s)
     if lowrank:  # before the engine starts: vLLM reads its LoRA kernel settings once; the history keeps which
-        kernel = choose_lora_kernel(s.lora_kernel)
+        kernel = choose_lora_kernel(s.lora_kernel, s.population)
         kernels = (
             use_tuned(s.model, engine_kwargs["max_loras"], engine_kwargs["max_lora_rank"])
             if kernel == "vllm"

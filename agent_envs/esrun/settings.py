@@ -362,7 +362,7 @@ def _revert_options(p: argparse.ArgumentParser) -> None:
         help="--perturbation lowrank: the members' adapters on kernels made for one population (population: "
         "docs/scaling.md#population-kernels), with the expand folded into each layer's matmul (matmul: "
         "docs/scaling.md#folded-into-the-matmul), or on vLLM's multi-LoRA kernels (vllm); auto (the default): "
-        "matmul on a CUDA GPU, vllm elsewhere",
+        "matmul on a CUDA GPU up to 256 members, population above, vllm elsewhere",
     )
     p.add_argument(
         "--adapter-dir", help="--perturbation lowrank: where each generation's adapters are written (default /dev/shm)"
