@@ -87,7 +87,11 @@ def test_population_kernels_serve_each_member_as_its_merged_perturbation(kernel:
     assert out["refresh"]["tokens_equal_fresh"], out["refresh"]  # in-place refreshed slots, read by the kernels
 
 
-def test_lowrank_training_replays_bit_exactly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kernel", ["auto", "matmul"])
+def test_lowrank_training_replays_bit_exactly(tmp_path: Path, kernel: str) -> None:
+    """Two generations, then the run replayed from its history onto a fresh engine and onto a plain checkpoint:
+    the same checksum.  ``matmul``: the engine's base weights are views of the widened weights
+    (agent_envs.es.population_matmul), updated in place through them; the replays land on the same bits."""
     python, model = vllm_python(), smollm2()
     adapters = tmp_path / "adapters"
     adapters.mkdir()
@@ -112,6 +116,8 @@ def test_lowrank_training_replays_bit_exactly(tmp_path: Path) -> None:
             "--toy-reward",
             "--adapter-dir",
             str(adapters),
+            "--lora-kernel",
+            kernel,
             population=3,
             max_tokens=16,
         ),
@@ -124,7 +130,10 @@ def test_lowrank_training_replays_bit_exactly(tmp_path: Path) -> None:
     records = json.loads(history.read_text())
     config = records[0]["config"]
     assert config["perturbation"] == "lowrank" and config["rank"] == 2 and len(config["lowrank_targets"]) == 210
-    assert config["lora_kernels"].startswith("vLLM's default LoRA kernel settings")  # which settings the engine had
+    if kernel == "auto":  # on a CPU: vLLM's kernels, with the settings the engine had
+        assert config["lora_kernels"].startswith("vLLM's default LoRA kernel settings")
+    else:
+        assert config["lora_kernels"].startswith("members' expand folded into the layers' matmuls"), config
     updates = [r for r in records if "rewards" in r]
     assert [r["generation"] for r in updates] == [0, 1]
     assert all(len(set(r["rewards"])) == 3 for r in updates)  # each member generated through its own adapter
@@ -136,7 +145,13 @@ def test_lowrank_training_replays_bit_exactly(tmp_path: Path) -> None:
     assert "refreshed in" in output and "(3 drawn ahead;" in output  # generation 1's adapters drawn during 0's rollouts
     assert "cannot rewrite adapters in place" not in output
     # SmolLM2 is not the shape the shipped LoRA kernel settings were tuned for: vLLM's defaults, said so
-    assert "[es] low-rank: vLLM's default LoRA kernel settings (the shipped ones were tuned for another shape" in output
+    if kernel == "auto":
+        assert (
+            "[es] low-rank: vLLM's default LoRA kernel settings (the shipped ones were tuned for another shape"
+            in output
+        )
+    else:  # every perturbed layer (30 x qkv, o, gate_up, down) widened, its base weight a view
+        assert "[es] low-rank: 120 layers with the members folded into their matmuls" in output
     trained = [line for line in train.stdout.splitlines() if "final weights checksum" in line][-1].split()[-1]
     assert trained != config["base_checksum"]
 
