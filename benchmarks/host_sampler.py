@@ -7,7 +7,7 @@ frontend, the episode loop or the threads between them, and only the real engine
 sees one thread and slows it; this reads every thread's current frame (``sys._current_frames``) every
 few milliseconds instead and counts, per thread:
 
-- whether it was waiting (its innermost frame in a wait: a selector, a lock, a queue, a sleep) or running;
+- whether it was waiting (its innermost frame in a wait: a selector, a lock, a queue) or running;
 - where it ran: the innermost frame of this repository's or vLLM's code on its stack (``owner``), and the
   innermost frame of all (``frame``), so time in a library call is charged to the caller that made it.
 

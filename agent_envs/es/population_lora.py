@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from . import population_matmul
+
 #: ``population`` or ``population:R`` (R: the members' rank, below the engine's rank slot) installs the kernels;
 #: ``matmul[:R]`` the same and the members' expand folded into each layer's matmul (:mod:`population_matmul`)
 ENV = "AGENT_ENVS_LORA_KERNEL"
@@ -229,8 +231,6 @@ def install(rank: int | None = None, kernel: str = "population") -> str:
     if not done:
         raise RuntimeError("population LoRA kernels: this vLLM has none of the Punica wrappers they replace")
     if kernel == "matmul":
-        from . import population_matmul
-
         done += population_matmul.install(rank)
     _state["installed"] = done
     return (
@@ -253,6 +253,4 @@ def install_from_env() -> str | None:
 def status() -> dict[str, Any]:
     """What this process installed and how many layer calls went through the kernels (eager calls only: a
     CUDA graph replays its kernels without Python)."""
-    from . import population_matmul
-
     return {**_state, "kernel": _state["kernel"] or "vllm", "widened": population_matmul.status()}

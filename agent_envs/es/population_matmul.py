@@ -37,6 +37,11 @@ WIDE, RANK = "es_widened_weight", "es_widened_rank"
 _state: dict[str, Any] = {"rank": None, "layers": 0}
 
 
+def widened_columns(stacked: Sequence[torch.Tensor], rank: int) -> int:
+    """The columns a layer is widened by: a block of ``slots x rank`` per slice of vLLM's ``stacked`` factors."""
+    return len(stacked) * stacked[0].shape[0] * rank
+
+
 def widen_reference(x: torch.Tensor, slots: torch.Tensor, lora_a: Sequence[torch.Tensor], rank: int) -> torch.Tensor:
     """``[x | h]`` for ``x`` (tokens x in): per slice ``s``, a block of ``slots x rank`` columns where a token
     of slot ``m`` (in ``[0, slots)``) has ``x @ a_s[m, 0, :rank]^T`` (float32, rounded to ``x``'s dtype) in
@@ -68,7 +73,7 @@ def _population_widen(
     vLLM's LoRA ops).  ``no_adapter``: vLLM's host flag that no token of the step has a member (held-out
     episodes): ``x`` and zeros.  ``sorted_tokens``/``starts``: vLLM's kernel metadata for the step."""
     if no_adapter is not None and bool(no_adapter.item()):
-        return torch.cat([x, x.new_zeros(x.shape[0], len(lora_a) * lora_a[0].shape[0] * rank)], dim=1)
+        return torch.cat([x, x.new_zeros(x.shape[0], widened_columns(lora_a, rank))], dim=1)
     if x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
         from .population_lora_triton import widen
 
@@ -87,7 +92,7 @@ def _(
     sorted_tokens: torch.Tensor | None,
     starts: torch.Tensor | None,
 ) -> torch.Tensor:
-    return x.new_empty(x.shape[0], x.shape[1] + len(lora_a) * lora_a[0].shape[0] * rank)
+    return x.new_empty(x.shape[0], x.shape[1] + widened_columns(lora_a, rank))
 
 
 def widen_layer(module: Any, rank: int | None) -> bool:
@@ -147,7 +152,7 @@ def widened_weight(
     """``[W | B_all]`` for ``weight`` (out x in) and vLLM's stacked ``lora_b`` (one per slice of ``widths``
     output rows, ``(slots, 1, width, rank slot)``): every slot's first ``rank`` columns of ``B``."""
     rows, features = weight.shape
-    wide = weight.new_zeros(rows, features + len(lora_b) * lora_b[0].shape[0] * rank)
+    wide = weight.new_zeros(rows, features + widened_columns(lora_b, rank))
     wide[:, :features] = weight
     _write_b(wide, lora_b, widths, rank, torch.arange(lora_b[0].shape[0], device=wide.device))
     return wide
@@ -169,7 +174,7 @@ def _write_b(
 ) -> None:
     """Slots ``index``'s ``B`` into their columns of the widened weight, slice by slice."""
     n_slots = lora_b[0].shape[0]
-    start, row = wide.shape[1] - len(lora_b) * n_slots * rank, 0
+    start, row = wide.shape[1] - widened_columns(lora_b, rank), 0
     for s, (b, width) in enumerate(zip(lora_b, widths)):
         block = wide[row : row + width, start + s * n_slots * rank : start + (s + 1) * n_slots * rank]
         block.unflatten(1, (n_slots, rank))[:, index] = b[index, 0, :, :rank].permute(1, 0, 2).to(wide.dtype)
