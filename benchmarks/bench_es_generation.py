@@ -23,7 +23,9 @@ all appending to one ``--results`` file, ``--phase table`` printing the table; b
   GPU (``--engines k --engines-per-gpu k``); the first pool also gives the raw rows (the prompts its
   warm-up sent, replayed on engine 0: one member's turns at batch B, every member's turn t in one call
   at P x B) and engine 0 alone (members one after another, CUDA graphs, device exact revert); every
-  k > 1 gives k engines together.  The table gives members per second and the ratio to k x one engine;
+  k > 1 gives k engines together.  The table gives members per second and the ratio to k x one engine.
+  ``--one-pool`` builds only the largest pool and times its first k engines for each k (the others
+  idle), so k = 1, 2, 4, 8 cost 8 engine builds, not 15;
 * **old** (``--enforce-eager --exact-revert --revert-copy host --concurrency 16``): ``--old-members``
   members, the wall scaled to P (no raw rows of its own: no share).
 
@@ -58,7 +60,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 HERE = "benchmarks.bench_es_generation"
@@ -339,7 +341,9 @@ class Bench:
     def note(self, text: str) -> None:
         self.rows.append(self.measurement("note", "other", 0, [], [], text))
 
-    def flags(self, name: str, *extra: str) -> Any:
+    def flags(self, name: str, *extra: str, generations: int | None = None) -> Any:
+        """``agent-envs es`` settings of a row's run; ``generations``: how many it may step (a warm-up
+        and two rounds of timed generations unless given)."""
         a = self.args
         common = [
             "--model",
@@ -355,7 +359,7 @@ class Bench:
             "--case-batch",
             str(self.case_batch),
             "--generations",
-            str(2 + 2 * a.timed_generations),
+            str(generations or 2 + 2 * a.timed_generations),
             "--max-turns",
             str(a.turns),
             "--max-tokens-per-turn",
@@ -389,9 +393,13 @@ class Bench:
             "lowrank", "--perturbation", "lowrank", "--rank", str(self.args.rank), "--mode", "async", *extra
         )
 
-    def pool_rows(self, k: int, first: bool) -> None:
-        """A pool of k engines on the GPU: (``first``: the pool's raw rows and engine 0 alone, the
-        full-rank 1-engine row) and the k engines together, each over the timed generations."""
+    def pool_rows(self, size: int, counts: Sequence[int], first: bool) -> None:
+        """A pool of ``size`` engines on the GPU: (``first``: the pool's raw rows and engine 0 alone, the
+        full-rank 1-engine row) and, for each k > 1 of ``counts``, its first k engines together, each over
+        the timed generations.  ``counts`` = [size] is one pool per engine count (``--engines-per-gpu``);
+        several counts in one pool (``--one-pool``) build the largest pool once instead of one pool per k
+        (the builds run one after another: 15 for k = 1, 2, 4, 8, against 8), the engines a row does not
+        use sitting idle (their memory held, no work)."""
         import ray
 
         a, n = self.args, self.args.timed_generations
@@ -399,13 +407,16 @@ class Bench:
         # every pool joins this process's Ray cluster: with --engines 1 alone, es would run its one engine
         # in this process, not as the Ray actor the larger pools' engines are (the pool of 1 is their yardstick)
         cluster = ray.get_runtime_context().gcs_address
+        together = [k for k in counts if k > 1]
         flags = self.flags(
-            "pool", "--engines", str(k), "--engines-per-gpu", str(k), "--mps", a.mps, "--ray-address", cluster
+            "pool",
+            *("--engines", str(size), "--engines-per-gpu", str(size), "--mps", a.mps, "--ray-address", cluster),
+            generations=1 + n * (1 + len(together)),
         )
         with self.es.open_run(flags) as run:
             pool, trainer = run.pool, run.trainer
             self.note(
-                f"pool of {k} engines on one GPU started in {time.perf_counter() - started:.0f} s "
+                f"pool of {size} engines on one GPU started in {time.perf_counter() - started:.0f} s "
                 f"(builds {', '.join(str(i['start_s']) for i in pool.info)} s, one after another); "
                 f"{pool.mps.describe()}"
             )
@@ -413,6 +424,7 @@ class Bench:
                 pool.call(i, f"{HERE}:start_recording")
             trainer.step(0)  # warm-up on every engine; its prompts feed the raw replays
             calls = [c for i in pool.live for c in pool.call(i, f"{HERE}:stop_recording")]
+            generation = 1
             if first:
                 first_members = [g for m in member_calls(calls)[: a.raw_members] for g in m]
                 population = by_turn(calls)
@@ -430,22 +442,27 @@ class Bench:
                         "full-rank, 1 engine (CUDA graphs, device exact revert)",
                         "fullrank",
                         1,
-                        timed_generations(trainer, 1, n),
-                        f"engine 0 of a pool of {k} alone, members one after another",
+                        timed_generations(trainer, generation, n),
+                        f"engine 0 of a pool of {size} alone, members one after another",
                     )
                 )
-                trainer.member_engines = None
-            if k > 1:
+                generation += n
+            for k in together:
+                trainer.member_engines = list(range(k))
                 self.rows.append(
                     generation_row(
                         self,
                         f"full-rank, {k} engines on the GPU",
                         "fullrank",
                         k,
-                        timed_generations(trainer, 1 + n if first else 1, n),
-                        f"--engines {k} --engines-per-gpu {k}",
+                        timed_generations(trainer, generation, n),
+                        f"--engines {k} --engines-per-gpu {k}"
+                        + ("" if k == size else f"; engines 0-{k - 1} of a pool of {size}, the rest idle"),
                     )
                 )
+                generation += n
+                self.flush()  # a later count that runs out of time keeps this one
+            trainer.member_engines = None
             if a.check and first:
                 trip = pool.call(0, f"{HERE}:engine_roundtrip")
                 verdict = "PASS" if trip["ok"] else "FAIL"
@@ -628,6 +645,12 @@ def main() -> int:
     ap.add_argument(
         "--engines-per-gpu", type=int_list, default=[2], help="full-rank pools of k engines, a list: 1,2,4,8"
     )
+    ap.add_argument(
+        "--one-pool",
+        action="store_true",
+        help="fullrank: build one pool of the largest k and time its first k engines for each k of "
+        "--engines-per-gpu (one engine build per engine, not one per engine and pool)",
+    )
     ap.add_argument("--timed-generations", type=int, default=3, help="timed generations (and raw repeats) per row")
     ap.add_argument("--old-members", type=int, default=None, help="members the old path runs (4; --cpu 2)")
     ap.add_argument("--raw-members", type=int, default=2, help="members whose turns the raw batch-B row replays")
@@ -793,13 +816,18 @@ def run_case(args: argparse.Namespace, phase: str) -> int:
                 num_cpus=4 if args.cpu else None,
             )
             ray_started = True
+        counts = sorted(set(args.engines_per_gpu))
         steps: dict[str, list[tuple[str, Callable[[], None]]]] = {
             "lowrank": [("lowrank", bench.lowrank_rows)],
             "raw": [("raw", bench.plain_raw_rows)],  # the low-rank child's requests, saved next to --results
-            "fullrank": [
-                (f"pool of {k}", functools.partial(bench.pool_rows, k, i == 0))
-                for i, k in enumerate(args.engines_per_gpu)
-            ],
+            "fullrank": (
+                [(f"one pool of {max(counts)}", functools.partial(bench.pool_rows, max(counts), counts, True))]
+                if args.one_pool
+                else [
+                    (f"pool of {k}", functools.partial(bench.pool_rows, k, [k], i == 0))
+                    for i, k in enumerate(args.engines_per_gpu)
+                ]
+            ),
             "old": [("old", bench.old_rows)],
         }
         bench.note(f"vLLM {vllm.__version__}; {args.turns} turns x {args.tokens} tokens")
