@@ -8,13 +8,14 @@ batch); the low-rank backend is :class:`FakeLowRank` (no weights); no LoRA kerne
 What is left is the episode loop: member threads, their event loops, env worker threads, prompt
 rendering and tokenising, env steps, the hand-offs to and from the engine's loop, records.
 
-Three variants, side by side in one run, each over ``--generations`` timed generations after a
+Four variants, side by side in one run, each over ``--generations`` timed generations after a
 warm-up: ``before``, every member's ``run_episodes`` building its environments with ``gym.make`` (16 a
 member, every generation) and running its episodes on an event loop of its own; ``shelf``, the
 environments the ES run keeps for the whole run (``agent_envs.rollout.shelf.EnvShelf``), reset by
-every later generation; ``after``, that and every member's episodes on the run's one event loop
-(``agent_envs.rollout.episode_loop.EpisodeLoop``).  It checks that all give the same records, and
-prints:
+every later generation; ``own loop``, that and every member's episodes on the run's one event loop
+(``agent_envs.rollout.episode_loop.EpisodeLoop``); ``after``, that loop being the engine's own
+(``EpisodeLoop.sharing(*policy.engine_loop)``: no hand-off to the engine's thread per request).  It
+checks that all give the same records, and prints:
 
 * the rollouts' wall per generation with an instant engine (every host second serialised),
 * with ``--engine-s L``: the wall minus ``turns x L``, the host time a GPU would wait through, and
@@ -217,8 +218,9 @@ def settings(args: argparse.Namespace, history: Path) -> Any:
 
 #: variant -> what of the run's own every member's ``run_episodes`` goes without: ``before`` builds
 #: its environments (16 per member, every generation) and starts an event loop, as before the run's
-#: shelf and episode loop
-VARIANTS = {"before": ("envs", "episode_loop"), "shelf": ("episode_loop",), "after": ()}
+#: shelf and episode loop; ``own loop`` runs the episodes on a loop of the run's, as before they ran on
+#: the engine's (``after``)
+VARIANTS = {"before": ("envs", "episode_loop"), "shelf": ("episode_loop",), "own loop": (), "after": ()}
 
 
 def without(evaluate_member: Callable[..., Any], dropped: tuple[str, ...]) -> Callable[..., Any]:
@@ -253,6 +255,8 @@ def fake_run(args: argparse.Namespace, latency: float, tokenizer: Any, work: Pat
     }
     if VARIANTS[variant]:
         swapped["evaluate_member"] = without(esrun.evaluate_member, VARIANTS[variant])
+    if variant == "own loop":
+        swapped["episode_loop_for"] = lambda policy: esrun.EpisodeLoop(esrun.EPISODE_LOOP_THREAD)
     saved = {name: getattr(esrun, name) for name in swapped}
     for name, value in swapped.items():
         setattr(esrun, name, value)
@@ -356,8 +360,8 @@ def main() -> None:
         f"tokens, sandbox none, toy reward, async; {os.cpu_count()} cores; median of {args.generations} generations "
         "after a warm-up; before = environments built (gym.make) and an event loop started by every member's "
         "run_episodes; shelf = the run's environments kept (agent_envs.rollout.shelf.EnvShelf), reset every "
-        "generation; after = that and every member's episodes on the run's one event loop "
-        "(agent_envs.rollout.episode_loop.EpisodeLoop)"
+        "generation; own loop = that and every member's episodes on the run's one event loop "
+        "(agent_envs.rollout.episode_loop.EpisodeLoop); after = that loop being the engine's own"
     )
     got: dict[str, dict[str, Any]] = {}
     for variant in VARIANTS:

@@ -253,6 +253,14 @@ def describe_start(backend: Any, config: ESConfig) -> None:
 EPISODE_LOOP_THREAD = "es-episodes"
 
 
+def episode_loop_for(policy: Any) -> EpisodeLoop:
+    """Every member's async episodes on one event loop, not one loop per member thread: the async
+    engine's own where the policy has one (no thread hand-off per request and answer), else a loop
+    of the run's (docs/scaling.md#the-episode-loops-host-time)."""
+    engine_loop = getattr(policy, "engine_loop", None)
+    return EpisodeLoop.sharing(*engine_loop) if engine_loop is not None else EpisodeLoop(EPISODE_LOOP_THREAD)
+
+
 def member_env_workers(settings: ESSettings) -> ThreadPoolExecutor:
     """The env worker threads of every member's episodes for the whole run: enough for the members
     that run at once (all of them in low-rank ES) with their episodes in flight.  Started once, not
@@ -290,8 +298,7 @@ def single_engine_run(
     # the members' environments for the whole run: built by the first generation, reset by the
     # next ones (256 gym.make every 16 x 16 generation before; docs/scaling.md#the-episode-loops-host-time)
     envs = EnvShelf()
-    # every member's async episodes on one event loop, not one loop per member thread
-    episode_loop = EpisodeLoop(EPISODE_LOOP_THREAD) if s.mode == "async" else None
+    episode_loop = episode_loop_for(policy) if s.mode == "async" else None
     try:
         if lowrank:
             backend: Any = VLLMLowRank(engine, s.rank)

@@ -458,6 +458,15 @@ class AsyncVLLMPolicy(_LoRAAdapters, EnginePolicy):
         """The ``AsyncLLM`` (None once closed); call its coroutines through :meth:`call`."""
         return self._thread.engine
 
+    @property
+    def engine_loop(self) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+        """The engine's event loop and its thread.  Coroutines run there (``EpisodeLoop.sharing``)
+        await the engine directly: each request skips the hand-off to this thread and back (two
+        thread switches, each a turn at the interpreter lock behind every other busy thread).
+        Nothing run there may block: it would stop the engine's own output handling with it."""
+        thread = self._live_thread()
+        return thread.loop, thread.thread
+
     def describe(self) -> dict[str, Any]:
         return {
             "policy": self.name,
@@ -473,8 +482,11 @@ class AsyncVLLMPolicy(_LoRAAdapters, EnginePolicy):
         )
         if isinstance(prepared, Completion):
             return prepared
+        thread = self._live_thread()
         try:
-            return await asyncio.wrap_future(self._live_thread().submit(self._stream(prepared)))
+            if asyncio.get_running_loop() is thread.loop:  # episodes on the engine's loop (engine_loop)
+                return await self._stream(prepared)
+            return await asyncio.wrap_future(thread.submit(self._stream(prepared)))
         except Exception as exc:  # one failing stream must not end the others
             return Completion.failed(exc, prompt_tokens=len(prepared.prompt_ids), engine=self.name)
 
