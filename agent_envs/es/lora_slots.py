@@ -134,59 +134,116 @@ def copy_into_slots(manager: Any, lora_ids: Sequence[int]) -> int:
     does; an inactive one is copied from the CPU when next activated.  Returns the slots written.
 
     A layer with vLLM's stacked slots (``lora_a_stacked``/``lora_b_stacked``: one tensor per slice,
-    ``[slot, 1, rows, cols]``, tensor parallel size 1) gets every adapter's slot at once: one fill and
-    one copy per stacked tensor, where ``set_lora`` per adapter costs a reset and a copy per slice
-    each (16 adapters x 144 layers of small copies for a 4B model).  Any other layer goes through
-    ``set_lora``/``reset_lora``."""
+    ``[slot, 1, rows, cols]``, tensor parallel size 1) gets every adapter's slot at once, where ``set_lora``
+    per adapter costs a reset and a copy per slice each (16 adapters x 144 layers of small copies for a 4B
+    model).  All such layers' values travel together: stacked into one staging buffer on the host (pinned
+    where there is a GPU, kept for the next refresh), one copy to the device, then a fill and a write per
+    stacked tensor, with the slot indices on the device once.  A copy per stacked tensor from pageable
+    memory, and the indices copied for each, made about 2,000 host-to-device copies that each waited for
+    the device.  Any other layer goes through ``set_lora``/``reset_lora``."""
     active = [
         (manager.lora_index_to_id.index(i), manager.get_adapter(i)) for i in lora_ids if i in manager.lora_index_to_id
     ]
     if not active:  # none of them holds a GPU slot now: each is copied in when next activated
         return 0
+    slots = [slot for slot, _ in active]
+    stacked_layers, writes = [], []
     for module_name, module in manager.modules.items():
         weights = [manager._get_lora_layer_weights(lora_model, module_name) for _, lora_model in active]
-        if all(weights) and _copy_stacked(module, [slot for slot, _ in active], weights):
-            mirror(module, [slot for slot, _ in active])  # a layer with the expand in its matmul holds B there too
+        planned = _stacked_writes(module, weights) if all(weights) else None
+        if planned is not None:
+            stacked_layers.append(module)
+            writes += planned
             continue
-        for (slot, _), w in zip(active, weights):
+        for slot, w in zip(slots, weights):
             if w:
                 module.set_lora(slot, w.lora_a, w.lora_b)
             else:
                 module.reset_lora(slot)
+    if writes:
+        _write_stacked(manager, slots, writes)
+        index = torch.tensor(slots, dtype=torch.long).to(writes[0].target.device)
+        for module in stacked_layers:
+            mirror(module, index)  # a layer with the expand in its matmul holds B there too
     if torch.cuda.is_available():
         torch.cuda.synchronize()  # the copies read pinned host memory a later refresh overwrites
     return len(active)
 
 
-def _copy_stacked(module: Any, slots: list[int], weights: list[Any]) -> bool:
-    """Write ``weights`` (one per slot) into ``module``'s stacked slot tensors; False, having written
-    nothing, where the layer is not laid out as this expects."""
+class _Write:
+    """One stacked slot tensor's new values: ``parts`` (one ``rows x cols`` tensor per slot) into
+    ``target[slot, 0, :rows, :cols]``, the rest of each slot's rows and columns zeroed."""
+
+    def __init__(self, target: torch.Tensor, parts: list[torch.Tensor]) -> None:
+        self.target, self.parts = target, parts
+        self.rows, self.cols = parts[0].shape
+
+    @property
+    def size(self) -> int:
+        return len(self.parts) * self.rows * self.cols
+
+
+def _stacked_writes(module: Any, weights: list[Any]) -> list[_Write] | None:
+    """The writes of ``weights`` (one per slot) into ``module``'s stacked slot tensors; None where the
+    layer is not laid out as this expects (nothing is written then)."""
     stacks: dict[str, tuple[torch.Tensor, ...]] = {}
     for kind in ("lora_a", "lora_b"):
         stacked = getattr(module, f"{kind}_stacked", None)
         if not (isinstance(stacked, tuple) and stacked and all(isinstance(t, torch.Tensor) for t in stacked)):
-            return False
+            return None
         stacks[kind] = stacked
     if getattr(module, "tp_size", 1) != 1:
-        return False
+        return None
     writes = []
     for kind, stacked in stacks.items():
         per_slot = [getattr(w, kind) if isinstance(getattr(w, kind), list) else [getattr(w, kind)] for w in weights]
         if any(len(parts) != len(stacked) for parts in per_slot):
-            return False
+            return None
         for k, target in enumerate(stacked):
             parts = [parts[k] for parts in per_slot]
             if target.dim() != 4 or any(p is None or p.dim() != 2 or p.shape != parts[0].shape for p in parts):
-                return False
+                return None
             rows, cols = parts[0].shape
             if rows > target.shape[2] or cols > target.shape[3]:
-                return False
-            writes.append((target, torch.stack(parts), rows, cols))
-    index = torch.tensor(slots, dtype=torch.long)
-    for target, values, rows, cols in writes:
-        target.index_fill_(0, index.to(target.device), 0)  # the padding beyond the adapter's rank stays 0
-        target[index.to(target.device), 0, :rows, :cols] = values.to(target.device, non_blocking=True)
-    return True
+                return None
+            writes.append(_Write(target, parts))
+    return writes
+
+
+def _write_stacked(manager: Any, slots: list[int], writes: list[_Write]) -> None:
+    """Every write's values through one staging buffer and one host-to-device copy (module docstring)."""
+    device, dtype = writes[0].target.device, writes[0].target.dtype
+    if any(w.target.device != device or w.target.dtype != dtype for w in writes):  # one buffer per kind of slot
+        for group in _grouped(writes):
+            _write_stacked(manager, slots, group)
+        return
+    total = sum(w.size for w in writes)
+    staging: torch.Tensor | None = getattr(manager, "_agent_envs_staging", None)
+    if staging is None or staging.numel() < total or staging.dtype != dtype:
+        staging = torch.empty(total, dtype=dtype, pin_memory=device.type == "cuda")
+        manager._agent_envs_staging = staging  # kept: the next refresh writes the same sizes
+    offset = 0
+    for w in writes:
+        place = staging[offset : offset + w.size].view(len(w.parts), w.rows, w.cols)
+        if all(p.dtype == dtype for p in w.parts):
+            torch.stack(w.parts, out=place)
+        else:  # cast as the slot's own assignment would
+            place.copy_(torch.stack(w.parts))
+        offset += w.size
+    values = staging[:total].to(device, non_blocking=True)
+    index = torch.tensor(slots, dtype=torch.long).to(device)
+    offset = 0
+    for w in writes:
+        w.target.index_fill_(0, index, 0)  # the padding beyond the adapter's rank stays 0
+        w.target[index, 0, : w.rows, : w.cols] = values[offset : offset + w.size].view(len(w.parts), w.rows, w.cols)
+        offset += w.size
+
+
+def _grouped(writes: list[_Write]) -> list[list[_Write]]:
+    groups: dict[tuple[Any, Any], list[_Write]] = {}
+    for w in writes:
+        groups.setdefault((w.target.device, w.target.dtype), []).append(w)
+    return list(groups.values())
 
 
 def slot_digest(manager: Any, lora_id: int) -> str:

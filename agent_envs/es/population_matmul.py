@@ -158,14 +158,20 @@ def widened_weight(
     return wide
 
 
-def mirror(module: Any, slots: Sequence[int] | None = None) -> None:
+def mirror(module: Any, slots: Sequence[int] | torch.Tensor | None = None) -> None:
     """Copy ``slots``' (every slot's when None) ``B`` from vLLM's stacked slots into the widened weight; a
-    layer that is not widened is left alone."""
+    layer that is not widened is left alone.  ``slots`` may be a tensor of slot indices already on the
+    layer's device (a refresh of every layer passes one, not a host-to-device copy per layer)."""
     wide = getattr(module, WIDE, None)
     if wide is None:
         return
     stacked = module.lora_b_stacked
-    index = torch.arange(stacked[0].shape[0]) if slots is None else torch.tensor(list(slots), dtype=torch.long)
+    if slots is None:
+        index = torch.arange(stacked[0].shape[0])
+    elif isinstance(slots, torch.Tensor):
+        index = slots
+    else:
+        index = torch.tensor(list(slots), dtype=torch.long)
     _write_b(wide, stacked, module.output_slices, getattr(module, RANK), index.to(wide.device))
 
 
