@@ -270,12 +270,13 @@ def test_stacked_slots_are_written_at_once_exactly_as_set_lora_writes_them() -> 
     assert batched.modules["lm_head"].slots == {0: None, 2: None}  # no weights there: reset as before
     assert lora_slots.copy_into_slots(batched, [99]) == 0  # an adapter without a GPU slot: nothing to copy
     # the next refresh: new values through the same staging buffer, the slots again exactly set_lora's
-    staging = batched._agent_envs_staging
+    staging = dict(batched._agent_envs_staging)
     for manager in (batched, one_by_one):
         for weights in manager.get_adapter(8).loras.values():
             for part in weights.lora_a if isinstance(weights.lora_a, list) else [weights.lora_a]:
                 part.mul_(-3)
-    assert lora_slots.copy_into_slots(batched, [7, 8]) == 2 and batched._agent_envs_staging is staging
+    assert lora_slots.copy_into_slots(batched, [7, 8]) == 2
+    assert len(staging) == 1 and all(batched._agent_envs_staging[k] is v for k, v in staging.items())
     model = one_by_one.get_adapter(8)
     for name in ("m.qkv", "m.o"):
         one_by_one.modules[name].set_lora(0, model.loras[name].lora_a, model.loras[name].lora_b)

@@ -161,8 +161,12 @@ def copy_into_slots(manager: Any, lora_ids: Sequence[int]) -> int:
                 module.set_lora(slot, w.lora_a, w.lora_b)
             else:
                 module.reset_lora(slot)
+    groups: dict[tuple[torch.device, torch.dtype], list[_Write]] = {}
+    for w in writes:  # a buffer and a copy per device and dtype of slot tensors (in practice one)
+        groups.setdefault((w.target.device, w.target.dtype), []).append(w)
+    for (device, dtype), group in groups.items():
+        _write_stacked(manager, slots, group, device, dtype)
     if writes:
-        _write_stacked(manager, slots, writes)
         index = torch.tensor(slots, dtype=torch.long).to(writes[0].target.device)
         for module in stacked_layers:
             mirror(module, index)  # a layer with the expand in its matmul holds B there too
@@ -211,18 +215,16 @@ def _stacked_writes(module: Any, weights: list[Any]) -> list[_Write] | None:
     return writes
 
 
-def _write_stacked(manager: Any, slots: list[int], writes: list[_Write]) -> None:
-    """Every write's values through one staging buffer and one host-to-device copy (module docstring)."""
-    device, dtype = writes[0].target.device, writes[0].target.dtype
-    if any(w.target.device != device or w.target.dtype != dtype for w in writes):  # one buffer per kind of slot
-        for group in _grouped(writes):
-            _write_stacked(manager, slots, group)
-        return
+def _write_stacked(
+    manager: Any, slots: list[int], writes: list[_Write], device: torch.device, dtype: torch.dtype
+) -> None:
+    """The writes' values (their slot tensors all on ``device`` in ``dtype``) through one staging buffer
+    on the host, kept on ``manager`` per dtype for the next refresh, and one copy to the device."""
     total = sum(w.size for w in writes)
-    staging: torch.Tensor | None = getattr(manager, "_agent_envs_staging", None)
-    if staging is None or staging.numel() < total or staging.dtype != dtype:
-        staging = torch.empty(total, dtype=dtype, pin_memory=device.type == "cuda")
-        manager._agent_envs_staging = staging  # kept: the next refresh writes the same sizes
+    buffers: dict[torch.dtype, torch.Tensor] = manager.__dict__.setdefault("_agent_envs_staging", {})
+    staging = buffers.get(dtype)
+    if staging is None or staging.numel() < total:
+        staging = buffers[dtype] = torch.empty(total, dtype=dtype, pin_memory=device.type == "cuda")
     offset = 0
     for w in writes:
         place = staging[offset : offset + w.size].view(len(w.parts), w.rows, w.cols)
@@ -238,13 +240,6 @@ def _write_stacked(manager: Any, slots: list[int], writes: list[_Write]) -> None
         w.target.index_fill_(0, index, 0)  # the padding beyond the adapter's rank stays 0
         w.target[index, 0, : w.rows, : w.cols] = values[offset : offset + w.size].view(len(w.parts), w.rows, w.cols)
         offset += w.size
-
-
-def _grouped(writes: list[_Write]) -> list[list[_Write]]:
-    groups: dict[tuple[Any, Any], list[_Write]] = {}
-    for w in writes:
-        groups.setdefault((w.target.device, w.target.dtype), []).append(w)
-    return list(groups.values())
 
 
 def slot_digest(manager: Any, lora_id: int) -> str:
