@@ -21,6 +21,9 @@
 #
 # usage: docker/debian_base.sh [TAG]
 set -euo pipefail
+# debootstrap's steps inside the new root (the packages' scripts: ca-certificates' calls mktemp) take
+# this environment with them; a TMPDIR of the host's (a test worker's own) does not exist in there
+unset TMPDIR
 tag="${1:-agent-envs-base:bookworm}"
 if docker image inspect "$tag" >/dev/null 2>&1; then
   echo "[debian_base] $tag already present"
