@@ -81,7 +81,7 @@ def test_a_run_on_the_loops_own_thread_is_refused() -> None:
 
 class AnswersAtOnce:
     """An ``AsyncLLM``'s interface with nothing behind it: every request's one output is a fixed reply,
-    generated on the event loop that asks (noted, with the request's prompt length)."""
+    generated on the event loop that asks (the thread it runs on noted)."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -129,3 +129,14 @@ def test_episodes_on_the_engines_own_loop_send_requests_without_a_hand_off(monke
 
 
 TASK_CHAT = [{"role": "user", "content": "What is 2 + 2?"}]
+
+
+def test_a_closed_async_policy_answers_with_a_failed_completion(monkeypatch) -> None:
+    """An episode whose policy was closed under it ends with a failed request, not an exception."""
+    monkeypatch.setattr(vllm_policy, "sampling_params", lambda sampling, prepared, final_only=False: None)
+    monkeypatch.setattr(vllm_policy, "tokens_prompt", lambda prepared: {"prompt_token_ids": prepared.prompt_ids})
+    engine = AnswersAtOnce(smollm2_tokenizer())
+    policy = AsyncVLLMPolicy(engine=engine, tokenizer=engine.tokenizer)
+    policy.close()
+    completion = asyncio.run(policy.agenerate(GenerationRequest(messages=TASK_CHAT)))
+    assert completion.error is not None and "closed" in (completion.error_message or "")

@@ -482,8 +482,8 @@ class AsyncVLLMPolicy(_LoRAAdapters, EnginePolicy):
         )
         if isinstance(prepared, Completion):
             return prepared
-        thread = self._live_thread()
         try:
+            thread = self._live_thread()  # a closed policy: a failed completion, as a failed stream
             if asyncio.get_running_loop() is thread.loop:  # episodes on the engine's loop (engine_loop)
                 return await self._stream(prepared)
             return await asyncio.wrap_future(thread.submit(self._stream(prepared)))
