@@ -161,15 +161,15 @@ def copy_into_slots(manager: Any, lora_ids: Sequence[int]) -> int:
                 module.set_lora(slot, w.lora_a, w.lora_b)
             else:
                 module.reset_lora(slot)
+    # the slot indices copied once to each device the slot tensors are on (in practice one)
+    indices = {device: torch.tensor(slots, dtype=torch.long).to(device) for device in {w.target.device for w in writes}}
     groups: dict[tuple[torch.device, torch.dtype], list[_Write]] = {}
     for w in writes:  # a buffer and a copy per device and dtype of slot tensors (in practice one)
         groups.setdefault((w.target.device, w.target.dtype), []).append(w)
     for (device, dtype), group in groups.items():
-        _write_stacked(manager, slots, group, device, dtype)
-    if writes:
-        index = torch.tensor(slots, dtype=torch.long).to(writes[0].target.device)
-        for module in stacked_layers:
-            mirror(module, index)  # a layer with the expand in its matmul holds B there too
+        _write_stacked(manager, indices[device], group, dtype)
+    for module in stacked_layers:  # a layer with the expand in its matmul holds B there too
+        mirror(module, indices[module.lora_b_stacked[0].device])
     if torch.cuda.is_available():
         torch.cuda.synchronize()  # the copies read pinned host memory a later refresh overwrites
     return len(active)
@@ -215,11 +215,11 @@ def _stacked_writes(module: Any, weights: list[Any]) -> list[_Write] | None:
     return writes
 
 
-def _write_stacked(
-    manager: Any, slots: list[int], writes: list[_Write], device: torch.device, dtype: torch.dtype
-) -> None:
-    """The writes' values (their slot tensors all on ``device`` in ``dtype``) through one staging buffer
-    on the host, kept on ``manager`` per dtype for the next refresh, and one copy to the device."""
+def _write_stacked(manager: Any, index: torch.Tensor, writes: list[_Write], dtype: torch.dtype) -> None:
+    """The writes' values into slots ``index`` (their slot tensors all on ``index``'s device, in ``dtype``)
+    through one staging buffer on the host, kept on ``manager`` per dtype for the next refresh, and one
+    copy to the device."""
+    device = index.device
     total = sum(w.size for w in writes)
     buffers: dict[torch.dtype, torch.Tensor] = manager.__dict__.setdefault("_agent_envs_staging", {})
     staging = buffers.get(dtype)
@@ -234,7 +234,6 @@ def _write_stacked(
             place.copy_(torch.stack(w.parts))
         offset += w.size
     values = staging[:total].to(device, non_blocking=True)
-    index = torch.tensor(slots, dtype=torch.long).to(device)
     offset = 0
     for w in writes:
         w.target.index_fill_(0, index, 0)  # the padding beyond the adapter's rank stays 0
