@@ -26,6 +26,8 @@ from agent_envs.es.history import (
 from agent_envs.es.perturb import SeededPerturber
 from agent_envs.es.population import ESTrainer, evaluate_member
 from agent_envs.es.seeds import population_seeds
+from agent_envs.esrun.run import replay_source
+from agent_envs.esrun.settings import parse_settings
 from agent_envs.scale.toy import TorchToyEngine, WeightChoicePolicy
 
 
@@ -222,6 +224,24 @@ def test_replay_stops_at_the_first_generation_whose_weights_differ(tmp_path: Pat
     other = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     with pytest.raises(ReplayMismatch, match="the weights the replay starts from"):
         replay(load_history(tmp_path / "history.json"), SeededPerturber(other), seed=7, population=4)
+
+
+def test_resuming_an_edited_history_exits_naming_the_file_and_generation(tmp_path: Path) -> None:
+    """``agent-envs es train --resume`` (``esrun.run.replay_source``) turns the replay's mismatch into
+    an exit that names the history and the first generation whose weights differ, before any training.
+    (tests/test_es_vllm.py checks on a vLLM engine that every update moves the fingerprint and that
+    an unedited history replays to the same fingerprints.)"""
+    _, _, cfg = train(tmp_path)
+    history = load_history(tmp_path / "history.json")
+    second = next(r for r in history if r.get("generation") == 1)
+    second["rewards"] = [second["rewards"][1], second["rewards"][0], *second["rewards"][2:]]  # another update
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(history))
+    settings = parse_settings(["--model", "unused", "--history", str(tmp_path / "new.json"), "--resume", str(edited)])
+    backend = SeededPerturber(make_model(), exact_revert=True)
+    with pytest.raises(SystemExit, match=rf"--resume {edited}: generation 1's replayed weights have fingerprint"):
+        replay_source(settings, cfg, backend)
+    assert len(backend.updates) == 2 and not (tmp_path / "new.json").exists()
 
 
 class BatchSizes(WeightChoicePolicy):
