@@ -5,7 +5,8 @@ that also runs vLLM's scheduling loop. Each member is 252 numpy draws on the 4B 
 and each draw gives the interpreter lock back and must take it again; a thread that keeps the lock
 busy (pure Python) makes every retake wait for the switch interval. On the H200 at P = 256 x B = 4 the
 refresh waited 4.41 s for such draws (docs/scaling.md#folded-into-the-matmul); this measures how much
-a busy thread slows them, on the machine at hand, the same draws in both columns.
+a busy thread slows them, and how much the draws slow that thread (the engine's loop, during the
+rollouts), on the machine at hand, the same draws in both columns.
 
     python benchmarks/bench_lowrank_draw.py --members 8 --threads 1,2
 """
@@ -46,21 +47,36 @@ def draw(all_targets: list[Target], members: int, threads: int) -> float:
     return time.perf_counter() - start
 
 
-def beside_busy_thread(all_targets: list[Target], members: int, threads: int) -> float:
-    """:func:`draw` while another thread runs pure Python (a scheduling loop's stand-in) the whole time."""
-    stop = threading.Event()
+def spin(stop: threading.Event, counts: list[int]) -> None:
+    """Pure Python until ``stop`` (a scheduling loop's stand-in), counting its rounds in ``counts[0]``."""
+    while not stop.is_set():
+        sum(range(200))
+        counts[0] += 1
 
-    def busy() -> None:
-        while not stop.is_set():
-            sum(range(200))
 
-    spinner = threading.Thread(target=busy, daemon=True)
+def spin_rate(seconds: float) -> float:
+    """Rounds per second of :func:`spin` alone."""
+    stop, counts = threading.Event(), [0]
+    spinner = threading.Thread(target=spin, args=(stop, counts), daemon=True)
+    spinner.start()
+    time.sleep(seconds)  # the measuring window, not a synchronisation
+    stop.set()
+    spinner.join()
+    return counts[0] / seconds
+
+
+def beside_busy_thread(all_targets: list[Target], members: int, threads: int) -> tuple[float, float]:
+    """:func:`draw` while another thread runs :func:`spin` the whole time: the draw's seconds, and
+    the spinning thread's rounds per second meanwhile."""
+    stop, counts = threading.Event(), [0]
+    spinner = threading.Thread(target=spin, args=(stop, counts), daemon=True)
     spinner.start()
     try:
-        return draw(all_targets, members, threads)
+        seconds = draw(all_targets, members, threads)
     finally:
         stop.set()
         spinner.join()
+    return seconds, counts[0] / seconds
 
 
 def main() -> None:
@@ -72,12 +88,15 @@ def main() -> None:
     all_targets = targets(SHAPES[args.shape])
     numbers = sum(4 * (t.out_features + t.in_features) for t in all_targets) * args.members
     print(f"{args.shape}: {len(all_targets)} targets, {args.members} members, rank 4, {numbers / 1e6:.0f} M numbers")
-    print("| drawing threads | alone (s) | beside a busy thread (s) | slower by |")
-    print("|---|---|---|---|")
+    alone_rate = spin_rate(2.0)
+    print(
+        "| drawing threads | draw alone (s) | draw beside a busy thread (s) | draw slower by | the busy thread's rate meanwhile |"
+    )
+    print("|---|---|---|---|---|")
     for threads in (int(t) for t in args.threads.split(",")):
         alone = draw(all_targets, args.members, threads)
-        busy = beside_busy_thread(all_targets, args.members, threads)
-        print(f"| {threads} | {alone:.2f} | {busy:.2f} | {busy / alone:.1f}x |")
+        busy, rate = beside_busy_thread(all_targets, args.members, threads)
+        print(f"| {threads} | {alone:.2f} | {busy:.2f} | {busy / alone:.1f}x | {rate / alone_rate:.0%} of alone |")
 
 
 if __name__ == "__main__":
