@@ -17,26 +17,25 @@ import argparse
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "scripts")]
-
-from gpu_engine import QWEN3_4B, SMOLLM2_135M  # noqa: E402
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "scripts")]  # gpu_engine: bench_lora_kernels's shapes
 
 from agent_envs.es.lowrank import Target, in_parallel, member_draw  # noqa: E402
-
-SHAPES = {"4b": QWEN3_4B, "135m": SMOLLM2_135M}
+from bench_lora_kernels import SHAPES, layers  # noqa: E402
 
 
 def targets(shape: dict[str, int]) -> list[Target]:
-    """Every perturbed linear of a dense Qwen3-style shape: q, k, v, o, gate, up, down per layer."""
-    hidden, inter = shape["hidden_size"], shape["intermediate_size"]
-    q, kv = shape["num_attention_heads"] * shape["head_dim"], shape["num_key_value_heads"] * shape["head_dim"]
-    sizes = {"q": (q, hidden), "k": (kv, hidden), "v": (kv, hidden), "o": (hidden, q)}
-    sizes |= {"gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter)}
+    """Every perturbed linear of a dense Qwen3-style shape, one per slice of each packed layer
+    (``bench_lora_kernels.layers``): q, k, v, o, gate, up, down per decoder layer."""
     return [
-        Target(f"layers.{i}.{n}.weight", o, k) for i in range(shape["num_hidden_layers"]) for n, (o, k) in sizes.items()
+        Target(f"layers.{i}.{name}.{part}.weight", out, inputs)
+        for i in range(shape["num_hidden_layers"])
+        for name, widths, inputs in layers(shape)
+        for part, out in enumerate(widths)
     ]
 
 
@@ -47,35 +46,37 @@ def draw(all_targets: list[Target], members: int, threads: int) -> float:
     return time.perf_counter() - start
 
 
-def spin(stop: threading.Event, counts: list[int]) -> None:
-    """Pure Python until ``stop`` (a scheduling loop's stand-in), counting its rounds in ``counts[0]``."""
-    while not stop.is_set():
-        sum(range(200))
-        counts[0] += 1
+@contextmanager
+def spinning() -> Iterator[list[int]]:
+    """A thread running pure Python (a scheduling loop's stand-in) for the block's length; the list
+    holds the rounds it made."""
+    stop, counts = threading.Event(), [0]
+
+    def spin() -> None:
+        while not stop.is_set():
+            sum(range(200))
+            counts[0] += 1
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    try:
+        yield counts
+    finally:
+        stop.set()
+        spinner.join()
 
 
 def spin_rate(seconds: float) -> float:
-    """Rounds per second of :func:`spin` alone."""
-    stop, counts = threading.Event(), [0]
-    spinner = threading.Thread(target=spin, args=(stop, counts), daemon=True)
-    spinner.start()
-    time.sleep(seconds)  # the measuring window, not a synchronisation
-    stop.set()
-    spinner.join()
+    """Rounds per second of the spinning thread alone."""
+    with spinning() as counts:
+        time.sleep(seconds)  # the measuring window, not a synchronisation
     return counts[0] / seconds
 
 
 def beside_busy_thread(all_targets: list[Target], members: int, threads: int) -> tuple[float, float]:
-    """:func:`draw` while another thread runs :func:`spin` the whole time: the draw's seconds, and
-    the spinning thread's rounds per second meanwhile."""
-    stop, counts = threading.Event(), [0]
-    spinner = threading.Thread(target=spin, args=(stop, counts), daemon=True)
-    spinner.start()
-    try:
+    """:func:`draw` beside the spinning thread: the draw's seconds, and the thread's rounds per second meanwhile."""
+    with spinning() as counts:
         seconds = draw(all_targets, members, threads)
-    finally:
-        stop.set()
-        spinner.join()
     return seconds, counts[0] / seconds
 
 
