@@ -6,9 +6,11 @@ and each draw gives the interpreter lock back and must take it again; a thread t
 busy (pure Python) makes every retake wait for the switch interval. On the H200 at P = 256 x B = 4 the
 refresh waited 4.41 s for such draws (docs/scaling.md#folded-into-the-matmul); this measures how much
 a busy thread slows them, and how much the draws slow that thread (the engine's loop, during the
-rollouts), on the machine at hand, the same draws in both columns.
+rollouts), on the machine at hand, the same draws in both columns; and the same for the draws in a
+process of their own (``lowrank.draw_ahead``, what ``prefetch`` runs: it also stacks each target's
+factors for the update, so it writes twice the bytes).
 
-    python benchmarks/bench_lowrank_draw.py --members 8 --threads 1,2
+    python benchmarks/bench_lowrank_draw.py --members 8 --threads 1,2,0
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from typing import Iterator
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "scripts")]  # gpu_engine: bench_lora_kernels's shapes
 
-from agent_envs.es.lowrank import Target, in_parallel, member_draw  # noqa: E402
+from agent_envs.es.lowrank import Target, draw_ahead, in_parallel, member_draw  # noqa: E402
+from agent_envs.es.lowrank_factors import DRAW_THREADS  # noqa: E402
 from bench_lora_kernels import SHAPES, layers  # noqa: E402
 
 
@@ -40,9 +43,13 @@ def targets(shape: dict[str, int]) -> list[Target]:
 
 
 def draw(all_targets: list[Target], members: int, threads: int) -> float:
+    """Seconds to draw ``members`` members on ``threads`` threads of this process (``threads`` 0: in a process of their own)."""
     start = time.perf_counter()
-    for _ in in_parallel(lambda seed: member_draw(all_targets, seed, 0.01, 4), list(range(members)), threads):
-        pass
+    if threads == 0:
+        draw_ahead(list(range(members)), all_targets, 4, 0.01)
+    else:
+        for _ in in_parallel(lambda seed: member_draw(all_targets, seed, 0.01, 4), list(range(members)), threads):
+            pass
     return time.perf_counter() - start
 
 
@@ -84,20 +91,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="4b", choices=sorted(SHAPES))
     ap.add_argument("--members", type=int, default=8)
-    ap.add_argument("--threads", default="1,2", help="comma list of drawing threads")
+    ap.add_argument("--threads", default="1,2,0", help="comma list of drawing threads (0: a process of its own)")
     args = ap.parse_args()
     all_targets = targets(SHAPES[args.shape])
     numbers = sum(4 * (t.out_features + t.in_features) for t in all_targets) * args.members
     print(f"{args.shape}: {len(all_targets)} targets, {args.members} members, rank 4, {numbers / 1e6:.0f} M numbers")
     alone_rate = spin_rate(2.0)
     print(
-        "| drawing threads | draw alone (s) | draw beside a busy thread (s) | draw slower by | the busy thread's rate meanwhile |"
+        "| where the draws run | draw alone (s) | draw beside a busy thread (s) | draw slower by | the busy thread's rate meanwhile |"
     )
     print("|---|---|---|---|---|")
     for threads in (int(t) for t in args.threads.split(",")):
         alone = draw(all_targets, args.members, threads)
         busy, rate = beside_busy_thread(all_targets, args.members, threads)
-        print(f"| {threads} | {alone:.2f} | {busy:.2f} | {busy / alone:.1f}x | {rate / alone_rate:.0%} of alone |")
+        where = (
+            f"a process of its own ({DRAW_THREADS} thread(s))" if threads == 0 else f"{threads} thread(s) of this one"
+        )
+        print(f"| {where} | {alone:.2f} | {busy:.2f} | {busy / alone:.1f}x | {rate / alone_rate:.0%} of alone |")
 
 
 if __name__ == "__main__":

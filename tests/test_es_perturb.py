@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from agent_envs.es.perturb import SeededPerturber, name_id, select_parameters, tensor_seed
+from agent_envs.es.perturb import SeededPerturber, select_parameters
+from agent_envs.es.tensor_seeds import name_id, tensor_seed
 
 
 def make_mlp(dtype: torch.dtype = torch.float32, tied: bool = False) -> nn.Module:

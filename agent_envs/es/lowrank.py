@@ -29,8 +29,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import mmap
 import os
 import shutil
+import subprocess
+import sys
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -44,7 +47,8 @@ from torch import nn
 
 from .fingerprint import fingerprint
 from .normalize import weight_norm
-from .perturb import SquareSum, tensor_seed
+from .lowrank_factors import DRAW_THREADS, Layout, Target, adapter_arrays, factors, request
+from .perturb import SquareSum
 from .update_rule import Adam, optimizer_settings
 
 T = TypeVar("T")
@@ -60,24 +64,10 @@ LORA_RANK_SLOTS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 #: threads that draw factors: NumPy's generators release the GIL, so a 4B model's population of
 #: factors (about 130 million normals at P=16, rank 4) is drawn in parallel rather than in seconds
 FACTOR_THREADS = max(1, min(32, os.cpu_count() or 1))
-#: threads that draw the next generation's adapters while this generation's rollouts run: fewer,
-#: because the engine's own loop needs the host then (16 members take about a second on four)
-PREFETCH_THREADS = max(1, FACTOR_THREADS // 4)
-
+#: the folder that holds the agent_envs package: the drawing process imports it from there
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 #: one member's factors by target name and its PEFT tensors ``(lora_A, lora_B)`` by module name
 MemberDraw = tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, tuple[torch.Tensor, torch.Tensor]]]
-
-
-@dataclass(frozen=True)
-class Target:
-    """One perturbed weight: its unpacked name and shape."""
-
-    name: str
-    out_features: int
-    in_features: int
-
-    def as_list(self) -> list[Any]:
-        return [self.name, self.out_features, self.in_features]
 
 
 @dataclass(frozen=True)
@@ -120,14 +110,6 @@ def lora_engine_keywords(slots: int, rank: int, targets: Sequence[str] = DEFAULT
         "max_lora_rank": lora_rank_slot(rank),
         "lora_target_modules": list(targets),
     }
-
-
-def factors(seed: int, target: Target, rank: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(A, B)`` of member ``seed`` for ``target``: float32 arrays (out x R, already / sqrt(R)) and (in x R)."""
-    rng = np.random.Generator(np.random.PCG64(tensor_seed(seed, target.name)))
-    a = rng.standard_normal((target.out_features, rank), dtype=np.float32)
-    b = rng.standard_normal((target.in_features, rank), dtype=np.float32)
-    return a * np.float32(1.0 / math.sqrt(rank)), b
 
 
 def update_coefficients(weights: Sequence[float], alpha: float, sigma: float) -> list[float]:
@@ -235,6 +217,43 @@ class DrawnAhead:
 
     draws: dict[int, MemberDraw]
     stacked: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+def draw_ahead(seeds: Sequence[int], targets: Sequence[Target], rank: int, sigma: float) -> DrawnAhead:
+    """Members ``seeds``' draws and stacked factors, drawn by ``python -m agent_envs.es.lowrank_factors``
+    into an anonymous memory file (nothing to clean up: it is gone with its last mapping): the same bits
+    as :func:`member_draw` and :func:`update_terms`, without waiting on this process's interpreter lock."""
+    layout = Layout(tuple(targets), len(seeds), rank)
+    fd = os.memfd_create("es-lowrank-factors", os.MFD_CLOEXEC)  # pass_fds hands it to the child alone
+    try:
+        os.ftruncate(fd, layout.nbytes)
+        buffer = mmap.mmap(fd, layout.nbytes)
+        child = subprocess.run(
+            [sys.executable, "-m", "agent_envs.es.lowrank_factors"],
+            input=request(fd, [int(s) for s in seeds], layout, float(sigma), DRAW_THREADS) + "\n",
+            pass_fds=(fd,),
+            capture_output=True,
+            text=True,
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")])),
+            },
+            check=False,
+        )
+    finally:
+        os.close(fd)
+    if child.returncode != 0:
+        raise RuntimeError(
+            f"drawing {len(seeds)} members' factors failed (exit {child.returncode}): {child.stderr[-2000:]}"
+        )
+    modules = [t.name.removesuffix(".weight") for t in layout.targets]
+    draws: dict[int, MemberDraw] = {}
+    for member, seed in enumerate(seeds):
+        drawn = {t.name: layout.member(buffer, member, i) for i, t in enumerate(layout.targets)}
+        tensors = {m: tuple(map(torch.from_numpy, layout.adapter(buffer, member, i))) for i, m in enumerate(modules)}
+        draws[int(seed)] = drawn, tensors
+    stacked = {t.name: tuple(map(torch.from_numpy, layout.stacked(buffer, i))) for i, t in enumerate(layout.targets)}
+    return DrawnAhead(draws, stacked)
 
 
 def member_draw(targets: Sequence[Target], seed: int, sigma: float, rank: int) -> MemberDraw:
@@ -406,27 +425,14 @@ class LowRankPerturber:
         return {"ok": True, "reverted": True, **merged}
 
     def prefetch(self, seeds: Sequence[int], sigma: float) -> dict[str, Any]:
-        """Start drawing members ``seeds``' adapters at ``sigma`` in the background (the next
-        generation's, while this one's rollouts run; the seeds and sigma are pure functions of the
-        run's config), so the refresh that asks for the same seeds and sigma only copies them and
-        the update of those seeds finds its factors stacked."""
-        seeds_t, sigma_f, targets, rank = tuple(int(s) for s in seeds), float(sigma), list(self.targets), self.rank
-        unique = distinct(seeds_t)  # a mirrored pair's two members share one draw and one update term
-
-        def draw_all() -> DrawnAhead:
-            draws = dict(
-                zip(unique, in_parallel(lambda s: member_draw(targets, s, sigma_f, rank), unique, PREFETCH_THREADS))
-            )
-
-            def pick(seed: int, target: Target, _: int) -> tuple[np.ndarray, np.ndarray]:
-                return draws[seed][0][target.name]
-
-            stacked = in_parallel(lambda t: update_terms(unique, t, rank, pick), targets, PREFETCH_THREADS)
-            return DrawnAhead(draws, dict(zip([t.name for t in targets], stacked)))
-
+        """Start drawing members ``seeds``' adapters at ``sigma`` (:func:`draw_ahead`, in a process of
+        its own) while this generation's rollouts run; the seeds and sigma are pure functions of the
+        run's config, so the refresh that asks for the same seeds and sigma only copies them, and the
+        update of those seeds finds its factors stacked."""
+        seeds_t, sigma_f, targets, rank = tuple(int(s) for s in seeds), float(sigma), tuple(self.targets), self.rank
         if self._background is None:
             self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="es-prefetch")
-        self._ahead = (seeds_t, sigma_f, self._background.submit(draw_all))
+        self._ahead = (seeds_t, sigma_f, self._background.submit(draw_ahead, distinct(seeds_t), targets, rank, sigma_f))
         return {"ok": True, "prefetching": len(seeds_t)}
 
     def take_prefetched(self, seeds: Sequence[int], sigma: float) -> dict[int, MemberDraw]:
@@ -543,9 +549,10 @@ def write_adapter(
 
 
 def adapter_tensors(a: np.ndarray, b: np.ndarray, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """PEFT's ``(lora_A, lora_B)`` of factors ``(A, B)``: ``B^T`` (R x in) and ``sigma * A`` (out x R),
-    float32: what an adapter folder holds and what a resident adapter is rewritten with."""
-    return torch.from_numpy(np.ascontiguousarray(b.T)), torch.from_numpy(a * np.float32(sigma))
+    """:func:`adapter_arrays` as torch tensors: what an adapter folder holds and what a resident
+    adapter is rewritten with."""
+    lora_a, lora_b = adapter_arrays(a, b, sigma)
+    return torch.from_numpy(lora_a), torch.from_numpy(lora_b)
 
 
 def adapter_root() -> Path:

@@ -28,25 +28,12 @@ from torch import nn
 from . import fingerprint as weights_fingerprint
 from .normalize import check_rewards, normalize_rewards, weight_norm
 from .revert_copy import RevertCopy
+from .tensor_seeds import tensor_seed
 from .update_rule import Adam
 
 CHUNK = 2**23
 SCOPES = ("full", "all_linear", "lora")
 _LINEAR_EXCLUDED = ("embed_tokens", "lm_head", "norm")
-_U64 = 2**64
-
-
-def name_id(name: str) -> int:
-    """The first 8 bytes of BLAKE2b-8 of the name, read little-endian."""
-    return int.from_bytes(hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest(), "little")
-
-
-def tensor_seed(seed: int, name: str, rank: int = 0, tp_size: int = 1) -> int:
-    """Generator seed of one tensor; with tensor parallelism each rank gets its own salted stream."""
-    mixed = (int(seed) ^ name_id(name)) % _U64
-    if tp_size > 1:
-        mixed ^= name_id(f"tensor-parallel {tp_size} rank {rank}")
-    return mixed
 
 
 def select_parameters(

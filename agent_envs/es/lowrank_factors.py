@@ -1,0 +1,153 @@
+"""A low-rank member's factors, drawn from its seed (docs/protocol.md#low-rank-es), and a process of
+their own to draw a population's factors in.
+
+Torch-free on purpose: the engine draws the next generation's members while vLLM's scheduling loop
+runs in the same process, and there each of the draws (one per target, 252 per member on a 4B model)
+waits for the interpreter lock after its fill: on a 2-core machine 19-41x slower than alone
+(benchmarks/bench_lowrank_draw.py), on the H200 4.41 s of waiting at P = 256.  So
+``python -m agent_envs.es.lowrank_factors`` draws them in a child process, straight into one shared
+buffer laid out by :class:`Layout`, in the form both users want: each target's factors stacked in
+member order (the update's ``[A_1 | ... | A_U]``) and each member's adapter arrays (the refresh's
+``lora_A``, ``lora_B``).  The child calls the very same :func:`factors` and :func:`adapter_arrays`,
+so the bits are those of drawing in the engine's process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .tensor_seeds import tensor_seed
+
+#: threads of the drawing process: NumPy's generators release the interpreter lock while they fill, but
+#: the engine's loop and the driver need cores of their own meanwhile
+DRAW_THREADS = max(1, (os.cpu_count() or 1) // 4)
+_FLOAT = np.dtype(np.float32)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One perturbed weight: its unpacked name and shape."""
+
+    name: str
+    out_features: int
+    in_features: int
+
+    def as_list(self) -> list[Any]:
+        return [self.name, self.out_features, self.in_features]
+
+
+def factors(seed: int, target: Target, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(A, B)`` of member ``seed`` for ``target``: float32 arrays (out x R, already / sqrt(R)) and (in x R)."""
+    rng = np.random.Generator(np.random.PCG64(tensor_seed(seed, target.name)))
+    a = rng.standard_normal((target.out_features, rank), dtype=np.float32)
+    b = rng.standard_normal((target.in_features, rank), dtype=np.float32)
+    return a * np.float32(1.0 / math.sqrt(rank)), b
+
+
+def adapter_arrays(a: np.ndarray, b: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+    """PEFT's ``(lora_A, lora_B)`` of factors ``(A, B)``: ``B^T`` (R x in) and ``sigma * A`` (out x R), float32."""
+    return np.ascontiguousarray(b.T), a * np.float32(sigma)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the factors of ``members`` members lie in one float32 buffer: first, per target, the
+    stacked ``[A_1 | ... | A_U]`` (out x U R) and ``[B_1 | ... | B_U]`` (in x U R); then, per member and
+    target, ``lora_A`` (R x in) and ``lora_B`` (out x R)."""
+
+    targets: tuple[Target, ...]
+    members: int
+    rank: int
+
+    def _before(self, index: int) -> int:
+        """Float32 values of one member's factors of the targets before ``index``."""
+        return self.rank * sum(t.out_features + t.in_features for t in self.targets[:index])
+
+    @property
+    def values(self) -> int:
+        """The buffer's length in float32 values."""
+        return 2 * self.members * self._before(len(self.targets))
+
+    @property
+    def nbytes(self) -> int:
+        return self.values * _FLOAT.itemsize
+
+    def _view(self, buffer: Any, offset: int, shape: tuple[int, int]) -> np.ndarray:
+        return np.ndarray(shape, dtype=_FLOAT, buffer=buffer, offset=offset * _FLOAT.itemsize)
+
+    def stacked(self, buffer: Any, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Target ``index``'s ``([A_1 | ... | A_U], [B_1 | ... | B_U])`` in ``buffer``."""
+        target, width = self.targets[index], self.members * self.rank
+        start = self.members * self._before(index)
+        return (
+            self._view(buffer, start, (target.out_features, width)),
+            self._view(buffer, start + target.out_features * width, (target.in_features, width)),
+        )
+
+    def member(self, buffer: Any, member: int, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Member ``member``'s ``(A, B)`` of target ``index``: its columns of the stacked factors."""
+        columns = slice(member * self.rank, (member + 1) * self.rank)
+        a, b = self.stacked(buffer, index)
+        return a[:, columns], b[:, columns]
+
+    def adapter(self, buffer: Any, member: int, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Member ``member``'s ``(lora_A, lora_B)`` of target ``index`` in ``buffer``."""
+        target = self.targets[index]
+        start = self.values // 2 + member * self._before(len(self.targets)) + self._before(index)
+        return (
+            self._view(buffer, start, (self.rank, target.in_features)),
+            self._view(buffer, start + self.rank * target.in_features, (target.out_features, self.rank)),
+        )
+
+    def draw_member(self, buffer: Any, member: int, seed: int, sigma: float) -> None:
+        """Write member ``member`` (seed ``seed``) into ``buffer``: its stacked columns and its adapter arrays."""
+        for index, target in enumerate(self.targets):
+            a, b = factors(seed, target, self.rank)
+            columns_a, columns_b = self.member(buffer, member, index)
+            columns_a[...], columns_b[...] = a, b
+            lora_a, lora_b = self.adapter(buffer, member, index)
+            lora_a[...], lora_b[...] = adapter_arrays(a, b, sigma)
+
+
+def request(fd: int, seeds: list[int], layout: Layout, sigma: float, threads: int) -> str:
+    """The child's one line of input: draw ``seeds`` (one per member of ``layout``) into the memory file ``fd``."""
+    return json.dumps(
+        {
+            "fd": fd,
+            "seeds": seeds,
+            "targets": [t.as_list() for t in layout.targets],
+            "rank": layout.rank,
+            "sigma": sigma,
+            "threads": threads,
+        }
+    )
+
+
+def main() -> None:
+    """The child: read a :func:`request`, draw every member into the shared buffer, print how long it took."""
+    asked = json.loads(sys.stdin.readline())
+    layout = Layout(tuple(Target(*t) for t in asked["targets"]), len(asked["seeds"]), int(asked["rank"]))
+    start = time.perf_counter()
+    buffer = mmap.mmap(asked["fd"], layout.nbytes)  # not closed: the views drawn into it may outlive a close
+    with ThreadPoolExecutor(int(asked["threads"])) as pool:
+        jobs = [
+            pool.submit(layout.draw_member, buffer, i, int(s), float(asked["sigma"]))
+            for i, s in enumerate(asked["seeds"])
+        ]
+        for job in jobs:
+            job.result()
+    print(json.dumps({"ok": True, "seconds": time.perf_counter() - start}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
