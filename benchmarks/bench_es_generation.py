@@ -329,6 +329,23 @@ class Bench:
         path.write_text(text + "\n")
         return path.name
 
+    def profile_kernels(self, label: str, call: Callable[..., list[Any]], work: Callable[[], Any]) -> None:
+        """``work`` (one more generation, not timed) with the engine's kernels recorded
+        (``es_profile_start``/``es_profile_stop``): a note with their total, the table kept next to ``--results``."""
+        from agent_envs.es.kernel_profile import table as kernel_table
+
+        call("es_profile_start")
+        start = time.perf_counter()
+        try:
+            work()
+        finally:
+            summary = call("es_profile_stop", 40)[0]
+        kind = "kernels-" + label.split()[0].replace("-", "")
+        self.note(
+            f"{label}: one more generation with its kernels recorded ({time.perf_counter() - start:.2f} s, profiler on): "
+            f"{summary['total_ms']:.0f} ms in kernels; {self.keep(kernel_table(summary), kind)}"
+        )
+
     def requests_file(self) -> Path:
         """Where the low-rank phase leaves its last generation's requests for the raw phase (this case)."""
         r = self.args.results
@@ -496,6 +513,10 @@ class Bench:
             self.note(f"low-rank engine: {kv_note(run, calls)}")
             self.requests_file().write_bytes(pickle.dumps(calls))  # for --phase raw as a command of its own
             self.flush()  # kept if the command's time runs out during the replays
+            if self.args.profile_kernels:
+                self.profile_kernels(
+                    "low-rank engine", run.backend._call, lambda: timed_generations(run.trainer, n + 1, 1)
+                )
             if not self.args.skip_replay:
                 self.replay_rows(run, calls, record)
         self.lowrank_calls = calls
@@ -581,6 +602,13 @@ class Bench:
             ]
             self.rows += self.raw_rows(lambda *args: raw_generate(engine, *args), first, population)
             self.note(f"raw engine: {kv_note(engine, calls)}")
+            if a.profile_kernels:
+                self.flush()
+                self.profile_kernels(
+                    "raw engine",
+                    lambda method, *args: policy.llm.collective_rpc(method, args=args),
+                    lambda: raw_generate(engine, population),
+                )
         finally:
             policy.close()
         self.note(
@@ -666,6 +694,12 @@ def main() -> int:
         "--skip-replay",
         action="store_true",
         help="lowrank: skip replaying its requests on its own AsyncLLM (with and without adapters)",
+    )
+    ap.add_argument(
+        "--profile-kernels",
+        action="store_true",
+        help="lowrank and raw: one more generation after the timed ones with the engine's kernels recorded "
+        "(agent_envs.es.kernel_profile), their table written next to --results",
     )
     ap.add_argument(
         "--sample-host",

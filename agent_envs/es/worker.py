@@ -24,6 +24,7 @@ import torch
 
 from . import lora_slots, population_lora
 from .fingerprint import combine as combine_fingerprints
+from .kernel_profile import KernelProfile
 from .lowrank import LowRankPerturber, Target, in_parallel
 from .perturb import CHUNK, SeededPerturber
 
@@ -244,6 +245,19 @@ class ESWorkerExtension:
 
     def es_lowrank_fingerprint(self) -> str:
         return self._es_lowrank_state().fingerprint()
+
+    def _es_kernel_profile(self) -> KernelProfile:
+        if not hasattr(self, "_es_profile"):
+            self._es_profile = KernelProfile()
+        return self._es_profile
+
+    def es_profile_start(self) -> dict[str, Any]:
+        """Start recording this worker's kernels (:mod:`agent_envs.es.kernel_profile`)."""
+        return self._es_kernel_profile().start()
+
+    def es_profile_stop(self, top: int = 30) -> dict[str, Any]:
+        """Stop the recording :meth:`es_profile_start` began: the total and the ``top`` largest kernels."""
+        return self._es_kernel_profile().stop(int(top))
 
 
 class _WorkerCalls:
