@@ -227,7 +227,6 @@ def draw_ahead(seeds: Sequence[int], targets: Sequence[Target], rank: int, sigma
     fd = os.memfd_create("es-lowrank-factors", os.MFD_CLOEXEC)  # pass_fds hands it to the child alone
     try:
         os.ftruncate(fd, layout.nbytes)
-        buffer = mmap.mmap(fd, layout.nbytes)
         child = subprocess.run(
             [sys.executable, "-m", "agent_envs.es.lowrank_factors"],
             input=request(fd, [int(s) for s in seeds], layout, float(sigma), DRAW_THREADS) + "\n",
@@ -240,12 +239,14 @@ def draw_ahead(seeds: Sequence[int], targets: Sequence[Target], rank: int, sigma
             },
             check=False,
         )
+        if child.returncode != 0:
+            raise RuntimeError(
+                f"drawing {len(seeds)} members' factors failed (exit {child.returncode}): {child.stderr[-2000:]}"
+            )
+        # page tables filled here, in the background, rather than page by page during the refresh and update
+        buffer = mmap.mmap(fd, layout.nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
     finally:
         os.close(fd)
-    if child.returncode != 0:
-        raise RuntimeError(
-            f"drawing {len(seeds)} members' factors failed (exit {child.returncode}): {child.stderr[-2000:]}"
-        )
     modules = [t.name.removesuffix(".weight") for t in layout.targets]
     draws: dict[int, MemberDraw] = {}
     for member, seed in enumerate(seeds):
