@@ -17,20 +17,28 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 #: starts sandboxes on 6 threads without pause (each starts one, runs a long command or a short
-#: one, closes it), and says when the first long command runs
+#: one, closes it), and says so once a long command's ``sleep`` is a live process below it
 RUNNER = textwrap.dedent("""
-    import sys, threading
+    import sys, threading, time
     from agent_envs.sandbox.base import SandboxConfig
     from agent_envs.sandbox.bwrap import BwrapSandbox
+    from agent_envs.testing import live_descendants
     from agent_envs.tools.python import PythonTool
 
-    running = threading.Event()
+    def sleeping():
+        for pid in live_descendants():
+            try:
+                command = open(f"/proc/{pid}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if b"sleep" in command and b"600" in command:
+                return True
+        return False
 
     def shells(mode, command):
         while True:
             sandbox = BwrapSandbox(SandboxConfig(mode=mode))
             if command == "long":
-                threading.Timer(0.01, running.set).start()
                 sandbox.run("sleep 600", timeout=600)
             sandbox.run("true")
             sandbox.close()
@@ -45,7 +53,8 @@ RUNNER = textwrap.dedent("""
     for args in jobs:
         threading.Thread(target=shells, args=args, daemon=True).start()
     threading.Thread(target=interpreters, daemon=True).start()
-    running.wait()
+    while not sleeping():  # the state the kill is meant to meet, not a guess at how long it takes
+        time.sleep(0.01)
     print("running", flush=True)
     threading.Event().wait()
 """)
