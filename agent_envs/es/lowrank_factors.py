@@ -14,6 +14,7 @@ so the bits are those of drawing in the engine's process.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import mmap
@@ -21,6 +22,7 @@ import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -68,9 +70,15 @@ class Layout:
     members: int
     rank: int
 
+    @cached_property
+    def _starts(self) -> tuple[int, ...]:
+        """Float32 values of one member's factors of the targets before each index (and of all of them, last):
+        summed once, not once per view (a P = 256 prefetch on the 4B shape takes about 130,000 views)."""
+        return (0, *itertools.accumulate(self.rank * (t.out_features + t.in_features) for t in self.targets))
+
     def _before(self, index: int) -> int:
         """Float32 values of one member's factors of the targets before ``index``."""
-        return self.rank * sum(t.out_features + t.in_features for t in self.targets[:index])
+        return self._starts[index]
 
     @property
     def values(self) -> int:
