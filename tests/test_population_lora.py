@@ -173,45 +173,62 @@ class UnquantizedLinearMethod:  # the name population_matmul.widen_layer require
     pass
 
 
-def widenable(rows: int = 6, features: int = 5, slots: int = 3, rank_slot: int = 8) -> torch.nn.Module:
-    """A layer laid out as vLLM's linear LoRA layers are (one slice), with set_lora/reset_lora of its own."""
+def widenable(widths: tuple[int, ...] = (6,), features: int = 5, slots: int = 3, rank_slot: int = 8) -> torch.nn.Module:
+    """A layer laid out as vLLM's linear LoRA layers are (a slice per width), with vLLM's set_lora/reset_lora:
+    they write through whatever ``lora_a_stacked``/``lora_b_stacked`` hold when called."""
     layer = torch.nn.Module()
-    layer.base_layer = torch.nn.Linear(features, rows, bias=False)
+    layer.base_layer = torch.nn.Linear(features, sum(widths), bias=False)
     layer.base_layer.quant_method = UnquantizedLinearMethod()
-    layer.tp_size, layer.output_slices = 1, (rows,)
-    layer.lora_a_stacked = (torch.zeros(slots, 1, rank_slot, features),)
-    layer.lora_b_stacked = (torch.zeros(slots, 1, rows, rank_slot),)
+    layer.tp_size, layer.output_slices = 1, widths
+    layer.lora_a_stacked = tuple(torch.zeros(slots, 1, rank_slot, features) for _ in widths)
+    layer.lora_b_stacked = tuple(torch.zeros(slots, 1, width, rank_slot) for width in widths)
 
-    def set_lora(index: int, lora_a: torch.Tensor, lora_b: torch.Tensor) -> None:
-        layer.lora_a_stacked[0][index, 0, : lora_a.shape[0]] = lora_a
-        layer.lora_b_stacked[0][index, 0, :, : lora_b.shape[1]] = lora_b
+    def reset_lora(index: int) -> None:
+        for stacked in (*layer.lora_a_stacked, *layer.lora_b_stacked):
+            stacked[index] = 0
 
-    layer.set_lora, layer.reset_lora = set_lora, lambda index: None
+    def set_lora(index: int, lora_a: list[torch.Tensor], lora_b: list[torch.Tensor]) -> None:
+        reset_lora(index)
+        for s, (a, b) in enumerate(zip(lora_a, lora_b)):
+            layer.lora_a_stacked[s][index, 0, : a.shape[0], : a.shape[1]].copy_(a)
+            layer.lora_b_stacked[s][index, 0, : b.shape[0], : b.shape[1]].copy_(b)
+
+    layer.set_lora, layer.reset_lora = set_lora, reset_lora
     return layer
 
 
-def test_a_widened_layer_mirrors_its_slots_and_refuses_a_wider_adapter() -> None:
+def test_a_widened_layer_holds_its_slots_in_the_matmul_and_refuses_a_wider_adapter() -> None:
     """The base weight becomes a view of the widened weight (an update through it reaches the matmul);
-    a slot's B written through set_lora lands in that member's columns; an adapter of a larger rank than
-    the widening (its extra columns would be dropped) is refused, not served wrongly."""
+    vLLM's B slots become views of their members' columns (one copy: a slot written through set_lora is
+    the matmul's weight, a reset slot its zeros) and its A slots hold the members' rank only; an adapter of
+    a larger rank than the widening (its extra columns would be dropped) is refused, nothing written."""
     from agent_envs.es.population_matmul import WIDE, widen_layer
 
-    layer = widenable()
+    layer = widenable(widths=(6, 2))
     weight = layer.base_layer.weight
     before = weight.detach().clone()
     assert widen_layer(layer, 4)
     wide = getattr(layer, WIDE)
-    assert wide.shape == (6, 5 + 3 * 4) and torch.equal(wide[:, :5], before)
+    assert wide.shape == (8, 5 + 2 * 3 * 4) and torch.equal(wide[:, :5], before)
     with torch.no_grad():
         weight.add_(1.0)  # an ES update, in place on the parameter
     assert torch.equal(wide[:, :5], before + 1.0) and layer.base_layer.weight is weight
-    b = torch.arange(24.0).reshape(6, 4)
-    layer.set_lora(2, torch.ones(4, 5), b)
-    assert torch.equal(wide[:, 5 + 2 * 4 : 5 + 3 * 4], b) and not wide[:, 5 : 5 + 2 * 4].any()
+    assert [tuple(a.shape) for a in layer.lora_a_stacked] == [(3, 1, 4, 5)] * 2
+    assert [tuple(b.shape) for b in layer.lora_b_stacked] == [(3, 1, 6, 4), (3, 1, 2, 4)]
+    assert all(b.untyped_storage().data_ptr() == wide.untyped_storage().data_ptr() for b in layer.lora_b_stacked)
+    b0, b1 = torch.arange(24.0).reshape(6, 4) + 1, torch.arange(8.0).reshape(2, 4) + 100
+    a0, a1 = torch.full((4, 5), 2.0), torch.full((4, 5), 3.0)
+    layer.set_lora(2, [a0, a1], [b0, b1])
+    # slice 0's block of 3 x 4 columns on rows 0-5, then slice 1's on rows 6-7: member 2's are the last 4 of each
+    assert torch.equal(wide[:6, 5 + 8 : 5 + 12], b0) and torch.equal(wide[6:, 5 + 12 + 8 : 5 + 24], b1)
+    assert not wide[6:, 5 : 5 + 12].any() and not wide[:6, 5 + 12 :].any() and not wide[:, 5 : 5 + 8].any()
+    assert torch.equal(layer.lora_a_stacked[1][2, 0], a1)
     with pytest.raises(ValueError, match="rank 8 in a layer widened for rank 4"):
-        layer.set_lora(1, torch.ones(8, 5), torch.ones(6, 8))
-    assert not wide[:, 5 + 4 : 5 + 8].any()  # nothing written for the refused adapter
-    layer.set_lora(0, torch.zeros(8, 5), torch.zeros(6, 8))  # vLLM's warm-up adapters: zeros, its rank slot
+        layer.set_lora(1, [torch.ones(8, 5)] * 2, [torch.ones(6, 8), torch.ones(2, 8)])
+    assert not wide[:, 5 : 5 + 8].any() and not layer.lora_a_stacked[0][1].any()  # nothing written
+    layer.set_lora(0, [torch.zeros(8, 5)] * 2, [torch.zeros(6, 8), torch.zeros(2, 8)])  # vLLM's warm-up adapters
+    layer.reset_lora(2)
+    assert not wide[:, 5:].any() and not layer.lora_a_stacked[1][2].any()
     quantized = widenable()  # a quantized base layer is left to the population kernels
     quantized.base_layer.quant_method = object()
     assert not widen_layer(quantized, 4) and not hasattr(quantized, WIDE)

@@ -30,7 +30,6 @@ from typing import Any
 import torch
 
 from .lowrank import Target
-from .population_matmul import mirror
 
 MANAGER_ATTRS = ("get_adapter", "capacity", "lora_index_to_id", "modules", "packed_modules", "_get_lora_layer_weights")
 
@@ -140,7 +139,8 @@ def copy_into_slots(manager: Any, lora_ids: Sequence[int]) -> int:
     where there is a GPU, kept for the next refresh), one copy to the device, then a fill and a write per
     stacked tensor, with the slot indices on the device once.  A copy per stacked tensor from pageable
     memory, and the indices copied for each, made about 1,650 host-to-device copies that each waited for
-    the device (4B: 504 stacked tensors x 3, and the indices again for each of 144 widened layers).  Any
+    the device (4B: 504 stacked tensors x 3).  A widened layer's ``B`` slots are views of its widened weight
+    (:mod:`agent_envs.es.population_matmul`): written there, nothing else to copy.  Any
     other layer goes through ``set_lora``/``reset_lora``."""
     active = [
         (manager.lora_index_to_id.index(i), manager.get_adapter(i)) for i in lora_ids if i in manager.lora_index_to_id
@@ -148,12 +148,11 @@ def copy_into_slots(manager: Any, lora_ids: Sequence[int]) -> int:
     if not active:  # none of them holds a GPU slot now: each is copied in when next activated
         return 0
     slots = [slot for slot, _ in active]
-    stacked_layers, writes = [], []
+    writes: list[_Write] = []
     for module_name, module in manager.modules.items():
         weights = [manager._get_lora_layer_weights(lora_model, module_name) for _, lora_model in active]
         planned = _stacked_writes(module, weights) if all(weights) else None
         if planned is not None:
-            stacked_layers.append(module)
             writes += planned
             continue
         for slot, w in zip(slots, weights):
@@ -168,8 +167,6 @@ def copy_into_slots(manager: Any, lora_ids: Sequence[int]) -> int:
         groups.setdefault((w.target.device, w.target.dtype), []).append(w)
     for (device, dtype), group in groups.items():
         _write_stacked(manager, indices[device], group, dtype)
-    for module in stacked_layers:  # a layer with the expand in its matmul holds B there too
-        mirror(module, indices[module.lora_b_stacked[0].device])
     if torch.cuda.is_available():
         torch.cuda.synchronize()  # the copies read pinned host memory a later refresh overwrites
     return len(active)

@@ -16,11 +16,11 @@ two launches cost 0.08 ms a layer beside the matmuls' 0.10 ms, and no tiling bro
 The base weight stays the parameter it was, now a view of the widened tensor's first ``in`` columns, so
 updates, fingerprints and checkpoints see it unchanged.  What grows is the matmul's inner size: by
 ``slices x slots x rank`` columns (192 on the 4B qkv at P = 16, rank 4: 4% more weight bytes a layer;
-at P = 256 the zeros outweigh the work and the population kernels fit better, ``population_lora.choose``).
-vLLM's LoRA slots, its request-to-member mapping and its per-step metadata stay vLLM's; each slot's ``B``
-is mirrored into the widened weight whenever the slot is written (``set_lora``, ``reset_lora``,
-:func:`agent_envs.es.lora_slots.copy_into_slots`).  Tensor parallel size 1 and unquantized layers only:
-any other layer keeps the population kernels.
+above ``population_lora.MATMUL_UP_TO`` members the population kernels serve, ``population_lora.choose``).
+vLLM's request-to-member mapping and its per-step metadata stay vLLM's, and so do its LoRA slots' tensors
+by name: each slot's ``B`` is a view of its columns of the widened weight (one copy, written where the
+matmul reads it), each slot's ``A`` holds the members' rank and no more.  Tensor parallel size 1 and
+unquantized layers only: any other layer keeps the population kernels.
 """
 
 from __future__ import annotations
@@ -97,17 +97,24 @@ def _(
 
 def widen_layer(module: Any, rank: int | None) -> bool:
     """Give a vLLM LoRA linear layer its widened weight (the base weight copied in, the parameter re-pointed
-    at it, every slot's ``B`` mirrored) and make its slot writes mirror ``B``.  False, changing nothing,
-    where the layer is not one this serves (tensor parallel, quantized, not laid out as vLLM's linear LoRA)."""
+    at it) and make its slots live there: ``lora_b_stacked`` becomes views of the widened weight's ``B``
+    columns and ``lora_a_stacked`` is cut to ``rank`` (vLLM sizes both for its rank slot, 8 for rank 4: at
+    P = 256 on the 4B shape a second copy of ``B`` and the unused half of ``A`` held 6.4 GB the KV cache
+    lacked).  Slot writes then need no mirroring; they are trimmed to ``rank`` (:func:`_trimmed`).  False,
+    changing nothing, where the layer is not one this serves (tensor parallel, quantized, not laid out as
+    vLLM's linear LoRA)."""
     base = getattr(module, "base_layer", None)
     weight = getattr(base, "_parameters", {}).get("weight") if base is not None else None
     stacked = getattr(module, "lora_b_stacked", None)
+    lora_a = getattr(module, "lora_a_stacked", None)
     if (
         weight is None
         or weight.dim() != 2
         or not weight.is_floating_point()
         or getattr(module, "tp_size", 1) != 1
         or not isinstance(stacked, tuple)
+        or not isinstance(lora_a, tuple)
+        or len(lora_a) != len(stacked)
         or sum(getattr(module, "output_slices", ())) != weight.shape[0]
         or len(stacked) != len(module.output_slices)
         or (rank or 0) > stacked[0].shape[-1]
@@ -115,35 +122,66 @@ def widen_layer(module: Any, rank: int | None) -> bool:
     ):
         return False
     rank = rank or stacked[0].shape[-1]
+    for kind, cut in (("B", [b[..., rank:] for b in stacked]), ("A", [a[:, :, rank:] for a in lora_a])):
+        if any(part.any() for part in cut):
+            raise ValueError(f"a slot's {kind} already holds values past rank {rank}: widen before loading adapters")
     features = weight.shape[1]
     wide = widened_weight(weight.data, stacked, module.output_slices, rank)
     weight.data = wide[:, :features]
+    module.lora_b_stacked = slot_views(wide, stacked[0].shape[0], module.output_slices, rank)
+    module.lora_a_stacked = tuple(a[:, :, :rank].contiguous() for a in lora_a)
     setattr(module, WIDE, wide)
     setattr(module, RANK, rank)
     for name in ("set_lora", "reset_lora"):
         write = getattr(module, name)
-        setattr(module, name, _mirrored(module, write))
+        setattr(module, name, _trimmed(module, write))
     _state["layers"] += 1
     return True
 
 
-def _mirrored(module: Any, write: Any) -> Any:
+def _trimmed(module: Any, write: Any) -> Any:
+    """``write`` (``set_lora``/``reset_lora``) with the adapter cut to the widened rank: vLLM's warm-up
+    adapters come in its rank slot, zeros past the members' rank; any other adapter wider than the rank
+    would lose columns and is refused before anything is written."""
+
     def written(index: int, *args: Any, **kwargs: Any) -> Any:
-        lora_b = kwargs.get("lora_b", args[1] if len(args) > 1 else None)
         rank = getattr(module, RANK)
-        # columns of B past the widened rank would be dropped: refused unless zero (vLLM's warm-up
-        # adapters are zeros of its rank slot)
-        dropped = [b for b in (lora_b if isinstance(lora_b, list) else [lora_b]) if b is not None and b[:, rank:].any()]
-        if dropped:
-            raise ValueError(
-                f"an adapter of rank {dropped[0].shape[-1]} in a layer widened for rank {rank} "
-                "(agent_envs.es.population_matmul serves the ES members' adapters only)"
-            )
-        out = write(index, *args, **kwargs)
-        mirror(module, [index])
-        return out
+        names = ("lora_a", "lora_b")
+        given = {n: kwargs.pop(n) if n in kwargs else (args[k] if len(args) > k else None) for k, n in enumerate(names)}
+        if all(v is None for v in given.values()):  # reset_lora
+            return write(index, *args, **kwargs)
+        cut = {"lora_a": lambda t: (t[:rank], t[rank:]), "lora_b": lambda t: (t[:, :rank], t[:, rank:])}
+        trimmed = {}
+        for name, value in given.items():
+            parts = value if isinstance(value, list) else [value]
+            kept = []
+            for part in parts:
+                if part is None:
+                    kept.append(None)
+                    continue
+                keep, drop = cut[name](part)
+                if drop.any():
+                    raise ValueError(
+                        f"an adapter of rank {part.shape[0] if name == 'lora_a' else part.shape[-1]} in a layer "
+                        f"widened for rank {rank} (agent_envs.es.population_matmul serves the ES members' adapters only)"
+                    )
+                kept.append(keep)
+            trimmed[name] = kept if isinstance(value, list) else kept[0]
+        return write(index, trimmed["lora_a"], trimmed["lora_b"], *args[2:], **kwargs)
 
     return written
+
+
+def slot_views(wide: torch.Tensor, n_slots: int, widths: Sequence[int], rank: int) -> tuple[torch.Tensor, ...]:
+    """vLLM's stacked ``lora_b`` (per slice, ``(slots, 1, width, rank)``) as views of the widened weight's
+    ``B`` columns: slot ``m``'s column ``k`` of slice ``s`` is column ``in + (s * slots + m) * rank + k`` on
+    the slice's rows.  A write into a slot is a write into the matmul's weight."""
+    start, row, views = wide.shape[1] - len(widths) * n_slots * rank, 0, []
+    for s, width in enumerate(widths):
+        block = wide[row : row + width, start + s * n_slots * rank : start + (s + 1) * n_slots * rank]
+        views.append(block.unflatten(1, (n_slots, rank)).permute(1, 0, 2).unsqueeze(1))
+        row += width
+    return tuple(views)
 
 
 def widened_weight(
@@ -154,37 +192,9 @@ def widened_weight(
     rows, features = weight.shape
     wide = weight.new_zeros(rows, features + widened_columns(lora_b, rank))
     wide[:, :features] = weight
-    _write_b(wide, lora_b, widths, rank, torch.arange(lora_b[0].shape[0], device=wide.device))
+    for view, b in zip(slot_views(wide, lora_b[0].shape[0], widths, rank), lora_b):
+        view.copy_(b[..., :rank])
     return wide
-
-
-def mirror(module: Any, slots: Sequence[int] | torch.Tensor | None = None) -> None:
-    """Copy ``slots``' (every slot's when None) ``B`` from vLLM's stacked slots into the widened weight; a
-    layer that is not widened is left alone.  ``slots`` may be a tensor of slot indices already on the
-    layer's device (a refresh of every layer passes one, not a host-to-device copy per layer)."""
-    wide = getattr(module, WIDE, None)
-    if wide is None:
-        return
-    stacked = module.lora_b_stacked
-    if slots is None:
-        index = torch.arange(stacked[0].shape[0])
-    elif isinstance(slots, torch.Tensor):
-        index = slots
-    else:
-        index = torch.tensor(list(slots), dtype=torch.long)
-    _write_b(wide, stacked, module.output_slices, getattr(module, RANK), index.to(wide.device))
-
-
-def _write_b(
-    wide: torch.Tensor, lora_b: Sequence[torch.Tensor], widths: Sequence[int], rank: int, index: torch.Tensor
-) -> None:
-    """Slots ``index``'s ``B`` into their columns of the widened weight, slice by slice."""
-    n_slots = lora_b[0].shape[0]
-    start, row = wide.shape[1] - widened_columns(lora_b, rank), 0
-    for s, (b, width) in enumerate(zip(lora_b, widths)):
-        block = wide[row : row + width, start + s * n_slots * rank : start + (s + 1) * n_slots * rank]
-        block.unflatten(1, (n_slots, rank))[:, index] = b[index, 0, :, :rank].permute(1, 0, 2).to(wide.dtype)
-        row += width
 
 
 def apply_sync(self: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
