@@ -49,6 +49,7 @@ from .fingerprint import fingerprint
 from .normalize import weight_norm
 from .lowrank_factors import DRAW_THREADS, Layout, Target, adapter_arrays, factors, request
 from .perturb import SquareSum
+from .pinned_staging import PinnedStaging
 from .update_rule import Adam, optimizer_settings
 
 T = TypeVar("T")
@@ -154,8 +155,9 @@ def product(
 ) -> torch.Tensor:
     """``(stacked_a * coef_row) @ stacked_b^T`` on ``device`` at full float32 matmul precision (each
     column scaled by one correctly rounded float32 multiply: the same bits on any device)."""
-    left = stacked_a.to(device) * coef_row.to(device)
-    right = stacked_b.to(device)
+    # from page-locked factors (pinned_staging) the copies queue behind each other without waiting
+    left = stacked_a.to(device, non_blocking=True) * coef_row.to(device)
+    right = stacked_b.to(device, non_blocking=True)
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")  # no TF32: the same bits on every run of this device
     try:
@@ -212,17 +214,27 @@ def in_parallel(fn: Callable[[T], R], items: Sequence[T], threads: int | None = 
 
 @dataclass(frozen=True)
 class DrawnAhead:
-    """What :meth:`LowRankPerturber.prefetch` drew: each member's draw by seed, and each target's
-    factors stacked in member order (:func:`update_terms`) for the update of the same seeds."""
+    """What :meth:`LowRankPerturber.prefetch` drew: each member's draw by seed, each target's factors
+    stacked in member order (:func:`update_terms`) for the update of the same seeds, and the staged copy
+    those stacked factors are views of (:mod:`pinned_staging`; None where they are the draws' own memory)."""
 
     draws: dict[int, MemberDraw]
     stacked: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    staged: torch.Tensor | None = None
 
 
-def draw_ahead(seeds: Sequence[int], targets: Sequence[Target], rank: int, sigma: float) -> DrawnAhead:
+def draw_ahead(
+    seeds: Sequence[int],
+    targets: Sequence[Target],
+    rank: int,
+    sigma: float,
+    staging: PinnedStaging | None = None,
+    busy: torch.Tensor | None = None,
+) -> DrawnAhead:
     """Members ``seeds``' draws and stacked factors, drawn by ``python -m agent_envs.es.lowrank_factors``
     into an anonymous memory file (nothing to clean up: it is gone with its last mapping): the same bits
-    as :func:`member_draw` and :func:`update_terms`, without waiting on this process's interpreter lock."""
+    as :func:`member_draw` and :func:`update_terms`, without waiting on this process's interpreter lock.
+    With ``staging`` the stacked factors are copied into its page-locked buffer that ``busy`` is not."""
     layout = Layout(tuple(targets), len(seeds), rank)
     fd = os.memfd_create("es-lowrank-factors", os.MFD_CLOEXEC)  # pass_fds hands it to the child alone
     try:
@@ -253,8 +265,17 @@ def draw_ahead(seeds: Sequence[int], targets: Sequence[Target], rank: int, sigma
         drawn = {t.name: layout.member(buffer, member, i) for i, t in enumerate(layout.targets)}
         tensors = {m: tuple(map(torch.from_numpy, layout.adapter(buffer, member, i))) for i, m in enumerate(modules)}
         draws[int(seed)] = drawn, tensors
-    stacked = {t.name: tuple(map(torch.from_numpy, layout.stacked(buffer, i))) for i, t in enumerate(layout.targets)}
-    return DrawnAhead(draws, stacked)
+    if staging is None:
+        stacked = {
+            t.name: tuple(map(torch.from_numpy, layout.stacked(buffer, i))) for i, t in enumerate(layout.targets)
+        }
+        return DrawnAhead(draws, stacked)
+    staged = staging.stage(np.frombuffer(buffer, dtype=np.float32, count=layout.values // 2), busy)
+    stacked = {
+        t.name: tuple(staged[start : start + rows * cols].view(rows, cols) for start, (rows, cols) in spans)
+        for t, spans in zip(layout.targets, map(layout.stacked_spans, range(len(layout.targets))))
+    }
+    return DrawnAhead(draws, stacked, staged)
 
 
 def member_draw(targets: Sequence[Target], seed: int, sigma: float, rank: int) -> MemberDraw:
@@ -366,8 +387,13 @@ class LowRankPerturber:
         #: the draws :meth:`prefetch` started: (seeds, sigma, what it drew)
         self._ahead: tuple[tuple[int, ...], float, Future[DrawnAhead]] | None = None
         self._background: ThreadPoolExecutor | None = None
-        #: the stacked factors of the members a refresh took from a prefetch: (seeds, by target name)
-        self._stacked: tuple[tuple[int, ...], dict[str, tuple[torch.Tensor, torch.Tensor]]] | None = None
+        #: the stacked factors of the members a refresh took from a prefetch: (seeds, by target name,
+        #: the staged buffer they are views of or None)
+        self._stacked: (
+            tuple[tuple[int, ...], dict[str, tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None] | None
+        ) = None
+        #: page-locked buffers for the stacked factors where the weights are on a GPU (pinned_staging)
+        self._staging: PinnedStaging | None = None
         #: Adam's moments once an update asked for Adam (agent_envs.es.update_rule); None: plain updates
         self.adam: Adam | None = None
 
@@ -433,7 +459,11 @@ class LowRankPerturber:
         seeds_t, sigma_f, targets, rank = tuple(int(s) for s in seeds), float(sigma), tuple(self.targets), self.rank
         if self._background is None:
             self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="es-prefetch")
-        self._ahead = (seeds_t, sigma_f, self._background.submit(draw_ahead, distinct(seeds_t), targets, rank, sigma_f))
+        if self._staging is None and any(d.type == "cuda" for d in self._devices()):
+            self._staging = PinnedStaging()
+        busy = self._stacked[2] if self._stacked else None  # what a pending update still reads
+        job = self._background.submit(draw_ahead, distinct(seeds_t), targets, rank, sigma_f, self._staging, busy)
+        self._ahead = (seeds_t, sigma_f, job)
         return {"ok": True, "prefetching": len(seeds_t)}
 
     def take_prefetched(self, seeds: Sequence[int], sigma: float) -> dict[int, MemberDraw]:
@@ -445,7 +475,7 @@ class LowRankPerturber:
         if ahead is None or ahead[0] != seeds_t or ahead[1] != float(sigma):
             return {}
         drawn = ahead[2].result()
-        self._stacked = (distinct(seeds_t), drawn.stacked)
+        self._stacked = (distinct(seeds_t), drawn.stacked, drawn.staged)
         return drawn.draws
 
     def member_adapter(

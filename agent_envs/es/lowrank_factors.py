@@ -92,14 +92,17 @@ class Layout:
     def _view(self, buffer: Any, offset: int, shape: tuple[int, int]) -> np.ndarray:
         return np.ndarray(shape, dtype=_FLOAT, buffer=buffer, offset=offset * _FLOAT.itemsize)
 
-    def stacked(self, buffer: Any, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """Target ``index``'s ``([A_1 | ... | A_U], [B_1 | ... | B_U])`` in ``buffer``."""
+    def stacked_spans(self, index: int) -> tuple[tuple[int, tuple[int, int]], tuple[int, tuple[int, int]]]:
+        """Where target ``index``'s stacked ``A`` and ``B`` lie: (offset in float32 values, shape) each, all
+        within the buffer's first half."""
         target, width = self.targets[index], self.members * self.rank
         start = self.members * self._before(index)
-        return (
-            self._view(buffer, start, (target.out_features, width)),
-            self._view(buffer, start + target.out_features * width, (target.in_features, width)),
-        )
+        return (start, (target.out_features, width)), (start + target.out_features * width, (target.in_features, width))
+
+    def stacked(self, buffer: Any, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Target ``index``'s ``([A_1 | ... | A_U], [B_1 | ... | B_U])`` in ``buffer``."""
+        (start_a, shape_a), (start_b, shape_b) = self.stacked_spans(index)
+        return self._view(buffer, start_a, shape_a), self._view(buffer, start_b, shape_b)
 
     def member(self, buffer: Any, member: int, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Member ``member``'s ``(A, B)`` of target ``index``: its columns of the stacked factors."""

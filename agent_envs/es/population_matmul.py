@@ -154,7 +154,7 @@ def _trimmed(module: Any, write: Any) -> Any:
         trimmed = {}
         for name, value in given.items():
             parts = value if isinstance(value, list) else [value]
-            kept = []
+            kept: list[torch.Tensor | None] = []
             for part in parts:
                 if part is None:
                     kept.append(None)
