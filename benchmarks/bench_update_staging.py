@@ -54,11 +54,12 @@ def main() -> None:
     seeds = list(range(args.members))
     pageable = draw_ahead(seeds, all_targets, 4, 0.01)
     staging = PinnedStaging() if device.type == "cuda" else PinnedStaging(lambda buffer: False, lambda: None)
-    stage_s = []
+    stage_s, busy = [], None
     for _ in range(2):  # the first stage locks its buffer, the second uses the other one: both costs shown
         start = time.perf_counter()
-        staged = draw_ahead(seeds, all_targets, 4, 0.01, staging, None if not stage_s else staged.staged)
+        staged = draw_ahead(seeds, all_targets, 4, 0.01, staging, busy)
         stage_s.append(time.perf_counter() - start)
+        busy = staged.staged
     gigabytes = staged.staged.numel() * 4 / 1e9
     rows = {"pageable (the draws' memory file)": pageable.stacked, "page-locked (pinned_staging)": staged.stacked}
     times, sums = {}, {}
@@ -67,14 +68,18 @@ def main() -> None:
         times[name] = statistics.median(t for t, _ in runs)
         sums[name] = {s for _, s in runs}
     base = times["pageable (the draws' memory file)"]
-    print(f"{args.shape}: {len(all_targets)} targets, {args.members} members, {gigabytes:.2f} GB of stacked factors, "
-          f"device {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, locked {staging.locked}")
-    print("| stacked factors from | update's products (s), median of " f"{args.repeats} | GB/s | vs pageable |")
+    print(
+        f"{args.shape}: {len(all_targets)} targets, {args.members} members, {gigabytes:.2f} GB of stacked factors, "
+        f"device {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, locked {staging.locked}"
+    )
+    print(f"| stacked factors from | update's products (s), median of {args.repeats} | GB/s | vs pageable |")
     print("|---|---|---|---|")
     for name, seconds in times.items():
         print(f"| {name} | {seconds:.3f} | {gigabytes / seconds:.1f} | {base / seconds:.2f}x |")
-    print(f"draw ahead with staging (in the background during the rollouts): {stage_s[0]:.2f} s first (locks), "
-          f"{stage_s[1]:.2f} s next; the products' bits equal: {len(set().union(*sums.values())) == 1}")
+    print(
+        f"draw ahead with staging (in the background during the rollouts): {stage_s[0]:.2f} s first (locks), "
+        f"{stage_s[1]:.2f} s next; the products' bits equal: {len(set().union(*sums.values())) == 1}"
+    )
 
 
 if __name__ == "__main__":
