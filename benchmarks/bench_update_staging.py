@@ -60,7 +60,7 @@ def main() -> None:
         staged = draw_ahead(seeds, all_targets, 4, 0.01, staging, busy)
         stage_s.append(time.perf_counter() - start)
         busy = staged.staged
-    gigabytes = staged.staged.numel() * 4 / 1e9
+    gigabytes = sum(a.numel() + b.numel() for a, b in staged.stacked.values()) * 4 / 1e9
     rows = {"pageable (the draws' memory file)": pageable.stacked, "page-locked (pinned_staging)": staged.stacked}
     times, sums = {}, {}
     for name, stacked in rows.items():
