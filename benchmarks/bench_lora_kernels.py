@@ -17,7 +17,10 @@ timed inside a CUDA graph (as the engine replays it):
   before building it into an engine (``max_abs_diff_stacked``: against the matmul and the two launches);
 - ``folded into the matmul``: what agent_envs/es/population_matmul.py runs, ``widen`` (``[x | h]``) then one
   matmul with the widened weight ``[W | B_all]`` (``max_abs_diff_folded``: against the matmul and the two
-  launches), with ``widen``'s best tiles (tokens, features) from a small grid beside it.
+  launches), with ``widen``'s best tiles (tokens, features) from a small grid beside it; then its matmuls
+  alone on a prebuilt ``[x | h]`` (the folded path's cost beyond ``widen``), and the same with the inner size
+  padded by zero columns to a multiple of 128 (whether cuBLAS wants the aligned shape: 4B's qkv widens
+  2,560 to 2,752 at P = 16).
 
 Columns ``+vllm`` and ``+population`` are the LoRA time over ``base`` (what adapters add to the layer's
 matmuls); ``max |diff|`` compares the two LoRA outputs (both accumulate in float32, round to bfloat16).
@@ -45,6 +48,8 @@ from gpu_engine import QWEN3_4B, SMOLLM2_135M  # noqa: E402
 SHAPES = {"4b": QWEN3_4B, "135m": SMOLLM2_135M}
 #: tile sizes tried for the population kernels (tokens, columns, features); the table's column is the default's
 BLOCK_GRID = [{"tokens": t, "columns": c, "features": f} for t in (16, 32, 64) for c in (64, 128) for f in (128, 256)]
+#: the multiple the widened matmuls' inner size is padded to in the comparison row
+PAD_TO = 128
 #: ``widen``'s tiles tried (tokens per program, input features per step)
 WIDEN_GRID = [{"tokens": t, "features": f} for t in (1, 2, 4, 8) for f in (256, 512, 1024)]
 
@@ -145,6 +150,16 @@ def measure(
         for layer, w, out in zip(group, widened, folded_out):
             torch.matmul(widen(layer.x, slots, layer.a, rank, order=order, blocks=blocks), w.t(), out=out)
 
+    # the widened matmuls alone, on a prebuilt [x | h] (what folding costs beyond ``widen``), and with the
+    # inner size padded by zero columns to a multiple of PAD_TO (whether the GEMM wants aligned shapes)
+    widened_in = [widen(layer.x, slots, layer.a, rank, order=order) for layer in group]
+    padded = [torch.nn.functional.pad(t, (0, -t.shape[1] % PAD_TO)) for t in widened]
+    padded_in = [torch.nn.functional.pad(t, (0, -t.shape[1] % PAD_TO)) for t in widened_in]
+
+    def widened_matmuls(weights: list[Any], inputs: list[Any]) -> None:
+        for w, x, out in zip(weights, inputs, folded_out):
+            torch.matmul(x, w.t(), out=out)
+
     side = torch.cuda.Stream()
     terms = [torch.zeros_like(layer.y) for layer in group]
     events = [(torch.cuda.Event(), torch.cuda.Event()) for _ in group]
@@ -181,6 +196,8 @@ def measure(
             ("base_population", base_then_population),
             ("stacked", stacked_then_expand),
             ("folded", folded),
+            ("widened_matmuls", functools.partial(widened_matmuls, widened, widened_in)),
+            ("widened_padded", functools.partial(widened_matmuls, padded, padded_in)),
         )
     }
     stacked_diff = 0.0  # the stacked GEMM's output against each matmul followed by the two launches
@@ -235,8 +252,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         "| shape | P | batch M (tokens) | base matmuls (ms) | vLLM LoRA (ms) | population (ms) | +vllm | +population "
         "| population / vLLM | max abs diff | best tiles (tokens,columns,features): ms "
         "| matmuls then population (ms) | on two streams (ms) | A stacked under W, then the expand (ms) "
-        "| folded into the matmul (ms) | +folded | folded, best widen tiles (tokens,features): ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| folded into the matmul (ms) | +folded | folded, best widen tiles (tokens,features): ms "
+        f"| widened matmuls alone (ms) | the same, inner size padded to {PAD_TO} (ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
@@ -247,7 +265,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             + f"{r['base_population_ms']:.3f} | "
             + (f"{r['two_streams_ms']:.3f} |" if r["two_streams_ms"] is not None else "failed |")
             + f" {r['stacked_ms']:.3f} | {r['folded_ms']:.3f} | {r['folded_ms'] / r['base_ms'] - 1:.0%} "
-            f"| {r['best_widen']}: {r['best_folded_ms']:.3f} |"
+            f"| {r['best_widen']}: {r['best_folded_ms']:.3f} | {r['widened_matmuls_ms']:.3f} | {r['widened_padded_ms']:.3f} |"
         )
     return "\n".join(out)
 
