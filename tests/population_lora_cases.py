@@ -122,6 +122,9 @@ WIDEN_CASES = [
     ("down, float32, rank 3", (40,), 700, 3, 4, 3, 9, torch.float32, 0, None),  # 2 steps of 512 features
     ("gate_up, padded graph step", (72, 72), 40, 4, 8, 4, 21, torch.bfloat16, 11, None),
     ("o, 16 members, tiles of 8", (40,), 48, 16, 8, 4, 64, torch.float32, 0, (8, 16)),
+    # feature steps of thousands: each step's products summed at once (SUM_EACH_STEP)
+    ("down, float32, one summed step", (40,), 700, 3, 4, 3, 9, torch.float32, 0, (1, 2048)),
+    ("qkv, summed steps, graph step", (48, 16, 16), 2100, 5, 8, 4, 13, torch.bfloat16, 5, (2, 2048)),
 ]
 
 
@@ -195,17 +198,29 @@ def compile_sm90():
             constexprs={**tiles, "BLOCK_N": 64, "ADD": True, "H_BY_TOKEN": by_token},
         )  # fmt: skip
 
-    widened = {"R": 4, "RANK": 4, "SLICES": 3, "STARTS": 32, "BLOCK_T": 2, "BLOCK_K": 512, "BLOCK_E": 128}
-    widen_source = ASTSource(
-        k._widen_kernel,
-        signature={"x_ptr": ptr, **index, "w_ptr": ptr, "a0_ptr": ptr, "a1_ptr": ptr, "a2_ptr": ptr,
-                   **{n: "i32" for n in ("T", "K", "L", "stride_x", "stride_w", "stride_al", "stride_ar")},
-                   **{n: "constexpr" for n in widened}},
-        constexprs=widened,
-    )  # fmt: skip
+    def widen_source(block_t: int, block_k: int, summed: bool) -> ASTSource:
+        widened = {
+            "R": 4,
+            "RANK": 4,
+            "SLICES": 3,
+            "STARTS": 32,
+            "BLOCK_T": block_t,
+            "BLOCK_K": block_k,
+            "BLOCK_E": 128,
+            "SUM_EACH_STEP": summed,
+        }
+        return ASTSource(
+            k._widen_kernel,
+            signature={"x_ptr": ptr, **index, "w_ptr": ptr, "a0_ptr": ptr, "a1_ptr": ptr, "a2_ptr": ptr,
+                       **{n: "i32" for n in ("T", "K", "L", "stride_x", "stride_w", "stride_al", "stride_ar")},
+                       **{n: "constexpr" for n in widened}},
+            constexprs=widened,
+        )  # fmt: skip
+
     target = GPUTarget("cuda", 90, 32)
     sources = (
-        ("shrink", shrink), ("expand", expand("*fp32", False)), ("expand_columns", expand(ptr, True)), ("widen", widen_source),
+        ("shrink", shrink), ("expand", expand("*fp32", False)), ("expand_columns", expand(ptr, True)),
+        ("widen", widen_source(2, 512, False)), ("widen_summed", widen_source(1, 4096, True)),
     )  # fmt: skip
     built = {name: compile(src, target=target) for name, src in sources}
     return {name: len(kernel.asm["cubin"]) for name, kernel in built.items()}, {

@@ -86,7 +86,7 @@ def test_triton_kernels_compile_for_an_h200() -> None:
         env=script_env(TRITON_INTERPRET=None),
         timeout=300,
     )
-    assert min(out["cubin_bytes"][k] for k in ("shrink", "expand", "expand_columns", "widen")) > 0
+    assert min(out["cubin_bytes"][k] for k in ("shrink", "expand", "expand_columns", "widen", "widen_summed")) > 0
     assert out["mma_lines"]["shrink"] > 0  # bfloat16 tiles on tensor cores
 
 

@@ -61,6 +61,9 @@ WIDEN_BY_TOKENS: tuple[tuple[float, dict[str, int]], ...] = (
 )
 #: widened columns written per step (a block of ``slots x rank`` per slice)
 WIDEN_COLUMNS = 128
+#: ``widen``'s feature steps from which each step's products are summed at once (a step of thousands of
+#: features would otherwise keep them all in registers); ``blocks["warps"]`` overrides the warps a program
+SUM_EACH_STEP_FROM = 2048
 
 
 @triton.jit
@@ -245,6 +248,7 @@ def _widen_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_E: tl.constexpr,
+    SUM_EACH_STEP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     starts = tl.load(starts_ptr + tl.arange(0, STARTS), mask=tl.arange(0, STARTS) < L + 2, other=0)
@@ -261,10 +265,13 @@ def _widen_kernel(
     last = tl.max(tl.where(valid, slot, -1), axis=0)
     offs_r = tl.arange(0, R)
     in_rank = offs_r < RANK
-    # per slice, the products x * a[slot] of every step, summed over the features once at the end
-    parts0 = tl.zeros((BLOCK_T, R, BLOCK_K), dtype=tl.float32)
-    parts1 = tl.zeros((BLOCK_T, R, BLOCK_K), dtype=tl.float32)
-    parts2 = tl.zeros((BLOCK_T, R, BLOCK_K), dtype=tl.float32)
+    # per slice, the products x * a[slot] of every step, summed over the features once at the end; with
+    # SUM_EACH_STEP (feature steps of thousands, a layer in one or a few steps) summed at every step instead,
+    # which keeps the registers of a (tokens, rank) sum rather than of every product
+    PARTS: tl.constexpr = 1 if SUM_EACH_STEP else BLOCK_K
+    parts0 = tl.zeros((BLOCK_T, R, PARTS), dtype=tl.float32)
+    parts1 = tl.zeros((BLOCK_T, R, PARTS), dtype=tl.float32)
+    parts2 = tl.zeros((BLOCK_T, R, PARTS), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):  # x read once: copied, and multiplied by each slice's factor
         offs_k = k0 + tl.arange(0, BLOCK_K)
         in_k = offs_k < K
@@ -277,11 +284,11 @@ def _widen_kernel(
         m = first
         while m <= last:  # each member in the tile: its factors once, for its tokens' rows
             xm = tl.where((valid & (slot == m))[:, None], xt, 0.0)[:, None, :]
-            parts0 += xm * tl.load(a0_ptr + m * stride_al + a_at, mask=a_mask, other=0.0).to(tl.float32)[None, :, :]
+            parts0 += _products(xm, a0_ptr + m * stride_al + a_at, a_mask, SUM_EACH_STEP)
             if SLICES > 1:
-                parts1 += xm * tl.load(a1_ptr + m * stride_al + a_at, mask=a_mask, other=0.0).to(tl.float32)[None, :, :]
+                parts1 += _products(xm, a1_ptr + m * stride_al + a_at, a_mask, SUM_EACH_STEP)
             if SLICES > 2:
-                parts2 += xm * tl.load(a2_ptr + m * stride_al + a_at, mask=a_mask, other=0.0).to(tl.float32)[None, :, :]
+                parts2 += _products(xm, a2_ptr + m * stride_al + a_at, a_mask, SUM_EACH_STEP)
             m = _next_member(slot, valid, m, L)
     _widened_block(w_ptr, tok, slot, valid, in_rows, tl.sum(parts0, axis=2), K, stride_w, L, R, RANK, BLOCK_E)
     if SLICES > 1:
@@ -292,6 +299,16 @@ def _widen_kernel(
         _widened_block(
             w_ptr, tok, slot, valid, in_rows, tl.sum(parts2, axis=2), K + 2 * L * RANK, stride_w, L, R, RANK, BLOCK_E
         )
+
+
+@triton.jit
+def _products(xm, a_at, a_mask, SUM_EACH_STEP: tl.constexpr):
+    """A step's products of ``xm`` (tokens, 1, features) and the factor rows at ``a_at`` (rank, features):
+    kept per feature, or summed over the step's features (a trailing axis of 1)."""
+    products = xm * tl.load(a_at, mask=a_mask, other=0.0).to(tl.float32)[None, :, :]
+    if SUM_EACH_STEP:
+        products = tl.sum(products, axis=2)[:, :, None]
+    return products
 
 
 @triton.jit
@@ -478,6 +495,7 @@ def widen(
         x.stride(0), out.stride(0), lora_a[0].stride(0), lora_a[0].stride(2),
         R=triton.next_power_of_2(rank), RANK=rank, SLICES=len(lora_a), STARTS=triton.next_power_of_2(n_slots + 2),
         BLOCK_T=b["tokens"], BLOCK_K=b["features"], BLOCK_E=WIDEN_COLUMNS,
-        num_warps=8 if b["tokens"] * b["features"] >= 1024 else 4,  # each slice's products: 16-64 per thread
+        SUM_EACH_STEP=b["features"] >= SUM_EACH_STEP_FROM,
+        num_warps=b.get("warps") or (8 if b["tokens"] * b["features"] >= 1024 else 4),  # products: 16-64 a thread
     )  # fmt: skip
     return out
