@@ -278,8 +278,8 @@ def draw_ahead(
         return DrawnAhead(draws, stacked)
     staged = staging.stage(np.frombuffer(buffer, dtype=np.float32, count=layout.values // 2), busy)
     stacked = {
-        t.name: tuple(staged[start : start + rows * cols].view(rows, cols) for start, (rows, cols) in spans)
-        for t, spans in zip(layout.targets, map(layout.stacked_spans, range(len(layout.targets))))
+        t.name: tuple(staged[at : at + rows * cols].view(rows, cols) for at, (rows, cols) in layout.stacked_spans(i))
+        for i, t in enumerate(layout.targets)
     }
     return DrawnAhead(draws, stacked, staged)
 

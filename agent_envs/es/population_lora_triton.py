@@ -62,7 +62,7 @@ WIDEN_BY_TOKENS: tuple[tuple[float, dict[str, int]], ...] = (
 #: widened columns written per step (a block of ``slots x rank`` per slice)
 WIDEN_COLUMNS = 128
 #: ``widen``'s feature steps from which each step's products are summed at once (a step of thousands of
-#: features would otherwise keep them all in registers); ``blocks["warps"]`` overrides the warps a program
+#: features would otherwise keep them all in registers)
 SUM_EACH_STEP_FROM = 2048
 
 
@@ -496,6 +496,6 @@ def widen(
         R=triton.next_power_of_2(rank), RANK=rank, SLICES=len(lora_a), STARTS=triton.next_power_of_2(n_slots + 2),
         BLOCK_T=b["tokens"], BLOCK_K=b["features"], BLOCK_E=WIDEN_COLUMNS,
         SUM_EACH_STEP=b["features"] >= SUM_EACH_STEP_FROM,
-        num_warps=b.get("warps") or (8 if b["tokens"] * b["features"] >= 1024 else 4),  # products: 16-64 a thread
+        num_warps=8 if b["tokens"] * b["features"] >= 1024 else 4,  # each slice's products: 16-64 per thread
     )  # fmt: skip
     return out

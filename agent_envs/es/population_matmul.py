@@ -139,6 +139,10 @@ def widen_layer(module: Any, rank: int | None) -> bool:
     return True
 
 
+#: the axis of an adapter's rank in each factor vLLM's ``set_lora`` takes (``lora_a``: R x in, ``lora_b``: out x R)
+_AXES = {"lora_a": 0, "lora_b": 1}
+
+
 def _trimmed(module: Any, write: Any) -> Any:
     """``write`` (``set_lora``/``reset_lora``) with the adapter cut to the widened rank: vLLM's warm-up
     adapters come in its rank slot, zeros past the members' rank; any other adapter wider than the rank
@@ -146,24 +150,22 @@ def _trimmed(module: Any, write: Any) -> Any:
 
     def written(index: int, *args: Any, **kwargs: Any) -> Any:
         rank = getattr(module, RANK)
-        names = ("lora_a", "lora_b")
-        given = {n: kwargs.pop(n) if n in kwargs else (args[k] if len(args) > k else None) for k, n in enumerate(names)}
+        given = {n: kwargs.pop(n) if n in kwargs else (args[k] if len(args) > k else None) for k, n in enumerate(_AXES)}
         if all(v is None for v in given.values()):  # reset_lora
             return write(index, *args, **kwargs)
-        cut = {"lora_a": lambda t: (t[:rank], t[rank:]), "lora_b": lambda t: (t[:, :rank], t[:, rank:])}
         trimmed = {}
         for name, value in given.items():
-            parts = value if isinstance(value, list) else [value]
+            axis = _AXES[name]
             kept: list[torch.Tensor | None] = []
-            for part in parts:
-                if part is None:
+            for part in value if isinstance(value, list) else [value]:
+                if part is None:  # a packed layer's slice this adapter leaves out
                     kept.append(None)
                     continue
-                keep, drop = cut[name](part)
+                keep, drop = part.tensor_split([rank], dim=axis)
                 if drop.any():
                     raise ValueError(
-                        f"an adapter of rank {part.shape[0] if name == 'lora_a' else part.shape[-1]} in a layer "
-                        f"widened for rank {rank} (agent_envs.es.population_matmul serves the ES members' adapters only)"
+                        f"an adapter of rank {part.shape[axis]} in a layer widened for rank {rank} "
+                        "(agent_envs.es.population_matmul serves the ES members' adapters only)"
                     )
                 kept.append(keep)
             trimmed[name] = kept if isinstance(value, list) else kept[0]
