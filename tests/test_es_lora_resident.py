@@ -15,7 +15,7 @@ import pytest
 import torch
 from test_es_lowrank import AdapterRegistry, lowrank_config, tiny_llama
 
-from agent_envs.es import lora_slots
+from agent_envs.es import lora_slots, population_matmul
 from agent_envs.es.batched import LowRankESTrainer
 from agent_envs.es.history import load_history
 from agent_envs.es.lowrank import LowRankPerturber, Target, adapter_tensors, factors, member_draw
@@ -232,10 +232,20 @@ class StackedLayer:
                 stacked[index, 0, : part.shape[0], : part.shape[1]].copy_(part)
 
 
-def test_stacked_slots_are_written_at_once_exactly_as_set_lora_writes_them() -> None:
-    """Every adapter's slot of a stacked layer in one fill and one copy per stacked tensor: the same
-    contents as vLLM's per-adapter ``set_lora`` (zero padding beyond the rank included), no
-    ``set_lora`` call; a layer of another layout still gets ``set_lora``."""
+@pytest.mark.parametrize(
+    ("index_to_id", "widened"),
+    [
+        ([8, None, 7], False),  # scattered slots (2, 0): written through an index
+        ([None, 7, 8], False),  # consecutive ascending slots (1, 2): one slice per stacked tensor
+        ([None, 7, 8], True),  # the same into population_matmul's strided B views of a widened weight
+    ],
+)
+def test_stacked_slots_are_written_at_once_exactly_as_set_lora_writes_them(index_to_id: list, widened: bool) -> None:
+    """Every adapter's slot of a stacked layer at once: the same contents as vLLM's per-adapter
+    ``set_lora`` (zero padding beyond the rank included), no ``set_lora`` call, the slot of no refreshed
+    adapter untouched; a layer of another layout still gets ``set_lora``.  Strided slot tensors (a
+    widened layer's ``B`` views) are written in place, through their views."""
+    untouched = index_to_id.index(None)
 
     def manager_with_two_adapters() -> Any:
         manager, targets = fake_manager()
@@ -247,7 +257,7 @@ def test_stacked_slots_are_written_at_once_exactly_as_set_lora_writes_them() -> 
                     weights.lora_b if isinstance(weights.lora_b, list) else [weights.lora_b]
                 ):
                     part.copy_(torch.randn(part.shape, generator=torch.Generator().manual_seed(seed)))
-        manager.get_adapter, manager.lora_index_to_id = models.get, [8, None, 7]
+        manager.get_adapter, manager.lora_index_to_id = models.get, list(index_to_id)
         manager.modules = {
             "m.qkv": StackedLayer([(8, 4), (8, 4)], [(6, 8), (2, 8)]),  # max rank 8 > the adapters' 2
             "m.o": StackedLayer([(8, 6)], [(4, 8)]),
@@ -256,7 +266,19 @@ def test_stacked_slots_are_written_at_once_exactly_as_set_lora_writes_them() -> 
         return manager
 
     batched, one_by_one = manager_with_two_adapters(), manager_with_two_adapters()
-    assert lora_slots.copy_into_slots(batched, [7, 8]) == 2
+    wide = {}
+    if widened:  # B slots as strided views of one widened weight per layer (rank 2), filled with 9 as vLLM's
+        for name, widths in (("m.qkv", [6, 2]), ("m.o", [4])):
+            layer = batched.modules[name]
+            wide[name] = torch.full((sum(widths), 5 + len(widths) * 3 * 2), 9.0, dtype=torch.bfloat16)
+            layer.lora_b_stacked = population_matmul.slot_views(wide[name], 3, widths, 2)
+            one_by_one.modules[name].lora_b_stacked = tuple(
+                b[..., :2].clone() for b in one_by_one.modules[name].lora_b_stacked
+            )
+    times: dict[str, float] = {}
+    assert lora_slots.copy_into_slots(batched, [7, 8], times) == 2
+    assert set(times) == {"stack_s", "queue_s"} and all(t >= 0 for t in times.values())
+    kept = [slot for slot in range(3) if slot != untouched]
     for lora_id in (7, 8):
         slot, model = one_by_one.lora_index_to_id.index(lora_id), one_by_one.get_adapter(lora_id)
         for name in ("m.qkv", "m.o"):
@@ -266,8 +288,11 @@ def test_stacked_slots_are_written_at_once_exactly_as_set_lora_writes_them() -> 
         assert layer.set_calls == 0
         for kind in ("lora_a_stacked", "lora_b_stacked"):
             for got, want in zip(getattr(layer, kind), getattr(reference, kind)):
-                assert torch.equal(got[[0, 2]], want[[0, 2]]) and bool((got[1] == 9).all())  # slot 1 untouched
-    assert batched.modules["lm_head"].slots == {0: None, 2: None}  # no weights there: reset as before
+                assert torch.equal(got[kept], want[kept]) and bool((got[untouched] == 9).all())
+        if widened:  # the writes landed in the widened weight itself; its base columns untouched
+            assert all(b.data_ptr() >= wide[name].data_ptr() for b in layer.lora_b_stacked)
+            assert bool((wide[name][:, :5] == 9).all())
+    assert batched.modules["lm_head"].slots == {k: None for k in kept}  # no weights there: reset as before
     assert lora_slots.copy_into_slots(batched, [99]) == 0  # an adapter without a GPU slot: nothing to copy
     # the next refresh: new values through the same staging buffer, the slots again exactly set_lora's
     staging = dict(batched._agent_envs_staging)
@@ -279,10 +304,10 @@ def test_stacked_slots_are_written_at_once_exactly_as_set_lora_writes_them() -> 
     assert len(staging) == 1 and all(batched._agent_envs_staging[k] is v for k, v in staging.items())
     model = one_by_one.get_adapter(8)
     for name in ("m.qkv", "m.o"):
-        one_by_one.modules[name].set_lora(0, model.loras[name].lora_a, model.loras[name].lora_b)
+        one_by_one.modules[name].set_lora(index_to_id.index(8), model.loras[name].lora_a, model.loras[name].lora_b)
         for kind in ("lora_a_stacked", "lora_b_stacked"):
             for got, want in zip(getattr(batched.modules[name], kind), getattr(one_by_one.modules[name], kind)):
-                assert torch.equal(got[[0, 2]], want[[0, 2]])
+                assert torch.equal(got[kept], want[kept])
 
 
 def copy_weights(weights: Any) -> Any:

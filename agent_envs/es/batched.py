@@ -49,13 +49,17 @@ def resident_name(member: int) -> str:
 #: a worker's refresh answer, timed (``es_lowrank_refresh``): members whose adapters were drawn
 #: ahead, the wait for them, the writes into the CPU adapters, the copy into the GPU slots
 REFRESH_PARTS = ("prefetched", "wait_s", "write_s", "slots_s")
+#: the slot copy's stages, where the engine reports them (stacking on the host, issuing the copies)
+SLOT_STAGES = ("slots_stack_s", "slots_queue_s")
 
 
 def describe_refresh(parts: dict[str, Any]) -> str:
-    """The :data:`REFRESH_PARTS` of one refresh, for a log line or a benchmark note."""
+    """The :data:`REFRESH_PARTS` of one refresh (and the :data:`SLOT_STAGES` given), for a log line or a
+    benchmark note."""
+    stages = [f"{k.removeprefix('slots_').removesuffix('_s')} {parts[k]:.3f}" for k in SLOT_STAGES if k in parts]
     return (
         f"{parts['prefetched']} drawn ahead; waited {parts['wait_s']:.3f} s, wrote {parts['write_s']:.3f} s, "
-        f"slots {parts['slots_s']:.3f} s"
+        f"slots {parts['slots_s']:.3f} s" + (f" ({', '.join(stages)})" if stages else "")
     )
 
 
@@ -201,7 +205,7 @@ class LowRankESTrainer(ESTrainer):
         record = super().step(generation)
         refreshed = getattr(self.lowrank, "last_refresh", {}) if self._timing["adapters"] == "refreshed" else {}
         if set(REFRESH_PARTS) <= set(refreshed):  # the engine's own times of the refresh
-            self._timing["refresh"] = {k: refreshed[k] for k in REFRESH_PARTS}
+            self._timing["refresh"] = {k: refreshed[k] for k in (*REFRESH_PARTS, *SLOT_STAGES) if k in refreshed}
         self.last_timing.update(self._timing)  # writing or refreshing the adapters, every member's rollouts
         detail = f" ({describe_refresh(self._timing['refresh'])})" if "refresh" in self._timing else ""
         self.log(

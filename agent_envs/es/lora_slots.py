@@ -24,12 +24,13 @@ and the trainer goes back to loading adapter folders.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from .lowrank import Target
+from .lowrank import Target, in_parallel
 
 MANAGER_ATTRS = ("get_adapter", "capacity", "lora_index_to_id", "modules", "packed_modules", "_get_lora_layer_weights")
 
@@ -128,17 +129,17 @@ def plan(manager: Any, lora_ids: Sequence[int], targets: Sequence[Target], rank:
     return [AdapterTensors(manager, lora_id, targets, rank) for lora_id in lora_ids]
 
 
-def copy_into_slots(manager: Any, lora_ids: Sequence[int]) -> int:
+def copy_into_slots(manager: Any, lora_ids: Sequence[int], times: dict[str, float] | None = None) -> int:
     """Copy each active adapter's (rewritten) CPU weights into its GPU slot, as ``activate_adapter``
-    does; an inactive one is copied from the CPU when next activated.  Returns the slots written.
+    does; an inactive one is copied from the CPU when next activated.  Returns the slots written;
+    ``times`` (when given) gets the host's seconds per stage (:func:`_write_stacked`).
 
     A layer with vLLM's stacked slots (``lora_a_stacked``/``lora_b_stacked``: one tensor per slice,
     ``[slot, 1, rows, cols]``, tensor parallel size 1) gets every adapter's slot at once, where ``set_lora``
     per adapter costs a reset and a copy per slice each (16 adapters x 144 layers of small copies for a 4B
-    model).  All such layers' values travel together: stacked into one staging buffer on the host (pinned
-    where there is a GPU, kept for the next refresh), one copy to the device, then a fill and a write per
-    stacked tensor, with the slot indices on the device once.  A copy per stacked tensor from pageable
-    memory, and the indices copied for each, made about 1,650 host-to-device copies that each waited for
+    model).  All such layers' values are stacked into one staging buffer on the host (pinned where there
+    is a GPU, kept for the next refresh), then copied straight into each stacked tensor's slots.  A copy
+    per stacked tensor from pageable memory made about 1,650 host-to-device copies that each waited for
     the device (4B: 504 stacked tensors x 3).  A widened layer's ``B`` slots are views of its widened weight
     (:mod:`agent_envs.es.population_matmul`): written there, nothing else to copy.  Any
     other layer goes through ``set_lora``/``reset_lora``."""
@@ -160,15 +161,11 @@ def copy_into_slots(manager: Any, lora_ids: Sequence[int]) -> int:
                 module.set_lora(slot, w.lora_a, w.lora_b)
             else:
                 module.reset_lora(slot)
-    # the slot indices copied once to each device the slot tensors are on (in practice one)
-    indices = {device: torch.tensor(slots, dtype=torch.long).to(device) for device in {w.target.device for w in writes}}
     groups: dict[tuple[torch.device, torch.dtype], list[_Write]] = {}
-    for w in writes:  # a buffer and a copy per device and dtype of slot tensors (in practice one)
+    for w in writes:  # a buffer per device and dtype of slot tensors (in practice one)
         groups.setdefault((w.target.device, w.target.dtype), []).append(w)
     for (device, dtype), group in groups.items():
-        _write_stacked(manager, indices[device], group, dtype)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()  # the copies read pinned host memory a later refresh overwrites
+        _write_stacked(manager, slots, group, device, dtype, times if times is not None else {})
     return len(active)
 
 
@@ -212,30 +209,76 @@ def _stacked_writes(module: Any, weights: list[Any]) -> list[_Write] | None:
     return writes
 
 
-def _write_stacked(manager: Any, index: torch.Tensor, writes: list[_Write], dtype: torch.dtype) -> None:
-    """The writes' values into slots ``index`` (their slot tensors all on ``index``'s device, in ``dtype``)
-    through one staging buffer on the host, kept on ``manager`` per dtype for the next refresh, and one
-    copy to the device."""
-    device = index.device
+#: threads stacking the adapters into the host staging buffer (torch's copies let go of the interpreter
+#: lock; at P = 256 on the 4B shape the buffer is 3.7 GB, about 0.6 s for one thread)
+STACK_THREADS = 4
+#: what a manager keeps between refreshes: host staging buffers by dtype, and the event after the last
+#: refresh's copies out of them (a refresh waits for it before it overwrites a buffer)
+_STAGING, _COPIED = "_agent_envs_staging", "_agent_envs_staging_copied"
+
+
+def _write_stacked(
+    manager: Any,
+    slots: list[int],
+    writes: list[_Write],
+    device: torch.device,
+    dtype: torch.dtype,
+    times: dict[str, float],
+) -> None:
+    """The writes' values into ``slots`` (their slot tensors all on ``device``, in ``dtype``).
+
+    Stacked on a few threads into one host buffer kept on ``manager`` per dtype, then copied straight
+    into each stacked tensor: consecutive ascending slots (the resident adapters' usual case) as one
+    slice, so a widened layer's strided ``B`` views take the copy as they are, and only padding beyond an
+    adapter's rank is zeroed; other slots through an index.  Nothing here waits for the device: the
+    copies queue on the stream the engine's next step runs on, and the next refresh waits for them
+    (an event) before it overwrites the buffer.  ``times``: ``stack_s`` (waiting for the last refresh's
+    copies, then stacking) and ``queue_s`` (issuing the copies)."""
+    start = time.perf_counter()
+    cuda = device.type == "cuda"
+    copied = manager.__dict__.pop(_COPIED, None)
+    if copied is not None:
+        copied.synchronize()  # the last refresh's copies have read the buffer
     total = sum(w.size for w in writes)
-    buffers: dict[torch.dtype, torch.Tensor] = manager.__dict__.setdefault("_agent_envs_staging", {})
+    buffers: dict[torch.dtype, torch.Tensor] = manager.__dict__.setdefault(_STAGING, {})
     staging = buffers.get(dtype)
     if staging is None or staging.numel() < total:
-        staging = buffers[dtype] = torch.empty(total, dtype=dtype, pin_memory=device.type == "cuda")
-    offset = 0
+        staging = buffers[dtype] = torch.empty(total, dtype=dtype, pin_memory=cuda)
+    places, offset = [], 0
     for w in writes:
-        place = staging[offset : offset + w.size].view(len(w.parts), w.rows, w.cols)
+        places.append(staging[offset : offset + w.size].view(len(w.parts), w.rows, w.cols))
+        offset += w.size
+
+    def stack(job: tuple[_Write, torch.Tensor]) -> None:
+        w, place = job
         if all(p.dtype == dtype for p in w.parts):
             torch.stack(w.parts, out=place)
         else:  # cast as the slot's own assignment would
             place.copy_(torch.stack(w.parts))
-        offset += w.size
-    values = staging[:total].to(device, non_blocking=True)
-    offset = 0
-    for w in writes:
-        w.target.index_fill_(0, index, 0)  # the padding beyond the adapter's rank stays 0
-        w.target[index, 0, : w.rows, : w.cols] = values[offset : offset + w.size].view(len(w.parts), w.rows, w.cols)
-        offset += w.size
+
+    for _ in in_parallel(stack, list(zip(writes, places)), STACK_THREADS):
+        pass
+    queued = time.perf_counter()
+    run = slice(slots[0], slots[0] + len(slots)) if slots == list(range(slots[0], slots[0] + len(slots))) else None
+    index = None if run else torch.tensor(slots, dtype=torch.long).to(device)
+    for w, place in zip(writes, places):
+        if run:
+            target = w.target[run, 0]
+            target[:, : w.rows, : w.cols].copy_(place, non_blocking=True)
+            if w.rows < target.shape[1]:  # vLLM's rank slot beyond the adapters' rank stays 0
+                target[:, w.rows :].zero_()
+            if w.cols < target.shape[2]:
+                target[:, : w.rows, w.cols :].zero_()
+        else:
+            w.target.index_fill_(0, index, 0)
+            w.target[index, 0, : w.rows, : w.cols] = place.to(device, non_blocking=True)
+    if cuda:
+        event = torch.cuda.Event()
+        event.record()
+        manager.__dict__[_COPIED] = event
+    done = time.perf_counter()
+    times["stack_s"] = times.get("stack_s", 0.0) + queued - start
+    times["queue_s"] = times.get("queue_s", 0.0) + done - queued
 
 
 def slot_digest(manager: Any, lora_id: int) -> str:

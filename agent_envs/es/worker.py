@@ -185,7 +185,8 @@ class ESWorkerExtension:
         ``add_lora``; :mod:`agent_envs.es.lora_slots`; member i at ``signs[i] * sigma``, default +1:
         mirrored pairs); the factors are kept for the update.  The
         adapters :meth:`es_lowrank_prefetch` drew for these seeds are used; the answer times the wait
-        for them, the writes into the CPU adapters and the copy into the GPU slots.
+        for them, the writes into the CPU adapters and the copy into the GPU slots (``slots_stack_s``,
+        ``slots_queue_s``: its stages, :func:`lora_slots.copy_into_slots`).
         ``{"ok": False, "unsupported": reason}`` (nothing written) where this engine cannot."""
         state = self._es_lowrank_state()
         if len(lora_ids) != len(seeds):
@@ -208,7 +209,8 @@ class ESWorkerExtension:
             for _ in in_parallel(rewrite, list(zip(places, seeds, signs or [1] * len(seeds)))):
                 pass
             written = time.perf_counter()
-            slots = lora_slots.copy_into_slots(manager, [int(i) for i in lora_ids])
+            stages: dict[str, float] = {}
+            slots = lora_slots.copy_into_slots(manager, [int(i) for i in lora_ids], stages)
         done = time.perf_counter()
         return {
             "ok": True,
@@ -219,6 +221,7 @@ class ESWorkerExtension:
             "wait_s": waited - start,
             "write_s": written - waited,
             "slots_s": done - written,
+            **{f"slots_{stage}": seconds for stage, seconds in stages.items()},
         }
 
     def es_lowrank_prefetch(self, seeds: Sequence[int], sigma: float) -> dict[str, Any]:
