@@ -5,9 +5,9 @@ environment's scorer, the trainer fed the engine's exact ids, log-probabilities 
 On the CPU with the embedded SmolLM2 (converted from its GGUF on first use into smollm2-hf under
 the cache root, $AGENT_ENVS_CACHE or ~/.cache/agent-envs) on the two-number Countdown of
 scripts/gpu_es_real.py, four worked examples as chat turns, one reply, no tools: the base model
-solves some tasks some of the time, so 8 tasks a step in groups of 4 hold both rewards in some
-groups (docs/rl.md#trl; tests/test_trl_grpo.py runs this command):
-    python examples/grpo_trl.py --small-countdown --cpu --steps 2 --tasks 16 --batch 8 --generations 4 \
+solves some tasks some of the time, so a step of 4 tasks in groups of 4 holds both rewards in a
+group (docs/rl.md#trl; tests/test_trl_grpo.py runs this command):
+    python examples/grpo_trl.py --small-countdown --cpu --steps 1 --tasks 16 --batch 4 --generations 4 \
         --micro-batch 4 --temperature 0.7 --max-tokens-per-turn 48
 On one GPU with TRL's colocated vLLM engine (bf16; vllm installed; docs/rl.md#trl):
     python examples/grpo_trl.py --small-countdown --vllm-colocate --steps 3 --tasks 16 --batch 8 --generations 8 \
