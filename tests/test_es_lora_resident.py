@@ -294,13 +294,17 @@ def test_stacked_slots_are_written_at_once_exactly_as_set_lora_writes_them(index
             assert bool((wide[name][:, :5] == 9).all())
     assert batched.modules["lm_head"].slots == {k: None for k in kept}  # no weights there: reset as before
     assert lora_slots.copy_into_slots(batched, [99]) == 0  # an adapter without a GPU slot: nothing to copy
-    # the next refresh: new values through the same staging buffer, the slots again exactly set_lora's
+    # the next refresh: new values through the same staging buffer, the slots again exactly set_lora's,
+    # written only once the last refresh's copies out of it are done (on a GPU: an event recorded then)
     staging = dict(batched._agent_envs_staging)
+    waited: list[bool] = []
+    batched.__dict__[lora_slots._COPIED] = SimpleNamespace(synchronize=lambda: waited.append(True))
     for manager in (batched, one_by_one):
         for weights in manager.get_adapter(8).loras.values():
             for part in weights.lora_a if isinstance(weights.lora_a, list) else [weights.lora_a]:
                 part.mul_(-3)
     assert lora_slots.copy_into_slots(batched, [7, 8]) == 2
+    assert waited == [True] and lora_slots._COPIED not in batched.__dict__  # waited for once, then dropped
     assert len(staging) == 1 and all(batched._agent_envs_staging[k] is v for k, v in staging.items())
     model = one_by_one.get_adapter(8)
     for name in ("m.qkv", "m.o"):

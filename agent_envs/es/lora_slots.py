@@ -166,7 +166,20 @@ def copy_into_slots(manager: Any, lora_ids: Sequence[int], times: dict[str, floa
         groups.setdefault((w.target.device, w.target.dtype), []).append(w)
     for (device, dtype), group in groups.items():
         _write_stacked(manager, slots, group, device, dtype, times if times is not None else {})
+    if torch.cuda.is_available():  # this refresh's copies out of host memory, for the next one to wait on
+        event = torch.cuda.Event()
+        event.record()
+        manager.__dict__[_COPIED] = event
     return len(active)
+
+
+def settle(manager: Any) -> None:
+    """Wait until the last refresh's copies out of host memory are done (the staging buffer's, and those
+    vLLM's ``set_lora`` queues from the CPU adapters): before a refresh writes either again.  The copies
+    themselves never wait: they queue on the stream the engine's next step runs on."""
+    copied = manager.__dict__.pop(_COPIED, None)
+    if copied is not None:
+        copied.synchronize()
 
 
 class _Write:
@@ -230,20 +243,16 @@ def _write_stacked(
     Stacked on a few threads into one host buffer kept on ``manager`` per dtype, then copied straight
     into each stacked tensor: consecutive ascending slots (the resident adapters' usual case) as one
     slice, so a widened layer's strided ``B`` views take the copy as they are, and only padding beyond an
-    adapter's rank is zeroed; other slots through an index.  Nothing here waits for the device: the
-    copies queue on the stream the engine's next step runs on, and the next refresh waits for them
-    (an event) before it overwrites the buffer.  ``times``: ``stack_s`` (waiting for the last refresh's
+    adapter's rank is zeroed; other slots through an index.  Nothing here waits for the device
+    (:func:`settle`).  ``times``: ``stack_s`` (waiting for the last refresh's
     copies, then stacking) and ``queue_s`` (issuing the copies)."""
     start = time.perf_counter()
-    cuda = device.type == "cuda"
-    copied = manager.__dict__.pop(_COPIED, None)
-    if copied is not None:
-        copied.synchronize()  # the last refresh's copies have read the buffer
+    settle(manager)  # the last refresh's copies have read the buffer
     total = sum(w.size for w in writes)
     buffers: dict[torch.dtype, torch.Tensor] = manager.__dict__.setdefault(_STAGING, {})
     staging = buffers.get(dtype)
     if staging is None or staging.numel() < total:
-        staging = buffers[dtype] = torch.empty(total, dtype=dtype, pin_memory=cuda)
+        staging = buffers[dtype] = torch.empty(total, dtype=dtype, pin_memory=device.type == "cuda")
     places, offset = [], 0
     for w in writes:
         places.append(staging[offset : offset + w.size].view(len(w.parts), w.rows, w.cols))
@@ -272,10 +281,6 @@ def _write_stacked(
         else:
             w.target.index_fill_(0, index, 0)
             w.target[index, 0, : w.rows, : w.cols] = place.to(device, non_blocking=True)
-    if cuda:
-        event = torch.cuda.Event()
-        event.record()
-        manager.__dict__[_COPIED] = event
     done = time.perf_counter()
     times["stack_s"] = times.get("stack_s", 0.0) + queued - start
     times["queue_s"] = times.get("queue_s", 0.0) + done - queued

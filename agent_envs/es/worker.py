@@ -206,6 +206,7 @@ class ESWorkerExtension:
             adapter.write_all(state.member_adapter(int(seed), sigma, ready, int(sign)))
 
         with torch.no_grad():
+            lora_slots.settle(manager)  # the CPU adapters and the staging buffer are read by no copy any more
             for _ in in_parallel(rewrite, list(zip(places, seeds, signs or [1] * len(seeds)))):
                 pass
             written = time.perf_counter()
