@@ -33,19 +33,35 @@ from bench_lora_kernels import SHAPES, layers  # noqa: E402
 RANK = 4
 
 
-def manager(
-    shape: dict[str, int], n_layers: int, slots: int, widened: bool, reverse: bool, device: torch.device
-) -> Any:
-    """A LoRA manager as ``lora_slots`` reads vLLM's: ``slots`` resident adapters of rank 4 (bfloat16, on the
-    host, page-locked where there is a GPU), each packed layer's slot tensors on ``device``; ``B`` as views of
-    a widened weight (``widened``) or vLLM's own contiguous slots; slot ``k`` holding adapter ``k`` or, with
-    ``reverse``, adapter ``slots - 1 - k``."""
-    pin = device.type == "cuda"
-    modules: dict[str, Any] = {}
-    adapters: list[dict[str, Any]] = [{} for _ in range(slots)]
+def adapters(shape: dict[str, int], n_layers: int, slots: int, pin: bool) -> list[dict[str, Any]]:
+    """``slots`` adapters of rank 4 as vLLM's CPU ``LoRAModel`` holds them (bfloat16, page-locked where
+    there is a GPU, a list per slice of a packed layer), by module name; drawn once per slot count and
+    shared by every layout and order timed."""
+    held: list[dict[str, Any]] = [{} for _ in range(slots)]
     for i in range(n_layers):
         for name, widths, inputs in layers(shape):
-            module = f"layers.{i}.{name}"
+            for weights in held:
+                parts_a = [torch.randn(RANK, inputs).to(torch.bfloat16) for _ in widths]
+                parts_b = [torch.randn(w, RANK).to(torch.bfloat16) for w in widths]
+                if pin:
+                    parts_a, parts_b = [p.pin_memory() for p in parts_a], [p.pin_memory() for p in parts_b]
+                packed = len(widths) > 1
+                weights[f"layers.{i}.{name}"] = SimpleNamespace(
+                    lora_a=parts_a if packed else parts_a[0], lora_b=parts_b if packed else parts_b[0]
+                )
+    return held
+
+
+def manager(
+    shape: dict[str, int], n_layers: int, held: list[dict[str, Any]], widened: bool, reverse: bool, device: torch.device
+) -> Any:
+    """A LoRA manager as ``lora_slots`` reads vLLM's, holding ``held`` (:func:`adapters`): each packed layer's
+    slot tensors on ``device``; ``B`` as views of a widened weight (``widened``) or vLLM's own contiguous
+    slots; slot ``k`` holding adapter ``k`` or, with ``reverse``, adapter ``slots - 1 - k``."""
+    slots = len(held)
+    modules: dict[str, Any] = {}
+    for i in range(n_layers):
+        for name, widths, inputs in layers(shape):
             a = tuple(torch.zeros(slots, 1, RANK, inputs, dtype=torch.bfloat16, device=device) for _ in widths)
             if widened:
                 wide = torch.zeros(
@@ -54,20 +70,11 @@ def manager(
                 b = population_matmul.slot_views(wide, slots, widths, RANK)
             else:
                 b = tuple(torch.zeros(slots, 1, w, RANK, dtype=torch.bfloat16, device=device) for w in widths)
-            modules[module] = SimpleNamespace(lora_a_stacked=a, lora_b_stacked=b, tp_size=1)
-            for weights in adapters:
-                parts_a = [torch.randn(RANK, inputs).to(torch.bfloat16) for _ in widths]
-                parts_b = [torch.randn(w, RANK).to(torch.bfloat16) for w in widths]
-                if pin:
-                    parts_a, parts_b = [p.pin_memory() for p in parts_a], [p.pin_memory() for p in parts_b]
-                packed = len(widths) > 1
-                weights[module] = SimpleNamespace(
-                    lora_a=parts_a if packed else parts_a[0], lora_b=parts_b if packed else parts_b[0]
-                )
+            modules[f"layers.{i}.{name}"] = SimpleNamespace(lora_a_stacked=a, lora_b_stacked=b, tp_size=1)
     ids = list(range(1, slots + 1))
     return SimpleNamespace(
         lora_index_to_id=ids[::-1] if reverse else ids,
-        get_adapter={k: adapters[k - 1] for k in ids}.get,
+        get_adapter={k: held[k - 1] for k in ids}.get,
         modules=modules,
         _get_lora_layer_weights=lambda lora_model, name: lora_model.get(name),
     )
@@ -90,17 +97,16 @@ def seconds(held: Any, repeats: int, device: torch.device) -> tuple[float, dict[
 
 
 def check(held: Any) -> None:
-    """Every slot holds its adapter's factors (the timed paths must agree on what they write)."""
-    for slot, lora_id in enumerate(held.lora_index_to_id):
-        for name, module in held.modules.items():
-            weights = held._get_lora_layer_weights(held.get_adapter(lora_id), name)
-            for kind in ("lora_a", "lora_b"):
-                parts = getattr(weights, kind)
-                for stacked, part in zip(
-                    getattr(module, f"{kind}_stacked"), parts if isinstance(parts, list) else [parts]
-                ):
-                    if not torch.equal(stacked[slot, 0].cpu(), part):
-                        raise SystemExit(f"slot {slot} of {name}.{kind} does not hold adapter {lora_id}")
+    """Every slot holds its adapter's factors (the timed paths must agree on what they write); each slot
+    tensor read back once."""
+    in_slots = [held.get_adapter(lora_id) for lora_id in held.lora_index_to_id]
+    for name, module in held.modules.items():
+        for kind in ("lora_a", "lora_b"):
+            for k, stacked in enumerate(getattr(module, f"{kind}_stacked")):
+                parts = [getattr(weights[name], kind) for weights in in_slots]
+                want = torch.stack([p[k] if isinstance(p, list) else p for p in parts])
+                if not torch.equal(stacked[:, 0].cpu(), want):
+                    raise SystemExit(f"a slot of {name}.{kind} does not hold its adapter")
 
 
 def main() -> None:
@@ -119,10 +125,10 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|")
     for slots in (int(s) for s in args.slots.split(",")):
-        rows = []
+        rows, drawn = [], adapters(shape, n_layers, slots, device.type == "cuda")
         for widened in (True, False):
             for reverse in (False, True):
-                held = manager(shape, n_layers, slots, widened, reverse, device)
+                held = manager(shape, n_layers, drawn, widened, reverse, device)
                 wall, times = seconds(held, args.repeats, device)
                 check(held)
                 rows.append((widened, reverse, wall, times))
