@@ -225,8 +225,8 @@ def _stacked_writes(module: Any, weights: list[Any]) -> list[_Write] | None:
 #: threads stacking the adapters into the host staging buffer (torch's copies let go of the interpreter
 #: lock; at P = 256 on the 4B shape the buffer is 3.7 GB, about 0.6 s for one thread)
 STACK_THREADS = 4
-#: what a manager keeps between refreshes: host staging buffers by dtype, and the event after the last
-#: refresh's copies out of them (a refresh waits for it before it overwrites a buffer)
+#: what a manager keeps between refreshes: host staging buffers by device and dtype, and the event after
+#: the last refresh's copies out of them (a refresh waits for it before it overwrites a buffer)
 _STAGING, _COPIED = "_agent_envs_staging", "_agent_envs_staging_copied"
 
 
@@ -240,19 +240,20 @@ def _write_stacked(
 ) -> None:
     """The writes' values into ``slots`` (their slot tensors all on ``device``, in ``dtype``).
 
-    Stacked on a few threads into one host buffer kept on ``manager`` per dtype, then copied straight
-    into each stacked tensor: consecutive ascending slots (the resident adapters' usual case) as one
-    slice, so a widened layer's strided ``B`` views take the copy as they are, and only padding beyond an
-    adapter's rank is zeroed; other slots through an index.  Nothing here waits for the device
-    (:func:`settle`).  ``times``: ``stack_s`` (waiting for the last refresh's
-    copies, then stacking) and ``queue_s`` (issuing the copies)."""
+    Stacked on a few threads into one host buffer kept on ``manager`` per device and dtype, then copied
+    straight into each stacked tensor: consecutive ascending slots (the resident adapters' usual case) as
+    one slice, so a widened layer's strided ``B`` views take the copy as they are, and only padding beyond
+    an adapter's rank is zeroed; other slots through an index.  Nothing here waits for the device
+    (:func:`settle`).  ``times``: ``stack_s`` (waiting for the last refresh's copies, then stacking) and
+    ``queue_s`` (issuing the copies)."""
     start = time.perf_counter()
     settle(manager)  # the last refresh's copies have read the buffer
     total = sum(w.size for w in writes)
-    buffers: dict[torch.dtype, torch.Tensor] = manager.__dict__.setdefault(_STAGING, {})
-    staging = buffers.get(dtype)
+    # a buffer per group: one group's copies may still read its buffer while the next group is stacked
+    buffers: dict[tuple[torch.device, torch.dtype], torch.Tensor] = manager.__dict__.setdefault(_STAGING, {})
+    staging = buffers.get((device, dtype))
     if staging is None or staging.numel() < total:
-        staging = buffers[dtype] = torch.empty(total, dtype=dtype, pin_memory=device.type == "cuda")
+        staging = buffers[device, dtype] = torch.empty(total, dtype=dtype, pin_memory=device.type == "cuda")
     places, offset = [], 0
     for w in writes:
         places.append(staging[offset : offset + w.size].view(len(w.parts), w.rows, w.cols))
