@@ -283,8 +283,13 @@ def on_kernel(args: argparse.Namespace) -> str:
     """How a low-rank row names the LoRA kernels it ran on (vLLM's: nothing added)."""
     from agent_envs.es.population_lora import choose
 
+    from agent_envs.es.population_matmul import WIDEN_BLOCKS_ENV
+
     kernel = choose(args.lora_kernel[0], args.population[0])
-    return {"vllm": "", "population": ", population kernels", "matmul": ", folded into the matmuls"}[kernel]
+    tiles = os.environ.get(WIDEN_BLOCKS_ENV) if kernel == "matmul" else None  # a row per tiles tried
+    return {"vllm": "", "population": ", population kernels", "matmul": ", folded into the matmuls"}[kernel] + (
+        f", widen tiles {tiles}" if tiles else ""
+    )
 
 
 def wait_for_free_gpu(fraction: float, timeout: float = 180.0) -> None:

@@ -16,7 +16,14 @@ if "--compile" not in sys.argv:  # the interpreter (CPU tensors); compiling for 
 import torch  # noqa: E402
 
 from agent_envs.es.population_lora import reference  # noqa: E402
-from agent_envs.es.population_lora_triton import expand_columns, launch, split_features, tiles_for, widen  # noqa: E402
+from agent_envs.es.population_lora_triton import (  # noqa: E402
+    WIDEN_BY_TOKENS,
+    expand_columns,
+    launch,
+    split_features,
+    tiles_for,
+    widen,
+)
 from agent_envs.es.population_matmul import widen_reference, widened_weight  # noqa: E402
 
 #: (name, slice widths, input features, adapter slots, rank slot, rank, tokens, dtype, add[, padded rows,
@@ -74,6 +81,7 @@ def case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, add, p
     scale = want.float().abs().max().item()
     return {
         "name": name,
+        "two_launches": bool((blocks or WIDEN_BY_TOKENS[-1][1]).get("split")),
         "max_abs_diff": (want.float() - got.float()).abs().max().item(),
         "scale": scale,
         "tolerance": scale * (1e-2 if dtype == torch.bfloat16 else 1e-5),
@@ -116,12 +124,17 @@ def stacked_case(widths=(48, 16, 16), features=40, n_slots=5, rank_slot=8, rank=
     }
 
 
-#: (name, slice widths, input features, adapter slots, rank slot, rank, tokens, dtype, padded rows, tiles)
+#: (name, slice widths, input features, adapter slots, rank slot, rank, tokens, dtype, padded rows, tiles);
+#: tiles None: the default, the two-launch form (16 tokens, 256 features a step)
 WIDEN_CASES = [
     ("qkv", (48, 16, 16), 40, 5, 8, 4, 37, torch.bfloat16, 0, None),
-    ("down, float32, rank 3", (40,), 700, 3, 4, 3, 9, torch.float32, 0, None),  # 2 steps of 512 features
+    ("down, float32, rank 3", (40,), 700, 3, 4, 3, 9, torch.float32, 0, None),  # 3 steps of 256 features
     ("gate_up, padded graph step", (72, 72), 40, 4, 8, 4, 21, torch.bfloat16, 11, None),
-    ("o, 16 members, tiles of 8", (40,), 48, 16, 8, 4, 64, torch.float32, 0, (8, 16)),
+    ("qkv, split tiles of 32 tokens, 16 features", (48, 16, 16), 40, 5, 8, 4, 37, torch.bfloat16, 0, (32, 16, 1)),
+    ("o, 40 members, split: two column blocks", (40,), 48, 40, 4, 4, 64, torch.float32, 0, (16, 16, 1)),
+    # the one-launch form (split 0), the benchmark's comparison
+    ("gate_up, one launch, graph step", (72, 72), 40, 4, 8, 4, 21, torch.bfloat16, 11, (2, 16)),
+    ("o, 16 members, one launch, tiles of 8", (40,), 48, 16, 8, 4, 64, torch.float32, 0, (8, 16)),
     # feature steps of thousands: each step's products summed at once (SUM_EACH_STEP)
     ("down, float32, one summed step", (40,), 700, 3, 4, 3, 9, torch.float32, 0, (1, 2048)),
     ("qkv, summed steps, graph step", (48, 16, 16), 2100, 5, 8, 4, 13, torch.bfloat16, 5, (2, 2048)),
@@ -144,7 +157,7 @@ def widen_case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, 
     slots = torch.randint(-1, n_slots + (0 if padded else 2), (rows,), generator=gen)
     slots[0] = n_slots - 1
     order = vllm_metadata(slots, tokens, n_slots, rows) if padded else None
-    blocks = dict(zip(("tokens", "features"), tiles)) if tiles else None
+    blocks = dict(zip(("tokens", "features", "split"), tiles)) if tiles else None
     got = widen(x, slots, a, rank, order=order, blocks=blocks)
     want = torch.cat(
         [
@@ -160,6 +173,7 @@ def widen_case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, 
     member = (slots[:tokens] >= 0) & (slots[:tokens] < n_slots)
     return {
         "name": name,
+        "two_launches": bool((blocks or WIDEN_BY_TOKENS[-1][1]).get("split")),
         "max_abs_diff": (want.float() - got.float()).abs().max().item(),
         "tolerance": scale * (1e-2 if dtype == torch.bfloat16 else 1e-5),
         "x_copied": bool(torch.equal(got[:, :features], x)),
@@ -217,10 +231,26 @@ def compile_sm90():
             constexprs=widened,
         )  # fmt: skip
 
+    split_tiles = {"RANK": 4, "STARTS": 32, "BLOCK_T": 16}
+    parts = ASTSource(
+        k._widen_parts_kernel,
+        signature={"x_ptr": ptr, **index, "w_ptr": ptr, "parts_ptr": "*fp32", "a0_ptr": ptr, "a1_ptr": ptr, "a2_ptr": ptr,
+                   **{n: "i32" for n in ("T", "K", "L", "stride_x", "stride_w", "stride_al", "stride_ar", "stride_pk", "stride_ps", "stride_pp")},
+                   **{n: "constexpr" for n in (*split_tiles, "FLOAT32", "R", "SLICES", "BLOCK_K")}},
+        constexprs={**split_tiles, "FLOAT32": False, "R": 16, "SLICES": 3, "BLOCK_K": 256},
+    )  # fmt: skip
+    finish = ASTSource(
+        k._widen_finish_kernel,
+        signature={"parts_ptr": "*fp32", **index, "w_ptr": ptr,
+                   **{n: "i32" for n in ("T", "K", "L", "SPLITS", "stride_w", "stride_pk", "stride_ps", "stride_pp")},
+                   **{n: "constexpr" for n in (*split_tiles, "R", "BLOCK_E")}},
+        constexprs={**split_tiles, "R": 4, "BLOCK_E": 128},
+    )  # fmt: skip
     target = GPUTarget("cuda", 90, 32)
     sources = (
         ("shrink", shrink), ("expand", expand("*fp32", False)), ("expand_columns", expand(ptr, True)),
         ("widen", widen_source(2, 512, False)), ("widen_summed", widen_source(1, 4096, True)),
+        ("widen_parts", parts), ("widen_finish", finish),
     )  # fmt: skip
     built = {name: compile(src, target=target) for name, src in sources}
     return {name: len(kernel.asm["cubin"]) for name, kernel in built.items()}, {

@@ -65,12 +65,14 @@ def test_triton_kernels_equal_the_reference_under_the_interpreter() -> None:
     stacked = out["stacked"]
     assert stacked["max_abs_diff"] <= stacked["tolerance"] and stacked["untouched_rows_kept"], stacked
     assert stacked["changed_rows"] > 0
-    # the folded path's one launch (agent_envs/es/population_matmul.py): [x | h], and its matmul equal to the
-    # layer's matmul plus the members' terms; a graph step's padding rows and tokens of no member: x and zeros
+    # the folded path's widening (agent_envs/es/population_matmul.py), in two launches (the default) and in
+    # one: [x | h], and its matmul equal to the layer's matmul plus the members' terms; a graph step's padding
+    # rows and tokens of no member: x and zeros
     for widened in out["widen"]:
         assert widened["max_abs_diff"] <= widened["tolerance"], widened
         assert widened["matmul_max_abs_diff"] <= widened["matmul_tolerance"], widened
         assert widened["x_copied"] and widened["zeros_without_member"] and widened["members"] > 0, widened
+    assert {w["two_launches"] for w in out["widen"]} == {True, False}
     # the tiles one H200 measured best (docs/scaling.md#population-kernels): decode steps thin token tiles
     # and long feature steps, prefill chunks wide token tiles
     tiles = {int(n): (t["tokens"], t["columns"], t["features"]) for n, t in out["tiles_by_tokens"].items()}
@@ -86,8 +88,9 @@ def test_triton_kernels_compile_for_an_h200() -> None:
         env=script_env(TRITON_INTERPRET=None),
         timeout=300,
     )
-    assert min(out["cubin_bytes"][k] for k in ("shrink", "expand", "expand_columns", "widen", "widen_summed")) > 0
-    assert out["mma_lines"]["shrink"] > 0  # bfloat16 tiles on tensor cores
+    kernels = ("shrink", "expand", "expand_columns", "widen", "widen_summed", "widen_parts", "widen_finish")
+    assert min(out["cubin_bytes"][k] for k in kernels) > 0
+    assert out["mma_lines"]["shrink"] > 0 and out["mma_lines"]["widen_parts"] > 0  # bfloat16 tiles on tensor cores
 
 
 def test_step_metadata_on_the_host_equals_vllms() -> None:

@@ -22,12 +22,14 @@ product of unit normals), and the upcast gives the same exact products.  A slice
 factors come in as an argument of their own (at most three), not through a table of pointers, so the same
 code runs under ``TRITON_INTERPRET=1`` on a CPU, where the tests check it.
 
-A third kernel serves the folded path (:mod:`population_matmul`): ``widen``, grid ``(token tiles,)``, writes
-``[x | h]`` for the layer's widened matmul, ``x`` copied and, per slice, the token's ``h`` in its member's
-``rank`` columns of a block of ``slots x rank`` (zeros elsewhere, and for tokens without a member and a
-graph's padding rows).  It needs no second launch, so each program walks all of the input features for
-a few tokens: the products in float32 on CUDA cores (a ``tl.dot`` would need 16 tokens a tile and leave
-most of the GPU idle on a decode step), summed once at the end; ``h`` is rounded to the layer's dtype.
+A third kernel serves the folded path (:mod:`population_matmul`): ``widen`` writes ``[x | h]`` for the
+layer's widened matmul, ``x`` copied and, per slice, the token's ``h`` in its member's ``rank`` columns of a
+block of ``slots x rank`` (zeros elsewhere, and for tokens without a member and a graph's padding rows).  By
+default in two launches: a grid ``(token tiles, feature steps)`` copies its step of ``x`` and writes each
+slice's partial ``h`` (``tl.dot`` per member of the tile, as the shrink), then a grid ``(token tiles, slices,
+column blocks)`` adds the parts in a fixed order and writes the columns, ``h`` rounded once to the layer's
+dtype.  The one-launch form (each program walks all of the input features for a few tokens, products on CUDA
+cores) stays for the benchmark's comparison: its dependent steps, not its bytes, set its time.
 """
 
 from __future__ import annotations
@@ -51,13 +53,14 @@ BLOCKS_BY_TOKENS: tuple[tuple[float, dict[str, int]], ...] = (
 )
 #: the smallest tile side of a ``tl.dot``: the rank is padded to it (masked loads read only the rank's rows)
 MIN_DOT = 16
-#: ``widen``'s tiles (tokens per program, input features per step) by the step's token count: the best of
-#: benchmarks/bench_lora_kernels.py's 12-setting grid on one H200 (2026-12-03, 4B shape: 64 and 256 tokens
-#: at P = 16, 1,024 and 4,096 at P = 256); decode steps want a program per token (each walks every input feature)
+#: ``widen``'s tiles (tokens per program, input features per step, split) by the step's token count.  Split 1,
+#: the default: the two-launch form (a program per token tile and step of features, then the parts added), which
+#: took the 4B P = 16 x B = 16 ES generation from 10.11 to 9.01 s on one H200 (2026-12-04, ninth session; the
+#: one-launch kernel's 75,168 launches a generation had 1.04 s of device time, 13.9 us each); split 0, the one
+#: launch whose programs walk every input feature for a few tokens, is what benchmarks/bench_lora_kernels.py
+#: compares it with (a program per token and 1,024 features a step was that kernel's best on the 4B shape)
 WIDEN_BY_TOKENS: tuple[tuple[float, dict[str, int]], ...] = (
-    (512, {"tokens": 1, "features": 1024}),
-    (2048, {"tokens": 4, "features": 512}),
-    (float("inf"), {"tokens": 8, "features": 256}),
+    (float("inf"), {"tokens": 16, "features": 256, "split": 1}),
 )
 #: widened columns written per step (a block of ``slots x rank`` per slice)
 WIDEN_COLUMNS = 128
@@ -250,19 +253,10 @@ def _widen_kernel(
     BLOCK_E: tl.constexpr,
     SUM_EACH_STEP: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    starts = tl.load(starts_ptr + tl.arange(0, STARTS), mask=tl.arange(0, STARTS) < L + 2, other=0)
-    n = tl.max(starts, axis=0)
-    pos = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-    in_rows = pos < T
-    in_step = pos < n
     # the step's tokens in member order; a CUDA graph's padding rows (at and past n) as they are
-    tok = tl.where(in_step, tl.load(order_ptr + pos, mask=in_step, other=0), pos)
-    slot = tl.load(slots_ptr + tok, mask=in_step, other=-1)
-    valid = in_step & (slot >= 0) & (slot < L)
-    slot = tl.where(valid, slot, L)
-    first = tl.min(slot, axis=0)
-    last = tl.max(tl.where(valid, slot, -1), axis=0)
+    _, in_rows, tok, slot, valid, first, last = _widen_tile(
+        order_ptr, starts_ptr, slots_ptr, tl.program_id(0), T, L, STARTS, BLOCK_T
+    )
     offs_r = tl.arange(0, R)
     in_rank = offs_r < RANK
     # per slice, the products x * a[slot] of every step, summed over the features once at the end; with
@@ -290,14 +284,15 @@ def _widen_kernel(
             if SLICES > 2:
                 parts2 += _products(xm, a2_ptr + m * stride_al + a_at, a_mask, SUM_EACH_STEP)
             m = _next_member(slot, valid, m, L)
-    _widened_block(w_ptr, tok, slot, valid, in_rows, tl.sum(parts0, axis=2), K, stride_w, L, R, RANK, BLOCK_E)
+    E = L * RANK
+    _widened_block(w_ptr, tok, slot, valid, in_rows, tl.sum(parts0, axis=2), K, 0, E, stride_w, L, R, RANK, BLOCK_E)
     if SLICES > 1:
         _widened_block(
-            w_ptr, tok, slot, valid, in_rows, tl.sum(parts1, axis=2), K + L * RANK, stride_w, L, R, RANK, BLOCK_E
+            w_ptr, tok, slot, valid, in_rows, tl.sum(parts1, axis=2), K + E, 0, E, stride_w, L, R, RANK, BLOCK_E
         )
     if SLICES > 2:
         _widened_block(
-            w_ptr, tok, slot, valid, in_rows, tl.sum(parts2, axis=2), K + 2 * L * RANK, stride_w, L, R, RANK, BLOCK_E
+            w_ptr, tok, slot, valid, in_rows, tl.sum(parts2, axis=2), K + 2 * E, 0, E, stride_w, L, R, RANK, BLOCK_E
         )
 
 
@@ -313,18 +308,111 @@ def _products(xm, a_at, a_mask, SUM_EACH_STEP: tl.constexpr):
 
 @triton.jit
 def _widened_block(
-    w_ptr, tok, slot, valid, in_rows, h, start, stride_w, L, R: tl.constexpr, RANK: tl.constexpr, BLOCK_E: tl.constexpr
-):
-    """One slice's ``slots x rank`` columns from ``start``: the token's ``h`` (tokens x rank) in its member's
-    columns, zeros elsewhere (and everywhere for a token of no member)."""
+    w_ptr, tok, slot, valid, in_rows, h, start, e_first, e_end, stride_w, L,
+    R: tl.constexpr, RANK: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    """Columns ``[e_first, e_end)`` of one slice's ``slots x rank`` from ``start``: the token's ``h`` (tokens x
+    rank) in its member's columns, zeros elsewhere (and everywhere for a token of no member)."""
     offs_r = tl.arange(0, R)
-    for e0 in range(0, L * RANK, BLOCK_E):
+    for e0 in range(e_first, e_end, BLOCK_E):
         offs_e = e0 + tl.arange(0, BLOCK_E)
         pick = (offs_e % RANK)[None, None, :] == offs_r[None, :, None]
         value = tl.sum(tl.where(pick, h[:, :, None], 0.0), axis=1)  # h's column for each widened column
         value = tl.where(valid[:, None] & ((offs_e // RANK)[None, :] == slot[:, None]), value, 0.0)
-        mask = in_rows[:, None] & (offs_e < L * RANK)[None, :]
+        mask = in_rows[:, None] & (offs_e < e_end)[None, :]
         tl.store(w_ptr + tok[:, None] * stride_w + start + offs_e[None, :], value.to(w_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _widen_tile(order_ptr, starts_ptr, slots_ptr, pid_t, T, L, STARTS: tl.constexpr, BLOCK_T: tl.constexpr):
+    """``widen``'s token tile: sorted positions, their rows (a graph's padding rows, at and past the
+    step's count, as they are), which are members' tokens, their slots, and the smallest and largest slot."""
+    starts = tl.load(starts_ptr + tl.arange(0, STARTS), mask=tl.arange(0, STARTS) < L + 2, other=0)
+    n = tl.max(starts, axis=0)
+    pos = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    in_step = pos < n
+    tok = tl.where(in_step, tl.load(order_ptr + pos, mask=in_step, other=0), pos)
+    slot = tl.load(slots_ptr + tok, mask=in_step, other=-1)
+    valid = in_step & (slot >= 0) & (slot < L)
+    slot = tl.where(valid, slot, L)
+    return pos, pos < T, tok, slot, valid, tl.min(slot, axis=0), tl.max(tl.where(valid, slot, -1), axis=0)
+
+
+@triton.jit
+def _widen_parts_kernel(
+    x_ptr, order_ptr, starts_ptr, slots_ptr, w_ptr, parts_ptr, a0_ptr, a1_ptr, a2_ptr,
+    T, K, L, stride_x, stride_w, stride_al, stride_ar, stride_pk, stride_ps, stride_pp,
+    FLOAT32: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr, SLICES: tl.constexpr, STARTS: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """The split widening's first launch, grid ``(token tiles, feature steps)``: a step of ``x``'s features
+    copied, and each slice's partial ``h`` over them (``tl.dot`` per member of the tile) written whole."""
+    pid_t = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pos, in_rows, tok, slot, valid, m, last = _widen_tile(
+        order_ptr, starts_ptr, slots_ptr, pid_t, T, L, STARTS, BLOCK_T
+    )
+    offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    in_k = offs_k < K
+    mask = in_rows[:, None] & in_k[None, :]
+    xt = tl.load(x_ptr + tok[:, None] * stride_x + offs_k[None, :], mask=mask, other=0.0)
+    tl.store(w_ptr + tok[:, None] * stride_w + offs_k[None, :], xt, mask=mask)
+    offs_r = tl.arange(0, R)
+    in_rank = offs_r < RANK
+    a_at = offs_k[:, None] + offs_r[None, :] * stride_ar
+    a_mask = in_k[:, None] & in_rank[None, :]
+    acc0 = tl.zeros((BLOCK_T, R), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_T, R), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_T, R), dtype=tl.float32)
+    while m <= last:  # each member in the tile: its factors' step once, for its tokens' rows
+        xm = tl.where((valid & (slot == m))[:, None], xt, tl.zeros_like(xt))
+        acc0 = _dot_step(xm, a0_ptr + m * stride_al + a_at, a_mask, acc0, FLOAT32)
+        if SLICES > 1:
+            acc1 = _dot_step(xm, a1_ptr + m * stride_al + a_at, a_mask, acc1, FLOAT32)
+        if SLICES > 2:
+            acc2 = _dot_step(xm, a2_ptr + m * stride_al + a_at, a_mask, acc2, FLOAT32)
+        m = _next_member(slot, valid, m, L)
+    p_at = parts_ptr + pid_k * stride_pk + pos[:, None] * stride_pp + offs_r[None, :]
+    p_mask = valid[:, None] & in_rank[None, :]
+    tl.store(p_at, acc0, mask=p_mask)
+    if SLICES > 1:
+        tl.store(p_at + stride_ps, acc1, mask=p_mask)
+    if SLICES > 2:
+        tl.store(p_at + 2 * stride_ps, acc2, mask=p_mask)
+
+
+@triton.jit
+def _dot_step(xm, a_at, a_mask, acc, FLOAT32: tl.constexpr):
+    """``acc + xm @ a^T`` for a step of features: bfloat16 tiles on tensor cores (exact products, float32
+    sums), float32 under the interpreter (:mod:`population_lora_triton`'s note on bfloat16 there)."""
+    at = tl.load(a_at, mask=a_mask, other=0.0)
+    if FLOAT32:
+        return tl.dot(xm.to(tl.float32), at.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(xm, at.to(xm.dtype), acc)
+
+
+@triton.jit
+def _widen_finish_kernel(
+    parts_ptr, order_ptr, starts_ptr, slots_ptr, w_ptr,
+    T, K, L, SPLITS, stride_w, stride_pk, stride_ps, stride_pp,
+    R: tl.constexpr, RANK: tl.constexpr, STARTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    """The split widening's second launch, grid ``(token tiles, slices, column blocks)``: the partial sums
+    added in order of their feature steps (the same sum every run), the block of the slice's ``slots x rank``
+    columns written as the one-launch kernel writes them."""
+    pid_t = tl.program_id(0)
+    s = tl.program_id(1)
+    pid_e = tl.program_id(2)
+    pos, in_rows, tok, slot, valid, _, _ = _widen_tile(order_ptr, starts_ptr, slots_ptr, pid_t, T, L, STARTS, BLOCK_T)
+    offs_r = tl.arange(0, R)
+    h_at = parts_ptr + s * stride_ps + pos[:, None] * stride_pp + offs_r[None, :]
+    h_mask = valid[:, None] & (offs_r < RANK)[None, :]
+    h = tl.zeros((BLOCK_T, R), dtype=tl.float32)
+    for split in range(SPLITS):
+        h += tl.load(h_at + split * stride_pk, mask=h_mask, other=0.0)
+    e_first = pid_e * BLOCK_E
+    e_end = tl.minimum(e_first + BLOCK_E, L * RANK)
+    _widened_block(w_ptr, tok, slot, valid, in_rows, h, K + s * L * RANK, e_first, e_end, stride_w, L, R, RANK, BLOCK_E)
 
 
 @functools.cache
@@ -477,19 +565,23 @@ def widen(
     order: tuple[torch.Tensor, torch.Tensor] | None = None,
     blocks: dict[str, int] | None = None,
 ) -> torch.Tensor:
-    """``population_matmul.widen_reference``'s contract in one launch: ``[x | h]``, ``h`` a block of
-    ``slots x rank`` columns per slice.  ``order`` as for :func:`launch`; ``blocks`` (tokens, features)
-    overrides :data:`WIDEN_BY_TOKENS` (the benchmark's comparisons)."""
+    """``population_matmul.widen_reference``'s contract: ``[x | h]``, ``h`` a block of ``slots x rank``
+    columns per slice, in two launches (:func:`_widen_split`) or one.  ``order`` as for :func:`launch`;
+    ``blocks`` (tokens, features, split: 0 when left out) overrides :data:`WIDEN_BY_TOKENS` (the benchmark's
+    comparisons, ``population_matmul.WIDEN_BLOCKS_ENV``)."""
     tokens, features = x.shape
     n_slots, rank_slot = lora_a[0].shape[0], lora_a[0].shape[-2]
     if not (x.stride(-1) == 1 and all(a.is_contiguous() for a in lora_a)) or rank > rank_slot:
         raise ValueError(f"population widen: x's rows and the factors contiguous, rank {rank} within {rank_slot}")
-    b = {**next(t for bound, t in WIDEN_BY_TOKENS if tokens <= bound), **(blocks or {})}
+    b = {"split": 0, **blocks} if blocks else next(t for bound, t in WIDEN_BY_TOKENS if tokens <= bound)
     out = torch.empty((tokens, features + len(lora_a) * n_slots * rank), dtype=x.dtype, device=x.device)
     if tokens == 0:
         return out
     sorted_tokens, starts = order if order is not None else member_order(slots, tokens, n_slots)
     a = [*lora_a, *[lora_a[0]] * (3 - len(lora_a))]
+    if b.get("split"):
+        _widen_split(x, out, sorted_tokens, starts, slots, a, len(lora_a), n_slots, rank, b)
+        return out
     _widen_kernel[(triton.cdiv(tokens, b["tokens"]),)](
         x, sorted_tokens, starts, slots, out, a[0], a[1], a[2], tokens, features, n_slots,
         x.stride(0), out.stride(0), lora_a[0].stride(0), lora_a[0].stride(2),
@@ -499,3 +591,40 @@ def widen(
         num_warps=8 if b["tokens"] * b["features"] >= 1024 else 4,  # each slice's products: 16-64 per thread
     )  # fmt: skip
     return out
+
+
+def _widen_split(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    sorted_tokens: torch.Tensor,
+    starts: torch.Tensor,
+    slots: torch.Tensor,
+    a: list[torch.Tensor],
+    n_slices: int,
+    n_slots: int,
+    rank: int,
+    b: dict[str, int],
+) -> None:
+    """:func:`widen` in two launches: ``(token tiles, feature steps)`` programs copy ``x`` and write each
+    step's partial ``h`` (``tl.dot``, the members of a tile one after another), then ``(token tiles, slices,
+    column blocks)`` programs add the parts in a fixed order and write the widened columns.  A program per
+    step of features instead of one walking all of them: the one-launch kernel's time is its programs'
+    dependent steps (10 on the 4B ``down`` at 1,024 features), not its bytes."""
+    tokens, features = x.shape
+    if b["tokens"] < MIN_DOT:
+        raise ValueError(f"population widen: split tiles of {b['tokens']} tokens, below {MIN_DOT} (a tl.dot's side)")
+    tiles, steps = triton.cdiv(tokens, b["tokens"]), triton.cdiv(features, b["features"])
+    r_sum = triton.next_power_of_2(rank)
+    parts = torch.empty((steps, n_slices, tokens, r_sum), dtype=torch.float32, device=x.device)
+    common = dict(RANK=rank, STARTS=triton.next_power_of_2(n_slots + 2), BLOCK_T=b["tokens"])
+    _widen_parts_kernel[(tiles, steps)](
+        x, sorted_tokens, starts, slots, out, parts, a[0], a[1], a[2], tokens, features, n_slots,
+        x.stride(0), out.stride(0), a[0].stride(0), a[0].stride(2), parts.stride(0), parts.stride(1), parts.stride(2),
+        FLOAT32=x.dtype == torch.float32 or not x.is_cuda, R=max(MIN_DOT, r_sum), SLICES=n_slices,
+        BLOCK_K=b["features"], **common,
+    )  # fmt: skip
+    _widen_finish_kernel[(tiles, n_slices, triton.cdiv(n_slots * rank, WIDEN_COLUMNS))](
+        parts, sorted_tokens, starts, slots, out, tokens, features, n_slots, steps,
+        out.stride(0), parts.stride(0), parts.stride(1), parts.stride(2),
+        R=r_sum, BLOCK_E=WIDEN_COLUMNS, **common,
+    )  # fmt: skip

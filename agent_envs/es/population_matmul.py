@@ -34,7 +34,16 @@ import torch
 #: the attributes a widened layer carries: the widened weight, and the members' rank its columns hold
 WIDE, RANK = "es_widened_weight", "es_widened_rank"
 
-_state: dict[str, Any] = {"rank": None, "layers": 0}
+#: ``tokens,features[,split]``: ``widen``'s tiles in place of ``population_lora_triton.WIDEN_BY_TOKENS``
+#: (split 1: its two-launch form), e.g. to try another on a GPU in an engine
+WIDEN_BLOCKS_ENV = "AGENT_ENVS_WIDEN_BLOCKS"
+WIDEN_TILES = (
+    dict(zip(("tokens", "features", "split"), map(int, os.environ[WIDEN_BLOCKS_ENV].split(","))))
+    if os.environ.get(WIDEN_BLOCKS_ENV)
+    else None
+)
+
+_state: dict[str, Any] = {"rank": None, "layers": 0, "widen_tiles": WIDEN_TILES}
 
 
 def widened_columns(stacked: Sequence[torch.Tensor], rank: int) -> int:
@@ -78,7 +87,7 @@ def _population_widen(
         from .population_lora_triton import widen
 
         order = (sorted_tokens, starts) if sorted_tokens is not None and starts is not None else None
-        return widen(x, slots, lora_a, rank, order=order)
+        return widen(x, slots, lora_a, rank, order=order, blocks=WIDEN_TILES)
     return widen_reference(x, slots, lora_a, rank)
 
 

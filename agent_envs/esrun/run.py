@@ -309,8 +309,12 @@ def single_engine_run(
                 file=sys.stderr,
             )
             if kernel == "matmul":  # what folding took: a layer it does not serve keeps the population kernels
-                folded = backend.lora_kernel()[0]["widened"]["layers"]
-                print(f"[es] low-rank: {folded} layers with the members folded into their matmuls", file=sys.stderr)
+                folded = backend.lora_kernel()[0]["widened"]
+                tiles = f" (widen tiles {folded['widen_tiles']})" if folded.get("widen_tiles") else ""
+                print(
+                    f"[es] low-rank: {folded['layers']} layers with the members folded into their matmuls{tiles}",
+                    file=sys.stderr,
+                )
         else:
             backend = VLLMPerturbation(engine, scope=s.scope, exact_revert=s.exact_revert, revert_copy=s.revert_copy)
             describe_start(backend, config)
