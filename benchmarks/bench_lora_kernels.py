@@ -17,7 +17,8 @@ timed inside a CUDA graph (as the engine replays it):
   before building it into an engine (``max_abs_diff_stacked``: against the matmul and the two launches);
 - ``folded into the matmul``: what agent_envs/es/population_matmul.py runs, ``widen`` (``[x | h]``) then one
   matmul with the widened weight ``[W | B_all]`` (``max_abs_diff_folded``: against the matmul and the two
-  launches), with ``widen``'s best tiles (tokens, features) from a small grid beside it; then its matmuls
+  launches), with ``widen``'s best tiles (tokens, features) from a small grid beside it, and the best of its
+  two-launch form (a program per step of features, the parts added by a second launch); then its matmuls
   alone on a prebuilt ``[x | h]`` (the folded path's cost beyond ``widen``), and the same with the inner size
   padded by zero columns to a multiple of 128 (whether cuBLAS wants the aligned shape: 4B's qkv widens
   2,560 to 2,752 at P = 16).
@@ -37,6 +38,7 @@ import argparse
 import functools
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +55,13 @@ PAD_TO = 128
 #: ``widen``'s tiles tried (tokens per program, input features per step)
 #: (the third session's grid stopped at 1,024 features, still getting faster: 0.193, 0.153, 0.138 ms for 256,
 #: 512, 1,024 at P = 16; from 2,048 each step's products are summed at once, population_lora_triton.SUM_EACH_STEP_FROM)
-WIDEN_GRID = [{"tokens": t, "features": f} for t in (1, 2, 4, 8) for f in (256, 512, 1024, 2048, 4096)]
+#: Tiles of more than 2,048 token-features stay out: with them this benchmark sat on the H200 host for 9 minutes
+#: without a row or a busy GPU (2026-12-04, ninth session, its main thread waiting on a child process: the
+#: compiler, by every sign; each program holds tokens x rank x features products before it sums them)
+WIDEN_GRID = [{"tokens": t, "features": f} for t in (1, 2, 4, 8) for f in (256, 512, 1024, 2048) if t * f <= 2048]
+#: the same for ``widen``'s two-launch form (split 1: a program per token tile and step of features, then the
+#: parts added), whose ``tl.dot`` needs token tiles of 16 and more
+WIDEN_SPLIT_GRID = [{"tokens": t, "features": f, "split": 1} for t in (16, 32) for f in (64, 128, 256, 512)]
 
 
 def layers(shape: dict[str, int]) -> list[tuple[str, tuple[int, ...], int]]:
@@ -222,15 +230,20 @@ def measure(
     def best_of(fn: Any, settings: list[dict[str, int]]) -> tuple[str | None, dict[str, float]]:
         tried = {}
         for blocks in settings:
+            started = time.perf_counter()
             fn(blocks)
-            tried[",".join(str(v) for v in blocks.values())] = float(
-                do_bench_cudagraph(functools.partial(fn, blocks), rep=20, return_mode="median")
+            key = ",".join(str(v) for v in blocks.values())
+            tried[key] = float(do_bench_cudagraph(functools.partial(fn, blocks), rep=20, return_mode="median"))
+            # one line a setting, so a run cut short still shows how far it got and what each one took
+            print(
+                f"  {fn.__name__} {key}: {tried[key]:.3f} ms ({time.perf_counter() - started:.1f} s)", file=sys.stderr
             )
         return (min(tried, key=tried.__getitem__) if tried else None), tried
 
     # the population kernels' tile sizes (which would suit this batch better), then widen's
     best, tried = best_of(population_kernels, BLOCK_GRID if grid else [])
     best_widen, tried_widen = best_of(folded, WIDEN_GRID)
+    best_split, tried_split = best_of(folded, WIDEN_SPLIT_GRID)
     return {
         "shape": shape_name,
         "population": population,
@@ -246,6 +259,9 @@ def measure(
         "best_widen": best_widen,
         "best_folded_ms": tried_widen[best_widen] if best_widen else None,
         "tried_widen": tried_widen,
+        "best_split": best_split,
+        "best_split_ms": tried_split[best_split] if best_split else None,
+        "tried_split": tried_split,
     }
 
 
@@ -255,8 +271,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         "| population / vLLM | max abs diff | best tiles (tokens,columns,features): ms "
         "| matmuls then population (ms) | on two streams (ms) | A stacked under W, then the expand (ms) "
         "| folded into the matmul (ms) | +folded | folded, best widen tiles (tokens,features): ms "
+        "| folded, widen in two launches, best tiles (tokens,features,split): ms "
         f"| widened matmuls alone (ms) | the same, inner size padded to {PAD_TO} (ms) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
@@ -267,7 +284,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             + f"{r['base_population_ms']:.3f} | "
             + (f"{r['two_streams_ms']:.3f} |" if r["two_streams_ms"] is not None else "failed |")
             + f" {r['stacked_ms']:.3f} | {r['folded_ms']:.3f} | {r['folded_ms'] / r['base_ms'] - 1:.0%} "
-            f"| {r['best_widen']}: {r['best_folded_ms']:.3f} | {r['widened_matmuls_ms']:.3f} | {r['widened_padded_ms']:.3f} |"
+            f"| {r['best_widen']}: {r['best_folded_ms']:.3f} | {r['best_split']}: {r['best_split_ms']:.3f} "
+            f"| {r['widened_matmuls_ms']:.3f} | {r['widened_padded_ms']:.3f} |"
         )
     return "\n".join(out)
 
