@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 from torch import nn
+from vllm_cpu import REPO, run_result, script_env
 
 from agent_envs.es import revert_copy
 from agent_envs.es.fingerprint import combine, combine_checksums, fingerprint, raw_words, tensor_sums
@@ -178,3 +179,23 @@ def test_reinit_frees_the_old_copy_first() -> None:
     old = es._copy
     es.init("all_linear")
     assert old._buffers == [] and es._copy is not old and len(es._copy._buffers) == 2
+
+
+def test_one_launch_sums_equal_the_torch_form_under_the_interpreter() -> None:
+    """The GPU's one launch per tensor (agent_envs/es/fingerprint_triton.py) gives the torch form's
+    integers, a strided view of a wider tensor read in place included; 4-byte words and views whose rows
+    are not contiguous stay with the torch form (tests/fingerprint_cases.py, Triton's interpreter)."""
+    out, _ = run_result([str(REPO / "tests" / "fingerprint_cases.py")], env=script_env(), timeout=300)
+    for case in out["cases"]:
+        assert case["equal"], case
+    served = {c["name"]: c["kernel_served"] for c in out["cases"]}
+    assert served["bfloat16, a strided view of a wider tensor"] and served["bfloat16, 1-D, past the weights' period"]
+    assert not served["float32"] and not served["bfloat16, transposed"]
+    assert out["fingerprints_equal"]
+
+
+def test_one_launch_sums_compile_for_an_h200() -> None:
+    out, _ = run_result(
+        [str(REPO / "tests" / "fingerprint_cases.py"), "--compile"], env=script_env(TRITON_INTERPRET=None), timeout=300
+    )
+    assert out["cubin_bytes"] > 0

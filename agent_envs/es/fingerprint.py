@@ -67,15 +67,28 @@ def _step_sums(words: torch.Tensor, step: int) -> list[torch.Tensor]:
     return sums
 
 
-def tensor_sums(tensor: torch.Tensor, step: int = WORDS_PER_STEP) -> tuple[int, int]:
-    """``(S1, S2)`` of one tensor (exact integers)."""
-    return _collect([tensor], step)[0]
+def tensor_sums(tensor: torch.Tensor, step: int = WORDS_PER_STEP, kernel: bool | None = None) -> tuple[int, int]:
+    """``(S1, S2)`` of one tensor (exact integers); ``kernel`` as for :func:`_tensor_parts`."""
+    return _collect([tensor], step, kernel)[0]
 
 
-def _collect(tensors: Sequence[torch.Tensor], step: int) -> list[tuple[int, int]]:
+def _tensor_parts(tensor: torch.Tensor, step: int, kernel: bool | None) -> list[torch.Tensor]:
+    """A tensor's partial sums on its device, alternating S1 and S2: from one Triton launch where the
+    tensor is on a GPU (``kernel`` None) or ``kernel`` asks for it and its words allow
+    (:mod:`fingerprint_triton`: the same integers), else per reduction step."""
+    if tensor.is_cuda if kernel is None else kernel:
+        from . import fingerprint_triton  # Triton only where a kernel runs
+
+        words = fingerprint_triton.as_rows(tensor)
+        if words is not None:
+            return list(fingerprint_triton.sums(words))
+    return _step_sums(raw_words(tensor), step)
+
+
+def _collect(tensors: Sequence[torch.Tensor], step: int, kernel: bool | None = None) -> list[tuple[int, int]]:
     if int(step) < 1:
         raise ValueError(f"step must be >= 1, got {step!r}")
-    per_tensor: list[list[torch.Tensor]] = [_step_sums(raw_words(t), int(step)) for t in tensors]
+    per_tensor: list[list[torch.Tensor]] = [_tensor_parts(t, int(step), kernel) for t in tensors]
     by_device: dict[torch.device, list[torch.Tensor]] = {}
     for sums in per_tensor:
         for s in sums:
@@ -88,12 +101,15 @@ def _collect(tensors: Sequence[torch.Tensor], step: int) -> list[tuple[int, int]
     return out
 
 
-def fingerprint(named: Iterable[tuple[str, torch.Tensor]], step: int = WORDS_PER_STEP) -> str:
-    """``wf1:<32 hex digits>`` of the named tensors, in the given order."""
+def fingerprint(
+    named: Iterable[tuple[str, torch.Tensor]], step: int = WORDS_PER_STEP, kernel: bool | None = None
+) -> str:
+    """``wf1:<32 hex digits>`` of the named tensors, in the given order (``kernel`` as for
+    :func:`_tensor_parts`: the same value either way)."""
     named = list(named)
     digest = hashlib.blake2b(digest_size=16)
     with torch.no_grad():
-        sums = _collect([t for _, t in named], step)
+        sums = _collect([t for _, t in named], step, kernel)
     for (name, tensor), (s1, s2) in zip(named, sums):
         digest.update(f"{name}|{str(tensor.dtype)}|{tuple(tensor.shape)}|{s1}|{s2};".encode())
     return f"{VERSION}:{digest.hexdigest()}"
