@@ -260,10 +260,12 @@ def phases(timing: dict[str, Any]) -> list[str]:
     named = [
         f"{key} {timing[key]:.2f}" for key in ("adapters_s", "rollouts_s", "update_s") if timing.get(key) is not None
     ]
-    if timing.get("refresh"):  # the engine's parts of a refresh
-        from agent_envs.es.batched import describe_refresh
+    from agent_envs.es.batched import describe_refresh, describe_update
 
+    if timing.get("refresh"):  # the engine's parts of a refresh
         named.append(f"refresh: {describe_refresh(timing['refresh'])}")
+    if timing.get("update"):  # and of an update
+        named.append(f"update: {describe_update(timing['update'])}")
     return named
 
 

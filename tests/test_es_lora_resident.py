@@ -350,6 +350,15 @@ def test_stacked_factors_drawn_ahead_serve_only_the_update_of_the_same_seeds_in_
     ahead.update([8, 7], [0.5, 1.0], 0.01, 0.02)  # another order: the stacks do not fit, factors re-stacked
     plain.update([8, 7], [0.5, 1.0], 0.01, 0.02)
     assert ahead.checksum() == plain.checksum()
+    # the update's times say whether its factors came stacked from the prefetch (its recorded answer does not)
+    assert not ahead.last_update_timing["stacked_ahead"]
+    ahead.prefetch([7, 8], 0.02)
+    ready = ahead.take_prefetched([7, 8], 0.02)
+    for seed in (7, 8):
+        ahead.member_adapter(seed, 0.02, ready)
+    answer = ahead.update([7, 8], [0.5, 1.0], 0.01, 0.02)
+    assert ahead.last_update_timing["stacked_ahead"] and "stacked_ahead" not in answer
+    assert min(ahead.last_update_timing["issue_s"], ahead.last_update_timing["device_s"]) >= 0
 
 
 def test_write_all_refuses_modules_and_shapes_the_adapter_does_not_hold() -> None:

@@ -80,7 +80,7 @@ def test_population_kernels_serve_each_member_as_its_merged_perturbation(kernel:
     if kernel == "population":
         assert status["calls"] > 0 and status["widened"]["layers"] == 0, status
     else:  # every perturbed layer (30 x qkv, o, gate_up, down) folded: the population kernels never called
-        assert status["widened"] == {"rank": 4, "layers": 120} and status["calls"] == 0, status
+        assert status["widened"] == {"rank": 4, "layers": 120, "widen_tiles": None} and status["calls"] == 0, status
     assert out["restored_bit_exact"]  # a merge and revert through the widened weight's base columns
     assert out["all_tokens_equal"] and out["max_abs_logprob_diff"] <= 1e-3, out["members"]
     assert all(m["base_differs"] for m in out["members"])  # the adapters' perturbation reached the outputs
@@ -143,6 +143,9 @@ def test_lowrank_training_replays_bit_exactly(tmp_path: Path, kernel: str) -> No
     output = train.stdout + train.stderr
     assert output.count("low-rank adapters written") == 1 and output.count("low-rank adapters refreshed") == 1
     assert "refreshed in" in output and "(3 drawn ahead;" in output  # generation 1's adapters drawn during 0's rollouts
+    # each generation's update timed in its log line (issued, device, the prefix cache reset), never in a record
+    assert output.count(", update issued ") == 2 and "prefix cache reset" in output, output[-3000:]
+    assert "issue_s" not in json.dumps(updates) and "reset_s" not in json.dumps(updates)
     assert "cannot rewrite adapters in place" not in output
     # SmolLM2 is not the shape the shipped LoRA kernel settings were tuned for: vLLM's defaults, said so
     if kernel == "auto":

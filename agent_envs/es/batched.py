@@ -51,6 +51,9 @@ def resident_name(member: int) -> str:
 REFRESH_PARTS = ("prefetched", "wait_s", "write_s", "slots_s")
 #: the slot copy's stages, where the engine reports them (stacking on the host, issuing the copies)
 SLOT_STAGES = ("slots_stack_s", "slots_queue_s")
+#: the driver's times of an update (``VLLMLowRank.last_update``): its products and adds issued, the wait
+#: for the device, the prefix cache reset after it (and how often the reset was asked again)
+UPDATE_PARTS = ("stacked_ahead", "issue_s", "device_s", "reset_s", "reset_retries")
 
 
 def describe_refresh(parts: dict[str, Any]) -> str:
@@ -59,7 +62,22 @@ def describe_refresh(parts: dict[str, Any]) -> str:
     stages = [f"{k.removeprefix('slots_').removesuffix('_s')} {parts[k]:.3f}" for k in SLOT_STAGES if k in parts]
     return (
         f"{parts['prefetched']} drawn ahead; waited {parts['wait_s']:.3f} s, wrote {parts['write_s']:.3f} s, "
-        f"slots {parts['slots_s']:.3f} s" + (f" ({', '.join(stages)})" if stages else "")
+        f"slots {parts['slots_s']:.3f} s"
+        + (f" ({', '.join(stages)})" if stages else "")
+        + (f", {_reset(parts)}" if "reset_s" in parts else "")
+    )
+
+
+def describe_update(parts: dict[str, Any]) -> str:
+    """The :data:`UPDATE_PARTS` of one update, for a log line or a benchmark note."""
+    return f"issued {parts['issue_s']:.3f} s, device {parts['device_s']:.3f} s, {_reset(parts)}" + (
+        "" if parts["stacked_ahead"] else ", factors not stacked ahead"
+    )
+
+
+def _reset(parts: dict[str, Any]) -> str:
+    return f"prefix cache reset {parts['reset_s']:.3f} s" + (
+        f" ({parts['reset_retries']} retries)" if parts["reset_retries"] else ""
     )
 
 
@@ -205,12 +223,17 @@ class LowRankESTrainer(ESTrainer):
         record = super().step(generation)
         refreshed = getattr(self.lowrank, "last_refresh", {}) if self._timing["adapters"] == "refreshed" else {}
         if set(REFRESH_PARTS) <= set(refreshed):  # the engine's own times of the refresh
-            self._timing["refresh"] = {k: refreshed[k] for k in (*REFRESH_PARTS, *SLOT_STAGES) if k in refreshed}
+            kept = (*REFRESH_PARTS, *SLOT_STAGES, "reset_s", "reset_retries")
+            self._timing["refresh"] = {k: refreshed[k] for k in kept if k in refreshed}
+        updated = getattr(self.lowrank, "last_update", {})
+        if set(UPDATE_PARTS) <= set(updated):
+            self._timing["update"] = {k: updated[k] for k in UPDATE_PARTS}
         self.last_timing.update(self._timing)  # writing or refreshing the adapters, every member's rollouts
         detail = f" ({describe_refresh(self._timing['refresh'])})" if "refresh" in self._timing else ""
+        update = f", update {describe_update(self._timing['update'])}" if "update" in self._timing else ""
         self.log(
             f"[es] low-rank adapters {self._timing['adapters']} in {self._timing['adapters_s']:.3f} s{detail}, "
-            f"rollouts {self._timing['rollouts_s']:.1f} s"
+            f"rollouts {self._timing['rollouts_s']:.1f} s{update}"
         )
         return record
 

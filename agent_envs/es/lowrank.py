@@ -34,6 +34,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -390,6 +391,9 @@ class LowRankPerturber:
         self.drawn: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         #: how many members of the last update came from kept factors
         self.kept_factors = 0
+        #: the last update's times: its products and adds issued, then the wait for the device
+        #: (``stacked_ahead``: the factors came stacked from the prefetch)
+        self.last_update_timing: dict[str, Any] = {}
         #: the draws :meth:`prefetch` started: (seeds, sigma, what it drew)
         self._ahead: tuple[tuple[int, ...], float, Future[DrawnAhead]] | None = None
         self._background: ThreadPoolExecutor | None = None
@@ -424,14 +428,15 @@ class LowRankPerturber:
     def _devices(self) -> list[torch.device]:
         return [s.param.device for s in self.slots]
 
-    def _add(self, products: Iterable[torch.Tensor]) -> float:
-        """Add each target's float32 change (cast to the weight's dtype); return the changes' L2 norm."""
+    def _add(self, products: Iterable[torch.Tensor]) -> SquareSum:
+        """Add each target's float32 change (cast to the weight's dtype); the changes' sum of squares, on
+        the devices (its ``norm()`` waits for them)."""
         squares = SquareSum()
         for slot, change in zip(self.slots, products, strict=True):
             rows = slot.rows()
             squares.add(change)
             rows.add_(change.to(rows.dtype))
-        return squares.norm()
+        return squares
 
     def _check_unmerged(self, what: str) -> None:
         if self.merged is not None:
@@ -523,6 +528,7 @@ class LowRankPerturber:
         kept = self._stacked[1] if self._stacked and self._stacked[0] == tuple(seeds) else None
         # not in the result (that is recorded): how many members' factors were already drawn
         self.kept_factors = len(seeds) if kept else sum(s in self.drawn for s in seeds)
+        started = time.perf_counter()
         try:
             with torch.no_grad():
                 products = deltas(
@@ -534,10 +540,18 @@ class LowRankPerturber:
                     self._kept_or_drawn,
                     (lambda target: kept[target.name]) if kept else None,
                 )
-                norm = self._add(update_changes(self.targets, products, alpha, self.adam))
+                squares = self._add(update_changes(self.targets, products, alpha, self.adam))
+                issued = time.perf_counter()
+                norm = squares.norm()
         finally:
             self.drawn.clear()
             self._stacked = None
+        # not in the result either (a record holds the result, and records repeat with their seeds)
+        self.last_update_timing = {
+            "stacked_ahead": kept is not None,
+            "issue_s": issued - started,
+            "device_s": time.perf_counter() - issued,
+        }
         self.updates.append(
             {"seeds": seeds, "weights": [float(w) for w in weights], "alpha": float(alpha), "sigma": float(sigma)}
         )

@@ -176,7 +176,11 @@ class ESWorkerExtension:
         sigma: float,
         optimizer: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        return self._es_lowrank_state().update(seeds, weights, alpha, sigma, optimizer)
+        """The update on this worker's weights; its times under ``timing`` (the driver keeps them apart
+        from the answer it records)."""
+        state = self._es_lowrank_state()
+        answer = state.update(seeds, weights, alpha, sigma, optimizer)
+        return {**answer, "timing": state.last_update_timing}
 
     def es_lowrank_refresh(
         self, lora_ids: Sequence[int], seeds: Sequence[int], sigma: float, signs: Sequence[int] | None = None
@@ -272,6 +276,8 @@ class _WorkerCalls:
     llm: Any
     #: resets that had to be asked again while the engine released finished requests' blocks
     reset_retries: int = 0
+    #: the last reset's seconds and retries (a weight change's call waits for it)
+    last_reset: tuple[float, int] = (0.0, 0)
 
     def _call(self, method: str, *args: Any) -> list[Any]:
         return list(self.llm.collective_rpc(method, args=args))
@@ -297,6 +303,7 @@ class _WorkerCalls:
             time.sleep(wait)
             wait, tries = min(2 * wait, 0.5), tries + 1
         self.reset_retries += tries - 1
+        self.last_reset = (time.monotonic() - start, tries - 1)
 
 
 class VLLMPerturbation(_WorkerCalls):
@@ -388,8 +395,10 @@ class VLLMLowRank(_WorkerCalls):
         self.init_result = self._call("es_lowrank_init", self.rank, list(target_modules or []))
         self.targets = [Target(str(n), int(o), int(i)) for n, o, i in self.init_result[0]["targets"]]
         self.base_checksum = str(self.init_result[0]["checksum"])
-        #: the last :meth:`refresh`'s first worker's answer
+        #: the last :meth:`refresh`'s first worker's answer, with the prefix cache reset after it
         self.last_refresh: dict[str, Any] = {}
+        #: the last :meth:`update`'s first worker's times (issued, device) and the reset after it
+        self.last_update: dict[str, Any] = {}
 
     def update(
         self,
@@ -402,7 +411,7 @@ class VLLMLowRank(_WorkerCalls):
         if sigma is None:
             raise ValueError("the low-rank update divides by sigma: pass the generation's sigma")
         extra = (optimizer,) if optimizer is not None else ()
-        return self._changed(
+        answers = self._changed(
             "es_lowrank_update",
             [int(s) for s in seeds],
             [float(w) for w in weights],
@@ -410,6 +419,9 @@ class VLLMLowRank(_WorkerCalls):
             float(sigma),
             *extra,
         )
+        timings = [a.pop("timing", {}) if isinstance(a, dict) else {} for a in answers]  # not recorded
+        self.last_update = {**timings[0], "reset_s": self.last_reset[0], "reset_retries": self.last_reset[1]}
+        return answers
 
     def refresh(
         self, lora_ids: Sequence[int], seeds: Sequence[int], sigma: float, signs: Sequence[int] | None = None
@@ -422,7 +434,7 @@ class VLLMLowRank(_WorkerCalls):
         results = self._changed(
             "es_lowrank_refresh", [int(i) for i in lora_ids], [int(s) for s in seeds], float(sigma), *extra
         )
-        self.last_refresh = results[0]
+        self.last_refresh = {**results[0], "reset_s": self.last_reset[0], "reset_retries": self.last_reset[1]}
         reasons = [str(r["unsupported"]) for r in results if not r["ok"]]
         return reasons[0] if reasons else None
 
