@@ -8,8 +8,9 @@ two launches cost 0.08 ms a layer beside the matmuls' 0.10 ms, and no tiling bro
 - the layer's weight ``W`` (out x in) lives in a widened tensor ``[W | B_all]``: for slice ``s`` of a packed
   layer and member slot ``m``, columns ``in + (s * slots + m) * rank + k`` hold column ``k`` of that
   member's ``B`` on the slice's output rows, zeros on the others;
-- one launch (``population_lora_triton.widen``) writes ``[x | h]`` for the step's tokens: ``x`` copied, and
-  for a token of member ``m`` its ``h = x @ A_m^T`` in member ``m``'s columns, zeros in everyone else's;
+- ``population_lora_triton.widen`` writes ``[x | h]`` for the step's tokens: ``x`` copied, and for a token
+  of member ``m`` its ``h = x @ A_m^T`` in member ``m``'s columns, zeros in everyone else's (two small
+  launches: the partial sums per step of features, then their sum into the columns);
 - one GEMM ``[x | h] @ [W | B_all]^T = x W^T + h B_m^T`` gives every token its own member's output,
   summed in float32 and rounded once.
 
