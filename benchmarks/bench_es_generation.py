@@ -284,7 +284,6 @@ def raw_row(bench: Bench, name: str, kind: str, results: list[dict[str, Any]]) -
 def on_kernel(args: argparse.Namespace) -> str:
     """How a low-rank row names the LoRA kernels it ran on (vLLM's: nothing added)."""
     from agent_envs.es.population_lora import choose
-
     from agent_envs.es.population_matmul import WIDEN_BLOCKS_ENV
 
     kernel = choose(args.lora_kernel[0], args.population[0])

@@ -56,8 +56,8 @@ PAD_TO = 128
 #: (the third session's grid stopped at 1,024 features, still getting faster: 0.193, 0.153, 0.138 ms for 256,
 #: 512, 1,024 at P = 16; from 2,048 each step's products are summed at once, population_lora_triton.SUM_EACH_STEP_FROM)
 #: Tiles of more than 2,048 token-features stay out: with them this benchmark sat on the H200 host for 9 minutes
-#: without a row or a busy GPU (2026-12-04, ninth session, its main thread waiting on a child process: the
-#: compiler, by every sign; each program holds tokens x rank x features products before it sums them)
+#: without a row or a busy GPU (2026-12-04, ninth session, its main thread waiting on a child process, most
+#: likely the compiler: each program holds tokens x rank x features products before it sums them)
 WIDEN_GRID = [{"tokens": t, "features": f} for t in (1, 2, 4, 8) for f in (256, 512, 1024, 2048) if t * f <= 2048]
 #: the same for ``widen``'s two-launch form (split 1: a program per token tile and step of features, then the
 #: parts added), whose ``tl.dot`` needs token tiles of 16 and more

@@ -3,10 +3,11 @@
 The torch form takes a few kernels per reduction step of every tensor (a copy of a strided view, the
 words widened to int32, two sums and a product) and a host that waits on none of them but issues
 them all: on the 4B shape 84 ms an ES generation on one H200 (2026-12-04), for 7.2 GB of weights that
-its memory bandwidth would read in about 2 ms.  Here a program per tile of ``(rows, columns)`` reads a 2-byte tensor's words
-where they lie (a strided view such as a widened layer's base weight included), and each program writes
-its two partial sums, exact in int64; the parts are added on the device in int64 (exact: a tensor of
-fewer than 2**32 words cannot overflow it) and read back with every other tensor's in one transfer.
+its memory bandwidth would read in about 2 ms.  Here a program per tile of ``(rows, columns)`` reads a
+2-byte tensor's words where they lie (a strided view such as a widened layer's base weight included), and
+each program writes its two partial sums, exact in int64; the parts are added on the device in int64
+(exact: a tensor of fewer than 2**32 words cannot overflow it) and read back with every other tensor's in
+one transfer.
 The same integers as the torch form, so the same fingerprints, whatever the blocks.
 """
 

@@ -71,13 +71,14 @@ SUM_EACH_STEP_FROM = 2048
 
 @triton.jit
 def _token_tile(order_ptr, starts_ptr, slots_ptr, pid_t, L, STARTS: tl.constexpr, BLOCK_T: tl.constexpr):
-    """A tile of sorted positions: the tokens at them, which are this step's members' (position below ``n``,
-    a slot in ``[0, L)``), their slots, and the smallest and largest slot among them."""
+    """A tile of sorted positions: the tokens at them (at and past ``n``, a CUDA graph's padding rows, the row
+    of the same number), which are this step's members' (position below ``n``, a slot in ``[0, L)``), their
+    slots, and the smallest and largest slot among them."""
     starts = tl.load(starts_ptr + tl.arange(0, STARTS), mask=tl.arange(0, STARTS) < L + 2, other=0)
     n = tl.max(starts, axis=0)  # the step's token count: the last of the cumulative counts per slot
     pos = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     in_step = pos < n
-    tok = tl.load(order_ptr + pos, mask=in_step, other=0)
+    tok = tl.where(in_step, tl.load(order_ptr + pos, mask=in_step, other=0), pos)
     slot = tl.load(slots_ptr + tok, mask=in_step, other=-1)
     valid = in_step & (slot >= 0) & (slot < L)
     slot = tl.where(valid, slot, L)
@@ -134,18 +135,11 @@ def _shrink_kernel(
         for k0 in range(pid_k * K_SPLIT, tl.minimum(K, (pid_k + 1) * K_SPLIT), BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             in_k = offs_k < K
-            xt = tl.load(
+            xt = tl.load(  # rows of other members are 0
                 x_ptr + tok[:, None] * stride_x + offs_k[None, :], mask=mine[:, None] & in_k[None, :], other=0.0
             )
-            at = tl.load(
-                a_ptr + m * stride_al + offs_k[:, None] + offs_r[None, :] * stride_ar,
-                mask=in_k[:, None] & in_rank[None, :],
-                other=0.0,
-            )
-            if FLOAT32:  # rows of other members are 0 in xt
-                acc = tl.dot(xt.to(tl.float32), at.to(tl.float32), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(xt, at.to(xt.dtype), acc)
+            a_at = a_ptr + m * stride_al + offs_k[:, None] + offs_r[None, :] * stride_ar
+            acc = _dot_step(xt, a_at, in_k[:, None] & in_rank[None, :], acc, FLOAT32)
         m = _next_member(slot, valid, m, L)
     h_at = h_ptr + pid_k * stride_hk + s * stride_hs + pos[:, None] * stride_hp + offs_r[None, :]
     tl.store(h_at, acc, mask=valid[:, None] & in_rank[None, :])
@@ -253,10 +247,11 @@ def _widen_kernel(
     BLOCK_E: tl.constexpr,
     SUM_EACH_STEP: tl.constexpr,
 ):
-    # the step's tokens in member order; a CUDA graph's padding rows (at and past n) as they are
-    _, in_rows, tok, slot, valid, first, last = _widen_tile(
-        order_ptr, starts_ptr, slots_ptr, tl.program_id(0), T, L, STARTS, BLOCK_T
+    # the step's tokens in member order; a CUDA graph's padding rows (at and past n) copied as they are
+    pos, tok, slot, valid, first, last = _token_tile(
+        order_ptr, starts_ptr, slots_ptr, tl.program_id(0), L, STARTS, BLOCK_T
     )
+    in_rows = pos < T
     offs_r = tl.arange(0, R)
     in_rank = offs_r < RANK
     # per slice, the products x * a[slot] of every step, summed over the features once at the end; with
@@ -324,21 +319,6 @@ def _widened_block(
 
 
 @triton.jit
-def _widen_tile(order_ptr, starts_ptr, slots_ptr, pid_t, T, L, STARTS: tl.constexpr, BLOCK_T: tl.constexpr):
-    """``widen``'s token tile: sorted positions, their rows (a graph's padding rows, at and past the
-    step's count, as they are), which are members' tokens, their slots, and the smallest and largest slot."""
-    starts = tl.load(starts_ptr + tl.arange(0, STARTS), mask=tl.arange(0, STARTS) < L + 2, other=0)
-    n = tl.max(starts, axis=0)
-    pos = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    in_step = pos < n
-    tok = tl.where(in_step, tl.load(order_ptr + pos, mask=in_step, other=0), pos)
-    slot = tl.load(slots_ptr + tok, mask=in_step, other=-1)
-    valid = in_step & (slot >= 0) & (slot < L)
-    slot = tl.where(valid, slot, L)
-    return pos, pos < T, tok, slot, valid, tl.min(slot, axis=0), tl.max(tl.where(valid, slot, -1), axis=0)
-
-
-@triton.jit
 def _widen_parts_kernel(
     x_ptr, order_ptr, starts_ptr, slots_ptr, w_ptr, parts_ptr, a0_ptr, a1_ptr, a2_ptr,
     T, K, L, stride_x, stride_w, stride_al, stride_ar, stride_pk, stride_ps, stride_pp,
@@ -349,9 +329,8 @@ def _widen_parts_kernel(
     copied, and each slice's partial ``h`` over them (``tl.dot`` per member of the tile) written whole."""
     pid_t = tl.program_id(0)
     pid_k = tl.program_id(1)
-    pos, in_rows, tok, slot, valid, m, last = _widen_tile(
-        order_ptr, starts_ptr, slots_ptr, pid_t, T, L, STARTS, BLOCK_T
-    )
+    pos, tok, slot, valid, m, last = _token_tile(order_ptr, starts_ptr, slots_ptr, pid_t, L, STARTS, BLOCK_T)
+    in_rows = pos < T
     offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     in_k = offs_k < K
     mask = in_rows[:, None] & in_k[None, :]
@@ -383,8 +362,9 @@ def _widen_parts_kernel(
 
 @triton.jit
 def _dot_step(xm, a_at, a_mask, acc, FLOAT32: tl.constexpr):
-    """``acc + xm @ a^T`` for a step of features: bfloat16 tiles on tensor cores (exact products, float32
-    sums), float32 under the interpreter (:mod:`population_lora_triton`'s note on bfloat16 there)."""
+    """``acc + xm @ a^T`` for a step of features (the shrink's and the split widening's): bfloat16 tiles on
+    tensor cores (exact products, float32 sums), float32 with ``FLOAT32`` (a float32 layer, or Triton's
+    interpreter: the module's note on bfloat16 there)."""
     at = tl.load(a_at, mask=a_mask, other=0.0)
     if FLOAT32:
         return tl.dot(xm.to(tl.float32), at.to(tl.float32), acc, input_precision="ieee")
@@ -403,7 +383,8 @@ def _widen_finish_kernel(
     pid_t = tl.program_id(0)
     s = tl.program_id(1)
     pid_e = tl.program_id(2)
-    pos, in_rows, tok, slot, valid, _, _ = _widen_tile(order_ptr, starts_ptr, slots_ptr, pid_t, T, L, STARTS, BLOCK_T)
+    pos, tok, slot, valid, _, _ = _token_tile(order_ptr, starts_ptr, slots_ptr, pid_t, L, STARTS, BLOCK_T)
+    in_rows = pos < T
     offs_r = tl.arange(0, R)
     h_at = parts_ptr + s * stride_ps + pos[:, None] * stride_pp + offs_r[None, :]
     h_mask = valid[:, None] & (offs_r < RANK)[None, :]
