@@ -242,10 +242,9 @@ def fake_run(args: argparse.Namespace, latency: float, tokenizer: Any, work: Pat
 
     engine = FakeAsyncLLM(tokenizer, args.tokens, latency)
 
-    def build_policy(s: Any, engine_kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    def build_policy(s: Any, engine_kwargs: dict[str, Any]) -> Any:
         sampling = SamplingConfig(**esrun.sampling_settings(s))
-        policy = AsyncVLLMPolicy(engine=engine, tokenizer=tokenizer, sampling=sampling, max_model_len=s.max_model_len)
-        return policy, policy
+        return AsyncVLLMPolicy(engine=engine, tokenizer=tokenizer, sampling=sampling, max_model_len=s.max_model_len)
 
     swapped = {
         "build_policy": build_policy,

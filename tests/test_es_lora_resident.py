@@ -75,6 +75,30 @@ class Refreshing(LowRankPerturber):
         return None
 
 
+class RefreshingWithUpdate(Refreshing):
+    """The toy backend with the engine's ``refresh=`` on ``update``: the next generation's adapters
+    rewritten once the update's products are issued, as ``ESWorkerExtension.es_lowrank_update`` does."""
+
+    refreshes_with_update = True
+
+    def __init__(self, model: torch.nn.Module, registry: IdRegistry) -> None:
+        super().__init__(model, registry)
+        self.last_refresh: dict[str, Any] = {}
+        #: per update: the refresh arguments it was given (None: none)
+        self.with_update: list[Any] = []
+
+    def update(self, seeds: Any, weights: Any, alpha: float, sigma: float, refresh: Any = None, **kw: Any) -> Any:
+        self.with_update.append(refresh)
+
+        def meanwhile() -> None:
+            ids, next_seeds, next_sigma, _ = refresh
+            self.refresh(list(ids), list(next_seeds), next_sigma)
+            self.last_refresh = {"ok": True, "prefetched": self.prefetched[-1], "wait_s": 0.0, "write_s": 0.0,
+                                 "slots_s": 0.0, "with_update": True}  # fmt: skip
+
+        return super().update(seeds, weights, alpha, sigma, kw.get("optimizer"), meanwhile if refresh else None)
+
+
 def train(tmp_path: Path, backend_of: Any) -> tuple[Any, IdRegistry, list[dict[str, Any]], list[str]]:
     registry, logs, seen = IdRegistry(), [], []
     backend = backend_of(tiny_llama(), registry)
@@ -108,6 +132,41 @@ def test_resident_adapters_are_loaded_once_and_refreshed_with_the_same_records(t
     assert backend.asked == [records[1]["seeds"], records[2]["seeds"]]  # none after the last generation
     assert sum("adapters refreshed" in line for line in logs) == 2
     assert not any("refreshed" in line for line in files_logs)
+
+
+def test_the_next_adapters_refreshed_during_the_update_give_the_same_records(tmp_path: Path) -> None:
+    plain, _, files_records, _ = train(tmp_path, lambda model, registry: LowRankPerturber(model, 2))
+    backend, registry, records, logs = train(tmp_path, RefreshingWithUpdate)
+    ids = (1, 2, 3, 4)
+    # generation 0 writes the adapters; its update rewrites them as generation 1's members, generation 1's
+    # update as generation 2's; the last update has no next generation
+    assert backend.calls == [(list(ids), records[1]["seeds"]), (list(ids), records[2]["seeds"])]
+    assert backend.with_update == [
+        (ids, tuple(records[1]["seeds"]), records[1]["sigma"], None),
+        (ids, tuple(records[2]["seeds"]), records[2]["sigma"], None),
+        None,
+    ]
+    assert records == files_records and backend.checksum() == plain.checksum()
+    assert backend.prefetched == [4, 4] and backend.kept_factors == 4  # drawn ahead, kept for the update
+    assert sum("adapters refreshed" in line and "during the last update" in line for line in logs) == 2
+
+
+class FailingWithUpdate(RefreshingWithUpdate):
+    """Its refresh during the update fails (answered, not raised, as the worker does)."""
+
+    def update(self, seeds: Any, weights: Any, alpha: float, sigma: float, refresh: Any = None, **kw: Any) -> Any:
+        self.with_update.append(refresh)
+        self.last_refresh = {"ok": False, "error": "RuntimeError: no room"}
+        return LowRankPerturber.update(self, seeds, weights, alpha, sigma, kw.get("optimizer"))
+
+
+def test_a_failed_refresh_during_the_update_leaves_it_to_the_next_generation(tmp_path: Path) -> None:
+    _, _, files_records, _ = train(tmp_path, lambda model, registry: LowRankPerturber(model, 2))
+    backend, _, records, logs = train(tmp_path, FailingWithUpdate)
+    assert [r is not None for r in backend.with_update] == [True, True, False]
+    assert backend.calls == [([1, 2, 3, 4], records[1]["seeds"]), ([1, 2, 3, 4], records[2]["seeds"])]
+    assert records == files_records
+    assert not any("during the last update" in line for line in logs)
 
 
 def test_an_engine_that_cannot_refresh_falls_back_to_folders_and_says_why_once(tmp_path: Path) -> None:

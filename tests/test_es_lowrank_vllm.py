@@ -9,8 +9,9 @@ adapters (its Punica CPU kernels), so a member is an adapter here exactly as on 
 - the same check with the population LoRA kernels (agent_envs.es.population_lora) in place of vLLM's, and
   with the members' expand folded into each layer's matmul (agent_envs.es.population_matmul).
 - agent-envs es train --perturbation lowrank: two generations end to end (AsyncVLLMPolicy, all
-  members at once; generation 1 refreshes generation 0's adapters in place), no adapter folder left behind, and a replay onto a fresh engine and onto the
-  checkpoint folder (agent_envs.es.lowrank.replay_onto) reproduces the trained checksum.
+  members at once; generation 0's update rewrites its adapters in place as generation 1's), no
+  adapter folder left behind, and a replay onto a fresh engine and onto the checkpoint folder
+  (agent_envs.es.lowrank.replay_onto) reproduces the trained checksum.
 """
 
 from __future__ import annotations
@@ -142,9 +143,11 @@ def test_lowrank_training_replays_bit_exactly(tmp_path: Path, kernel: str) -> No
     assert list(adapters.iterdir()) == []  # every generation's adapters removed
     output = train.stdout + train.stderr
     assert output.count("low-rank adapters written") == 1 and output.count("low-rank adapters refreshed") == 1
-    assert "refreshed in" in output and "(3 drawn ahead;" in output  # generation 1's adapters drawn during 0's rollouts
-    # each generation's update timed in its log line (issued, device, the prefix cache reset), never in a record
-    assert output.count(", update issued ") == 2 and "prefix cache reset" in output, output[-3000:]
+    # generation 1's adapters drawn during 0's rollouts, written into their slots during 0's update
+    assert "refreshed in" in output and "(during the last update: 3 drawn ahead;" in output, output[-3000:]
+    assert ", the next adapters " in output
+    # each generation's update timed in its log line (issued, device, the new cache salt), never in a record
+    assert output.count(", update issued ") == 2 and "new prefix cache salt" in output, output[-3000:]
     assert "issue_s" not in json.dumps(updates) and "reset_s" not in json.dumps(updates)
     assert "cannot rewrite adapters in place" not in output
     # SmolLM2 is not the shape the shipped LoRA kernel settings were tuned for: vLLM's defaults, said so

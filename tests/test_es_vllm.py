@@ -20,23 +20,40 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_
 SCRIPT = r"""
 import json, os, sys
 from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
 from agent_envs.es.worker import EXTENSION, VLLMPerturbation
+from agent_envs.policy.vllm import VLLMPolicy
 # a node-memory fraction below the process's own RSS: the engine must start on the explicit KV
 # cache size that the vllm_tmpdir fixture sets, whatever the machine's memory
-llm = LLM(model=sys.argv[1], worker_extension_cls=EXTENSION, dtype="float32", max_model_len=384,
-          enforce_eager=True, seed=0, gpu_memory_utilization=0.01)
+llm = LLM(model=sys.argv[1], worker_extension_cls=EXTENSION, dtype="float32", max_model_len=1024,
+          enforce_eager=True, seed=0, gpu_memory_utilization=0.01, enable_prefix_caching=True)
 out = {"coverage": llm.collective_rpc("es_init", args=("full", [], 2**23))[0]}
+policy = VLLMPolicy(llm=llm)  # the ES backend drives the engine through the policy: new cache salts
 try:
-    es = VLLMPerturbation(llm, exact_revert=True)
+    es = VLLMPerturbation(policy, exact_revert=True)
 except RuntimeError as exc:
     out["refused"] = str(exc)
     print("RESULT " + json.dumps(out)); sys.exit(0)
-prompt = ("Here is a long shared context about cities. " * 20) + "The capital of France is"
-sp = SamplingParams(max_tokens=4, temperature=0.0, seed=1)
-gen = lambda: llm.generate([prompt], sp, use_tqdm=False)[0].outputs[0].text
-out["base"], out["c0"] = gen(), es.checksum()[0]
+prompt = ("Here is a long shared context about cities. " * 40) + "The capital of France is"
+ids = llm.get_tokenizer()(prompt)["input_ids"]
+sp = SamplingParams(max_tokens=4, temperature=0.0, seed=1, logprobs=0)
+
+def probe(salt):
+    # the prompt under a cache salt: its text, the sampled tokens' log-probabilities, the prompt
+    # tokens served from the prefix cache
+    extra = {"cache_salt": salt} if salt is not None else {}
+    o = llm.generate([TokensPrompt(prompt_token_ids=ids, **extra)], sp, use_tqdm=False)[0]
+    s = o.outputs[0]
+    return {"text": s.text, "logprobs": [lp[t].logprob for lp, t in zip(s.logprobs, s.token_ids)],
+            "cached": o.num_cached_tokens}
+
+gen = lambda: probe(policy.cache_salt)  # what the policy's own requests carry
+out["base"], out["base_again"], out["c0"] = gen(), gen(), es.checksum()[0]
+base_salt = policy.cache_salt
 out["apply"] = es.apply(5, 0.05)[0]
 out["perturbed"] = gen()
+out["stale"] = probe(base_salt)  # the base weights' blocks, still in the cache under the old salt
+out["fresh"] = probe("a salt never used: nothing cached")
 try:
     es.update([1], [1.0], 0.1)
     out["update_while_perturbed"] = "accepted"
@@ -47,6 +64,7 @@ out["reverted"], out["c1"] = gen(), es.checksum()[0]
 out["update"] = es.update([11, 22], [1.0, -1.0], 0.05)[0]
 out["c2"], out["reset"] = es.checksum()[0], es.reset()[0]
 out["status"] = es.status()[0]
+out["forget"] = es.last_forget
 print("RESULT " + json.dumps(out))
 """
 
@@ -65,9 +83,16 @@ def test_packed_cpu_weights_are_refused() -> None:
 def test_perturbation_on_vllm_worker() -> None:
     out = run_case(plain_linear=True)
     assert out["coverage"]["total_params"] == 134_515_008 and out["coverage"]["n_tensors"] == 182
-    assert out["perturbed"] != out["base"]  # the engine sees the perturbed weights
+    assert out["base_again"]["cached"] >= 128 and out["base_again"]["logprobs"] == out["base"]["logprobs"]
+    # the engine sees the perturbed weights, and no KV block of the base weights: after the weight change
+    # the policy's salt is new, so nothing is cached for it and it answers as an uncached request does
+    assert out["perturbed"]["text"] != out["base"]["text"] and out["perturbed"]["cached"] == 0
+    assert out["perturbed"]["logprobs"] == out["fresh"]["logprobs"]
+    # what the salt avoids: the base weights' blocks are still in the cache and would change the answer
+    assert out["stale"]["cached"] >= 128 and out["stale"]["logprobs"] != out["fresh"]["logprobs"]
+    assert out["forget"]["cache"] == "salt"
     assert "while perturbed" in out["update_while_perturbed"]
-    assert out["reverted"] == out["base"]  # and the restored ones (prefix cache reset)
+    assert out["reverted"]["text"] == out["base"]["text"]  # and the restored ones
     assert out["c1"] == out["c0"]  # exact revert: bit-identical weights
     assert out["c2"] != out["c0"] and out["update"]["n"] == 2
     assert out["reset"]["reverted_updates"] == 1 and out["status"]["update_history"] == 0

@@ -51,9 +51,12 @@ def resident_name(member: int) -> str:
 REFRESH_PARTS = ("prefetched", "wait_s", "write_s", "slots_s")
 #: the slot copy's stages, where the engine reports them (stacking on the host, issuing the copies)
 SLOT_STAGES = ("slots_stack_s", "slots_queue_s")
+#: how a weight change's cached KV was forgotten (``_WorkerCalls.last_forget``): a new cache salt or a
+#: prefix cache reset, its seconds, and how often the reset was asked again
+FORGET_PARTS = ("cache", "reset_s", "reset_retries")
 #: the driver's times of an update (``VLLMLowRank.last_update``): its products and adds issued, the wait
-#: for the device, the prefix cache reset after it (and how often the reset was asked again)
-UPDATE_PARTS = ("stacked_ahead", "issue_s", "device_s", "reset_s", "reset_retries")
+#: for the device, and :data:`FORGET_PARTS`
+UPDATE_PARTS = ("stacked_ahead", "issue_s", "device_s", *FORGET_PARTS)
 
 
 def describe_refresh(parts: dict[str, Any]) -> str:
@@ -61,21 +64,25 @@ def describe_refresh(parts: dict[str, Any]) -> str:
     benchmark note."""
     stages = [f"{k.removeprefix('slots_').removesuffix('_s')} {parts[k]:.3f}" for k in SLOT_STAGES if k in parts]
     return (
-        f"{parts['prefetched']} drawn ahead; waited {parts['wait_s']:.3f} s, wrote {parts['write_s']:.3f} s, "
+        ("during the last update: " if parts.get("with_update") else "")
+        + f"{parts['prefetched']} drawn ahead; waited {parts['wait_s']:.3f} s, wrote {parts['write_s']:.3f} s, "
         f"slots {parts['slots_s']:.3f} s"
         + (f" ({', '.join(stages)})" if stages else "")
-        + (f", {_reset(parts)}" if "reset_s" in parts else "")
+        + (f", {_forget(parts)}" if set(FORGET_PARTS) <= set(parts) else "")
     )
 
 
 def describe_update(parts: dict[str, Any]) -> str:
     """The :data:`UPDATE_PARTS` of one update, for a log line or a benchmark note."""
-    return f"issued {parts['issue_s']:.3f} s, device {parts['device_s']:.3f} s, {_reset(parts)}" + (
+    beside = f", the next adapters {parts['meanwhile_s']:.3f} s" if "meanwhile_s" in parts else ""
+    return f"issued {parts['issue_s']:.3f} s{beside}, device {parts['device_s']:.3f} s, {_forget(parts)}" + (
         "" if parts["stacked_ahead"] else ", factors not stacked ahead"
     )
 
 
-def _reset(parts: dict[str, Any]) -> str:
+def _forget(parts: dict[str, Any]) -> str:
+    if parts["cache"] == "salt":
+        return f"new prefix cache salt {parts['reset_s']:.3f} s"
     return f"prefix cache reset {parts['reset_s']:.3f} s" + (
         f" ({parts['reset_retries']} retries)" if parts["reset_retries"] else ""
     )
@@ -143,8 +150,12 @@ class LowRankESTrainer(ESTrainer):
         self.evaluate_through: AdapterEvaluate = evaluate
         self.policy, self.adapter_dir = policy, adapter_dir
         self._timing: dict[str, Any] = {}
+        #: the generation whose members are being evaluated or updated
+        self._generation = 0
         #: the adapters kept registered across generations and rewritten in place (empty: none yet)
         self.resident: list[str] = []
+        #: the next generation's refresh done with the last update: its arguments and its answer
+        self._ahead: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         #: why in-place refresh is off (None while it is on): a backend without ``refresh``, or the engine's reason
         self.refresh_off: str | None = (
             None
@@ -153,14 +164,19 @@ class LowRankESTrainer(ESTrainer):
         )
 
     def _adapters(self, seeds: Sequence[int], sigma: float, generation: int) -> AbstractContextManager[list[str]]:
-        """The members' adapter names: the resident ones rewritten in place, else freshly written ones
-        (kept resident when refresh is on)."""
+        """The members' adapter names: the resident ones rewritten in place (during the last update
+        where the backend could, else now), else freshly written ones (kept resident when refresh is on)."""
         signs = [member_sign(m, self.config.mirrored) for m in range(len(seeds))]
         if self.resident and self.refresh_off is None:
+            if self._ahead is not None and self._ahead[0] == self._refresh_key(seeds, sigma, signs):
+                self._timing.update(adapters="refreshed", refresh=self._ahead[1])
+                self._ahead = None
+                return nullcontext(self.resident)
+            self._ahead = None
             extra = (signs,) if self.config.mirrored else ()  # the reference's call otherwise
             reason = self.lowrank.refresh([self.policy.lora_id(n) for n in self.resident], seeds, sigma, *extra)
             if reason is None:
-                self._timing["adapters"] = "refreshed"
+                self._timing.update(adapters="refreshed", refresh=dict(getattr(self.lowrank, "last_refresh", {})))
                 return nullcontext(self.resident)
             self.refresh_off = f"the engine cannot rewrite adapters in place: {reason}"
             self.log(f"[es] low-rank: {self.refresh_off}; writing and loading adapter folders every generation")
@@ -189,6 +205,7 @@ class LowRankESTrainer(ESTrainer):
     def evaluate_population(
         self, batch: Sequence[Any], seeds: Sequence[int], sigma: float, generation: int
     ) -> list[MemberResult]:
+        self._generation = generation
         start = time.perf_counter()
         try:
             with self._adapters(seeds, sigma, generation) as names:
@@ -216,18 +233,45 @@ class LowRankESTrainer(ESTrainer):
 
     def apply_update(self, seeds: Sequence[int], weights: Sequence[float], sigma: float) -> Any:
         seeds, weights, extra = self.update_arguments(seeds, weights)
-        return self.lowrank.update(seeds, weights, self.config.alpha, sigma, **extra)
+        ahead = self._next_refresh()
+        if ahead is not None:
+            extra["refresh"] = ahead
+        answer = self.lowrank.update(seeds, weights, self.config.alpha, sigma, **extra)
+        if ahead is not None:
+            done = dict(getattr(self.lowrank, "last_refresh", {}))
+            self._ahead = (ahead, done) if done.get("ok") else None  # else the next generation refreshes itself
+        return answer
+
+    def _next_refresh(self) -> tuple[Any, ...] | None:
+        """The next generation's refresh arguments, for a backend that does it with the update (the next
+        members' seeds and sigma are pure functions of the run's config, known now), else None."""
+        generation = self._generation + 1
+        if not (
+            self.resident
+            and self.refresh_off is None
+            and getattr(self.lowrank, "refreshes_with_update", False)
+            and generation < self.config.generations
+        ):
+            return None
+        seeds = self.seeds.peek()
+        signs = [member_sign(m, self.config.mirrored) for m in range(len(seeds))]
+        return self._refresh_key(seeds, self.sigma(generation), signs)
+
+    def _refresh_key(self, seeds: Sequence[int], sigma: float, signs: Sequence[int]) -> tuple[Any, ...]:
+        """``refresh``'s arguments for these members (``signs`` only for a mirrored run)."""
+        ids = tuple(self.policy.lora_id(n) for n in self.resident)
+        return (ids, tuple(int(s) for s in seeds), float(sigma), tuple(signs) if self.config.mirrored else None)
 
     def step(self, generation: int) -> Record:
         self._timing = {}
         record = super().step(generation)
-        refreshed = getattr(self.lowrank, "last_refresh", {}) if self._timing["adapters"] == "refreshed" else {}
+        refreshed = self._timing.pop("refresh", {})
         if set(REFRESH_PARTS) <= set(refreshed):  # the engine's own times of the refresh
-            kept = (*REFRESH_PARTS, *SLOT_STAGES, "reset_s", "reset_retries")
+            kept = (*REFRESH_PARTS, *SLOT_STAGES, *FORGET_PARTS, "with_update")
             self._timing["refresh"] = {k: refreshed[k] for k in kept if k in refreshed}
         updated = getattr(self.lowrank, "last_update", {})
         if set(UPDATE_PARTS) <= set(updated):
-            self._timing["update"] = {k: updated[k] for k in UPDATE_PARTS}
+            self._timing["update"] = {k: updated[k] for k in (*UPDATE_PARTS, "meanwhile_s") if k in updated}
         self.last_timing.update(self._timing)  # writing or refreshing the adapters, every member's rollouts
         detail = f" ({describe_refresh(self._timing['refresh'])})" if "refresh" in self._timing else ""
         update = f", update {describe_update(self._timing['update'])}" if "update" in self._timing else ""

@@ -509,10 +509,14 @@ class LowRankPerturber:
         alpha: float,
         sigma: float,
         optimizer: dict[str, Any] | None = None,
+        meanwhile: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
         """``W += alpha / (N * sigma) * sum_i w_i A_i B_i^T`` on every target (from the factors kept
         by :meth:`member_adapter` where there are some: the same arrays, so the same bits); with
-        ``optimizer`` (Adam's settings) ``W += alpha * Adam(g)``, g the same sum with alpha 1."""
+        ``optimizer`` (Adam's settings) ``W += alpha * Adam(g)``, g the same sum with alpha 1.
+        ``meanwhile``: host work run once every product and add is issued, while the device runs them
+        (the next generation's refresh, :meth:`ESWorkerExtension.es_lowrank_update`); the factors
+        this update read are released before it, so it may draw and keep the next members'."""
         self._check_unmerged("update")
         if len(seeds) != len(weights):
             raise ValueError(f"seeds and weights must be of equal length ({len(seeds)} vs {len(weights)})")
@@ -541,20 +545,24 @@ class LowRankPerturber:
                     (lambda target: kept[target.name]) if kept else None,
                 )
                 squares = self._add(update_changes(self.targets, products, alpha, self.adam))
-                issued = time.perf_counter()
-                norm = squares.norm()
         finally:
             self.drawn.clear()
             self._stacked = None
+        issued = time.perf_counter()
+        self.updates.append(
+            {"seeds": seeds, "weights": [float(w) for w in weights], "alpha": float(alpha), "sigma": float(sigma)}
+        )
+        if meanwhile is not None:
+            meanwhile()
+        beside = time.perf_counter()
+        norm = squares.norm()
         # not in the result either (a record holds the result, and records repeat with their seeds)
         self.last_update_timing = {
             "stacked_ahead": kept is not None,
             "issue_s": issued - started,
-            "device_s": time.perf_counter() - issued,
+            **({"meanwhile_s": beside - issued} if meanwhile is not None else {}),
+            "device_s": time.perf_counter() - beside,
         }
-        self.updates.append(
-            {"seeds": seeds, "weights": [float(w) for w in weights], "alpha": float(alpha), "sigma": float(sigma)}
-        )
         return {
             "ok": True,
             "n": len(seeds),

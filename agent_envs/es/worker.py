@@ -175,12 +175,23 @@ class ESWorkerExtension:
         alpha: float,
         sigma: float,
         optimizer: dict[str, Any] | None = None,
+        refresh: Sequence[Any] | None = None,
     ) -> dict[str, Any]:
         """The update on this worker's weights; its times under ``timing`` (the driver keeps them apart
-        from the answer it records)."""
+        from the answer it records).  ``refresh``: :meth:`es_lowrank_refresh`'s arguments for the next
+        generation's members, done on the host while the device runs the update's products; its answer
+        under ``refreshed`` (an error there is answered, not raised: the update itself is done)."""
         state = self._es_lowrank_state()
-        answer = state.update(seeds, weights, alpha, sigma, optimizer)
-        return {**answer, "timing": state.last_update_timing}
+        ahead: dict[str, Any] = {}
+
+        def refresh_meanwhile() -> None:
+            try:
+                ahead.update(self.es_lowrank_refresh(*(refresh or ())))
+            except Exception as exc:  # the next generation's own refresh asks again, and raises
+                ahead.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+
+        answer = state.update(seeds, weights, alpha, sigma, optimizer, refresh_meanwhile if refresh else None)
+        return {**answer, "timing": state.last_update_timing, **({"refreshed": ahead} if refresh else {})}
 
     def es_lowrank_refresh(
         self, lora_ids: Sequence[int], seeds: Sequence[int], sigma: float, signs: Sequence[int] | None = None
@@ -270,29 +281,46 @@ class ESWorkerExtension:
 
 class _WorkerCalls:
     """Calls of :class:`ESWorkerExtension` methods on every worker (a list, one entry per worker);
-    after any weight change the prefix cache is reset, because KV blocks computed under other
-    weights must never be reused."""
+    after any weight change the KV blocks cached so far are made unreachable, because KV computed
+    under other weights must never be reused: by a new cache salt where the engine handle is one of
+    the package's vLLM policies (``renew_cache_salt``: nothing to wait for), else by resetting the
+    prefix cache."""
 
     llm: Any
     #: resets that had to be asked again while the engine released finished requests' blocks
     reset_retries: int = 0
-    #: the last reset's seconds and retries (a weight change's call waits for it)
-    last_reset: tuple[float, int] = (0.0, 0)
+    #: how the last weight change's cached KV was forgotten (``cache``: "salt" or "reset"), the
+    #: seconds it took and the resets asked again (a weight change's call waits for it)
+    last_forget: dict[str, Any] = {"cache": "reset", "reset_s": 0.0, "reset_retries": 0}
 
-    def _call(self, method: str, *args: Any) -> list[Any]:
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        if kwargs:  # only then: an engine handle without keyword arguments still serves every other call
+            return list(self.llm.collective_rpc(method, args=args, kwargs=kwargs))
         return list(self.llm.collective_rpc(method, args=args))
 
-    def _changed(self, method: str, *args: Any) -> list[Any]:
+    def _changed(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         try:
-            return self._call(method, *args)
+            return self._call(method, *args, **kwargs)
         finally:  # even a failed call may have touched weights
-            self._reset_prefix_cache(method)
+            self._forget_cached_kv(method)
 
-    def _reset_prefix_cache(self, method: str) -> None:
+    def _forget_cached_kv(self, method: str) -> None:
+        start = time.monotonic()
+        renew = getattr(self.llm, "renew_cache_salt", None)
+        if renew is not None:
+            renew()
+            self.last_forget = {"cache": "salt", "reset_s": time.monotonic() - start, "reset_retries": 0}
+            return
+        retries = self._reset_prefix_cache(method)
+        self.reset_retries += retries
+        self.last_forget = {"cache": "reset", "reset_s": time.monotonic() - start, "reset_retries": retries}
+
+    def _reset_prefix_cache(self, method: str) -> int:
         """vLLM resets only when no request holds KV blocks.  Right after a member's last episode on
         an ``AsyncLLM`` the engine can still hold some (an H200 run with vLLM 0.26 refused a reset
         with 246 blocks in use after every episode had its output), so ask again while the engine
-        drains, up to :data:`RESET_DEADLINE_S`, then refuse: stale KV must never be reused."""
+        drains, up to :data:`RESET_DEADLINE_S`, then refuse: stale KV must never be reused.  Returns
+        how often it asked again."""
         start, wait, tries, deadline_s = time.monotonic(), 0.01, 1, RESET_DEADLINE_S
         while self.llm.reset_prefix_cache() is False:
             if time.monotonic() - start > deadline_s:
@@ -302,8 +330,7 @@ class _WorkerCalls:
                 )
             time.sleep(wait)
             wait, tries = min(2 * wait, 0.5), tries + 1
-        self.reset_retries += tries - 1
-        self.last_reset = (time.monotonic() - start, tries - 1)
+        return tries - 1
 
 
 class VLLMPerturbation(_WorkerCalls):
@@ -381,6 +408,15 @@ class VLLMPerturbation(_WorkerCalls):
         return max(self._call("es_max_abs_diff"))
 
 
+def refresh_arguments(
+    lora_ids: Sequence[int], seeds: Sequence[int], sigma: float, signs: Sequence[int] | None = None
+) -> list[Any]:
+    """:meth:`ESWorkerExtension.es_lowrank_refresh`'s arguments as the call sends them (``signs`` only
+    where given: the reference's call otherwise)."""
+    extra = [[int(s) for s in signs]] if signs is not None else []
+    return [[int(i) for i in lora_ids], [int(s) for s in seeds], float(sigma), *extra]
+
+
 class VLLMLowRank(_WorkerCalls):
     """Driver-side low-rank backend (docs/protocol.md#low-rank-es) over an engine built with
     :data:`EXTENSION` and ``enable_lora=True``: members are served as adapters written from
@@ -395,10 +431,13 @@ class VLLMLowRank(_WorkerCalls):
         self.init_result = self._call("es_lowrank_init", self.rank, list(target_modules or []))
         self.targets = [Target(str(n), int(o), int(i)) for n, o, i in self.init_result[0]["targets"]]
         self.base_checksum = str(self.init_result[0]["checksum"])
-        #: the last :meth:`refresh`'s first worker's answer, with the prefix cache reset after it
+        #: the last :meth:`refresh`'s first worker's answer, with how its cached KV was forgotten (``last_forget``)
         self.last_refresh: dict[str, Any] = {}
-        #: the last :meth:`update`'s first worker's times (issued, device) and the reset after it
+        #: the last :meth:`update`'s first worker's times (issued, device) and how its cached KV was forgotten
         self.last_update: dict[str, Any] = {}
+
+    #: :meth:`update` can rewrite the next generation's adapters while the device runs it (``refresh=``)
+    refreshes_with_update = True
 
     def update(
         self,
@@ -407,10 +446,16 @@ class VLLMLowRank(_WorkerCalls):
         alpha: float,
         sigma: float | None = None,
         optimizer: dict[str, Any] | None = None,
+        refresh: tuple[Sequence[int], Sequence[int], float, Sequence[int] | None] | None = None,
     ) -> list[Any]:
+        """The update in place on every worker.  ``refresh``: :meth:`refresh`'s arguments for the next
+        generation, done by the workers on the host while their devices run the update (one call, one
+        new cache salt for both); its answer becomes :attr:`last_refresh` (``ok`` False: not done, say
+        why under ``unsupported`` or ``error``; the next generation's own :meth:`refresh` then runs)."""
         if sigma is None:
             raise ValueError("the low-rank update divides by sigma: pass the generation's sigma")
         extra = (optimizer,) if optimizer is not None else ()
+        ahead = {"refresh": refresh_arguments(*refresh)} if refresh is not None else {}
         answers = self._changed(
             "es_lowrank_update",
             [int(s) for s in seeds],
@@ -418,23 +463,25 @@ class VLLMLowRank(_WorkerCalls):
             float(alpha),
             float(sigma),
             *extra,
+            **ahead,
         )
         timings = [a.pop("timing", {}) if isinstance(a, dict) else {} for a in answers]  # not recorded
-        self.last_update = {**timings[0], "reset_s": self.last_reset[0], "reset_retries": self.last_reset[1]}
+        refreshed = [a.pop("refreshed", {}) if isinstance(a, dict) else {} for a in answers]
+        self.last_update = {**timings[0], **self.last_forget}
+        if refresh is not None:
+            failed = [r for r in refreshed if not r.get("ok")]
+            self.last_refresh = {**(failed or refreshed)[0], **self.last_forget, "with_update": True}
         return answers
 
     def refresh(
         self, lora_ids: Sequence[int], seeds: Sequence[int], sigma: float, signs: Sequence[int] | None = None
     ) -> str | None:
         """Rewrite the resident adapters ``lora_ids`` in place as members ``seeds`` (at ``signs[i] *
-        sigma``: mirrored pairs; the prefix cache is reset: KV computed under the adapters' old
+        sigma``: mirrored pairs; the cached KV is forgotten: KV computed under the adapters' old
         weights must not be reused).  None when done, else why this engine cannot (nothing was
         written: load adapter folders instead)."""
-        extra = ([int(s) for s in signs],) if signs is not None else ()
-        results = self._changed(
-            "es_lowrank_refresh", [int(i) for i in lora_ids], [int(s) for s in seeds], float(sigma), *extra
-        )
-        self.last_refresh = {**results[0], "reset_s": self.last_reset[0], "reset_retries": self.last_reset[1]}
+        results = self._changed("es_lowrank_refresh", *refresh_arguments(lora_ids, seeds, sigma, signs))
+        self.last_refresh = {**results[0], **self.last_forget}
         reasons = [str(r["unsupported"]) for r in results if not r["ok"]]
         return reasons[0] if reasons else None
 

@@ -89,10 +89,10 @@ def sampling_settings(settings: ESSettings) -> dict[str, Any]:
     return values
 
 
-def build_policy(settings: ESSettings, engine_kwargs: dict[str, Any]) -> tuple[Any, Any]:
-    """(policy, engine handle for VLLMPerturbation): the offline LLM, or the AsyncLLM's policy,
-    built by the policy factory's vllm row (the CLI's and the engine pool's too)."""
-    policy: Any = factory.build_policy(
+def build_policy(settings: ESSettings, engine_kwargs: dict[str, Any]) -> Any:
+    """The offline ``LLM``'s or the ``AsyncLLM``'s policy, built by the policy factory's vllm row (the
+    CLI's and the engine pool's too); the ES backend drives its engine through it in either mode."""
+    return factory.build_policy(
         "vllm",
         factory.PolicySettings(
             model=settings.model,
@@ -102,7 +102,6 @@ def build_policy(settings: ESSettings, engine_kwargs: dict[str, Any]) -> tuple[A
             engine_args=engine_kwargs,
         ),
     )
-    return policy, policy if settings.mode == "async" else policy.llm
 
 
 def make_config(settings: ESSettings, combiner: FitnessCombiner | None) -> ESConfig:
@@ -130,7 +129,7 @@ def make_config(settings: ESSettings, combiner: FitnessCombiner | None) -> ESCon
 
 def make_engine_kwargs(settings: ESSettings) -> dict[str, Any]:
     """``vllm.LLM`` keywords of every engine: CUDA graphs unless --enforce-eager; prefix caching stays on
-    (the backend resets the prefix cache after every weight change); --engine-arg on top; low-rank
+    (after every weight change the backend gives the policy a new cache salt); --engine-arg on top; low-rank
     engines get one LoRA slot per member (:attr:`ESSettings.lora_slots`) and CUDA graphs up to the
     population's batch (:attr:`ESSettings.graph_batch`)."""
     kwargs = dict(
@@ -293,7 +292,7 @@ def single_engine_run(
         )
         record(config, lora_kernels=kernels)
         print(f"[es] low-rank: {kernels}", file=sys.stderr)
-    policy, engine = build_policy(s, engine_kwargs)
+    policy = build_policy(s, engine_kwargs)
     workers = member_env_workers(s)
     # the members' environments for the whole run: built by the first generation, reset by the
     # next ones (256 gym.make every 16 x 16 generation before; docs/scaling.md#the-episode-loops-host-time)
@@ -301,7 +300,7 @@ def single_engine_run(
     episode_loop = episode_loop_for(policy) if s.mode == "async" else None
     try:
         if lowrank:
-            backend: Any = VLLMLowRank(engine, s.rank)
+            backend: Any = VLLMLowRank(policy, s.rank)
             record(config, lowrank_targets=[t.as_list() for t in backend.targets], base_checksum=backend.base_checksum)
             print(
                 f"[es] low-rank: {len(backend.targets)} weights, rank {s.rank}, every member an adapter; "
@@ -316,7 +315,7 @@ def single_engine_run(
                     file=sys.stderr,
                 )
         else:
-            backend = VLLMPerturbation(engine, scope=s.scope, exact_revert=s.exact_revert, revert_copy=s.revert_copy)
+            backend = VLLMPerturbation(policy, scope=s.scope, exact_revert=s.exact_revert, revert_copy=s.revert_copy)
             describe_start(backend, config)
         config.tp_size = backend.tp_size
 

@@ -26,6 +26,7 @@ import gc
 import inspect
 import itertools
 import os
+import secrets
 import threading
 import weakref
 from concurrent.futures import Future
@@ -97,15 +98,37 @@ def _sampling_fields(cls: type) -> frozenset[str]:
     return frozenset(getattr(cls, "__struct_fields__", ()))
 
 
-def tokens_prompt(prepared: Prepared) -> Any:
-    """Token ids; a chat with images sends one placeholder per image and the images themselves."""
+def tokens_prompt(prepared: Prepared, cache_salt: str | None = None) -> Any:
+    """Token ids; a chat with images sends one placeholder per image and the images themselves;
+    ``cache_salt`` (:class:`_CacheSalt`) when given."""
     from vllm.inputs import TokensPrompt
 
+    salt: dict[str, Any] = {"cache_salt": cache_salt} if cache_salt is not None else {}
     if prepared.image is None:
-        return TokensPrompt(prompt_token_ids=prepared.prompt_ids)
+        return TokensPrompt(prompt_token_ids=prepared.prompt_ids, **salt)
     return TokensPrompt(
-        prompt_token_ids=prepared.image.placeholder_ids, multi_modal_data={"image": prepared.image.images}
+        prompt_token_ids=prepared.image.placeholder_ids, multi_modal_data={"image": prepared.image.images}, **salt
     )
+
+
+class _CacheSalt:
+    """Makes the KV blocks cached so far unreachable, at once, for a weight change.
+
+    vLLM hashes a request's ``cache_salt`` into the key of its first prompt block, and so of every
+    block after it: a request can match only blocks computed under its own salt.  After a weight change
+    the ES backends (:class:`agent_envs.es.worker.VLLMPerturbation`, ``VLLMLowRank``) take a new salt
+    here instead of calling ``reset_prefix_cache``, which refuses while any request still holds blocks
+    (an ``AsyncLLM`` right after its last episode) and walks every block of the pool on the engine
+    (hundreds of thousands for a small model on a large GPU), twice per member in a full-rank
+    generation.  The old blocks stay in the free pool until reused, as any freed block does.  Salts are
+    random, so two policies on one engine never share one; ``None`` until the first change."""
+
+    cache_salt: str | None = None
+
+    def renew_cache_salt(self) -> str:
+        """A new salt for every later request of this policy (the requests in flight keep theirs)."""
+        self.cache_salt = f"agent-envs-{secrets.token_hex(8)}"
+        return self.cache_salt
 
 
 _LORA_IDS = itertools.count(1)
@@ -224,7 +247,7 @@ def engine_max_model_len(engine: Any) -> int | None:
     return None
 
 
-class VLLMPolicy(_LoRAAdapters, BatchedEnginePolicy):
+class VLLMPolicy(_CacheSalt, _LoRAAdapters, BatchedEnginePolicy):
     """Wraps ``vllm.LLM``: built here from ``model`` and ``engine_kwargs`` (passed through untouched:
     ``load_format``, ``tensor_parallel_size``, ``dtype``, ``tokenizer`` (a folder: the engine's
     tokenizer; an object: used as is), ``enable_prefix_caching``,
@@ -285,12 +308,27 @@ class VLLMPolicy(_LoRAAdapters, BatchedEnginePolicy):
         loras = [self._lora(p) for p in group]
         extra = {"lora_request": loras} if any(lora is not None for lora in loras) else {}
         outputs = self.llm.generate(
-            [tokens_prompt(p) for p in group],
+            [tokens_prompt(p, self.cache_salt) for p in group],
             [sampling_params(self.sampling.for_request(p.request), p) for p in group],
             use_tqdm=False,
             **extra,
         )
         return [to_completion(o, p, self.name) for o, p in zip(outputs, group)]
+
+    def collective_rpc(
+        self,
+        method: str,
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Call a ``worker_extension_cls`` method (by name) on every worker: the ES backends drive the
+        policy in either mode, and its :meth:`renew_cache_salt` with it."""
+        return list(self.llm.collective_rpc(method, timeout=timeout, args=tuple(args), kwargs=kwargs))
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop cached KV blocks (False while requests hold some)."""
+        return self.llm.reset_prefix_cache() is not False
 
     def _load_lora(self, lora: Any) -> None:
         self.llm.llm_engine.add_lora(lora)
@@ -396,14 +434,14 @@ class _EngineThread:
         gc.collect()  # vLLM's engine objects form cycles; collect them now, not during interpreter teardown
 
 
-class AsyncVLLMPolicy(_LoRAAdapters, EnginePolicy):
+class AsyncVLLMPolicy(_CacheSalt, _LoRAAdapters, EnginePolicy):
     """Wraps vLLM's ``AsyncLLM`` for continuous batching: every ``agenerate`` call joins the running
     engine at once and returns when its own sequence finishes.
 
     The engine lives on a private event loop thread, so the policy works from any number of
     ``run_episodes`` calls (each with its own loop), from synchronous code (``generate``) and
-    across weight changes (:meth:`collective_rpc`, :meth:`reset_prefix_cache`; ES drives it through
-    :class:`~agent_envs.es.worker.VLLMPerturbation` exactly like an ``LLM``).  ``close()`` (or the
+    across weight changes (:meth:`collective_rpc`, :meth:`renew_cache_salt`; ES drives it through
+    :class:`~agent_envs.es.worker.VLLMPerturbation` as it drives a :class:`VLLMPolicy`).  ``close()`` (or the
     end of the interpreter) shuts the engine down and joins the thread.
 
     ``multiprocessing=True`` (default) runs the engine core in its own process, as vLLM's servers
@@ -496,7 +534,7 @@ class AsyncVLLMPolicy(_LoRAAdapters, EnginePolicy):
         lora = self._lora(prepared)
         extra = {"lora_request": lora} if lora is not None else {}
         async for output in self.engine.generate(
-            tokens_prompt(prepared), params, request_id=f"agent-envs-{next(self._ids)}", **extra
+            tokens_prompt(prepared, self.cache_salt), params, request_id=f"agent-envs-{next(self._ids)}", **extra
         ):
             final = output
         if final is None:
@@ -527,7 +565,7 @@ class AsyncVLLMPolicy(_LoRAAdapters, EnginePolicy):
         return list(self.call(self.engine.collective_rpc, method, timeout=timeout, args=tuple(args), kwargs=kwargs))
 
     def reset_prefix_cache(self) -> bool:
-        """Drop cached KV blocks (required after every weight change)."""
+        """Drop cached KV blocks (False while requests hold some)."""
         return self.call(self.engine.reset_prefix_cache) is not False
 
     def _load_lora(self, lora: Any) -> None:

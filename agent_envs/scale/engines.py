@@ -120,7 +120,7 @@ class VLLMEngine(Engine):
     def es_init(self, scope: str = "full", exact_revert: bool = False, revert_copy: str = "auto") -> None:
         if not isinstance(self.policy, VLLMPolicy):
             raise TypeError(f"ES needs the offline vLLM engine, not {type(self.policy).__name__}")
-        self.es = VLLMPerturbation(self.policy.llm, scope=scope, exact_revert=exact_revert, revert_copy=revert_copy)
+        self.es = VLLMPerturbation(self.policy, scope=scope, exact_revert=exact_revert, revert_copy=revert_copy)
 
 
 def vllm_spec(
