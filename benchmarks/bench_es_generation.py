@@ -597,7 +597,7 @@ class Bench:
         args = self.flags("raw", "--mode", "lockstep")
         # the low-rank engine's CUDA-graph sizes (ESSettings.graph_batch), so both decode P x B in graphs
         graphs = self.lowrank_flags().graph_batch
-        policy, _ = self.es.build_policy(args, {**self.es.make_engine_kwargs(args), **graphs})
+        policy = self.es.build_policy(args, {**self.es.make_engine_kwargs(args), **graphs})
         try:
             engine = SimpleNamespace(policy=policy)
             population = by_turn([calls])

