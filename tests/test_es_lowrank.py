@@ -438,3 +438,30 @@ def test_member_adapters_are_removed_even_when_evaluation_fails(tmp_path: Path) 
         assert names == ["es-g0-m0", "es-g0-m1"] and all(p.is_dir() for p in registry.paths.values())
         raise RuntimeError("boom")
     assert registry.paths == {} and list(tmp_path.iterdir()) == []
+
+
+def test_work_alongside_runs_beside_the_body_and_its_error_is_not_lost() -> None:
+    import threading
+
+    from agent_envs.es.lowrank import alongside
+
+    started, body_may_end = threading.Event(), threading.Event()
+
+    def work() -> None:
+        started.set()
+        body_may_end.wait(10)
+
+    with alongside(work, [torch.device("cpu")]) as ran:
+        assert started.wait(10)  # the work runs while the body does
+        body_may_end.set()
+    assert ran.seconds is not None and ran.seconds > 0
+
+    def failing() -> None:
+        raise RuntimeError("no room")
+
+    with pytest.raises(RuntimeError, match="no room"):
+        with alongside(failing, []):
+            pass
+    with pytest.raises(ValueError, match="the body's"):  # the body's own error wins
+        with alongside(failing, []):
+            raise ValueError("the body's")

@@ -57,6 +57,10 @@ FORGET_PARTS = ("cache", "reset_s", "reset_retries")
 #: the driver's times of an update (``VLLMLowRank.last_update``): its products and adds issued, the wait
 #: for the device, and :data:`FORGET_PARTS`
 UPDATE_PARTS = ("stacked_ahead", "issue_s", "device_s", *FORGET_PARTS)
+#: an update that rewrote the next generation's adapters beside it: that work's seconds, and when both were done
+BESIDE_PARTS = ("meanwhile_s", "joined_s")
+#: optional parts of an update's times: the issuing thread's CPU seconds, and :data:`BESIDE_PARTS`
+UPDATE_EXTRAS = ("issue_cpu_s", *BESIDE_PARTS)
 
 
 def describe_refresh(parts: dict[str, Any]) -> str:
@@ -74,8 +78,13 @@ def describe_refresh(parts: dict[str, Any]) -> str:
 
 def describe_update(parts: dict[str, Any]) -> str:
     """The :data:`UPDATE_PARTS` of one update, for a log line or a benchmark note."""
-    beside = f", the next adapters {parts['meanwhile_s']:.3f} s" if "meanwhile_s" in parts else ""
-    return f"issued {parts['issue_s']:.3f} s{beside}, device {parts['device_s']:.3f} s, {_forget(parts)}" + (
+    beside = (
+        f", the next adapters {parts['meanwhile_s']:.3f} s beside it (both done at {parts['joined_s']:.3f} s)"
+        if "meanwhile_s" in parts
+        else ""
+    )
+    cpu = f" (CPU {parts['issue_cpu_s']:.3f} s)" if "issue_cpu_s" in parts else ""
+    return f"issued {parts['issue_s']:.3f} s{cpu}{beside}, device {parts['device_s']:.3f} s, {_forget(parts)}" + (
         "" if parts["stacked_ahead"] else ", factors not stacked ahead"
     )
 
@@ -271,7 +280,7 @@ class LowRankESTrainer(ESTrainer):
             self._timing["refresh"] = {k: refreshed[k] for k in kept if k in refreshed}
         updated = getattr(self.lowrank, "last_update", {})
         if set(UPDATE_PARTS) <= set(updated):
-            self._timing["update"] = {k: updated[k] for k in (*UPDATE_PARTS, "meanwhile_s") if k in updated}
+            self._timing["update"] = {k: updated[k] for k in (*UPDATE_PARTS, *UPDATE_EXTRAS) if k in updated}
         self.last_timing.update(self._timing)  # writing or refreshing the adapters, every member's rollouts
         detail = f" ({describe_refresh(self._timing['refresh'])})" if "refresh" in self._timing else ""
         update = f", update {describe_update(self._timing['update'])}" if "update" in self._timing else ""

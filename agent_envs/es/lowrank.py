@@ -37,7 +37,8 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -368,6 +369,42 @@ def targets_checksum(named: Iterable[tuple[str, torch.Tensor]]) -> str:
     return digest.hexdigest()
 
 
+class Alongside:
+    """What :func:`alongside` ran: its own seconds (None until it has run)."""
+
+    seconds: float | None = None
+
+
+@contextmanager
+def alongside(work: Callable[[], None] | None, devices: Sequence[torch.device]) -> Iterator[Alongside]:
+    """Run ``work`` on a thread of its own while the body runs; wait for it at the end (its error
+    raised then, unless the body's own is on the way).  The thread queues its device work on the
+    streams current here, so it stays ordered with this thread's (a thread's current CUDA stream is
+    its own, the default one unless set)."""
+    ran = Alongside()
+    if work is None:
+        yield ran
+        return
+    streams = [torch.cuda.current_stream(d) for d in dict.fromkeys(devices) if d.type == "cuda"]
+
+    def run() -> None:
+        start = time.perf_counter()
+        with ExitStack() as stack:
+            for stream in streams:
+                stack.enter_context(torch.cuda.stream(stream))
+            work()
+        ran.seconds = time.perf_counter() - start
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="es-alongside") as pool:
+        future = pool.submit(run)
+        try:
+            yield ran
+        except BaseException:
+            wait([future])
+            raise
+        future.result()
+
+
 class LowRankPerturber:
     """Low-rank merge/restore (for checks) and in-place updates on a model's targeted weights.
 
@@ -498,9 +535,14 @@ class LowRankPerturber:
         self.drawn[int(seed)] = drawn
         return signed(tensors, sign)
 
-    def _kept_or_drawn(self, seed: int, target: Target, rank: int) -> tuple[np.ndarray, np.ndarray]:
-        kept = self.drawn.get(seed)
-        return kept[target.name] if kept is not None and rank == self.rank else factors(seed, target, rank)
+    def _kept_or_drawn(self, drawn: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]]) -> FactorSource:
+        """The factors of ``drawn`` (:attr:`drawn` as an update found it) where it holds them, else drawn."""
+
+        def source(seed: int, target: Target, rank: int) -> tuple[np.ndarray, np.ndarray]:
+            kept = drawn.get(seed)
+            return kept[target.name] if kept is not None and rank == self.rank else factors(seed, target, rank)
+
+        return source
 
     def update(
         self,
@@ -514,9 +556,10 @@ class LowRankPerturber:
         """``W += alpha / (N * sigma) * sum_i w_i A_i B_i^T`` on every target (from the factors kept
         by :meth:`member_adapter` where there are some: the same arrays, so the same bits); with
         ``optimizer`` (Adam's settings) ``W += alpha * Adam(g)``, g the same sum with alpha 1.
-        ``meanwhile``: host work run once every product and add is issued, while the device runs them
-        (the next generation's refresh, :meth:`ESWorkerExtension.es_lowrank_update`); the factors
-        this update read are released before it, so it may draw and keep the next members'."""
+        ``meanwhile``: host work run on a thread of its own while this one issues the products and adds
+        and the device runs them (the next generation's refresh, ``ESWorkerExtension.es_lowrank_update``;
+        :func:`alongside`); the update takes its factors apart from the state first, so ``meanwhile``
+        may draw and keep the next members'."""
         self._check_unmerged("update")
         if len(seeds) != len(weights):
             raise ValueError(f"seeds and weights must be of equal length ({len(seeds)} vs {len(weights)})")
@@ -530,10 +573,12 @@ class LowRankPerturber:
         if self.adam is not None:
             coefs = update_coefficients(weights, 1.0, sigma)
         kept = self._stacked[1] if self._stacked and self._stacked[0] == tuple(seeds) else None
+        # this update's factors, taken apart from the state: ``meanwhile`` may draw and keep the next ones
+        drawn, self.drawn, self._stacked = self.drawn, {}, None
         # not in the result (that is recorded): how many members' factors were already drawn
-        self.kept_factors = len(seeds) if kept else sum(s in self.drawn for s in seeds)
-        started = time.perf_counter()
-        try:
+        self.kept_factors = len(seeds) if kept else sum(s in drawn for s in seeds)
+        started, started_cpu = time.perf_counter(), time.thread_time()
+        with alongside(meanwhile, self._devices()) as beside:
             with torch.no_grad():
                 products = deltas(
                     seeds,
@@ -541,27 +586,25 @@ class LowRankPerturber:
                     self.targets,
                     self.rank,
                     self._devices(),
-                    self._kept_or_drawn,
+                    self._kept_or_drawn(drawn),
                     (lambda target: kept[target.name]) if kept else None,
                 )
                 squares = self._add(update_changes(self.targets, products, alpha, self.adam))
-        finally:
-            self.drawn.clear()
-            self._stacked = None
-        issued = time.perf_counter()
-        self.updates.append(
-            {"seeds": seeds, "weights": [float(w) for w in weights], "alpha": float(alpha), "sigma": float(sigma)}
-        )
-        if meanwhile is not None:
-            meanwhile()
-        beside = time.perf_counter()
+            issued, issued_cpu = time.perf_counter(), time.thread_time()
+            self.updates.append(
+                {"seeds": seeds, "weights": [float(w) for w in weights], "alpha": float(alpha), "sigma": float(sigma)}
+            )
+        joined = time.perf_counter()
         norm = squares.norm()
         # not in the result either (a record holds the result, and records repeat with their seeds)
         self.last_update_timing = {
             "stacked_ahead": kept is not None,
             "issue_s": issued - started,
-            **({"meanwhile_s": beside - issued} if meanwhile is not None else {}),
-            "device_s": time.perf_counter() - beside,
+            # this thread's CPU seconds while issuing: near issue_s when the host's own work bounds it, far
+            # below when it waited (for the device, or for the interpreter lock)
+            "issue_cpu_s": issued_cpu - started_cpu,
+            **({"meanwhile_s": beside.seconds, "joined_s": joined - started} if meanwhile is not None else {}),
+            "device_s": time.perf_counter() - joined,
         }
         return {
             "ok": True,

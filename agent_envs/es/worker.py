@@ -179,8 +179,9 @@ class ESWorkerExtension:
     ) -> dict[str, Any]:
         """The update on this worker's weights; its times under ``timing`` (the driver keeps them apart
         from the answer it records).  ``refresh``: :meth:`es_lowrank_refresh`'s arguments for the next
-        generation's members, done on the host while the device runs the update's products; its answer
-        under ``refreshed`` (an error there is answered, not raised: the update itself is done)."""
+        generation's members, run on a thread of its own while this one issues the update and the device
+        runs it; its answer under ``refreshed`` (an error there is answered, not raised: the update
+        itself is done)."""
         state = self._es_lowrank_state()
         ahead: dict[str, Any] = {}
 
