@@ -299,7 +299,9 @@ class StackedLayer:
         ([None, 7, 8], True),  # the same into population_matmul's strided B views of a widened weight
     ],
 )
-def test_stacked_slots_are_written_at_once_exactly_as_set_lora_writes_them(index_to_id: list, widened: bool) -> None:
+def test_stacked_slots_are_written_at_once_exactly_as_set_lora_writes_them(
+    index_to_id: list, widened: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every adapter's slot of a stacked layer at once: the same contents as vLLM's per-adapter
     ``set_lora`` (zero padding beyond the rank included), no ``set_lora`` call, the slot of no refreshed
     adapter untouched; a layer of another layout still gets ``set_lora``.  Strided slot tensors (a
@@ -362,7 +364,24 @@ def test_stacked_slots_are_written_at_once_exactly_as_set_lora_writes_them(index
         for weights in manager.get_adapter(8).loras.values():
             for part in weights.lora_a if isinstance(weights.lora_a, list) else [weights.lora_a]:
                 part.mul_(-3)
+    # the first refresh made every CPU adapter part of a stacked layer a view of its place in the buffer,
+    # so the in-place rewrite above already put the new values there: nothing is gathered again
+    [buffer] = staging.values()
+    lo, hi = buffer.data_ptr(), buffer.data_ptr() + buffer.numel() * buffer.element_size()
+    cpu_parts = [
+        part
+        for lora_id in (7, 8)
+        for name in ("m.qkv", "m.o")
+        for kind in ("lora_a", "lora_b")
+        for part in _parts(getattr(batched.get_adapter(lora_id).loras[name], kind))
+    ]
+    assert all(lo <= part.data_ptr() < hi for part in cpu_parts)
+    stacked_calls = []
+    monkeypatch.setattr(torch.Tensor, "copy_", _counting(torch.Tensor.copy_, stacked_calls, lo, hi))
+    monkeypatch.setattr(torch, "stack", lambda *a, **k: stacked_calls.append("stack"))
     assert lora_slots.copy_into_slots(batched, [7, 8]) == 2
+    monkeypatch.undo()
+    assert stacked_calls == []  # no copy into the buffer: the values were there
     assert waited == [True] and lora_slots._COPIED not in batched.__dict__  # waited for once, then dropped
     assert len(staging) == 1 and all(batched._agent_envs_staging[k] is v for k, v in staging.items())
     model = one_by_one.get_adapter(8)
@@ -371,6 +390,28 @@ def test_stacked_slots_are_written_at_once_exactly_as_set_lora_writes_them(index
         for kind in ("lora_a_stacked", "lora_b_stacked"):
             for got, want in zip(getattr(batched.modules[name], kind), getattr(one_by_one.modules[name], kind)):
                 assert torch.equal(got[kept], want[kept])
+    # another layout (adapter 8 alone) gets a buffer of its own: adapter 7's parts, views of the old one,
+    # keep their values while 8's are gathered into the new one
+    sevens = [part.clone() for part in cpu_parts[: len(cpu_parts) // 2]]
+    assert lora_slots.copy_into_slots(batched, [8]) == 1
+    [(key, alone)] = batched._agent_envs_staging.items()
+    assert alone.data_ptr() != buffer.data_ptr()
+    assert all(torch.equal(a, b) for a, b in zip(cpu_parts[: len(cpu_parts) // 2], sevens))
+
+
+def _parts(value: Any) -> list[torch.Tensor]:
+    return value if isinstance(value, list) else [value]
+
+
+def _counting(copy: Any, calls: list[int], lo: int, hi: int) -> Any:
+    """``Tensor.copy_`` that notes every copy into ``[lo, hi)`` (the staging buffer)."""
+
+    def counted(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if lo <= self.data_ptr() < hi:
+            calls.append(self.data_ptr())
+        return copy(self, *args, **kwargs)
+
+    return counted
 
 
 def copy_weights(weights: Any) -> Any:

@@ -184,15 +184,28 @@ def settle(manager: Any) -> None:
 
 class _Write:
     """One stacked slot tensor's new values: ``parts`` (one ``rows x cols`` tensor per slot) into
-    ``target[slot, 0, :rows, :cols]``, the rest of each slot's rows and columns zeroed."""
+    ``target[slot, 0, :rows, :cols]``, the rest of each slot's rows and columns zeroed; ``homes``: where
+    each part lives in its CPU adapter (the layer weights, ``lora_a`` or ``lora_b``, the index in a
+    packed layer's list or None), so the part can be made a view of the staging buffer."""
 
-    def __init__(self, target: torch.Tensor, parts: list[torch.Tensor]) -> None:
-        self.target, self.parts = target, parts
+    def __init__(
+        self, target: torch.Tensor, parts: list[torch.Tensor], homes: list[tuple[Any, str, int | None]]
+    ) -> None:
+        self.target, self.parts, self.homes = target, parts, homes
         self.rows, self.cols = parts[0].shape
 
     @property
     def size(self) -> int:
         return len(self.parts) * self.rows * self.cols
+
+    def rehome(self, slot: int, view: torch.Tensor) -> None:
+        """Make the CPU adapter hold ``view`` (its values already copied there) in place of part ``slot``."""
+        weights, kind, index = self.homes[slot]
+        if index is None:
+            setattr(weights, kind, view)
+        else:
+            getattr(weights, kind)[index] = view
+        self.parts[slot] = view
 
 
 def _stacked_writes(module: Any, weights: list[Any]) -> list[_Write] | None:
@@ -208,7 +221,8 @@ def _stacked_writes(module: Any, weights: list[Any]) -> list[_Write] | None:
         return None
     writes = []
     for kind, stacked in stacks.items():
-        per_slot = [getattr(w, kind) if isinstance(getattr(w, kind), list) else [getattr(w, kind)] for w in weights]
+        packed = [isinstance(getattr(w, kind), list) for w in weights]
+        per_slot = [getattr(w, kind) if p else [getattr(w, kind)] for w, p in zip(weights, packed)]
         if any(len(parts) != len(stacked) for parts in per_slot):
             return None
         for k, target in enumerate(stacked):
@@ -218,15 +232,16 @@ def _stacked_writes(module: Any, weights: list[Any]) -> list[_Write] | None:
             rows, cols = parts[0].shape
             if rows > target.shape[2] or cols > target.shape[3]:
                 return None
-            writes.append(_Write(target, parts))
+            homes = [(w, kind, k if p else None) for w, p in zip(weights, packed)]
+            writes.append(_Write(target, parts, homes))
     return writes
 
 
 #: threads stacking the adapters into the host staging buffer (torch's copies let go of the interpreter
 #: lock; at P = 256 on the 4B shape the buffer is 3.7 GB, about 0.6 s for one thread)
 STACK_THREADS = 4
-#: what a manager keeps between refreshes: host staging buffers by device and dtype, and the event after
-#: the last refresh's copies out of them (a refresh waits for it before it overwrites a buffer)
+#: what a manager keeps between refreshes: host staging buffers by device, dtype and layout, and the event
+#: after the last refresh's copies out of them (a refresh waits for it before it overwrites a buffer)
 _STAGING, _COPIED = "_agent_envs_staging", "_agent_envs_staging_copied"
 
 
@@ -240,33 +255,45 @@ def _write_stacked(
 ) -> None:
     """The writes' values into ``slots`` (their slot tensors all on ``device``, in ``dtype``).
 
-    Stacked on a few threads into one host buffer kept on ``manager`` per device and dtype, then copied
-    straight into each stacked tensor: consecutive ascending slots (the resident adapters' usual case) as
-    one slice, so a widened layer's strided ``B`` views take the copy as they are, and only padding beyond
-    an adapter's rank is zeroed; other slots through an index.  Nothing here waits for the device
-    (:func:`settle`).  ``times``: ``stack_s`` (waiting for the last refresh's copies, then stacking) and
-    ``queue_s`` (issuing the copies)."""
+    Gathered into one host buffer kept on ``manager`` per device, dtype and layout (page-locked where
+    there is a GPU), then copied straight into each stacked tensor: consecutive ascending slots (the
+    resident adapters' usual case) as one slice, so a widened layer's strided ``B`` views take the copy
+    as they are, and only padding beyond an adapter's rank is zeroed; other slots through an index.
+
+    Each CPU adapter part gathered here becomes a view of its place in the buffer (:meth:`_Write.rehome`):
+    the next refresh writes the adapters' new values (``AdapterTensors.write_all``, in place) straight
+    into the buffer, and a part already there is not copied again.  A buffer is never shared by two
+    layouts, so a view of one slot's place never overlaps another's.  Nothing here waits for the device
+    (:func:`settle`).  ``times``: ``stack_s`` (waiting for the last refresh's copies, then gathering what
+    is not in place yet) and ``queue_s`` (issuing the copies)."""
     start = time.perf_counter()
     settle(manager)  # the last refresh's copies have read the buffer
-    total = sum(w.size for w in writes)
-    # a buffer per group: one group's copies may still read its buffer while the next group is stacked
-    buffers: dict[tuple[torch.device, torch.dtype], torch.Tensor] = manager.__dict__.setdefault(_STAGING, {})
-    staging = buffers.get((device, dtype))
-    if staging is None or staging.numel() < total:
-        staging = buffers[device, dtype] = torch.empty(total, dtype=dtype, pin_memory=device.type == "cuda")
+    layout = (tuple(slots), tuple((w.rows, w.cols, len(w.parts)) for w in writes))
+    buffers: dict[tuple[Any, ...], torch.Tensor] = manager.__dict__.setdefault(_STAGING, {})
+    staging = buffers.get((device, dtype, layout))
+    if staging is None:  # a new layout: a buffer of its own (one no adapter part is a view of)
+        for key in [k for k in buffers if k[:2] == (device, dtype)]:
+            del buffers[key]  # freed once no adapter part is a view of it any more
+        total = sum(w.size for w in writes)
+        staging = buffers[device, dtype, layout] = torch.empty(total, dtype=dtype, pin_memory=device.type == "cuda")
     places, offset = [], 0
     for w in writes:
         places.append(staging[offset : offset + w.size].view(len(w.parts), w.rows, w.cols))
         offset += w.size
 
-    def stack(job: tuple[_Write, torch.Tensor]) -> None:
+    def gather(job: tuple[_Write, torch.Tensor]) -> None:
         w, place = job
-        if all(p.dtype == dtype for p in w.parts):
-            torch.stack(w.parts, out=place)
-        else:  # cast as the slot's own assignment would
-            place.copy_(torch.stack(w.parts))
+        away = [slot for slot, (part, view) in enumerate(zip(w.parts, place)) if not _same_memory(part, view)]
+        if len(away) == len(w.parts) and all(p.dtype == dtype for p in w.parts):
+            torch.stack(w.parts, out=place)  # the first refresh of this layout: one copy for all slots
+        else:
+            for slot in away:
+                place[slot].copy_(w.parts[slot])  # cast as the slot's own assignment would
+        for slot in away:
+            if w.parts[slot].dtype == dtype and w.parts[slot].device.type == "cpu":
+                w.rehome(slot, place[slot])
 
-    for _ in in_parallel(stack, list(zip(writes, places)), STACK_THREADS):
+    for _ in in_parallel(gather, list(zip(writes, places)), STACK_THREADS):
         pass
     queued = time.perf_counter()
     run = slice(slots[0], slots[0] + len(slots)) if slots == list(range(slots[0], slots[0] + len(slots))) else None
@@ -285,6 +312,11 @@ def _write_stacked(
     done = time.perf_counter()
     times["stack_s"] = times.get("stack_s", 0.0) + queued - start
     times["queue_s"] = times.get("queue_s", 0.0) + done - queued
+
+
+def _same_memory(part: torch.Tensor, view: torch.Tensor) -> bool:
+    """Whether ``part`` is ``view`` itself (a CPU adapter part made a view of its place)."""
+    return part.data_ptr() == view.data_ptr() and part.dtype == view.dtype and part.stride() == view.stride()
 
 
 def slot_digest(manager: Any, lora_id: int) -> str:
