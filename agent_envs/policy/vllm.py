@@ -100,7 +100,7 @@ def _sampling_fields(cls: type) -> frozenset[str]:
 
 def tokens_prompt(prepared: Prepared, cache_salt: str | None = None) -> Any:
     """Token ids; a chat with images sends one placeholder per image and the images themselves;
-    ``cache_salt`` (:class:`_CacheSalt`) when given."""
+    ``cache_salt`` (:class:`_WeightChanges`) when given."""
     from vllm.inputs import TokensPrompt
 
     salt: dict[str, Any] = {"cache_salt": cache_salt} if cache_salt is not None else {}
@@ -111,24 +111,43 @@ def tokens_prompt(prepared: Prepared, cache_salt: str | None = None) -> Any:
     )
 
 
-class _CacheSalt:
-    """Makes the KV blocks cached so far unreachable, at once, for a weight change.
+class _WeightChanges:
+    """What an ES backend (:class:`agent_envs.es.worker.VLLMPerturbation`, ``VLLMLowRank``) needs of a
+    policy across weight changes: worker methods called by name, and the KV cached so far made
+    unreachable at once.
 
     vLLM hashes a request's ``cache_salt`` into the key of its first prompt block, and so of every
     block after it: a request can match only blocks computed under its own salt.  After a weight change
-    the ES backends (:class:`agent_envs.es.worker.VLLMPerturbation`, ``VLLMLowRank``) take a new salt
-    here instead of calling ``reset_prefix_cache``, which refuses while any request still holds blocks
-    (an ``AsyncLLM`` right after its last episode) and walks every block of the pool on the engine
-    (hundreds of thousands for a small model on a large GPU), twice per member in a full-rank
-    generation.  The old blocks stay in the free pool until reused, as any freed block does.  Salts are
-    random, so two policies on one engine never share one; ``None`` until the first change."""
+    the backends take a new salt here instead of calling ``reset_prefix_cache``, which refuses while any
+    request still holds blocks (an ``AsyncLLM`` right after its last episode) and walks every block of the
+    pool on the engine (hundreds of thousands for a small model on a large GPU), twice per member in a
+    full-rank generation.  The old blocks stay in the free pool until reused, as any freed block does.
+    Salts are random, so two policies on one engine never share one; ``None`` until the first change."""
 
     cache_salt: str | None = None
+
+    def _engine_call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call the engine's ``method`` the way this policy reaches its engine."""
+        raise NotImplementedError
 
     def renew_cache_salt(self) -> str:
         """A new salt for every later request of this policy (the requests in flight keep theirs)."""
         self.cache_salt = f"agent-envs-{secrets.token_hex(8)}"
         return self.cache_salt
+
+    def collective_rpc(
+        self,
+        method: str,
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Call a ``worker_extension_cls`` method (by name) on every worker and wait for the results."""
+        return list(self._engine_call("collective_rpc", method, timeout=timeout, args=tuple(args), kwargs=kwargs))
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop cached KV blocks (False while requests hold some)."""
+        return self._engine_call("reset_prefix_cache") is not False
 
 
 _LORA_IDS = itertools.count(1)
@@ -247,7 +266,7 @@ def engine_max_model_len(engine: Any) -> int | None:
     return None
 
 
-class VLLMPolicy(_CacheSalt, _LoRAAdapters, BatchedEnginePolicy):
+class VLLMPolicy(_WeightChanges, _LoRAAdapters, BatchedEnginePolicy):
     """Wraps ``vllm.LLM``: built here from ``model`` and ``engine_kwargs`` (passed through untouched:
     ``load_format``, ``tensor_parallel_size``, ``dtype``, ``tokenizer`` (a folder: the engine's
     tokenizer; an object: used as is), ``enable_prefix_caching``,
@@ -315,20 +334,8 @@ class VLLMPolicy(_CacheSalt, _LoRAAdapters, BatchedEnginePolicy):
         )
         return [to_completion(o, p, self.name) for o, p in zip(outputs, group)]
 
-    def collective_rpc(
-        self,
-        method: str,
-        timeout: float | None = None,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> list[Any]:
-        """Call a ``worker_extension_cls`` method (by name) on every worker: the ES backends drive the
-        policy in either mode, and its :meth:`renew_cache_salt` with it."""
-        return list(self.llm.collective_rpc(method, timeout=timeout, args=tuple(args), kwargs=kwargs))
-
-    def reset_prefix_cache(self) -> bool:
-        """Drop cached KV blocks (False while requests hold some)."""
-        return self.llm.reset_prefix_cache() is not False
+    def _engine_call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.llm, method)(*args, **kwargs)
 
     def _load_lora(self, lora: Any) -> None:
         self.llm.llm_engine.add_lora(lora)
@@ -434,7 +441,7 @@ class _EngineThread:
         gc.collect()  # vLLM's engine objects form cycles; collect them now, not during interpreter teardown
 
 
-class AsyncVLLMPolicy(_CacheSalt, _LoRAAdapters, EnginePolicy):
+class AsyncVLLMPolicy(_WeightChanges, _LoRAAdapters, EnginePolicy):
     """Wraps vLLM's ``AsyncLLM`` for continuous batching: every ``agenerate`` call joins the running
     engine at once and returns when its own sequence finishes.
 
@@ -554,19 +561,8 @@ class AsyncVLLMPolicy(_CacheSalt, _LoRAAdapters, EnginePolicy):
         event loop and wait for its result, awaiting it if it is a coroutine."""
         return self._live_thread().call(fn, *args, **kwargs)
 
-    def collective_rpc(
-        self,
-        method: str,
-        timeout: float | None = None,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> list[Any]:
-        """Call a ``worker_extension_cls`` method (by name) on every worker and wait for the results."""
-        return list(self.call(self.engine.collective_rpc, method, timeout=timeout, args=tuple(args), kwargs=kwargs))
-
-    def reset_prefix_cache(self) -> bool:
-        """Drop cached KV blocks (False while requests hold some)."""
-        return self.call(self.engine.reset_prefix_cache) is not False
+    def _engine_call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self.call(getattr(self.engine, method), *args, **kwargs)
 
     def _load_lora(self, lora: Any) -> None:
         self.call(self.engine.add_lora, lora)
