@@ -437,7 +437,7 @@ class VLLMLowRank(_WorkerCalls):
         #: the last :meth:`update`'s first worker's times (issued, device) and how its cached KV was forgotten
         self.last_update: dict[str, Any] = {}
 
-    #: :meth:`update` can rewrite the next generation's adapters while the device runs it (``refresh=``)
+    #: :meth:`update` can rewrite the next generation's adapters in the same call (``refresh=``)
     refreshes_with_update = True
 
     def update(
@@ -450,7 +450,7 @@ class VLLMLowRank(_WorkerCalls):
         refresh: tuple[Sequence[int], Sequence[int], float, Sequence[int] | None] | None = None,
     ) -> list[Any]:
         """The update in place on every worker.  ``refresh``: :meth:`refresh`'s arguments for the next
-        generation, done by the workers on the host while their devices run the update (one call, one
+        generation, done by each worker on a thread of its own beside the update's issuing (one call, one
         new cache salt for both); its answer becomes :attr:`last_refresh` (``ok`` False: not done, say
         why under ``unsupported`` or ``error``; the next generation's own :meth:`refresh` then runs)."""
         if sigma is None:
