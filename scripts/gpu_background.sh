@@ -7,28 +7,37 @@
 #                                               # run in /tmp/snap with $R=/tmp/res; steps logged in /tmp/res/steps.log
 #   bash scripts/gpu_background.sh poll SECONDS # wait up to SECONDS (less once every step ended), print the
 #                                               # step log, copy /tmp/res into $OUT/res.tgz (every poll: a recycled
-#                                               # host loses only what ran since the last one)
+#                                               # host loses only what ran since the last one) and, once, the
+#                                               # compile caches a step packed (scripts/gpu_caches.sh)
 set -euo pipefail
 res=${GPU_RES:-/tmp/res}
+snap=${GPU_SNAP:-/tmp/snap}                 # the checkout's snapshot the steps run in
+caches=${CACHES_OUT:-/tmp/caches-out}       # where scripts/gpu_caches.sh pack leaves its parts
 case ${1:-} in
   start)
     jobs=$(realpath "$2")
-    rm -rf /tmp/snap && mkdir -p /tmp/snap "$res"
-    tar --exclude=./.gpu --exclude=./.git -cf - . | tar -xf - -C /tmp/snap   # the uploads stay where they are
+    rm -rf "$snap" && mkdir -p "$snap" "$res"
+    tar --exclude=./.gpu --exclude=./.git -cf - . | tar -xf - -C "$snap"   # the uploads stay where they are
     cp "$jobs" "$res/jobs.txt"
     # a session of its own: the device's run call ends its session's processes when the call returns
-    setsid bash /tmp/snap/scripts/gpu_background.sh steps < /dev/null > /dev/null 2>&1 &
+    setsid bash "$snap/scripts/gpu_background.sh" steps < /dev/null > /dev/null 2>&1 &
     echo "started: $(grep -cv '^\(#\|$\)' "$jobs") steps from $2, results in $res"
     ;;
   steps)  # (start's background part) the jobs in order, each step's output and exit status logged
-    cd /tmp/snap
+    cd "$snap"
     export R=$res PYTHONUNBUFFERED=1
     n=0
     while IFS= read -r line; do
       [[ -z $line || $line == \#* ]] && continue
       n=$((n + 1))
       echo "== $n start $(date +%T): $line" >> "$res/steps.log"
-      bash -c "$line" > "$res/step$n.log" 2>&1 && rc=0 || rc=$?
+      # each output line stamped with the time it was written: where a step's minutes went (engine starts)
+      set +e
+      bash -c "$line" < /dev/null 2>&1 | while IFS= read -r out_line || [ -n "$out_line" ]; do
+        printf '%(%T)T %s\n' -1 "$out_line"
+      done > "$res/step$n.log"
+      rc=${PIPESTATUS[0]}
+      set -e
       echo "== $n rc=$rc $(date +%T)" >> "$res/steps.log"
     done < "$res/jobs.txt"
     echo "== all done $(date +%T)" >> "$res/steps.log"
@@ -37,7 +46,13 @@ case ${1:-} in
     end=$(( $(date +%s) + ${2:-120} ))
     while (( $(date +%s) < end )) && ! grep -q "^== all done" "$res/steps.log" 2>/dev/null; do sleep 5; done
     tail -n 6 "$res/steps.log" 2>/dev/null || echo "no steps yet"
-    if [ -n "${OUT:-}" ]; then tar -C "$(dirname "$res")" -czf "$OUT/res.tgz" "$(basename "$res")"; fi
+    if [ -n "${OUT:-}" ]; then
+      tar -C "$(dirname "$res")" -czf "$OUT/res.tgz" "$(basename "$res")"
+      # the compile caches once packed (scripts/gpu_caches.sh pack, a step of the jobs), sent back once
+      if ls "$caches"/caches.tgz.part_* > /dev/null 2>&1 && [ ! -f "$caches/.sent" ]; then
+        cp "$caches"/caches.tgz.part_* "$OUT/" && touch "$caches/.sent" && echo "caches sent"
+      fi
+    fi
     ;;
   *)
     echo "usage: $0 start JOBS | poll SECONDS" >&2

@@ -2,8 +2,11 @@
 # (docs/scaling.md#gpu-host-staging: scripts/gpu_uploads.sh here, `bash .gpu/uK/place.sh` in one call per
 # folder there): vLLM, Ray and agent-envs' runtime dependencies installed into /tmp/site, the environment
 # for this checkout, and a Qwen3-4B-shaped config folder at /tmp/m4b for load_format="dummy"
-# (scripts/es_lowrank_check.py --model /tmp/m4b --load-format dummy; the benchmarks build their own).
+# (scripts/es_lowrank_check.py --model /tmp/m4b --load-format dummy; the benchmarks build their own), and the
+# compile caches of an earlier host unpacked where one was uploaded.
 source /tmp/stage/activate.sh && source /tmp/stage-ray/activate.sh
+# an earlier host's compile caches, where an upload folder placed them in /tmp/caches (scripts/gpu_caches.sh)
+bash scripts/gpu_caches.sh unpack
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_LOGGING_LEVEL=WARNING
 python3 - <<'PY'
 import sys

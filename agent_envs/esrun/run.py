@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -292,7 +293,12 @@ def single_engine_run(
         )
         record(config, lora_kernels=kernels)
         print(f"[es] low-rank: {kernels}", file=sys.stderr)
+    started = time.perf_counter()
     policy = build_policy(s, engine_kwargs)
+    # where a run's first minutes go: the engine's start (weights, compile, CUDA graphs, warm-up) apart from
+    # the backend's set-up below (docs/scaling.md#gpu-host-staging: the same start took 2 minutes longer on
+    # a fresh GPU host, its kernels compiled there)
+    print(f"[es] engine started in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     workers = member_env_workers(s)
     # the members' environments for the whole run: built by the first generation, reset by the
     # next ones (256 gym.make every 16 x 16 generation before; docs/scaling.md#the-episode-loops-host-time)
@@ -300,11 +306,12 @@ def single_engine_run(
     episode_loop = episode_loop_for(policy) if s.mode == "async" else None
     try:
         if lowrank:
+            started = time.perf_counter()
             backend: Any = VLLMLowRank(policy, s.rank)
             record(config, lowrank_targets=[t.as_list() for t in backend.targets], base_checksum=backend.base_checksum)
             print(
                 f"[es] low-rank: {len(backend.targets)} weights, rank {s.rank}, every member an adapter; "
-                f"weights {backend.fingerprint()}",
+                f"weights {backend.fingerprint()} (set up in {time.perf_counter() - started:.1f} s)",
                 file=sys.stderr,
             )
             if kernel == "matmul":  # what folding took: a layer it does not serve keeps the population kernels
