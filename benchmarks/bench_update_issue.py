@@ -1,0 +1,151 @@
+"""Where the low-rank update's issuing goes: host work, or waiting (no engine; the update of the ES run).
+
+On the H200 (2026-12-04, tenth session) a 4B update at P = 16 took 0.15-0.22 s to issue its 252 products
+and adds while the device then waited 0.000 s for it: the update's kernels are faster than the host issues
+them, 0.6-0.9 ms a target, and at P = 16 that is most of what stands between a generation and 85% of raw.
+This runs ``LowRankPerturber.update`` itself (factors drawn ahead and page-locked, as the engine's update
+finds them) on a model of a shape's fused linear weights (vLLM's ``qkv_proj`` and ``gate_up_proj`` row
+blocks, bfloat16) with most of the device's memory held, as an engine's KV cache holds it, and prints per
+update: the seconds issuing, this thread's CPU seconds meanwhile (near the seconds: host work; far below:
+waiting), and the device's time after; then one update under torch's profiler, the host-side calls ranked
+by their own time (allocations, copies, synchronizations and operators apart).
+
+    python benchmarks/bench_update_issue.py --shape 4b --members 16 --memory-share 0.85
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
+
+from agent_envs.es.lowrank import LowRankPerturber  # noqa: E402
+from gpu_engine import QWEN3_4B, SMOLLM2_135M, TINY_QWEN3  # noqa: E402
+
+SHAPES = {"4b": QWEN3_4B, "135m": SMOLLM2_135M, "tiny": TINY_QWEN3}
+
+
+class Fused(nn.Module):
+    """A fused linear layer as vLLM holds it: one weight, its row blocks named by ``output_sizes``."""
+
+    def __init__(self, sizes: list[int], inputs: int, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.output_sizes = sizes
+        self.weight = nn.Parameter(torch.empty(sum(sizes), inputs, dtype=dtype, device=device), requires_grad=False)
+
+
+def model_of(shape: dict[str, int], dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """The shape's decoder linears in vLLM's layout (random values: no zeros to hide a missing write)."""
+    hidden, heads, kv, dim = (
+        shape["hidden_size"],
+        shape["num_attention_heads"],
+        shape["num_key_value_heads"],
+        shape["head_dim"],
+    )
+    inter = shape["intermediate_size"]
+    layers = nn.ModuleList()
+    for _ in range(shape["num_hidden_layers"]):
+        layer = nn.Module()
+        layer.self_attn = nn.Module()
+        layer.self_attn.qkv_proj = Fused([heads * dim, kv * dim, kv * dim], hidden, dtype, device)
+        layer.self_attn.o_proj = Fused([hidden], heads * dim, dtype, device)
+        layer.mlp = nn.Module()
+        layer.mlp.gate_up_proj = Fused([inter, inter], hidden, dtype, device)
+        layer.mlp.down_proj = Fused([hidden], inter, dtype, device)
+        layers.append(layer)
+    model = nn.Module()
+    model.layers = layers
+    generator = torch.Generator(device=device).manual_seed(0)
+    for param in model.parameters():
+        param.data.normal_(0.0, 0.02, generator=generator)
+    return model
+
+
+def hold_memory(share: float, device: torch.device) -> torch.Tensor | None:
+    """Allocate the device's memory up to ``share`` of it (an engine's KV cache and graphs), so that the
+    update's temporaries find as little room as they do beside an engine."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    held = int(share * total) - (total - free)
+    return torch.empty(max(held, 0), dtype=torch.uint8, device=device) if held > 0 else None
+
+
+def one_update(perturber: LowRankPerturber, seeds: list[int], generation: int) -> dict[str, float]:
+    """One update of ``seeds`` as the engine runs it: the factors drawn ahead and taken by the refresh."""
+    sigma = 0.001
+    perturber.prefetch(seeds, sigma)
+    perturber.take_prefetched(seeds, sigma)
+    weights = [((i + generation) % 7 - 3) / 3.0 for i in range(len(seeds))]
+    before = perturber.fingerprint()
+    perturber.update(seeds, weights, 0.001, sigma)
+    if perturber.fingerprint() == before:  # a timing of nothing would read as a fast update
+        raise SystemExit(f"update {generation} changed no weight")
+    return dict(perturber.last_update_timing)
+
+
+def host_calls(perturber: LowRankPerturber, seeds: list[int], generation: int, top: int) -> str:
+    """One update under the profiler: the host-side calls by their own time (with CUDA: the runtime's
+    calls too, ``cudaMalloc``, ``cudaMemcpyAsync``, ``cudaStreamSynchronize``, as the host spent them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as recording:
+        one_update(perturber, seeds, generation)
+    rows = sorted(recording.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
+    total = sum(e.self_cpu_time_total for e in recording.key_averages())
+    lines = [f"host-side calls of one update ({total / 1e3:.1f} ms of their own time in all)", ""]
+    lines += ["| call | count | ms (own) | us per call |", "|---|---|---|---|"]
+    lines += [
+        f"| `{e.key[:80]}` | {e.count} | {e.self_cpu_time_total / 1e3:.1f} | {e.self_cpu_time_total / max(e.count, 1):.1f} |"
+        for e in rows
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="4b")
+    ap.add_argument("--members", type=int, default=16, help="distinct seeds of an update (P)")
+    ap.add_argument("--updates", type=int, default=4, help="timed updates after one warm-up")
+    ap.add_argument("--memory-share", type=float, default=0.85, help="the device's memory held meanwhile")
+    ap.add_argument("--top", type=int, default=20, help="host calls listed")
+    args = ap.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    perturber = LowRankPerturber(model_of(SHAPES[args.shape], dtype, device), 4)
+    held = hold_memory(args.memory_share, device)
+    seeds = [1000 + i for i in range(args.members)]
+    one_update(perturber, seeds, 0)  # the warm-up: the staging buffers locked, the allocator's blocks cached
+    timings = [one_update(perturber, seeds, g) for g in range(1, args.updates + 1)]
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    print(
+        f"{args.shape}: {len(perturber.targets)} targets, P = {args.members}, rank 4, {dtype}, {name}, "
+        f"memory held to {args.memory_share:.2f} of the device ({(held.numel() if held is not None else 0) / 2**30:.1f} GiB)"
+    )
+    print("| update | issued (s) | issuing thread's CPU (s) | CPU / issued | device after (s) | ms per target |")
+    print("|---|---|---|---|---|---|")
+    for i, t in enumerate(timings, 1):
+        print(
+            f"| {i} | {t['issue_s']:.3f} | {t['issue_cpu_s']:.3f} | {t['issue_cpu_s'] / max(t['issue_s'], 1e-9):.2f} | "
+            f"{t['device_s']:.3f} | {1e3 * t['issue_s'] / len(perturber.targets):.2f} |"
+        )
+    issued = statistics.median(t["issue_s"] for t in timings)
+    cpu = statistics.median(t["issue_cpu_s"] for t in timings)
+    print(
+        f"median: issued {issued:.3f} s, CPU {cpu:.3f} s ({cpu / max(issued, 1e-9):.0%}), stacked ahead: "
+        f"{all(t['stacked_ahead'] for t in timings)}"
+    )
+    print()
+    print(host_calls(perturber, seeds, args.updates + 1, args.top))
+
+
+if __name__ == "__main__":
+    main()
