@@ -60,14 +60,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 HERE = "benchmarks.bench_es_generation"
+sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "scripts"))
 import es_results  # noqa: E402
-from host_sampler import HostSampler  # noqa: E402
+from agent_envs.es.host_sampler import HostSampler  # noqa: E402
 from gpu_engine import QWEN3_4B, SMOLLM2_135M, TINY_QWEN3, dense_qwen3, vllm_cpu_env, wait_for_free_gpu  # noqa: E402
 from es_results import int_list  # noqa: E402
 
@@ -338,6 +339,21 @@ class Bench:
             f"{summary['total_ms']:.0f} ms in kernels; {self.keep(kernel_table(summary), kind)}"
         )
 
+    @contextlib.contextmanager
+    def engine_sampled(self, call: Callable[..., list[Any]]) -> Iterator[list[str]]:
+        """With ``--sample-host``: the engine process's threads sampled over the block (the worker
+        extension's ``es_host_sample_start``/``es_host_sample_stop``; with the async engine that process is
+        not this one, and it is where each step is scheduled and prepared); the table in the list after."""
+        table: list[str] = []
+        if not self.args.sample_host:
+            yield table
+            return
+        call("es_host_sample_start")
+        try:
+            yield table
+        finally:
+            table.append(call("es_host_sample_stop", 10)[0]["table"])
+
     def requests_file(self) -> Path:
         """Where the low-rank phase leaves its last generation's requests for the raw phase (this case)."""
         r = self.args.results
@@ -491,12 +507,14 @@ class Bench:
             runs = timed_generations(run.trainer, 1, n - 1)
             calls, times = start_stream_recording(run.policy)  # the last timed generation's requests: the raw replays
             started = time.perf_counter()
-            with HostSampler() if self.args.sample_host else contextlib.nullcontext() as sampler:
-                runs += timed_generations(run.trainer, n, 1)
+            with self.engine_sampled(run.backend._call) as engine_table:
+                with HostSampler() if self.args.sample_host else contextlib.nullcontext() as sampler:
+                    runs += timed_generations(run.trainer, n, 1)
             self.note(f"low-rank engine: {timeline(times, started, time.perf_counter())}")
             if sampler is not None:
                 self.note(
-                    f"low-rank engine: host threads over the last generation: {self.keep(sampler.table(), 'host')}"
+                    f"low-rank engine: host threads over the last generation: {self.keep(sampler.table(), 'host')}; "
+                    f"the engine process's: {self.keep(engine_table[0], 'host-engine')}"
                 )
             record = runs[-1][0]
             del run.policy._stream
@@ -592,6 +610,12 @@ class Bench:
             ]
             self.rows += self.raw_rows(lambda *args: raw_generate(engine, *args), first, population)
             self.note(f"raw engine: {kv_note(engine, calls)}")
+            if a.sample_host:  # one more P x B replay, not timed: the engine runs in this process
+                with HostSampler() as sampler:
+                    raw_generate(engine, population)
+                self.note(
+                    f"raw engine: host threads over one more P x B replay: {self.keep(sampler.table(), 'host-raw')}"
+                )
             if a.profile_kernels:
                 self.flush()
                 self.profile_kernels(
@@ -693,7 +717,8 @@ def main() -> int:
     ap.add_argument(
         "--sample-host",
         action="store_true",
-        help="lowrank: sample every host thread over the last timed generation (benchmarks/host_sampler.py), "
+        help="lowrank: sample every host thread over the last timed generation, this process's and the engine's "
+        "(agent_envs/es/host_sampler.py); raw: this process's (its engine's) over one more P x B replay; "
         "the table written next to --results",
     )
     ap.add_argument(

@@ -1,4 +1,4 @@
-"""benchmarks/host_sampler.py: the sampling profiler that ``bench_es_generation.py --sample-host`` runs
+"""agent_envs/es/host_sampler.py: the sampling profiler that ``bench_es_generation.py --sample-host`` runs
 around a generation tells a thread that computes from one that waits, and charges the computing
 thread's time to the function doing it."""
 
@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import threading
 
-from benchmarks.host_sampler import HostSampler
+import pytest
+
+from agent_envs.es.host_sampler import HostSampler
 
 
 def spin(until: threading.Event) -> int:
@@ -38,3 +40,31 @@ def test_a_computing_thread_and_a_waiting_one_are_told_apart() -> None:
     assert top[1] == "tests/test_host_sampler.py:spin" and top[2].startswith("json/"), top  # json's time: spin's
     table = sampler.table()
     assert "- busy:" in table and "running 0%" in table and "tests/test_host_sampler.py:spin" in table, table
+
+
+def test_the_worker_extension_samples_the_engine_process_between_its_start_and_stop() -> None:
+    """``ESWorkerExtension.es_host_sample_start``/``stop``: the sampler run where the engine's worker runs
+    (the engine's own process, for an async engine), its table returned over the engine's RPC."""
+    import os
+
+    from agent_envs.es.worker import ESWorkerExtension
+
+    worker, stop = ESWorkerExtension(), threading.Event()
+    with pytest.raises(RuntimeError, match="not being sampled"):
+        worker.es_host_sample_stop()
+    busy = threading.Thread(target=spin, args=(stop,), name="engine-busy")
+    busy.start()
+    try:
+        assert worker.es_host_sample_start(0.002) == {"ok": True, "pid": os.getpid()}
+        with pytest.raises(RuntimeError, match="already being sampled"):
+            worker.es_host_sample_start()
+        stop.wait(0.3)
+        answer = worker.es_host_sample_stop(5)
+    finally:
+        stop.set()
+        busy.join()
+    assert answer["pid"] == os.getpid()
+    # the busy thread's samples, charged to json (its innermost frame; no owner's code on its stack)
+    assert "- engine-busy:" in answer["table"] and "<- json/" in answer["table"], answer["table"]
+    with pytest.raises(RuntimeError, match="not being sampled"):  # stopped once; a new start is needed
+        worker.es_host_sample_stop()

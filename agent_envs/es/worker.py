@@ -24,6 +24,7 @@ import torch
 
 from . import lora_slots, population_lora
 from .fingerprint import combine as combine_fingerprints
+from .host_sampler import HostSampler
 from .kernel_profile import KernelProfile
 from .lowrank import LowRankPerturber, Target, in_parallel
 from .perturb import CHUNK, SeededPerturber
@@ -278,6 +279,24 @@ class ESWorkerExtension:
     def es_profile_stop(self, top: int = 30) -> dict[str, Any]:
         """Stop the recording :meth:`es_profile_start` began: the total and the ``top`` largest kernels."""
         return self._es_kernel_profile().stop(int(top))
+
+    def es_host_sample_start(self, interval: float = 0.002) -> dict[str, Any]:
+        """Start sampling this process's threads (:mod:`agent_envs.es.host_sampler`): where the engine's host
+        time goes between the device's steps (scheduling, inputs, adapters' metadata, outputs)."""
+        if getattr(self, "_es_host_sampler", None) is not None:
+            raise RuntimeError("the engine's threads are already being sampled; stop that first")
+        sampler = HostSampler(interval=float(interval))
+        sampler.start()
+        self._es_host_sampler: HostSampler | None = sampler
+        return {"ok": True, "pid": os.getpid()}
+
+    def es_host_sample_stop(self, top: int = 10) -> dict[str, Any]:
+        """Stop what :meth:`es_host_sample_start` began: its table (per thread, the running places)."""
+        sampler, self._es_host_sampler = getattr(self, "_es_host_sampler", None), None
+        if sampler is None:
+            raise RuntimeError("the engine's threads are not being sampled; start that first")
+        sampler.stop()
+        return {"ok": True, "pid": os.getpid(), "table": sampler.table(int(top))}
 
 
 class _WorkerCalls:

@@ -1,5 +1,6 @@
-"""Where a process's threads spend their wall time: a sampling profiler for benchmarks on a host with
-nothing to install (``bench_es_generation.py --sample-host``).
+"""Where a process's threads spend their wall time: a sampling profiler for a host with nothing to install
+(``bench_es_generation.py --sample-host``: the benchmark's own process, and through the worker extension's
+``es_host_sample_start``/``es_host_sample_stop`` the engine's, where vLLM schedules and prepares each step).
 
 A low-rank ES generation on the H200 sent its second turn's 256 requests over 1.03 s where the same
 loop on a fake engine takes 0.04 s (docs/scaling.md#folded-into-the-matmul): the time goes to vLLM's
@@ -32,6 +33,8 @@ WAITS = (
     ("threading.py", "_wait_for_tstate_lock"),
     ("queue.py", "get"),
     ("concurrent/futures/thread.py", "_worker"),  # its own frame innermost: blocked in SimpleQueue.get (C)
+    ("multiprocessing/connection.py", "_recv"),  # a pipe's blocking read (vLLM's death-pipe monitor)
+    ("sugar/poll.py", "poll"),  # ZeroMQ's poll: vLLM's engine sockets waiting for the other process
 )
 #: path parts that make a frame an owner: this repository's packages and vLLM's
 OWNERS = ("agent_envs/", "benchmarks/", "vllm/")
