@@ -384,7 +384,7 @@ class Bench:
             "--case-batch",
             str(self.case_batch),
             "--generations",
-            str(generations or 2 + 2 * a.timed_generations),
+            str(generations or 1 + a.warm_generations + 2 * a.timed_generations),
             "--max-turns",
             str(a.turns),
             "--max-tokens-per-turn",
@@ -499,17 +499,22 @@ class Bench:
         """The low-rank row over the timed generations; its last generation's requests kept for the raw
         phase (and, unless ``--skip-replay``, replayed on its own engine)."""
         n, kernel = self.args.timed_generations, self.args.lora_kernel[0]  # a child runs one kernel
-        name = f"low-rank batched (rank {self.args.rank}, all members at once{on_kernel(self.args)})"
+        from agent_envs.es import update_graph
+
+        graphed = ", the update as one CUDA graph" if update_graph.enabled() else ""
+        name = f"low-rank batched (rank {self.args.rank}, all members at once{on_kernel(self.args)}{graphed})"
         args = self.lowrank_flags("--lora-kernel", kernel)
         with self.es.open_run(args) as run:
             self.note(f"low-rank engine: {getattr(run.config, 'lora_kernels', '')}")
-            run.trainer.step(0)
-            runs = timed_generations(run.trainer, 1, n - 1)
+            warm = self.args.warm_generations
+            for g in range(warm):
+                run.trainer.step(g)
+            runs = timed_generations(run.trainer, warm, n - 1)
             calls, times = start_stream_recording(run.policy)  # the last timed generation's requests: the raw replays
             started = time.perf_counter()
             with self.engine_sampled(run.backend._call) as engine_table:
                 with HostSampler() if self.args.sample_host else contextlib.nullcontext() as sampler:
-                    runs += timed_generations(run.trainer, n, 1)
+                    runs += timed_generations(run.trainer, warm + n - 1, 1)
             self.note(f"low-rank engine: {timeline(times, started, time.perf_counter())}")
             if sampler is not None:
                 self.note(
@@ -524,7 +529,7 @@ class Bench:
             self.flush()  # kept if the command's time runs out during the replays
             if self.args.profile_kernels:
                 self.profile_kernels(
-                    "low-rank engine", run.backend._call, lambda: timed_generations(run.trainer, n + 1, 1)
+                    "low-rank engine", run.backend._call, lambda: timed_generations(run.trainer, warm + n, 1)
                 )
             if not self.args.skip_replay:
                 self.replay_rows(run, calls, record)
@@ -693,6 +698,13 @@ def main() -> int:
         "--engines-per-gpu (one engine build per engine, not one per engine and pool)",
     )
     ap.add_argument("--timed-generations", type=int, default=3, help="timed generations (and raw repeats) per row")
+    ap.add_argument(
+        "--warm-generations",
+        type=int,
+        default=1,
+        help="lowrank: generations before the timed ones (3 with the update as a CUDA graph: its two staging "
+        "buffers' graphs are captured in the first two updates that find their factors drawn ahead)",
+    )
     ap.add_argument("--old-members", type=int, default=None, help="members the old path runs (4; --cpu 2)")
     ap.add_argument("--raw-members", type=int, default=2, help="members whose turns the raw batch-B row replays")
     ap.add_argument("--rank", type=int, default=4, help="the low-rank row's rank")

@@ -8,17 +8,22 @@ finds them) on a model of a shape's fused linear weights (vLLM's ``qkv_proj`` an
 blocks, bfloat16) with most of the device's memory held, as an engine's KV cache holds it, and prints per
 update: the seconds issuing, this thread's CPU seconds meanwhile (near the seconds: host work; far below:
 waiting), and the device's time after; then one update under torch's profiler, the host-side calls ranked
-by their own time (allocations, copies, synchronizations and operators apart).
+by their own time (allocations, copies, synchronizations and operators apart).  ``--variants eager,graph``
+runs the same updates on two models, issued call by call and replayed as one CUDA graph
+(``agent_envs.es.update_graph``), and checks that the weights carry the same bits after every update.
 
-    python benchmarks/bench_update_issue.py --shape 4b --members 16 --memory-share 0.85
+    python benchmarks/bench_update_issue.py --shape 4b --members 16 --memory-share 0.85 --variants eager,graph
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,6 +31,7 @@ from torch import nn
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
+from agent_envs.es import update_graph  # noqa: E402
 from agent_envs.es.lowrank import LowRankPerturber  # noqa: E402
 from gpu_engine import QWEN3_4B, SMOLLM2_135M, TINY_QWEN3  # noqa: E402
 
@@ -78,27 +84,42 @@ def hold_memory(share: float, device: torch.device) -> torch.Tensor | None:
     return torch.empty(max(held, 0), dtype=torch.uint8, device=device) if held > 0 else None
 
 
-def one_update(perturber: LowRankPerturber, seeds: list[int], generation: int) -> dict[str, float]:
-    """One update of ``seeds`` as the engine runs it: the factors drawn ahead and taken by the refresh."""
-    sigma = 0.001
-    perturber.prefetch(seeds, sigma)
-    perturber.take_prefetched(seeds, sigma)
-    weights = [((i + generation) % 7 - 3) / 3.0 for i in range(len(seeds))]
-    before = perturber.fingerprint()
-    perturber.update(seeds, weights, 0.001, sigma)
-    if perturber.fingerprint() == before:  # a timing of nothing would read as a fast update
-        raise SystemExit(f"update {generation} changed no weight")
-    return dict(perturber.last_update_timing)
+class Updates:
+    """A perturber's updates as the engine runs them: each generation's factors drawn ahead and taken by
+    its refresh, the next generation's draws started before the update (the staging buffers alternate)."""
+
+    def __init__(self, perturber: LowRankPerturber, members: int) -> None:
+        self.perturber, self.members, self.generation = perturber, members, 0
+        self.sigma = 0.001
+        perturber.prefetch(self.seeds(0), self.sigma)
+
+    def seeds(self, generation: int) -> list[int]:
+        return [1000 + 100 * generation + i for i in range(self.members)]
+
+    def next(self, around: AbstractContextManager[Any] | None = None) -> tuple[dict[str, Any], str]:
+        """One update (inside ``around``, the update call alone): its times (``last_update_timing``) and the
+        weights' fingerprint after it."""
+        g, p = self.generation, self.perturber
+        p.take_prefetched(self.seeds(g), self.sigma)
+        p.prefetch(self.seeds(g + 1), self.sigma)
+        before = p.fingerprint()
+        with around or nullcontext():
+            p.update(self.seeds(g), [((i + g) % 7 - 3) / 3.0 for i in range(self.members)], 0.001, self.sigma)
+        after = p.fingerprint()
+        if after == before:  # a timing of nothing would read as a fast update
+            raise SystemExit(f"update {g} changed no weight")
+        self.generation += 1
+        return dict(p.last_update_timing), after
 
 
-def host_calls(perturber: LowRankPerturber, seeds: list[int], generation: int, top: int) -> str:
+def host_calls(updates: Updates, top: int) -> str:
     """One update under the profiler: the host-side calls by their own time (with CUDA: the runtime's
     calls too, ``cudaMalloc``, ``cudaMemcpyAsync``, ``cudaStreamSynchronize``, as the host spent them)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities) as recording:
-        one_update(perturber, seeds, generation)
+    recording = profile(activities=activities)
+    updates.next(recording)
     rows = sorted(recording.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
     total = sum(e.self_cpu_time_total for e in recording.key_averages())
     lines = [f"host-side calls of one update ({total / 1e3:.1f} ms of their own time in all)", ""]
@@ -117,34 +138,63 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=4, help="timed updates after one warm-up")
     ap.add_argument("--memory-share", type=float, default=0.85, help="the device's memory held meanwhile")
     ap.add_argument("--top", type=int, default=20, help="host calls listed")
+    ap.add_argument(
+        "--variants",
+        default="eager",
+        help="a list of eager,graph: the update as issued call by call, or replayed as one CUDA graph "
+        f"(agent_envs.es.update_graph, {update_graph.ENV}=1); each on a model of its own, the same updates",
+    )
     args = ap.parse_args()
+    variants = args.variants.split(",")
+    if not set(variants) <= {"eager", "graph"}:
+        ap.error(f"--variants {args.variants}: a list of eager, graph")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    perturber = LowRankPerturber(model_of(SHAPES[args.shape], dtype, device), 4)
+    runs = {
+        v: Updates(LowRankPerturber(model_of(SHAPES[args.shape], dtype, device), 4), args.members) for v in variants
+    }
     held = hold_memory(args.memory_share, device)
-    seeds = [1000 + i for i in range(args.members)]
-    one_update(perturber, seeds, 0)  # the warm-up: the staging buffers locked, the allocator's blocks cached
-    timings = [one_update(perturber, seeds, g) for g in range(1, args.updates + 1)]
+    timings: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    prints: dict[str, list[str]] = {v: [] for v in variants}
+    for variant, updates in runs.items():
+        os.environ[update_graph.ENV] = "1" if variant == "graph" else "0"
+        updates.next()  # the warm-up: the staging buffers locked, the allocator's blocks cached, a graph captured
+        for _ in range(args.updates):
+            timing, print_ = updates.next()
+            timings[variant].append(timing)
+            prints[variant].append(print_)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    targets = len(next(iter(runs.values())).perturber.targets)
     print(
-        f"{args.shape}: {len(perturber.targets)} targets, P = {args.members}, rank 4, {dtype}, {name}, "
-        f"memory held to {args.memory_share:.2f} of the device ({(held.numel() if held is not None else 0) / 2**30:.1f} GiB)"
+        f"{args.shape}: {targets} targets, P = {args.members}, rank 4, {dtype}, {name}, memory held to "
+        f"{args.memory_share:.2f} of the device ({(held.numel() if held is not None else 0) / 2**30:.1f} GiB)"
     )
-    print("| update | issued (s) | issuing thread's CPU (s) | CPU / issued | device after (s) | ms per target |")
-    print("|---|---|---|---|---|---|")
-    for i, t in enumerate(timings, 1):
+    print(
+        "| variant | update | issued (s) | issuing thread's CPU (s) | CPU / issued | device after (s) | ms per target | how |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for variant in variants:
+        for i, t in enumerate(timings[variant], 1):
+            print(
+                f"| {variant} | {i} | {t['issue_s']:.3f} | {t['issue_cpu_s']:.3f} | "
+                f"{t['issue_cpu_s'] / max(t['issue_s'], 1e-9):.2f} | {t['device_s']:.3f} | "
+                f"{1e3 * t['issue_s'] / targets:.2f} | {t['graph']} |"
+            )
+    for variant in variants:
+        issued = statistics.median(t["issue_s"] + t["device_s"] for t in timings[variant])
+        cpu = statistics.median(t["issue_cpu_s"] for t in timings[variant])
         print(
-            f"| {i} | {t['issue_s']:.3f} | {t['issue_cpu_s']:.3f} | {t['issue_cpu_s'] / max(t['issue_s'], 1e-9):.2f} | "
-            f"{t['device_s']:.3f} | {1e3 * t['issue_s'] / len(perturber.targets):.2f} |"
+            f"{variant}: median issued + device {issued:.3f} s, issuing CPU {cpu:.3f} s, stacked ahead: "
+            f"{all(t['stacked_ahead'] for t in timings[variant])}"
         )
-    issued = statistics.median(t["issue_s"] for t in timings)
-    cpu = statistics.median(t["issue_cpu_s"] for t in timings)
-    print(
-        f"median: issued {issued:.3f} s, CPU {cpu:.3f} s ({cpu / max(issued, 1e-9):.0%}), stacked ahead: "
-        f"{all(t['stacked_ahead'] for t in timings)}"
-    )
-    print()
-    print(host_calls(perturber, seeds, args.updates + 1, args.top))
+    if len(variants) > 1:
+        same = all(len(set(p)) == 1 for p in zip(*prints.values()))
+        print(f"the variants' weights after each update: {'the same bits' if same else 'DIFFERENT BITS'}")
+        if not same:
+            raise SystemExit(1)
+    for variant, updates in runs.items():
+        os.environ[update_graph.ENV] = "1" if variant == "graph" else "0"
+        print(f"\n{variant}: " + host_calls(updates, args.top))
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -51,7 +51,9 @@ from .fingerprint import fingerprint
 from .normalize import weight_norm
 from .lowrank_factors import DRAW_THREADS, Layout, Target, adapter_arrays, factors, request
 from .perturb import SquareSum
+from . import update_graph
 from .pinned_staging import PinnedStaging
+from .update_graph import UpdateGraph
 from .update_rule import Adam, optimizer_settings
 
 T = TypeVar("T")
@@ -187,20 +189,24 @@ def deltas(
     devices: Sequence[Any],
     draw: FactorSource = factors,
     stacked: TermSource | None = None,
+    rows: Mapping[torch.device, torch.Tensor] | None = None,
 ) -> Iterator[torch.Tensor]:
     """:func:`delta` of each target in order (on ``devices[k]``): the factors drawn (by ``draw``) and
     stacked on :data:`FACTOR_THREADS` threads a few targets ahead of the products, or taken from
-    ``stacked``; the same bits as one :func:`delta` after another."""
+    ``stacked``; the same bits as one :func:`delta` after another.  ``rows``: the coefficient row already
+    on each device (an update graph's, rewritten before each replay; ``coefs`` is then not read)."""
     terms = map(stacked, targets) if stacked else in_parallel(lambda t: update_terms(seeds, t, rank, draw), targets)
-    row = coefficient_row(coefs, rank)
+    row = coefficient_row(coefs, rank) if rows is None else None
     # the row copied to each device once: a copy from pageable memory per target would make the host
     # wait for the device 252 times an update on the 4B shape (0.22 s at P = 16, 16 members)
-    rows: dict[torch.device, torch.Tensor] = {}
+    placed: dict[torch.device, torch.Tensor] = dict(rows or {})
     for (stacked_a, stacked_b), device in zip(terms, devices):
         place = torch.device(device)
-        if place not in rows:
-            rows[place] = row.to(place)
-        yield product(stacked_a, stacked_b, rows[place], device)
+        if place not in placed:
+            if row is None:
+                raise ValueError(f"no coefficient row given for {place}")
+            placed[place] = row.to(place)
+        yield product(stacked_a, stacked_b, placed[place], device)
 
 
 def in_parallel(fn: Callable[[T], R], items: Sequence[T], threads: int | None = None) -> Generator[R, None, None]:
@@ -443,6 +449,10 @@ class LowRankPerturber:
         self._staging: PinnedStaging | None = None
         #: Adam's moments once an update asked for Adam (agent_envs.es.update_rule); None: plain updates
         self.adam: Adam | None = None
+        #: the update's CUDA graphs (update_graph, opt-in), and why the last update ran without one
+        self._graph = UpdateGraph()
+        self._graph_off = ""
+        self._graph_failed = ""
 
     def status(self) -> dict[str, Any]:
         return {
@@ -535,6 +545,40 @@ class LowRankPerturber:
         self.drawn[int(seed)] = drawn
         return signed(tensors, sign)
 
+    def _graph_for(
+        self, kept: dict[str, tuple[torch.Tensor, torch.Tensor]] | None, staged: torch.Tensor | None
+    ) -> UpdateGraph | None:
+        """The update's graph, prepared (captured when its buffer and layout are new), where it applies and
+        is asked for (:mod:`update_graph`); else None, and :attr:`_graph_off` says why."""
+        if not update_graph.enabled():
+            self._graph_off = f"off ({update_graph.ENV} is not 1)"
+            return None
+        devices = self._devices()
+        reason = self._graph_failed or update_graph.why_not(devices, staged, kept, self.adam is None)
+        if reason is not None or kept is None or staged is None:
+            self._graph_off = f"eager: {reason}"
+            return None
+        stacked, device = kept, devices[0]
+
+        def settle() -> None:  # before a capture: the next draws' staging synchronises the device
+            if self._ahead is not None:
+                wait([self._ahead[2]])
+
+        def body(row: torch.Tensor) -> SquareSum:
+            products = deltas(
+                [], [], self.targets, self.rank, devices, stacked=lambda t: stacked[t.name], rows={device: row}
+            )
+            return self._add(products)
+
+        try:
+            with torch.no_grad():
+                self._graph.prepare(body, device, staged, stacked, self.rank, settle)
+        except RuntimeError as exc:  # a capture the device refused: this run's updates go eagerly, saying why
+            self._graph, self._graph_failed = UpdateGraph(), f"the capture failed ({type(exc).__name__}: {exc})"
+            self._graph_off = f"eager: {self._graph_failed}"
+            return None
+        return self._graph
+
     def _kept_or_drawn(self, drawn: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]]) -> FactorSource:
         """The factors of ``drawn`` (:attr:`drawn` as an update found it) where it holds them, else drawn."""
 
@@ -572,24 +616,32 @@ class LowRankPerturber:
         coefs = update_coefficients(weights, alpha, sigma)  # checks alpha, sigma and the weights
         if self.adam is not None:
             coefs = update_coefficients(weights, 1.0, sigma)
-        kept = self._stacked[1] if self._stacked and self._stacked[0] == tuple(seeds) else None
+        ahead = self._stacked if self._stacked and self._stacked[0] == tuple(seeds) else None
+        kept, staged = (ahead[1], ahead[2]) if ahead else (None, None)
         # this update's factors, taken apart from the state: ``meanwhile`` may draw and keep the next ones
         drawn, self.drawn, self._stacked = self.drawn, {}, None
         # not in the result (that is recorded): how many members' factors were already drawn
         self.kept_factors = len(seeds) if kept else sum(s in drawn for s in seeds)
         started, started_cpu = time.perf_counter(), time.thread_time()
+        # as one CUDA graph where it applies: prepared, then replayed (one launch) before ``meanwhile`` starts and
+        # queues its own copies on the same stream
+        graph = self._graph_for(kept, staged)
+        replayed = graph.run(coefficient_row(coefs, self.rank)) if graph is not None else None
         with alongside(meanwhile, self._devices()) as beside:
             with torch.no_grad():
-                products = deltas(
-                    seeds,
-                    coefs,
-                    self.targets,
-                    self.rank,
-                    self._devices(),
-                    self._kept_or_drawn(drawn),
-                    (lambda target: kept[target.name]) if kept else None,
-                )
-                squares = self._add(update_changes(self.targets, products, alpha, self.adam))
+                if replayed is not None:
+                    squares = replayed
+                else:
+                    products = deltas(
+                        seeds,
+                        coefs,
+                        self.targets,
+                        self.rank,
+                        self._devices(),
+                        self._kept_or_drawn(drawn),
+                        (lambda target: kept[target.name]) if kept else None,
+                    )
+                    squares = self._add(update_changes(self.targets, products, alpha, self.adam))
             issued, issued_cpu = time.perf_counter(), time.thread_time()
             self.updates.append(
                 {"seeds": seeds, "weights": [float(w) for w in weights], "alpha": float(alpha), "sigma": float(sigma)}
@@ -603,6 +655,8 @@ class LowRankPerturber:
             # this thread's CPU seconds while issuing: near issue_s when the host's own work bounds it, far
             # below when it waited (for the device, or for the interpreter lock)
             "issue_cpu_s": issued_cpu - started_cpu,
+            # the update as one CUDA graph (update_graph): "captured" or "replayed", else why it ran eagerly
+            "graph": self._graph.last if graph is not None else self._graph_off,
             **({"meanwhile_s": beside.seconds, "joined_s": joined - started} if meanwhile is not None else {}),
             "device_s": time.perf_counter() - joined,
         }
