@@ -10,7 +10,9 @@
 #   bash scripts/gpu_caches.sh unpack    # on the next host (gpu_lowrank_setup.sh does it): what an upload
 #                                        # folder placed in /tmp/caches, unpacked where it was found
 #
-# Here, between the two: bash scripts/gpu_uploads.sh ... /tmp/caches:/work/.device/K (the call's folder).
+# Here, between the two: the parts out of the call's folder (it also holds res.tgz), then cut with the rest:
+#   mkdir -p .gpu/caches && cp /work/.device/K/caches.tgz.part_* .gpu/caches/
+#   bash scripts/gpu_uploads.sh ... /tmp/caches:.gpu/caches
 # What travels: Triton's kernel cache (keyed by each kernel's source, Triton's version and the GPU), Torch
 # Inductor's (keyed by the graph it compiled) and vLLM's compile cache (keyed by the engine's settings and
 # the source files the compiler traced); a stale entry is not found, never used.  Nothing is sent when the
