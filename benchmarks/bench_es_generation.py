@@ -384,7 +384,13 @@ class Bench:
             "--case-batch",
             str(self.case_batch),
             "--generations",
-            str(generations or 1 + a.warm_generations + 2 * a.timed_generations),
+            str(
+                generations
+                or 1
+                + a.warm_generations
+                + 2 * a.timed_generations
+                + (2 + a.timed_generations) * (a.update_graph == "both")
+            ),
             "--max-turns",
             str(a.turns),
             "--max-tokens-per-turn",
@@ -501,11 +507,14 @@ class Bench:
         n, kernel = self.args.timed_generations, self.args.lora_kernel[0]  # a child runs one kernel
         from agent_envs.es import update_graph
 
-        graphed = ", the update as one CUDA graph" if update_graph.enabled() else ""
+        both = self.args.update_graph == "both"
+        graphed = ", the update as one CUDA graph" if update_graph.enabled() and not both else ""
         name = f"low-rank batched (rank {self.args.rank}, all members at once{on_kernel(self.args)}{graphed})"
         args = self.lowrank_flags("--lora-kernel", kernel)
         with self.es.open_run(args) as run:
             self.note(f"low-rank engine: {getattr(run.config, 'lora_kernels', '')}")
+            if both:
+                run.backend.use_update_graph(False)  # the first row as issued call by call, the second as a graph
             warm = self.args.warm_generations
             for g in range(warm):
                 run.trainer.step(g)
@@ -527,9 +536,19 @@ class Bench:
             self.note(f"low-rank engine: {kv_note(run, calls)}")
             self.requests_file().write_bytes(pickle.dumps(calls))  # for --phase raw as a command of its own
             self.flush()  # kept if the command's time runs out during the replays
+            following = warm + n
+            if both:  # the same engine on: two generations capture the staging buffers' graphs, then n timed
+                run.backend.use_update_graph(True)
+                for g in range(following, following + 2):
+                    run.trainer.step(g)
+                graph_runs = timed_generations(run.trainer, following + 2, n)
+                following += 2 + n
+                graph_name = name.removesuffix(")") + ", the update as one CUDA graph, after the row above)"
+                self.rows.append(generation_row(self, graph_name, "lowrank", 1, graph_runs, "--perturbation lowrank"))
+                self.flush()
             if self.args.profile_kernels:
                 self.profile_kernels(
-                    "low-rank engine", run.backend._call, lambda: timed_generations(run.trainer, warm + n, 1)
+                    "low-rank engine", run.backend._call, lambda: timed_generations(run.trainer, following, 1)
                 )
             if not self.args.skip_replay:
                 self.replay_rows(run, calls, record)
@@ -698,6 +717,13 @@ def main() -> int:
         "--engines-per-gpu (one engine build per engine, not one per engine and pool)",
     )
     ap.add_argument("--timed-generations", type=int, default=3, help="timed generations (and raw repeats) per row")
+    ap.add_argument(
+        "--update-graph",
+        choices=["env", "both"],
+        default="env",
+        help="lowrank: the update as a CUDA graph as AGENT_ENVS_ES_UPDATE_GRAPH says (env), or a row without it "
+        "then a row with it from the same engine (both: two more generations capture its graphs first)",
+    )
     ap.add_argument(
         "--warm-generations",
         type=int,

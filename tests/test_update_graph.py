@@ -94,3 +94,26 @@ def test_the_graph_replays_the_eager_updates_bits(monkeypatch: pytest.MonkeyPatc
     assert [f for f, _ in graphed] == [f for f, _ in eager]
     # generation 0 reads the first staging buffer, 1 the second (the draws alternate), 2 the first again
     assert [how for _, how in graphed] == ["captured", "captured", "replayed"]
+
+
+def test_a_run_can_turn_the_graph_on_or_off_whatever_the_environment_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``LowRankPerturber.update_graph`` (set through the worker extension's ``es_lowrank_update_graph``, the
+    driver's ``VLLMLowRank.use_update_graph``) wins over the environment variable; None gives it back."""
+    from agent_envs.es.worker import ESWorkerExtension
+
+    cpu = torch.device("cpu")
+    worker = ESWorkerExtension()
+    worker._es_lowrank = perturber = LowRankPerturber(model_of(SHAPES["tiny"], torch.float32, cpu), 4)
+
+    def how(seed: int) -> str:
+        perturber.update([seed], [1.0], 0.5, 0.01)
+        return str(perturber.last_update_timing["graph"])
+
+    monkeypatch.setenv(update_graph.ENV, "1")
+    assert worker.es_lowrank_update_graph(False) == {"ok": True, "update_graph": False}
+    assert how(1) == "off"
+    worker.es_lowrank_update_graph(None)
+    assert how(2) == "eager: the weights are not on one CUDA device"  # the environment's 1 again
+    monkeypatch.setenv(update_graph.ENV, "0")
+    worker.es_lowrank_update_graph(True)
+    assert how(3) == "eager: the weights are not on one CUDA device"

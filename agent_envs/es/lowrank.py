@@ -453,6 +453,8 @@ class LowRankPerturber:
         self._graph = UpdateGraph()
         self._graph_off = ""
         self._graph_failed = ""
+        #: the update as a CUDA graph: True or False for this perturber, None: as update_graph.ENV says
+        self.update_graph: bool | None = None
 
     def status(self) -> dict[str, Any]:
         return {
@@ -550,8 +552,8 @@ class LowRankPerturber:
     ) -> UpdateGraph | None:
         """The update's graph, prepared (captured when its buffer and layout are new), where it applies and
         is asked for (:mod:`update_graph`); else None, and :attr:`_graph_off` says why."""
-        if not update_graph.enabled():
-            self._graph_off = f"off ({update_graph.ENV} is not 1)"
+        if not (update_graph.enabled() if self.update_graph is None else self.update_graph):
+            self._graph_off = "off" + (f" ({update_graph.ENV} is not 1)" if self.update_graph is None else "")
             return None
         devices = self._devices()
         reason = self._graph_failed or update_graph.why_not(devices, staged, kept, self.adam is None)

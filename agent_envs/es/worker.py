@@ -195,6 +195,12 @@ class ESWorkerExtension:
         answer = state.update(seeds, weights, alpha, sigma, optimizer, refresh_meanwhile if refresh else None)
         return {**answer, "timing": state.last_update_timing, **({"refreshed": ahead} if refresh else {})}
 
+    def es_lowrank_update_graph(self, on: bool | None) -> dict[str, Any]:
+        """The updates of this worker as a CUDA graph or not (None: as the environment variable says;
+        :mod:`agent_envs.es.update_graph`)."""
+        self._es_lowrank_state().update_graph = None if on is None else bool(on)
+        return {"ok": True, "update_graph": on}
+
     def es_lowrank_refresh(
         self, lora_ids: Sequence[int], seeds: Sequence[int], sigma: float, signs: Sequence[int] | None = None
     ) -> dict[str, Any]:
@@ -504,6 +510,11 @@ class VLLMLowRank(_WorkerCalls):
         self.last_refresh = {**results[0], **self.last_forget}
         reasons = [str(r["unsupported"]) for r in results if not r["ok"]]
         return reasons[0] if reasons else None
+
+    def use_update_graph(self, on: bool | None) -> None:
+        """Run the workers' updates as CUDA graphs or not, from the next update on (None: as
+        ``AGENT_ENVS_ES_UPDATE_GRAPH`` says in the engine's process; :mod:`agent_envs.es.update_graph`)."""
+        self._call("es_lowrank_update_graph", on)
 
     def prefetch(self, seeds: Sequence[int], sigma: float) -> None:
         """Have the workers draw members ``seeds``' adapters at ``sigma`` now, in the background, for
