@@ -97,7 +97,7 @@ def test_the_graph_replays_the_eager_updates_bits(monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_run_can_turn_the_graph_on_or_off_whatever_the_environment_says(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``LowRankPerturber.update_graph`` (set through the worker extension's ``es_lowrank_update_graph``, the
+    """``LowRankPerturber.wants_graph`` (set through the worker extension's ``es_lowrank_update_graph``, the
     driver's ``VLLMLowRank.use_update_graph``) wins over the environment variable; None gives it back."""
     from agent_envs.es.worker import ESWorkerExtension
 

@@ -53,7 +53,6 @@ from .lowrank_factors import DRAW_THREADS, Layout, Target, adapter_arrays, facto
 from .perturb import SquareSum
 from . import update_graph
 from .pinned_staging import PinnedStaging
-from .update_graph import UpdateGraph
 from .update_rule import Adam, optimizer_settings
 
 T = TypeVar("T")
@@ -450,11 +449,11 @@ class LowRankPerturber:
         #: Adam's moments once an update asked for Adam (agent_envs.es.update_rule); None: plain updates
         self.adam: Adam | None = None
         #: the update's CUDA graphs (update_graph, opt-in), and why the last update ran without one
-        self._graph = UpdateGraph()
-        self._graph_off = ""
+        self._graph = update_graph.UpdateGraph()
+        #: why this run's updates no longer try a graph (a capture the device refused), else ""
         self._graph_failed = ""
         #: the update as a CUDA graph: True or False for this perturber, None: as update_graph.ENV says
-        self.update_graph: bool | None = None
+        self.wants_graph: bool | None = None
 
     def status(self) -> dict[str, Any]:
         return {
@@ -549,17 +548,15 @@ class LowRankPerturber:
 
     def _graph_for(
         self, kept: dict[str, tuple[torch.Tensor, torch.Tensor]] | None, staged: torch.Tensor | None
-    ) -> UpdateGraph | None:
+    ) -> tuple[update_graph.UpdateGraph | None, str]:
         """The update's graph, prepared (captured when its buffer and layout are new), where it applies and
-        is asked for (:mod:`update_graph`); else None, and :attr:`_graph_off` says why."""
-        if not (update_graph.enabled() if self.update_graph is None else self.update_graph):
-            self._graph_off = "off" + (f" ({update_graph.ENV} is not 1)" if self.update_graph is None else "")
-            return None
+        is asked for (:mod:`update_graph`), and what was done: "captured" or "replayed"; else None, and why."""
+        if not (update_graph.enabled() if self.wants_graph is None else self.wants_graph):
+            return None, "off" + (f" ({update_graph.ENV} is not 1)" if self.wants_graph is None else "")
         devices = self._devices()
         reason = self._graph_failed or update_graph.why_not(devices, staged, kept, self.adam is None)
         if reason is not None or kept is None or staged is None:
-            self._graph_off = f"eager: {reason}"
-            return None
+            return None, f"eager: {reason}"
         stacked, device = kept, devices[0]
 
         def settle() -> None:  # before a capture: the next draws' staging synchronises the device
@@ -576,10 +573,10 @@ class LowRankPerturber:
             with torch.no_grad():
                 self._graph.prepare(body, device, staged, stacked, self.rank, settle)
         except RuntimeError as exc:  # a capture the device refused: this run's updates go eagerly, saying why
-            self._graph, self._graph_failed = UpdateGraph(), f"the capture failed ({type(exc).__name__}: {exc})"
-            self._graph_off = f"eager: {self._graph_failed}"
-            return None
-        return self._graph
+            self._graph = update_graph.UpdateGraph()
+            self._graph_failed = f"the capture failed ({type(exc).__name__}: {exc})"
+            return None, f"eager: {self._graph_failed}"
+        return self._graph, self._graph.last
 
     def _kept_or_drawn(self, drawn: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]]) -> FactorSource:
         """The factors of ``drawn`` (:attr:`drawn` as an update found it) where it holds them, else drawn."""
@@ -627,7 +624,7 @@ class LowRankPerturber:
         started, started_cpu = time.perf_counter(), time.thread_time()
         # as one CUDA graph where it applies: prepared, then replayed (one launch) before ``meanwhile`` starts and
         # queues its own copies on the same stream
-        graph = self._graph_for(kept, staged)
+        graph, graph_how = self._graph_for(kept, staged)
         replayed = graph.run(coefficient_row(coefs, self.rank)) if graph is not None else None
         with alongside(meanwhile, self._devices()) as beside:
             with torch.no_grad():
@@ -658,7 +655,7 @@ class LowRankPerturber:
             # below when it waited (for the device, or for the interpreter lock)
             "issue_cpu_s": issued_cpu - started_cpu,
             # the update as one CUDA graph (update_graph): "captured" or "replayed", else why it ran eagerly
-            "graph": self._graph.last if graph is not None else self._graph_off,
+            "graph": graph_how,
             **({"meanwhile_s": beside.seconds, "joined_s": joined - started} if meanwhile is not None else {}),
             "device_s": time.perf_counter() - joined,
         }

@@ -198,7 +198,7 @@ class ESWorkerExtension:
     def es_lowrank_update_graph(self, on: bool | None) -> dict[str, Any]:
         """The updates of this worker as a CUDA graph or not (None: as the environment variable says;
         :mod:`agent_envs.es.update_graph`)."""
-        self._es_lowrank_state().update_graph = None if on is None else bool(on)
+        self._es_lowrank_state().wants_graph = None if on is None else bool(on)
         return {"ok": True, "update_graph": on}
 
     def es_lowrank_refresh(
