@@ -29,10 +29,11 @@ import torch
 from torch import nn
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "scripts")]
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "scripts")]
 
 from agent_envs.es import update_graph  # noqa: E402
 from agent_envs.es.lowrank import LowRankPerturber  # noqa: E402
+from bench_lora_kernels import layers  # noqa: E402
 from gpu_engine import QWEN3_4B, SMOLLM2_135M, TINY_QWEN3  # noqa: E402
 
 SHAPES = {"4b": QWEN3_4B, "135m": SMOLLM2_135M, "tiny": TINY_QWEN3}
@@ -47,27 +48,23 @@ class Fused(nn.Module):
         self.weight = nn.Parameter(torch.empty(sum(sizes), inputs, dtype=dtype, device=device), requires_grad=False)
 
 
+#: the module that holds each packed layer in a Qwen3-style decoder layer (vLLM's names)
+PARENTS = {"qkv": "self_attn", "o": "self_attn", "gate_up": "mlp", "down": "mlp"}
+
+
 def model_of(shape: dict[str, int], dtype: torch.dtype, device: torch.device) -> nn.Module:
-    """The shape's decoder linears in vLLM's layout (random values: no zeros to hide a missing write)."""
-    hidden, heads, kv, dim = (
-        shape["hidden_size"],
-        shape["num_attention_heads"],
-        shape["num_key_value_heads"],
-        shape["head_dim"],
-    )
-    inter = shape["intermediate_size"]
-    layers = nn.ModuleList()
+    """The shape's decoder linears in vLLM's layout (``bench_lora_kernels.layers``: the packed layers and their
+    slices; random values: no zeros to hide a missing write)."""
+    decoder = nn.ModuleList()
     for _ in range(shape["num_hidden_layers"]):
         layer = nn.Module()
-        layer.self_attn = nn.Module()
-        layer.self_attn.qkv_proj = Fused([heads * dim, kv * dim, kv * dim], hidden, dtype, device)
-        layer.self_attn.o_proj = Fused([hidden], heads * dim, dtype, device)
-        layer.mlp = nn.Module()
-        layer.mlp.gate_up_proj = Fused([inter, inter], hidden, dtype, device)
-        layer.mlp.down_proj = Fused([hidden], inter, dtype, device)
-        layers.append(layer)
+        for parent in dict.fromkeys(PARENTS.values()):
+            layer.add_module(parent, nn.Module())
+        for name, widths, inputs in layers(shape):
+            layer.get_submodule(PARENTS[name]).add_module(f"{name}_proj", Fused(list(widths), inputs, dtype, device))
+        decoder.append(layer)
     model = nn.Module()
-    model.layers = layers
+    model.layers = decoder
     generator = torch.Generator(device=device).manual_seed(0)
     for param in model.parameters():
         param.data.normal_(0.0, 0.02, generator=generator)
