@@ -448,7 +448,7 @@ class LowRankPerturber:
         self._staging: PinnedStaging | None = None
         #: Adam's moments once an update asked for Adam (agent_envs.es.update_rule); None: plain updates
         self.adam: Adam | None = None
-        #: the update's CUDA graphs (update_graph, opt-in), and why the last update ran without one
+        #: the update's CUDA graphs (update_graph, opt-in)
         self._graph = update_graph.UpdateGraph()
         #: why this run's updates no longer try a graph (a capture the device refused), else ""
         self._graph_failed = ""
