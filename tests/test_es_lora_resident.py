@@ -57,11 +57,13 @@ class Refreshing(LowRankPerturber):
         self.registry, self.unsupported, self.calls = registry, unsupported, []
         #: per refresh: how many members came from the adapters drawn ahead
         self.prefetched: list[int] = []
-        #: the seeds each prefetch was asked for
+        #: the seeds each prefetch was asked for, and the refresh it was asked to write ahead (None: none)
         self.asked: list[list[int]] = []
+        self.ahead: list[Any] = []
 
-    def prefetch(self, seeds: list[int], sigma: float) -> dict[str, Any]:
+    def prefetch(self, seeds: list[int], sigma: float, refresh: Any = None) -> dict[str, Any]:
         self.asked.append(list(seeds))
+        self.ahead.append(refresh)
         return super().prefetch(seeds, sigma)
 
     def refresh(self, lora_ids: list[int], seeds: list[int], sigma: float) -> str | None:
@@ -80,6 +82,7 @@ class RefreshingWithUpdate(Refreshing):
     rewritten once the update's products are issued, as ``ESWorkerExtension.es_lowrank_update`` does."""
 
     refreshes_with_update = True
+    writes_ahead = True
 
     def __init__(self, model: torch.nn.Module, registry: IdRegistry) -> None:
         super().__init__(model, registry)
@@ -130,6 +133,7 @@ def test_resident_adapters_are_loaded_once_and_refreshed_with_the_same_records(t
     assert backend.kept_factors == 4 and backend.drawn == {}
     assert backend.prefetched == [4, 4]  # each refresh took the adapters drawn during the generation before
     assert backend.asked == [records[1]["seeds"], records[2]["seeds"]]  # none after the last generation
+    assert backend.ahead == [None, None]  # a backend that cannot write ahead is not asked to
     assert sum("adapters refreshed" in line for line in logs) == 2
     assert not any("refreshed" in line for line in files_logs)
 
@@ -146,6 +150,8 @@ def test_the_next_adapters_refreshed_during_the_update_give_the_same_records(tmp
         (ids, tuple(records[2]["seeds"]), records[2]["sigma"], None),
         None,
     ]
+    # each prefetch was asked to write ahead the very refresh the update then asks for
+    assert backend.ahead == backend.with_update[:-1]
     assert records == files_records and backend.checksum() == plain.checksum()
     assert backend.prefetched == [4, 4] and backend.kept_factors == 4  # drawn ahead, kept for the update
     assert sum("adapters refreshed" in line and "during the last update" in line for line in logs) == 2

@@ -58,6 +58,7 @@ def test_adapter_outputs_equal_the_merged_perturbation() -> None:
     refresh = out["refresh"]
     assert refresh["unsupported"] is None and refresh["add_lora_calls"] == 0, refresh
     assert refresh["worker"]["adapters"] == 3 and refresh["worker"]["slots"] == 3 and refresh["changed"], refresh
+    assert refresh["written_ahead"], refresh  # the refresh only queued the copy (agent_envs.es.refresh_ahead)
     assert refresh["tokens_equal_fresh"] and refresh["tensors_equal_fresh"], refresh
 
 
@@ -143,8 +144,10 @@ def test_lowrank_training_replays_bit_exactly(tmp_path: Path, kernel: str) -> No
     assert list(adapters.iterdir()) == []  # every generation's adapters removed
     output = train.stdout + train.stderr
     assert output.count("low-rank adapters written") == 1 and output.count("low-rank adapters refreshed") == 1
-    # generation 1's adapters drawn during 0's rollouts, written into their slots during 0's update
-    assert "refreshed in" in output and "(during the last update: 3 drawn ahead;" in output, output[-3000:]
+    # generation 1's adapters drawn and written into the CPU adapters during 0's rollouts, copied into their
+    # slots during 0's update
+    assert "refreshed in" in output, output[-3000:]
+    assert "(during the last update: 3 drawn ahead and written during the rollouts (" in output, output[-3000:]
     assert ", the next adapters " in output
     # each generation's update timed in its log line (issued, device, the new cache salt), never in a record
     assert output.count(", update issued ") == 2 and "new prefix cache salt" in output, output[-3000:]

@@ -1,4 +1,4 @@
-"""agent_envs.es.update_graph: the plain low-rank update replayed as one CUDA graph (opt-in), the same bits
+"""agent_envs.es.update_graph: the plain low-rank update replayed as one CUDA graph (on by default), the same bits
 as the eager update; where it does not apply the update runs eagerly and says why.
 
 This machine has no CUDA device: here the update must fall back with the same bits whether the graph is
@@ -49,7 +49,7 @@ def test_where_it_does_not_apply_the_update_runs_eagerly_with_the_same_bits(monk
     asked = updates(cpu, torch.float32, True, monkeypatch)
     assert [f for f, _ in asked] == [f for f, _ in eager]
     assert len({f for f, _ in eager}) == 3  # every update moved the weights
-    assert {how for _, how in eager} == {f"off ({update_graph.ENV} is not 1)"}
+    assert {how for _, how in eager} == {f"off ({update_graph.ENV} is 0)"}
     assert {how for _, how in asked} == {"eager: the weights are not on one CUDA device"}
 
 

@@ -51,6 +51,9 @@ def resident_name(member: int) -> str:
 REFRESH_PARTS = ("prefetched", "wait_s", "write_s", "slots_s")
 #: the slot copy's stages, where the engine reports them (stacking on the host, issuing the copies)
 SLOT_STAGES = ("slots_stack_s", "slots_queue_s")
+#: a refresh written ahead during the rollouts (agent_envs.es.refresh_ahead): that work's seconds (waiting
+#: for the draws, writing the CPU adapters, gathering them for the slots), else why it was not, where asked
+AHEAD_PARTS = ("ahead_wait_s", "ahead_write_s", "ahead_stack_s", "ahead_error")
 #: how a weight change's cached KV was forgotten (``_WorkerCalls.last_forget``): a new cache salt or a
 #: prefix cache reset, its seconds, and how often the reset was asked again
 FORGET_PARTS = ("cache", "reset_s", "reset_retries")
@@ -65,13 +68,21 @@ UPDATE_EXTRAS = ("issue_cpu_s", *BESIDE_PARTS, "graph")
 
 
 def describe_refresh(parts: dict[str, Any]) -> str:
-    """The :data:`REFRESH_PARTS` of one refresh (and the :data:`SLOT_STAGES` given), for a log line or a
-    benchmark note."""
+    """The :data:`REFRESH_PARTS` of one refresh (and the :data:`SLOT_STAGES` and :data:`AHEAD_PARTS` given),
+    for a log line or a benchmark note."""
     stages = [f"{k.removeprefix('slots_').removesuffix('_s')} {parts[k]:.3f}" for k in SLOT_STAGES if k in parts]
+    if "ahead_write_s" in parts:
+        ahead = (
+            f" and written during the rollouts (waited {parts['ahead_wait_s']:.3f} s for the draws, wrote "
+            f"{parts['ahead_write_s']:.3f} s, stacked {parts['ahead_stack_s']:.3f} s)"
+        )
+    else:
+        ahead = f" (not written ahead: {parts['ahead_error']})" if parts.get("ahead_error") else ""
     return (
         ("during the last update: " if parts.get("with_update") else "")
-        + f"{parts['prefetched']} drawn ahead; waited {parts['wait_s']:.3f} s, wrote {parts['write_s']:.3f} s, "
-        f"slots {parts['slots_s']:.3f} s"
+        + f"{parts['prefetched']} drawn ahead{ahead}; waited {parts['wait_s']:.3f} s, "
+        + ("" if "ahead_write_s" in parts else f"wrote {parts['write_s']:.3f} s, ")
+        + f"slots {parts['slots_s']:.3f} s"
         + (f" ({', '.join(stages)})" if stages else "")
         + (f", {_forget(parts)}" if set(FORGET_PARTS) <= set(parts) else "")
     )
@@ -241,9 +252,12 @@ class LowRankESTrainer(ESTrainer):
 
     def _draw_ahead(self, generation: int) -> None:
         """Have the engine draw the next generation's adapters while this generation's rollouts run
-        (its seeds and sigma are known now), so its refresh only copies them."""
+        (its seeds and sigma are known now), and where it can, write them into its CPU adapters there
+        too (``writes_ahead``), so its refresh only copies them into the GPU slots."""
         if generation + 1 < self.config.generations and hasattr(self.lowrank, "prefetch"):
-            self.lowrank.prefetch(self.seeds.peek(), self.sigma(generation + 1))
+            ahead = self._next_refresh() if getattr(self.lowrank, "writes_ahead", False) else None
+            extra = {"refresh": ahead} if ahead is not None else {}
+            self.lowrank.prefetch(self.seeds.peek(), self.sigma(generation + 1), **extra)
 
     def apply_update(self, seeds: Sequence[int], weights: Sequence[float], sigma: float) -> Any:
         seeds, weights, extra = self.update_arguments(seeds, weights)
@@ -281,7 +295,7 @@ class LowRankESTrainer(ESTrainer):
         record = super().step(generation)
         refreshed = self._timing.pop("refresh", {})
         if set(REFRESH_PARTS) <= set(refreshed):  # the engine's own times of the refresh
-            kept = (*REFRESH_PARTS, *SLOT_STAGES, *FORGET_PARTS, "with_update")
+            kept = (*REFRESH_PARTS, *SLOT_STAGES, *AHEAD_PARTS, *FORGET_PARTS, "with_update")
             self._timing["refresh"] = {k: refreshed[k] for k in kept if k in refreshed}
         updated = getattr(self.lowrank, "last_update", {})
         if set(UPDATE_PARTS) <= set(updated):

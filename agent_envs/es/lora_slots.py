@@ -132,45 +132,98 @@ def plan(manager: Any, lora_ids: Sequence[int], targets: Sequence[Target], rank:
 def copy_into_slots(manager: Any, lora_ids: Sequence[int], times: dict[str, float] | None = None) -> int:
     """Copy each active adapter's (rewritten) CPU weights into its GPU slot, as ``activate_adapter``
     does; an inactive one is copied from the CPU when next activated.  Returns the slots written;
-    ``times`` (when given) gets the host's seconds per stage (:func:`_write_stacked`).
+    ``times`` (when given) gets the host's seconds per stage: :func:`stage_copy` then :func:`queue_copy`."""
+    staged = stage_copy(manager, lora_ids, times)
+    return 0 if staged is None else queue_copy(manager, staged, times)
+
+
+class SlotCopy:
+    """A copy into the GPU slots, gathered on the host and not issued yet (:func:`stage_copy`): the slots of
+    ``lora_ids`` when it was gathered, the stacked writes with their places in a staging buffer, by device
+    and dtype, and the layers that go through ``set_lora``/``reset_lora`` (``(layer, slot, weights or None)``)."""
+
+    def __init__(
+        self,
+        lora_ids: list[int],
+        slots: list[int],
+        stacked: list[tuple[torch.device, list[_Write], list[torch.Tensor]]],
+        one_by_one: list[tuple[Any, int, Any]],
+    ) -> None:
+        self.lora_ids, self.slots, self.stacked, self.one_by_one = lora_ids, slots, stacked, one_by_one
+
+    def current(self, manager: Any) -> bool:
+        """Whether every adapter still holds the slot it held when this was gathered (else: gather again)."""
+        return self.slots == _active_slots(manager, self.lora_ids)
+
+
+def _active_slots(manager: Any, lora_ids: Sequence[int]) -> list[int]:
+    return [manager.lora_index_to_id.index(i) for i in lora_ids if i in manager.lora_index_to_id]
+
+
+def stage_copy(manager: Any, lora_ids: Sequence[int], times: dict[str, float] | None = None) -> SlotCopy | None:
+    """The host's half of :func:`copy_into_slots`: every active adapter's (rewritten) CPU weights gathered
+    for their slots, nothing issued to the device (None: no adapter holds a GPU slot now; each is copied
+    in when next activated).  Needs no device and no engine step: it may run while the engine generates,
+    as long as the CPU adapters stay as they are until :func:`queue_copy`.
 
     A layer with vLLM's stacked slots (``lora_a_stacked``/``lora_b_stacked``: one tensor per slice,
     ``[slot, 1, rows, cols]``, tensor parallel size 1) gets every adapter's slot at once, where ``set_lora``
     per adapter costs a reset and a copy per slice each (16 adapters x 144 layers of small copies for a 4B
     model).  All such layers' values are stacked into one staging buffer on the host (pinned where there
-    is a GPU, kept for the next refresh), then copied straight into each stacked tensor's slots.  A copy
-    per stacked tensor from pageable memory made about 1,650 host-to-device copies that each waited for
-    the device (4B: 504 stacked tensors x 3).  A widened layer's ``B`` slots are views of its widened weight
-    (:mod:`agent_envs.es.population_matmul`): written there, nothing else to copy.  Any
-    other layer goes through ``set_lora``/``reset_lora``."""
-    active = [
-        (manager.lora_index_to_id.index(i), manager.get_adapter(i)) for i in lora_ids if i in manager.lora_index_to_id
-    ]
-    if not active:  # none of them holds a GPU slot now: each is copied in when next activated
-        return 0
-    slots = [slot for slot, _ in active]
+    is a GPU, kept for the next refresh; :func:`_gather`), to be copied straight into each stacked tensor's
+    slots.  A copy per stacked tensor from pageable memory made about 1,650 host-to-device copies that each
+    waited for the device (4B: 504 stacked tensors x 3).  Any other layer goes through
+    ``set_lora``/``reset_lora`` when the copy is queued."""
+    ids = [int(i) for i in lora_ids]
+    slots = _active_slots(manager, ids)
+    if not slots:
+        return None
+    models = [manager.get_adapter(i) for i in ids if i in manager.lora_index_to_id]
     writes: list[_Write] = []
+    one_by_one: list[tuple[Any, int, Any]] = []
     for module_name, module in manager.modules.items():
-        weights = [manager._get_lora_layer_weights(lora_model, module_name) for _, lora_model in active]
+        weights = [manager._get_lora_layer_weights(lora_model, module_name) for lora_model in models]
         planned = _stacked_writes(module, weights) if all(weights) else None
         if planned is not None:
             writes += planned
-            continue
-        for slot, w in zip(slots, weights):
-            if w:
-                module.set_lora(slot, w.lora_a, w.lora_b)
-            else:
-                module.reset_lora(slot)
+        else:
+            one_by_one += [(module, slot, w or None) for slot, w in zip(slots, weights)]
     groups: dict[tuple[torch.device, torch.dtype], list[_Write]] = {}
     for w in writes:  # a buffer per device and dtype of slot tensors (in practice one)
         groups.setdefault((w.target.device, w.target.dtype), []).append(w)
-    for (device, dtype), group in groups.items():
-        _write_stacked(manager, slots, group, device, dtype, times if times is not None else {})
+    stacked = [
+        (device, group, _gather(manager, slots, group, device, dtype, times if times is not None else {}))
+        for (device, dtype), group in groups.items()
+    ]
+    return SlotCopy(ids, slots, stacked, one_by_one)
+
+
+def queue_copy(manager: Any, copy: SlotCopy, times: dict[str, float] | None = None) -> int:
+    """The device's half of :func:`copy_into_slots`: issue ``copy``'s writes into the slots (nothing waits
+    for the device; :func:`settle`).  Refused (``Unsupported``) where an adapter moved slots since it was
+    gathered.  Returns the slots written; ``times`` gets ``queue_s``.
+
+    Consecutive ascending slots (the resident adapters' usual case) take one slice per stacked tensor, so
+    a widened layer's strided ``B`` views (:mod:`agent_envs.es.population_matmul`: written there, nothing
+    else to copy) take the copy as they are and only padding beyond an adapter's rank is zeroed; other
+    slots go through an index."""
+    if not copy.current(manager):
+        raise Unsupported(f"the adapters {copy.lora_ids} hold other slots than when their copy was gathered")
+    start = time.perf_counter()
+    for module, slot, w in copy.one_by_one:
+        if w is not None:
+            module.set_lora(slot, w.lora_a, w.lora_b)
+        else:
+            module.reset_lora(slot)
+    for device, writes, places in copy.stacked:
+        _issue(copy.slots, writes, places, device)
     if torch.cuda.is_available():  # this refresh's copies out of host memory, for the next one to wait on
         event = torch.cuda.Event()
         event.record()
         manager.__dict__[_COPIED] = event
-    return len(active)
+    if times is not None:
+        times["queue_s"] = times.get("queue_s", 0.0) + time.perf_counter() - start
+    return len(copy.slots)
 
 
 def settle(manager: Any) -> None:
@@ -245,27 +298,24 @@ STACK_THREADS = 4
 _STAGING, _COPIED = "_agent_envs_staging", "_agent_envs_staging_copied"
 
 
-def _write_stacked(
+def _gather(
     manager: Any,
     slots: list[int],
     writes: list[_Write],
     device: torch.device,
     dtype: torch.dtype,
     times: dict[str, float],
-) -> None:
-    """The writes' values into ``slots`` (their slot tensors all on ``device``, in ``dtype``).
-
-    Gathered into one host buffer kept on ``manager`` per device, dtype and layout (page-locked where
-    there is a GPU), then copied straight into each stacked tensor: consecutive ascending slots (the
-    resident adapters' usual case) as one slice, so a widened layer's strided ``B`` views take the copy
-    as they are, and only padding beyond an adapter's rank is zeroed; other slots through an index.
+) -> list[torch.Tensor]:
+    """The writes' values gathered for ``slots`` (their slot tensors all on ``device``, in ``dtype``): one
+    place per write in a host buffer kept on ``manager`` per device, dtype and layout (page-locked where
+    there is a GPU).
 
     Each CPU adapter part gathered here becomes a view of its place in the buffer (:meth:`_Write.rehome`):
     the next refresh writes the adapters' new values (``AdapterTensors.write_all``, in place) straight
     into the buffer, and a part already there is not copied again.  A buffer is never shared by two
-    layouts, so a view of one slot's place never overlaps another's.  Nothing here waits for the device
-    (:func:`settle`).  ``times``: ``stack_s`` (waiting for the last refresh's copies, then gathering what
-    is not in place yet) and ``queue_s`` (issuing the copies)."""
+    layouts, so a view of one slot's place never overlaps another's.  Waits for the last refresh's copies
+    out of the buffer first (:func:`settle`); ``times``: ``stack_s`` (that wait, then gathering what is not
+    in place yet)."""
     start = time.perf_counter()
     settle(manager)  # the last refresh's copies have read the buffer
     layout = (tuple(slots), tuple((w.rows, w.cols, len(w.parts)) for w in writes))
@@ -295,7 +345,12 @@ def _write_stacked(
 
     for _ in in_parallel(gather, list(zip(writes, places)), STACK_THREADS):
         pass
-    queued = time.perf_counter()
+    times["stack_s"] = times.get("stack_s", 0.0) + time.perf_counter() - start
+    return places
+
+
+def _issue(slots: list[int], writes: list[_Write], places: list[torch.Tensor], device: torch.device) -> None:
+    """Copy each gathered place into its stacked slot tensor (:func:`queue_copy`)."""
     run = slice(slots[0], slots[0] + len(slots)) if slots == list(range(slots[0], slots[0] + len(slots))) else None
     index = None if run else torch.tensor(slots, dtype=torch.long).to(device)
     for w, place in zip(writes, places):
@@ -309,9 +364,6 @@ def _write_stacked(
         else:
             w.target.index_fill_(0, index, 0)
             w.target[index, 0, : w.rows, : w.cols] = place.to(device, non_blocking=True)
-    done = time.perf_counter()
-    times["stack_s"] = times.get("stack_s", 0.0) + queued - start
-    times["queue_s"] = times.get("queue_s", 0.0) + done - queued
 
 
 def _same_memory(part: torch.Tensor, view: torch.Tensor) -> bool:

@@ -448,7 +448,7 @@ class LowRankPerturber:
         self._staging: PinnedStaging | None = None
         #: Adam's moments once an update asked for Adam (agent_envs.es.update_rule); None: plain updates
         self.adam: Adam | None = None
-        #: the update's CUDA graphs (update_graph, opt-in)
+        #: the update's CUDA graphs (update_graph)
         self._graph = update_graph.UpdateGraph()
         #: why this run's updates no longer try a graph (a capture the device refused), else ""
         self._graph_failed = ""
@@ -525,6 +525,14 @@ class LowRankPerturber:
         self._ahead = (seeds_t, sigma_f, job)
         return {"ok": True, "prefetching": len(seeds_t)}
 
+    def pending_draws(self, seeds: Sequence[int], sigma: float) -> Future[DrawnAhead] | None:
+        """The draws :meth:`prefetch` started for exactly ``seeds`` at ``sigma``, left in place for
+        :meth:`take_prefetched` (None: no such prefetch)."""
+        ahead = self._ahead
+        if ahead is None or ahead[0] != tuple(int(s) for s in seeds) or ahead[1] != float(sigma):
+            return None
+        return ahead[2]
+
     def take_prefetched(self, seeds: Sequence[int], sigma: float) -> dict[int, MemberDraw]:
         """The draws :meth:`prefetch` started for exactly ``seeds`` at ``sigma`` (waiting for them
         to finish), else ``{}``; a prefetch is used once either way.  Its stacked factors are kept
@@ -552,7 +560,7 @@ class LowRankPerturber:
         """The update's graph, prepared (captured when its buffer and layout are new), where it applies and
         is asked for (:mod:`update_graph`), and what was done: "captured" or "replayed"; else None, and why."""
         if not (update_graph.enabled() if self.wants_graph is None else self.wants_graph):
-            return None, "off" + (f" ({update_graph.ENV} is not 1)" if self.wants_graph is None else "")
+            return None, "off" + (f" ({update_graph.ENV} is 0)" if self.wants_graph is None else "")
         devices = self._devices()
         reason = self._graph_failed or update_graph.why_not(devices, staged, kept, self.adam is None)
         if reason is not None or kept is None or staged is None:

@@ -23,10 +23,11 @@ from typing import Any, Sequence
 import torch
 
 from . import lora_slots, population_lora
+from .refresh_ahead import AheadWriter, Written, refresh_key
 from .fingerprint import combine as combine_fingerprints
 from .host_sampler import HostSampler
 from .kernel_profile import KernelProfile
-from .lowrank import LowRankPerturber, Target, in_parallel
+from .lowrank import LowRankPerturber, Target, distinct, in_parallel
 from .perturb import CHUNK, SeededPerturber
 
 PLAIN_LINEAR_ENV = "AGENT_ENVS_ES_CPU_PLAIN_LINEAR"
@@ -184,6 +185,7 @@ class ESWorkerExtension:
         runs it; its answer under ``refreshed`` (an error there is answered, not raised: the update
         itself is done)."""
         state = self._es_lowrank_state()
+        self._es_ahead_writer().wait()  # the next adapters' host half (if any) done before the update's capture
         ahead: dict[str, Any] = {}
 
         def refresh_meanwhile() -> None:
@@ -201,23 +203,35 @@ class ESWorkerExtension:
         self._es_lowrank_state().wants_graph = None if on is None else bool(on)
         return {"ok": True, "update_graph": on}
 
+    def _es_ahead_writer(self) -> AheadWriter:
+        if not hasattr(self, "_es_ahead"):
+            self._es_ahead = AheadWriter()
+        return self._es_ahead
+
     def es_lowrank_refresh(
         self, lora_ids: Sequence[int], seeds: Sequence[int], sigma: float, signs: Sequence[int] | None = None
     ) -> dict[str, Any]:
         """Rewrite resident adapters ``lora_ids`` in place as members ``seeds`` (no files, no
         ``add_lora``; :mod:`agent_envs.es.lora_slots`; member i at ``signs[i] * sigma``, default +1:
-        mirrored pairs); the factors are kept for the update.  The
-        adapters :meth:`es_lowrank_prefetch` drew for these seeds are used; the answer times the wait
-        for them, the writes into the CPU adapters and the copy into the GPU slots (``slots_stack_s``,
-        ``slots_queue_s``: its stages, :func:`lora_slots.copy_into_slots`).
+        mirrored pairs); the factors are kept for the update.  Where :meth:`es_lowrank_prefetch` wrote
+        these members ahead (:mod:`agent_envs.es.refresh_ahead`) only the copy into the GPU slots is left:
+        the answer times the wait for that work and the copy, and gives that work's own seconds
+        (``ahead_wait_s`` for the draws, ``ahead_write_s``, ``ahead_stack_s``).  Else the adapters :meth:`es_lowrank_prefetch` drew are
+        used: the answer times the wait for them, the writes into the CPU adapters and the copy into the
+        GPU slots (``slots_stack_s``, ``slots_queue_s``: its stages, :func:`lora_slots.copy_into_slots`),
+        and says why they were not written ahead (``ahead_error``) where that was asked for and failed.
         ``{"ok": False, "unsupported": reason}`` (nothing written) where this engine cannot."""
         state = self._es_lowrank_state()
-        if len(lora_ids) != len(seeds):
-            raise ValueError(f"{len(lora_ids)} adapter ids for {len(seeds)} member seeds")
+        key = refresh_key(lora_ids, seeds, sigma, signs)
         start = time.perf_counter()
+        written, why_not = self._es_ahead_writer().take(key)  # waits: nothing else may write the CPU adapters now
         try:
             manager = lora_slots.adapter_manager(self.model_runner)  # type: ignore[attr-defined]
-            places = lora_slots.plan(manager, [int(i) for i in lora_ids], state.targets, state.rank)
+            if written is not None and written.copy.current(manager):
+                return self._es_queue_written(state, manager, written, start)
+            if written is not None:
+                why_not = "the adapters hold other GPU slots than when they were written ahead"
+            places = lora_slots.plan(manager, list(key[0]), state.targets, state.rank)
         except lora_slots.Unsupported as exc:
             return {"ok": False, "unsupported": str(exc)}
         ready = state.take_prefetched(seeds, sigma)
@@ -230,11 +244,11 @@ class ESWorkerExtension:
 
         with torch.no_grad():
             lora_slots.settle(manager)  # the CPU adapters and the staging buffer are read by no copy any more
-            for _ in in_parallel(rewrite, list(zip(places, seeds, signs or [1] * len(seeds)))):
+            for _ in in_parallel(rewrite, list(zip(places, key[1], key[3]))):
                 pass
-            written = time.perf_counter()
+            written_at = time.perf_counter()
             stages: dict[str, float] = {}
-            slots = lora_slots.copy_into_slots(manager, [int(i) for i in lora_ids], stages)
+            slots = lora_slots.copy_into_slots(manager, list(key[0]), stages)
         done = time.perf_counter()
         return {
             "ok": True,
@@ -243,14 +257,60 @@ class ESWorkerExtension:
             "prefetched": sum(int(s) in ready for s in seeds),
             "seconds": done - start,
             "wait_s": waited - start,
-            "write_s": written - waited,
-            "slots_s": done - written,
+            "write_s": written_at - waited,
+            "slots_s": done - written_at,
             **{f"slots_{stage}": seconds for stage, seconds in stages.items()},
+            **({"ahead_error": why_not} if why_not else {}),
         }
 
-    def es_lowrank_prefetch(self, seeds: Sequence[int], sigma: float) -> dict[str, Any]:
-        """Start drawing the adapters of the next refresh's members in the background (returns at once)."""
-        return self._es_lowrank_state().prefetch([int(s) for s in seeds], float(sigma))
+    def _es_queue_written(
+        self, state: LowRankPerturber, manager: Any, written: Written, start: float
+    ) -> dict[str, Any]:
+        """The rest of a refresh written ahead: its members' factors kept for the update, the copy queued."""
+        _, seeds, sigma, _ = written.key
+        state.take_prefetched(seeds, sigma)  # the stacked factors, for the update of these seeds
+        state.drawn.clear()
+        state.drawn.update({seed: written.draws[seed][0] for seed in distinct(seeds)})
+        waited = time.perf_counter()
+        stages: dict[str, float] = {}
+        with torch.no_grad():
+            slots = lora_slots.queue_copy(manager, written.copy, stages)
+        done = time.perf_counter()
+        return {
+            "ok": True,
+            "adapters": len(seeds),
+            "slots": slots,
+            "prefetched": len(seeds),
+            "seconds": done - start,
+            "wait_s": waited - start,
+            "write_s": 0.0,
+            "slots_s": done - waited,
+            **{f"slots_{stage}": seconds for stage, seconds in stages.items()},
+            "ahead_wait_s": written.draw_wait_s,
+            "ahead_write_s": written.write_s,
+            "ahead_stack_s": written.stack_s,
+        }
+
+    def es_lowrank_prefetch(
+        self, seeds: Sequence[int], sigma: float, refresh: Sequence[Any] | None = None
+    ) -> dict[str, Any]:
+        """Start drawing the adapters of the next refresh's members in the background (returns at once).
+        ``refresh``: that refresh's arguments (:meth:`es_lowrank_refresh`; the same seeds and sigma): once
+        drawn, the members are also written into the CPU adapters and gathered for the slots there
+        (:mod:`agent_envs.es.refresh_ahead`), so the refresh only queues the copy."""
+        state = self._es_lowrank_state()
+        key = refresh_key(*refresh) if refresh is not None else None
+        if key is not None and (key[1], key[2]) != (tuple(int(s) for s in seeds), float(sigma)):
+            raise ValueError("a refresh written ahead must be of the members drawn: the same seeds and sigma")
+        answer = state.prefetch([int(s) for s in seeds], float(sigma))
+        draws = state.pending_draws(seeds, sigma)
+        if key is not None and draws is not None:
+            try:
+                manager = lora_slots.adapter_manager(self.model_runner)  # type: ignore[attr-defined]
+            except lora_slots.Unsupported as exc:
+                return {**answer, "writing_ahead": False, "unsupported": str(exc)}
+            self._es_ahead_writer().start(manager, state, key, draws)
+        return {**answer, "writing_ahead": key is not None}
 
     def es_lowrank_slot_digest(self, lora_id: int) -> str:
         """SHA-256 of adapter ``lora_id``'s CPU and GPU-slot LoRA tensors (:func:`lora_slots.slot_digest`)."""
@@ -516,10 +576,21 @@ class VLLMLowRank(_WorkerCalls):
         ``AGENT_ENVS_ES_UPDATE_GRAPH`` says in the engine's process; :mod:`agent_envs.es.update_graph`)."""
         self._call("es_lowrank_update_graph", on)
 
-    def prefetch(self, seeds: Sequence[int], sigma: float) -> None:
+    #: :meth:`prefetch` can also write the members' adapters ahead of their refresh (``refresh=``)
+    writes_ahead = True
+
+    def prefetch(
+        self,
+        seeds: Sequence[int],
+        sigma: float,
+        refresh: tuple[Sequence[int], Sequence[int], float, Sequence[int] | None] | None = None,
+    ) -> None:
         """Have the workers draw members ``seeds``' adapters at ``sigma`` now, in the background, for
-        the :meth:`refresh` that asks for them (no weight changes: nothing to reset)."""
-        self._call("es_lowrank_prefetch", [int(s) for s in seeds], float(sigma))
+        the :meth:`refresh` that asks for them (no weight changes: nothing to reset).  ``refresh``: that
+        refresh's arguments; the workers then also write the adapters into their CPU copies and gather them
+        for the GPU slots once drawn (:mod:`agent_envs.es.refresh_ahead`), leaving the refresh the copy."""
+        ahead = {"refresh": refresh_arguments(*refresh)} if refresh is not None else {}
+        self._call("es_lowrank_prefetch", [int(s) for s in seeds], float(sigma), **ahead)
 
     def slot_digest(self, lora_id: int) -> str:
         return self._call("es_lowrank_slot_digest", int(lora_id))[0]
