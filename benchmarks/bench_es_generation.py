@@ -721,15 +721,17 @@ def main() -> int:
         "--update-graph",
         choices=["env", "both"],
         default="env",
-        help="lowrank: the update as a CUDA graph as AGENT_ENVS_ES_UPDATE_GRAPH says (env), or a row without it "
-        "then a row with it from the same engine (both: two more generations capture its graphs first)",
+        help="lowrank: the update as a CUDA graph as AGENT_ENVS_ES_UPDATE_GRAPH says (env: on unless it is 0), or "
+        "a row without it then a row with it from the same engine (both: two more generations capture its graphs "
+        "first)",
     )
     ap.add_argument(
         "--warm-generations",
         type=int,
         default=1,
-        help="lowrank: generations before the timed ones (3 with the update as a CUDA graph: its two staging "
-        "buffers' graphs are captured in the first two updates that find their factors drawn ahead)",
+        help="lowrank: generations before the timed ones (3 keeps the update graph's captures out of the timed "
+        "ones: on by default, its two staging buffers' graphs are captured in the first two updates that find "
+        "their factors drawn ahead; --update-graph both runs those itself)",
     )
     ap.add_argument("--old-members", type=int, default=None, help="members the old path runs (4; --cpu 2)")
     ap.add_argument("--raw-members", type=int, default=2, help="members whose turns the raw batch-B row replays")

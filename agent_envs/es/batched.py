@@ -62,9 +62,10 @@ FORGET_PARTS = ("cache", "reset_s", "reset_retries")
 UPDATE_PARTS = ("stacked_ahead", "issue_s", "device_s", *FORGET_PARTS)
 #: an update that rewrote the next generation's adapters beside it: that work's seconds, and when both were done
 BESIDE_PARTS = ("meanwhile_s", "joined_s")
-#: optional parts of an update's times: the issuing thread's CPU seconds, :data:`BESIDE_PARTS`, and whether
-#: it ran as a CUDA graph (``update_graph``: "captured", "replayed", else why not)
-UPDATE_EXTRAS = ("issue_cpu_s", *BESIDE_PARTS, "graph")
+#: optional parts of an update's times: the issuing thread's CPU seconds, :data:`BESIDE_PARTS`, whether it
+#: ran as a CUDA graph (``update_graph``: "captured", "replayed", else why not), and the driver's whole call
+#: (``call_s``: what the generation waits; the rest of it beyond the worker's parts is the call's way there and back)
+UPDATE_EXTRAS = ("issue_cpu_s", *BESIDE_PARTS, "graph", "call_s")
 
 
 def describe_refresh(parts: dict[str, Any]) -> str:
@@ -98,8 +99,10 @@ def describe_update(parts: dict[str, Any]) -> str:
     cpu = f" (CPU {parts['issue_cpu_s']:.3f} s)" if "issue_cpu_s" in parts else ""
     graph = str(parts.get("graph", ""))
     how = f" as one CUDA graph ({graph})" if graph in ("captured", "replayed") else ""
+    call = f", the driver's call {parts['call_s']:.3f} s" if "call_s" in parts else ""
     return (
         f"issued{how} {parts['issue_s']:.3f} s{cpu}{beside}, device {parts['device_s']:.3f} s, {_forget(parts)}"
+        + call
         + ("" if parts["stacked_ahead"] else ", factors not stacked ahead")
         + (f", {graph}" if graph.startswith("eager") else "")  # asked for, not taken: why
     )

@@ -519,7 +519,8 @@ class VLLMLowRank(_WorkerCalls):
         self.base_checksum = str(self.init_result[0]["checksum"])
         #: the last :meth:`refresh`'s first worker's answer, with how its cached KV was forgotten (``last_forget``)
         self.last_refresh: dict[str, Any] = {}
-        #: the last :meth:`update`'s first worker's times (issued, device) and how its cached KV was forgotten
+        #: the last :meth:`update`'s first worker's times (issued, device), how its cached KV was forgotten,
+        #: and the whole call's seconds here (``call_s``)
         self.last_update: dict[str, Any] = {}
 
     #: :meth:`update` can rewrite the next generation's adapters in the same call (``refresh=``)
@@ -542,6 +543,7 @@ class VLLMLowRank(_WorkerCalls):
             raise ValueError("the low-rank update divides by sigma: pass the generation's sigma")
         extra = (optimizer,) if optimizer is not None else ()
         ahead = {"refresh": refresh_arguments(*refresh)} if refresh is not None else {}
+        start = time.perf_counter()
         answers = self._changed(
             "es_lowrank_update",
             [int(s) for s in seeds],
@@ -553,7 +555,7 @@ class VLLMLowRank(_WorkerCalls):
         )
         timings = [a.pop("timing", {}) if isinstance(a, dict) else {} for a in answers]  # not recorded
         refreshed = [a.pop("refreshed", {}) if isinstance(a, dict) else {} for a in answers]
-        self.last_update = {**timings[0], **self.last_forget}
+        self.last_update = {**timings[0], **self.last_forget, "call_s": time.perf_counter() - start}
         if refresh is not None:
             failed = [r for r in refreshed if not r.get("ok")]
             self.last_refresh = {**(failed or refreshed)[0], **self.last_forget, "with_update": True}
