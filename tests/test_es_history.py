@@ -13,6 +13,7 @@ from torch import nn
 from agent_envs.envs.math_react.task import MathTask
 from agent_envs.es.history import (
     ESConfig,
+    HistoryWriter,
     ReplayMismatch,
     checked_generations,
     history_prefix,
@@ -67,6 +68,70 @@ def test_load_rejects_non_list(tmp_path: Path) -> None:
     path.write_text(json.dumps({"generation": 0}))
     with pytest.raises(ValueError, match="JSON list"):
         load_history(path)
+
+
+def records_like_a_run(n: int) -> list[dict[str, Any]]:
+    """A config record and ``n`` generation records whose texts hold what JSON must escape (a newline, a
+    quote, non-ASCII), so a record never spans two lines."""
+    config: dict[str, Any] = {"config": {"seed": 7}}
+    rows = [{"prediction": 'line one\nline "two" \u00e9\u2028', "score": 0.5, "sample_index": i} for i in range(3)]
+    return [config, *({"generation": g, "rewards": [0.1 * g], "samples": rows} for g in range(n))]
+
+
+def test_a_run_appends_each_generation_and_the_file_reads_as_one_rewritten_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agent_envs.es.history as history_module
+
+    path, rewrites = tmp_path / "history.json", []
+    atomic = history_module.atomic_write
+    monkeypatch.setattr(history_module, "atomic_write", lambda *a: (rewrites.append(a[0]), atomic(*a)))
+    writer, records = HistoryWriter(path), records_like_a_run(6)
+    writer.write(records[:2])
+    inode = path.stat().st_ino
+    for n in range(3, len(records) + 1):
+        writer.write(records[:n])
+        assert load_history(path) == records[:n]
+    writer.write(records)  # nothing new: nothing written
+    assert len(rewrites) == 1 and path.stat().st_ino == inode  # replaced once, then appended in place
+    appended = path.read_bytes()
+    write_history(tmp_path / "whole.json", records)
+    assert appended == (tmp_path / "whole.json").read_bytes()  # the same bytes as the whole list written at once
+    assert len(appended.splitlines()) == len(records) + 2  # one record to a line, between the brackets
+    # a file changed under the writer (an evaluation's rewrite, another process) is replaced, not appended to
+    write_history(path, records[:3])
+    more = [*records, {"generation": 6, "rewards": [0.6]}]
+    writer.write(more)
+    assert load_history(path) == more and len(rewrites) == 4
+
+
+def test_a_history_whose_last_append_was_cut_short_reads_its_whole_records(tmp_path: Path) -> None:
+    path, records = tmp_path / "history.json", records_like_a_run(3)
+    writer = HistoryWriter(path)
+    writer.write(records[:-1])
+    before = path.read_bytes()
+    writer.write(records)
+    after = path.read_bytes()
+    cut_at = len(before) - len(b"\n]\n")  # where the append began writing
+    whole_at = after.index(b"\n", cut_at + len(b",\n"))  # the appended record's line written through
+    for size in range(cut_at, len(after) - 1):  # the last size lacks only the final newline: valid JSON
+        path.write_bytes(after[:size])
+        with pytest.warns(UserWarning, match="cut short"):
+            got = load_history(path)
+        assert got == (records if size >= whole_at else records[:-1]), size
+    # damage anywhere before the last line is not a cut append: refused
+    path.write_bytes(after.replace(b'"generation": 0', b'"generation": 0,,', 1))
+    with pytest.raises(ValueError, match="not a JSON list of records"):
+        load_history(path)
+
+
+def test_a_history_in_the_one_line_layout_still_loads_and_is_then_rewritten(tmp_path: Path) -> None:
+    path, records = tmp_path / "history.json", records_like_a_run(2)
+    path.write_text(json.dumps(records[:-1], ensure_ascii=False))  # as runs before the writer wrote it
+    loaded = load_history(path)
+    assert loaded == records[:-1]
+    HistoryWriter(path).write([*loaded, records[-1]])
+    assert load_history(path) == records
 
 
 class Scorer:

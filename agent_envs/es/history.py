@@ -1,6 +1,10 @@
 """``history.json``: the ES run's durable record, its replay and its resume (docs/protocol.md#history).
 
-The history is a JSON list of records, rewritten atomically after every generation.  Replay never
+The history is a JSON list of records, one to a line.  A run appends each generation's record in place
+(:class:`HistoryWriter`: the file is not rewritten, so a generation costs the same at generation 500 as
+at 5); anything else replaces the file atomically (:func:`write_history`).  An append cut short (the
+process killed mid-write) leaves the records before it whole, and :func:`load_history` reads them and
+says so.  Replay never
 trusts stored weights: it regenerates the seed stream, recomputes each update's weights from the
 stored rewards with that record's normalisation settings, and re-applies the updates in order.
 It checks itself as it goes: the weights it starts from must have the run's ``start_fingerprint``,
@@ -12,12 +16,13 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..core.atomic import atomic_write
+from ..core.atomic import atomic_write, write_all
 from ..protocol.seeds import DEFAULT_BASE_SEED
 from .member_sampling import normalize_member_sampling
 from .normalize import normalize_method, normalize_rewards
@@ -135,16 +140,109 @@ class ReplayMismatch(ValueError):
     """Replayed weights differ from the ones the history recorded."""
 
 
+#: the history's layout: ``[``, then the records one to a line (JSON escapes every newline inside a string),
+#: separated by ``,``, then ``]``; what a writer appends after goes where ``CLOSE`` began
+OPEN, SEPARATOR, CLOSE = b"[\n", b",\n", b"\n]\n"
+
+
+def encode_record(record: Record) -> bytes:
+    return json.dumps(record, ensure_ascii=False).encode("utf-8")
+
+
 def write_history(path: str | os.PathLike[str], records: Sequence[Record]) -> None:
     """Replace ``path`` with the whole list, atomically."""
-    atomic_write(path, [json.dumps(list(records), ensure_ascii=False).encode("utf-8")])
+    atomic_write(path, [OPEN, SEPARATOR.join(encode_record(r) for r in records), CLOSE])
+
+
+class HistoryWriter:
+    """A run's growing history at ``path``.  The first write, and any after the file changed under the writer
+    (another process's, an evaluation's :func:`write_history`), replaces it atomically; every later one
+    appends only the records added since, in place of the closing bracket, and syncs them.  Rewriting the
+    whole list every generation costs what the run has recorded so far (0.68 s at 100 generations of
+    256 x 4 episodes on a 2-core host, growing with every generation), between two generations.  Records
+    once written must not change (for one that does: :func:`write_history`)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._written = 0
+        #: the file as the last write left it: (inode, size, modification time), None before the first
+        self._left: tuple[int, int, int] | None = None
+
+    def write(self, records: Sequence[Record]) -> None:
+        new = records[self._written :]
+        if self._written and self._written <= len(records) and self._left == self._stat():
+            if new:
+                self._append(new)
+        else:
+            write_history(self.path, records)
+        self._written, self._left = len(records), self._stat()
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def _append(self, new: Sequence[Record]) -> None:
+        data = SEPARATOR + SEPARATOR.join(encode_record(r) for r in new) + CLOSE
+        fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.lseek(fd, -len(CLOSE), os.SEEK_END)
+            write_all(fd, data, self.path)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def load_history(path: str | os.PathLike[str]) -> list[Record]:
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    """The history's records; of one whose last append was cut short, the records before it (with a
+    warning that says so)."""
+    raw = Path(path).read_bytes()
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = _before_a_cut(raw)
+        if data is None:
+            raise ValueError(f"{path}: not a JSON list of records ({exc})") from None
+        warnings.warn(
+            f"{path}: its last write was cut short; read the {len(data)} complete records before it", stacklevel=2
+        )
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
         raise ValueError(f"{path}: a history must be a JSON list of objects")
     return data
+
+
+def _before_a_cut(raw: bytes) -> list[Record] | None:
+    """The whole records of a history in :class:`HistoryWriter`'s layout whose last line is cut short (even
+    inside a character); None where the damage is anywhere else (a record on a line of its own fails before
+    the last line)."""
+    head, newline, last = raw.rpartition(b"\n")
+    try:
+        text = (head + newline).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    try:
+        text += last.decode("utf-8")
+    except UnicodeDecodeError:
+        pass  # cut inside a character: that line is not whole
+    if not text.startswith(OPEN.decode()):
+        return None
+    decoder, at = json.JSONDecoder(), len(OPEN)
+    records: list[Record] = []
+    while True:
+        while at < len(text) and text[at] in " \n,":
+            at += 1
+        rest = text[at:]
+        if rest.strip() in ("", "]"):
+            return records
+        try:
+            record, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            return records if "\n" not in rest.rstrip("\n") else None
+        if not isinstance(record, dict):
+            return None
+        records.append(record)
 
 
 def history_config(history: Sequence[Record]) -> Record:

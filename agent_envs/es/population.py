@@ -25,7 +25,7 @@ from agent_envs.rollout.runner import run_episodes
 from agent_envs.scoring.metrics import clamped_score
 
 from .fingerprint import combine_checksums
-from .history import ESConfig, GenerationRecord, Record, write_history
+from .history import ESConfig, GenerationRecord, HistoryWriter, Record
 from .normalize import normalize_rewards, population_std
 from .schedule import interval_evaluation_due, sigma_at_step
 from .seeds import SeedStream, case_batch
@@ -231,6 +231,8 @@ class ESTrainer:
                 self.config = config = config.model_copy(update={"start_fingerprint": backend.fingerprint()})
             history = [{"config": config.model_dump()}]
         self.history = history
+        #: appends each generation's record to ``history_path`` (the first write replaces the file)
+        self._history_file = HistoryWriter(history_path)
         self.start_generation = start_generation
         self.seeds = SeedStream(config.seed, config.population, start_generation, config.mirrored)
         #: Adam's settings for every update, or None: the reference's plain update
@@ -355,7 +357,7 @@ class ESTrainer:
             if self.eval_hook and interval_evaluation_due(generation, c.generations, c.eval_interval):
                 record.update(self.eval_hook(generation) or {})  # top-level <name>_eval keys, as the reference
             self.history.append(record)
-            write_history(self.history_path, self.history)
+            self._history_file.write(self.history)
             if self.progress is not None:
                 self.progress(record, self.last_timing)
         return self.history

@@ -2,8 +2,8 @@
 
 * ``agent-envs es train``: each generation draws ``--population`` member seeds, perturbs the weights
   in place inside the vLLM worker, runs the generation's case batch per member, reverts, normalises
-  the rewards and applies the update; the history (seeds + raw rewards) is rewritten atomically
-  after every generation, and ``--resume`` replays one.
+  the rewards and applies the update; the history (seeds + raw rewards) gets each generation's record
+  appended as it ends (``es.history.HistoryWriter``), and ``--resume`` replays one.
 * ``agent-envs es evaluate-only``: replay a history's updates to each chosen count and evaluate the
   held-out sets there, no training (docs/scaling.md#es-evaluation).
 * ``agent-envs es export``: replay a history on a fresh engine and save the weights as a checkpoint
