@@ -182,6 +182,42 @@ def timeline(times: list[tuple[int, float, float]], start: float, end: float) ->
     return f"timeline of the last generation (s from its start): {'; '.join(parts)}; end {end - start:.2f} ({end - last:.2f} after the last request)"
 
 
+def tail(times: list[tuple[int, float, float]], start: float, timing: dict[str, Any], pauses: list[float]) -> str:
+    """The generation's wall after its last request finished, by part (``ESTrainer.step``'s timing from
+    ``start``, when the generation began): the members' results gathered, the update call, the fingerprint,
+    the record; and the driver's garbage-collection pauses over the generation (``pauses``), which land
+    wherever the interpreter happens to be."""
+    last = max((e for _, _, e in times), default=start) - start
+    members, update, fingerprint = timing["members_s"], timing["update_s"], timing["fingerprint_s"] or 0.0
+    record = timing["wall_s"] - members - update - fingerprint
+    return (
+        f"after the last request: members' results {members - last:.3f} s, update call {update:.3f} s, "
+        f"fingerprint {fingerprint:.3f} s, record {record:.3f} s; the driver's garbage collection over the "
+        f"generation: {len(pauses)} collections, {sum(pauses):.3f} s in all, the longest {max(pauses, default=0.0):.3f} s"
+    )
+
+
+@contextlib.contextmanager
+def gc_pauses() -> Iterator[list[float]]:
+    """The seconds of every garbage collection this process runs inside the block."""
+    import gc
+
+    pauses: list[float] = []
+    began: list[float] = []
+
+    def watch(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            began.append(time.perf_counter())
+        elif began:
+            pauses.append(time.perf_counter() - began.pop())
+
+    gc.callbacks.append(watch)
+    try:
+        yield pauses
+    finally:
+        gc.callbacks.remove(watch)
+
+
 def raw_async(policy: Any, groups: list[list[Any]], adapters: bool) -> dict[str, Any]:
     """Each group at once on the ``AsyncLLM`` (through the requests' adapters, or with none), nothing
     else: no episode loop, no tools, no adapters written; prefix cache reset first."""
@@ -521,10 +557,11 @@ class Bench:
             runs = timed_generations(run.trainer, warm, n - 1)
             calls, times = start_stream_recording(run.policy)  # the last timed generation's requests: the raw replays
             started = time.perf_counter()
-            with self.engine_sampled(run.backend._call) as engine_table:
+            with self.engine_sampled(run.backend._call) as engine_table, gc_pauses() as pauses:
                 with HostSampler() if self.args.sample_host else contextlib.nullcontext() as sampler:
                     runs += timed_generations(run.trainer, warm + n - 1, 1)
             self.note(f"low-rank engine: {timeline(times, started, time.perf_counter())}")
+            self.note(f"low-rank engine: {tail(times, started, runs[-1][1], pauses)}")
             if sampler is not None:
                 self.note(
                     f"low-rank engine: host threads over the last generation: {self.keep(sampler.table(), 'host')}; "
