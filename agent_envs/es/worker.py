@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import lora_slots, population_lora
+from . import lora_activation, lora_slots, population_lora
 from .refresh_ahead import AheadWriter, Written, refresh_key
 from .fingerprint import combine as combine_fingerprints
 from .host_sampler import HostSampler
@@ -53,6 +53,8 @@ def _keep_plain_cpu_linear() -> bool:
 CPU_PLAIN_LINEAR = os.environ.get(PLAIN_LINEAR_ENV) == "1" and _keep_plain_cpu_linear()
 #: the population LoRA kernels, when the driver chose them (``population_lora.ENV``), before the model is built
 POPULATION_KERNELS = population_lora.install_from_env()
+#: each step's adapters activated without vLLM's quadratic membership test (:mod:`agent_envs.es.lora_activation`)
+ADAPTER_ACTIVATION = lora_activation.install()
 
 
 def _tp_rank_and_size() -> tuple[int, int]:
