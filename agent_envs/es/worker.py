@@ -218,10 +218,11 @@ class ESWorkerExtension:
         mirrored pairs); the factors are kept for the update.  Where :meth:`es_lowrank_prefetch` wrote
         these members ahead (:mod:`agent_envs.es.refresh_ahead`) only the copy into the GPU slots is left:
         the answer times the wait for that work and the copy, and gives that work's own seconds
-        (``ahead_wait_s`` for the draws, ``ahead_write_s``, ``ahead_stack_s``).  Else the adapters :meth:`es_lowrank_prefetch` drew are
-        used: the answer times the wait for them, the writes into the CPU adapters and the copy into the
-        GPU slots (``slots_stack_s``, ``slots_queue_s``: its stages, :func:`lora_slots.copy_into_slots`),
-        and says why they were not written ahead (``ahead_error``) where that was asked for and failed.
+        (``ahead_wait_s`` for the draws, ``ahead_write_s``, ``ahead_stack_s``).  Else the adapters
+        :meth:`es_lowrank_prefetch` drew are used: the answer times the wait for them, the writes into the
+        CPU adapters and the copy into the GPU slots (``slots_stack_s``, ``slots_queue_s``: its stages,
+        :func:`lora_slots.copy_into_slots`), and says why they were not written ahead (``ahead_error``)
+        where that was asked for and did not happen.
         ``{"ok": False, "unsupported": reason}`` (nothing written) where this engine cannot."""
         state = self._es_lowrank_state()
         key = refresh_key(lora_ids, seeds, sigma, signs)
@@ -312,7 +313,7 @@ class ESWorkerExtension:
             except lora_slots.Unsupported as exc:
                 return {**answer, "writing_ahead": False, "unsupported": str(exc)}
             self._es_ahead_writer().start(manager, state, key, draws)
-        return {**answer, "writing_ahead": key is not None}
+        return {**answer, "writing_ahead": key is not None and draws is not None}
 
     def es_lowrank_slot_digest(self, lora_id: int) -> str:
         """SHA-256 of adapter ``lora_id``'s CPU and GPU-slot LoRA tensors (:func:`lora_slots.slot_digest`)."""
