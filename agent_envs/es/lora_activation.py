@@ -45,7 +45,8 @@ def apply_adapters(self: Any, lora_requests: set[Any]) -> None:
     self.list_adapters = list_adapters  # what add_adapter's membership test calls, for this step
     try:
         for request in requested.values():
-            loads = request.lora_int_id not in list_adapters() or request.load_inplace  # add_adapter's own test
+            # add_adapter's own test: a load (which may evict) where the adapter is not loaded or is reloaded
+            loads = request.lora_int_id not in list_adapters() or getattr(request, "load_inplace", False)
             self.add_adapter(request)
             if loads:
                 loaded = None  # loaded, maybe evicting another: list again
@@ -62,7 +63,7 @@ def install() -> bool:
         cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError):
         return False
-    if not callable(getattr(cls, "_apply_adapters", None)) or not callable(getattr(cls, "add_adapter", None)):
+    if not all(callable(getattr(cls, method, None)) for method in ("_apply_adapters", "add_adapter", "list_adapters")):
         return False
     cls._apply_adapters = apply_adapters
     return True
