@@ -25,7 +25,7 @@ and the trainer goes back to loading adapter folders.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -127,6 +127,19 @@ def plan(manager: Any, lora_ids: Sequence[int], targets: Sequence[Target], rank:
             f"the engine keeps {manager.capacity} CPU adapters (max_cpu_loras), fewer than {len(lora_ids)}"
         )
     return [AdapterTensors(manager, lora_id, targets, rank) for lora_id in lora_ids]
+
+
+def rewrite(
+    manager: Any,
+    places: Sequence[AdapterTensors],
+    tensors_of: Callable[[int], dict[str, tuple[torch.Tensor, torch.Tensor]]],
+) -> None:
+    """Overwrite each of ``places``' CPU adapter with ``tensors_of(i)`` (``AdapterTensors.write_all``), in
+    parallel, once the last refresh's copies out of them are done (:func:`settle`)."""
+    with torch.no_grad():
+        settle(manager)
+        for _ in in_parallel(lambda i: places[i].write_all(tensors_of(i)), range(len(places))):
+            pass
 
 
 def copy_into_slots(manager: Any, lora_ids: Sequence[int], times: dict[str, float] | None = None) -> int:

@@ -537,12 +537,12 @@ class LowRankPerturber:
         """The draws :meth:`prefetch` started for exactly ``seeds`` at ``sigma`` (waiting for them
         to finish), else ``{}``; a prefetch is used once either way.  Its stacked factors are kept
         for the next :meth:`update`."""
-        ahead, self._ahead, self._stacked = self._ahead, None, None
-        seeds_t = tuple(int(s) for s in seeds)
-        if ahead is None or ahead[0] != seeds_t or ahead[1] != float(sigma):
+        job = self.pending_draws(seeds, sigma)
+        self._ahead, self._stacked = None, None
+        if job is None:
             return {}
-        drawn = ahead[2].result()
-        self._stacked = (distinct(seeds_t), drawn.stacked, drawn.staged)
+        drawn = job.result()
+        self._stacked = (distinct(seeds), drawn.stacked, drawn.staged)
         return drawn.draws
 
     def member_adapter(

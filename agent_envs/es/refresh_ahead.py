@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import torch
 
 from . import lora_slots
-from .lowrank import DrawnAhead, LowRankPerturber, MemberDraw, in_parallel, signed
+from .lowrank import DrawnAhead, LowRankPerturber, MemberDraw, signed
 
 #: a refresh's members: adapter ids, seeds, sigma and signs (+1 each where the call gave none)
 RefreshKey = tuple[tuple[int, ...], tuple[int, ...], float, tuple[int, ...]]
@@ -80,13 +80,10 @@ def write_ahead(manager: Any, state: LowRankPerturber, key: RefreshKey, draws: F
     missing = sorted(set(seeds) - set(ready))
     if missing:
         raise KeyError(f"the draws hold no members {missing[:3]}")
+    lora_slots.rewrite(manager, places, lambda i: signed(ready[seeds[i]][1], signs[i]))
+    written = time.perf_counter()
+    stages: dict[str, float] = {}
     with torch.no_grad():
-        lora_slots.settle(manager)  # the last refresh's copies have read the CPU adapters and the buffer
-        jobs = list(zip(places, seeds, signs))
-        for _ in in_parallel(lambda job: job[0].write_all(signed(ready[job[1]][1], job[2])), jobs):
-            pass
-        written = time.perf_counter()
-        stages: dict[str, float] = {}
         copy = lora_slots.stage_copy(manager, ids, stages)
     if copy is None:  # every adapter held a slot above: only an engine that moved them since gets here
         raise lora_slots.Unsupported("no adapter holds a GPU slot any more")

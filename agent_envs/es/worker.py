@@ -27,7 +27,7 @@ from .refresh_ahead import AheadWriter, Written, refresh_key
 from .fingerprint import combine as combine_fingerprints
 from .host_sampler import HostSampler
 from .kernel_profile import KernelProfile
-from .lowrank import LowRankPerturber, Target, distinct, in_parallel
+from .lowrank import LowRankPerturber, Target, distinct
 from .perturb import CHUNK, SeededPerturber
 
 PLAIN_LINEAR_ENV = "AGENT_ENVS_ES_CPU_PLAIN_LINEAR"
@@ -240,17 +240,10 @@ class ESWorkerExtension:
         ready = state.take_prefetched(seeds, sigma)
         waited = time.perf_counter()
         state.drawn.clear()
-
-        def rewrite(job: tuple[lora_slots.AdapterTensors, int, int]) -> None:
-            adapter, seed, sign = job
-            adapter.write_all(state.member_adapter(int(seed), sigma, ready, int(sign)))
-
+        lora_slots.rewrite(manager, places, lambda i: state.member_adapter(key[1][i], sigma, ready, key[3][i]))
+        written_at = time.perf_counter()
+        stages: dict[str, float] = {}
         with torch.no_grad():
-            lora_slots.settle(manager)  # the CPU adapters and the staging buffer are read by no copy any more
-            for _ in in_parallel(rewrite, list(zip(places, key[1], key[3]))):
-                pass
-            written_at = time.perf_counter()
-            stages: dict[str, float] = {}
             slots = lora_slots.copy_into_slots(manager, list(key[0]), stages)
         done = time.perf_counter()
         return {
