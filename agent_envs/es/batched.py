@@ -27,6 +27,7 @@ from contextlib import AbstractContextManager, closing, contextmanager, nullcont
 from pathlib import Path
 from typing import Any
 
+from . import call_path
 from .history import Record
 from .lowrank import Target, adapter_root, in_parallel, write_adapter
 from .population import ESTrainer, MemberResult
@@ -64,8 +65,10 @@ UPDATE_PARTS = ("stacked_ahead", "issue_s", "device_s", *FORGET_PARTS)
 BESIDE_PARTS = ("meanwhile_s", "joined_s")
 #: optional parts of an update's times: the issuing thread's CPU seconds, :data:`BESIDE_PARTS`, whether it
 #: ran as a CUDA graph (``update_graph``: "captured", "replayed", else why not), and the driver's whole call
-#: (``call_s``: what the generation waits; the rest of it beyond the worker's parts is the call's way there and back)
-UPDATE_EXTRAS = ("issue_cpu_s", *BESIDE_PARTS, "graph", "call_s")
+#: (``call_s``: what the generation waits), where the worker shares the driver's clock that call's way to the
+#: worker's method, the time in it and the way back (:data:`call_path.SPLIT`; the way back includes forgetting
+#: the cached KV, ``reset_s``), and the method's wait for the next adapters' writes ahead (``writer_wait_s``)
+UPDATE_EXTRAS = ("issue_cpu_s", *BESIDE_PARTS, "graph", "call_s", *call_path.SPLIT, "writer_wait_s")
 
 
 def describe_refresh(parts: dict[str, Any]) -> str:
@@ -100,6 +103,13 @@ def describe_update(parts: dict[str, Any]) -> str:
     graph = str(parts.get("graph", ""))
     how = f" as one CUDA graph ({graph})" if graph in ("captured", "replayed") else ""
     call = f", the driver's call {parts['call_s']:.3f} s" if "call_s" in parts else ""
+    if set(call_path.SPLIT) <= set(parts):
+        call += (
+            f" (to the worker {parts['to_worker_s']:.3f} s, in it {parts['in_worker_s']:.3f} s, "
+            f"back {parts['back_s']:.3f} s)"
+        )
+    if parts.get("writer_wait_s", 0.0) >= 0.001:  # the writes ahead still running when the update came
+        call += f", waited {parts['writer_wait_s']:.3f} s for the adapters written ahead"
     return (
         f"issued{how} {parts['issue_s']:.3f} s{cpu}{beside}, device {parts['device_s']:.3f} s, {_forget(parts)}"
         + call

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import lora_activation, lora_slots, population_lora
+from . import call_path, lora_activation, lora_slots, population_lora
 from .refresh_ahead import AheadWriter, Written, refresh_key
 from .fingerprint import combine as combine_fingerprints
 from .host_sampler import HostSampler
@@ -185,9 +185,12 @@ class ESWorkerExtension:
         from the answer it records).  ``refresh``: :meth:`es_lowrank_refresh`'s arguments for the next
         generation's members, run on a thread of its own while this one issues the update and the device
         runs it; its answer under ``refreshed`` (an error there is answered, not raised: the update
-        itself is done)."""
+        itself is done).  The times also carry this method's :func:`call_path.stamps` (with the wait for the
+        next adapters' writes ahead, ``writer_wait_s``), for the driver's split of its call."""
+        entered = call_path.now()
         state = self._es_lowrank_state()
         self._es_ahead_writer().wait()  # the next adapters' host half (if any) done before the update's capture
+        writer_wait = call_path.now() - entered
         ahead: dict[str, Any] = {}
 
         def refresh_meanwhile() -> None:
@@ -197,7 +200,8 @@ class ESWorkerExtension:
                 ahead.update(ok=False, error=f"{type(exc).__name__}: {exc}")
 
         answer = state.update(seeds, weights, alpha, sigma, optimizer, refresh_meanwhile if refresh else None)
-        return {**answer, "timing": state.last_update_timing, **({"refreshed": ahead} if refresh else {})}
+        timing = {**state.last_update_timing, "writer_wait_s": writer_wait, **call_path.stamps(entered)}
+        return {**answer, "timing": timing, **({"refreshed": ahead} if refresh else {})}
 
     def es_lowrank_update_graph(self, on: bool | None) -> dict[str, Any]:
         """The updates of this worker as a CUDA graph or not (None: as the environment variable says;
@@ -539,7 +543,7 @@ class VLLMLowRank(_WorkerCalls):
             raise ValueError("the low-rank update divides by sigma: pass the generation's sigma")
         extra = (optimizer,) if optimizer is not None else ()
         ahead = {"refresh": refresh_arguments(*refresh)} if refresh is not None else {}
-        start = time.perf_counter()
+        start = call_path.now()
         answers = self._changed(
             "es_lowrank_update",
             [int(s) for s in seeds],
@@ -551,7 +555,10 @@ class VLLMLowRank(_WorkerCalls):
         )
         timings = [a.pop("timing", {}) if isinstance(a, dict) else {} for a in answers]  # not recorded
         refreshed = [a.pop("refreshed", {}) if isinstance(a, dict) else {} for a in answers]
-        self.last_update = {**timings[0], **self.last_forget, "call_s": time.perf_counter() - start}
+        end = call_path.now()
+        worker = {k: timings[0].pop(k) for k in call_path.STAMPS if k in timings[0]}
+        split = call_path.split(start, end, worker)
+        self.last_update = {**timings[0], **self.last_forget, "call_s": end - start, **split}
         if refresh is not None:
             failed = [r for r in refreshed if not r.get("ok")]
             self.last_refresh = {**(failed or refreshed)[0], **self.last_forget, "with_update": True}
