@@ -25,6 +25,7 @@ from agent_envs.rollout.runner import run_episodes
 from agent_envs.scoring.metrics import clamped_score
 
 from .fingerprint import combine_checksums
+from .frozen_heap import run_heap_frozen
 from .history import ESConfig, GenerationRecord, HistoryWriter, Record
 from .normalize import normalize_rewards, population_std
 from .schedule import interval_evaluation_due, sigma_at_step
@@ -351,13 +352,17 @@ class ESTrainer:
         return record
 
     def run(self) -> list[Record]:
+        """Every generation from :attr:`start_generation` on, each record appended to the history file as
+        it is made; the objects alive at the start kept out of full garbage collections meanwhile
+        (:mod:`agent_envs.es.frozen_heap`)."""
         c = self.config
-        for generation in range(self.start_generation, c.generations):
-            record = self.step(generation)
-            if self.eval_hook and interval_evaluation_due(generation, c.generations, c.eval_interval):
-                record.update(self.eval_hook(generation) or {})  # top-level <name>_eval keys, as the reference
-            self.history.append(record)
-            self._history_file.write(self.history)
-            if self.progress is not None:
-                self.progress(record, self.last_timing)
+        with run_heap_frozen():
+            for generation in range(self.start_generation, c.generations):
+                record = self.step(generation)
+                if self.eval_hook and interval_evaluation_due(generation, c.generations, c.eval_interval):
+                    record.update(self.eval_hook(generation) or {})  # top-level <name>_eval keys, as the reference
+                self.history.append(record)
+                self._history_file.write(self.history)
+                if self.progress is not None:
+                    self.progress(record, self.last_timing)
         return self.history
