@@ -15,7 +15,7 @@ import pytest
 from agent_envs.cli import main as cli_main
 from agent_envs.envs import registry
 from agent_envs.esrun.export import export_parser
-from agent_envs.esrun.run import make_config, make_engine_kwargs, make_env_kwargs
+from agent_envs.esrun.run import make_config, make_engine_kwargs, make_env_kwargs, make_output_folders
 from agent_envs.es.history import ESConfig
 from agent_envs.es.lowrank import DEFAULT_TARGETS
 from agent_envs.esrun.settings import CONFIG_FIELDS, ESSettings, build_parser, parse_settings
@@ -202,3 +202,16 @@ def test_sampling_flags_are_spelled_as_eval_spells_them() -> None:
     eval_flags = {a.dest for a in cli.build_parser()._subparsers._group_actions[0].choices["eval"]._actions}
     es_flags = {a.dest for a in build_parser("agent-envs es train", False)._actions}
     assert set(SAMPLING_FLAGS) <= eval_flags & es_flags
+
+
+def test_the_runs_output_folders_are_made_before_any_engine_starts(tmp_path: Path) -> None:
+    history = tmp_path / "runs" / "a" / "history.json"
+    adapters = tmp_path / "adapters" / "lowrank"
+    settings = parse_settings(
+        [*BASE, "--history", str(history), "--perturbation", "lowrank", "--adapter-dir", str(adapters)]
+    )
+    make_output_folders(settings)
+    assert history.parent.is_dir() and adapters.is_dir()
+    (tmp_path / "taken").write_text("a file where the adapters' folder would go")
+    with pytest.raises(SystemExit, match="cannot create the folder .*taken"):
+        make_output_folders(parse_settings([*BASE, "--adapter-dir", str(tmp_path / "taken")]))

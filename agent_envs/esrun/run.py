@@ -183,6 +183,7 @@ def open_run(settings: ESSettings) -> Iterator[ESRun]:
     try:
         if (s.train is None) != s.eval_only:
             raise SystemExit("give --train to train, or --eval-only (no training) without it")
+        make_output_folders(s)
         try:
             setup = evaluation_setup(s.namespace(), lambda path: load_tasks(s.env, path, s.eval_limit))
         except ValueError as exc:
@@ -208,6 +209,21 @@ def open_run(settings: ESSettings) -> Iterator[ESRun]:
     finally:
         if scorer is not None:
             scorer.close()
+
+
+def make_output_folders(settings: ESSettings) -> None:
+    """Create the folders the run writes into (``--history``'s and ``--metrics``' folders, ``--adapter-dir``)
+    before any engine starts: a missing one would otherwise end the run at its first write, after the
+    engine's start and the first generation's rollouts."""
+    files = [settings.history, *([settings.metrics] if settings.metrics else [])]
+    folders = [os.path.dirname(os.path.abspath(f)) for f in files]
+    for folder in [*folders, *([settings.adapter_dir] if settings.adapter_dir else [])]:
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as exc:
+            raise SystemExit(f"[es] cannot create the folder {folder}: {exc}") from None
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise SystemExit(f"[es] the folder {folder} is not writable")
 
 
 def replay_source(settings: ESSettings, config: ESConfig, backend: Any) -> tuple[list[dict[str, Any]] | None, int]:
