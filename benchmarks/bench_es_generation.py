@@ -263,11 +263,15 @@ def by_turn(calls: list[list[Any]]) -> list[list[Any]]:
 
 
 def timed_generations(trainer: Any, first: int, count: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """``count`` timed generations (``trainer.step``) from generation ``first``: (record, timing) each."""
+    """``count`` timed generations (``trainer.step``) from generation ``first``: (record, timing) each, with
+    the heap as ``ESTrainer.run`` keeps it while its generations run."""
+    from agent_envs.es.frozen_heap import run_heap_frozen
+
     out = []
-    for g in range(first, first + count):
-        record = trainer.step(g)
-        out.append((record, dict(trainer.last_timing)))
+    with run_heap_frozen():
+        for g in range(first, first + count):
+            record = trainer.step(g)
+            out.append((record, dict(trainer.last_timing)))
     return out
 
 
