@@ -1,6 +1,7 @@
-"""Where the driver's update call spends its time (agent_envs/es/call_path.py): the worker stamps its
+"""The driver's update call: where it spends its time (agent_envs/es/call_path.py: the worker stamps its
 method with the clock every process of one kernel shares, and the driver splits its call into the way to
-the method, the method and the way back; only where both ends read one clock."""
+the method, the method and the way back, only where both ends read one clock), and the updated weights'
+fingerprint answered in the same call, so the trainer's next question costs no second trip."""
 
 from __future__ import annotations
 
@@ -49,10 +50,12 @@ class DelayedEngine:
 
     def __init__(self, worker: ESWorkerExtension) -> None:
         self.worker = worker
+        self.calls: list[str] = []
 
     def collective_rpc(
         self, method: str, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> list[Any]:
+        self.calls.append(method)
         time.sleep(TO)
         answer = getattr(self.worker, method)(*args, **(kwargs or {}))
         time.sleep(BACK)
@@ -77,3 +80,23 @@ def test_the_update_call_is_split_where_its_time_went() -> None:
     assert not set(call_path.STAMPS) & set(parts)  # the stamps make the split; only the split is kept
     text = describe_update(parts)
     assert f"to the worker {parts['to_worker_s']:.3f} s" in text and f"back {parts['back_s']:.3f} s" in text
+
+
+def test_the_update_answers_the_updated_weights_fingerprint_for_the_next_question_only() -> None:
+    worker = engine_worker()
+    refreshed(worker, ahead=False)
+    engine = DelayedEngine(worker)
+    backend = object.__new__(VLLMLowRank)
+    backend.llm = engine
+    backend.last_update, backend.last_refresh = {}, {}
+    answers = backend.update(list(SEEDS[::2]), [0.5, -1.0], 0.01, SIGMA)
+    assert "weights_fingerprint" not in answers[0]  # the answer is recorded; the fingerprint has its own field
+    assert backend.last_update["fingerprint_s"] >= 0
+    updated = worker.es_lowrank_fingerprint()
+    assert updated != "" and engine.calls == ["es_lowrank_update"]
+    assert backend.fingerprint() == updated and engine.calls == ["es_lowrank_update"]  # no second trip
+    assert backend.fingerprint() == updated and engine.calls[-1] == "es_lowrank_fingerprint"  # taken once
+    backend.update(list(SEEDS[::2]), [1.0, 0.25], 0.01, SIGMA)
+    backend.refresh(IDS, SEEDS, SIGMA, SIGNS)  # any later weight call: the fingerprint is asked for again
+    assert backend.fingerprint() == worker.es_lowrank_fingerprint() != updated
+    assert engine.calls[-1] == "es_lowrank_fingerprint"

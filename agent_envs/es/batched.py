@@ -67,8 +67,9 @@ BESIDE_PARTS = ("meanwhile_s", "joined_s")
 #: ran as a CUDA graph (``update_graph``: "captured", "replayed", else why not), and the driver's whole call
 #: (``call_s``: what the generation waits), where the worker shares the driver's clock that call's way to the
 #: worker's method, the time in it and the way back (:data:`call_path.SPLIT`; the way back includes forgetting
-#: the cached KV, ``reset_s``), and the method's wait for the next adapters' writes ahead (``writer_wait_s``)
-UPDATE_EXTRAS = ("issue_cpu_s", *BESIDE_PARTS, "graph", "call_s", *call_path.SPLIT, "writer_wait_s")
+#: the cached KV, ``reset_s``), the method's wait for the next adapters' writes ahead (``writer_wait_s``), and the
+#: updated weights' fingerprint computed in the same call (``fingerprint_s``)
+UPDATE_EXTRAS = ("issue_cpu_s", *BESIDE_PARTS, "graph", "call_s", *call_path.SPLIT, "writer_wait_s", "fingerprint_s")
 
 
 def describe_refresh(parts: dict[str, Any]) -> str:
@@ -100,6 +101,7 @@ def describe_update(parts: dict[str, Any]) -> str:
         else ""
     )
     cpu = f" (CPU {parts['issue_cpu_s']:.3f} s)" if "issue_cpu_s" in parts else ""
+    after = f", then the weights' fingerprint {parts['fingerprint_s']:.3f} s" if "fingerprint_s" in parts else ""
     graph = str(parts.get("graph", ""))
     how = f" as one CUDA graph ({graph})" if graph in ("captured", "replayed") else ""
     call = f", the driver's call {parts['call_s']:.3f} s" if "call_s" in parts else ""
@@ -111,7 +113,7 @@ def describe_update(parts: dict[str, Any]) -> str:
     if parts.get("writer_wait_s", 0.0) >= 0.001:  # the writes ahead still running when the update came
         call += f", waited {parts['writer_wait_s']:.3f} s for the adapters written ahead"
     return (
-        f"issued{how} {parts['issue_s']:.3f} s{cpu}{beside}, device {parts['device_s']:.3f} s, {_forget(parts)}"
+        f"issued{how} {parts['issue_s']:.3f} s{cpu}{beside}, device {parts['device_s']:.3f} s{after}, {_forget(parts)}"
         + call
         + ("" if parts["stacked_ahead"] else ", factors not stacked ahead")
         + (f", {graph}" if graph.startswith("eager") else "")  # asked for, not taken: why

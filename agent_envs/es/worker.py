@@ -180,13 +180,17 @@ class ESWorkerExtension:
         sigma: float,
         optimizer: dict[str, Any] | None = None,
         refresh: Sequence[Any] | None = None,
+        fingerprint: bool = False,
     ) -> dict[str, Any]:
         """The update on this worker's weights; its times under ``timing`` (the driver keeps them apart
         from the answer it records).  ``refresh``: :meth:`es_lowrank_refresh`'s arguments for the next
         generation's members, run on a thread of its own while this one issues the update and the device
         runs it; its answer under ``refreshed`` (an error there is answered, not raised: the update
-        itself is done).  The times also carry this method's :func:`call_path.stamps` (with the wait for the
-        next adapters' writes ahead, ``writer_wait_s``), for the driver's split of its call."""
+        itself is done).  ``fingerprint``: also the updated weights' :meth:`es_lowrank_fingerprint`, under
+        ``weights_fingerprint`` (the trainer asks for it next: one call to the engine instead of two).  The
+        times also carry this method's :func:`call_path.stamps` (with the wait for the next adapters' writes
+        ahead, ``writer_wait_s``, and the fingerprint's seconds, ``fingerprint_s``), for the driver's split of
+        its call."""
         entered = call_path.now()
         state = self._es_lowrank_state()
         self._es_ahead_writer().wait()  # the next adapters' host half (if any) done before the update's capture
@@ -200,8 +204,13 @@ class ESWorkerExtension:
                 ahead.update(ok=False, error=f"{type(exc).__name__}: {exc}")
 
         answer = state.update(seeds, weights, alpha, sigma, optimizer, refresh_meanwhile if refresh else None)
-        timing = {**state.last_update_timing, "writer_wait_s": writer_wait, **call_path.stamps(entered)}
-        return {**answer, "timing": timing, **({"refreshed": ahead} if refresh else {})}
+        extra: dict[str, Any] = {"refreshed": ahead} if refresh else {}
+        timing = {**state.last_update_timing, "writer_wait_s": writer_wait}
+        if fingerprint:
+            started = call_path.now()
+            extra["weights_fingerprint"] = state.fingerprint()
+            timing["fingerprint_s"] = call_path.now() - started
+        return {**answer, "timing": {**timing, **call_path.stamps(entered)}, **extra}
 
     def es_lowrank_update_graph(self, on: bool | None) -> dict[str, Any]:
         """The updates of this worker as a CUDA graph or not (None: as the environment variable says;
@@ -378,6 +387,9 @@ class _WorkerCalls:
     #: how the last weight change's cached KV was forgotten (``cache``: "salt" or "reset"), the
     #: seconds it took and the resets asked again (a weight change's call waits for it)
     last_forget: dict[str, Any] = {"cache": "reset", "reset_s": 0.0, "reset_retries": 0}
+    #: the weights' fingerprint the last weight change's call computed of its result, until taken or another
+    #: weight change (``VLLMLowRank.update`` and ``fingerprint``)
+    _updated_fingerprint: str | None = None
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         if kwargs:  # only then: an engine handle without keyword arguments still serves every other call
@@ -385,6 +397,7 @@ class _WorkerCalls:
         return list(self.llm.collective_rpc(method, args=args))
 
     def _changed(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        self._updated_fingerprint = None  # of weights this call may change
         try:
             return self._call(method, *args, **kwargs)
         finally:  # even a failed call may have touched weights
@@ -551,10 +564,14 @@ class VLLMLowRank(_WorkerCalls):
             float(alpha),
             float(sigma),
             *extra,
+            fingerprint=True,
             **ahead,
         )
-        timings = [a.pop("timing", {}) if isinstance(a, dict) else {} for a in answers]  # not recorded
+        # not recorded: the times, the next adapters' refresh, the fingerprint (:meth:`fingerprint` takes it)
+        timings = [a.pop("timing", {}) if isinstance(a, dict) else {} for a in answers]
         refreshed = [a.pop("refreshed", {}) if isinstance(a, dict) else {} for a in answers]
+        fingerprints = [a.pop("weights_fingerprint", None) if isinstance(a, dict) else None for a in answers]
+        self._updated_fingerprint = fingerprints[0]
         end = call_path.now()
         worker = {k: timings[0].pop(k) for k in call_path.STAMPS if k in timings[0]}
         split = call_path.split(start, end, worker)
@@ -616,5 +633,7 @@ class VLLMLowRank(_WorkerCalls):
         return self._call("es_lowrank_checksum")
 
     def fingerprint(self) -> str:
-        """The targeted weights' fingerprint (:mod:`agent_envs.es.fingerprint`, on the device)."""
-        return self._call("es_lowrank_fingerprint")[0]
+        """The targeted weights' fingerprint (:mod:`agent_envs.es.fingerprint`, on the device): the one the
+        last :meth:`update` computed of its result where no other weight change came since, else asked for."""
+        taken, self._updated_fingerprint = self._updated_fingerprint, None
+        return taken if taken is not None else self._call("es_lowrank_fingerprint")[0]
