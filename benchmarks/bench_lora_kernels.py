@@ -21,7 +21,11 @@ timed inside a CUDA graph (as the engine replays it):
   two-launch form (a program per step of features, the parts added by a second launch); then its matmuls
   alone on a prebuilt ``[x | h]`` (the folded path's cost beyond ``widen``), and the same with the inner size
   padded by zero columns to a multiple of 128 (whether cuBLAS wants the aligned shape: 4B's qkv widens
-  2,560 to 2,752 at P = 16).
+  2,560 to 2,752 at P = 16);
+- ``folded, packed layers in planes``: the same with qkv and gate_up in planes
+  (``population_matmul.planes_for``): the slices share one block of member columns, ``widen`` writes a plane
+  ``[x | h_s]`` per slice and each slice is a GEMM of its own (``max_abs_diff_folded_planes``: against the
+  matmul and the two launches).
 
 Columns ``+vllm`` and ``+population`` are the LoRA time over ``base`` (what adapters add to the layer's
 matmuls); ``max |diff|`` compares the two LoRA outputs (both accumulate in float32, round to bfloat16).
@@ -160,6 +164,22 @@ def measure(
         for layer, w, out in zip(group, widened, folded_out):
             torch.matmul(widen(layer.x, slots, layer.a, rank, order=order, blocks=blocks), w.t(), out=out)
 
+    # in planes (population_matmul.planes_for): a packed layer's slices share one block of member columns,
+    # each slice a GEMM of its own; a layer of one slice stays as it is
+    in_planes = [len(layer.widths) > 1 for layer in group]
+    widened_planes = [
+        widened_weight(layer.w, layer.b, layer.widths, rank, planes) for layer, planes in zip(group, in_planes)
+    ]
+    planes_out: list[Any] = [None] * len(group)
+
+    def folded_planes() -> None:
+        for i, (layer, w, planes) in enumerate(zip(group, widened_planes, in_planes)):
+            x = widen(layer.x, slots, layer.a, rank, order=order, planes=planes)
+            if planes:
+                planes_out[i] = torch.ops.agent_envs.population_plane_linear(x, w, list(layer.widths), None)
+            else:
+                planes_out[i] = torch.matmul(x, w.t())
+
     # the widened matmuls alone, on a prebuilt [x | h] (what folding costs beyond ``widen``), and with the
     # inner size padded by zero columns to a multiple of PAD_TO (whether the GEMM wants aligned shapes)
     widened_in = [widen(layer.x, slots, layer.a, rank, order=order) for layer in group]
@@ -206,6 +226,7 @@ def measure(
             ("base_population", base_then_population),
             ("stacked", stacked_then_expand),
             ("folded", folded),
+            ("folded_planes", folded_planes),
             ("widened_matmuls", functools.partial(widened_matmuls, widened, widened_in)),
             ("widened_padded", functools.partial(widened_matmuls, padded, padded_in)),
         )
@@ -216,10 +237,12 @@ def measure(
         launch(layer.y, layer.x, slots, layer.a, layer.b, layer.widths, rank, order=order)
     stacked_then_expand()
     folded()
-    folded_diff = 0.0
-    for layer, out, fold in zip(group, wide, folded_out):
+    folded_planes()
+    folded_diff = planes_diff = 0.0
+    for layer, out, fold, plane in zip(group, wide, folded_out, planes_out):
         stacked_diff = max(stacked_diff, (layer.y.float() - out[:, : sum(layer.widths)].float()).abs().max().item())
         folded_diff = max(folded_diff, (layer.y.float() - fold.float()).abs().max().item())
+        planes_diff = max(planes_diff, (layer.y.float() - plane.float()).abs().max().item())
     failed = None
     try:  # a second stream inside a captured graph: kept apart, so a failure costs this column only
         times["two_streams_ms"] = float(do_bench_cudagraph(two_streams, rep=50, return_mode="median"))
@@ -242,8 +265,8 @@ def measure(
 
     # the population kernels' tile sizes (which would suit this batch better), then widen's
     best, tried = best_of(population_kernels, BLOCK_GRID if grid else [])
-    best_widen, tried_widen = best_of(folded, WIDEN_GRID)
-    best_split, tried_split = best_of(folded, WIDEN_SPLIT_GRID)
+    best_widen, tried_widen = best_of(folded, WIDEN_GRID if grid else [])
+    best_split, tried_split = best_of(folded, WIDEN_SPLIT_GRID if grid else [])
     return {
         "shape": shape_name,
         "population": population,
@@ -252,6 +275,7 @@ def measure(
         "max_abs_diff": diff,
         "max_abs_diff_stacked": stacked_diff,
         "max_abs_diff_folded": folded_diff,
+        "max_abs_diff_folded_planes": planes_diff,
         "two_streams_failed": failed,
         "best_blocks": best,
         "best_ms": tried[best] if best else None,
@@ -272,8 +296,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         "| matmuls then population (ms) | on two streams (ms) | A stacked under W, then the expand (ms) "
         "| folded into the matmul (ms) | +folded | folded, best widen tiles (tokens,features): ms "
         "| folded, widen in two launches, best tiles (tokens,features,split): ms "
-        f"| widened matmuls alone (ms) | the same, inner size padded to {PAD_TO} (ms) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| widened matmuls alone (ms) | the same, inner size padded to {PAD_TO} (ms) "
+        "| folded, packed layers in planes (ms) | planes / folded |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
@@ -284,8 +309,12 @@ def table(rows: list[dict[str, Any]]) -> str:
             + f"{r['base_population_ms']:.3f} | "
             + (f"{r['two_streams_ms']:.3f} |" if r["two_streams_ms"] is not None else "failed |")
             + f" {r['stacked_ms']:.3f} | {r['folded_ms']:.3f} | {r['folded_ms'] / r['base_ms'] - 1:.0%} "
-            f"| {r['best_widen']}: {r['best_folded_ms']:.3f} | {r['best_split']}: {r['best_split_ms']:.3f} "
-            f"| {r['widened_matmuls_ms']:.3f} | {r['widened_padded_ms']:.3f} |"
+            + "".join(
+                f"| {r[best]}: {r[ms]:.3f} " if r[best] else "| - "
+                for best, ms in (("best_widen", "best_folded_ms"), ("best_split", "best_split_ms"))
+            )
+            + f"| {r['widened_matmuls_ms']:.3f} | {r['widened_padded_ms']:.3f} "
+            f"| {r['folded_planes_ms']:.3f} | {r['folded_planes_ms'] / r['folded_ms']:.2f}x |"
         )
     return "\n".join(out)
 
@@ -299,7 +328,9 @@ def main() -> int:
     ap.add_argument("--rank", type=int, default=4)
     ap.add_argument("--rank-slot", type=int, default=8, help="the engine's max_lora_rank")
     ap.add_argument("--out", type=Path, help="JSON rows written here too")
-    ap.add_argument("--no-grid", action="store_true", help="skip the population kernels' tile grid (a minute a row)")
+    ap.add_argument(
+        "--no-grid", action="store_true", help="skip the tile grids (the population kernels', widen's: minutes a row)"
+    )
     args = ap.parse_args()
     rows = []
     for shape in args.shape.split(","):

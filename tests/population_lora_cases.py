@@ -138,12 +138,18 @@ WIDEN_CASES = [
     # feature steps of thousands: each step's products summed at once (SUM_EACH_STEP)
     ("down, float32, one summed step", (40,), 700, 3, 4, 3, 9, torch.float32, 0, (1, 2048)),
     ("qkv, summed steps, graph step", (48, 16, 16), 2100, 5, 8, 4, 13, torch.bfloat16, 5, (2, 2048)),
+    # in planes (population_matmul.planes_for): a plane [x | h_s] per slice, a GEMM per slice
+    ("qkv, planes", (48, 16, 16), 40, 5, 8, 4, 37, torch.bfloat16, 0, None, True),
+    ("gate_up, planes, padded graph step", (72, 72), 300, 4, 8, 4, 21, torch.float32, 11, None, True),
+    ("qkv, planes, one launch, summed steps", (48, 16, 16), 2100, 5, 8, 4, 13, torch.bfloat16, 5, (2, 2048), True),
+    ("gate_up, planes, one launch", (72, 72), 40, 4, 8, 4, 21, torch.bfloat16, 0, (2, 16), True),
 ]
 
 
-def widen_case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, padded, tiles):
+def widen_case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, padded, tiles, planes=False):
     """``widen`` against ``widen_reference`` (a padded step with vLLM's metadata: its padding rows hold
-    ``x`` and zeros), and the widened matmul against the layer's matmul plus ``reference``'s terms."""
+    ``x`` and zeros), and the widened matmul against the layer's matmul plus ``reference``'s terms; in
+    ``planes``, each plane the same, and the layer's output from its GEMM per slice."""
     gen = torch.Generator().manual_seed(len(name) * 100 + tokens)
     rows = tokens + padded
     x = torch.randn(rows, features, generator=gen).to(dtype)
@@ -158,27 +164,31 @@ def widen_case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, 
     slots[0] = n_slots - 1
     order = vllm_metadata(slots, tokens, n_slots, rows) if padded else None
     blocks = dict(zip(("tokens", "features", "split"), tiles)) if tiles else None
-    got = widen(x, slots, a, rank, order=order, blocks=blocks)
-    want = torch.cat(
-        [
-            widen_reference(x[:tokens], slots, a, rank),
-            torch.cat([x[tokens:], torch.zeros(padded, got.shape[1] - features, dtype=dtype)], 1),
-        ]
-    )
-    wide = widened_weight(w, b, widths, rank)  # what population_matmul.widen_layer builds
-    folded = got[:tokens].float() @ wide.float().t()
+    got = widen(x, slots, a, rank, order=order, blocks=blocks, planes=planes)
+    reference_rows = widen_reference(x[:tokens], slots, a, rank, planes)
+    padding = torch.cat([x[tokens:], torch.zeros(padded, got.shape[-1] - features, dtype=dtype)], 1)
+    want = torch.cat([reference_rows, padding.expand(*reference_rows.shape[:-2], *padding.shape)], dim=-2)
+    wide = widened_weight(w, b, widths, rank, planes)  # what population_matmul.widen_layer builds
+    if planes:  # population_matmul's GEMM per slice, each into its columns of one output
+        folded = torch.ops.agent_envs.population_plane_linear(got[:, :tokens].float(), wide.float(), list(widths), None)
+    else:
+        folded = got[:tokens].float() @ wide.float().t()
     unfolded = x[:tokens].float() @ w.float().t()
     reference(unfolded, x[:tokens].float(), slots, [t.float() for t in a], [t.float() for t in b], widths, rank)
     scale = want.float().abs().max().item()
     member = (slots[:tokens] >= 0) & (slots[:tokens] < n_slots)
+    rows = got if planes else got[None]
     return {
         "name": name,
+        "planes": planes,
+        "shape": list(got.shape),
         "two_launches": bool((blocks or WIDEN_BY_TOKENS[-1][1]).get("split")),
         "max_abs_diff": (want.float() - got.float()).abs().max().item(),
         "tolerance": scale * (1e-2 if dtype == torch.bfloat16 else 1e-5),
-        "x_copied": bool(torch.equal(got[:, :features], x)),
-        "zeros_without_member": bool(
-            (got[:tokens][~member, features:] == 0).all() and (got[tokens:, features:] == 0).all()
+        "x_copied": all(torch.equal(plane[:, :features], x) for plane in rows),
+        "zeros_without_member": all(
+            bool((plane[:tokens][~member, features:] == 0).all() and (plane[tokens:, features:] == 0).all())
+            for plane in rows
         ),
         "members": int(member.sum()),
         "matmul_max_abs_diff": (folded - unfolded).abs().max().item(),
@@ -212,11 +222,12 @@ def compile_sm90():
             constexprs={**tiles, "BLOCK_N": 64, "ADD": True, "H_BY_TOKEN": by_token},
         )  # fmt: skip
 
-    def widen_source(block_t: int, block_k: int, summed: bool) -> ASTSource:
+    def widen_source(block_t: int, block_k: int, summed: bool, planes: bool = False) -> ASTSource:
         widened = {
             "R": 4,
             "RANK": 4,
             "SLICES": 3,
+            "PLANES": planes,
             "STARTS": 32,
             "BLOCK_T": block_t,
             "BLOCK_K": block_k,
@@ -226,31 +237,38 @@ def compile_sm90():
         return ASTSource(
             k._widen_kernel,
             signature={"x_ptr": ptr, **index, "w_ptr": ptr, "a0_ptr": ptr, "a1_ptr": ptr, "a2_ptr": ptr,
-                       **{n: "i32" for n in ("T", "K", "L", "stride_x", "stride_w", "stride_al", "stride_ar")},
+                       **{n: "i32" for n in ("T", "K", "L", "stride_x", "stride_w", "stride_wp", "stride_al", "stride_ar")},
                        **{n: "constexpr" for n in widened}},
             constexprs=widened,
         )  # fmt: skip
 
     split_tiles = {"RANK": 4, "STARTS": 32, "BLOCK_T": 16}
-    parts = ASTSource(
-        k._widen_parts_kernel,
-        signature={"x_ptr": ptr, **index, "w_ptr": ptr, "parts_ptr": "*fp32", "a0_ptr": ptr, "a1_ptr": ptr, "a2_ptr": ptr,
-                   **{n: "i32" for n in ("T", "K", "L", "stride_x", "stride_w", "stride_al", "stride_ar", "stride_pk", "stride_ps", "stride_pp")},
-                   **{n: "constexpr" for n in (*split_tiles, "FLOAT32", "R", "SLICES", "BLOCK_K")}},
-        constexprs={**split_tiles, "FLOAT32": False, "R": 16, "SLICES": 3, "BLOCK_K": 256},
-    )  # fmt: skip
-    finish = ASTSource(
-        k._widen_finish_kernel,
-        signature={"parts_ptr": "*fp32", **index, "w_ptr": ptr,
-                   **{n: "i32" for n in ("T", "K", "L", "SPLITS", "stride_w", "stride_pk", "stride_ps", "stride_pp")},
-                   **{n: "constexpr" for n in (*split_tiles, "R", "BLOCK_E")}},
-        constexprs={**split_tiles, "R": 4, "BLOCK_E": 128},
-    )  # fmt: skip
+
+    def parts(planes: bool) -> ASTSource:
+        return ASTSource(
+            k._widen_parts_kernel,
+            signature={"x_ptr": ptr, **index, "w_ptr": ptr, "parts_ptr": "*fp32", "a0_ptr": ptr, "a1_ptr": ptr, "a2_ptr": ptr,
+                       **{n: "i32" for n in ("T", "K", "L", "stride_x", "stride_w", "stride_wp", "stride_al", "stride_ar", "stride_pk", "stride_ps", "stride_pp")},
+                       **{n: "constexpr" for n in (*split_tiles, "FLOAT32", "R", "SLICES", "PLANES", "BLOCK_K")}},
+            constexprs={**split_tiles, "FLOAT32": False, "R": 16, "SLICES": 3, "PLANES": planes, "BLOCK_K": 256},
+        )  # fmt: skip
+
+    def finish(planes: bool) -> ASTSource:
+        return ASTSource(
+            k._widen_finish_kernel,
+            signature={"parts_ptr": "*fp32", **index, "w_ptr": ptr,
+                       **{n: "i32" for n in ("T", "K", "L", "SPLITS", "stride_w", "stride_wp", "stride_pk", "stride_ps", "stride_pp")},
+                       **{n: "constexpr" for n in (*split_tiles, "R", "PLANES", "BLOCK_E")}},
+            constexprs={**split_tiles, "R": 4, "PLANES": planes, "BLOCK_E": 128},
+        )  # fmt: skip
+
     target = GPUTarget("cuda", 90, 32)
     sources = (
         ("shrink", shrink), ("expand", expand("*fp32", False)), ("expand_columns", expand(ptr, True)),
         ("widen", widen_source(2, 512, False)), ("widen_summed", widen_source(1, 4096, True)),
-        ("widen_parts", parts), ("widen_finish", finish),
+        ("widen_parts", parts(False)), ("widen_finish", finish(False)),
+        ("widen_planes", widen_source(2, 512, False, True)), ("widen_parts_planes", parts(True)),
+        ("widen_finish_planes", finish(True)),
     )  # fmt: skip
     built = {name: compile(src, target=target) for name, src in sources}
     return {name: len(kernel.asm["cubin"]) for name, kernel in built.items()}, {

@@ -62,27 +62,31 @@ def test_adapter_outputs_equal_the_merged_perturbation() -> None:
     assert refresh["tokens_equal_fresh"] and refresh["tensors_equal_fresh"], refresh
 
 
-@pytest.mark.parametrize("kernel", ["population", "matmul"])
+@pytest.mark.parametrize("kernel", ["population", "matmul", "matmul in planes"])
 def test_population_kernels_serve_each_member_as_its_merged_perturbation(kernel: str) -> None:
     """agent_envs.es.population_lora installed before the engine starts: every LoRA layer call of the engine
     goes through it (``matmul``: through the widened matmul of agent_envs.es.population_matmul instead, the
-    members' B mirrored into each layer's widened weight, updates and merges through its base columns), and
-    each member's outputs are still its perturbation merged into the weights."""
+    members' B mirrored into each layer's widened weight, updates and merges through its base columns; ``in
+    planes``: the packed layers' slices sharing one block of member columns, a GEMM per slice), and each
+    member's outputs are still its perturbation merged into the weights."""
+    planes = kernel.endswith("in planes")
     out, _ = run_result(
         [
             str(REPO / "scripts" / "es_lowrank_check.py"),
             *("--model", str(smollm2()), "--cpu", "--members", "2", "--rank", "4", "--sigma", "0.01"),
-            *("--lora-kernel", kernel),
+            *("--lora-kernel", kernel.split()[0]),
         ],
-        env=script_env(VLLM_ENABLE_V1_MULTIPROCESSING="0"),
+        env=script_env(VLLM_ENABLE_V1_MULTIPROCESSING="0", AGENT_ENVS_WIDEN_PLANES="1" if planes else None),
         timeout=1500,
     )
     (status,) = out["lora_kernel"]
-    assert status["kernel"] == kernel and status["rank"] == 4, status
+    assert status["kernel"] == kernel.split()[0] and status["rank"] == 4, status
     if kernel == "population":
         assert status["calls"] > 0 and status["widened"]["layers"] == 0, status
     else:  # every perturbed layer (30 x qkv, o, gate_up, down) folded: the population kernels never called
-        assert status["widened"] == {"rank": 4, "layers": 120, "widen_tiles": None} and status["calls"] == 0, status
+        in_planes = 60 if planes else 0  # qkv and gate_up: the layers with more than one slice
+        widened = {"rank": 4, "layers": 120, "layers_in_planes": in_planes, "widen_tiles": None}
+        assert status["widened"] == widened and status["calls"] == 0, status
     assert out["restored_bit_exact"]  # a merge and revert through the widened weight's base columns
     assert out["all_tokens_equal"] and out["max_abs_logprob_diff"] <= 1e-3, out["members"]
     assert all(m["base_differs"] for m in out["members"])  # the adapters' perturbation reached the outputs

@@ -73,6 +73,10 @@ def test_triton_kernels_equal_the_reference_under_the_interpreter() -> None:
         assert widened["matmul_max_abs_diff"] <= widened["matmul_tolerance"], widened
         assert widened["x_copied"] and widened["zeros_without_member"] and widened["members"] > 0, widened
     assert {w["two_launches"] for w in out["widen"]} == {True, False}
+    # in planes (every packed slice its own [x | h_s] and GEMM), both forms of the kernel
+    assert {(w["planes"], w["two_launches"]) for w in out["widen"] if w["planes"]} == {(True, True), (True, False)}
+    qkv_planes = next(w for w in out["widen"] if w["name"] == "qkv, planes")
+    assert qkv_planes["shape"] == [3, 37, 40 + 5 * 4]
     # the tiles one H200 measured best (docs/scaling.md#population-kernels): decode steps thin token tiles
     # and long feature steps, prefill chunks wide token tiles
     tiles = {int(n): (t["tokens"], t["columns"], t["features"]) for n, t in out["tiles_by_tokens"].items()}
@@ -89,6 +93,7 @@ def test_triton_kernels_compile_for_an_h200() -> None:
         timeout=300,
     )
     kernels = ("shrink", "expand", "expand_columns", "widen", "widen_summed", "widen_parts", "widen_finish")
+    kernels += ("widen_planes", "widen_parts_planes", "widen_finish_planes")
     assert min(out["cubin_bytes"][k] for k in kernels) > 0
     assert out["mma_lines"]["shrink"] > 0 and out["mma_lines"]["widen_parts"] > 0  # bfloat16 tiles on tensor cores
 
@@ -235,3 +240,42 @@ def test_a_widened_layer_holds_its_slots_in_the_matmul_and_refuses_a_wider_adapt
     quantized = widenable()  # a quantized base layer is left to the population kernels
     quantized.base_layer.quant_method = object()
     assert not widen_layer(quantized, 4) and not hasattr(quantized, WIDE)
+
+
+def test_a_packed_layer_in_planes_shares_one_block_of_member_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In planes the slices' rows hold their own ``B`` in one shared block of ``slots x rank`` columns (a
+    third of qkv's widened bytes), a slot written through vLLM's set_lora lands there, and the layer's
+    output (a GEMM per slice) is each token's member's merged perturbation; a layer of one slice is never in
+    planes.  The choice follows the population's columns unless the environment sets it, and a value other
+    than 0 or 1 is refused by name."""
+    from agent_envs.es import population_matmul as pm
+
+    monkeypatch.setenv(pm.PLANES_ENV, "1")
+    layer = widenable(widths=(6, 2))
+    assert pm.widen_layer(layer, 4) and getattr(layer, pm.PLANES)
+    wide = getattr(layer, pm.WIDE)
+    assert wide.shape == (8, 5 + 3 * 4)
+    b0, b1 = torch.arange(24.0).reshape(6, 4) + 1, torch.arange(8.0).reshape(2, 4) + 100
+    a0, a1 = torch.randn(4, 5), torch.randn(4, 5)
+    layer.set_lora(1, [a0, a1], [b0, b1])
+    assert torch.equal(wide[:6, 5 + 4 : 5 + 8], b0) and torch.equal(wide[6:, 5 + 4 : 5 + 8], b1)
+    assert not wide[:, 5 : 5 + 4].any() and not wide[:, 5 + 8 :].any()
+
+    class Wrapper:  # the CPU wrapper's token-to-slot mapping, no kernel metadata
+        _token_lora_indices = torch.tensor([1, 0, -1, 1])
+
+    layer.punica_wrapper = Wrapper()
+    x = torch.randn(4, 5)
+    out = pm.apply_sync(layer, x)
+    w = layer.base_layer.weight.detach()
+    want = x @ w.t()
+    for t in (0, 3):  # member 1's tokens: its merged perturbation; the others the base layer
+        want[t] = x[t] @ (w + torch.cat([b0 @ a0, b1 @ a1])).t()
+    assert torch.allclose(out, want, atol=1e-5)
+    one_slice = widenable(widths=(6,))
+    assert pm.widen_layer(one_slice, 4) and not getattr(one_slice, pm.PLANES)
+    monkeypatch.delenv(pm.PLANES_ENV)
+    assert not pm.planes_for(3, 16, 4) and pm.planes_for(3, 64, 4) and pm.planes_for(2, 256, 4)
+    monkeypatch.setenv(pm.PLANES_ENV, "yes")
+    with pytest.raises(ValueError, match="AGENT_ENVS_WIDEN_PLANES='yes'"):
+        pm.planes_for(3, 16, 4)

@@ -236,11 +236,13 @@ def _widen_kernel(
     L,
     stride_x,
     stride_w,
+    stride_wp,
     stride_al,
     stride_ar,
     R: tl.constexpr,
     RANK: tl.constexpr,
     SLICES: tl.constexpr,
+    PLANES: tl.constexpr,
     STARTS: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -266,7 +268,7 @@ def _widen_kernel(
         in_k = offs_k < K
         mask = in_rows[:, None] & in_k[None, :]
         xt = tl.load(x_ptr + tok[:, None] * stride_x + offs_k[None, :], mask=mask, other=0.0)
-        tl.store(w_ptr + tok[:, None] * stride_w + offs_k[None, :], xt, mask=mask)
+        _copy_x(w_ptr + tok[:, None] * stride_w + offs_k[None, :], xt, mask, stride_wp, SLICES, PLANES)
         xt = xt.to(tl.float32)
         a_at = offs_r[:, None] * stride_ar + offs_k[None, :]
         a_mask = in_rank[:, None] & in_k[None, :]
@@ -282,13 +284,32 @@ def _widen_kernel(
     E = L * RANK
     _widened_block(w_ptr, tok, slot, valid, in_rows, tl.sum(parts0, axis=2), K, 0, E, stride_w, L, R, RANK, BLOCK_E)
     if SLICES > 1:
-        _widened_block(
-            w_ptr, tok, slot, valid, in_rows, tl.sum(parts1, axis=2), K + E, 0, E, stride_w, L, R, RANK, BLOCK_E
-        )
+        w1, k1 = _slice_at(w_ptr, K, E, stride_wp, 1, PLANES)
+        _widened_block(w1, tok, slot, valid, in_rows, tl.sum(parts1, axis=2), k1, 0, E, stride_w, L, R, RANK, BLOCK_E)
     if SLICES > 2:
-        _widened_block(
-            w_ptr, tok, slot, valid, in_rows, tl.sum(parts2, axis=2), K + 2 * E, 0, E, stride_w, L, R, RANK, BLOCK_E
-        )
+        w2, k2 = _slice_at(w_ptr, K, E, stride_wp, 2, PLANES)
+        _widened_block(w2, tok, slot, valid, in_rows, tl.sum(parts2, axis=2), k2, 0, E, stride_w, L, R, RANK, BLOCK_E)
+
+
+@triton.jit
+def _slice_at(w_ptr, K, E, stride_wp, s, PLANES: tl.constexpr):
+    """Where slice ``s``'s block of ``slots x rank`` columns starts: ``(plane, column)``.  One plane holding
+    every slice's block after ``x`` (``[x | h_0 | h_1 | ...]``), or with ``PLANES`` a plane per slice, each
+    ``[x | h_s]``."""
+    if PLANES:
+        return w_ptr + s * stride_wp, K
+    return w_ptr, K + s * E
+
+
+@triton.jit
+def _copy_x(w_at, xt, mask, stride_wp, SLICES: tl.constexpr, PLANES: tl.constexpr):
+    """``x``'s tile into the widened rows: once, or with ``PLANES`` into each slice's plane."""
+    tl.store(w_at, xt, mask=mask)
+    if PLANES:
+        if SLICES > 1:
+            tl.store(w_at + stride_wp, xt, mask=mask)
+        if SLICES > 2:
+            tl.store(w_at + 2 * stride_wp, xt, mask=mask)
 
 
 @triton.jit
@@ -321,8 +342,9 @@ def _widened_block(
 @triton.jit
 def _widen_parts_kernel(
     x_ptr, order_ptr, starts_ptr, slots_ptr, w_ptr, parts_ptr, a0_ptr, a1_ptr, a2_ptr,
-    T, K, L, stride_x, stride_w, stride_al, stride_ar, stride_pk, stride_ps, stride_pp,
-    FLOAT32: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr, SLICES: tl.constexpr, STARTS: tl.constexpr,
+    T, K, L, stride_x, stride_w, stride_wp, stride_al, stride_ar, stride_pk, stride_ps, stride_pp,
+    FLOAT32: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr, SLICES: tl.constexpr, PLANES: tl.constexpr,
+    STARTS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """The split widening's first launch, grid ``(token tiles, feature steps)``: a step of ``x``'s features
@@ -335,7 +357,7 @@ def _widen_parts_kernel(
     in_k = offs_k < K
     mask = in_rows[:, None] & in_k[None, :]
     xt = tl.load(x_ptr + tok[:, None] * stride_x + offs_k[None, :], mask=mask, other=0.0)
-    tl.store(w_ptr + tok[:, None] * stride_w + offs_k[None, :], xt, mask=mask)
+    _copy_x(w_ptr + tok[:, None] * stride_w + offs_k[None, :], xt, mask, stride_wp, SLICES, PLANES)
     offs_r = tl.arange(0, R)
     in_rank = offs_r < RANK
     a_at = offs_k[:, None] + offs_r[None, :] * stride_ar
@@ -374,8 +396,9 @@ def _dot_step(xm, a_at, a_mask, acc, FLOAT32: tl.constexpr):
 @triton.jit
 def _widen_finish_kernel(
     parts_ptr, order_ptr, starts_ptr, slots_ptr, w_ptr,
-    T, K, L, SPLITS, stride_w, stride_pk, stride_ps, stride_pp,
-    R: tl.constexpr, RANK: tl.constexpr, STARTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+    T, K, L, SPLITS, stride_w, stride_wp, stride_pk, stride_ps, stride_pp,
+    R: tl.constexpr, RANK: tl.constexpr, PLANES: tl.constexpr, STARTS: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
 ):  # fmt: skip
     """The split widening's second launch, grid ``(token tiles, slices, column blocks)``: the partial sums
     added in order of their feature steps (the same sum every run), the block of the slice's ``slots x rank``
@@ -393,7 +416,8 @@ def _widen_finish_kernel(
         h += tl.load(h_at + split * stride_pk, mask=h_mask, other=0.0)
     e_first = pid_e * BLOCK_E
     e_end = tl.minimum(e_first + BLOCK_E, L * RANK)
-    _widened_block(w_ptr, tok, slot, valid, in_rows, h, K + s * L * RANK, e_first, e_end, stride_w, L, R, RANK, BLOCK_E)
+    w_at, start = _slice_at(w_ptr, K, L * RANK, stride_wp, s, PLANES)
+    _widened_block(w_at, tok, slot, valid, in_rows, h, start, e_first, e_end, stride_w, L, R, RANK, BLOCK_E)
 
 
 @functools.cache
@@ -545,28 +569,36 @@ def widen(
     rank: int,
     order: tuple[torch.Tensor, torch.Tensor] | None = None,
     blocks: dict[str, int] | None = None,
+    planes: bool = False,
 ) -> torch.Tensor:
     """``population_matmul.widen_reference``'s contract: ``[x | h]``, ``h`` a block of ``slots x rank``
-    columns per slice, in two launches (:func:`_widen_split`) or one.  ``order`` as for :func:`launch`;
-    ``blocks`` (tokens, features, split: 0 when left out) overrides :data:`WIDEN_BY_TOKENS` (the benchmark's
-    comparisons, ``population_matmul.WIDEN_BLOCKS_ENV``)."""
+    columns per slice (or with ``planes``, ``(slices, tokens, ...)``: a plane ``[x | h_s]`` per slice), in
+    two launches (:func:`_widen_split`) or one.  ``order`` as for :func:`launch`; ``blocks`` (tokens,
+    features, split: 0 when left out) overrides :data:`WIDEN_BY_TOKENS` (the benchmark's comparisons,
+    ``population_matmul.WIDEN_BLOCKS_ENV``)."""
     tokens, features = x.shape
     n_slots, rank_slot = lora_a[0].shape[0], lora_a[0].shape[-2]
     if not (x.stride(-1) == 1 and all(a.is_contiguous() for a in lora_a)) or rank > rank_slot:
         raise ValueError(f"population widen: x's rows and the factors contiguous, rank {rank} within {rank_slot}")
     b = {"split": 0, **blocks} if blocks else next(t for bound, t in WIDEN_BY_TOKENS if tokens <= bound)
-    out = torch.empty((tokens, features + len(lora_a) * n_slots * rank), dtype=x.dtype, device=x.device)
+    n_slices = len(lora_a)
+    if planes:
+        out = torch.empty((n_slices, tokens, features + n_slots * rank), dtype=x.dtype, device=x.device)
+    else:
+        out = torch.empty((tokens, features + n_slices * n_slots * rank), dtype=x.dtype, device=x.device)
     if tokens == 0:
         return out
     sorted_tokens, starts = order if order is not None else member_order(slots, tokens, n_slots)
-    a = [*lora_a, *[lora_a[0]] * (3 - len(lora_a))]
+    a = [*lora_a, *[lora_a[0]] * (3 - n_slices)]
+    strides_w = (out.stride(-2), out.stride(0) if planes else 0)
     if b.get("split"):
-        _widen_split(x, out, sorted_tokens, starts, slots, a, len(lora_a), n_slots, rank, b)
+        _widen_split(x, out, strides_w, planes, sorted_tokens, starts, slots, a, n_slices, n_slots, rank, b)
         return out
     _widen_kernel[(triton.cdiv(tokens, b["tokens"]),)](
         x, sorted_tokens, starts, slots, out, a[0], a[1], a[2], tokens, features, n_slots,
-        x.stride(0), out.stride(0), lora_a[0].stride(0), lora_a[0].stride(2),
-        R=triton.next_power_of_2(rank), RANK=rank, SLICES=len(lora_a), STARTS=triton.next_power_of_2(n_slots + 2),
+        x.stride(0), *strides_w, lora_a[0].stride(0), lora_a[0].stride(2),
+        R=triton.next_power_of_2(rank), RANK=rank, SLICES=n_slices, PLANES=planes,
+        STARTS=triton.next_power_of_2(n_slots + 2),
         BLOCK_T=b["tokens"], BLOCK_K=b["features"], BLOCK_E=WIDEN_COLUMNS,
         SUM_EACH_STEP=b["features"] >= SUM_EACH_STEP_FROM,
         num_warps=8 if b["tokens"] * b["features"] >= 1024 else 4,  # each slice's products: 16-64 per thread
@@ -577,6 +609,8 @@ def widen(
 def _widen_split(
     x: torch.Tensor,
     out: torch.Tensor,
+    strides_w: tuple[int, int],
+    planes: bool,
     sorted_tokens: torch.Tensor,
     starts: torch.Tensor,
     slots: torch.Tensor,
@@ -600,12 +634,12 @@ def _widen_split(
     common = dict(RANK=rank, STARTS=triton.next_power_of_2(n_slots + 2), BLOCK_T=b["tokens"])
     _widen_parts_kernel[(tiles, steps)](
         x, sorted_tokens, starts, slots, out, parts, a[0], a[1], a[2], tokens, features, n_slots,
-        x.stride(0), out.stride(0), a[0].stride(0), a[0].stride(2), parts.stride(0), parts.stride(1), parts.stride(2),
+        x.stride(0), *strides_w, a[0].stride(0), a[0].stride(2), parts.stride(0), parts.stride(1), parts.stride(2),
         FLOAT32=x.dtype == torch.float32 or not x.is_cuda, R=max(MIN_DOT, r_sum), SLICES=n_slices,
-        BLOCK_K=b["features"], **common,
+        PLANES=planes, BLOCK_K=b["features"], **common,
     )  # fmt: skip
     _widen_finish_kernel[(tiles, n_slices, triton.cdiv(n_slots * rank, WIDEN_COLUMNS))](
         parts, sorted_tokens, starts, slots, out, tokens, features, n_slots, steps,
-        out.stride(0), parts.stride(0), parts.stride(1), parts.stride(2),
-        R=r_sum, BLOCK_E=WIDEN_COLUMNS, **common,
+        *strides_w, parts.stride(0), parts.stride(1), parts.stride(2),
+        R=r_sum, PLANES=planes, BLOCK_E=WIDEN_COLUMNS, **common,
     )  # fmt: skip

@@ -14,6 +14,11 @@ two launches cost 0.08 ms a layer beside the matmuls' 0.10 ms, and no tiling bro
 - one GEMM ``[x | h] @ [W | B_all]^T = x W^T + h B_m^T`` gives every token its own member's output,
   summed in float32 and rounded once.
 
+At large populations a packed layer (qkv, gate_up) goes in planes instead (:func:`planes_for`): its slices
+share one block of ``slots x rank`` columns (each slice's rows hold its own ``B`` there), ``widen`` writes a
+plane ``[x | h_s]`` per slice, and each slice is a GEMM of its own into its columns of the output, so no
+token is multiplied by another slice's block of zeros.
+
 The base weight stays the parameter it was, now a view of the widened tensor's first ``in`` columns, so
 updates, fingerprints and checkpoints see it unchanged.  What grows is the matmul's inner size: by
 ``slices x slots x rank`` columns (192 on the 4B qkv at P = 16, rank 4: 4% more weight bytes a layer;
@@ -32,8 +37,14 @@ from typing import Any
 
 import torch
 
-#: the attributes a widened layer carries: the widened weight, and the members' rank its columns hold
-WIDE, RANK = "es_widened_weight", "es_widened_rank"
+#: the attributes a widened layer carries: the widened weight, the members' rank its columns hold, and
+#: whether its slices share one block of member columns (:func:`planes_for`)
+WIDE, RANK, PLANES = "es_widened_weight", "es_widened_rank", "es_widened_planes"
+
+#: ``1``/``0``: every packed layer in planes, or none, in place of :func:`planes_for`'s rule
+PLANES_ENV = "AGENT_ENVS_WIDEN_PLANES"
+#: a packed layer's member columns (``slots x rank``) from which its slices each take a GEMM of their own
+PLANES_FROM_COLUMNS = 256
 
 #: ``tokens,features[,split]``: ``widen``'s tiles in place of ``population_lora_triton.WIDEN_BY_TOKENS``
 #: (split 1: its two-launch form), e.g. to try another on a GPU in an engine
@@ -44,18 +55,37 @@ WIDEN_TILES = (
     else None
 )
 
-_state: dict[str, Any] = {"rank": None, "layers": 0, "widen_tiles": WIDEN_TILES}
+_state: dict[str, Any] = {"rank": None, "layers": 0, "layers_in_planes": 0, "widen_tiles": WIDEN_TILES}
 
 
-def widened_columns(stacked: Sequence[torch.Tensor], rank: int) -> int:
-    """The columns a layer is widened by: a block of ``slots x rank`` per slice of vLLM's ``stacked`` factors."""
-    return len(stacked) * stacked[0].shape[0] * rank
+def planes_for(n_slices: int, n_slots: int, rank: int) -> bool:
+    """Whether a packed layer's slices share one block of member columns, each slice its own GEMM.  One GEMM
+    over ``[x | h_0 | h_1 | ...]`` multiplies every token by every slice's block, zeros on the other
+    slices' rows: at P = 256, rank 4, qkv's inner size grows by 3,072 columns for 1,024 that any output row
+    uses, and the 4B layer's extra products are 63% of its matmuls' instead of 31%.  A GEMM per slice
+    costs launches and smaller tiles, so small populations keep the one GEMM.  :data:`PLANES_ENV` decides
+    instead where set."""
+    chosen = os.environ.get(PLANES_ENV)
+    if chosen is not None and chosen.strip():
+        if chosen.strip() not in ("0", "1"):
+            raise ValueError(f"{PLANES_ENV}={chosen!r}: 1 (every packed layer in planes) or 0 (none)")
+        return n_slices > 1 and chosen.strip() == "1"
+    return n_slices > 1 and n_slots * rank >= PLANES_FROM_COLUMNS
 
 
-def widen_reference(x: torch.Tensor, slots: torch.Tensor, lora_a: Sequence[torch.Tensor], rank: int) -> torch.Tensor:
+def widened_columns(stacked: Sequence[torch.Tensor], rank: int, planes: bool = False) -> int:
+    """The columns a layer (or in ``planes``, each slice's plane) is widened by: a block of ``slots x rank``
+    per slice of vLLM's ``stacked`` factors, or one block shared by the slices."""
+    return (1 if planes else len(stacked)) * stacked[0].shape[0] * rank
+
+
+def widen_reference(
+    x: torch.Tensor, slots: torch.Tensor, lora_a: Sequence[torch.Tensor], rank: int, planes: bool = False
+) -> torch.Tensor:
     """``[x | h]`` for ``x`` (tokens x in): per slice ``s``, a block of ``slots x rank`` columns where a token
     of slot ``m`` (in ``[0, slots)``) has ``x @ a_s[m, 0, :rank]^T`` (float32, rounded to ``x``'s dtype) in
-    its member's ``rank`` columns and zeros elsewhere; a token of no slot has zeros only."""
+    its member's ``rank`` columns and zeros elsewhere; a token of no slot has zeros only.  With ``planes``:
+    ``(slices, tokens, in + slots x rank)``, slice ``s``'s plane ``[x | h_s]``."""
     tokens = x.shape[0]
     n_slots = lora_a[0].shape[0]
     h = torch.zeros(tokens, len(lora_a), n_slots, rank, dtype=torch.float32, device=x.device)
@@ -66,6 +96,8 @@ def widen_reference(x: torch.Tensor, slots: torch.Tensor, lora_a: Sequence[torch
         rows = (token_slots == slot).nonzero(as_tuple=True)[0]
         for s, a in enumerate(lora_a):
             h[rows, s, slot] = x[rows].float() @ a[slot, 0, :rank].float().t()
+    if planes:
+        return torch.stack([torch.cat([x, h[:, s].flatten(1).to(x.dtype)], dim=1) for s in range(len(lora_a))])
     return torch.cat([x, h.flatten(1).to(x.dtype)], dim=1)
 
 
@@ -78,18 +110,20 @@ def _population_widen(
     no_adapter: torch.Tensor | None,
     sorted_tokens: torch.Tensor | None,
     starts: torch.Tensor | None,
+    planes: bool,
 ) -> torch.Tensor:
     """The graph's view of the widening: one opaque op (compile and CUDA graphs capture it as they do
     vLLM's LoRA ops).  ``no_adapter``: vLLM's host flag that no token of the step has a member (held-out
     episodes): ``x`` and zeros.  ``sorted_tokens``/``starts``: vLLM's kernel metadata for the step."""
     if no_adapter is not None and bool(no_adapter.item()):
-        return torch.cat([x, x.new_zeros(x.shape[0], widened_columns(lora_a, rank))], dim=1)
+        flat = torch.cat([x, x.new_zeros(x.shape[0], widened_columns(lora_a, rank, planes))], dim=1)
+        return flat.expand(len(lora_a), *flat.shape).contiguous() if planes else flat
     if x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
         from .population_lora_triton import widen
 
         order = (sorted_tokens, starts) if sorted_tokens is not None and starts is not None else None
-        return widen(x, slots, lora_a, rank, order=order, blocks=WIDEN_TILES)
-    return widen_reference(x, slots, lora_a, rank)
+        return widen(x, slots, lora_a, rank, order=order, blocks=WIDEN_TILES, planes=planes)
+    return widen_reference(x, slots, lora_a, rank, planes)
 
 
 @_population_widen.register_fake
@@ -101,8 +135,34 @@ def _(
     no_adapter: torch.Tensor | None,
     sorted_tokens: torch.Tensor | None,
     starts: torch.Tensor | None,
+    planes: bool,
 ) -> torch.Tensor:
-    return x.new_empty(x.shape[0], x.shape[1] + widened_columns(lora_a, rank))
+    columns = x.shape[1] + widened_columns(lora_a, rank, planes)
+    return x.new_empty(len(lora_a), x.shape[0], columns) if planes else x.new_empty(x.shape[0], columns)
+
+
+@torch.library.custom_op("agent_envs::population_plane_linear", mutates_args=())
+def _plane_linear(
+    planes: torch.Tensor, wide: torch.Tensor, widths: list[int], bias: torch.Tensor | None
+) -> torch.Tensor:
+    """A packed layer in planes: slice ``s``'s output columns ``[x | h_s] @ wide[rows_s]^T``, each GEMM
+    writing its columns of the one output in place (a column range of a row-major matrix is a matrix
+    cuBLAS takes as it is: no copy, no pass over the output to join them)."""
+    out = planes.new_empty(planes.shape[1], wide.shape[0])
+    row = 0
+    for s, width in enumerate(widths):
+        rows = slice(row, row + width)
+        if bias is None:
+            torch.mm(planes[s], wide[rows].t(), out=out[:, rows])
+        else:
+            torch.addmm(bias[rows], planes[s], wide[rows].t(), out=out[:, rows])
+        row += width
+    return out
+
+
+@_plane_linear.register_fake
+def _(planes: torch.Tensor, wide: torch.Tensor, widths: list[int], bias: torch.Tensor | None) -> torch.Tensor:
+    return planes.new_empty(planes.shape[1], wide.shape[0])
 
 
 def widen_layer(module: Any, rank: int | None) -> bool:
@@ -136,16 +196,19 @@ def widen_layer(module: Any, rank: int | None) -> bool:
         if any(part.any() for part in cut):
             raise ValueError(f"a slot's {kind} already holds values past rank {rank}: widen before loading adapters")
     features = weight.shape[1]
-    wide = widened_weight(weight.data, stacked, module.output_slices, rank)
+    planes = planes_for(len(stacked), stacked[0].shape[0], rank)
+    wide = widened_weight(weight.data, stacked, module.output_slices, rank, planes)
     weight.data = wide[:, :features]
-    module.lora_b_stacked = slot_views(wide, stacked[0].shape[0], module.output_slices, rank)
+    module.lora_b_stacked = slot_views(wide, stacked[0].shape[0], module.output_slices, rank, planes)
     module.lora_a_stacked = tuple(a[:, :, :rank].contiguous() for a in lora_a)
     setattr(module, WIDE, wide)
     setattr(module, RANK, rank)
+    setattr(module, PLANES, planes)
     for name in ("set_lora", "reset_lora"):
         write = getattr(module, name)
         setattr(module, name, _trimmed(module, write))
     _state["layers"] += 1
+    _state["layers_in_planes"] += planes
     return True
 
 
@@ -184,27 +247,34 @@ def _trimmed(module: Any, write: Any) -> Any:
     return written
 
 
-def slot_views(wide: torch.Tensor, n_slots: int, widths: Sequence[int], rank: int) -> tuple[torch.Tensor, ...]:
+def slot_views(
+    wide: torch.Tensor, n_slots: int, widths: Sequence[int], rank: int, planes: bool = False
+) -> tuple[torch.Tensor, ...]:
     """vLLM's stacked ``lora_b`` (per slice, ``(slots, 1, width, rank)``) as views of the widened weight's
     ``B`` columns: slot ``m``'s column ``k`` of slice ``s`` is column ``in + (s * slots + m) * rank + k`` on
-    the slice's rows.  A write into a slot is a write into the matmul's weight."""
-    start, row, views = wide.shape[1] - len(widths) * n_slots * rank, 0, []
+    the slice's rows (in ``planes``: column ``in + m * rank + k``, every slice on its own rows).  A write
+    into a slot is a write into the matmul's weight."""
+    block_columns = n_slots * rank
+    start = wide.shape[1] - (1 if planes else len(widths)) * block_columns
+    row, views = 0, []
     for s, width in enumerate(widths):
-        block = wide[row : row + width, start + s * n_slots * rank : start + (s + 1) * n_slots * rank]
+        first = start + (0 if planes else s * block_columns)
+        block = wide[row : row + width, first : first + block_columns]
         views.append(block.unflatten(1, (n_slots, rank)).permute(1, 0, 2).unsqueeze(1))
         row += width
     return tuple(views)
 
 
 def widened_weight(
-    weight: torch.Tensor, lora_b: Sequence[torch.Tensor], widths: Sequence[int], rank: int
+    weight: torch.Tensor, lora_b: Sequence[torch.Tensor], widths: Sequence[int], rank: int, planes: bool = False
 ) -> torch.Tensor:
     """``[W | B_all]`` for ``weight`` (out x in) and vLLM's stacked ``lora_b`` (one per slice of ``widths``
-    output rows, ``(slots, 1, width, rank slot)``): every slot's first ``rank`` columns of ``B``."""
+    output rows, ``(slots, 1, width, rank slot)``): every slot's first ``rank`` columns of ``B``, in the
+    layout of :func:`slot_views`."""
     rows, features = weight.shape
-    wide = weight.new_zeros(rows, features + widened_columns(lora_b, rank))
+    wide = weight.new_zeros(rows, features + widened_columns(lora_b, rank, planes))
     wide[:, :features] = weight
-    for view, b in zip(slot_views(wide, lora_b[0].shape[0], widths, rank), lora_b):
+    for view, b in zip(slot_views(wide, lora_b[0].shape[0], widths, rank, planes), lora_b):
         view.copy_(b[..., :rank])
     return wide
 
@@ -217,12 +287,16 @@ def apply_sync(self: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> 
     flat = x.reshape(-1, x.shape[-1])
     wrapper = self.punica_wrapper
     meta = getattr(wrapper, "token_mapping_meta", None)  # the GPU wrapper's kernel metadata (not on CPU)
+    planes = getattr(self, PLANES)
     widened = torch.ops.agent_envs.population_widen(
         flat, wrapper._token_lora_indices[: flat.shape[0]], list(self.lora_a_stacked), getattr(self, RANK),
         getattr(meta, "no_lora_flag_cpu", None), getattr(meta, "token_indices_sorted_by_lora_ids", None),
-        getattr(meta, "lora_token_start_loc", None),
+        getattr(meta, "lora_token_start_loc", None), planes,
     )  # fmt: skip
-    out = torch.nn.functional.linear(widened, wide, bias)
+    if planes:
+        out = torch.ops.agent_envs.population_plane_linear(widened, wide, list(self.output_slices), bias)
+    else:
+        out = torch.nn.functional.linear(widened, wide, bias)
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
@@ -253,5 +327,5 @@ def install(rank: int | None) -> list[str]:
 
 
 def status() -> dict[str, Any]:
-    """The members' rank this process widens for and how many layers it widened."""
+    """The members' rank this process widens for, how many layers it widened and how many of those in planes."""
     return dict(_state)
