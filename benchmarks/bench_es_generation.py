@@ -18,7 +18,9 @@ all appending to one ``--results`` file, ``--phase table`` printing the table; b
 * **raw**: a plain engine (agent-envs es's full-rank engine, no LoRA) replaying the low-rank phase's
   last generation's requests (left next to ``--results`` when the phases run as separate commands):
   raw at B (``--raw-members`` members' turns) and at P x B (each turn at once), N repeats each, the
-  rows the low-rank phase's shares are taken against;
+  rows the low-rank phase's shares are taken against; then P x B again with each member's KV its own
+  (a cache salt per member: a plain engine shares the blocks of a prompt several members send, which
+  members with weights of their own cannot), the table's second share;
 * **fullrank**: for each k in ``--engines-per-gpu`` (a list: ``1,2,4,8``) a pool of k engines on the
   GPU (``--engines k --engines-per-gpu k``); the first pool also gives the raw rows (the prompts its
   warm-up sent, replayed on engine 0: one member's turns at batch B, every member's turn t in one call
@@ -96,9 +98,13 @@ def stop_recording(engine: Any) -> list[list[Any]]:
     return calls
 
 
-def raw_generate(engine: Any, groups: list[list[Any]], max_tokens: int | None = None) -> dict[str, Any]:
+def raw_generate(
+    engine: Any, groups: list[list[Any]], max_tokens: int | None = None, own_kv: bool = False
+) -> dict[str, Any]:
     """One ``llm.generate`` per group with the requests' own sampling parameters, nothing else: the
-    generated tokens and the seconds (prefix cache reset first, as after a weight change)."""
+    generated tokens and the seconds (prefix cache reset first, as after a weight change).  ``own_kv``:
+    each member's requests salted with the member's name, so no KV block is shared between members (a
+    member's later turns still find its own), as members with weights of their own cannot share them."""
     from agent_envs.policy.vllm import sampling_params, tokens_prompt
 
     llm, sampling = engine.policy.llm, engine.policy.sampling
@@ -110,9 +116,8 @@ def raw_generate(engine: Any, groups: list[list[Any]], max_tokens: int | None = 
     llm.reset_prefix_cache()
     start, tokens = time.perf_counter(), 0
     for group in groups:
-        outs = llm.generate(
-            [tokens_prompt(p) for p in group], [sampling_params(sampling, p) for p in group], use_tqdm=False
-        )
+        prompts = [tokens_prompt(p, f"member-{p.request.adapter}" if own_kv else None) for p in group]
+        outs = llm.generate(prompts, [sampling_params(sampling, p) for p in group], use_tqdm=False)
         tokens += sum(len(o.outputs[0].token_ids) for o in outs)
     return {"seconds": time.perf_counter() - start, "tokens": tokens, "batch": max(len(g) for g in groups)}
 
@@ -622,14 +627,19 @@ class Bench:
         ]
 
     def raw_rows(
-        self, generate: Callable[..., dict[str, Any]], first: list[list[Any]], population: list[list[Any]]
+        self,
+        generate: Callable[..., dict[str, Any]],
+        first: list[list[Any]],
+        population: list[list[Any]],
+        own_kv: bool = False,
     ) -> list[dict[str, Any]]:
-        """Raw ``llm.generate`` (``generate(groups[, max_tokens])`` on one engine) at B (``first``: the
-        first members' turns) and at P x B (``population``: each turn at once): their rows, which
-        this phase's shares are then taken against; each repeated ``--timed-generations`` times."""
+        """Raw ``llm.generate`` (``generate(groups[, max_tokens[, own_kv]])`` on one engine) at B (``first``:
+        the first members' turns) and at P x B (``population``: each turn at once): their rows, which
+        this phase's shares are then taken against; each repeated ``--timed-generations`` times.
+        ``own_kv`` (requests that name their members): P x B again with each member's KV its own."""
         n = self.args.timed_generations
         generate(population, 8)  # warm the batch-P x B shapes
-        return [
+        rows = [
             raw_row(
                 self,
                 f"raw llm.generate at B ({self.args.raw_members} members' turns)",
@@ -643,6 +653,16 @@ class Bench:
                 [generate(population) for _ in range(n)],
             ),
         ]
+        if own_kv:
+            rows.append(
+                raw_row(
+                    self,
+                    "raw llm.generate at P x B, each member's KV its own (a cache salt per member)",
+                    "raw_PB_own",
+                    [generate(population, None, True) for _ in range(n)],
+                )
+            )
+        return rows
 
     def plain_raw_rows(self) -> None:
         """Raw ``llm.generate`` at B and at P x B where the pool (which measures them) did not run in
@@ -673,7 +693,7 @@ class Bench:
                 for m in range(a.raw_members)
                 for g in by_turn([[p for p in calls if p.request.adapter == resident_name(m)]])
             ]
-            self.rows += self.raw_rows(lambda *args: raw_generate(engine, *args), first, population)
+            self.rows += self.raw_rows(lambda *args: raw_generate(engine, *args), first, population, own_kv=True)
             self.note(f"raw engine: {kv_note(engine, calls)}")
             if a.sample_host:  # one more P x B replay, not timed: the engine runs in this process
                 with HostSampler() as sampler:

@@ -7,9 +7,14 @@ the same warm host, each appending its measurements to one JSON-lines file (``--
 prompts its generations sent, so every share is taken against raw from the same command.
 
 A measurement: ``shape``, ``population``, ``case_batch``, ``phase``, ``variant``, ``kind`` (``raw_B``,
-``raw_PB``, ``lowrank``, ``fullrank``, ``old``, ``other``), ``engines``, ``walls`` and ``tokens`` (one
-entry per timed generation or raw repeat), ``note``, and ``merged`` (rows joined from an earlier run by
-``--merge``, marked in the table).
+``raw_PB``, ``raw_PB_own``, ``lowrank``, ``fullrank``, ``old``, ``other``), ``engines``, ``walls`` and
+``tokens`` (one entry per timed generation or raw repeat), ``note``, and ``merged`` (rows joined from an
+earlier run by ``--merge``, marked in the table).
+
+Two shares: against ``raw_PB`` (a plain engine given the same requests, which computes a prompt that
+several members send once and shares its KV blocks between them), and against ``raw_PB_own`` (the same
+requests with each member's KV its own, as members with weights of their own need: the prefill work the
+population cannot skip).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ HEAD = (
     "wall per generation (s): median (min-max)",
     "tok/s (median)",
     "share of raw at P x B, %: median (min-max)",
+    "share of raw at P x B with each member's KV its own, %",
     "members/s",
     "vs linear",
     "notes",
@@ -75,13 +81,20 @@ def rates(m: dict[str, Any]) -> list[float]:
     return [t / w for w, t in zip(m["walls"], m["tokens"], strict=True) if w]
 
 
-def raw_rate(group: list[dict[str, Any]], m: dict[str, Any]) -> tuple[float | None, str]:
-    """The median raw tok/s at P x B a measurement's share is taken against: the first raw of its own
-    phase (same prompts), else none (a share against another phase's prompts is not given)."""
-    same = [r for r in group if r["kind"] == "raw_PB" and r["phase"] == m["phase"] and r["walls"]]
+def raw_rate(group: list[dict[str, Any]], m: dict[str, Any], kind: str = "raw_PB") -> tuple[float | None, str]:
+    """The median raw tok/s at P x B (``kind``: ``raw_PB`` or ``raw_PB_own``) a measurement's share is
+    taken against: the first raw of its own phase (same prompts), else none (a share against another
+    phase's prompts is not given)."""
+    same = [r for r in group if r["kind"] == kind and r["phase"] == m["phase"] and r["walls"]]
     if not same:
-        return None, "no raw at P x B in this phase"
+        return None, "no raw at P x B in this phase" if kind == "raw_PB" else ""
     return statistics.median(rates(same[0])), ""
+
+
+def shares(group: list[dict[str, Any]], m: dict[str, Any], kind: str) -> tuple[str, str]:
+    """Each timed generation's share of the raw of ``kind`` (:func:`raw_rate`), as ``median (min-max)`` %."""
+    raw, why = raw_rate(group, m, kind)
+    return spread([100 * r / raw for r in rates(m)] if raw else [], ".0f"), why
 
 
 def table(measurements: list[dict[str, Any]]) -> str:
@@ -102,8 +115,8 @@ def table(measurements: list[dict[str, Any]]) -> str:
         # the first one-engine row: a later command's pool of k re-measures engine 0 with 1/k of the memory
         per_member_one = p / statistics.median(one[0]["walls"]) if one else None
         for m in group:
-            raw, why = raw_rate(group, m)
-            shares = [r / raw for r in rates(m)] if raw else []
+            share, why = shares(group, m, "raw_PB")
+            share_own, _ = shares(group, m, "raw_PB_own")
             members = p / statistics.median(m["walls"]) if m["kind"] in ("lowrank", "fullrank", "old") else None
             linear = (
                 f"{members / (m['engines'] * per_member_one):.2f}"
@@ -121,7 +134,8 @@ def table(measurements: list[dict[str, Any]]) -> str:
                 str(len(m["walls"])),
                 spread(m["walls"], ".2f"),
                 f"{statistics.median(rates(m)):.0f}",
-                spread([100 * s for s in shares], ".0f"),
+                share,
+                share_own,
                 "-" if members is None else f"{members:.2f}",
                 linear,
                 notes,

@@ -51,7 +51,7 @@ def test_phases_appended_by_separate_commands_make_one_table(tmp_path: Path) -> 
     assert low[7] == "50 (25-80)"  # each generation against the raw of its own phase (1000 tok/s)
     one, four = cells(table, "fullrank x1"), cells(table, "fullrank x4")
     assert one[7] == "6 (5-6)"  # against the full-rank phase's raw (2000 tok/s), not the low-rank one's
-    assert (one[8], four[8], four[9]) == ("1.78", "6.40", "0.90")  # members/s; 6.40 / (4 x 1.78)
+    assert (one[9], four[9], four[10]) == ("1.78", "6.40", "0.90")  # members/s; 6.40 / (4 x 1.78)
     assert [c[1] for c in (low, one, four)] == ["16 x 16"] * 3
     assert "64 x 16" in table
     assert table.endswith("Notes:\n- 4b 16 x 16, lowrank: note: engine started in 9 s")  # below, not a row
@@ -66,8 +66,20 @@ def test_a_row_without_raw_of_its_own_phase_gets_no_share_and_says_why(tmp_path:
         ]
     )
     old, merged = cells(table, "old x1"), cells(table, "lowrank x1")
-    assert old[7] == "-" and "no raw at P x B in this phase" in old[10]
-    assert merged[10].startswith("merged from an earlier run")
+    assert old[7] == "-" and "no raw at P x B in this phase" in old[11]
+    assert merged[11].startswith("merged from an earlier run")
+
+
+def test_a_second_share_against_raw_with_each_members_kv_its_own() -> None:
+    """A phase with both raw rows gives each row two shares; without ``raw_PB_own`` the second is ``-``
+    and says nothing more (the first share's note says what is missing)."""
+    table = es_results.table(
+        [row("lowrank", "raw_PB", [1.0]), row("lowrank", "raw_PB_own", [2.0]), row("lowrank", "lowrank", [2.0, 4.0])]
+    )
+    low = cells(table, "lowrank x1")
+    assert (low[7], low[8]) == ("38 (25-50)", "75 (50-100)")
+    alone = cells(es_results.table([row("lowrank", "raw_PB", [1.0]), row("lowrank", "lowrank", [2.0])]), "lowrank x1")
+    assert (alone[7], alone[8], alone[11]) == ("50", "-", "")
 
 
 def test_bad_input_is_refused_before_anything_is_written(tmp_path: Path) -> None:
