@@ -77,9 +77,12 @@ def test_the_update_call_is_split_where_its_time_went() -> None:
     assert parts["in_worker_s"] < parts["call_s"] - TO - BACK + 1e-9
     assert abs(parts["to_worker_s"] + parts["in_worker_s"] + parts["back_s"] - parts["call_s"]) < 1e-9
     assert parts["in_worker_s"] >= parts["joined_s"]  # the worker's own parts lie inside its method
+    # the update's whole wall there: its own parts inside it, and with the wait and the fingerprint inside the method
+    assert parts["joined_s"] + parts["device_s"] <= parts["update_wall_s"] <= parts["in_worker_s"]
     assert not set(call_path.STAMPS) & set(parts)  # the stamps make the split; only the split is kept
     text = describe_update(parts)
     assert f"to the worker {parts['to_worker_s']:.3f} s" in text and f"back {parts['back_s']:.3f} s" in text
+    assert f"the update's wall there {parts['update_wall_s']:.3f} s" in text
 
 
 def test_the_update_answers_the_updated_weights_fingerprint_for_the_next_question_only() -> None:

@@ -67,9 +67,12 @@ BESIDE_PARTS = ("meanwhile_s", "joined_s")
 #: ran as a CUDA graph (``update_graph``: "captured", "replayed", else why not), and the driver's whole call
 #: (``call_s``: what the generation waits), where the worker shares the driver's clock that call's way to the
 #: worker's method, the time in it and the way back (:data:`call_path.SPLIT`; the way back includes forgetting
-#: the cached KV, ``reset_s``), the method's wait for the next adapters' writes ahead (``writer_wait_s``), and the
+#: the cached KV, ``reset_s``), the method's wait for the next adapters' writes ahead (``writer_wait_s``), the
+#: update's whole wall in the method (``update_wall_s``: what its own parts leave out shows against them), and the
 #: updated weights' fingerprint computed in the same call (``fingerprint_s``)
-UPDATE_EXTRAS = ("issue_cpu_s", *BESIDE_PARTS, "graph", "call_s", *call_path.SPLIT, "writer_wait_s", "fingerprint_s")
+UPDATE_EXTRAS = (
+    "issue_cpu_s", *BESIDE_PARTS, "graph", "call_s", *call_path.SPLIT, "writer_wait_s", "update_wall_s", "fingerprint_s"
+)  # fmt: skip
 
 
 def describe_refresh(parts: dict[str, Any]) -> str:
@@ -112,6 +115,12 @@ def describe_update(parts: dict[str, Any]) -> str:
         )
     if parts.get("writer_wait_s", 0.0) >= 0.001:  # the writes ahead still running when the update came
         call += f", waited {parts['writer_wait_s']:.3f} s for the adapters written ahead"
+    if "update_wall_s" in parts and "in_worker_s" in parts:  # the method's time its named parts do not cover
+        named = parts["update_wall_s"] + parts.get("writer_wait_s", 0.0) + parts.get("fingerprint_s", 0.0)
+        call += (
+            f", the update's wall there {parts['update_wall_s']:.3f} s"
+            f" (the method's time outside it and the fingerprint {parts['in_worker_s'] - named:.3f} s)"
+        )
     return (
         f"issued{how} {parts['issue_s']:.3f} s{cpu}{beside}, device {parts['device_s']:.3f} s{after}, {_forget(parts)}"
         + call

@@ -189,8 +189,8 @@ class ESWorkerExtension:
         itself is done).  ``fingerprint``: also the updated weights' :meth:`es_lowrank_fingerprint`, under
         ``weights_fingerprint`` (the trainer asks for it next: one call to the engine instead of two).  The
         times also carry this method's :func:`call_path.stamps` (with the wait for the next adapters' writes
-        ahead, ``writer_wait_s``, and the fingerprint's seconds, ``fingerprint_s``), for the driver's split of
-        its call."""
+        ahead, ``writer_wait_s``, the update's whole wall, ``update_wall_s``, and the fingerprint's seconds,
+        ``fingerprint_s``), for the driver's split of its call."""
         entered = call_path.now()
         state = self._es_lowrank_state()
         self._es_ahead_writer().wait()  # the next adapters' host half (if any) done before the update's capture
@@ -203,9 +203,11 @@ class ESWorkerExtension:
             except Exception as exc:  # the next generation's own refresh asks again, and raises
                 ahead.update(ok=False, error=f"{type(exc).__name__}: {exc}")
 
+        before = call_path.now()
         answer = state.update(seeds, weights, alpha, sigma, optimizer, refresh_meanwhile if refresh else None)
         extra: dict[str, Any] = {"refreshed": ahead} if refresh else {}
-        timing = {**state.last_update_timing, "writer_wait_s": writer_wait}
+        # the update's whole wall here (its preparation and its locals let go included), beside its own parts
+        timing = {**state.last_update_timing, "writer_wait_s": writer_wait, "update_wall_s": call_path.now() - before}
         if fingerprint:
             started = call_path.now()
             extra["weights_fingerprint"] = state.fingerprint()
