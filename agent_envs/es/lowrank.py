@@ -304,6 +304,11 @@ def signed(
     return tensors if sign > 0 else {name: (lora_a, -lora_b) for name, (lora_a, lora_b) in tensors.items()}
 
 
+def _stacked_from(kept: dict[str, tuple[torch.Tensor, torch.Tensor]] | None) -> TermSource | None:
+    """:func:`deltas`'s ``stacked``: each target's factors from ``kept`` (stacked ahead), or None to stack them."""
+    return None if kept is None else (lambda target: kept[target.name])
+
+
 def update_changes(
     targets: Sequence[Target],
     products: Iterable[torch.Tensor],
@@ -646,7 +651,7 @@ class LowRankPerturber:
                         self.rank,
                         self._devices(),
                         self._kept_or_drawn(drawn),
-                        (lambda target: kept[target.name]) if kept else None,
+                        _stacked_from(kept),
                     )
                     squares = self._add(update_changes(self.targets, products, alpha, self.adam))
             issued, issued_cpu = time.perf_counter(), time.thread_time()
@@ -667,6 +672,12 @@ class LowRankPerturber:
             **({"meanwhile_s": beside.seconds, "joined_s": joined - started} if meanwhile is not None else {}),
             "device_s": time.perf_counter() - joined,
         }
+        # this update's draws let go of on the drawing thread, not here: drawn ahead, they are views of one memory
+        # file of both halves of the factors (1.06 GB at P = 16 on the 4B shape), and unmapping a populated file
+        # costs about 0.2 s a GB, on the update call's path after the last answer (docs/scaling.md, fourteenth session)
+        garbage: list[Any] = [drawn, ahead, kept, staged]
+        drawn, ahead, kept, staged = {}, None, None, None
+        self._let_go(garbage)
         return {
             "ok": True,
             "n": len(seeds),
@@ -675,6 +686,14 @@ class LowRankPerturber:
             "weight_norm": weight_norm(weights),
             "update_norm": norm,
         }
+
+    def _let_go(self, garbage: list[Any]) -> None:
+        """Drop the last references in ``garbage`` on the drawing thread (queued after any draws there),
+        where a prefetch made one; else here.  ``garbage`` is emptied either way, so the caller keeps none."""
+        if self._background is None:
+            garbage.clear()
+            return
+        self._background.submit(garbage.clear)
 
 
 # -- adapters ---------------------------------------------------------------------------------------
