@@ -119,7 +119,7 @@ def describe_update(parts: dict[str, Any]) -> str:
         named = parts["update_wall_s"] + parts.get("writer_wait_s", 0.0) + parts.get("fingerprint_s", 0.0)
         call += (
             f", the update's wall there {parts['update_wall_s']:.3f} s"
-            f" (the method's time outside it and the fingerprint {parts['in_worker_s'] - named:.3f} s)"
+            f" ({parts['in_worker_s'] - named:.3f} s of the method in no named part)"
         )
     return (
         f"issued{how} {parts['issue_s']:.3f} s{cpu}{beside}, device {parts['device_s']:.3f} s{after}, {_forget(parts)}"
