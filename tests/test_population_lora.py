@@ -118,12 +118,15 @@ def test_install_replaces_the_gpu_wrappers_metadata_step() -> None:
             "import json; from agent_envs.es import population_lora as p; message = p.install(4);"
             "from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU as G;"
             "from agent_envs.es.lora_step_metadata import update_metadata as u;"
-            "print('RESULT ' + json.dumps({'message': message, 'replaced': G.update_metadata is u}))",
+            "folded = p.install(4, 'matmul');"
+            "print('RESULT ' + json.dumps({'message': message, 'folded': folded, 'replaced': G.update_metadata is u}))",
         ],
-        env=script_env(),
+        env=script_env(AGENT_ENVS_WIDEN_PLANES="1"),
         timeout=300,
     )
     assert out["replaced"] and "step metadata on the host" in out["message"], out
+    # the packed layers' layout asked for by the environment is in the description a run records
+    assert "AGENT_ENVS_WIDEN_PLANES" not in out["message"] and out["folded"].endswith(", AGENT_ENVS_WIDEN_PLANES=1")
 
 
 def test_install_names_the_kernel_for_worker_processes(monkeypatch: pytest.MonkeyPatch) -> None:

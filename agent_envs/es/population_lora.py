@@ -239,6 +239,11 @@ def install(rank: int | None = None, kernel: str = "population") -> str:
         + (", step metadata on the host" if HOST_METADATA[1] in done else "")
         + (f", rank {rank}" if rank else "")
         + (f", tiles {os.environ[BLOCKS_ENV]}" if TILES else "")
+        + (  # the packed layers' layout, where set instead of population_matmul.planes_for's rule
+            f", {population_matmul.PLANES_ENV}={os.environ[population_matmul.PLANES_ENV].strip()}"
+            if kernel == "matmul" and os.environ.get(population_matmul.PLANES_ENV, "").strip()
+            else ""
+        )
     )
 
 

@@ -63,8 +63,9 @@ def planes_for(n_slices: int, n_slots: int, rank: int) -> bool:
     over ``[x | h_0 | h_1 | ...]`` multiplies every token by every slice's block, zeros on the other
     slices' rows: at P = 256, rank 4, qkv's inner size grows by 3,072 columns for 1,024 that any output row
     uses, and the 4B layer's extra products are 63% of its matmuls' instead of 31%.  A GEMM per slice
-    costs launches and smaller tiles, so small populations keep the one GEMM.  :data:`PLANES_ENV` decides
-    instead where set."""
+    costs launches and smaller tiles, so small populations keep the one GEMM (on an H100, per 4B layer:
+    1.09-1.10x the one GEMM at P = 16, 0.88-0.89x at P = 256; docs/scaling.md, fourteenth session).
+    :data:`PLANES_ENV` decides instead where set."""
     chosen = os.environ.get(PLANES_ENV)
     if chosen is not None and chosen.strip():
         if chosen.strip() not in ("0", "1"):

@@ -333,8 +333,10 @@ def single_engine_run(
             if kernel == "matmul":  # what folding took: a layer it does not serve keeps the population kernels
                 folded = backend.lora_kernel()[0]["widened"]
                 tiles = f" (widen tiles {folded['widen_tiles']})" if folded.get("widen_tiles") else ""
+                planes = folded.get("layers_in_planes", 0)
                 print(
-                    f"[es] low-rank: {folded['layers']} layers with the members folded into their matmuls{tiles}",
+                    f"[es] low-rank: {folded['layers']} layers with the members folded into their matmuls{tiles}"
+                    + (f", {planes} of them packed in planes (a GEMM per slice)" if planes else ""),
                     file=sys.stderr,
                 )
         else:
