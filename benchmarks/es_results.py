@@ -87,7 +87,7 @@ def raw_rate(group: list[dict[str, Any]], m: dict[str, Any], kind: str = "raw_PB
     phase's prompts is not given)."""
     same = [r for r in group if r["kind"] == kind and r["phase"] == m["phase"] and r["walls"]]
     if not same:
-        return None, "no raw at P x B in this phase" if kind == "raw_PB" else ""
+        return None, "no raw at P x B in this phase"
     return statistics.median(rates(same[0])), ""
 
 

@@ -233,17 +233,15 @@ def install(rank: int | None = None, kernel: str = "population") -> str:
     if kernel == "matmul":
         done += population_matmul.install(rank)
     _state["installed"] = done
+    planes = population_matmul.planes_asked() if kernel == "matmul" else None
     return (
         ("members' expand folded into the layers' matmuls, " if kernel == "matmul" else "")
         + f"population LoRA kernels in {', '.join(done)}"
         + (", step metadata on the host" if HOST_METADATA[1] in done else "")
         + (f", rank {rank}" if rank else "")
         + (f", tiles {os.environ[BLOCKS_ENV]}" if TILES else "")
-        + (  # the packed layers' layout, where set instead of population_matmul.planes_for's rule
-            f", {population_matmul.PLANES_ENV}={os.environ[population_matmul.PLANES_ENV].strip()}"
-            if kernel == "matmul" and os.environ.get(population_matmul.PLANES_ENV, "").strip()
-            else ""
-        )
+        # the packed layers' layout, where set instead of population_matmul.planes_for's rule
+        + (f", {population_matmul.PLANES_ENV}={int(planes)}" if planes is not None else "")
     )
 
 

@@ -66,12 +66,19 @@ def planes_for(n_slices: int, n_slots: int, rank: int) -> bool:
     costs launches and smaller tiles, so small populations keep the one GEMM (on an H100, per 4B layer:
     1.09-1.10x the one GEMM at P = 16, 0.88-0.89x at P = 256; docs/scaling.md, fourteenth session).
     :data:`PLANES_ENV` decides instead where set."""
-    chosen = os.environ.get(PLANES_ENV)
-    if chosen is not None and chosen.strip():
-        if chosen.strip() not in ("0", "1"):
-            raise ValueError(f"{PLANES_ENV}={chosen!r}: 1 (every packed layer in planes) or 0 (none)")
-        return n_slices > 1 and chosen.strip() == "1"
-    return n_slices > 1 and n_slots * rank >= PLANES_FROM_COLUMNS
+    asked = planes_asked()
+    return n_slices > 1 and (n_slots * rank >= PLANES_FROM_COLUMNS if asked is None else asked)
+
+
+def planes_asked() -> bool | None:
+    """What :data:`PLANES_ENV` asks for (every packed layer in planes, or none), None where it is unset;
+    any other value is refused by name."""
+    chosen = os.environ.get(PLANES_ENV, "").strip()
+    if not chosen:
+        return None
+    if chosen not in ("0", "1"):
+        raise ValueError(f"{PLANES_ENV}={os.environ[PLANES_ENV]!r}: 1 (every packed layer in planes) or 0 (none)")
+    return chosen == "1"
 
 
 def widened_columns(stacked: Sequence[torch.Tensor], rank: int, planes: bool = False) -> int:
