@@ -25,10 +25,7 @@ timed inside a CUDA graph (as the engine replays it):
 - ``folded, packed layers in planes``: the same with qkv and gate_up in planes
   (``population_matmul.planes_for``): the slices share one block of member columns, ``widen`` writes a plane
   ``[x | h_s]`` per slice and each slice is a GEMM of its own (``max_abs_diff_folded_planes``: against the
-  matmul and the two launches);
-- ``folded, widen fused``: the folded path with ``widen``'s two-launch form in one launch (split 2,
-  ``population_lora_triton.FUSED``: the last program of a token tile adds the parts), the default tiles
-  otherwise; ``fused_same_bits``: its outputs equal the two launches' bit for bit.
+  matmul and the two launches).
 
 Columns ``+vllm`` and ``+population`` are the LoRA time over ``base`` (what adapters add to the layer's
 matmuls); ``max |diff|`` compares the two LoRA outputs (both accumulate in float32, round to bfloat16).
@@ -121,7 +118,7 @@ def measure(
     from triton.testing import do_bench_cudagraph
     from vllm.lora.ops.triton_ops import LoRAKernelMeta
 
-    from agent_envs.es.population_lora_triton import FUSED, WIDEN_BY_TOKENS, expand_columns, launch, widen
+    from agent_envs.es.population_lora_triton import expand_columns, launch, widen
     from agent_envs.es.population_matmul import widened_weight
 
     specs = layers(SHAPES[shape_name])
@@ -166,13 +163,6 @@ def measure(
     def folded(blocks: dict[str, int] | None = None) -> None:
         for layer, w, out in zip(group, widened, folded_out):
             torch.matmul(widen(layer.x, slots, layer.a, rank, order=order, blocks=blocks), w.t(), out=out)
-
-    fused_tiles = {**WIDEN_BY_TOKENS[-1][1], "split": FUSED}
-    fused_out = [torch.empty_like(layer.y) for layer in group]
-
-    def folded_fused() -> None:
-        for layer, w, out in zip(group, widened, fused_out):
-            torch.matmul(widen(layer.x, slots, layer.a, rank, order=order, blocks=fused_tiles), w.t(), out=out)
 
     # in planes (population_matmul.planes_for): a packed layer's slices share one block of member columns,
     # each slice a GEMM of its own; a layer of one slice stays as it is
@@ -237,7 +227,6 @@ def measure(
             ("stacked", stacked_then_expand),
             ("folded", folded),
             ("folded_planes", folded_planes),
-            ("folded_fused", folded_fused),
             ("widened_matmuls", functools.partial(widened_matmuls, widened, widened_in)),
             ("widened_padded", functools.partial(widened_matmuls, padded, padded_in)),
         )
@@ -249,7 +238,6 @@ def measure(
     stacked_then_expand()
     folded()
     folded_planes()
-    folded_fused()
     folded_diff = planes_diff = 0.0
     for layer, out, fold, plane in zip(group, wide, folded_out, planes_out):
         stacked_diff = max(stacked_diff, (layer.y.float() - out[:, : sum(layer.widths)].float()).abs().max().item())
@@ -288,7 +276,6 @@ def measure(
         "max_abs_diff_stacked": stacked_diff,
         "max_abs_diff_folded": folded_diff,
         "max_abs_diff_folded_planes": planes_diff,
-        "fused_same_bits": all(torch.equal(a, b) for a, b in zip(folded_out, fused_out)),
         "two_streams_failed": failed,
         "best_blocks": best,
         "best_ms": tried[best] if best else None,
@@ -310,9 +297,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         "| folded into the matmul (ms) | +folded | folded, best widen tiles (tokens,features): ms "
         "| folded, widen in two launches, best tiles (tokens,features,split): ms "
         f"| widened matmuls alone (ms) | the same, inner size padded to {PAD_TO} (ms) "
-        "| folded, packed layers in planes (ms) | planes / folded | folded, widen fused (ms) | fused / folded "
-        "| fused: the same bits |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| folded, packed layers in planes (ms) | planes / folded |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
@@ -328,8 +314,7 @@ def table(rows: list[dict[str, Any]]) -> str:
                 for best, ms in (("best_widen", "best_folded_ms"), ("best_split", "best_split_ms"))
             )
             + f"| {r['widened_matmuls_ms']:.3f} | {r['widened_padded_ms']:.3f} "
-            f"| {r['folded_planes_ms']:.3f} | {r['folded_planes_ms'] / r['folded_ms']:.2f}x "
-            f"| {r['folded_fused_ms']:.3f} | {r['folded_fused_ms'] / r['folded_ms']:.2f}x | {r['fused_same_bits']} |"
+            f"| {r['folded_planes_ms']:.3f} | {r['folded_planes_ms'] / r['folded_ms']:.2f}x |"
         )
     return "\n".join(out)
 

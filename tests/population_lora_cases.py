@@ -17,7 +17,6 @@ import torch  # noqa: E402
 
 from agent_envs.es.population_lora import reference  # noqa: E402
 from agent_envs.es.population_lora_triton import (  # noqa: E402
-    FUSED,
     WIDEN_BY_TOKENS,
     expand_columns,
     launch,
@@ -144,11 +143,6 @@ WIDEN_CASES = [
     ("gate_up, planes, padded graph step", (72, 72), 300, 4, 8, 4, 21, torch.float32, 11, None, True),
     ("qkv, planes, one launch, summed steps", (48, 16, 16), 2100, 5, 8, 4, 13, torch.bfloat16, 5, (2, 2048), True),
     ("gate_up, planes, one launch", (72, 72), 40, 4, 8, 4, 21, torch.bfloat16, 0, (2, 16), True),
-    # the split form fused into one launch (split 2): the tile's last program adds the parts
-    ("qkv, fused split", (48, 16, 16), 300, 5, 8, 4, 37, torch.bfloat16, 0, (16, 64, 2)),
-    ("gate_up, fused split, padded graph step", (72, 72), 300, 4, 8, 4, 21, torch.float32, 11, (16, 64, 2)),
-    ("o, 40 members, fused split, two column blocks", (40,), 48, 40, 4, 4, 64, torch.float32, 0, (16, 16, 2)),
-    ("qkv, planes, fused split", (48, 16, 16), 300, 5, 8, 4, 37, torch.bfloat16, 0, (16, 64, 2), True),
 ]
 
 
@@ -171,16 +165,6 @@ def widen_case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, 
     order = vllm_metadata(slots, tokens, n_slots, rows) if padded else None
     blocks = dict(zip(("tokens", "features", "split"), tiles)) if tiles else None
     got = widen(x, slots, a, rank, order=order, blocks=blocks, planes=planes)
-    fused = blocks is not None and blocks.get("split") == FUSED
-    # fused: the two-launch form's bits, twice over (its counts back at 0 after each launch)
-    same_bits = (
-        [
-            torch.equal(got, widen(x, slots, a, rank, order=order, blocks={**blocks, "split": split}, planes=planes))
-            for split in (1, FUSED)
-        ]
-        if fused
-        else []
-    )
     reference_rows = widen_reference(x[:tokens], slots, a, rank, planes)
     padding = torch.cat([x[tokens:], torch.zeros(padded, got.shape[-1] - features, dtype=dtype)], 1)
     want = torch.cat([reference_rows, padding.expand(*reference_rows.shape[:-2], *padding.shape)], dim=-2)
@@ -198,9 +182,7 @@ def widen_case(name, widths, features, n_slots, rank_slot, rank, tokens, dtype, 
         "name": name,
         "planes": planes,
         "shape": list(got.shape),
-        "two_launches": (blocks or WIDEN_BY_TOKENS[-1][1]).get("split") == 1,
-        "fused": fused,
-        "same_bits_as_two_launches_twice": same_bits == [True, True],
+        "two_launches": bool((blocks or WIDEN_BY_TOKENS[-1][1]).get("split")),
         "max_abs_diff": (want.float() - got.float()).abs().max().item(),
         "tolerance": scale * (1e-2 if dtype == torch.bfloat16 else 1e-5),
         "x_copied": all(torch.equal(plane[:, :features], x) for plane in rows),
@@ -262,25 +244,13 @@ def compile_sm90():
 
     split_tiles = {"RANK": 4, "STARTS": 32, "BLOCK_T": 16}
 
-    def parts(planes: bool, finish: bool = False) -> ASTSource:
-        constants = {
-            **split_tiles,
-            "FLOAT32": False,
-            "R": 16,
-            "R_SUM": 4,
-            "SLICES": 3,
-            "PLANES": planes,
-            "BLOCK_K": 256,
-            "BLOCK_E": 128,
-            "FINISH": finish,
-        }
+    def parts(planes: bool) -> ASTSource:
         return ASTSource(
             k._widen_parts_kernel,
-            signature={"x_ptr": ptr, **index, "w_ptr": ptr, "parts_ptr": "*fp32", "counts_ptr": "*i32",
-                       "a0_ptr": ptr, "a1_ptr": ptr, "a2_ptr": ptr,
-                       **{n: "i32" for n in ("T", "K", "L", "STEPS", "stride_x", "stride_w", "stride_wp", "stride_al", "stride_ar", "stride_pk", "stride_ps", "stride_pp")},
-                       **{n: "constexpr" for n in constants}},
-            constexprs=constants,
+            signature={"x_ptr": ptr, **index, "w_ptr": ptr, "parts_ptr": "*fp32", "a0_ptr": ptr, "a1_ptr": ptr, "a2_ptr": ptr,
+                       **{n: "i32" for n in ("T", "K", "L", "stride_x", "stride_w", "stride_wp", "stride_al", "stride_ar", "stride_pk", "stride_ps", "stride_pp")},
+                       **{n: "constexpr" for n in (*split_tiles, "FLOAT32", "R", "SLICES", "PLANES", "BLOCK_K")}},
+            constexprs={**split_tiles, "FLOAT32": False, "R": 16, "SLICES": 3, "PLANES": planes, "BLOCK_K": 256},
         )  # fmt: skip
 
     def finish(planes: bool) -> ASTSource:
@@ -298,8 +268,7 @@ def compile_sm90():
         ("widen", widen_source(2, 512, False)), ("widen_summed", widen_source(1, 4096, True)),
         ("widen_parts", parts(False)), ("widen_finish", finish(False)),
         ("widen_planes", widen_source(2, 512, False, True)), ("widen_parts_planes", parts(True)),
-        ("widen_finish_planes", finish(True)), ("widen_fused", parts(False, True)),
-        ("widen_fused_planes", parts(True, True)),
+        ("widen_finish_planes", finish(True)),
     )  # fmt: skip
     built = {name: compile(src, target=target) for name, src in sources}
     return {name: len(kernel.asm["cubin"]) for name, kernel in built.items()}, {

@@ -73,10 +73,6 @@ def test_triton_kernels_equal_the_reference_under_the_interpreter() -> None:
         assert widened["matmul_max_abs_diff"] <= widened["matmul_tolerance"], widened
         assert widened["x_copied"] and widened["zeros_without_member"] and widened["members"] > 0, widened
     assert {w["two_launches"] for w in out["widen"]} == {True, False}
-    # fused into one launch (split 2): the two-launch form's bits, again on a second launch (its counts reset)
-    fused = [w for w in out["widen"] if w["fused"]]
-    assert len(fused) == 4 and {w["planes"] for w in fused} == {True, False}
-    assert all(w["same_bits_as_two_launches_twice"] for w in fused), fused
     # in planes (every packed slice its own [x | h_s] and GEMM), both forms of the kernel
     assert {(w["planes"], w["two_launches"]) for w in out["widen"] if w["planes"]} == {(True, True), (True, False)}
     qkv_planes = next(w for w in out["widen"] if w["name"] == "qkv, planes")
@@ -97,7 +93,7 @@ def test_triton_kernels_compile_for_an_h200() -> None:
         timeout=300,
     )
     kernels = ("shrink", "expand", "expand_columns", "widen", "widen_summed", "widen_parts", "widen_finish")
-    kernels += ("widen_planes", "widen_parts_planes", "widen_finish_planes", "widen_fused", "widen_fused_planes")
+    kernels += ("widen_planes", "widen_parts_planes", "widen_finish_planes")
     assert min(out["cubin_bytes"][k] for k in kernels) > 0
     assert out["mma_lines"]["shrink"] > 0 and out["mma_lines"]["widen_parts"] > 0  # bfloat16 tiles on tensor cores
 

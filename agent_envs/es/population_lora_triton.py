@@ -62,9 +62,6 @@ MIN_DOT = 16
 WIDEN_BY_TOKENS: tuple[tuple[float, dict[str, int]], ...] = (
     (float("inf"), {"tokens": 16, "features": 256, "split": 1}),
 )
-#: ``widen``'s split 2: the two-launch form's programs in one launch, the last program of a token tile adding
-#: the parts and writing the columns (no second launch and no gap before it; the same bits as split 1)
-FUSED = 2
 #: widened columns written per step (a block of ``slots x rank`` per slice)
 WIDEN_COLUMNS = 128
 #: ``widen``'s feature steps from which each step's products are summed at once (a step of thousands of
@@ -344,17 +341,14 @@ def _widened_block(
 
 @triton.jit
 def _widen_parts_kernel(
-    x_ptr, order_ptr, starts_ptr, slots_ptr, w_ptr, parts_ptr, counts_ptr, a0_ptr, a1_ptr, a2_ptr,
-    T, K, L, STEPS, stride_x, stride_w, stride_wp, stride_al, stride_ar, stride_pk, stride_ps, stride_pp,
-    FLOAT32: tl.constexpr, R: tl.constexpr, R_SUM: tl.constexpr, RANK: tl.constexpr, SLICES: tl.constexpr,
-    PLANES: tl.constexpr, STARTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_E: tl.constexpr, FINISH: tl.constexpr,
+    x_ptr, order_ptr, starts_ptr, slots_ptr, w_ptr, parts_ptr, a0_ptr, a1_ptr, a2_ptr,
+    T, K, L, stride_x, stride_w, stride_wp, stride_al, stride_ar, stride_pk, stride_ps, stride_pp,
+    FLOAT32: tl.constexpr, R: tl.constexpr, RANK: tl.constexpr, SLICES: tl.constexpr, PLANES: tl.constexpr,
+    STARTS: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """The split widening's first launch, grid ``(token tiles, feature steps)``: a step of ``x``'s features
-    copied, and each slice's partial ``h`` over them (``tl.dot`` per member of the tile) written whole.
-    With ``FINISH`` (the one-launch split): the tile's last program to write its part, counted in
-    ``counts[tile]``, adds the parts and writes the columns as :func:`_widen_finish_kernel` does, then sets the
-    count back to 0 for the next launch (a CUDA graph replays the same counts)."""
+    copied, and each slice's partial ``h`` over them (``tl.dot`` per member of the tile) written whole."""
     pid_t = tl.program_id(0)
     pid_k = tl.program_id(1)
     pos, tok, slot, valid, m, last = _token_tile(order_ptr, starts_ptr, slots_ptr, pid_t, L, STARTS, BLOCK_T)
@@ -386,36 +380,6 @@ def _widen_parts_kernel(
         tl.store(p_at + stride_ps, acc1, mask=p_mask)
     if SLICES > 2:
         tl.store(p_at + 2 * stride_ps, acc2, mask=p_mask)
-    if FINISH:
-        tl.debug_barrier()  # every thread's part stored before the count says so (its release is the CTA's)
-        if tl.atomic_add(counts_ptr + pid_t, 1, sem="acq_rel") == STEPS - 1:
-            tl.store(counts_ptr + pid_t, 0)
-            for s in tl.static_range(SLICES):
-                _finish_slice(
-                    parts_ptr,
-                    pos,
-                    tok,
-                    slot,
-                    valid,
-                    in_rows,
-                    w_ptr,
-                    K,
-                    L,
-                    STEPS,
-                    s,
-                    0,
-                    L * RANK,
-                    stride_w,
-                    stride_wp,
-                    stride_pk,
-                    stride_ps,
-                    stride_pp,
-                    R_SUM,
-                    RANK,
-                    PLANES,
-                    BLOCK_T,
-                    BLOCK_E,
-                )
 
 
 @triton.jit
@@ -436,30 +400,22 @@ def _widen_finish_kernel(
     R: tl.constexpr, RANK: tl.constexpr, PLANES: tl.constexpr, STARTS: tl.constexpr, BLOCK_T: tl.constexpr,
     BLOCK_E: tl.constexpr,
 ):  # fmt: skip
-    """The split widening's second launch, grid ``(token tiles, slices, column blocks)``: :func:`_finish_slice`
-    for its block of columns."""
-    pos, tok, slot, valid, _, _ = _token_tile(order_ptr, starts_ptr, slots_ptr, tl.program_id(0), L, STARTS, BLOCK_T)
-    e_first = tl.program_id(2) * BLOCK_E
-    e_end = tl.minimum(e_first + BLOCK_E, L * RANK)
-    _finish_slice(parts_ptr, pos, tok, slot, valid, pos < T, w_ptr, K, L, SPLITS, tl.program_id(1), e_first, e_end,
-                  stride_w, stride_wp, stride_pk, stride_ps, stride_pp, R, RANK, PLANES, BLOCK_T, BLOCK_E)  # fmt: skip
-
-
-@triton.jit
-def _finish_slice(
-    parts_ptr, pos, tok, slot, valid, in_rows, w_ptr, K, L, SPLITS, s, e_first, e_end,
-    stride_w, stride_wp, stride_pk, stride_ps, stride_pp,
-    R: tl.constexpr, RANK: tl.constexpr, PLANES: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-):  # fmt: skip
-    """Slice ``s``'s partial sums of a token tile added in order of their feature steps (the same sum every
-    run, in either form), its columns ``[e_first, e_end)`` of ``slots x rank`` written as the one-launch kernel
-    writes them.  The parts are read from L2 (``.cg``): another program wrote them in the fused form."""
+    """The split widening's second launch, grid ``(token tiles, slices, column blocks)``: the partial sums
+    added in order of their feature steps (the same sum every run), the block of the slice's ``slots x rank``
+    columns written as the one-launch kernel writes them."""
+    pid_t = tl.program_id(0)
+    s = tl.program_id(1)
+    pid_e = tl.program_id(2)
+    pos, tok, slot, valid, _, _ = _token_tile(order_ptr, starts_ptr, slots_ptr, pid_t, L, STARTS, BLOCK_T)
+    in_rows = pos < T
     offs_r = tl.arange(0, R)
     h_at = parts_ptr + s * stride_ps + pos[:, None] * stride_pp + offs_r[None, :]
     h_mask = valid[:, None] & (offs_r < RANK)[None, :]
     h = tl.zeros((BLOCK_T, R), dtype=tl.float32)
     for split in range(SPLITS):
-        h += tl.load(h_at + split * stride_pk, mask=h_mask, other=0.0, cache_modifier=".cg")
+        h += tl.load(h_at + split * stride_pk, mask=h_mask, other=0.0)
+    e_first = pid_e * BLOCK_E
+    e_end = tl.minimum(e_first + BLOCK_E, L * RANK)
     w_at, start = _slice_at(w_ptr, K, L * RANK, stride_wp, s, PLANES)
     _widened_block(w_at, tok, slot, valid, in_rows, h, start, e_first, e_end, stride_w, L, R, RANK, BLOCK_E)
 
@@ -675,35 +631,15 @@ def _widen_split(
     tiles, steps = triton.cdiv(tokens, b["tokens"]), triton.cdiv(features, b["features"])
     r_sum = triton.next_power_of_2(rank)
     parts = torch.empty((steps, n_slices, tokens, r_sum), dtype=torch.float32, device=x.device)
-    counts = _tile_counts(x.device, tiles) if b["split"] == FUSED else None
-    common = dict(RANK=rank, STARTS=triton.next_power_of_2(n_slots + 2), BLOCK_T=b["tokens"], BLOCK_E=WIDEN_COLUMNS)
+    common = dict(RANK=rank, STARTS=triton.next_power_of_2(n_slots + 2), BLOCK_T=b["tokens"])
     _widen_parts_kernel[(tiles, steps)](
-        x, sorted_tokens, starts, slots, out, parts, parts if counts is None else counts, a[0], a[1], a[2],
-        tokens, features, n_slots, steps,
+        x, sorted_tokens, starts, slots, out, parts, a[0], a[1], a[2], tokens, features, n_slots,
         x.stride(0), *strides_w, a[0].stride(0), a[0].stride(2), parts.stride(0), parts.stride(1), parts.stride(2),
-        FLOAT32=x.dtype == torch.float32 or not x.is_cuda, R=max(MIN_DOT, r_sum), R_SUM=r_sum, SLICES=n_slices,
-        PLANES=planes, BLOCK_K=b["features"], FINISH=counts is not None, **common,
+        FLOAT32=x.dtype == torch.float32 or not x.is_cuda, R=max(MIN_DOT, r_sum), SLICES=n_slices,
+        PLANES=planes, BLOCK_K=b["features"], **common,
     )  # fmt: skip
-    if counts is not None:
-        return
     _widen_finish_kernel[(tiles, n_slices, triton.cdiv(n_slots * rank, WIDEN_COLUMNS))](
         parts, sorted_tokens, starts, slots, out, tokens, features, n_slots, steps,
-        *strides_w, parts.stride(0), parts.stride(1), parts.stride(2), R=r_sum, PLANES=planes, **common,
+        *strides_w, parts.stride(0), parts.stride(1), parts.stride(2),
+        R=r_sum, PLANES=planes, BLOCK_E=WIDEN_COLUMNS, **common,
     )  # fmt: skip
-
-
-_counts: dict[torch.device, torch.Tensor] = {}
-
-
-def _tile_counts(device: torch.device, tiles: int) -> torch.Tensor | None:
-    """The fused widening's count per token tile, zeroed once and kept for the process (each launch leaves
-    them at 0 again; launches on one stream, as an engine's forward, never overlap).  None while a CUDA graph
-    is captured and the kept counts are too few: zeros made then would be a step of the graph, so that launch
-    takes the two-launch form (an engine's first, eager steps are its largest, and size the counts first)."""
-    kept = _counts.get(device)
-    if kept is not None and kept.numel() >= tiles:
-        return kept
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return None
-    _counts[device] = torch.zeros(max(1024, triton.next_power_of_2(tiles)), dtype=torch.int32, device=device)
-    return _counts[device]

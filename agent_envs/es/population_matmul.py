@@ -47,8 +47,7 @@ PLANES_ENV = "AGENT_ENVS_WIDEN_PLANES"
 PLANES_FROM_COLUMNS = 256
 
 #: ``tokens,features[,split]``: ``widen``'s tiles in place of ``population_lora_triton.WIDEN_BY_TOKENS``
-#: (split 1: its two-launch form; 2: that form in one launch, ``population_lora_triton.FUSED``), e.g. to try
-#: another on a GPU in an engine
+#: (split 1: its two-launch form), e.g. to try another on a GPU in an engine
 WIDEN_BLOCKS_ENV = "AGENT_ENVS_WIDEN_BLOCKS"
 WIDEN_TILES = (
     dict(zip(("tokens", "features", "split"), map(int, os.environ[WIDEN_BLOCKS_ENV].split(","))))
