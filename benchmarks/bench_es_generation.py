@@ -792,10 +792,11 @@ def main() -> int:
     ap.add_argument(
         "--warm-generations",
         type=int,
-        default=1,
-        help="lowrank: generations before the timed ones (3 keeps the update graph's captures out of the timed "
-        "ones: on by default, its two staging buffers' graphs are captured in the first two updates that find "
-        "their factors drawn ahead; --update-graph both runs those itself)",
+        default=None,
+        help="lowrank: generations before the timed ones (default: 3 where the update runs as a CUDA graph, which "
+        "keeps its captures out of the timed ones, as a run pays them once: its two staging buffers' graphs are "
+        "captured in the first two updates that find their factors drawn ahead; 1 on --cpu, with the graph off "
+        "and with --update-graph both, which runs those itself)",
     )
     ap.add_argument("--old-members", type=int, default=None, help="members the old path runs (4; --cpu 2)")
     ap.add_argument("--raw-members", type=int, default=2, help="members whose turns the raw batch-B row replays")
@@ -872,6 +873,11 @@ def main() -> int:
     for key, value in (small if args.cpu else large).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.warm_generations is None:
+        from agent_envs.es import update_graph
+
+        graphed = update_graph.enabled() and not args.cpu and args.update_graph != "both"
+        args.warm_generations = 3 if graphed else 1
 
     if args.one_case:
         return run_case(args, phases_[0])
