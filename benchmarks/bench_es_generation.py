@@ -327,6 +327,15 @@ def raw_row(bench: Bench, name: str, kind: str, results: list[dict[str, Any]]) -
     )
 
 
+def update_graphed(args: argparse.Namespace) -> bool:
+    """Whether every low-rank generation's update runs as one CUDA graph: on a GPU with the graph on, and not
+    under ``--update-graph both`` (whose first row is issued call by call).  It names the row and sets the
+    warm-up (a graph is captured per buffer, so the first updates are captures, not replays)."""
+    from agent_envs.es import update_graph
+
+    return update_graph.enabled() and not args.cpu and args.update_graph != "both"
+
+
 def on_kernel(args: argparse.Namespace) -> str:
     """How a low-rank row names the LoRA kernels it ran on (vLLM's: nothing added)."""
     from agent_envs.es.population_lora import choose
@@ -550,10 +559,8 @@ class Bench:
         """The low-rank row over the timed generations; its last generation's requests kept for the raw
         phase (and, unless ``--skip-replay``, replayed on its own engine)."""
         n, kernel = self.args.timed_generations, self.args.lora_kernel[0]  # a child runs one kernel
-        from agent_envs.es import update_graph
-
         both = self.args.update_graph == "both"
-        graphed = ", the update as one CUDA graph" if update_graph.enabled() and not both else ""
+        graphed = ", the update as one CUDA graph" if update_graphed(self.args) else ""
         name = f"low-rank batched (rank {self.args.rank}, all members at once{on_kernel(self.args)}{graphed})"
         args = self.lowrank_flags("--lora-kernel", kernel)
         with self.es.open_run(args) as run:
@@ -874,10 +881,7 @@ def main() -> int:
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.warm_generations is None:
-        from agent_envs.es import update_graph
-
-        graphed = update_graph.enabled() and not args.cpu and args.update_graph != "both"
-        args.warm_generations = 3 if graphed else 1
+        args.warm_generations = 3 if update_graphed(args) else 1
 
     if args.one_case:
         return run_case(args, phases_[0])

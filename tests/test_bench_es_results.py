@@ -138,3 +138,23 @@ def test_each_case_of_one_command_runs_in_a_process_of_its_own_and_every_row_lan
     processes = {r["process"] for r in rows}
     assert len(processes) == 4 and parent.pid not in processes  # four children, none of them the command
     assert "64 x 16, lowrank: note: dry run (raw)" in out  # the parent prints the table of every case
+
+
+@pytest.mark.parametrize(
+    ("cpu", "mode", "env", "graphed"),
+    [(False, "env", None, True), (True, "env", None, False), (False, "both", None, False), (False, "env", "0", False)],
+)
+def test_a_row_says_the_update_is_one_cuda_graph_only_where_it_is(
+    monkeypatch: pytest.MonkeyPatch, cpu: bool, mode: str, env: str | None, graphed: bool
+) -> None:
+    """The row's name and the warm-up default read one rule: on ``--cpu`` the update is never a graph."""
+    import argparse
+
+    from agent_envs.es import update_graph
+    from benchmarks import bench_es_generation
+
+    if env is None:
+        monkeypatch.delenv(update_graph.ENV, raising=False)
+    else:
+        monkeypatch.setenv(update_graph.ENV, env)
+    assert bench_es_generation.update_graphed(argparse.Namespace(cpu=cpu, update_graph=mode)) is graphed
