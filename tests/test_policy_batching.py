@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent_envs.policy.base import Completion, GenerationRequest
+from agent_envs.policy.base import Completion, EngineFailed, GenerationRequest
 from agent_envs.policy.batching import BatchedEnginePolicy, Prepared, microbatch
 from agent_envs.policy.hf import smollm2_tokenizer as load_tokenizer
 
@@ -53,6 +53,8 @@ class RecordingEngine(BatchedEnginePolicy):
     def _generate_group(self, group: list[Prepared]) -> list[Completion]:
         texts = [p.request.messages[-1]["content"] for p in group]
         self.calls.append(texts)
+        if "engine-dies" in texts:
+            raise EngineFailed("the engine failed during a call")
         if "always-fails" in texts:
             raise ValueError("engine rejected the prompt")
         if "poison" in texts and len(texts) > 1:
@@ -81,6 +83,15 @@ def test_failed_group_is_retried_request_by_request(smollm2_tokenizer) -> None:
     assert [c.text for c in out[:2]] == ["a", "poison"] and out[3].text == "d"
     assert out[2].error == "request_error"
     assert out[2].error_message == "ValueError: engine rejected the prompt"
+
+
+def test_an_engine_failure_fails_the_whole_group_without_retrying_on_that_engine(smollm2_tokenizer) -> None:
+    engine = RecordingEngine(smollm2_tokenizer, budget=0)
+    out = engine.generate([req("a"), req("engine-dies"), req("c")])
+    assert engine.calls == [["a", "engine-dies", "c"]]  # no request-by-request retry
+    assert {(c.error, c.error_message) for c in out} == {
+        ("request_error", "EngineFailed: the engine failed during a call")
+    }
 
 
 def test_context_fit_refuses_before_the_engine(smollm2_tokenizer) -> None:

