@@ -25,7 +25,7 @@ from agent_envs.es.history import (
     write_history,
 )
 from agent_envs.es.perturb import SeededPerturber
-from agent_envs.es.population import ESTrainer, evaluate_member
+from agent_envs.es.population import ESTrainer, GenerationFailed, evaluate_member
 from agent_envs.es.seeds import population_seeds
 from agent_envs.esrun.run import replay_source
 from agent_envs.esrun.settings import parse_settings
@@ -357,3 +357,36 @@ def test_subtractive_revert_drifts_only_by_rounding(tmp_path: Path) -> None:
     replay(history, SeededPerturber(replayed), seed=7, population=4)
     drift = max((a - b).abs().max().item() for a, b in zip(trained.parameters(), replayed.parameters()))
     assert 0 < drift < 1e-6
+
+
+class DiesAfter(Scorer):
+    """The scorer's episodes until ``generation``, then every episode a request error (a dead engine);
+    before it, one episode of each call is a request error (a bad request, not a dead engine)."""
+
+    def __init__(self, model: nn.Module, generation: int) -> None:
+        super().__init__(model)
+        self.calls, self.dies_at = 0, generation
+
+    def __call__(self, env_id: str, tasks: list[dict[str, Any]], policy: Any, samples: int, base_seed: int, **kw: Any):
+        rows = super().__call__(env_id, tasks, policy, samples, base_seed, **kw)
+        generation, self.calls = self.calls // 4, self.calls + 1  # population 4: one call per member
+        failed = {"termination_reason": "request_error", "react_error": "EngineFailed: the engine failed", "score": 0.0}
+        return [{**row, **failed} if generation >= self.dies_at or i == 0 else row for i, row in enumerate(rows)]
+
+
+def test_a_generation_with_no_episode_answered_stops_the_run_before_its_update(tmp_path: Path) -> None:
+    model = make_model()
+    backend = SeededPerturber(model, exact_revert=True)
+    cfg = ESConfig(env_id="toy", generations=3, population=4, case_batch_size=3, seed=7, alpha=0.05, exact_revert=True)
+    tasks = [{"id": f"t{i}", "x": i / 5} for i in range(5)]
+    scorer = DiesAfter(model, generation=1)
+    evaluate = lambda batch, seed, g, m: evaluate_member(  # noqa: E731
+        None, cfg.env_id, batch, seed, generation=g, member=m, rollout=scorer
+    )
+    trainer = ESTrainer(cfg, backend, tasks, evaluate, str(tmp_path / "history.json"), log=lambda _: None)
+    after_first: list[str] = []
+    trainer.progress = lambda record, timing: after_first.append(backend.checksum())
+    with pytest.raises(GenerationFailed, match=r"generation 1: all 12 episodes ended in request_error \(first: Engine"):
+        trainer.run()
+    assert [r["generation"] for r in update_records(load_history(tmp_path / "history.json"))] == [0]
+    assert after_first == [backend.checksum()]  # generation 1's rewards updated nothing

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, Ty
 from pydantic import BaseModel, ConfigDict
 
 from agent_envs.core.tasks import task_id
+from agent_envs.core.types import REQUEST_ERROR
 from agent_envs.policy.adapter import SamplingPolicy
 from agent_envs.rollout.records import as_row
 from agent_envs.rollout.runner import run_episodes
@@ -118,6 +119,22 @@ def run_perturbed(backend: Backend, seed: int, sigma: float, evaluate: Callable[
     finally:
         reverted = backend.revert(seed, sigma)
     return result.model_copy(update={"perturb_s": op_seconds(applied) + op_seconds(reverted)})
+
+
+class GenerationFailed(RuntimeError):
+    """Every episode of a generation ended in a request error: its rewards measure the engine or server,
+    not the members (a dead engine answers every later generation the same way), so the run stops
+    before that generation's update, with the history of the generations before it."""
+
+
+def check_answered(generation: int, members: Sequence[MemberResult]) -> None:
+    """:class:`GenerationFailed` when no episode of the generation got an answer from the policy."""
+    rows = [row for m in members for row in m.rows]
+    if rows and all(row.get("termination_reason") == REQUEST_ERROR for row in rows):
+        raise GenerationFailed(
+            f"generation {generation}: all {len(rows)} episodes ended in {REQUEST_ERROR} "
+            f"(first: {str(rows[0].get('react_error') or '')[:300]}); nothing of it was updated or written"
+        )
 
 
 def compact_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -294,6 +311,7 @@ class ESTrainer:
         batch = case_batch(self.tasks, generation, c.case_batch_size)
         start = time.perf_counter()
         members = self.evaluate_population(batch, seeds, sigma, generation)
+        check_answered(generation, members)
         rewards = [m.reward for m in members]
         weights = normalize_rewards(
             rewards, c.reward_normalization, c.reward_normalization_ddof, c.reward_normalization_eps

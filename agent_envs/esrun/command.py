@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from agent_envs.es.evaluation import eval_only
 from agent_envs.es.history import ReplayMismatch
+from agent_envs.es.population import GenerationFailed
 from agent_envs.es.progress import Progress, metrics_path, plot_metrics, read_metrics
 
 from .export import export
@@ -87,7 +88,10 @@ def train_watched(settings: ESSettings, run: ESRun) -> list[dict[str, Any]]:
             for record in run.trainer.history:
                 if record.get("generation") == -1:  # the initial held-out evaluation
                     progress.observe(record)
-        history: list[dict[str, Any]] = run.setup.train(run.trainer, run.evaluator, budgets(settings))
+        try:
+            history: list[dict[str, Any]] = run.setup.train(run.trainer, run.evaluator, budgets(settings))
+        except GenerationFailed as exc:  # the generations before it are in the history already
+            raise SystemExit(f"[es] {exc}; once the policy answers again: --resume {settings.history}") from None
         if history and history[-1].get("final_eval"):
             progress.observe(history[-1])
     finally:
