@@ -3,8 +3,9 @@
 
 Checks: per-request seeds repeat exactly; a completion does not depend on its batch neighbours or on
 microbatching; stop strings cut the text like the protocol expects; over-long prompts are refused
-before the engine; seeded prompts that outgrow one step's token budget are answered as alone; AsyncVLLMPolicy (16 concurrent streams) matches the offline engine token for
-token; throughput of one lockstep batch.
+before the engine; seeded prompts that outgrow one step's token budget are answered as alone;
+AsyncVLLMPolicy (16 concurrent streams) matches the offline engine token for token; throughput of
+one lockstep batch.
 
 No network needed.  On a GPU without model weights, build a tiny random Qwen2-style model from a
 tokenizer folder and load it with dummy weights:
@@ -96,15 +97,19 @@ def offline_checks(policy, args, results: dict) -> list[list[int] | None]:
     return ids(first)
 
 
+def step_budget(policy) -> int:
+    """The tokens one step of the policy's engine schedules at most."""
+    return policy.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+
+
 def long_requests(policy, args) -> list[GenerationRequest]:
     """Seeded prompts of about half the window each, more than one engine step's token budget holds."""
-    budget = policy.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
     words = " ".join(QUESTIONS) * max(1, (policy.max_model_len - args.max_tokens - 64) // 80)
     return [
         GenerationRequest(
             messages=[{"role": "user", "content": f"{i}: {words}"}], seed=500 + i, max_tokens=args.max_tokens
         )
-        for i in range(budget // (policy.max_model_len // 2) + 2)
+        for i in range(step_budget(policy) // (policy.max_model_len // 2) + 2)
     ]
 
 
@@ -115,7 +120,7 @@ def over_step_budget(policy, args) -> dict:
     batch = long_requests(policy, args)
     out = policy.generate(batch)
     return {
-        "budget": policy.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens,
+        "budget": step_budget(policy),
         "prompt_tokens": sum(c.prompt_tokens or 0 for c in out),
         "errors": sorted({str(c.error) for c in out if not c.ok}),
         "alone_match": [policy.generate([batch[i]])[0].token_ids == out[i].token_ids for i in (0, len(batch) - 1)],
