@@ -42,6 +42,34 @@ def test_a_computing_thread_and_a_waiting_one_are_told_apart() -> None:
     assert "- busy:" in table and "running 0%" in table and "tests/test_host_sampler.py:spin" in table, table
 
 
+def test_with_many_threads_the_sampler_keeps_to_its_share_of_the_wall() -> None:
+    """A round over 1,200 waiting threads takes longer than the 2 ms asked between rounds: the sampler then
+    waits longer, so it runs about ``duty`` of the wall (before: 29 ms rounds back to back in an ES driver
+    of 1,290 threads, most of the wall, slowing every thread it watched), and its table says so."""
+    gate = threading.Event()
+    waiting = [threading.Thread(target=gate.wait, name=f"idle-{i}") for i in range(1200)]
+    for t in waiting:
+        t.start()
+    try:
+        sampler = HostSampler(interval=0.002, owners=("tests/",), duty=0.2)
+        with sampler:
+            gate.wait(1.0)
+    finally:
+        gate.set()
+        for t in waiting:
+            t.join()
+    assert sampler.rounds >= 5, sampler.rounds
+    assert sampler.cpu_seconds / sampler.seconds < 0.3, (sampler.cpu_seconds, sampler.seconds, sampler.rounds)
+    assert sampler.totals["idle-7"] == sampler.rounds and sampler.samples[("idle-7", "waiting", "")] == sampler.rounds
+    head = sampler.table().splitlines()[0]
+    assert f"{sampler.rounds} rounds" in head and "2 ms asked" in head and "of the wall" in head, head
+
+
+def test_a_duty_outside_zero_to_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="duty"):
+        HostSampler(duty=0)
+
+
 def test_the_worker_extension_samples_the_engine_process_between_its_start_and_stop() -> None:
     """``ESWorkerExtension.es_host_sample_start``/``stop``: the sampler run where the engine's worker runs
     (the engine's own process, for an async engine), its table returned over the engine's RPC."""
