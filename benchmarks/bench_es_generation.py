@@ -395,18 +395,27 @@ class Bench:
 
     @contextlib.contextmanager
     def engine_sampled(self, call: Callable[..., list[Any]]) -> Iterator[list[str]]:
-        """With ``--sample-host``: the engine process's threads sampled over the block (the worker
-        extension's ``es_host_sample_start``/``es_host_sample_stop``; with the async engine that process is
-        not this one, and it is where each step is scheduled and prepared); the table in the list after."""
+        """The engine process's threads sampled over the block (the worker extension's
+        ``es_host_sample_start``/``es_host_sample_stop``; with the async engine that process is not this one,
+        and it is where each step is scheduled and prepared); the table in the list after."""
         table: list[str] = []
-        if not self.args.sample_host:
-            yield table
-            return
         call("es_host_sample_start")
         try:
             yield table
         finally:
             table.append(call("es_host_sample_stop", 10)[0]["table"])
+
+    def sampled_generation(self, run: Any, generation: int) -> None:
+        """With ``--sample-host``: one more generation, not timed, with both processes' threads sampled.  A
+        sampler round holds the interpreter's lock, and a timed generation sampled at P = 256 (1,290
+        threads in the driver) read 36.68 s where one not sampled read 33.25 s."""
+        with self.engine_sampled(run.backend._call) as engine_table, HostSampler() as sampler:
+            wall = timed_generations(run.trainer, generation, 1)[0][1]["wall_s"]
+        self.note(
+            f"low-rank engine: one more generation with the host threads sampled, not timed ({wall:.2f} s): "
+            f"the driver's {self.keep(sampler.table(), 'host')}; the engine process's "
+            f"{self.keep(engine_table[0], 'host-engine')}"
+        )
 
     def requests_file(self) -> Path:
         """Where the low-rank phase leaves its last generation's requests for the raw phase (this case)."""
@@ -572,20 +581,14 @@ class Bench:
                 run.trainer.step(g)
             runs = timed_generations(run.trainer, warm, n - 1)
             calls, times = start_stream_recording(run.policy)  # the last timed generation's requests: the raw replays
-            with self.engine_sampled(run.backend._call) as engine_table, gc_pauses() as pauses:
-                with HostSampler() if self.args.sample_host else contextlib.nullcontext() as sampler:
-                    runs += timed_generations(run.trainer, warm + n - 1, 1)
-                    finished = time.perf_counter()
-            # from the generation's own start (its step's wall), not from before the samplers and the heap's
-            # freeze around it: a collection there once read as 0.08-0.28 s of delay before the first request
+            with gc_pauses() as pauses:
+                runs += timed_generations(run.trainer, warm + n - 1, 1)
+                finished = time.perf_counter()
+            # from the generation's own start (its step's wall), not from before the heap's freeze around it:
+            # a collection there once read as 0.08-0.28 s of delay before the first request
             started = finished - runs[-1][1]["wall_s"]
             self.note(f"low-rank engine: {timeline(times, started, finished)}")
             self.note(f"low-rank engine: {tail(times, started, runs[-1][1], pauses)}")
-            if sampler is not None:
-                self.note(
-                    f"low-rank engine: host threads over the last generation: {self.keep(sampler.table(), 'host')}; "
-                    f"the engine process's: {self.keep(engine_table[0], 'host-engine')}"
-                )
             record = runs[-1][0]
             del run.policy._stream
             self.rows.append(generation_row(self, name, "lowrank", 1, runs, "--perturbation lowrank"))
@@ -593,6 +596,9 @@ class Bench:
             self.requests_file().write_bytes(pickle.dumps(calls))  # for --phase raw as a command of its own
             self.flush()  # kept if the command's time runs out during the replays
             following = warm + n
+            if self.args.sample_host:
+                self.sampled_generation(run, following)
+                following += 1
             if both:  # the same engine on: two generations capture the staging buffers' graphs, then n timed
                 run.backend.use_update_graph(True)
                 for g in range(following, following + 2):
@@ -829,7 +835,8 @@ def main() -> int:
     ap.add_argument(
         "--sample-host",
         action="store_true",
-        help="lowrank: sample every host thread over the last timed generation, this process's and the engine's "
+        help="lowrank: sample every host thread over one more generation after the timed ones (not timed: a "
+        "sampler round holds the interpreter's lock), this process's and the engine's "
         "(agent_envs/es/host_sampler.py); raw: this process's (its engine's) over one more P x B replay; "
         "the table written next to --results",
     )

