@@ -4,6 +4,8 @@ phase, and full-rank members per second against linear scaling."""
 
 from __future__ import annotations
 
+import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -158,3 +160,20 @@ def test_a_row_says_the_update_is_one_cuda_graph_only_where_it_is(
     else:
         monkeypatch.setenv(update_graph.ENV, env)
     assert bench_es_generation.update_graphed(argparse.Namespace(cpu=cpu, update_graph=mode)) is graphed
+
+
+def test_the_readme_headline_is_the_results_table_of_its_run() -> None:
+    """The README's ES generation row quotes one results folder: its shares and walls are recomputed here
+    from that folder's rows (the table's own arithmetic), so a rerun that changes them changes the README."""
+    readme = (BENCH.parent / "README.md").read_text()
+    (line,) = [row for row in readme.splitlines() if row.startswith("| ES generation (H200, 4B shape)")]
+    (folder,) = re.findall(r"\(benchmarks/results/([^/]+)/table\.md\)", line)
+    rows = es_results.load(BENCH / "results" / folder / "rows.jsonl")
+    for population, batch in ((16, 16), (256, 4)):
+        group = [r for r in rows if r["population"] == population and r["case_batch"] == batch]
+        (low,) = [r for r in group if r["kind"] == "lowrank"]
+        (raw,) = [r for r in group if r["kind"] == "raw_PB"]
+        mid, span = es_results.shares(group, low, "raw_PB")[0].rstrip(")").split(" (")
+        walls = f"{statistics.median(low['walls']):.2f} s against {statistics.median(raw['walls']):.2f} s"
+        quoted = f"P={population} x B={batch}: **{mid}%** ({span}%; {walls})"
+        assert quoted in line, (quoted, line)
