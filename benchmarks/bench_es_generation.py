@@ -407,7 +407,7 @@ class Bench:
 
     def sampled_generation(self, run: Any, generation: int) -> None:
         """With ``--sample-host``: one more generation, not timed, with both processes' threads sampled.  A
-        sampler round holds the interpreter's lock, and a timed generation sampled at P = 256 (1,290
+        sampler round holds the interpreter's lock, and a timed generation sampled at P = 256 (about 1,280
         threads in the driver) read 36.68 s where one not sampled read 33.25 s."""
         with self.engine_sampled(run.backend._call) as engine_table, HostSampler() as sampler:
             wall = timed_generations(run.trainer, generation, 1)[0][1]["wall_s"]

@@ -3,7 +3,7 @@
 timed one.
 
 A sampler round holds the interpreter's lock.  On the H200 (2026-12-06) the driver of a P = 256 x B = 4
-generation had 1,290 threads, each round took 29 ms, and the sampled generation, one of the three timed,
+generation had about 1,280 threads, each round took 29 ms, and the sampled generation, one of the three timed,
 read 36.68 s where an unsampled one read 33.25 s (docs/scaling.md#folded-into-the-matmul).
 """
 

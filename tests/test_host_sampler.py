@@ -45,7 +45,7 @@ def test_a_computing_thread_and_a_waiting_one_are_told_apart() -> None:
 def test_with_many_threads_the_sampler_keeps_to_its_share_of_the_wall() -> None:
     """A round over 1,200 waiting threads takes longer than the 2 ms asked between rounds: the sampler then
     waits longer, so it runs about ``duty`` of the wall (before: 29 ms rounds back to back in an ES driver
-    of 1,290 threads, most of the wall, slowing every thread it watched), and its table says so."""
+    of about 1,280 threads, most of the wall, slowing every thread it watched), and its table says so."""
     gate = threading.Event()
     waiting = [threading.Thread(target=gate.wait, name=f"idle-{i}") for i in range(1200)]
     for t in waiting:

@@ -17,7 +17,7 @@ the lock for long stretches is seen less often than its wall time; a wait inside
 those in :data:`WAITS` counts as running in its caller.  The shares are rough, the ranking is what to read.
 
 A round holds that lock too, for longer the more threads there are: in a low-rank ES driver at P = 256
-(1,290 threads) each round took 29 ms where 2 ms was asked, so the sampler held the lock most of the
+(about 1,280 threads) each round took 29 ms where 2 ms was asked, so the sampler held the lock most of the
 generation and slowed the threads it watched (docs/scaling.md#folded-into-the-matmul).  A waiting thread
 now costs one frame's look, names are kept per code object, and the wait after a round grows with the
 round's own time so that the sampler runs at most ``duty`` of the wall (a fifth); the table's first line
