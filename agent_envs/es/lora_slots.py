@@ -381,9 +381,9 @@ def _issue(slots: list[int], writes: list[_Write], places: list[torch.Tensor], d
 
 def _away(parts: list[torch.Tensor], place: torch.Tensor) -> list[int]:
     """The slots whose part is not ``place[slot]`` itself (a CPU adapter part made a view of its place),
-    read from addresses and strides: a view per slot made to compare with cost three times as much host time
-    (0.23 against 0.075 ms a write of 256 slots on a 2-core host), under the interpreter's lock the engine's
-    step loop needs while the refresh runs beside the rollouts."""
+    read from addresses and strides, not from a view made per slot to compare (which took about twice the
+    host time of the refresh's stacking, ``benchmarks/bench_slot_writes.py``), under the interpreter's lock
+    the engine's step loop needs while the refresh runs beside the rollouts."""
     base, step = place.data_ptr(), place.stride(0) * place.element_size()
     dtype, stride = place.dtype, place.stride()[1:]
     return [
