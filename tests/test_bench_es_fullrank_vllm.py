@@ -34,5 +34,7 @@ def test_one_pool_gives_a_row_per_engine_count(tmp_path: Path) -> None:
     fullrank = {r["engines"]: r for r in rows if r["kind"] == "fullrank"}
     assert sorted(fullrank) == [1, 2] and all(len(r["walls"]) == 2 for r in fullrank.values()), rows
     assert "engine 0 of a pool of 2 alone" in fullrank[1]["note"], fullrank[1]
+    # where a row's scaling stops: the host's CPUs over its timed generations, and why no GPU was read
+    assert all("host CPUs busy" in r["note"] and "GPU not read" in r["note"] for r in fullrank.values()), fullrank
     assert {r["kind"] for r in rows} >= {"raw_B", "raw_PB"}  # the pool's raw rows
     assert "vs linear" in es_results.table(rows)
