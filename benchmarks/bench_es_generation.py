@@ -268,18 +268,21 @@ def by_turn(calls: list[list[Any]]) -> list[list[Any]]:
     return [turns[t] for t in sorted(turns)]
 
 
-def timed_generations(trainer: Any, first: int, count: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def timed_generations(
+    trainer: Any, first: int, count: int, measure_load: bool = True
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """``count`` timed generations (``trainer.step``) from generation ``first``: (record, timing) each, with
-    the heap as ``ESTrainer.run`` keeps it while its generations run; the last timing also says how busy
-    the GPU and the host's CPUs were over all of them (``machine_load``: where a row's scaling stops)."""
+    the heap as ``ESTrainer.run`` keeps it while its generations run; unless ``measure_load`` is off (a
+    caller measuring a wider block itself), the last timing also says how busy the GPU and the host's CPUs
+    were over all of them (``machine_load``: where a row's scaling stops)."""
     from agent_envs.es.frozen_heap import run_heap_frozen
 
     out = []
-    with run_heap_frozen(), MachineLoad() as load:
+    with run_heap_frozen(), MachineLoad() if measure_load else contextlib.nullcontext() as load:
         for g in range(first, first + count):
             record = trainer.step(g)
             out.append((record, dict(trainer.last_timing)))
-    if out:
+    if out and load is not None:
         out[-1][1]["machine_load"] = load.describe()
     return out
 
@@ -585,11 +588,13 @@ class Bench:
             warm = self.args.warm_generations
             for g in range(warm):
                 run.trainer.step(g)
-            runs = timed_generations(run.trainer, warm, n - 1)
-            calls, times = start_stream_recording(run.policy)  # the last timed generation's requests: the raw replays
-            with gc_pauses() as pauses:
-                runs += timed_generations(run.trainer, warm + n - 1, 1)
-                finished = time.perf_counter()
+            with MachineLoad() as load:  # over every timed generation, the last one recorded apart
+                runs = timed_generations(run.trainer, warm, n - 1, measure_load=False)
+                calls, times = start_stream_recording(run.policy)  # the last one's requests: the raw replays
+                with gc_pauses() as pauses:
+                    runs += timed_generations(run.trainer, warm + n - 1, 1, measure_load=False)
+                    finished = time.perf_counter()
+            runs[-1][1]["machine_load"] = load.describe()
             # from the generation's own start (its step's wall), not from before the heap's freeze around it:
             # a collection there once read as 0.08-0.28 s of delay before the first request
             started = finished - runs[-1][1]["wall_s"]
