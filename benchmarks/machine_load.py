@@ -22,15 +22,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from gpu_engine import nvml_bindings  # noqa: E402
+from agent_envs.scale.gpu_memory import nvml
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +95,7 @@ class MachineLoad:
     def _gpu(self) -> Any:
         """NVML's handle of the GPU, or None with :attr:`gpu_missing` saying why."""
         try:
-            pynvml = nvml_bindings()
-            pynvml.nvmlInit()
+            pynvml = nvml()
             return pynvml, pynvml.nvmlDeviceGetHandleByIndex(self.gpu_index)
         except Exception as exc:  # no bindings, no driver, no such GPU: the host's share is still read
             self.gpu_missing = f"{type(exc).__name__}: {exc}"[:120]

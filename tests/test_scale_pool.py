@@ -10,6 +10,7 @@ records mean equal weights, and the checksums are of real tensors.  The session 
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from typing import Any
@@ -25,9 +26,9 @@ from agent_envs.es.population import ESTrainer, evaluate_member  # noqa: E402
 from agent_envs.rollout import load_records, run_episodes  # noqa: E402
 from agent_envs.scale.engines import EngineSpec  # noqa: E402
 from agent_envs.scale.es import PoolBackend, PoolESTrainer  # noqa: E402
-from agent_envs.scale.pool import EnginePool  # noqa: E402
+from agent_envs.scale.pool import EnginePool, EnginesDoNotFit  # noqa: E402
 from agent_envs.scale.rollout import comparable, pool_run_episodes  # noqa: E402
-from agent_envs.scale.toy import TorchToyEngine  # noqa: E402
+from agent_envs.scale.toy import TorchToyEngine, simulated_gpu_file  # noqa: E402
 
 SPEC = EngineSpec(factory="agent_envs.scale.toy:TorchToyEngine")
 TASKS = [MathTask(id=f"toy{i}", question=f"Pick the number of box {i}.", answer=str(i % 4)) for i in range(6)]
@@ -88,7 +89,7 @@ def _killer(engine: int, on_dispatch: int) -> tuple[dict[str, Any], Any]:
                 ray.kill(actor)
                 while True:  # returns as soon as the kill has landed
                     try:
-                        ray.get(actor.ready.remote())
+                        ray.get(actor.place.remote())
                     except ray.exceptions.RayActorError:
                         break
 
@@ -173,16 +174,49 @@ def test_es_two_engines_sharing_a_gpu_start_in_turn_and_equal_one_engine(one_eng
     """k engines per GPU (fractional bundles, as 8 engines on 4 GPUs at 0.5 each): Ray puts both on
     the one declared GPU, they build one after another (each build takes 0.5 s here, like a real
     engine's memory profiling), and the ES history is the one-engine history."""
-    spec = EngineSpec(factory="agent_envs.scale.toy:TorchToyEngine", gpus=0.5, kwargs={"start_seconds": 0.5})
+    gpu = {"simulated_gpu": str(tmp_path), "gpu_memory_share": 0.4, "gpu_footprint": 450}  # both fit on 1000
+    simulated_gpu_file(str(tmp_path), "0").write_text(json.dumps({"total": 1000, "used": 0}))
+    spec = EngineSpec(
+        factory="agent_envs.scale.toy:TorchToyEngine",
+        gpus=0.5,
+        kwargs={"start_seconds": 0.5, **gpu},
+        memory_probe="agent_envs.scale.toy:simulated_gpu_memory",
+    )
     state: dict[str, Any] = {}
     history, checksum, lost = _es(2, tmp_path / "history.json", state=state, spec=spec, start_lock_dir=str(tmp_path))
     assert lost == [] and [i["gpus"] for i in state["info"]] == [["0"], ["0"]]
+    # each build read the GPU's memory before and after itself: the second saw what the first took
+    memory = sorted((i["memory"] for i in state["info"]), key=lambda m: -m["free_before"])
+    assert [(m["free_before"], m["free_after"], m["share"]) for m in memory] == [(1000, 550, 0.4), (550, 100, 0.4)]
     (a0, a1), (b0, b1) = sorted(tuple(i["build_span"]) for i in state["info"])
     assert a1 - a0 >= 0.5 and b1 - b0 >= 0.5 and b0 >= a1  # the second build began after the first ended
     assert state["mps"].startswith("CUDA MPS off: ")  # no MPS on this host, and the pool says so
     assert {s["engine_index"] for r in history for s in r.get("samples", [])} == {0, 1}
     assert _without_placement(history) == _without_placement(one_engine[0])
     assert checksum == one_engine[1]
+
+
+def test_engines_that_cannot_all_fit_on_their_gpu_are_refused_after_the_first_build(tmp_path):
+    """Four engines on one GPU of 1000 units: each must find 200 free to start and takes 300, so the fourth
+    would find 100.  The pool refuses as soon as the first is built, names the share that fits, and kills
+    the engines still building (the second one's build takes 2 s here) instead of waiting for them."""
+    simulated_gpu_file(str(tmp_path), "0").write_text(json.dumps({"total": 1000, "used": 0}))
+    spec = EngineSpec(
+        factory="agent_envs.scale.toy:TorchToyEngine",
+        gpus=0.25,
+        cpus=0.5,
+        kwargs={"start_seconds": 2.0, "simulated_gpu": str(tmp_path), "gpu_memory_share": 0.2, "gpu_footprint": 300},
+        memory_probe="agent_envs.scale.toy:simulated_gpu_memory",
+    )
+    events: list[str] = []
+    with pytest.raises(EnginesDoNotFit) as refused:
+        EnginePool(spec, 4, start_lock_dir=str(tmp_path), monitor=lambda event, _: events.append(event))
+    why = str(refused.value)
+    assert "engine 4 would find 0.00 GiB free" in why and "a share of at most 0.175 per engine fits" in why, why
+    assert json.loads(simulated_gpu_file(str(tmp_path), "0").read_text())["used"] == 300  # one engine built
+    assert events == []  # no engine was handed to the caller
+    groups = ray.util.placement_group_table().values()
+    assert groups and {g["state"] for g in groups} == {"REMOVED"}  # every engine's placement given back
 
 
 def test_es_killed_engine_loses_and_duplicates_nothing(one_engine, tmp_path):

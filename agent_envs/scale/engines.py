@@ -21,6 +21,10 @@ from agent_envs.policy.sampling import SamplingConfig
 from agent_envs.policy.vllm import DEFAULT_ROLLOUT_TOKEN_BUDGET, VLLMPolicy
 
 
+#: vLLM's own default ``gpu_memory_utilization``, made explicit so that the pool knows each engine's ask
+VLLM_MEMORY_SHARE = 0.9
+
+
 class EngineSpec(BaseModel):
     """How to build one engine, and what it needs from the cluster."""
 
@@ -32,6 +36,9 @@ class EngineSpec(BaseModel):
     #: fraction (1/k) packs k engines on one GPU, started one after another (agent_envs.scale.pool)
     gpus: float = 0
     cpus: float = 1.0
+    #: "module:function" ``(gpu id, node folder) -> DeviceMemory | None``: a GPU's free and total memory,
+    #: read around each build on a shared GPU (agent_envs.scale.gpu_memory)
+    memory_probe: str = "agent_envs.scale.gpu_memory:nvml_memory"
 
     def build(self) -> "Engine":
         module, sep, name = self.factory.partition(":")
@@ -49,6 +56,9 @@ class Engine:
     policy: Policy
     tp_size: int = 1
     es: Any = None
+    #: the share of its GPU's memory the engine must find free to start (vLLM's gpu_memory_utilization);
+    #: None where it asks for none
+    gpu_memory_share: float | None = None
 
     def es_init(self, scope: str = "full", exact_revert: bool = False, revert_copy: str = "auto") -> None:
         raise RuntimeError(f"{type(self).__name__} has no weights to perturb; ES needs a weight-backed engine")
@@ -103,7 +113,9 @@ class VLLMEngine(Engine):
         **engine_kwargs: Any,
     ) -> None:
         engine_kwargs.setdefault("worker_extension_cls", EXTENSION)
+        engine_kwargs.setdefault("gpu_memory_utilization", VLLM_MEMORY_SHARE)
         self.tp_size = int(engine_kwargs.get("tensor_parallel_size", 1))
+        self.gpu_memory_share = float(engine_kwargs["gpu_memory_utilization"])
         if self.tp_size > 1:  # one process per rank on this node, not vLLM's own Ray executor
             engine_kwargs.setdefault("distributed_executor_backend", "mp")
         self.policy = build_policy(
@@ -141,7 +153,7 @@ def vllm_spec(
     if k > 1:
         if tp > 1:
             raise ValueError(f"engines_per_gpu={k} needs single-GPU engines; tensor_parallel_size is {tp}")
-        kwargs["gpu_memory_utilization"] = float(kwargs.get("gpu_memory_utilization", 0.9)) / k
+        kwargs["gpu_memory_utilization"] = float(kwargs.get("gpu_memory_utilization", VLLM_MEMORY_SHARE)) / k
     return EngineSpec(
         factory=f"{__name__}:VLLMEngine",
         gpus=tp / k,

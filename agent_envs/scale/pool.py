@@ -12,13 +12,16 @@ A bundle of ``{"GPU": 1/k}`` packs k engines on one GPU.  Engines that share a G
 another (a lock file per GPU on the node, held for the whole engine start): vLLM's memory
 profiling measures the free memory while it starts, and engines starting at once on one GPU
 disturb each other's measurement.  Engines on different GPUs still start in parallel.  Engines
-sharing a GPU run under CUDA MPS when the host offers it (:mod:`agent_envs.scale.mps`).
+sharing a GPU run under CUDA MPS when the host offers it (:mod:`agent_envs.scale.mps`).  Once the
+first engine on a shared GPU is built, the pool knows what each will take and refuses at once when
+they cannot all start (:class:`EnginesDoNotFit`), instead of after every build but the last.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import fcntl
 import importlib
 import math
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from .engines import EngineSpec
+from .gpu_memory import BuildMemory, shared_gpu_shortfall
 from .mps import MPS, start_mps
 
 Monitor = Callable[[str, dict[str, Any]], None]
@@ -42,6 +46,10 @@ class EnginesLost(RuntimeError):
 
 class WeightsDiverged(RuntimeError):
     """Engines that must hold identical weights report different checksums."""
+
+
+class EnginesDoNotFit(ValueError):
+    """The engines sharing a GPU cannot all start there (the first one's build says so)."""
 
 
 @contextlib.contextmanager
@@ -66,28 +74,44 @@ def _function(target: str) -> Callable[..., Any]:
 
 
 class EngineHost:
-    """The actor: builds its engine in its own process (one engine per GPU at a time) and runs jobs on it."""
+    """The actor: builds its engine in its own process (one engine per GPU at a time) and runs jobs on it.
+
+    Made in two calls, so that the pool knows which engines share a GPU before any is built: the
+    constructor only says where the actor is (:meth:`place`), :meth:`start` builds."""
 
     def __init__(self, spec: dict[str, Any], index: int, start_lock_dir: str | None = None) -> None:
         import ray
 
-        self.index = index
+        self.index, self.spec, self.start_lock_dir = index, EngineSpec.model_validate(spec), start_lock_dir
         self.gpus = [str(g) for g in ray.get_gpu_ids()]
-        with gpu_start_lock(self.gpus, start_lock_dir):
+
+    def place(self) -> dict[str, Any]:
+        return {"index": self.index, "host": socket.gethostname(), "gpus": self.gpus}
+
+    def start(self) -> dict[str, Any]:
+        """Build the engine (holding its GPUs' start locks); what the pool keeps of it, with the GPU's
+        memory around the build where the engine shares one GPU and the probe reads it."""
+        probe = _function(self.spec.memory_probe) if 0 < self.spec.gpus < 1 and len(self.gpus) == 1 else None
+        with gpu_start_lock(self.gpus, self.start_lock_dir):
+            before = probe(self.gpus[0], self.start_lock_dir) if probe else None
             started = time.time()
-            self.engine = EngineSpec.model_validate(spec).build()
+            self.engine = self.spec.build()
             #: wall-clock start and end of the engine's build (engines sharing a GPU never overlap)
             self.build_span = (started, time.time())
-
-    def ready(self) -> dict[str, Any]:
+            after = probe(self.gpus[0], self.start_lock_dir) if probe else None
+        share = self.engine.gpu_memory_share
+        memory = (
+            dataclasses.asdict(BuildMemory(before.total, before.free, after.free, share))
+            if before and after and share is not None
+            else None
+        )
         return {
-            "index": self.index,
-            "host": socket.gethostname(),
+            **self.place(),
             "pid": os.getpid(),
-            "gpus": self.gpus,
             "tp_size": self.engine.tp_size,
             "build_span": self.build_span,
             "start_s": round(self.build_span[1] - self.build_span[0], 3),
+            "memory": memory,
         }
 
     def es_init(self, scope: str, exact_revert: bool, revert_copy: str = "auto") -> dict[str, Any]:
@@ -155,6 +179,8 @@ class EnginePool:
         self.actors: list[Any] = []
         self.groups: list[Any] = []
         self.lost: list[int] = []
+        #: engines whose build finished (the others are killed, not closed, when the pool closes early)
+        self.built: set[int] = set()
         self.mps = MPS(False, "engines do not share GPUs")
         if self.owns_ray:
             ray.init(address=ray_address, include_dashboard=False, **(ray_init or {}))
@@ -183,13 +209,39 @@ class EnginePool:
                 ).remote(spec.model_dump(), i, start_lock_dir)
                 for i, g in enumerate(self.groups)
             ]
-            self.info = ray.get([a.ready.remote() for a in self.actors], timeout=timeout)
+            self.info = self._start(timeout)
         except BaseException:
             self.close()
             raise
         self.live = list(range(engines))
         for info in self.info:
             self.monitor("started", info)
+
+    def _start(self, timeout: float) -> list[dict[str, Any]]:
+        """Build every engine; as soon as the first engine on a shared GPU is built, refuse
+        (:class:`EnginesDoNotFit`) when the engines sharing it cannot all start there."""
+        import ray
+
+        places = ray.get([a.place.remote() for a in self.actors], timeout=timeout)
+        sharing = collections.Counter((p["host"], tuple(p["gpus"])) for p in places)
+        pending = {a.start.remote(): i for i, a in enumerate(self.actors)}
+        info: list[dict[str, Any]] = [{} for _ in self.actors]
+        checked: set[tuple[str, tuple[str, ...]]] = set()
+        deadline = time.monotonic() + timeout
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=max(deadline - time.monotonic(), 0))
+            if not done:
+                raise ray.exceptions.GetTimeoutError(f"{len(pending)} engine(s) not built after {timeout:.0f} s")
+            index = pending.pop(done[0])
+            info[index] = ray.get(done[0])
+            self.built.add(index)
+            where = (info[index]["host"], tuple(info[index]["gpus"]))
+            if where not in checked and sharing[where] > 1 and info[index]["memory"]:
+                checked.add(where)
+                short = shared_gpu_shortfall(BuildMemory(**info[index]["memory"]), sharing[where])
+                if short:
+                    raise EnginesDoNotFit(f"GPU {where[1][0]} of {where[0]}: {short}")
+        return info
 
     def _check_resources(self, total: dict[str, float], engines: int) -> None:
         """Refuse at once when the cluster cannot hold the pool (instead of waiting forever)."""
@@ -284,13 +336,13 @@ class EnginePool:
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
-        """Close every engine (quietly for dead ones), free the placement groups, and shut Ray
-        down if this pool started it."""
+        """Close every engine (quietly for dead ones; one still building is killed, not waited for),
+        free the placement groups, and shut Ray down if this pool started it."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
         for index, actor in enumerate(self.actors):
-            if index not in self.lost:
+            if index in self.built and index not in self.lost:
                 try:
                     ray.get(actor.close.remote(), timeout=120)
                 except Exception as exc:  # an engine that cannot close is killed below anyway
