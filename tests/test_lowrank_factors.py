@@ -25,7 +25,11 @@ def mappings() -> list[str]:
     return [line for line in Path("/proc/self/maps").read_text().splitlines() if "es-lowrank-factors" in line]
 
 
-def test_the_drawing_process_gives_the_bits_of_drawing_in_this_process() -> None:
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_drawing_process_gives_the_bits_of_drawing_in_this_process(
+    threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lowrank, "DRAW_THREADS", threads)  # 2: blocks of one and two members
     ahead = draw_ahead(SEEDS, TARGETS, 3, 0.05)
     assert list(ahead.draws) == list(SEEDS) and list(ahead.stacked) == [t.name for t in TARGETS]
     for seed in SEEDS:

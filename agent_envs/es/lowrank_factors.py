@@ -8,8 +8,9 @@ waits for the interpreter lock after its fill: on a 2-core machine 19-41x slower
 ``python -m agent_envs.es.lowrank_factors`` draws them in a child process, straight into one shared
 buffer laid out by :class:`Layout`, in the form both users want: each target's factors stacked in
 member order (the update's ``[A_1 | ... | A_U]``) and each member's adapter arrays (the refresh's
-``lora_A``, ``lora_B``).  The child calls the very same :func:`factors` and :func:`adapter_arrays`,
-so the bits are those of drawing in the engine's process.
+``lora_A``, ``lora_B``).  The child draws from the same :func:`generator` and does the same float32
+products as :func:`factors` and :func:`adapter_arrays`, in place, so the bits are those of drawing in
+the engine's process (tests/test_lowrank_factors.py).
 """
 
 from __future__ import annotations
@@ -47,9 +48,14 @@ class Target:
         return [self.name, self.out_features, self.in_features]
 
 
+def generator(seed: int, target: Target) -> np.random.Generator:
+    """The generator of member ``seed``'s factors of ``target``: ``A``'s draws, then ``B``'s."""
+    return np.random.Generator(np.random.PCG64(tensor_seed(seed, target.name)))
+
+
 def factors(seed: int, target: Target, rank: int) -> tuple[np.ndarray, np.ndarray]:
     """``(A, B)`` of member ``seed`` for ``target``: float32 arrays (out x R, already / sqrt(R)) and (in x R)."""
-    rng = np.random.Generator(np.random.PCG64(tensor_seed(seed, target.name)))
+    rng = generator(seed, target)
     a = rng.standard_normal((target.out_features, rank), dtype=np.float32)
     b = rng.standard_normal((target.in_features, rank), dtype=np.float32)
     return a * np.float32(1.0 / math.sqrt(rank)), b
@@ -120,13 +126,33 @@ class Layout:
         )
 
     def draw_member(self, buffer: Any, member: int, seed: int, sigma: float) -> None:
-        """Write member ``member`` (seed ``seed``) into ``buffer``: its stacked columns and its adapter arrays."""
+        """Write member ``member`` (seed ``seed``) into ``buffer``: its stacked columns and its adapter arrays.
+
+        The bits of :func:`factors` and :func:`adapter_arrays`, with no array made per target: ``A`` is
+        drawn into the adapter's ``lora_B`` and scaled there in place (by ``1 / sqrt(R)``, copied into
+        its columns, then by ``sigma``), ``B`` into one scratch array reused for every target.  A fresh
+        array per draw is the memory traffic of a second copy of every factor.
+        """
+        scratch = np.empty(self.rank * max(t.in_features for t in self.targets), dtype=_FLOAT)
+        scale, sigma_f = np.float32(1.0 / math.sqrt(self.rank)), np.float32(sigma)
         for index, target in enumerate(self.targets):
-            a, b = factors(seed, target, self.rank)
+            rng = generator(seed, target)
             columns_a, columns_b = self.member(buffer, member, index)
-            columns_a[...], columns_b[...] = a, b
             lora_a, lora_b = self.adapter(buffer, member, index)
-            lora_a[...], lora_b[...] = adapter_arrays(a, b, sigma)
+            rng.standard_normal(dtype=np.float32, out=lora_b)
+            np.multiply(lora_b, scale, out=lora_b)
+            columns_a[...] = lora_b
+            np.multiply(lora_b, sigma_f, out=lora_b)
+            b = scratch[: target.in_features * self.rank].reshape(target.in_features, self.rank)
+            rng.standard_normal(dtype=np.float32, out=b)
+            columns_b[...], lora_a[...] = b, b.T
+
+    def draw_members(self, buffer: Any, members: range, seeds: list[int], sigma: float) -> None:
+        """:meth:`draw_member` for each of ``members`` (consecutive) in order: one thread's block, so that
+        threads do not write the same cache lines of the stacked columns (four members' columns of a row
+        share one) at the same time."""
+        for member in members:
+            self.draw_member(buffer, member, seeds[member], sigma)
 
 
 def request(fd: int, seeds: list[int], layout: Layout, sigma: float, threads: int) -> str:
@@ -148,11 +174,10 @@ def main() -> None:
     asked = json.loads(sys.stdin.readline())
     layout = Layout(tuple(Target(*t) for t in asked["targets"]), len(asked["seeds"]), int(asked["rank"]))
     buffer = mmap.mmap(asked["fd"], layout.nbytes)  # not closed: the views drawn into it may outlive a close
-    with ThreadPoolExecutor(int(asked["threads"])) as pool:
-        jobs = [
-            pool.submit(layout.draw_member, buffer, i, int(s), float(asked["sigma"]))
-            for i, s in enumerate(asked["seeds"])
-        ]
+    seeds, threads = [int(s) for s in asked["seeds"]], int(asked["threads"])
+    blocks = [range(len(seeds) * k // threads, len(seeds) * (k + 1) // threads) for k in range(threads)]
+    with ThreadPoolExecutor(threads) as pool:
+        jobs = [pool.submit(layout.draw_members, buffer, block, seeds, float(asked["sigma"])) for block in blocks]
         for job in jobs:
             job.result()
 
