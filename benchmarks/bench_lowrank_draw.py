@@ -26,8 +26,8 @@ from typing import Iterator
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "scripts")]  # gpu_engine: bench_lora_kernels's shapes
 
+from agent_envs.es import lowrank  # noqa: E402
 from agent_envs.es.lowrank import Target, draw_ahead, in_parallel, member_draw  # noqa: E402
-from agent_envs.es.lowrank_factors import DRAW_THREADS  # noqa: E402
 from bench_lora_kernels import SHAPES, layers  # noqa: E402
 
 
@@ -92,7 +92,14 @@ def main() -> None:
     ap.add_argument("--shape", default="4b", choices=sorted(SHAPES))
     ap.add_argument("--members", type=int, default=8)
     ap.add_argument("--threads", default="1,2,0", help="comma list of drawing threads (0: a process of its own)")
+    ap.add_argument(
+        "--process-threads",
+        type=int,
+        default=lowrank.DRAW_THREADS,
+        help="threads of the process of its own (default: what prefetch uses on this machine, a quarter of the cores)",
+    )
     args = ap.parse_args()
+    lowrank.DRAW_THREADS = args.process_threads
     all_targets = targets(SHAPES[args.shape])
     numbers = sum(4 * (t.out_features + t.in_features) for t in all_targets) * args.members
     print(f"{args.shape}: {len(all_targets)} targets, {args.members} members, rank 4, {numbers / 1e6:.0f} M numbers")
@@ -105,7 +112,9 @@ def main() -> None:
         alone = draw(all_targets, args.members, threads)
         busy, rate = beside_busy_thread(all_targets, args.members, threads)
         where = (
-            f"a process of its own ({DRAW_THREADS} thread(s))" if threads == 0 else f"{threads} thread(s) of this one"
+            f"a process of its own ({lowrank.DRAW_THREADS} thread(s))"
+            if threads == 0
+            else f"{threads} thread(s) of this one"
         )
         print(f"| {where} | {alone:.2f} | {busy:.2f} | {busy / alone:.1f}x | {rate / alone_rate:.0%} of alone |")
 
