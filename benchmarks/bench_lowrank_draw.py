@@ -26,8 +26,8 @@ from typing import Iterator
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "scripts")]  # gpu_engine: bench_lora_kernels's shapes
 
-from agent_envs.es import lowrank  # noqa: E402
 from agent_envs.es.lowrank import Target, draw_ahead, in_parallel, member_draw  # noqa: E402
+from agent_envs.es.lowrank_factors import DRAW_THREADS  # noqa: E402
 from bench_lora_kernels import SHAPES, layers  # noqa: E402
 
 
@@ -42,11 +42,12 @@ def targets(shape: dict[str, int]) -> list[Target]:
     ]
 
 
-def draw(all_targets: list[Target], members: int, threads: int) -> float:
-    """Seconds to draw ``members`` members on ``threads`` threads of this process (``threads`` 0: in a process of their own)."""
+def draw(all_targets: list[Target], members: int, threads: int, process_threads: int) -> float:
+    """Seconds to draw ``members`` members on ``threads`` threads of this process (``threads`` 0: in a process
+    of their own, on ``process_threads`` threads)."""
     start = time.perf_counter()
     if threads == 0:
-        draw_ahead(list(range(members)), all_targets, 4, 0.01)
+        draw_ahead(list(range(members)), all_targets, 4, 0.01, threads=process_threads)
     else:
         for _ in in_parallel(lambda seed: member_draw(all_targets, seed, 0.01, 4), list(range(members)), threads):
             pass
@@ -80,10 +81,12 @@ def spin_rate(seconds: float) -> float:
     return counts[0] / seconds
 
 
-def beside_busy_thread(all_targets: list[Target], members: int, threads: int) -> tuple[float, float]:
+def beside_busy_thread(
+    all_targets: list[Target], members: int, threads: int, process_threads: int
+) -> tuple[float, float]:
     """:func:`draw` beside the spinning thread: the draw's seconds, and the thread's rounds per second meanwhile."""
     with spinning() as counts:
-        seconds = draw(all_targets, members, threads)
+        seconds = draw(all_targets, members, threads, process_threads)
     return seconds, counts[0] / seconds
 
 
@@ -95,11 +98,10 @@ def main() -> None:
     ap.add_argument(
         "--process-threads",
         type=int,
-        default=lowrank.DRAW_THREADS,
+        default=DRAW_THREADS,
         help="threads of the process of its own (default: what prefetch uses on this machine, a quarter of the cores)",
     )
     args = ap.parse_args()
-    lowrank.DRAW_THREADS = args.process_threads
     all_targets = targets(SHAPES[args.shape])
     numbers = sum(4 * (t.out_features + t.in_features) for t in all_targets) * args.members
     print(f"{args.shape}: {len(all_targets)} targets, {args.members} members, rank 4, {numbers / 1e6:.0f} M numbers")
@@ -109,10 +111,10 @@ def main() -> None:
     )
     print("|---|---|---|---|---|")
     for threads in (int(t) for t in args.threads.split(",")):
-        alone = draw(all_targets, args.members, threads)
-        busy, rate = beside_busy_thread(all_targets, args.members, threads)
+        alone = draw(all_targets, args.members, threads, args.process_threads)
+        busy, rate = beside_busy_thread(all_targets, args.members, threads, args.process_threads)
         where = (
-            f"a process of its own ({lowrank.DRAW_THREADS} thread(s))"
+            f"a process of its own ({args.process_threads} thread(s))"
             if threads == 0
             else f"{threads} thread(s) of this one"
         )

@@ -26,11 +26,8 @@ def mappings() -> list[str]:
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_the_drawing_process_gives_the_bits_of_drawing_in_this_process(
-    threads: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(lowrank, "DRAW_THREADS", threads)  # 2: blocks of one and two members
-    ahead = draw_ahead(SEEDS, TARGETS, 3, 0.05)
+def test_the_drawing_process_gives_the_bits_of_drawing_in_this_process(threads: int) -> None:
+    ahead = draw_ahead(SEEDS, TARGETS, 3, 0.05, threads=threads)  # 2: blocks of one and two members
     assert list(ahead.draws) == list(SEEDS) and list(ahead.stacked) == [t.name for t in TARGETS]
     for seed in SEEDS:
         drawn, tensors = ahead.draws[seed]

@@ -243,18 +243,20 @@ def draw_ahead(
     sigma: float,
     staging: PinnedStaging | None = None,
     busy: torch.Tensor | None = None,
+    threads: int = DRAW_THREADS,
 ) -> DrawnAhead:
     """Members ``seeds``' draws and stacked factors, drawn by ``python -m agent_envs.es.lowrank_factors``
     into an anonymous memory file (nothing to clean up: it is gone with its last mapping): the same bits
     as :func:`member_draw` and :func:`update_terms`, without waiting on this process's interpreter lock.
-    With ``staging`` the stacked factors are copied into its page-locked buffer that ``busy`` is not."""
+    With ``staging`` the stacked factors are copied into its page-locked buffer that ``busy`` is not.
+    ``threads``: the drawing process's."""
     layout = Layout(tuple(targets), len(seeds), rank)
     fd = os.memfd_create("es-lowrank-factors", os.MFD_CLOEXEC)  # pass_fds hands it to the child alone
     try:
         os.ftruncate(fd, layout.nbytes)
         child = subprocess.run(
             [sys.executable, "-m", "agent_envs.es.lowrank_factors"],
-            input=request(fd, [int(s) for s in seeds], layout, float(sigma), DRAW_THREADS) + "\n",
+            input=request(fd, [int(s) for s in seeds], layout, float(sigma), threads) + "\n",
             pass_fds=(fd,),
             capture_output=True,
             text=True,

@@ -8,8 +8,8 @@ waits for the interpreter lock after its fill: on a 2-core machine 19-41x slower
 ``python -m agent_envs.es.lowrank_factors`` draws them in a child process, straight into one shared
 buffer laid out by :class:`Layout`, in the form both users want: each target's factors stacked in
 member order (the update's ``[A_1 | ... | A_U]``) and each member's adapter arrays (the refresh's
-``lora_A``, ``lora_B``).  The child draws from the same :func:`generator` and does the same float32
-products as :func:`factors` and :func:`adapter_arrays`, in place, so the bits are those of drawing in
+``lora_A``, ``lora_B``).  The child draws with the very same :func:`draw_factors` as :func:`factors`,
+into place, and scales by ``sigma`` as :func:`adapter_arrays` does, so the bits are those of drawing in
 the engine's process (tests/test_lowrank_factors.py).
 """
 
@@ -48,17 +48,20 @@ class Target:
         return [self.name, self.out_features, self.in_features]
 
 
-def generator(seed: int, target: Target) -> np.random.Generator:
-    """The generator of member ``seed``'s factors of ``target``: ``A``'s draws, then ``B``'s."""
-    return np.random.Generator(np.random.PCG64(tensor_seed(seed, target.name)))
+def draw_factors(seed: int, target: Target, a: np.ndarray, b: np.ndarray) -> None:
+    """Fill ``a`` (out x R, float32, contiguous) with member ``seed``'s ``A`` of ``target``, already / sqrt(R),
+    and ``b`` (in x R) with its ``B``: where they are drawn in place, not copied from arrays of their own."""
+    rng = np.random.Generator(np.random.PCG64(tensor_seed(seed, target.name)))
+    rng.standard_normal(dtype=np.float32, out=a)
+    np.multiply(a, np.float32(1.0 / math.sqrt(a.shape[1])), out=a)
+    rng.standard_normal(dtype=np.float32, out=b)
 
 
 def factors(seed: int, target: Target, rank: int) -> tuple[np.ndarray, np.ndarray]:
     """``(A, B)`` of member ``seed`` for ``target``: float32 arrays (out x R, already / sqrt(R)) and (in x R)."""
-    rng = generator(seed, target)
-    a = rng.standard_normal((target.out_features, rank), dtype=np.float32)
-    b = rng.standard_normal((target.in_features, rank), dtype=np.float32)
-    return a * np.float32(1.0 / math.sqrt(rank)), b
+    a, b = np.empty((target.out_features, rank), dtype=_FLOAT), np.empty((target.in_features, rank), dtype=_FLOAT)
+    draw_factors(seed, target, a, b)
+    return a, b
 
 
 def adapter_arrays(a: np.ndarray, b: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
@@ -129,22 +132,19 @@ class Layout:
         """Write member ``member`` (seed ``seed``) into ``buffer``: its stacked columns and its adapter arrays.
 
         The bits of :func:`factors` and :func:`adapter_arrays`, with no array made per target: ``A`` is
-        drawn into the adapter's ``lora_B`` and scaled there in place (by ``1 / sqrt(R)``, copied into
-        its columns, then by ``sigma``), ``B`` into one scratch array reused for every target.  A fresh
-        array per draw is the memory traffic of a second copy of every factor.
+        drawn into the adapter's ``lora_B`` (copied into its columns, then scaled by ``sigma`` there),
+        ``B`` into one scratch array reused for every target.  A fresh array per draw is the memory
+        traffic of a second copy of every factor.
         """
         scratch = np.empty(self.rank * max(t.in_features for t in self.targets), dtype=_FLOAT)
-        scale, sigma_f = np.float32(1.0 / math.sqrt(self.rank)), np.float32(sigma)
+        sigma_f = np.float32(sigma)
         for index, target in enumerate(self.targets):
-            rng = generator(seed, target)
             columns_a, columns_b = self.member(buffer, member, index)
             lora_a, lora_b = self.adapter(buffer, member, index)
-            rng.standard_normal(dtype=np.float32, out=lora_b)
-            np.multiply(lora_b, scale, out=lora_b)
+            b = scratch[: target.in_features * self.rank].reshape(target.in_features, self.rank)
+            draw_factors(seed, target, lora_b, b)
             columns_a[...] = lora_b
             np.multiply(lora_b, sigma_f, out=lora_b)
-            b = scratch[: target.in_features * self.rank].reshape(target.in_features, self.rank)
-            rng.standard_normal(dtype=np.float32, out=b)
             columns_b[...], lora_a[...] = b, b.T
 
     def draw_members(self, buffer: Any, members: range, seeds: list[int], sigma: float) -> None:
