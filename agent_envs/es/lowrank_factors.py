@@ -9,8 +9,8 @@ waits for the interpreter lock after its fill: on a 2-core machine 19-41x slower
 buffer laid out by :class:`Layout`, in the form both users want: each target's factors stacked in
 member order (the update's ``[A_1 | ... | A_U]``) and each member's adapter arrays (the refresh's
 ``lora_A``, ``lora_B``).  The child draws with the very same :func:`draw_factors` as :func:`factors`,
-into place, and scales by ``sigma`` as :func:`adapter_arrays` does, so the bits are those of drawing in
-the engine's process (tests/test_lowrank_factors.py).
+into place, and fills the adapter arrays with the same :func:`fill_adapter` as :func:`adapter_arrays`,
+so the bits are those of drawing in the engine's process (tests/test_lowrank_factors.py).
 """
 
 from __future__ import annotations
@@ -64,9 +64,18 @@ def factors(seed: int, target: Target, rank: int) -> tuple[np.ndarray, np.ndarra
     return a, b
 
 
+def fill_adapter(a: np.ndarray, b: np.ndarray, sigma: float, lora_a: np.ndarray, lora_b: np.ndarray) -> None:
+    """Fill PEFT's ``lora_A`` (R x in) with ``B^T`` and ``lora_B`` (out x R) with ``sigma * A``, in float32;
+    ``lora_b`` may be ``a`` itself (scaled in place, as the drawing process does)."""
+    np.multiply(a, np.float32(sigma), out=lora_b)
+    lora_a[...] = b.T
+
+
 def adapter_arrays(a: np.ndarray, b: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
-    """PEFT's ``(lora_A, lora_B)`` of factors ``(A, B)``: ``B^T`` (R x in) and ``sigma * A`` (out x R), float32."""
-    return np.ascontiguousarray(b.T), a * np.float32(sigma)
+    """PEFT's ``(lora_A, lora_B)`` of factors ``(A, B)`` (:func:`fill_adapter`), in arrays of their own."""
+    lora_a, lora_b = np.empty((b.shape[1], b.shape[0]), dtype=_FLOAT), np.empty(a.shape, dtype=_FLOAT)
+    fill_adapter(a, b, sigma, lora_a, lora_b)
+    return lora_a, lora_b
 
 
 @dataclass(frozen=True)
@@ -132,20 +141,19 @@ class Layout:
         """Write member ``member`` (seed ``seed``) into ``buffer``: its stacked columns and its adapter arrays.
 
         The bits of :func:`factors` and :func:`adapter_arrays`, with no array made per target: ``A`` is
-        drawn into the adapter's ``lora_B`` (copied into its columns, then scaled by ``sigma`` there),
-        ``B`` into one scratch array reused for every target.  A fresh array per draw is the memory
-        traffic of a second copy of every factor.
+        drawn into the adapter's ``lora_B`` (copied into its columns, then scaled by ``sigma`` there by
+        :func:`fill_adapter`), ``B`` into one scratch array reused for every target.  A fresh array per
+        draw is the memory traffic of a second copy of every factor.
         """
         scratch = np.empty(self.rank * max(t.in_features for t in self.targets), dtype=_FLOAT)
-        sigma_f = np.float32(sigma)
         for index, target in enumerate(self.targets):
             columns_a, columns_b = self.member(buffer, member, index)
             lora_a, lora_b = self.adapter(buffer, member, index)
             b = scratch[: target.in_features * self.rank].reshape(target.in_features, self.rank)
             draw_factors(seed, target, lora_b, b)
             columns_a[...] = lora_b
-            np.multiply(lora_b, sigma_f, out=lora_b)
-            columns_b[...], lora_a[...] = b, b.T
+            fill_adapter(lora_b, b, sigma, lora_a, lora_b)
+            columns_b[...] = b
 
     def draw_members(self, buffer: Any, members: range, seeds: list[int], sigma: float) -> None:
         """:meth:`draw_member` for each of ``members`` (consecutive) in order: one thread's block, so that
