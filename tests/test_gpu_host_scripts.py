@@ -112,3 +112,33 @@ def test_background_poll_returns_when_every_step_ended(tmp_path: Path) -> None:
     started = time.monotonic()
     assert "== all done" in run(BACKGROUND, "poll", "100", env=env)
     assert time.monotonic() - started < 30
+
+
+def test_staging_on_a_machine_without_agent_envs_stops_before_any_download(tmp_path: Path) -> None:
+    """Both staging scripts take the tokenizer or the model from the SmolLM2 GGUF through agent-envs; on a fresh
+    machine (2026-12-06) stage_ray.sh downloaded everything, then died on a bare ``No module named 'PIL'``."""
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(checkout)], check=True)
+    (checkout / ".gpu" / "r1").mkdir(parents=True)
+    (checkout / ".gpu" / "r1" / "kept").write_text("an earlier staging\n")
+    calls = tmp_path / "calls.log"
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "python3").write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexit 1\n')  # a python3 without the package
+    (fake_bin / "python3").chmod(0o755)
+    for name in ("stage_ray.sh", "stage_smol.sh"):
+        (checkout / "scripts" / name).write_bytes((REPO / "scripts" / name).read_bytes())
+        done = subprocess.run(
+            ["bash", f"scripts/{name}"],
+            cwd=checkout,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"},
+        )
+        assert done.returncode == 1, done.stderr
+        assert "bash scripts/install.sh" in done.stderr and "SmolLM2 GGUF" in done.stderr
+    assert "pip" not in calls.read_text()  # nothing was downloaded
+    assert (checkout / ".gpu" / "r1" / "kept").read_text() == "an earlier staging\n"
+    assert not (checkout / ".gpu" / "smol1").exists()
