@@ -9,6 +9,9 @@
 #                                               # step log, copy /tmp/res into $OUT/res.tgz (every poll: a recycled
 #                                               # host loses only what ran since the last one) and, once, the
 #                                               # compile caches a step packed (scripts/gpu_caches.sh)
+#   bash scripts/gpu_background.sh check JOBS   # here, before asking for a GPU: each benchmark step of JOBS
+#                                               # (bench_es_generation.py, not --phase table) run with --dry-run
+#                                               # ($R a temporary folder); exit 1 if any would be refused
 set -euo pipefail
 res=${GPU_RES:-/tmp/res}
 snap=${GPU_SNAP:-/tmp/snap}                 # the checkout's snapshot the steps run in
@@ -54,8 +57,29 @@ case ${1:-} in
       fi
     fi
     ;;
+  check)  # a refused argument costs a GPU host's whole start; here it costs a second (2026-12-07)
+    tmp=$(mktemp -d) && trap 'rm -rf "$tmp"' EXIT
+    bench=benchmarks/bench_es_generation.py
+    n=0 bad=0
+    while IFS= read -r line; do
+      [[ -z $line || $line == \#* ]] && continue
+      n=$((n + 1))
+      [[ $line == *"$bench"* && $line != *"--phase table"* ]] || continue
+      cmd="python3 $bench${line#*"$bench"}"   # the host's set-up (gpu_lowrank_setup.sh) dropped: only the arguments count
+      if [[ $cmd == *[\;\&\|\>\<]* ]]; then
+        echo "step $n: cannot dry-run (a redirection or a second command after the benchmark): $line"; bad=$((bad + 1)); continue
+      fi
+      if R=$tmp bash -c "$cmd --dry-run" > "$tmp/out" 2>&1; then
+        echo "step $n: ok"
+      else
+        echo "step $n: refused: $(grep -m1 'error:' "$tmp/out" || tail -n 1 "$tmp/out")"; bad=$((bad + 1))
+      fi
+    done < "$2"
+    echo "checked $n steps of $2: $bad refused"
+    (( bad == 0 ))
+    ;;
   *)
-    echo "usage: $0 start JOBS | poll SECONDS" >&2
+    echo "usage: $0 start JOBS | poll SECONDS | check JOBS" >&2
     exit 2
     ;;
 esac

@@ -114,6 +114,36 @@ def test_background_poll_returns_when_every_step_ended(tmp_path: Path) -> None:
     assert time.monotonic() - started < 30
 
 
+def test_check_dry_runs_each_benchmark_step_and_names_the_refused_ones(tmp_path: Path) -> None:
+    """A job list the benchmark refuses costs a GPU host's whole start (2026-12-06: ``--timed-generations 1``
+    in an H100 list, caught only by hand); ``check`` runs each benchmark step here with ``--dry-run`` first."""
+    bench = "python3 benchmarks/bench_es_generation.py --results $R/es.jsonl --shape 135m --phase fullrank"
+    jobs = tmp_path / "jobs.txt"
+    jobs.write_text(
+        "# a comment, not a step\n"
+        "echo not a benchmark\n"
+        f"source scripts/gpu_lowrank_setup.sh && {bench} --population 16 --case-batch 16 --timed-generations 1\n"
+        f"source scripts/gpu_lowrank_setup.sh && {bench} --population 16 --case-batch 16 --timed-generations 2\n"
+        "python3 benchmarks/bench_es_generation.py --phase table --results $R/es.jsonl > $R/table.md\n"
+        f"{bench} --population 16 --case-batch 16 --timed-generations 2 > $R/out.log\n"
+    )
+    done = subprocess.run(
+        ["bash", str(BACKGROUND), "check", str(jobs)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    refusal = "error: --timed-generations: at least 2 (the spread of one generation is not a spread)"
+    assert lines[0] == f"step 2: refused: bench_es_generation.py: {refusal}", lines
+    assert lines[1] == "step 3: ok", lines
+    assert lines[2].startswith("step 5: cannot dry-run (a redirection"), lines  # not run: it would write here
+    assert lines[3] == f"checked 5 steps of {jobs}: 2 refused", lines
+    jobs.write_text(f"{bench} --population 16 --case-batch 16 --timed-generations 2\n")
+    done = subprocess.run(
+        ["bash", str(BACKGROUND), "check", str(jobs)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.endswith("1 steps of " + str(jobs) + ": 0 refused\n"), done.stdout
+
+
 def test_staging_on_a_machine_without_agent_envs_stops_before_any_download(tmp_path: Path) -> None:
     """Both staging scripts take the tokenizer or the model from the SmolLM2 GGUF through agent-envs; on a fresh
     machine (2026-12-06) stage_ray.sh downloaded everything, then died on a bare ``No module named 'PIL'``."""
