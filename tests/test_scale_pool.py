@@ -197,8 +197,8 @@ def test_es_two_engines_sharing_a_gpu_start_in_turn_and_equal_one_engine(one_eng
 
 
 def test_engines_that_cannot_all_fit_on_their_gpu_are_refused_after_the_first_build(tmp_path):
-    """Four engines on one GPU of 1000 units: each must find 200 free to start and takes 300, so the fourth
-    would find 100.  The pool refuses as soon as the first is built, names the share that fits, and kills
+    """Four engines on one GPU of 1000 units: each asks for 200 and takes 300, so the fourth would find 100
+    where its build needs 300 and the margin.  The pool refuses as soon as the first is built, names the share that fits, and kills
     the engines still building (the second one's build takes 2 s here) instead of waiting for them."""
     simulated_gpu_file(str(tmp_path), "0").write_text(json.dumps({"total": 1000, "used": 0}))
     spec = EngineSpec(
@@ -212,7 +212,7 @@ def test_engines_that_cannot_all_fit_on_their_gpu_are_refused_after_the_first_bu
     with pytest.raises(EnginesDoNotFit) as refused:
         EnginePool(spec, 4, start_lock_dir=str(tmp_path), monitor=lambda event, _: events.append(event))
     why = str(refused.value)
-    assert "engine 4 would find about 0.00 GiB free" in why and "a share of at most 0.170 per engine fits" in why, why
+    assert "engine 4 would find about 0.00 GiB free" in why and "a share of at most 0.145 per engine fits" in why, why
     assert json.loads(simulated_gpu_file(str(tmp_path), "0").read_text())["used"] == 300  # one engine built
     assert events == []  # no engine was handed to the caller
     groups = ray.util.placement_group_table().values()

@@ -8,6 +8,11 @@ On an H100 80 GB (2026-12-06, SmolLM2-135M shape) eight engines at 0.85 split ei
 of builds.  The first engine's build already says what every later one will take, so the pool checks
 then, and refuses at once with the share that would fit.
 
+vLLM checks only the share when an engine starts; the rest comes during the build.  So each engine must
+find its whole footprint free, not its share: on an H100 (2026-12-07) the share this check used to offer,
+0.824 split eight ways, passed vLLM's start check for all eight, and the eighth ran out of memory in its
+sampler's warm-up with 9.54 GiB of its 9.94 GiB taken and 37.5 MiB left on the card.
+
 NVML, not CUDA: reading the memory through CUDA would make a context (hundreds of MiB) in every actor.
 vLLM reads it through CUDA, which sees a little less free memory than NVML, and later engines took a
 little more than the first: on the H100 the check predicted 8.29 GiB free for the eighth engine (the
@@ -94,18 +99,19 @@ class BuildMemory:
 
 
 def shared_gpu_shortfall(first: BuildMemory, engines: int) -> str | None:
-    """None when ``engines`` engines like ``first`` can start on its GPU one after another, each taking
-    what the first took (with :data:`MARGIN` to spare); else why not, with the largest share per engine
-    that would fit."""
+    """None when ``engines`` engines like ``first`` can be built on its GPU one after another, each finding
+    what the first took (and :data:`MARGIN` to spare) free when it starts; else why not, with the largest
+    share per engine that would fit."""
     ask, spare = first.share * first.total, MARGIN * first.total
     step = max(first.footprint, 0)
+    need = max(step, ask) + spare  # vLLM's start check asks for the share; the build takes the footprint
     free = [first.free_after - (j - 2) * step for j in range(2, engines + 1)]  # at engine j's start
-    short = [j for j, f in enumerate(free, start=2) if f < ask + spare]
+    short = [j for j, f in enumerate(free, start=2) if f < need]
     if not short:
         return None
     over = max(step - ask, 0)  # what an engine holds beyond its share: context, graphs
-    # engine n starts with free_before - (n - 1) * (share' * total + over) >= share' * total + spare
-    fits = (first.free_before - (engines - 1) * over - spare) / (engines * first.total)
+    # engine n starts with free_before - (n - 1) * (share' * total + over) and builds to share' * total + over
+    fits = (first.free_before - engines * over - spare) / (engines * first.total)
     fits = math.floor(fits * 1000) / 1000
     advice = (
         f"a share of at most {fits:.3f} per engine fits (gpu_memory_utilization {fits * engines:.3f} split "
@@ -114,8 +120,8 @@ def shared_gpu_shortfall(first: BuildMemory, engines: int) -> str | None:
         else "no share fits: what each engine holds beyond its share alone fills the GPU; use fewer engines per GPU"
     )
     return (
-        f"{engines} engines cannot all start on one GPU: each must find {ask / GIB:.2f} GiB free when it starts "
-        f"({first.share:.4f} of {first.total / GIB:.2f} GiB), the first took {step / GIB:.2f} GiB "
-        f"({over / GIB:.2f} GiB beyond its share), so engine {short[0]} would find about "
-        f"{free[short[0] - 2] / GIB:.2f} GiB free (with {MARGIN:.0%} of the GPU to spare); {advice}"
+        f"{engines} engines cannot all be built on one GPU: the first took {step / GIB:.2f} GiB, "
+        f"{over / GIB:.2f} GiB beyond its share ({first.share:.4f} of {first.total / GIB:.2f} GiB), so engine "
+        f"{short[0]} would find about {free[short[0] - 2] / GIB:.2f} GiB free where it needs {need / GIB:.2f} GiB "
+        f"(its build, with {MARGIN:.0%} of the GPU to spare); {advice}"
     )
