@@ -433,7 +433,7 @@ class Bench:
 
     def failed(self, name: str, exc: BaseException) -> dict[str, Any]:
         print(f"[bench] {name} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        return self.measurement(name, "other", 0, [], [], f"not run: {type(exc).__name__}: {str(exc)[:160]}")
+        return self.measurement(name, "other", 0, [], [], es_results.not_run(exc))
 
     def note(self, text: str) -> None:
         self.rows.append(self.measurement("note", "other", 0, [], [], text))

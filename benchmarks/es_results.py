@@ -20,6 +20,7 @@ population cannot skip).
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -51,6 +52,19 @@ def int_list(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise ValueError(f"expected comma-separated positive integers, got {text!r}")
     return values
+
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def not_run(exc: BaseException, limit: int = 400) -> str:
+    """A failed case's note: the exception's last line, where a remote error (Ray's) ends with its cause.
+    On an H100 (2026-12-07) the row kept the first 160 characters of a ``RayTaskError``, the actor's repr in
+    colour codes, and lost the ``torch.OutOfMemoryError`` at the traceback's end; a refusal's advice (the
+    share that fits) comes at the end of its line too, hence the longer limit."""
+    lines = [line.strip() for line in ANSI_ESCAPE.sub("", str(exc)).splitlines() if line.strip()]
+    name, last = type(exc).__name__, lines[-1] if lines else ""
+    return (f"not run: {name} from {last}" if len(lines) > 1 else f"not run: {name}: {last}")[:limit]
 
 
 def append(path: Path, measurements: Iterable[dict[str, Any]]) -> None:

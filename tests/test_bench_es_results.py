@@ -84,6 +84,26 @@ def test_a_second_share_against_raw_with_each_members_kv_its_own() -> None:
     assert (alone[7], alone[8], alone[11]) == ("50", "-", "")
 
 
+def test_a_case_that_did_not_run_keeps_the_cause_at_the_end_of_a_remote_traceback() -> None:
+    """The H100 pool of 2026-12-07: Ray's error text is the remote traceback, the actor's repr (in colour
+    codes) first and the cause last; a refusal's advice is at the end of its one line."""
+
+    class RayTaskError(Exception):
+        pass
+
+    remote = RayTaskError(
+        "\x1b[36mray::EngineHost.start()\x1b[39m (pid=2323, ip=192.0.2.2, repr=<EngineHost object at 0x7fe9>)\n"
+        '  File "/tmp/site/flashinfer/sampling.py", line 565, in top_k_mask_logits\n'
+        "    mask_logits = torch.empty_like(logits)\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 192.00 MiB.\n"
+    )
+    assert es_results.not_run(remote) == (
+        "not run: RayTaskError from torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 192.00 MiB."
+    )
+    refusal = ValueError("8 engines cannot all be built on one GPU: " + "x" * 200 + "; a share of at most 0.100 fits")
+    assert es_results.not_run(refusal).endswith("a share of at most 0.100 fits")
+
+
 def test_bad_input_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     results = tmp_path / "results.jsonl"
     with pytest.raises(ValueError, match="walls/tokens differ"):
