@@ -115,7 +115,7 @@ def test_background_poll_returns_when_every_step_ended(tmp_path: Path) -> None:
 
 
 def test_check_dry_runs_each_benchmark_step_and_names_the_refused_ones(tmp_path: Path) -> None:
-    """A job list the benchmark refuses costs a GPU host's whole start (2026-12-06: ``--timed-generations 1``
+    """A job list the benchmark refuses costs a GPU host's whole start (2026-12-07: ``--timed-generations 1``
     in an H100 list, caught only by hand); ``check`` runs each benchmark step here with ``--dry-run`` first."""
     bench = "python3 benchmarks/bench_es_generation.py --results $R/es.jsonl --shape 135m --phase fullrank"
     jobs = tmp_path / "jobs.txt"
