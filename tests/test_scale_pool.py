@@ -198,8 +198,9 @@ def test_es_two_engines_sharing_a_gpu_start_in_turn_and_equal_one_engine(one_eng
 
 def test_engines_that_cannot_all_fit_on_their_gpu_are_refused_after_the_first_build(tmp_path):
     """Four engines on one GPU of 1000 units: each asks for 200 and takes 300, so the fourth would find 100
-    where its build needs 300 and the margin.  The pool refuses as soon as the first is built, names the share that fits, and kills
-    the engines still building (the second one's build takes 2 s here) instead of waiting for them."""
+    where its build needs 300 and the margin.  The pool refuses as soon as the first is built, names the
+    share that fits, and kills the engines still building (the second one's build takes 2 s here) instead
+    of waiting for them."""
     simulated_gpu_file(str(tmp_path), "0").write_text(json.dumps({"total": 1000, "used": 0}))
     spec = EngineSpec(
         factory="agent_envs.scale.toy:TorchToyEngine",

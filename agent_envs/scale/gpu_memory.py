@@ -17,7 +17,7 @@ NVML, not CUDA: reading the memory through CUDA would make a context (hundreds o
 vLLM reads it through CUDA, which sees a little less free memory than NVML, and later engines took a
 little more than the first: on the H100 the check predicted 8.29 GiB free for the eighth engine (the
 first took 10.12 GiB, 2026-12-06) where vLLM had found 7.44 GiB, about 1% of the card less.  So an
-engine counts as starting only with :data:`MARGIN` of the GPU to spare beyond its ask.
+engine counts as starting only with :data:`MARGIN` of the GPU to spare beyond what it takes.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 GIB = 2**30
-#: of the GPU's total memory, what an engine must have to spare beyond its ask to count as starting:
+#: of the GPU's total memory, what an engine must have to spare beyond what it takes to count as starting:
 #: twice the gap seen between this check's prediction and vLLM's own reading (above)
 MARGIN = 0.02
 
