@@ -16,6 +16,9 @@ set -euo pipefail
 res=${GPU_RES:-/tmp/res}
 snap=${GPU_SNAP:-/tmp/snap}                 # the checkout's snapshot the steps run in
 caches=${CACHES_OUT:-/tmp/caches-out}       # where scripts/gpu_caches.sh pack leaves its parts
+# a jobs file's steps: its lines but blank ones and '#' comments, each newline-terminated (a last line without
+# one was counted by start and then skipped by the steps' read loop)
+step_lines() { grep -v -e '^#' -e '^$' "$1" || true; }
 case ${1:-} in
   start)
     jobs=$(realpath "$2")
@@ -24,14 +27,13 @@ case ${1:-} in
     cp "$jobs" "$res/jobs.txt"
     # a session of its own: the device's run call ends its session's processes when the call returns
     setsid bash "$snap/scripts/gpu_background.sh" steps < /dev/null > /dev/null 2>&1 &
-    echo "started: $(grep -cv '^\(#\|$\)' "$jobs") steps from $2, results in $res"
+    echo "started: $(step_lines "$jobs" | wc -l) steps from $2, results in $res"
     ;;
   steps)  # (start's background part) the jobs in order, each step's output and exit status logged
     cd "$snap"
     export R=$res PYTHONUNBUFFERED=1
     n=0
     while IFS= read -r line; do
-      [[ -z $line || $line == \#* ]] && continue
       n=$((n + 1))
       echo "== $n start $(date +%T): $line" >> "$res/steps.log"
       # each output line stamped with the time it was written: where a step's minutes went (engine starts)
@@ -42,7 +44,7 @@ case ${1:-} in
       rc=${PIPESTATUS[0]}
       set -e
       echo "== $n rc=$rc $(date +%T)" >> "$res/steps.log"
-    done < "$res/jobs.txt"
+    done < <(step_lines "$res/jobs.txt")
     echo "== all done $(date +%T)" >> "$res/steps.log"
     ;;
   poll)
@@ -62,7 +64,6 @@ case ${1:-} in
     bench=benchmarks/bench_es_generation.py
     n=0 bad=0
     while IFS= read -r line; do
-      [[ -z $line || $line == \#* ]] && continue
       n=$((n + 1))
       [[ $line == *"$bench"* && $line != *"--phase table"* ]] || continue
       cmd="python3 $bench${line#*"$bench"}"   # the host's set-up (gpu_lowrank_setup.sh) dropped: only the arguments count
@@ -74,7 +75,7 @@ case ${1:-} in
       else
         echo "step $n: refused: $(grep -m1 'error:' "$tmp/out" || tail -n 1 "$tmp/out")"; bad=$((bad + 1))
       fi
-    done < "$2"
+    done < <(step_lines "$2")
     echo "checked $n steps of $2: $bad refused"
     (( bad == 0 ))
     ;;

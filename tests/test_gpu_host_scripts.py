@@ -38,7 +38,7 @@ def test_background_steps_are_time_stamped_and_keep_exit_codes_and_caches_go_bac
         "cat marker.txt; printf 'no newline at the end'\n"
         "# a comment, skipped\n"
         'read -r line; echo "stdin gave [$line]"; exit 3\n'
-        "mkdir -p $CACHES_OUT && echo part > $CACHES_OUT/caches.tgz.part_aa\n"
+        "mkdir -p $CACHES_OUT && echo part > $CACHES_OUT/caches.tgz.part_aa"  # no newline: still a step
     )
     env = {
         "GPU_RES": str(tmp_path / "res"),
