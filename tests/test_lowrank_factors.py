@@ -12,6 +12,7 @@ import torch
 
 from agent_envs.es import lowrank
 from agent_envs.es.lowrank import Target, adapter_tensors, draw_ahead, factors, update_terms
+from agent_envs.es.lowrank_factors import CHUNK
 
 TARGETS = (
     Target("l.0.q_proj.weight", 12, 7),
@@ -41,6 +42,18 @@ def test_the_drawing_process_gives_the_bits_of_drawing_in_this_process(threads: 
     for target in TARGETS:
         want_a, want_b = update_terms(SEEDS, target, 3)
         assert torch.equal(ahead.stacked[target.name][0], want_a) and torch.equal(ahead.stacked[target.name][1], want_b)
+
+
+def test_members_drawn_in_chunks_keep_the_bits_across_chunk_and_thread_edges() -> None:
+    seeds = tuple(range(1000, 1000 + 2 * CHUNK + 5))  # 2 threads: blocks of 18 and 19, each a whole chunk and a part
+    ahead = draw_ahead(seeds, TARGETS, 4, 0.03, threads=2)
+    for target in TARGETS:
+        want_a, want_b = update_terms(seeds, target, 4)
+        assert torch.equal(ahead.stacked[target.name][0], want_a) and torch.equal(ahead.stacked[target.name][1], want_b)
+    for seed in seeds:
+        got_a, got_b = ahead.draws[seed][1][TARGETS[1].name.removesuffix(".weight")]
+        want = adapter_tensors(*factors(seed, TARGETS[1], 4), 0.03)
+        assert torch.equal(got_a, want[0]) and torch.equal(got_b, want[1])
 
 
 def test_the_shared_memory_goes_with_the_last_array_that_uses_it() -> None:
