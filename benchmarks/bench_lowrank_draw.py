@@ -10,7 +10,7 @@ rollouts), on the machine at hand, the same draws in both columns; and the same 
 process of their own (``lowrank.draw_ahead``, what ``prefetch`` runs: it also stacks each target's
 factors for the update, so it writes twice the bytes).
 
-    python benchmarks/bench_lowrank_draw.py --members 8 --threads 1,2,0
+    python benchmarks/bench_lowrank_draw.py --members 8 --threads 1,2,0,kept
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Iterator
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "scripts")]  # gpu_engine: bench_lora_kernels's shapes
 
+from agent_envs.es.draw_memory import DrawMemory  # noqa: E402
 from agent_envs.es.lowrank import Target, draw_ahead, in_parallel, member_draw  # noqa: E402
 from agent_envs.es.lowrank_factors import DRAW_THREADS  # noqa: E402
 from bench_lora_kernels import SHAPES, layers  # noqa: E402
@@ -42,14 +43,19 @@ def targets(shape: dict[str, int]) -> list[Target]:
     ]
 
 
-def draw(all_targets: list[Target], members: int, threads: int, process_threads: int) -> float:
+def draw(all_targets: list[Target], members: int, threads: str, process_threads: int) -> float:
     """Seconds to draw ``members`` members on ``threads`` threads of this process (``threads`` 0: in a process
-    of their own, on ``process_threads`` threads)."""
+    of their own, on ``process_threads`` threads, into a new memory file; ``kept``: the same into a memory
+    file the draws before left, as a run's third and later generations do)."""
+    memory = None
+    if threads == "kept":
+        memory = DrawMemory(keep=1)
+        draw_ahead(list(range(members)), all_targets, 4, 0.01, threads=process_threads, memory=memory)
     start = time.perf_counter()
-    if threads == 0:
-        draw_ahead(list(range(members)), all_targets, 4, 0.01, threads=process_threads)
+    if threads in ("0", "kept"):
+        draw_ahead(list(range(members)), all_targets, 4, 0.01, threads=process_threads, memory=memory)
     else:
-        for _ in in_parallel(lambda seed: member_draw(all_targets, seed, 0.01, 4), list(range(members)), threads):
+        for _ in in_parallel(lambda seed: member_draw(all_targets, seed, 0.01, 4), list(range(members)), int(threads)):
             pass
     return time.perf_counter() - start
 
@@ -82,7 +88,7 @@ def spin_rate(seconds: float) -> float:
 
 
 def beside_busy_thread(
-    all_targets: list[Target], members: int, threads: int, process_threads: int
+    all_targets: list[Target], members: int, threads: str, process_threads: int
 ) -> tuple[float, float]:
     """:func:`draw` beside the spinning thread: the draw's seconds, and the thread's rounds per second meanwhile."""
     with spinning() as counts:
@@ -94,7 +100,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="4b", choices=sorted(SHAPES))
     ap.add_argument("--members", type=int, default=8)
-    ap.add_argument("--threads", default="1,2,0", help="comma list of drawing threads (0: a process of its own)")
+    ap.add_argument(
+        "--threads",
+        default="1,2,0,kept",
+        help="comma list of drawing threads (0: a process of its own; kept: the same, into a memory file kept from before)",
+    )
     ap.add_argument(
         "--process-threads",
         type=int,
@@ -102,6 +112,9 @@ def main() -> None:
         help="threads of the process of its own (default: what prefetch uses on this machine, a quarter of the cores)",
     )
     args = ap.parse_args()
+    rows = args.threads.split(",")
+    if not all(threads == "kept" or threads.isdigit() for threads in rows):
+        ap.error(f"--threads takes numbers and 'kept', got {args.threads!r}")
     all_targets = targets(SHAPES[args.shape])
     numbers = sum(4 * (t.out_features + t.in_features) for t in all_targets) * args.members
     print(f"{args.shape}: {len(all_targets)} targets, {args.members} members, rank 4, {numbers / 1e6:.0f} M numbers")
@@ -110,14 +123,13 @@ def main() -> None:
         "| where the draws run | draw alone (s) | draw beside a busy thread (s) | draw slower by | the busy thread's rate meanwhile |"
     )
     print("|---|---|---|---|---|")
-    for threads in (int(t) for t in args.threads.split(",")):
+    for threads in rows:
         alone = draw(all_targets, args.members, threads, args.process_threads)
         busy, rate = beside_busy_thread(all_targets, args.members, threads, args.process_threads)
-        where = (
-            f"a process of its own ({args.process_threads} thread(s))"
-            if threads == 0
-            else f"{threads} thread(s) of this one"
-        )
+        where = {
+            "0": f"a process of its own ({args.process_threads} thread(s)), a new memory file",
+            "kept": f"a process of its own ({args.process_threads} thread(s)), a memory file kept from before",
+        }.get(threads, f"{threads} thread(s) of this one")
         print(f"| {where} | {alone:.2f} | {busy:.2f} | {busy / alone:.1f}x | {rate / alone_rate:.0%} of alone |")
 
 

@@ -498,6 +498,27 @@ def test_an_updates_draws_are_let_go_of_on_the_drawing_thread() -> None:
     assert freed_plain == ["done"] and plain._background is None
 
 
+def test_generations_draw_into_two_memory_files_in_turn_with_the_bits_of_drawing_now() -> None:
+    """As the trainer does: the next generation's draws start before this one's update, so they cannot take the
+    file this generation's factors are in; from the third generation on each draw takes a file kept from before."""
+    state, plain = LowRankPerturber(tiny_llama(), 2), LowRankPerturber(tiny_llama(), 2)
+    generations = [[1, 2], [3, 4], [5, 6], [7, 8], [9, 10]]
+    state.prefetch(generations[0], 0.02)
+    for g, seeds in enumerate(generations):
+        ready = state.take_prefetched(seeds, 0.02)
+        assert sorted(ready) == seeds
+        for seed in seeds:
+            got, fresh = state.member_adapter(seed, 0.02, ready), plain.member_adapter(seed, 0.02)
+            assert all(torch.equal(got[m][0], fresh[m][0]) and torch.equal(got[m][1], fresh[m][1]) for m in got)
+        del ready, got
+        if g + 1 < len(generations):
+            state.prefetch(generations[g + 1], 0.02)
+        state.update(seeds, [1.0, -0.5], 0.01, 0.02)
+        plain.update(seeds, [1.0, -0.5], 0.01, 0.02)
+        assert state.last_update_timing["stacked_ahead"] and state.checksum() == plain.checksum()
+    assert (state._memory.made, state._memory.reused) == (2, 3)
+
+
 def test_write_all_refuses_modules_and_shapes_the_adapter_does_not_hold() -> None:
     targets = [Target(f"{FIRST}.weight", 8, 6)]
     held = SimpleNamespace(

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .draw_memory import DrawMemory, new_file
 from .fingerprint import fingerprint
 from .normalize import weight_norm
 from .lowrank_factors import DRAW_THREADS, Layout, Target, adapter_arrays, factors, request
@@ -244,16 +245,17 @@ def draw_ahead(
     staging: PinnedStaging | None = None,
     busy: torch.Tensor | None = None,
     threads: int = DRAW_THREADS,
+    memory: DrawMemory | None = None,
 ) -> DrawnAhead:
     """Members ``seeds``' draws and stacked factors, drawn by ``python -m agent_envs.es.lowrank_factors``
-    into an anonymous memory file (nothing to clean up: it is gone with its last mapping): the same bits
-    as :func:`member_draw` and :func:`update_terms`, without waiting on this process's interpreter lock.
-    With ``staging`` the stacked factors are copied into its page-locked buffer that ``busy`` is not.
-    ``threads``: the drawing process's."""
+    into an anonymous memory file: the same bits as :func:`member_draw` and :func:`update_terms`, without
+    waiting on this process's interpreter lock.  The file is one of ``memory``'s that nothing maps any
+    more, else a new one (gone with its last mapping where ``memory`` does not keep it).  With ``staging``
+    the stacked factors are copied into its page-locked buffer that ``busy`` is not.  ``threads``: the
+    drawing process's."""
     layout = Layout(tuple(targets), len(seeds), rank)
-    fd = os.memfd_create("es-lowrank-factors", os.MFD_CLOEXEC)  # pass_fds hands it to the child alone
+    fd, kept = memory.file(layout.nbytes) if memory is not None else (new_file(layout.nbytes), False)
     try:
-        os.ftruncate(fd, layout.nbytes)
         child = subprocess.run(
             [sys.executable, "-m", "agent_envs.es.lowrank_factors"],
             input=request(fd, [int(s) for s in seeds], layout, float(sigma), threads) + "\n",
@@ -273,7 +275,10 @@ def draw_ahead(
         # page tables filled here, in the background, rather than page by page during the refresh and update
         buffer = mmap.mmap(fd, layout.nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
     finally:
-        os.close(fd)
+        if not kept:
+            os.close(fd)
+    if memory is not None and kept:
+        memory.mapped(fd, buffer)
     modules = [t.name.removesuffix(".weight") for t in layout.targets]
     draws: dict[int, MemberDraw] = {}
     for member, seed in enumerate(seeds):
@@ -453,6 +458,8 @@ class LowRankPerturber:
         ) = None
         #: page-locked buffers for the stacked factors where the weights are on a GPU (pinned_staging)
         self._staging: PinnedStaging | None = None
+        #: the memory files the draws go into, kept from one prefetch to the next (draw_memory)
+        self._memory = DrawMemory()
         #: Adam's moments once an update asked for Adam (agent_envs.es.update_rule); None: plain updates
         self.adam: Adam | None = None
         #: the update's CUDA graphs (update_graph)
@@ -528,7 +535,9 @@ class LowRankPerturber:
         if self._staging is None and any(d.type == "cuda" for d in self._devices()):
             self._staging = PinnedStaging()
         busy = self._stacked[2] if self._stacked else None  # what a pending update still reads
-        job = self._background.submit(draw_ahead, distinct(seeds_t), targets, rank, sigma_f, self._staging, busy)
+        job = self._background.submit(
+            draw_ahead, distinct(seeds_t), targets, rank, sigma_f, self._staging, busy, memory=self._memory
+        )
         self._ahead = (seeds_t, sigma_f, job)
         return {"ok": True, "prefetching": len(seeds_t)}
 

@@ -128,21 +128,25 @@ class Layout:
 
     def member(self, buffer: Any, member: int, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Member ``member``'s ``(A, B)`` of target ``index``: its columns of the stacked factors."""
-        a, b = self.columns(buffer, range(member, member + 1), index)
-        return a[:, 0], b[:, 0]
+        columns = slice(member * self.rank, (member + 1) * self.rank)
+        a, b = self.stacked(buffer, index)
+        return a[:, columns], b[:, columns]
 
     def adapter(self, buffer: Any, member: int, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Member ``member``'s ``(lora_A, lora_B)`` of target ``index`` in ``buffer``."""
-        lora_a, lora_b = self.adapters(buffer, range(member, member + 1), index)
-        return lora_a[0], lora_b[0]
+        target = self.targets[index]
+        start = self.values // 2 + member * self._before(len(self.targets)) + self._before(index)
+        return (
+            self._view(buffer, start, (self.rank, target.in_features)),
+            self._view(buffer, start + self.rank * target.in_features, (target.out_features, self.rank)),
+        )
 
     def adapters(self, buffer: Any, members: range, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Consecutive ``members``' ``lora_A`` (members x R x in) and ``lora_B`` (members x out x R) of
-        target ``index``: one strided view each, a member's arrays one step of the first axis apart."""
-        target, step = self.targets[index], self._before(len(self.targets)) * _FLOAT.itemsize
-        start = self.values // 2 + members.start * self._before(len(self.targets)) + self._before(index)
-        lora_a = self._view(buffer, start, (self.rank, target.in_features))
-        lora_b = self._view(buffer, start + self.rank * target.in_features, (target.out_features, self.rank))
+        target ``index``: one strided view each, a member's arrays one step of the first axis apart (for the
+        drawing process; the engine's process makes one view per member with :meth:`adapter`, cheaper)."""
+        step = self._before(len(self.targets)) * _FLOAT.itemsize
+        lora_a, lora_b = self.adapter(buffer, members.start, index)
         return (
             np.lib.stride_tricks.as_strided(lora_a, (len(members), *lora_a.shape), (step, *lora_a.strides)),
             np.lib.stride_tricks.as_strided(lora_b, (len(members), *lora_b.shape), (step, *lora_b.strides)),
