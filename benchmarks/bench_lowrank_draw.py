@@ -21,7 +21,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "scripts")]  # gpu_engine: bench_lora_kernels's shapes
@@ -43,21 +43,25 @@ def targets(shape: dict[str, int]) -> list[Target]:
     ]
 
 
-def draw(all_targets: list[Target], members: int, threads: str, process_threads: int) -> float:
+def draw(all_targets: list[Target], members: int, threads: str, process_threads: int) -> tuple[float, float]:
     """Seconds to draw ``members`` members on ``threads`` threads of this process (``threads`` 0: in a process
     of their own, on ``process_threads`` threads, into a new memory file; ``kept``: the same into a memory
-    file the draws before left, as a run's third and later generations do)."""
+    file the draws before left, as a run's third and later generations do), and seconds to let go of them
+    (the engine lets go of a generation's draws on its drawing thread, beside its scheduling loop)."""
     memory = None
     if threads == "kept":
         memory = DrawMemory(keep=1)
         draw_ahead(list(range(members)), all_targets, 4, 0.01, threads=process_threads, memory=memory)
     start = time.perf_counter()
     if threads in ("0", "kept"):
-        draw_ahead(list(range(members)), all_targets, 4, 0.01, threads=process_threads, memory=memory)
+        drawn: Any = draw_ahead(list(range(members)), all_targets, 4, 0.01, threads=process_threads, memory=memory)
     else:
-        for _ in in_parallel(lambda seed: member_draw(all_targets, seed, 0.01, 4), list(range(members)), int(threads)):
-            pass
-    return time.perf_counter() - start
+        drawn = list(
+            in_parallel(lambda seed: member_draw(all_targets, seed, 0.01, 4), list(range(members)), int(threads))
+        )
+    drawn_at = time.perf_counter()
+    del drawn
+    return drawn_at - start, time.perf_counter() - drawn_at
 
 
 @contextmanager
@@ -89,11 +93,13 @@ def spin_rate(seconds: float) -> float:
 
 def beside_busy_thread(
     all_targets: list[Target], members: int, threads: str, process_threads: int
-) -> tuple[float, float]:
-    """:func:`draw` beside the spinning thread: the draw's seconds, and the thread's rounds per second meanwhile."""
+) -> tuple[float, float, float]:
+    """:func:`draw` beside the spinning thread: its two times, and the thread's rounds per second meanwhile."""
     with spinning() as counts:
+        start = time.perf_counter()
         seconds = draw(all_targets, members, threads, process_threads)
-    return seconds, counts[0] / seconds
+        rate = counts[0] / (time.perf_counter() - start)
+    return *seconds, rate
 
 
 def main() -> None:
@@ -120,17 +126,21 @@ def main() -> None:
     print(f"{args.shape}: {len(all_targets)} targets, {args.members} members, rank 4, {numbers / 1e6:.0f} M numbers")
     alone_rate = spin_rate(2.0)
     print(
-        "| where the draws run | draw alone (s) | draw beside a busy thread (s) | draw slower by | the busy thread's rate meanwhile |"
+        "| where the draws run | draw alone (s) | let go alone (s) | draw beside a busy thread (s) | let go beside it (s) "
+        "| both slower by | the busy thread's rate meanwhile |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for threads in rows:
         alone = draw(all_targets, args.members, threads, args.process_threads)
-        busy, rate = beside_busy_thread(all_targets, args.members, threads, args.process_threads)
+        *busy, rate = beside_busy_thread(all_targets, args.members, threads, args.process_threads)
         where = {
             "0": f"a process of its own ({args.process_threads} thread(s)), a new memory file",
             "kept": f"a process of its own ({args.process_threads} thread(s)), a memory file kept from before",
         }.get(threads, f"{threads} thread(s) of this one")
-        print(f"| {where} | {alone:.2f} | {busy:.2f} | {busy / alone:.1f}x | {rate / alone_rate:.0%} of alone |")
+        print(
+            f"| {where} | {alone[0]:.2f} | {alone[1]:.2f} | {busy[0]:.2f} | {busy[1]:.2f} "
+            f"| {sum(busy) / sum(alone):.1f}x | {rate / alone_rate:.0%} of alone |"
+        )
 
 
 if __name__ == "__main__":
