@@ -117,13 +117,24 @@ def main() -> None:
         default=DRAW_THREADS,
         help="threads of the process of its own (default: what prefetch uses on this machine, a quarter of the cores)",
     )
+    ap.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="the interpreter's switch interval in seconds for the whole run (sys.setswitchinterval; default as it is)",
+    )
     args = ap.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     rows = args.threads.split(",")
     if not all(threads == "kept" or threads.isdigit() for threads in rows):
         ap.error(f"--threads takes numbers and 'kept', got {args.threads!r}")
     all_targets = targets(SHAPES[args.shape])
     numbers = sum(4 * (t.out_features + t.in_features) for t in all_targets) * args.members
-    print(f"{args.shape}: {len(all_targets)} targets, {args.members} members, rank 4, {numbers / 1e6:.0f} M numbers")
+    print(
+        f"{args.shape}: {len(all_targets)} targets, {args.members} members, rank 4, {numbers / 1e6:.0f} M numbers, "
+        f"switch interval {sys.getswitchinterval() * 1e3:g} ms"
+    )
     alone_rate = spin_rate(2.0)
     print(
         "| where the draws run | draw alone (s) | let go alone (s) | draw beside a busy thread (s) | let go beside it (s) "
