@@ -54,18 +54,14 @@ def assert_bits(ahead: lowrank.DrawnAhead, seeds: tuple[int, ...], rank: int, si
 def test_the_drawing_process_gives_the_bits_of_drawing_in_this_process(threads: int) -> None:
     ahead = draw_ahead(SEEDS, TARGETS, 3, 0.05, threads=threads)  # 2: blocks of one and two members
     assert list(ahead.draws) == list(SEEDS) and list(ahead.stacked) == [t.name for t in TARGETS]
+    assert_bits(ahead, SEEDS, 3, 0.05)
     for seed in SEEDS:
         drawn, tensors = ahead.draws[seed]
         for target in TARGETS:
             a, b = factors(seed, target, 3)
             assert np.array_equal(drawn[target.name][0], a) and np.array_equal(drawn[target.name][1], b)
-            lora_a, lora_b = adapter_tensors(a, b, 0.05)
             got_a, got_b = tensors[target.name.removesuffix(".weight")]
-            assert torch.equal(got_a, lora_a) and torch.equal(got_b, lora_b)
             assert got_a.shape == (3, target.in_features) and got_b.shape == (target.out_features, 3)
-    for target in TARGETS:
-        want_a, want_b = update_terms(SEEDS, target, 3)
-        assert torch.equal(ahead.stacked[target.name][0], want_a) and torch.equal(ahead.stacked[target.name][1], want_b)
 
 
 def test_members_drawn_in_chunks_keep_the_bits_across_chunk_and_thread_edges() -> None:
