@@ -6,10 +6,11 @@ a memory file and maps it once the draws are in.  A new file every generation me
 generation (17 GB at P = 256 on the 4B shape), which the kernel finds and zeroes one by one as the child
 first writes them, and frees again when the last mapping goes: for 256 members of the 135M shape on a
 2-core host, drawing and letting go took 8.15 s into a kept file against 8.79 s into a new one
-(benchmarks/bench_lowrank_draw.py, docs/scaling.md).  The draws overwrite every value of the file, so a file whose last mapping is gone takes the next
-generation's draws as it is.  The two most recent files are kept, since the next generation draws while
-this one's factors may still be read; a file that live arrays still map is never drawn into (a new one
-is made instead), so what those arrays hold never changes under them.
+(benchmarks/bench_lowrank_draw.py, docs/scaling.md).  The draws overwrite every value of the file, so a
+file whose last mapping is gone takes the next generation's draws as it is.  The two most recent files
+are kept, since the next generation draws while this one's factors may still be read; a file that live
+arrays still map is never drawn into (a new one is made instead), so what those arrays hold never
+changes under them.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class DrawMemory:
             raise ValueError(f"keep must be at least 1, got {keep}")
         self.keep = keep
         self._files: list[_File] = []
-        #: how many files were made, and how many draws took a kept one (the benchmark's and tests' view)
+        #: how many files were made, and how many draws took a kept one (what the tests check)
         self.made = self.reused = 0
         weakref.finalize(self, _close_all, self._files)
 
