@@ -137,8 +137,8 @@ def main() -> None:
         for widened, reverse, wall, times in rows:
             layout = "widened weight's B views" if widened else "vLLM's own (contiguous)"
             order = "reversed (index)" if reverse else "consecutive (slice)"
-            stages = f"{times.get('stack_s', 0):.3f} / {times.get('queue_s', 0):.3f}"
-            print(f"| {slots} | {layout} | {order} | {wall:.3f} | {stages} | {wall / base:.2f}x |", flush=True)
+            stages = f"{times.get('stack_s', 0):.4f} / {times.get('queue_s', 0):.4f}"
+            print(f"| {slots} | {layout} | {order} | {wall:.4f} | {stages} | {wall / base:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

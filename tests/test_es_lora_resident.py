@@ -372,8 +372,9 @@ def test_stacked_slots_are_written_at_once_exactly_as_set_lora_writes_them(
                 part.mul_(-3)
     # the first refresh made every CPU adapter part of a stacked layer a view of its place in the buffer,
     # so the in-place rewrite above already put the new values there: nothing is gathered again
-    [buffer] = staging.values()
-    lo, hi = buffer.data_ptr(), buffer.data_ptr() + buffer.numel() * buffer.element_size()
+    [places] = staging.values()  # the buffer's places, one per stacked slot tensor, made with it
+    buffer = places[0].untyped_storage()
+    lo, hi = buffer.data_ptr(), buffer.data_ptr() + buffer.nbytes()
     cpu_parts = [
         part
         for lora_id in (7, 8)
@@ -401,7 +402,7 @@ def test_stacked_slots_are_written_at_once_exactly_as_set_lora_writes_them(
     sevens = [part.clone() for part in cpu_parts[: len(cpu_parts) // 2]]
     assert lora_slots.copy_into_slots(batched, [8]) == 1
     [(key, alone)] = batched._agent_envs_staging.items()
-    assert alone.data_ptr() != buffer.data_ptr()
+    assert alone[0].untyped_storage().data_ptr() != buffer.data_ptr()
     assert all(torch.equal(a, b) for a, b in zip(cpu_parts[: len(cpu_parts) // 2], sevens))
 
 

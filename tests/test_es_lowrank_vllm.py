@@ -59,6 +59,8 @@ def test_adapter_outputs_equal_the_merged_perturbation() -> None:
     assert refresh["unsupported"] is None and refresh["add_lora_calls"] == 0, refresh
     assert refresh["worker"]["adapters"] == 3 and refresh["worker"]["slots"] == 3 and refresh["changed"], refresh
     assert refresh["written_ahead"], refresh  # the refresh only queued the copy (agent_envs.es.refresh_ahead)
+    # the loaded adapters written one by one, the next members (the ones compared) in blocks
+    assert refresh["first_in_blocks"] is False and refresh["in_blocks"] is True, refresh
     assert refresh["tokens_equal_fresh"] and refresh["tensors_equal_fresh"], refresh
 
 

@@ -15,7 +15,7 @@ import torch
 from test_es_lora_resident import StackedLayer
 from test_es_lowrank import tiny_llama
 
-from agent_envs.es import lora_slots
+from agent_envs.es import adapter_blocks, lora_slots
 from agent_envs.es.lowrank import LowRankPerturber, lora_rank_slot
 from agent_envs.es.worker import ESWorkerExtension
 
@@ -102,6 +102,7 @@ def test_adapters_written_ahead_are_the_bits_of_a_refresh_that_writes_them_and_l
     assert answer["prefetched"] == baseline["prefetched"] == 4
     assert answer["write_s"] == 0.0 and "slots_stack_s" not in answer  # only the copy was left
     assert {"ahead_wait_s", "ahead_write_s", "ahead_stack_s", "slots_queue_s"} <= set(answer)
+    assert answer["ahead_blocks"]  # the refresh before made each module's adapters one block (adapter_blocks.find)
     assert not {"ahead_write_s", "ahead_error"} & set(baseline)
     assert digests(ahead, IDS) == digests(now, IDS) != serving_digests
     assert all(torch.equal(a, b) for a, b in zip(slot_tensors(ahead), slot_tensors(now)))
@@ -112,6 +113,81 @@ def test_adapters_written_ahead_are_the_bits_of_a_refresh_that_writes_them_and_l
     states = [worker._es_lowrank_state() for worker in (ahead, now)]
     assert states[0].kept_factors == states[1].kept_factors == 2
     assert states[0].checksum() == states[1].checksum()
+
+
+@pytest.mark.parametrize(
+    ("seeds", "signs"),
+    [([5, 6, 7, 8], [1, 1, 1, 1]), ([5, 6, 7, 8], [1, -1, -1, 1]), ([9, 5, 9, 5], [-1, 1, 1, -1])],
+    ids=["distinct", "distinct-signed", "repeated-out-of-order"],
+)
+@pytest.mark.parametrize("gathered_before", [True, False], ids=["in-blocks", "one-by-one"])
+def test_members_written_ahead_in_blocks_or_one_by_one_are_the_bits_of_a_refresh_that_writes_them(
+    seeds: list[int], signs: list[int], gathered_before: bool
+) -> None:
+    """A few copies for all modules (``adapter_blocks.write``) where the adapters lie in one block each and
+    take their members in runs, as a refresh's gathering leaves them and mirrored pairs take them; else one
+    adapter after another (a fresh engine's adapters, members in no runs)."""
+    ahead, now = engine_worker(), engine_worker()
+    for worker in (ahead, now) if gathered_before else (now,):
+        assert worker.es_lowrank_refresh(IDS, BEFORE, SIGMA, SIGNS)["ok"]
+    assert ahead.es_lowrank_prefetch(seeds, SIGMA, refresh=[IDS, seeds, SIGMA, signs])["writing_ahead"]
+    answer = ahead.es_lowrank_refresh(IDS, seeds, SIGMA, signs)
+    baseline = now.es_lowrank_refresh(IDS, seeds, SIGMA, signs)
+    in_runs = adapter_blocks.runs([sorted(set(seeds), key=seeds.index).index(s) for s in seeds], signs) is not None
+    assert answer["ok"] and baseline["ok"] and answer["ahead_blocks"] is (gathered_before and in_runs)
+    assert digests(ahead, IDS) == digests(now, IDS)
+    assert all(torch.equal(a, b) for a, b in zip(slot_tensors(ahead), slot_tensors(now)))
+
+
+def test_adapters_lie_in_one_block_only_where_their_memory_says_so() -> None:
+    block = torch.arange(4 * 2 * 3, dtype=torch.bfloat16).view(4, 2, 3)
+
+    def spaced(parts: list[torch.Tensor]) -> tuple[int, int] | None:
+        found = adapter_blocks._spaced(parts)
+        return None if found is None else (found.first.data_ptr(), found.step)
+
+    assert spaced([block[i] for i in range(4)]) == (block.data_ptr(), 6)
+    assert spaced([block[i] for i in (0, 2)]) == (block.data_ptr(), 12)
+    assert spaced([block[0, :, 1:], block[1, :, 1:]]) == (block[0, :, 1:].data_ptr(), 6)  # parts of rows
+    assert spaced([block[i] for i in (0, 1, 3)]) is None  # not evenly spaced
+    assert spaced([block[i] for i in (2, 1, 0)]) is None  # descending
+    assert spaced([block[0, :, :2], block.transpose(1, 2)[1, :2]]) is None  # other strides
+    flat = torch.zeros(10, dtype=torch.bfloat16)
+    assert spaced([flat[0:4].view(2, 2), flat[2:6].view(2, 2)]) is None  # overlapping
+
+
+def test_the_same_module_of_every_layer_is_written_as_one_run() -> None:
+    """Two decoder layers: each module's blocks of both layers lie a constant step apart in the gathered
+    adapters and in the draws, so each factor of each module is one view (7 runs per factor, not 14)."""
+    worker = engine_worker()
+    assert worker.es_lowrank_refresh(IDS, BEFORE, SIGMA, SIGNS)["ok"]
+    state = worker._es_lowrank_state()
+    state.prefetch(SEEDS, SIGMA)
+    draws = state.pending_draws(SEEDS, SIGMA).result().draws
+    found = adapter_blocks.find(lora_slots.plan(manager_of(worker), IDS, state.targets, state.rank))
+    assert found is not None and len(found) == 14
+    factor_runs = adapter_blocks.plan(found, draws)
+    assert [[run.modules for run in runs] for runs in factor_runs] == [[2] * 7, [2] * 7]
+    # a layout's first refresh: the loaded adapters lie apart, so nothing is found to write in blocks
+    fresh = engine_worker()
+    assert adapter_blocks.find(lora_slots.plan(manager_of(fresh), IDS, state.targets, state.rank)) is None
+
+
+@pytest.mark.parametrize(
+    ("rows", "signs", "runs"),
+    [
+        ([0, 0, 1, 1], [1, -1, 1, -1], (2, [1])),
+        ([0, 1, 2], [1, 1, 1], (1, [])),
+        ([0, 1, 2], [-1, -1, -1], (1, [0])),
+        ([0, 1, 2], [1, -1, 1], None),  # signs that are no run's
+        ([0, 1, 0, 1], [1, -1, 1, -1], None),  # members that are no run's
+        ([0, 0, 1], [1, -1, 1], None),  # a run cut short
+    ],
+)
+def test_adapters_take_their_members_in_runs_or_are_written_one_by_one(
+    rows: list[int], signs: list[int], runs: Any
+) -> None:
+    assert adapter_blocks.runs(rows, signs) == runs
 
 
 def test_the_next_refresh_written_ahead_during_an_update_is_queued_beside_it() -> None:

@@ -53,8 +53,9 @@ REFRESH_PARTS = ("prefetched", "wait_s", "write_s", "slots_s")
 #: the slot copy's stages, where the engine reports them (stacking on the host, issuing the copies)
 SLOT_STAGES = ("slots_stack_s", "slots_queue_s")
 #: a refresh written ahead during the rollouts (agent_envs.es.refresh_ahead): that work's seconds (waiting
-#: for the draws, writing the CPU adapters, gathering them for the slots), else why it was not, where asked
-AHEAD_PARTS = ("ahead_wait_s", "ahead_write_s", "ahead_stack_s", "ahead_error")
+#: for the draws, writing the CPU adapters, gathering them for the slots) and whether the CPU adapters were
+#: written a block per module, else why it was not written ahead, where asked
+AHEAD_PARTS = ("ahead_wait_s", "ahead_write_s", "ahead_stack_s", "ahead_blocks", "ahead_error")
 #: how a weight change's cached KV was forgotten (``_WorkerCalls.last_forget``): a new cache salt or a
 #: prefix cache reset, its seconds, and how often the reset was asked again
 FORGET_PARTS = ("cache", "reset_s", "reset_retries")
@@ -82,7 +83,8 @@ def describe_refresh(parts: dict[str, Any]) -> str:
     if "ahead_write_s" in parts:
         ahead = (
             f" and written during the rollouts (waited {parts['ahead_wait_s']:.3f} s for the draws, wrote "
-            f"{parts['ahead_write_s']:.3f} s, stacked {parts['ahead_stack_s']:.3f} s)"
+            f"{parts['ahead_write_s']:.3f} s{' in blocks' if parts.get('ahead_blocks') else ''}, stacked "
+            f"{parts['ahead_stack_s']:.3f} s)"
         )
     else:
         ahead = f" (not written ahead: {parts['ahead_error']})" if parts.get("ahead_error") else ""

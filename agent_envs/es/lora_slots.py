@@ -25,7 +25,7 @@ and the trainer goes back to loading adapter folders.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -87,7 +87,7 @@ class AdapterTensors:
                 )
             self.places[module] = (a, b)
 
-    def write_all(self, tensors: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def write_all(self, tensors: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Overwrite each module's factors with float32 ``(lora_a, lora_b)`` (R x in, out x R), cast
         as vLLM's load casts them, in one ``torch._foreach_copy_`` (its cast is the one ``.to``
         makes; thousands of small copies would otherwise each cost a Python round trip)."""
@@ -132,7 +132,7 @@ def plan(manager: Any, lora_ids: Sequence[int], targets: Sequence[Target], rank:
 def rewrite(
     manager: Any,
     places: Sequence[AdapterTensors],
-    tensors_of: Callable[[int], dict[str, tuple[torch.Tensor, torch.Tensor]]],
+    tensors_of: Callable[[int], Mapping[str, tuple[torch.Tensor, torch.Tensor]]],
 ) -> None:
     """Overwrite each of ``places``' CPU adapter with ``tensors_of(i)`` (``AdapterTensors.write_all``), in
     parallel, once the last refresh's copies out of them are done (:func:`settle`)."""
@@ -332,21 +332,26 @@ def _gather(
     start = time.perf_counter()
     settle(manager)  # the last refresh's copies have read the buffer
     layout = (tuple(slots), tuple((w.rows, w.cols, len(w.parts)) for w in writes))
-    buffers: dict[tuple[Any, ...], torch.Tensor] = manager.__dict__.setdefault(_STAGING, {})
-    staging = buffers.get((device, dtype, layout))
-    if staging is None:  # a new layout: a buffer of its own (one no adapter part is a view of)
+    # each buffer with its places: made once per layout, since each view is a torch call that waits for the
+    # interpreter lock beside the engine's loop (two per write, 1,008 a refresh on the 4B shape)
+    buffers: dict[tuple[Any, ...], list[torch.Tensor]] = manager.__dict__.setdefault(_STAGING, {})
+    places = buffers.get((device, dtype, layout))
+    if places is None:  # a new layout: a buffer of its own (one no adapter part is a view of)
         for key in [k for k in buffers if k[:2] == (device, dtype)]:
             del buffers[key]  # freed once no adapter part is a view of it any more
-        total = sum(w.size for w in writes)
-        staging = buffers[device, dtype, layout] = torch.empty(total, dtype=dtype, pin_memory=device.type == "cuda")
-    places, offset = [], 0
-    for w in writes:
-        places.append(staging[offset : offset + w.size].view(len(w.parts), w.rows, w.cols))
-        offset += w.size
+        staging = torch.empty(sum(w.size for w in writes), dtype=dtype, pin_memory=device.type == "cuda")
+        places, offset = [], 0
+        for w in writes:
+            places.append(staging[offset : offset + w.size].view(len(w.parts), w.rows, w.cols))
+            offset += w.size
+        buffers[device, dtype, layout] = places
 
-    def gather(job: tuple[_Write, torch.Tensor]) -> None:
-        w, place = job
-        away = _away(w.parts, place)
+    # which parts are not in place yet, found here: where none is (every refresh after a layout's first), no
+    # thread is handed a job, each hand-over waiting for the interpreter lock beside the engine's loop
+    jobs = [(w, place, away) for w, place in zip(writes, places) if (away := _away(w.parts, place))]
+
+    def gather(job: tuple[_Write, torch.Tensor, list[int]]) -> None:
+        w, place, away = job
         if len(away) == len(w.parts) and all(p.dtype == dtype for p in w.parts):
             torch.stack(w.parts, out=place)  # the first refresh of this layout: one copy for all slots
         else:
@@ -356,7 +361,7 @@ def _gather(
             if w.parts[slot].dtype == dtype and w.parts[slot].device.type == "cpu":
                 w.rehome(slot, place[slot])
 
-    for _ in in_parallel(gather, list(zip(writes, places)), STACK_THREADS):
+    for _ in in_parallel(gather, jobs, STACK_THREADS):
         pass
     times["stack_s"] = times.get("stack_s", 0.0) + time.perf_counter() - start
     return places

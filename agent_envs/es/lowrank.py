@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from .draw_memory import DrawMemory, new_file
+from .drawn_members import DrawnMembers, MemberDraw
 from .fingerprint import fingerprint
 from .normalize import weight_norm
 from .lowrank_factors import DRAW_THREADS, Layout, Target, adapter_arrays, factors, request
@@ -71,8 +72,6 @@ LORA_RANK_SLOTS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 FACTOR_THREADS = max(1, min(32, os.cpu_count() or 1))
 #: the folder that holds the agent_envs package: the drawing process imports it from there
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-#: one member's factors by target name and its PEFT tensors ``(lora_A, lora_B)`` by module name
-MemberDraw = tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, tuple[torch.Tensor, torch.Tensor]]]
 
 
 @dataclass(frozen=True)
@@ -228,11 +227,11 @@ def in_parallel(fn: Callable[[T], R], items: Sequence[T], threads: int | None = 
 
 @dataclass(frozen=True)
 class DrawnAhead:
-    """What :meth:`LowRankPerturber.prefetch` drew: each member's draw by seed, each target's factors
-    stacked in member order (:func:`update_terms`) for the update of the same seeds, and the staged copy
-    those stacked factors are views of (:mod:`pinned_staging`; None where they are the draws' own memory)."""
+    """What :meth:`LowRankPerturber.prefetch` drew: each member's draw by seed (its views made when asked
+    for), each target's factors stacked in member order (:func:`update_terms`) for the update of the same
+    seeds, and the staged copy those stacked factors are views of (:mod:`pinned_staging`; None where they are the draws' own memory)."""
 
-    draws: dict[int, MemberDraw]
+    draws: DrawnMembers
     stacked: dict[str, tuple[torch.Tensor, torch.Tensor]]
     staged: torch.Tensor | None = None
 
@@ -279,12 +278,7 @@ def draw_ahead(
             os.close(fd)
     if memory is not None and kept:
         memory.mapped(fd, buffer)
-    modules = [t.name.removesuffix(".weight") for t in layout.targets]
-    draws: dict[int, MemberDraw] = {}
-    for member, seed in enumerate(seeds):
-        drawn = {t.name: layout.member(buffer, member, i) for i, t in enumerate(layout.targets)}
-        tensors = {m: tuple(map(torch.from_numpy, layout.adapter(buffer, member, i))) for i, m in enumerate(modules)}
-        draws[int(seed)] = drawn, tensors
+    draws = DrawnMembers(layout, buffer, seeds)
     if staging is None:
         stacked = {
             t.name: tuple(map(torch.from_numpy, layout.stacked(buffer, i))) for i, t in enumerate(layout.targets)
@@ -305,8 +299,8 @@ def member_draw(targets: Sequence[Target], seed: int, sigma: float, rank: int) -
 
 
 def signed(
-    tensors: dict[str, tuple[torch.Tensor, torch.Tensor]], sign: int
-) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    tensors: Mapping[str, tuple[torch.Tensor, torch.Tensor]], sign: int
+) -> Mapping[str, tuple[torch.Tensor, torch.Tensor]]:
     """A member's adapter tensors for the perturbation ``sign * sigma * A B^T`` (``lora_B`` negated)."""
     return tensors if sign > 0 else {name: (lora_a, -lora_b) for name, (lora_a, lora_b) in tensors.items()}
 
@@ -442,7 +436,7 @@ class LowRankPerturber:
         self._saved: list[torch.Tensor] = []
         #: factors drawn for resident adapters (:meth:`member_adapter`), by seed and target name,
         #: used by the next :meth:`update` instead of drawing them again, then dropped
-        self.drawn: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+        self.drawn: dict[int, Mapping[str, tuple[np.ndarray, np.ndarray]]] = {}
         #: how many members of the last update came from kept factors
         self.kept_factors = 0
         #: the last update's times: its products and adds issued, then the wait for the device
@@ -549,7 +543,7 @@ class LowRankPerturber:
             return None
         return ahead[2]
 
-    def take_prefetched(self, seeds: Sequence[int], sigma: float) -> dict[int, MemberDraw]:
+    def take_prefetched(self, seeds: Sequence[int], sigma: float) -> Mapping[int, MemberDraw]:
         """The draws :meth:`prefetch` started for exactly ``seeds`` at ``sigma`` (waiting for them
         to finish), else ``{}``; a prefetch is used once either way.  Its stacked factors are kept
         for the next :meth:`update`."""
@@ -562,8 +556,8 @@ class LowRankPerturber:
         return drawn.draws
 
     def member_adapter(
-        self, seed: int, sigma: float, ready: dict[int, MemberDraw] | None = None, sign: int = 1
-    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        self, seed: int, sigma: float, ready: Mapping[int, MemberDraw] | None = None, sign: int = 1
+    ) -> Mapping[str, tuple[torch.Tensor, torch.Tensor]]:
         """Member ``seed``'s adapter tensors by module (from ``ready`` when it holds them, else
         drawn now; ``sign`` -1: the mirrored member); its factors are kept for the update of the same seeds."""
         drawn, tensors = (ready or {}).get(int(seed)) or member_draw(self.targets, seed, sigma, self.rank)
@@ -602,7 +596,7 @@ class LowRankPerturber:
             return None, f"eager: {self._graph_failed}"
         return self._graph, self._graph.last
 
-    def _kept_or_drawn(self, drawn: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]]) -> FactorSource:
+    def _kept_or_drawn(self, drawn: dict[int, Mapping[str, tuple[np.ndarray, np.ndarray]]]) -> FactorSource:
         """The factors of ``drawn`` (:attr:`drawn` as an update found it) where it holds them, else drawn."""
 
         def source(seed: int, target: Target, rank: int) -> tuple[np.ndarray, np.ndarray]:

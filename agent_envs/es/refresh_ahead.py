@@ -26,8 +26,9 @@ from typing import Any, Sequence
 
 import torch
 
-from . import lora_slots
-from .lowrank import DrawnAhead, LowRankPerturber, MemberDraw, signed
+from . import adapter_blocks, lora_slots
+from .drawn_members import DrawnMembers
+from .lowrank import DrawnAhead, LowRankPerturber, signed
 
 #: a refresh's members: adapter ids, seeds, sigma and signs (+1 each where the call gave none)
 RefreshKey = tuple[tuple[int, ...], tuple[int, ...], float, tuple[int, ...]]
@@ -52,12 +53,14 @@ def refresh_key(
 @dataclass(frozen=True)
 class Written:
     """The host half of a refresh, done: the copy ready to queue, the members' draws (their factors are
-    kept for the update of the same seeds), and the seconds of the wait for the draws, of the writes into
-    the CPU adapters and of the gathering (``stack_s``)."""
+    kept for the update of the same seeds), whether the CPU adapters were written a block per module
+    (:mod:`adapter_blocks`) or one by one, and the seconds of the wait for the draws, of the
+    writes into the CPU adapters and of the gathering (``stack_s``)."""
 
     key: RefreshKey
     copy: lora_slots.SlotCopy
-    draws: dict[int, MemberDraw]
+    draws: DrawnMembers
+    in_blocks: bool
     draw_wait_s: float
     write_s: float
     stack_s: float
@@ -80,14 +83,19 @@ def write_ahead(manager: Any, state: LowRankPerturber, key: RefreshKey, draws: F
     missing = sorted(set(seeds) - set(ready))
     if missing:
         raise KeyError(f"the draws hold no members {missing[:3]}")
-    lora_slots.rewrite(manager, places, lambda i: signed(ready[seeds[i]][1], signs[i]))
+    found = adapter_blocks.find(places)
+    in_blocks = found is not None and adapter_blocks.write(
+        manager, found, ready, [ready.index[s] for s in seeds], signs
+    )
+    if not in_blocks:
+        lora_slots.rewrite(manager, places, lambda i: signed(ready[seeds[i]][1], signs[i]))
     written = time.perf_counter()
     stages: dict[str, float] = {}
     with torch.no_grad():
         copy = lora_slots.stage_copy(manager, ids, stages)
     if copy is None:  # every adapter held a slot above: only an engine that moved them since gets here
         raise lora_slots.Unsupported("no adapter holds a GPU slot any more")
-    return Written(key, copy, ready, drawn - start, written - drawn, time.perf_counter() - written)
+    return Written(key, copy, ready, in_blocks, drawn - start, written - drawn, time.perf_counter() - written)
 
 
 class AheadWriter:

@@ -233,7 +233,8 @@ class ESWorkerExtension:
         mirrored pairs); the factors are kept for the update.  Where :meth:`es_lowrank_prefetch` wrote
         these members ahead (:mod:`agent_envs.es.refresh_ahead`) only the copy into the GPU slots is left:
         the answer times the wait for that work and the copy, and gives that work's own seconds
-        (``ahead_wait_s`` for the draws, ``ahead_write_s``, ``ahead_stack_s``).  Else the adapters
+        (``ahead_wait_s`` for the draws, ``ahead_write_s``, ``ahead_stack_s``) and whether it wrote the CPU
+        adapters a block per module (``ahead_blocks``).  Else the adapters
         :meth:`es_lowrank_prefetch` drew are used: the answer times the wait for them, the writes into the
         CPU adapters and the copy into the GPU slots (``slots_stack_s``, ``slots_queue_s``: its stages,
         :func:`lora_slots.copy_into_slots`), and says why they were not written ahead (``ahead_error``)
@@ -299,6 +300,7 @@ class ESWorkerExtension:
             **{f"slots_{stage}": seconds for stage, seconds in stages.items()},
             "ahead_wait_s": written.draw_wait_s,
             "ahead_write_s": written.write_s,
+            "ahead_blocks": written.in_blocks,
             "ahead_stack_s": written.stack_s,
         }
 
