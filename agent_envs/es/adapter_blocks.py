@@ -116,16 +116,17 @@ def plan(found: dict[str, tuple[Block, Block]], draws: DrawnMembers) -> list[lis
     open_runs: dict[tuple[Any, ...], _Run] = {}
     for module, blocks in found.items():
         arrays = draws.adapter_arrays(module)
-        for k in (0, 1):
-            block, array = blocks[k], arrays[k]
+        for factor in (0, 1):
+            block, array = blocks[factor], arrays[factor]
             first = block.first
-            key = (k, _LAYER.sub(r".#\1", module), first.dtype, first.shape, first.stride(), block.step, array.strides)
+            pattern = _LAYER.sub(r".#\1", module)
+            key = (factor, pattern, first.dtype, first.shape, first.stride(), block.step, array.strides)
             run = open_runs.get(key)
             if run is not None and _extends(run, block, array):
                 run.modules += 1
                 continue
             open_runs[key] = _Run(block, array)
-            factors[k].append(open_runs[key])
+            factors[factor].append(open_runs[key])
     return factors
 
 
