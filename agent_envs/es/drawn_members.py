@@ -4,7 +4,7 @@ seed, with a member's views made when they are asked for.
 Made all at once, a generation's views were a torch tensor and a NumPy array per member, target and
 factor: about 129,000 of each at P = 256 on the 4B shape, made on the drawing thread and let go of after
 the update, both beside vLLM's scheduling loop in the same process.  Letting go of them beside a thread
-that holds the interpreter lock took 12-30 s on a 2-core host, 0.2-0.6 s alone (docs/scaling.md, the
+that holds the interpreter lock took 12-36 s on a 2-core host, 0.2-0.6 s alone (docs/scaling.md, the
 draws at P = 256).  What the engine uses at scale needs none of them: the refresh written ahead takes
 each target's adapters of all members at once (:meth:`DrawnMembers.adapter_arrays`), the update the
 stacked factors.  A member's views are made only where something asks for that member (a refresh that

@@ -229,7 +229,8 @@ def in_parallel(fn: Callable[[T], R], items: Sequence[T], threads: int | None = 
 class DrawnAhead:
     """What :meth:`LowRankPerturber.prefetch` drew: each member's draw by seed (its views made when asked
     for), each target's factors stacked in member order (:func:`update_terms`) for the update of the same
-    seeds, and the staged copy those stacked factors are views of (:mod:`pinned_staging`; None where they are the draws' own memory)."""
+    seeds, and the staged copy those stacked factors are views of (:mod:`pinned_staging`; None where they
+    are the draws' own memory)."""
 
     draws: DrawnMembers
     stacked: dict[str, tuple[torch.Tensor, torch.Tensor]]
