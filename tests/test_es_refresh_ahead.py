@@ -16,7 +16,7 @@ from test_es_lora_resident import StackedLayer
 from test_es_lowrank import tiny_llama
 
 from agent_envs.es import adapter_blocks, lora_slots
-from agent_envs.es.lowrank import LowRankPerturber, lora_rank_slot
+from agent_envs.es.lowrank import LowRankPerturber, distinct, lora_rank_slot
 from agent_envs.es.worker import ESWorkerExtension
 
 RANK, SIGMA = 2, 0.02
@@ -133,7 +133,7 @@ def test_members_written_ahead_in_blocks_or_one_by_one_are_the_bits_of_a_refresh
     assert ahead.es_lowrank_prefetch(seeds, SIGMA, refresh=[IDS, seeds, SIGMA, signs])["writing_ahead"]
     answer = ahead.es_lowrank_refresh(IDS, seeds, SIGMA, signs)
     baseline = now.es_lowrank_refresh(IDS, seeds, SIGMA, signs)
-    in_runs = adapter_blocks.runs([sorted(set(seeds), key=seeds.index).index(s) for s in seeds], signs) is not None
+    in_runs = adapter_blocks.runs([distinct(seeds).index(s) for s in seeds], signs) is not None
     assert answer["ok"] and baseline["ok"] and answer["ahead_blocks"] is (gathered_before and in_runs)
     assert digests(ahead, IDS) == digests(now, IDS)
     assert all(torch.equal(a, b) for a, b in zip(slot_tensors(ahead), slot_tensors(now)))

@@ -115,11 +115,10 @@ def plan(found: dict[str, tuple[Block, Block]], draws: DrawnMembers) -> list[lis
     factors: list[list[_Run]] = [[], []]
     open_runs: dict[tuple[Any, ...], _Run] = {}
     for module, blocks in found.items():
-        arrays = draws.adapter_arrays(module)
+        arrays, pattern = draws.adapter_arrays(module), _LAYER.sub(r".#\1", module)
         for factor in (0, 1):
             block, array = blocks[factor], arrays[factor]
             first = block.first
-            pattern = _LAYER.sub(r".#\1", module)
             key = (factor, pattern, first.dtype, first.shape, first.stride(), block.step, array.strides)
             run = open_runs.get(key)
             if run is not None and _extends(run, block, array):
@@ -162,6 +161,7 @@ def write(
         return False
     k, negated = taken
     members = len(rows) // k
+    start = _address(np.frombuffer(draws.buffer, dtype=np.uint8))  # the draws' memory, where their views start
     places, values, negate = [], [], []
     for factor, factor_runs in enumerate(plan(found, draws)):
         for run in factor_runs:
@@ -173,7 +173,7 @@ def write(
             except RuntimeError:
                 return False
             places.append(place)
-            values.append(torch.from_numpy(_draws_view(draws, run, members, k)))
+            values.append(torch.from_numpy(_draws_view(draws, start, run, members, k)))
             if factor == 1:
                 negate += [place.select(2, i) for i in negated]
     with torch.no_grad():
@@ -184,17 +184,15 @@ def write(
     return True
 
 
-def _draws_view(draws: DrawnMembers, run: _Run, members: int, k: int) -> np.ndarray:
+def _draws_view(draws: DrawnMembers, start: int, run: _Run, members: int, k: int) -> np.ndarray:
     """``run``'s first ``members`` members' draws as (modules x members x k x ...), each member's factor
-    repeated k times by a zero step: made over the draws' whole memory, so NumPy refuses a view that reaches
-    past it."""
+    repeated k times by a zero step: made over the draws' whole memory (at address ``start``), so NumPy
+    refuses a view that reaches past it."""
     first = run.draws
-    whole = np.frombuffer(draws.buffer, dtype=np.uint8)
-    offset = _address(first) - _address(whole)
     return np.ndarray(
         (run.modules, members, k, *first.shape[1:]),
         dtype=first.dtype,
         buffer=draws.buffer,
-        offset=offset,
+        offset=_address(first) - start,
         strides=(run.draws_step, first.strides[0], 0, *first.strides[1:]),
     )
