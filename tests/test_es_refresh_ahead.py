@@ -139,6 +139,35 @@ def test_members_written_ahead_in_blocks_or_one_by_one_are_the_bits_of_a_refresh
     assert all(torch.equal(a, b) for a, b in zip(slot_tensors(ahead), slot_tensors(now)))
 
 
+@pytest.mark.parametrize(
+    ("seeds", "signs"), [(SEEDS, SIGNS), ([5, 6, 7, 8], [1, -1, 1, -1])], ids=["mirrored", "signs-in-no-run"]
+)
+def test_a_refresh_that_writes_itself_from_its_draws_takes_the_blocks_and_the_bits_of_one_member_by_member(
+    seeds: list[int], signs: list[int]
+) -> None:
+    """Not written ahead (no ``refresh=``), a refresh writes the members it finds drawn as the writes ahead do
+    (``refresh_ahead.write_members``): in blocks where the adapters lie and take them in runs, with the bits of
+    a refresh that draws each member itself, and keeps their factors for the update."""
+    drawn, by_member = engine_worker(), engine_worker()
+    for worker in (drawn, by_member):
+        assert worker.es_lowrank_refresh(IDS, BEFORE, SIGMA, SIGNS)["ok"]  # gathered: each module one block
+    assert drawn.es_lowrank_prefetch(seeds, SIGMA)["writing_ahead"] is False
+    answer = drawn.es_lowrank_refresh(IDS, seeds, SIGMA, signs)
+    baseline = by_member.es_lowrank_refresh(IDS, seeds, SIGMA, signs)  # nothing drawn ahead: member by member
+    in_runs = adapter_blocks.runs([distinct(seeds).index(s) for s in seeds], signs) is not None
+    assert (answer["prefetched"], baseline["prefetched"]) == (4, 0)
+    assert answer["write_blocks"] is in_runs and baseline["write_blocks"] is False
+    assert digests(drawn, IDS) == digests(by_member, IDS)
+    assert all(torch.equal(a, b) for a, b in zip(slot_tensors(drawn), slot_tensors(by_member)))
+    # the update (members in another order than drawn: from the factors the write kept) is the same too
+    update_seeds = distinct(seeds)[::-1]
+    for worker in (drawn, by_member):
+        worker.es_lowrank_update(update_seeds, [0.5 * (i + 1) for i in range(len(update_seeds))], 0.01, SIGMA)
+    states = [worker._es_lowrank_state() for worker in (drawn, by_member)]
+    assert states[0].kept_factors == states[1].kept_factors == len(update_seeds)
+    assert states[0].checksum() == states[1].checksum()
+
+
 def test_adapters_lie_in_one_block_only_where_their_memory_says_so() -> None:
     block = torch.arange(4 * 2 * 3, dtype=torch.bfloat16).view(4, 2, 3)
 

@@ -50,6 +50,8 @@ def resident_name(member: int) -> str:
 #: a worker's refresh answer, timed (``es_lowrank_refresh``): members whose adapters were drawn
 #: ahead, the wait for them, the writes into the CPU adapters, the copy into the GPU slots
 REFRESH_PARTS = ("prefetched", "wait_s", "write_s", "slots_s")
+#: whether a refresh that wrote the CPU adapters itself wrote them a block per module (agent_envs.es.adapter_blocks)
+WRITE_PARTS = ("write_blocks",)
 #: the slot copy's stages, where the engine reports them (stacking on the host, issuing the copies)
 SLOT_STAGES = ("slots_stack_s", "slots_queue_s")
 #: a refresh written ahead during the rollouts (agent_envs.es.refresh_ahead): that work's seconds (waiting
@@ -77,13 +79,13 @@ UPDATE_EXTRAS = (
 
 
 def describe_refresh(parts: dict[str, Any]) -> str:
-    """The :data:`REFRESH_PARTS` of one refresh (and the :data:`SLOT_STAGES` and :data:`AHEAD_PARTS` given),
+    """The :data:`REFRESH_PARTS` of one refresh (and the :data:`WRITE_PARTS`, :data:`SLOT_STAGES` and :data:`AHEAD_PARTS` given),
     for a log line or a benchmark note."""
     stages = [f"{k.removeprefix('slots_').removesuffix('_s')} {parts[k]:.3f}" for k in SLOT_STAGES if k in parts]
     if "ahead_write_s" in parts:
         ahead = (
             f" and written during the rollouts (waited {parts['ahead_wait_s']:.3f} s for the draws, wrote "
-            f"{parts['ahead_write_s']:.3f} s{' in blocks' if parts.get('ahead_blocks') else ''}, stacked "
+            f"{parts['ahead_write_s']:.3f} s{_in_blocks(parts, 'ahead_blocks')}, stacked "
             f"{parts['ahead_stack_s']:.3f} s)"
         )
     else:
@@ -91,11 +93,15 @@ def describe_refresh(parts: dict[str, Any]) -> str:
     return (
         ("during the last update: " if parts.get("with_update") else "")
         + f"{parts['prefetched']} drawn ahead{ahead}; waited {parts['wait_s']:.3f} s, "
-        + ("" if "ahead_write_s" in parts else f"wrote {parts['write_s']:.3f} s, ")
+        + ("" if "ahead_write_s" in parts else f"wrote {parts['write_s']:.3f} s{_in_blocks(parts, 'write_blocks')}, ")
         + f"slots {parts['slots_s']:.3f} s"
         + (f" ({', '.join(stages)})" if stages else "")
         + (f", {_forget(parts)}" if set(FORGET_PARTS) <= set(parts) else "")
     )
+
+
+def _in_blocks(parts: dict[str, Any], key: str) -> str:
+    return " in blocks" if parts.get(key) else ""
 
 
 def describe_update(parts: dict[str, Any]) -> str:
@@ -321,7 +327,7 @@ class LowRankESTrainer(ESTrainer):
         record = super().step(generation)
         refreshed = self._timing.pop("refresh", {})
         if set(REFRESH_PARTS) <= set(refreshed):  # the engine's own times of the refresh
-            kept = (*REFRESH_PARTS, *SLOT_STAGES, *AHEAD_PARTS, *FORGET_PARTS, "with_update")
+            kept = (*REFRESH_PARTS, *WRITE_PARTS, *SLOT_STAGES, *AHEAD_PARTS, *FORGET_PARTS, "with_update")
             self._timing["refresh"] = {k: refreshed[k] for k in kept if k in refreshed}
         updated = getattr(self.lowrank, "last_update", {})
         if set(UPDATE_PARTS) <= set(updated):

@@ -20,14 +20,15 @@ else fails, the refresh does it all itself, as before, and says why it was not w
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from . import adapter_blocks, lora_slots
-from .drawn_members import DrawnMembers
+from .drawn_members import DrawnMembers, MemberDraw
 from .lowrank import DrawnAhead, LowRankPerturber, signed
 
 #: a refresh's members: adapter ids, seeds, sigma and signs (+1 each where the call gave none)
@@ -66,6 +67,29 @@ class Written:
     stack_s: float
 
 
+def write_members(
+    manager: Any,
+    places: Sequence[lora_slots.AdapterTensors],
+    ready: Mapping[int, MemberDraw],
+    seeds: Sequence[int],
+    signs: Sequence[int],
+    tensors_of: Callable[[int], Mapping[str, tuple[torch.Tensor, torch.Tensor]]] | None = None,
+) -> bool:
+    """Write members ``seeds`` (adapter ``i`` member ``seeds[i]`` at ``signs[i]``) into ``places``' CPU
+    adapters, for a refresh written ahead and one that writes itself alike: a block per module
+    (:mod:`adapter_blocks`) where ``ready`` is one draw holding every member and the adapters lie and take
+    their members in runs, else one adapter after another, adapter ``i`` as ``tensors_of(i)`` (default:
+    its member's tensors in ``ready``, signed).  True: written in blocks."""
+    if isinstance(ready, DrawnMembers) and all(int(s) in ready.index for s in seeds):
+        found = adapter_blocks.find(places)
+        if found is not None and adapter_blocks.write(
+            manager, found, ready, [ready.index[int(s)] for s in seeds], signs
+        ):
+            return True
+    lora_slots.rewrite(manager, places, tensors_of or (lambda i: signed(ready[seeds[i]][1], signs[i])))
+    return False
+
+
 def write_ahead(manager: Any, state: LowRankPerturber, key: RefreshKey, draws: Future[DrawnAhead]) -> Written:
     """The host half of the refresh ``key`` (:mod:`refresh_ahead`); raises ``Unsupported`` where an adapter
     holds no GPU slot, or where :func:`lora_slots.plan` refuses, before anything is written."""
@@ -83,12 +107,7 @@ def write_ahead(manager: Any, state: LowRankPerturber, key: RefreshKey, draws: F
     missing = sorted(set(seeds) - set(ready))
     if missing:
         raise KeyError(f"the draws hold no members {missing[:3]}")
-    found = adapter_blocks.find(places)
-    in_blocks = found is not None and adapter_blocks.write(
-        manager, found, ready, [ready.index[s] for s in seeds], signs
-    )
-    if not in_blocks:
-        lora_slots.rewrite(manager, places, lambda i: signed(ready[seeds[i]][1], signs[i]))
+    in_blocks = write_members(manager, places, ready, seeds, signs)
     written = time.perf_counter()
     stages: dict[str, float] = {}
     with torch.no_grad():

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import torch
 
 from . import call_path, lora_activation, lora_slots, population_lora
-from .refresh_ahead import AheadWriter, Written, refresh_key
+from .refresh_ahead import AheadWriter, Written, refresh_key, write_members
 from .fingerprint import combine as combine_fingerprints
 from .host_sampler import HostSampler
 from .kernel_profile import KernelProfile
@@ -236,7 +236,7 @@ class ESWorkerExtension:
         (``ahead_wait_s`` for the draws, ``ahead_write_s``, ``ahead_stack_s``) and whether it wrote the CPU
         adapters a block per module (``ahead_blocks``).  Else the adapters
         :meth:`es_lowrank_prefetch` drew are used: the answer times the wait for them, the writes into the
-        CPU adapters and the copy into the GPU slots (``slots_stack_s``, ``slots_queue_s``: its stages,
+        CPU adapters (``write_blocks``: a block per module, as ahead) and the copy into the GPU slots (``slots_stack_s``, ``slots_queue_s``: its stages,
         :func:`lora_slots.copy_into_slots`), and says why they were not written ahead (``ahead_error``)
         where that was asked for and did not happen.
         ``{"ok": False, "unsupported": reason}`` (nothing written) where this engine cannot."""
@@ -256,7 +256,11 @@ class ESWorkerExtension:
         ready = state.take_prefetched(seeds, sigma)
         waited = time.perf_counter()
         state.drawn.clear()
-        lora_slots.rewrite(manager, places, lambda i: state.member_adapter(key[1][i], sigma, ready, key[3][i]))
+        in_blocks = write_members(
+            manager, places, ready, key[1], key[3], lambda i: state.member_adapter(key[1][i], sigma, ready, key[3][i])
+        )
+        if in_blocks:  # the members' factors kept for the update, as member_adapter keeps them one by one
+            state.drawn.update({seed: ready[seed][0] for seed in distinct(key[1])})
         written_at = time.perf_counter()
         stages: dict[str, float] = {}
         with torch.no_grad():
@@ -270,6 +274,7 @@ class ESWorkerExtension:
             "seconds": done - start,
             "wait_s": waited - start,
             "write_s": written_at - waited,
+            "write_blocks": in_blocks,
             "slots_s": done - written_at,
             **{f"slots_{stage}": seconds for stage, seconds in stages.items()},
             **({"ahead_error": why_not} if why_not else {}),
