@@ -16,6 +16,7 @@ from test_es_lora_resident import StackedLayer
 from test_es_lowrank import tiny_llama
 
 from agent_envs.es import adapter_blocks, lora_slots
+from agent_envs.es.batched import describe_refresh
 from agent_envs.es.lowrank import LowRankPerturber, distinct, lora_rank_slot
 from agent_envs.es.worker import ESWorkerExtension
 
@@ -268,3 +269,15 @@ def test_a_refresh_written_ahead_must_be_of_the_members_drawn() -> None:
         worker.es_lowrank_prefetch(SEEDS, SIGMA, refresh=[IDS, BEFORE, SIGMA, SIGNS])
     with pytest.raises(ValueError, match="3 signs for 4 member seeds"):
         worker.es_lowrank_prefetch(SEEDS, SIGMA, refresh=[IDS, SEEDS, SIGMA, SIGNS[:3]])
+
+
+def test_a_refresh_note_says_which_writes_went_in_blocks() -> None:
+    """The benchmark's notes (``batched.describe_refresh``) tell a write in blocks from one adapter after another,
+    ahead or in the refresh itself: what a GPU run's table is read for."""
+    base = {"prefetched": 4, "wait_s": 0.1, "write_s": 0.2, "slots_s": 0.3}
+    ahead = {"ahead_wait_s": 1.0, "ahead_write_s": 0.5, "ahead_stack_s": 0.4}
+    assert "wrote 0.200 s in blocks," in describe_refresh({**base, "write_blocks": True})
+    assert "wrote 0.200 s," in describe_refresh({**base, "write_blocks": False})
+    assert "wrote 0.500 s in blocks, stacked" in describe_refresh({**base, **ahead, "ahead_blocks": True})
+    assert "wrote 0.500 s, stacked" in describe_refresh({**base, **ahead, "ahead_blocks": False})
+    assert "0.200" not in describe_refresh({**base, **ahead})  # written ahead: the refresh itself wrote nothing
