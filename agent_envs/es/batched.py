@@ -79,8 +79,8 @@ UPDATE_EXTRAS = (
 
 
 def describe_refresh(parts: dict[str, Any]) -> str:
-    """The :data:`REFRESH_PARTS` of one refresh (and the :data:`WRITE_PARTS`, :data:`SLOT_STAGES` and :data:`AHEAD_PARTS` given),
-    for a log line or a benchmark note."""
+    """The :data:`REFRESH_PARTS` of one refresh (and the :data:`WRITE_PARTS`, :data:`SLOT_STAGES` and
+    :data:`AHEAD_PARTS` given), for a log line or a benchmark note."""
     stages = [f"{k.removeprefix('slots_').removesuffix('_s')} {parts[k]:.3f}" for k in SLOT_STAGES if k in parts]
     if "ahead_write_s" in parts:
         ahead = (
@@ -101,6 +101,7 @@ def describe_refresh(parts: dict[str, Any]) -> str:
 
 
 def _in_blocks(parts: dict[str, Any], key: str) -> str:
+    """The note's words where the write that ``key`` names went a block per module (:mod:`adapter_blocks`)."""
     return " in blocks" if parts.get(key) else ""
 
 

@@ -236,9 +236,9 @@ class ESWorkerExtension:
         (``ahead_wait_s`` for the draws, ``ahead_write_s``, ``ahead_stack_s``) and whether it wrote the CPU
         adapters a block per module (``ahead_blocks``).  Else the adapters
         :meth:`es_lowrank_prefetch` drew are used: the answer times the wait for them, the writes into the
-        CPU adapters (``write_blocks``: a block per module, as ahead) and the copy into the GPU slots (``slots_stack_s``, ``slots_queue_s``: its stages,
-        :func:`lora_slots.copy_into_slots`), and says why they were not written ahead (``ahead_error``)
-        where that was asked for and did not happen.
+        CPU adapters (``write_blocks``: a block per module, as ahead) and the copy into the GPU slots
+        (``slots_stack_s``, ``slots_queue_s``: its stages, :func:`lora_slots.copy_into_slots`), and says why
+        they were not written ahead (``ahead_error``) where that was asked for and did not happen.
         ``{"ok": False, "unsupported": reason}`` (nothing written) where this engine cannot."""
         state = self._es_lowrank_state()
         key = refresh_key(lora_ids, seeds, sigma, signs)
