@@ -556,6 +556,11 @@ class LowRankPerturber:
         self._stacked = (distinct(seeds), drawn.stacked, drawn.staged)
         return drawn.draws
 
+    def keep_drawn(self, ready: Mapping[int, MemberDraw], seeds: Sequence[int]) -> None:
+        """Keep only members ``seeds``' factors from ``ready`` for the update of the same seeds: what
+        :meth:`member_adapter` keeps one member at a time, for members written all at once."""
+        self.drawn = {int(seed): ready[seed][0] for seed in distinct(seeds)}
+
     def member_adapter(
         self, seed: int, sigma: float, ready: Mapping[int, MemberDraw] | None = None, sign: int = 1
     ) -> Mapping[str, tuple[torch.Tensor, torch.Tensor]]:

@@ -27,7 +27,7 @@ from .refresh_ahead import AheadWriter, Written, refresh_key, write_members
 from .fingerprint import combine as combine_fingerprints
 from .host_sampler import HostSampler
 from .kernel_profile import KernelProfile
-from .lowrank import LowRankPerturber, Target, distinct
+from .lowrank import LowRankPerturber, Target
 from .perturb import CHUNK, SeededPerturber
 
 PLAIN_LINEAR_ENV = "AGENT_ENVS_ES_CPU_PLAIN_LINEAR"
@@ -259,8 +259,8 @@ class ESWorkerExtension:
         in_blocks = write_members(
             manager, places, ready, key[1], key[3], lambda i: state.member_adapter(key[1][i], sigma, ready, key[3][i])
         )
-        if in_blocks:  # the members' factors kept for the update, as member_adapter keeps them one by one
-            state.drawn.update({seed: ready[seed][0] for seed in distinct(key[1])})
+        if in_blocks:  # member_adapter kept the factors where it wrote one by one
+            state.keep_drawn(ready, key[1])
         written_at = time.perf_counter()
         stages: dict[str, float] = {}
         with torch.no_grad():
@@ -286,8 +286,7 @@ class ESWorkerExtension:
         """The rest of a refresh written ahead: its members' factors kept for the update, the copy queued."""
         _, seeds, sigma, _ = written.key
         state.take_prefetched(seeds, sigma)  # the stacked factors, for the update of these seeds
-        state.drawn.clear()
-        state.drawn.update({seed: written.draws[seed][0] for seed in distinct(seeds)})
+        state.keep_drawn(written.draws, seeds)
         waited = time.perf_counter()
         stages: dict[str, float] = {}
         with torch.no_grad():
